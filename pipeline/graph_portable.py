@@ -1,0 +1,168 @@
+"""The portable llama graph: stock ONNX ops with a plain KV cache (runtime/contract.py, "portable").
+
+Any ONNX Runtime client runs it without ortllm's ops library. One small function per block; node names
+are paths (`/model/layers.3/attn/q_proj/MatMul`). Shapes: B batch, S new tokens, P past, T = P + S,
+H hidden, Hq/Hkv query/kv heads, D head_dim, R = Hq / Hkv.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from ortllm.runtime import contract as C
+
+from .onnx_builder import GraphBuilder
+from .weights import ModelConfig, ModelWeights
+
+F32 = TensorProto.FLOAT
+I64 = TensorProto.INT64
+
+
+def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin: [max_pos, D], computed in fp32 as transformers does (halves repeated: rotate_half layout)."""
+    d = cfg.head_dim
+    inv_freq = (1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
+    freqs = np.outer(np.arange(cfg.max_position_embeddings, dtype=np.float32), inv_freq).astype(np.float32)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def rms_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, path: str) -> str:
+    """x * 1/sqrt(mean(x^2) + eps) * w, in the op pattern ONNX Runtime fuses into SimplifiedLayerNormalization.
+
+        x -> Pow(2) -> ReduceMean(-1) -> Add(eps) -> Sqrt -> Div(x, .) -> Mul(w)
+    """
+    sq = g.op("Pow", [x, g.const(2.0, np.float32)], path)
+    mean = g.op("ReduceMean", [sq], path, axes=[-1], keepdims=1)
+    std = g.op("Sqrt", [g.op("Add", [mean, g.const(eps, np.float32)], path)], path)
+    normed = g.op("Div", [x, std], path)
+    return g.op("Mul", [normed, g.weight(f"{path}.weight", weight)], path)
+
+
+def linear(g: GraphBuilder, x: str, w: np.ndarray, path: str) -> str:
+    """x [.., in] @ w.T; w is the HF [out, in] weight, stored transposed [in, out]."""
+    return g.op("MatMul", [x, g.weight(f"{path}.weight", np.ascontiguousarray(w.T))], path)
+
+
+def rotary(g: GraphBuilder, x: str, cos: str, sin: str, half: int, path: str) -> str:
+    """x * cos + rotate_half(x) * sin; x [B, heads, S, D], cos/sin [B, 1, S, D].
+
+        x -> Split(D/2, D/2) -> x1, x2 -> Concat(-x2, x1) -> * sin
+        x --------------------------------------------------> * cos -> Add
+    """
+    x1, x2 = g.op("Split", [x, g.const([half, half])], path, n_out=2, axis=-1)
+    rot = g.op("Concat", [g.op("Neg", [x2], path), x1], path, axis=-1)
+    return g.op("Add", [g.op("Mul", [x, cos], path), g.op("Mul", [rot, sin], path)], path)
+
+
+def heads(g: GraphBuilder, x: str, n: int, d: int, path: str) -> str:
+    """[B, S, n*D] -> [B, n, S, D]"""
+    return g.op("Transpose", [g.op("Reshape", [x, g.const([0, 0, n, d])], path)], path, perm=[0, 2, 1, 3])
+
+
+def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: str, sin: str, bias: str) -> str:
+    """Causal GQA attention with a plain KV cache; returns [B, S, H] and adds present.i.* outputs.
+
+        h -> q_proj -> heads -> rope -> *1/sqrt(D) -> Reshape [B, Hkv, R, S, D] --+
+        h -> k_proj -> heads -> rope -> Concat(past) -> present.k [B,Hkv,T,D] --> MatMul(k^T)[B,Hkv,R,S,T] + bias
+        h -> v_proj -> heads ---------> Concat(past) -> present.v --------------> Softmax -> MatMul(v) -> o_proj
+    K/V are broadcast over R inside MatMul (no repeated copy of the cache).
+    """
+    path = f"/model/layers.{i}/attn"
+    p = f"model.layers.{i}.self_attn"
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q = rotary(g, heads(g, linear(g, h, w[f"{p}.q_proj.weight"], f"{path}/q_proj"), hq, d, f"{path}/q"),
+               cos, sin, d // 2, f"{path}/q_rope")
+    k = rotary(g, heads(g, linear(g, h, w[f"{p}.k_proj.weight"], f"{path}/k_proj"), hkv, d, f"{path}/k"),
+               cos, sin, d // 2, f"{path}/k_rope")
+    v = heads(g, linear(g, h, w[f"{p}.v_proj.weight"], f"{path}/v_proj"), hkv, d, f"{path}/v")
+
+    kv_shape = ["batch", hkv, "total", d]
+    past_k = g.input(C.past_key(i), F32, ["batch", hkv, "past", d])
+    past_v = g.input(C.past_value(i), F32, ["batch", hkv, "past", d])
+    k_all = g.op("Concat", [past_k, k], f"{path}/k_cache", axis=2)
+    v_all = g.op("Concat", [past_v, v], f"{path}/v_cache", axis=2)
+    g.nodes.append(_identity(k_all, g.output(C.present_key(i), F32, kv_shape), f"{path}/present_k"))
+    g.nodes.append(_identity(v_all, g.output(C.present_value(i), F32, kv_shape), f"{path}/present_v"))
+
+    q = g.op("Mul", [q, g.const(1.0 / np.sqrt(d), np.float32)], f"{path}/scale")
+    q5 = g.op("Reshape", [q, g.const([0, hkv, hq // hkv, -1, d])], f"{path}/q_groups")
+    k5 = g.op("Unsqueeze", [k_all, g.const([2])], f"{path}/k_groups")
+    v5 = g.op("Unsqueeze", [v_all, g.const([2])], f"{path}/v_groups")
+    scores = g.op("MatMul", [q5, g.op("Transpose", [k5], f"{path}/k_t", perm=[0, 1, 2, 4, 3])], f"{path}/qk")
+    probs = g.op("Softmax", [g.op("Add", [scores, bias], f"{path}/mask")], f"{path}/softmax", axis=-1)
+    ctx = g.op("MatMul", [probs, v5], f"{path}/pv")                       # [B, Hkv, R, S, D]
+    ctx = g.op("Reshape", [ctx, g.const([0, hq, -1, d])], f"{path}/merge")  # [B, Hq, S, D]
+    ctx = g.op("Transpose", [ctx], f"{path}/merge", perm=[0, 2, 1, 3])
+    ctx = g.op("Reshape", [ctx, g.const([0, 0, hq * d])], f"{path}/merge")
+    return linear(g, ctx, w[f"{p}.o_proj.weight"], f"{path}/o_proj")
+
+
+def _identity(src: str, dst: str, path: str):
+    from onnx import helper
+    return helper.make_node("Identity", [src], [dst], name=f"{path}/Identity")
+
+
+def mlp(g: GraphBuilder, h: str, w: dict, i: int) -> str:
+    """down(silu(gate(h)) * up(h))"""
+    path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
+    gate = linear(g, h, w[f"{p}.gate_proj.weight"], f"{path}/gate_proj")
+    up = linear(g, h, w[f"{p}.up_proj.weight"], f"{path}/up_proj")
+    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{path}/act")], f"{path}/act")
+    return linear(g, g.op("Mul", [act, up], f"{path}/act_up"), w[f"{p}.down_proj.weight"], f"{path}/down_proj")
+
+
+def causal_bias(g: GraphBuilder, input_ids: str, mask: str) -> str:
+    """Additive attention bias [B, 1, 1, S, T]: 0 where key j <= P + i and mask[b, j] == 1, else fp32 min.
+
+        Shape(mask)[1] = T, Shape(ids)[1] = S -> Range(T-S, T) rows, Range(0, T) cols
+        -> cols <= rows [S, T] -> And(mask as bool [B,1,1,1,T]) -> Where(0, min)
+    """
+    path = "/model/attn_bias"
+    t = g.op("Gather", [g.op("Shape", [mask], path), g.const(1)], path, axis=0)
+    s = g.op("Gather", [g.op("Shape", [input_ids], path), g.const(1)], path, axis=0)
+    rows = g.op("Range", [g.op("Sub", [t, s], path), t, g.const(1)], path)
+    cols = g.op("Range", [g.const(0), t, g.const(1)], path)
+    causal = g.op("LessOrEqual", [g.op("Unsqueeze", [cols, g.const([0])], path),
+                                  g.op("Unsqueeze", [rows, g.const([1])], path)], path)      # [S, T]
+    pad = g.op("Cast", [g.op("Unsqueeze", [mask, g.const([1, 2, 3])], path)], path, to=TensorProto.BOOL)
+    allowed = g.op("And", [causal, pad], path)                                              # [B,1,1,S,T]
+    return g.op("Where", [allowed, g.const(0.0, np.float32), g.const(np.finfo(np.float32).min, np.float32)], path)
+
+
+def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata: dict | None = None) -> None:
+    """Write the portable graph of `weights` to model_path (+ external data at data_path)."""
+    cfg, w = weights.config, weights.tensors
+    g = GraphBuilder(data_path)
+    ids = g.input(C.INPUT_IDS, I64, ["batch", "seq"])
+    mask = g.input(C.ATTENTION_MASK, I64, ["batch", "total"])
+    pos = g.input(C.POSITION_IDS, I64, ["batch", "seq"])
+    logits_out = g.output(C.LOGITS, F32, ["batch", "seq", cfg.vocab_size])  # first output, then present.*
+
+    cos_t, sin_t = rope_tables(cfg)
+    # cos/sin for the new tokens: Gather by position -> [B, S, D] -> [B, 1, S, D] (broadcast over heads)
+    cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("model.rope.cos", cos_t), pos], "/model/rope/cos"),
+                             g.const([1])], "/model/rope/cos")
+    sin = g.op("Unsqueeze", [g.op("Gather", [g.weight("model.rope.sin", sin_t), pos], "/model/rope/sin"),
+                             g.const([1])], "/model/rope/sin")
+    bias = causal_bias(g, ids, mask)
+
+    embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
+    x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)
+    for i in range(cfg.num_layers):
+        h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
+                     f"/model/layers.{i}/input_layernorm")
+        x = g.op("Add", [x, attention(g, cfg, h, w, i, cos, sin, bias)], f"/model/layers.{i}/attn_residual")
+        h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
+                     f"/model/layers.{i}/post_attention_layernorm")
+        x = g.op("Add", [x, mlp(g, h, w, i)], f"/model/layers.{i}/mlp_residual")
+    x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
+
+    # LM head: Gemm(transB) on [B*S, H] so a tied embedding [V, H] is stored once.
+    head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", w["lm_head.weight"])
+    flat = g.op("Reshape", [x, g.const([-1, cfg.hidden_size])], "/lm_head")
+    logits = g.op("Gemm", [flat, head], "/lm_head", transB=1)
+    out_shape = g.op("Concat", [g.op("Shape", [ids], "/lm_head"), g.const([cfg.vocab_size])], "/lm_head", axis=0)
+    logits = g.op("Reshape", [logits, out_shape], "/lm_head")
+    g.nodes.append(_identity(logits, logits_out, "/lm_head/logits"))
+    g.save(model_path, "ortllm_portable", doc="ortllm portable llama graph", metadata=metadata)

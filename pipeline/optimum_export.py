@@ -1,0 +1,47 @@
+"""`--exporter optimum`: also export the same weights with optimum-onnx (traced), into artifact/optimum/.
+
+For interoperability with optimum's ORTModelForCausalLM and as an independent reference: the parity
+tests compare our builder's graph with this export. Needs the `build` extra (torch, transformers).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+from .errors import BuildError
+from .weights import ModelWeights
+
+
+def write_hf_dir(weights: ModelWeights, out: Path) -> None:
+    """A transformers LlamaForCausalLM directory (config.json + model.safetensors) of `weights`."""
+    from safetensors.numpy import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(weights.config.to_hf_config(), indent=2, sort_keys=True))
+    tensors = {k: v for k, v in weights.tensors.items() if not (k == "lm_head.weight" and weights.config.tie_word_embeddings)}
+    save_file(tensors, str(out / "model.safetensors"))
+
+
+def export_optimum(weights: ModelWeights, artifact_tmp: Path, out: Path) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from optimum.exporters.onnx import main_export
+    except ImportError:
+        raise BuildError("--exporter optimum needs the build extra: pip install 'ortllm[build]'") from None
+    with tempfile.TemporaryDirectory(prefix="ortllm-hf-") as hf:
+        hf_dir = Path(hf)
+        write_hf_dir(weights, hf_dir)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if (artifact_tmp / name).is_file():
+                shutil.copy(artifact_tmp / name, hf_dir / name)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # tracer warnings are for optimum's developers, not our users
+                main_export(str(hf_dir), output=out, task="text-generation-with-past", device="cpu",
+                            do_validation=False, local_files_only=True)
+        except Exception as e:  # optimum raises many types; the build stops with one line
+            raise BuildError(f"optimum-onnx export failed: {type(e).__name__}: {e}") from None

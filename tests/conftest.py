@@ -1,0 +1,46 @@
+"""Shared fixtures: real artifacts built once per test session, and the transformers references."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")   # no model hub here: anything that tries must fail fast
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    from ortllm.pipeline.recipes import get_recipe, locate_package_file
+    return locate_package_file(get_recipe("smollm2-135m-instruct"))
+
+
+def _build(tmp_path_factory, spec: str, **opts) -> Path:
+    from ortllm.pipeline.build import BuildOptions, build
+    out = tmp_path_factory.mktemp("artifacts") / spec
+    build(spec, out, BuildOptions(**opts), log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory) -> Path:
+    """llama-tiny-random, portable fp32, with the optimum-onnx export beside it."""
+    return _build(tmp_path_factory, "llama-tiny-random", exporter="optimum")
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifact(tmp_path_factory) -> Path:
+    """The real SmolLM2-135M-Instruct, portable fp32, with the optimum-onnx export beside it."""
+    return _build(tmp_path_factory, "smollm2-135m-instruct", exporter="optimum")
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf):
+    """transformers' own GGUF loader (its dequantization and q/k un-permutation, not ours), fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name,
+                                                dtype=torch.float32).eval()

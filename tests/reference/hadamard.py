@@ -1,0 +1,108 @@
+"""Reference Hadamard rotation and 8-bit (int8, fp8 e4m3fn) symmetric quantization.
+
+Written to be obviously correct rather than fast: the Hadamard matrix is built explicitly
+(Sylvester construction) and e4m3 rounding searches the table of all representable values.
+Arithmetic that the C++ kernel does in float32 (x / scale) is done in float32 here too, so the
+codes match bit for bit except at exact rounding ties reached through different float paths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INT8_QMAX = 127.0
+E4M3_MAX = 448.0
+
+
+def hadamard_matrix(d: int) -> np.ndarray:
+    """Sylvester Hadamard matrix H_d (entries +-1), d a power of two."""
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"d must be a power of two; got {d}")
+    h = np.ones((1, 1))
+    while h.shape[0] < d:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def fwht(x: np.ndarray) -> np.ndarray:
+    """Normalized Walsh-Hadamard transform over the last axis: x @ H / sqrt(d) (orthonormal)."""
+    d = x.shape[-1]
+    return (x.astype(np.float64) @ hadamard_matrix(d) / np.sqrt(d)).astype(x.dtype)
+
+
+# ---- int8: scale = absmax / 127, codes = round-half-even(x / scale) in [-127, 127]
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row (last axis) symmetric int8. Returns (codes int8 [..., D], scale float32 [...])."""
+    x = x.astype(np.float32)
+    scale = (np.abs(x).max(axis=-1) / np.float32(INT8_QMAX)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1))[..., None]
+    codes = np.clip(np.rint(x / safe), -127, 127)
+    codes = np.where(scale[..., None] > 0, codes, 0)
+    return codes.astype(np.int8), scale
+
+
+def dequantize_int8(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return codes.astype(np.int8).astype(np.float32) * scale[..., None].astype(np.float32)
+
+
+# ---- fp8 e4m3fn: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits, max 448, no infinities
+
+def e4m3_table() -> np.ndarray:
+    """float value of every byte 0..255 (0x7f/0xff, the NaNs, as nan)."""
+    vals = np.empty(256, dtype=np.float64)
+    for code in range(256):
+        e, m = (code >> 3) & 0xF, code & 0x7
+        mag = m * 2.0**-9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        if code & 0x7F == 0x7F:
+            mag = np.nan
+        vals[code] = -mag if code & 0x80 else mag
+    return vals
+
+
+_E4M3 = e4m3_table()
+_E4M3_POS = _E4M3[:0x7F]  # codes 0..126, increasing magnitudes 0 .. 448
+
+
+def float_to_e4m3(v: np.ndarray) -> np.ndarray:
+    """Nearest e4m3fn code (ties to the even code, i.e. even mantissa), saturating at +-448."""
+    v = np.asarray(v, dtype=np.float64)
+    a = np.minimum(np.abs(v), E4M3_MAX)
+    hi = np.clip(np.searchsorted(_E4M3_POS, a, side="left"), 0, len(_E4M3_POS) - 1)
+    lo = np.clip(hi - 1, 0, None)
+    d_lo, d_hi = a - _E4M3_POS[lo], _E4M3_POS[hi] - a
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))
+    code = np.where(pick_hi, hi, lo).astype(np.uint8)
+    return np.where(np.signbit(v) & (code != 0), code | 0x80, code).astype(np.uint8)
+
+
+def quantize_e4m3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row symmetric fp8: scale = absmax / 448. Returns (codes uint8 [..., D], scale [...])."""
+    x = x.astype(np.float32)
+    scale = (np.abs(x).max(axis=-1) / np.float32(E4M3_MAX)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1))[..., None]
+    codes = float_to_e4m3(x / safe)
+    codes = np.where(scale[..., None] > 0, codes, 0).astype(np.uint8)
+    return codes, scale
+
+
+def dequantize_e4m3(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return (_E4M3[codes.astype(np.uint8)] * scale[..., None]).astype(np.float32)
+
+
+def quantize(x: np.ndarray, kv_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Codes as stored in the cache (uint8 bytes) and per-row scales."""
+    if kv_dtype == "int8":
+        codes, scale = quantize_int8(x)
+        return codes.view(np.uint8), scale
+    if kv_dtype == "fp8_e4m3":
+        return quantize_e4m3(x)
+    raise ValueError(kv_dtype)
+
+
+def dequantize(codes: np.ndarray, scale: np.ndarray, kv_dtype: str) -> np.ndarray:
+    if kv_dtype == "int8":
+        return dequantize_int8(codes.view(np.int8), scale)
+    if kv_dtype == "fp8_e4m3":
+        return dequantize_e4m3(codes, scale)
+    raise ValueError(kv_dtype)
