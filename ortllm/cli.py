@@ -23,7 +23,8 @@ def _add_build(sub) -> None:
     p.add_argument("--algo", default="rtn", help="rtn|hqq|gptq")
     p.add_argument("--lm-head", default="fp32", help="fp32|int8|int4")
     p.add_argument("--kv", default=None, help="KV cache dtype fp32|int8|fp8 (default: recipe's)")
-    p.add_argument("--graph", default="portable", help="engine|portable")
+    p.add_argument("--kv-block-size", type=int, default=16, help="tokens per paged KV block (engine graph)")
+    p.add_argument("--graph", default="portable", help="engine|portable (portable: stock ONNX Runtime)")
     p.add_argument("--exporter", default="native", help="native|optimum (optimum also writes optimum/)")
     p.add_argument("--force", action="store_true", help="replace whatever --out holds")
     p.set_defaults(run=_run_build)
@@ -38,7 +39,7 @@ def _run_build(a) -> int:
         quant=a.quant or defaults.get("quant", "fp32"),
         block_size=a.block_size or defaults.get("block_size", 32),
         algo=a.algo, lm_head=a.lm_head, kv=a.kv or defaults.get("kv", "fp32"),
-        graph=a.graph, exporter=a.exporter)
+        graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size)
     build(a.model, a.out, opts, source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
     return 0
 

@@ -23,7 +23,7 @@ QUANTS = ("fp32", "int8", "int4")
 ALGOS = ("rtn", "hqq", "gptq")
 KV_DTYPES = ("fp32", "int8", "fp8")
 EXPORTERS = ("native", "optimum")
-AVAILABLE_GRAPHS = ("portable",)   # the engine graph needs the custom ops library (runtime issue)
+KV_BLOCK_SIZES = (8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class BuildOptions:
     kv: str = "fp32"
     graph: str = "portable"
     exporter: str = "native"
+    kv_block_size: int = 16       # tokens per paged-KV block (engine graph attribute)
 
     def __post_init__(self):
         for name, allowed in (("quant", QUANTS), ("algo", ALGOS), ("lm_head", QUANTS), ("kv", KV_DTYPES),
@@ -44,14 +45,15 @@ class BuildOptions:
                                  f"got '{getattr(self, name)}'")
         if self.block_size not in (16, 32, 64, 128, 256):
             raise BuildError(f"--block-size must be one of 16, 32, 64, 128, 256; got {self.block_size}")
-        if self.graph not in AVAILABLE_GRAPHS:
-            raise BuildError(f"--graph {self.graph} is not available in this version yet; build with "
-                             "--graph portable")
+        if self.kv_block_size not in KV_BLOCK_SIZES:
+            raise BuildError(f"--kv-block-size must be one of {', '.join(map(str, KV_BLOCK_SIZES))}; "
+                             f"got {self.kv_block_size}")
         if self.quant != "fp32" or self.lm_head != "fp32":
             raise BuildError("int8/int4 weights are not available in this version yet; build with --quant fp32 "
                              "--lm-head fp32")
-        if self.kv != "fp32":
-            raise BuildError(f"--kv {self.kv} needs the engine graph, which is not available yet; use --kv fp32")
+        if self.kv != "fp32" and self.graph != "engine":
+            raise BuildError(f"--kv {self.kv} needs the engine graph (paged 8-bit KV); add --graph engine "
+                             "or use --kv fp32")
 
 
 def _tool_versions() -> dict:
@@ -86,11 +88,15 @@ def _check_out_dir(out: Path, force: bool, recipe_name: str | None, source_sha: 
 
 def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path) -> dict:
     """Write every artifact file into `tmp` and return the manifest (also written)."""
-    from .graph_portable import build_portable_graph
-
     cfg = weights.config
-    build_portable_graph(weights, tmp / C.MODEL, tmp / C.MODEL_DATA,
-                         metadata={"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph})
+    meta = {"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph}
+    if opts.graph == "engine":
+        from .graph_engine import build_engine_graph
+        build_engine_graph(weights, tmp / C.MODEL, tmp / C.MODEL_DATA, kv=opts.kv, block_size=opts.kv_block_size,
+                           metadata=meta)
+    else:
+        from .graph_portable import build_portable_graph
+        build_portable_graph(weights, tmp / C.MODEL, tmp / C.MODEL_DATA, metadata=meta)
     tok = weights.write_tokenizer(tmp) if weights.write_tokenizer else None
     eos = list(dict.fromkeys([*cfg.eos_token_ids, *(tok.eos_token_ids if tok else ())]))
     (tmp / C.CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")

@@ -11,37 +11,12 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
+from .graph_blocks import linear, mlp, rms_norm, rope_tables
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
 F32 = TensorProto.FLOAT
 I64 = TensorProto.INT64
-
-
-def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin: [max_pos, D], computed in fp32 as transformers does (halves repeated: rotate_half layout)."""
-    d = cfg.head_dim
-    inv_freq = (1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
-    freqs = np.outer(np.arange(cfg.max_position_embeddings, dtype=np.float32), inv_freq).astype(np.float32)
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
-
-
-def rms_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, path: str) -> str:
-    """x * 1/sqrt(mean(x^2) + eps) * w, in the op pattern ONNX Runtime fuses into SimplifiedLayerNormalization.
-
-        x -> Pow(2) -> ReduceMean(-1) -> Add(eps) -> Sqrt -> Div(x, .) -> Mul(w)
-    """
-    sq = g.op("Pow", [x, g.const(2.0, np.float32)], path)
-    mean = g.op("ReduceMean", [sq], path, axes=[-1], keepdims=1)
-    std = g.op("Sqrt", [g.op("Add", [mean, g.const(eps, np.float32)], path)], path)
-    normed = g.op("Div", [x, std], path)
-    return g.op("Mul", [normed, g.weight(f"{path}.weight", weight)], path)
-
-
-def linear(g: GraphBuilder, x: str, w: np.ndarray, path: str) -> str:
-    """x [.., in] @ w.T; w is the HF [out, in] weight, stored transposed [in, out]."""
-    return g.op("MatMul", [x, g.weight(f"{path}.weight", np.ascontiguousarray(w.T))], path)
 
 
 def rotary(g: GraphBuilder, x: str, cos: str, sin: str, half: int, path: str) -> str:
@@ -82,8 +57,8 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: s
     past_v = g.input(C.past_value(i), F32, ["batch", hkv, "past", d])
     k_all = g.op("Concat", [past_k, k], f"{path}/k_cache", axis=2)
     v_all = g.op("Concat", [past_v, v], f"{path}/v_cache", axis=2)
-    g.nodes.append(_identity(k_all, g.output(C.present_key(i), F32, kv_shape), f"{path}/present_k"))
-    g.nodes.append(_identity(v_all, g.output(C.present_value(i), F32, kv_shape), f"{path}/present_v"))
+    g.identity(k_all, g.output(C.present_key(i), F32, kv_shape), f"{path}/present_k")
+    g.identity(v_all, g.output(C.present_value(i), F32, kv_shape), f"{path}/present_v")
 
     q = g.op("Mul", [q, g.const(1.0 / np.sqrt(d), np.float32)], f"{path}/scale")
     q5 = g.op("Reshape", [q, g.const([0, hkv, hq // hkv, -1, d])], f"{path}/q_groups")
@@ -96,20 +71,6 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: s
     ctx = g.op("Transpose", [ctx], f"{path}/merge", perm=[0, 2, 1, 3])
     ctx = g.op("Reshape", [ctx, g.const([0, 0, hq * d])], f"{path}/merge")
     return linear(g, ctx, w[f"{p}.o_proj.weight"], f"{path}/o_proj")
-
-
-def _identity(src: str, dst: str, path: str):
-    from onnx import helper
-    return helper.make_node("Identity", [src], [dst], name=f"{path}/Identity")
-
-
-def mlp(g: GraphBuilder, h: str, w: dict, i: int) -> str:
-    """down(silu(gate(h)) * up(h))"""
-    path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
-    gate = linear(g, h, w[f"{p}.gate_proj.weight"], f"{path}/gate_proj")
-    up = linear(g, h, w[f"{p}.up_proj.weight"], f"{path}/up_proj")
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{path}/act")], f"{path}/act")
-    return linear(g, g.op("Mul", [act, up], f"{path}/act_up"), w[f"{p}.down_proj.weight"], f"{path}/down_proj")
 
 
 def causal_bias(g: GraphBuilder, input_ids: str, mask: str) -> str:
@@ -140,6 +101,7 @@ def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata:
     logits_out = g.output(C.LOGITS, F32, ["batch", "seq", cfg.vocab_size])  # first output, then present.*
 
     cos_t, sin_t = rope_tables(cfg)
+    cos_t, sin_t = np.concatenate([cos_t, cos_t], -1), np.concatenate([sin_t, sin_t], -1)  # rotate_half: [P, D]
     # cos/sin for the new tokens: Gather by position -> [B, S, D] -> [B, 1, S, D] (broadcast over heads)
     cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("model.rope.cos", cos_t), pos], "/model/rope/cos"),
                              g.const([1])], "/model/rope/cos")
@@ -155,7 +117,7 @@ def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata:
         x = g.op("Add", [x, attention(g, cfg, h, w, i, cos, sin, bias)], f"/model/layers.{i}/attn_residual")
         h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
                      f"/model/layers.{i}/post_attention_layernorm")
-        x = g.op("Add", [x, mlp(g, h, w, i)], f"/model/layers.{i}/mlp_residual")
+        x = g.op("Add", [x, mlp(g, h, w, i, linear)], f"/model/layers.{i}/mlp_residual")
     x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
 
     # LM head: Gemm(transB) on [B*S, H] so a tied embedding [V, H] is stored once.
@@ -164,5 +126,5 @@ def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata:
     logits = g.op("Gemm", [flat, head], "/lm_head", transB=1)
     out_shape = g.op("Concat", [g.op("Shape", [ids], "/lm_head"), g.const([cfg.vocab_size])], "/lm_head", axis=0)
     logits = g.op("Reshape", [logits, out_shape], "/lm_head")
-    g.nodes.append(_identity(logits, logits_out, "/lm_head/logits"))
+    g.identity(logits, logits_out, "/lm_head/logits")
     g.save(model_path, "ortllm_portable", doc="ortllm portable llama graph", metadata=metadata)

@@ -55,6 +55,10 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain, **attrs))
         return outs[0] if n_out == 1 else outs
 
+    def identity(self, src: str, dst: str, path: str) -> None:
+        """Route an internal value to a named graph output."""
+        self.nodes.append(helper.make_node("Identity", [src], [dst], name=f"{path}/Identity"))
+
     # ---- constants and weights
     def const(self, value, dtype=np.int64) -> str:
         """A small constant, shared by value (shape vectors, eps, scales)."""

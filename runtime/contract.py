@@ -47,3 +47,41 @@ def present_key(layer: int) -> str:
 
 def present_value(layer: int) -> str:
     return f"present.{layer}.value"
+
+
+# ---- the engine graph (ortllm ops: PagedAttention, MultiLoRA; needs libortllm_ops.so)
+# One flattened ragged batch per step: T tokens from S sequences.
+#   input_ids       [T]                 int64
+#   positions       [T]                 int32   position of each token in its sequence
+#   cu_seqlens      [S + 1]             int32   token offsets of the sequences in the batch
+#   context_lens    [S]                 int32   tokens already cached per sequence
+#   block_tables    [S, max_blocks]     int32   KV block ids of each sequence
+#   logits_indices  [S]                 int64   rows of the batch that get logits (never prefill rows)
+#   token_adapter   [T]                 int32   adapter slot of each token, -1 = base model
+#   key_cache.{i} / value_cache.{i}     [num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
+#   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float32 (8-bit caches only)
+#   lora.{i}.{target}.a  [slots, in, r_max]   lora.{i}.{target}.b  [slots, r_max, out]
+#   lora.scale [slots] float32, lora.rank [slots] int32
+# ->
+#   logits          [S, vocab]          float32
+#   key_cache_out.{i} ... (alias the inputs through IO binding: the pool is written in place)
+ENGINE_INPUT_IDS = "input_ids"
+POSITIONS = "positions"
+CU_SEQLENS = "cu_seqlens"
+CONTEXT_LENS = "context_lens"
+BLOCK_TABLES = "block_tables"
+LOGITS_INDICES = "logits_indices"
+TOKEN_ADAPTER = "token_adapter"
+LORA_SCALE = "lora.scale"
+LORA_RANK = "lora.rank"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+OPS_DOMAIN = "ortllm"
+
+
+def cache_name(kind: str, layer: int, out: bool = False) -> str:
+    """kind in key_cache, value_cache, key_scales, value_scales."""
+    return f"{kind}_out.{layer}" if out else f"{kind}.{layer}"
+
+
+def lora_name(layer: int, target: str, which: str) -> str:
+    return f"lora.{layer}.{target}.{which}"

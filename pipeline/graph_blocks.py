@@ -1,0 +1,41 @@
+"""Graph blocks shared by the portable and the engine graph (any activation rank: [B, S, H] or [T, H])."""
+from __future__ import annotations
+
+import numpy as np
+
+from .onnx_builder import GraphBuilder
+from .weights import ModelConfig
+
+
+def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin: [max_pos, D/2] (one angle per rotated pair), in fp32 as transformers computes them."""
+    d = cfg.head_dim
+    inv_freq = (1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
+    freqs = np.outer(np.arange(cfg.max_position_embeddings, dtype=np.float32), inv_freq).astype(np.float32)
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def rms_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, path: str) -> str:
+    """x * 1/sqrt(mean(x^2) + eps) * w, in the op pattern ONNX Runtime fuses into SimplifiedLayerNormalization.
+
+        x -> Pow(2) -> ReduceMean(-1) -> Add(eps) -> Sqrt -> Div(x, .) -> Mul(w)
+    """
+    sq = g.op("Pow", [x, g.const(2.0, np.float32)], path)
+    mean = g.op("ReduceMean", [sq], path, axes=[-1], keepdims=1)
+    std = g.op("Sqrt", [g.op("Add", [mean, g.const(eps, np.float32)], path)], path)
+    normed = g.op("Div", [x, std], path)
+    return g.op("Mul", [normed, g.weight(f"{path}.weight", weight)], path)
+
+
+def linear(g: GraphBuilder, x: str, w: np.ndarray, path: str) -> str:
+    """x [.., in] @ w.T; w is the HF [out, in] weight, stored transposed [in, out]."""
+    return g.op("MatMul", [x, g.weight(f"{path}.weight", np.ascontiguousarray(w.T))], path)
+
+
+def mlp(g: GraphBuilder, h: str, w: dict, i: int, proj) -> str:
+    """down(silu(gate(h)) * up(h)); `proj(g, x, weight, path)` emits one projection (plain or with LoRA)."""
+    path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
+    gate = proj(g, h, w[f"{p}.gate_proj.weight"], f"{path}/gate_proj")
+    up = proj(g, h, w[f"{p}.up_proj.weight"], f"{path}/up_proj")
+    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{path}/act")], f"{path}/act")
+    return proj(g, g.op("Mul", [act, up], f"{path}/act_up"), w[f"{p}.down_proj.weight"], f"{path}/down_proj")

@@ -1,0 +1,104 @@
+"""The engine graph: one flattened ragged batch per step over a paged KV pool (runtime/contract.py, "engine").
+
+Every layer runs ortllm::PagedAttention (RoPE, paged KV write, causal GQA over cached + new tokens)
+and ortllm::MultiLoRA after each projection (adapter per token, slot stacks are graph inputs so
+adapters change without rebuilding the session). The LM head runs only on the `logits_indices` rows.
+Shapes: T tokens in the step, S sequences, H hidden, Hq/Hkv heads, D head_dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from ortllm.runtime import contract as C
+
+from .graph_blocks import linear, mlp, rms_norm, rope_tables
+from .onnx_builder import GraphBuilder
+from .weights import ModelConfig, ModelWeights
+
+F32, I32, I64, U8 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8
+KV_OP_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}
+
+
+def lora_proj(g: GraphBuilder, x: str, w: np.ndarray, path: str, layer: int, adapter: str) -> str:
+    """base = x @ W; y = MultiLoRA(x, base, A[slot], B[slot]) per token (slot -1 adds nothing).
+
+        x -> MatMul(W) -> base --+
+        x ------------------------> MultiLoRA(A, B, scale, rank, token_adapter) -> y
+    """
+    target = path.rsplit("/", 1)[1]
+    base = linear(g, x, w, path)
+    out_dim, in_dim = w.shape
+    a = g.input(C.lora_name(layer, target, "a"), F32, ["lora_slots", in_dim, "lora_rank"])
+    b = g.input(C.lora_name(layer, target, "b"), F32, ["lora_slots", "lora_rank", out_dim])
+    return g.op("MultiLoRA", [x, base, a, b, C.LORA_SCALE, C.LORA_RANK, adapter], f"{path}/lora",
+                domain=C.OPS_DOMAIN)
+
+
+def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch: dict, kv: str,
+              block_size: int) -> str:
+    """PagedAttention over the pool; the cache outputs are graph outputs that the runtime aliases to the inputs.
+
+        h -> q_proj(+lora) --+
+        h -> k_proj(+lora) --+-> PagedAttention(positions, cu_seqlens, context_lens, block_tables, cos, sin,
+        h -> v_proj(+lora) --+                  key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora)
+    """
+    path, p = f"/model/layers.{i}/attn", f"model.layers.{i}.self_attn"
+    q, k, v = (lora_proj(g, h, w[f"{p}.{t}.weight"], f"{path}/{t}", i, batch["adapter"])
+               for t in ("q_proj", "k_proj", "v_proj"))
+    eight_bit = kv != "fp32"
+    cache_type = U8 if eight_bit else F32
+    shape = ["num_blocks", cfg.num_kv_heads, block_size, cfg.head_dim]
+    kinds = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if eight_bit else [])
+    ins, outs = [], []
+    for kind in kinds:
+        dtype, shp = (cache_type, shape) if kind.endswith("cache") else (F32, shape[:3])
+        ins.append(g.input(C.cache_name(kind, i), dtype, shp))
+        outs.append(C.cache_name(kind, i, out=True))
+        g.output(outs[-1], dtype, shp)
+    res = g.op("PagedAttention",
+               [q, k, v, batch["positions"], batch["cu_seqlens"], batch["context_lens"], batch["block_tables"],
+                batch["cos"], batch["sin"], *ins], f"{path}/paged", n_out=1 + len(kinds), domain=C.OPS_DOMAIN,
+               num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
+               block_size=block_size, kv_dtype=KV_OP_DTYPES[kv], rotate=int(eight_bit))
+    for src, dst in zip(res[1:], outs):
+        g.identity(src, dst, f"{path}/{dst}")
+    return lora_proj(g, res[0], w[f"{p}.o_proj.weight"], f"{path}/o_proj", i, batch["adapter"])
+
+
+def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "fp32", block_size: int = 16,
+                       metadata: dict | None = None) -> None:
+    cfg, w = weights.config, weights.tensors
+    g = GraphBuilder(data_path, extra_opsets={C.OPS_DOMAIN: 1})
+    ids = g.input(C.ENGINE_INPUT_IDS, I64, ["T"])
+    batch = {
+        "positions": g.input(C.POSITIONS, I32, ["T"]),
+        "cu_seqlens": g.input(C.CU_SEQLENS, I32, ["S_plus_1"]),
+        "context_lens": g.input(C.CONTEXT_LENS, I32, ["S"]),
+        "block_tables": g.input(C.BLOCK_TABLES, I32, ["S", "max_blocks"]),
+    }
+    logits_rows = g.input(C.LOGITS_INDICES, I64, ["S"])
+    batch["adapter"] = g.input(C.TOKEN_ADAPTER, I32, ["T"])
+    g.input(C.LORA_SCALE, F32, ["lora_slots"])
+    g.input(C.LORA_RANK, I32, ["lora_slots"])
+    logits_out = g.output(C.LOGITS, F32, ["S", cfg.vocab_size])
+    cos_t, sin_t = rope_tables(cfg)
+    batch["cos"], batch["sin"] = g.weight("model.rope.cos", cos_t), g.weight("model.rope.sin", sin_t)
+
+    embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
+    x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)                   # [T, H]
+    for i in range(cfg.num_layers):
+        proj = lambda g_, x_, w_, path, i=i: lora_proj(g_, x_, w_, path, i, batch["adapter"])  # noqa: E731
+        h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
+                     f"/model/layers.{i}/input_layernorm")
+        x = g.op("Add", [x, attention(g, cfg, h, w, i, batch, kv, block_size)], f"/model/layers.{i}/attn_residual")
+        h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
+                     f"/model/layers.{i}/post_attention_layernorm")
+        x = g.op("Add", [x, mlp(g, h, w, i, proj)], f"/model/layers.{i}/mlp_residual")
+
+    # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
+    x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)
+    x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
+    head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", w["lm_head.weight"])
+    g.identity(g.op("Gemm", [x, head], "/lm_head", transB=1), logits_out, "/lm_head/logits")
+    g.save(model_path, "ortllm_engine", doc="ortllm engine graph (paged KV, multi-LoRA)", metadata=metadata)
