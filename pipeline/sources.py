@@ -47,8 +47,8 @@ def load_model(spec: str, source: str | Path | None = None) -> tuple[Recipe | No
             return recipe, random_weights(recipe)
         raise BuildError(f"recipe '{spec}' has unknown source kind '{kind}'")
     path = Path(spec)
-    if path.exists():
-        return None, load_path(path)
+    if path.exists() or "/" in spec or path.suffix in (".gguf", ".safetensors"):
+        return None, load_path(path)   # a path: says "does not exist" if so
     get_recipe(spec)  # raises the "unknown recipe, known ones are ..." error
     raise AssertionError("unreachable")
 

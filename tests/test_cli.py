@@ -85,7 +85,9 @@ def test_out_dir_holding_other_files(tmp_path):
 def test_generate_on_damaged_artifact_names_the_file(tmp_path, tiny_artifact):
     art = tmp_path / "art"
     shutil.copytree(tiny_artifact, art)
-    (art / "tokenizer.json").write_text("{}")
+    raw = bytearray((art / "tokenizer.json").read_bytes())
+    raw[len(raw) // 2] ^= 0x01                      # same size, one bit off
+    (art / "tokenizer.json").write_bytes(bytes(raw))
     assert_user_error(ortllm("generate", art, "--prompt", "hi"), "tokenizer.json", "sha256")
 
 

@@ -58,7 +58,8 @@ def smollm2_prompt(smollm2_artifact):
     from ortllm.runtime.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(smollm2_artifact)
     text = ("The history of the Roman Empire spans many centuries, from the founding of the city to the fall of "
-            "Constantinople. Historians often divide it into")
+            "Constantinople in 1453. Historians often divide it into the Principate, the Crisis of the Third "
+            "Century and the Dominate, and they argue about")
     ids = tok.encode(text)
     assert len(ids) >= PROMPT_LEN, len(ids)
     return ids[:PROMPT_LEN]
