@@ -1,0 +1,206 @@
+"""One config tree for the engine (STYLE 1), built once at the entry point and handed down.
+
+    EngineConfig
+    ├── scheduler: SchedulerConfig   token budget, queue, adapter cap per step, aging
+    ├── cache:     CacheConfig       KV block size / count / dtype, prefix cache
+    └── adapters:  AdapterConfig     adapter slots in the session, host-RAM budget
+
+Every dataclass is frozen and validated in __post_init__; change one with `dataclasses.replace`, which
+validates again. `EngineConfig.from_overrides(artifact, max_batch_tokens=64, kv_dtype="int8")` routes flat
+keyword overrides to the sub-config that owns them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+
+KV_DTYPES = ("float32", "int8", "fp8_e4m3")
+# Spellings used by the build CLI (`--kv fp32|int8|fp8`) accepted as aliases.
+_KV_ALIASES = {"fp32": "float32", "fp8": "fp8_e4m3", "float8_e4m3": "fp8_e4m3"}
+# Default KV budget when neither num_blocks nor memory_budget_bytes is set.
+DEFAULT_KV_BUDGET_BYTES = 512 << 20
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (hyper-threads counted once)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        allowed = set(range(os.cpu_count() or 1))
+    cores: set[tuple[str, str]] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu, phys, core = None, "0", None
+            for line in f.read().splitlines() + [""]:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "processor":
+                    cpu = int(value)
+                elif key == "physical id":
+                    phys = value
+                elif key == "core id":
+                    core = value
+                elif not line.strip():
+                    if cpu is not None and core is not None and cpu in allowed:
+                        cores.add((phys, core))
+                    cpu, phys, core = None, "0", None
+    except OSError:
+        pass
+    return max(1, len(cores) or len(allowed))
+
+
+def _require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _positive_int(name: str, v: object) -> None:
+    _require(_is_int(v) and v >= 1, f"{name} must be a positive integer; got {v!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_tokens: int = 512        # tokens in one flattened step (decodes + prefill chunks)
+    max_num_seqs: int = 32             # running sequences; each decodes one token per step
+    max_queued: int = 256              # waiting requests before add_request raises Overloaded
+    max_adapters_per_batch: int = 4    # distinct adapters in one step (the base model does not count)
+    long_prefill_chunk: int | None = None  # max prefill tokens of one sequence per step; None: max_batch_tokens
+    aging_steps: int = 16              # steps a waiting request may be bypassed before it goes first
+    max_model_len: int | None = None   # prompt + max_tokens cap; None: only the KV pool limits it
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_num_seqs", "max_queued", "max_adapters_per_batch", "aging_steps"):
+            _positive_int(name, getattr(self, name))
+        _require(self.max_num_seqs <= self.max_batch_tokens,
+                 f"max_num_seqs ({self.max_num_seqs}) must be <= max_batch_tokens ({self.max_batch_tokens}) "
+                 "so every running sequence can decode each step; lower max_num_seqs or raise max_batch_tokens")
+        if self.long_prefill_chunk is not None:
+            _positive_int("long_prefill_chunk", self.long_prefill_chunk)
+            _require(self.long_prefill_chunk <= self.max_batch_tokens,
+                     f"long_prefill_chunk must be <= max_batch_tokens ({self.max_batch_tokens}); "
+                     f"got {self.long_prefill_chunk}")
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Derived: the most prefill tokens one sequence takes in one step."""
+        return self.long_prefill_chunk or self.max_batch_tokens
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16                    # tokens per KV block (a power of two)
+    num_blocks: int | None = None           # blocks in the pool, block 0 included (reserved as the null block)
+    memory_budget_bytes: int | None = None  # alternative to num_blocks: size the pool from a byte budget
+    kv_dtype: str | None = None             # float32 | int8 | fp8_e4m3; None: the artifact's build option
+    enable_prefix_cache: bool = True
+
+    def __post_init__(self) -> None:
+        _positive_int("block_size", self.block_size)
+        _require(self.block_size & (self.block_size - 1) == 0 and self.block_size <= 1024,
+                 f"block_size must be a power of two <= 1024 (e.g. 16); got {self.block_size}")
+        _require(self.num_blocks is None or self.memory_budget_bytes is None,
+                 "set num_blocks or memory_budget_bytes, not both")
+        if self.num_blocks is not None:
+            _require(_is_int(self.num_blocks) and self.num_blocks >= 2,
+                     f"num_blocks must be >= 2 (block 0 is the reserved null block); got {self.num_blocks!r}")
+        if self.memory_budget_bytes is not None:
+            _positive_int("memory_budget_bytes", self.memory_budget_bytes)
+        if self.kv_dtype is not None:
+            dtype = _KV_ALIASES.get(self.kv_dtype, self.kv_dtype)
+            _require(dtype in KV_DTYPES, f"kv_dtype must be one of {', '.join(KV_DTYPES)}; got {self.kv_dtype!r}")
+            object.__setattr__(self, "kv_dtype", dtype)
+        _require(isinstance(self.enable_prefix_cache, bool),
+                 f"enable_prefix_cache must be True or False; got {self.enable_prefix_cache!r}")
+
+    def bytes_per_block(self, num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str | None = None) -> int:
+        """K and V of one block over all layers: [2, layers, block_size, kv_heads, head_dim] elements, plus one
+        fp32 scale per (token, head) for the 8-bit dtypes."""
+        dtype = kv_dtype or self.kv_dtype or "float32"
+        per_elem, scale = (4, 0) if dtype == "float32" else (1, 4)
+        per_token_head = head_dim * per_elem + scale
+        return 2 * num_layers * self.block_size * num_kv_heads * per_token_head
+
+    def resolve_num_blocks(self, bytes_per_block: int) -> int:
+        """num_blocks if set, else as many blocks as the byte budget holds (default DEFAULT_KV_BUDGET_BYTES)."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        budget = self.memory_budget_bytes or DEFAULT_KV_BUDGET_BYTES
+        n = budget // bytes_per_block
+        _require(n >= 2, f"memory_budget_bytes ({budget}) holds {n} KV blocks of {bytes_per_block} bytes; "
+                         "at least 2 are needed: raise memory_budget_bytes")
+        return n
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    max_slots: int = 8                       # adapters resident in the session at once
+    max_rank: int = 64                       # LoRA rank of a slot
+    host_budget_bytes: int = 1 << 30         # host-RAM LRU of loaded adapter weights
+
+    def __post_init__(self) -> None:
+        for name in ("max_slots", "max_rank", "host_budget_bytes"):
+            _positive_int(name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    artifact: Path
+    threads: int | None = None               # None: physical cores available to this process
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    adapters: AdapterConfig = field(default_factory=AdapterConfig)
+    seed: int = 0                            # engine seed; requests without a seed draw from it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "artifact", Path(self.artifact))
+        if self.threads is None:
+            object.__setattr__(self, "threads", physical_cores())
+        _positive_int("threads", self.threads)
+        _require(_is_int(self.seed) and self.seed >= 0, f"seed must be a non-negative integer; got {self.seed!r}")
+        s, c, a = self.scheduler, self.cache, self.adapters
+        _require(s.max_batch_tokens >= c.block_size,
+                 f"max_batch_tokens must be >= block_size ({c.block_size}); got {s.max_batch_tokens}")
+        _require(s.max_adapters_per_batch <= a.max_slots,
+                 f"max_adapters_per_batch ({s.max_adapters_per_batch}) must be <= max_slots ({a.max_slots}); "
+                 "lower max_adapters_per_batch or raise max_slots")
+
+    @classmethod
+    def from_overrides(cls, artifact: str | os.PathLike, **overrides: object) -> EngineConfig:
+        """Build from flat keyword overrides, each routed to the sub-config that owns the field.
+
+        Sub-configs themselves may be passed too (scheduler=SchedulerConfig(...)); flat keys apply on top.
+        """
+        top = {k: overrides.pop(k) for k in list(overrides) if k in _TOP_KEYS}
+        parts: dict[str, dict[str, object]] = {name: {} for name in _SUB_CONFIGS}
+        for key, value in overrides.items():
+            owner = _OWNER.get(key)
+            if owner is None:
+                close = difflib.get_close_matches(key, _VALID_KEYS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown config key {key!r}{hint}; valid keys: {', '.join(sorted(_VALID_KEYS))}")
+            parts[owner][key] = value
+        for name, sub_cls in _SUB_CONFIGS.items():
+            base = top.get(name) or sub_cls()
+            if not isinstance(base, sub_cls):
+                raise ConfigError(f"{name} must be a {sub_cls.__name__}; got {type(base).__name__}")
+            top[name] = dataclasses.replace(base, **parts[name]) if parts[name] else base
+        return cls(artifact=artifact, **top)
+
+
+_SUB_CONFIGS = {"scheduler": SchedulerConfig, "cache": CacheConfig, "adapters": AdapterConfig}
+_TOP_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"artifact"}
+_OWNER = {f.name: name for name, sub in _SUB_CONFIGS.items() for f in dataclasses.fields(sub)}
+assert len(_OWNER) == sum(len(dataclasses.fields(s)) for s in _SUB_CONFIGS.values()), "sub-config keys collide"
+_VALID_KEYS = sorted(set(_OWNER) | _TOP_KEYS)

@@ -1,0 +1,78 @@
+"""Errors in layers (STYLE 12).
+
+    OrtllmError
+    ├── ConfigError(ValueError)        bad configuration; raised at construction, before anything runs
+    ├── RequestError(ValueError)       one request is wrong; it fails, the engine goes on (HTTP 400)
+    │   ├── PromptTooLong
+    │   ├── InvalidSamplingParams
+    │   ├── UnknownAdapter
+    │   ├── InvalidTokenIds
+    │   └── EmptyPrompt
+    ├── Overloaded                     queue full; raised at submit at once, retry later (HTTP 429/503)
+    └── EngineDeadError                fatal; the engine stopped and every pending request fails with it
+
+Messages say what to do, not only what went wrong.
+"""
+
+from __future__ import annotations
+
+
+class OrtllmError(Exception):
+    """Base of every error ortllm raises on purpose."""
+
+
+class ConfigError(OrtllmError, ValueError):
+    """A configuration value is invalid; the message names the field and what to change."""
+
+
+class RequestError(OrtllmError, ValueError):
+    """A single request is invalid. Only that request fails."""
+
+
+class PromptTooLong(RequestError):
+    def __init__(self, prompt_len: int, max_len: int, max_tokens: int = 0, what: str = ""):
+        self.prompt_len = prompt_len
+        self.max_len = max_len
+        self.max_tokens = max_tokens
+        need = prompt_len + max_tokens
+        where = f" ({what})" if what else ""
+        if max_tokens:
+            msg = (f"prompt has {prompt_len} tokens and max_tokens is {max_tokens}: {need} tokens, but at most "
+                   f"{max_len} fit{where}; shorten the prompt or lower max_tokens")
+        else:
+            msg = f"prompt has {prompt_len} tokens but at most {max_len} fit{where}; shorten the prompt"
+        super().__init__(msg)
+
+
+class InvalidSamplingParams(RequestError):
+    """A sampling parameter is out of range; the message names the field and the allowed range."""
+
+
+class UnknownAdapter(RequestError):
+    def __init__(self, name: str, known: list[str] | None = None):
+        self.name = name
+        hint = f"; known adapters: {', '.join(sorted(known))}" if known else "; list them with `ortllm adapters list`"
+        super().__init__(f"unknown adapter {name!r}{hint}")
+
+
+class InvalidTokenIds(RequestError):
+    """Token ids outside [0, vocab_size)."""
+
+
+class EmptyPrompt(RequestError):
+    def __init__(self, msg: str = "prompt is empty; send at least one token"):
+        super().__init__(msg)
+
+
+class Overloaded(OrtllmError):
+    """The request queue is full. Nothing was queued; retry after a short wait."""
+
+    def __init__(self, queued: int, max_queued: int):
+        self.queued = queued
+        self.max_queued = max_queued
+        super().__init__(f"server overloaded: {queued} requests queued (max_queued={max_queued}); "
+                         "retry later or raise max_queued")
+
+
+class EngineDeadError(OrtllmError):
+    """The engine loop stopped on an unexpected error; restart the engine. `__cause__` holds the original."""

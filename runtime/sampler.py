@@ -1,0 +1,234 @@
+"""Sampling as small pure functions over batched logits (STYLE 9; vLLM Sampler, gpt-fast logits_to_probs).
+
+Pipeline for one step, logits: [B, V] float32, one row per sequence that needs a token:
+
+    penalties (repetition / frequency / presence)
+      -> greedy rows: argmax                                   (all-greedy batch: nothing else runs)
+      -> sampled rows: temperature -> top-k -> top-p -> min-p -> probs -> one uniform draw per row
+    logprobs: log_softmax of the processed logits (after penalties, temperature and the masks: the
+    distribution that was actually sampled), chosen token + top-n.
+
+Each row draws from its own np.random.Generator exactly once per step, so a seeded request gets the same
+tokens whatever else is in the batch and in whatever order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .sampling_params import SAMPLING_EPS, SamplingParams
+
+NEG_INF = np.float32(-np.inf)
+# top-p first tries the nucleus within the top _TOP_P_CANDIDATES tokens (a partial sort); exact either way.
+_TOP_P_CANDIDATES = 256
+
+
+def request_generator(seed: int | None, entropy: np.random.SeedSequence | None = None) -> np.random.Generator:
+    """Per-request generator: Philox keyed by the request seed, else spawned from the engine's SeedSequence."""
+    if seed is not None:
+        return np.random.Generator(np.random.Philox(seed))
+    child = (entropy or np.random.SeedSequence()).spawn(1)[0]
+    return np.random.Generator(np.random.Philox(child))
+
+
+# ---- penalties -------------------------------------------------------------------------------------------
+
+def apply_penalties(logits: np.ndarray, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]],
+                    repetition: np.ndarray, frequency: np.ndarray, presence: np.ndarray) -> np.ndarray:
+    """OpenAI / vLLM penalties, in place on logits: [B, V].
+
+    prompt_ids, output_ids: per row, the prompt's and the generated token ids; repetition, frequency,
+    presence: [B]. Repetition covers prompt and output tokens (logit > 0: / r, else * r); frequency and
+    presence cover output tokens only (logit -= f * count + p * (count > 0)). Works on the unique seen
+    ids of each row, not on dense [B, V] counts.
+    """
+    for b in range(logits.shape[0]):
+        out_ids, counts = np.unique(np.asarray(output_ids[b], dtype=np.int64), return_counts=True)
+        row = logits[b]
+        if repetition[b] != 1.0:
+            seen = np.union1d(np.asarray(prompt_ids[b], dtype=np.int64), out_ids)
+            v = row[seen]
+            row[seen] = np.where(v > 0, v / repetition[b], v * repetition[b])
+        if out_ids.size and (frequency[b] != 0.0 or presence[b] != 0.0):
+            row[out_ids] -= (frequency[b] * counts + presence[b]).astype(np.float32)
+    return logits
+
+
+# ---- temperature and truncation -----------------------------------------------------------------------
+
+def apply_temperature(logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
+    """logits: [B, V] / temperature: [B], in place; rows with temperature < SAMPLING_EPS (greedy) unchanged."""
+    t = np.where(temperature < SAMPLING_EPS, 1.0, temperature).astype(np.float32)
+    logits /= t[:, None]
+    return logits
+
+
+def apply_top_k(logits: np.ndarray, top_k: np.ndarray) -> np.ndarray:
+    """Keep each row's k largest logits (ties with the k-th kept), -inf elsewhere; k <= 0 or k >= V: off."""
+    vocab = logits.shape[1]
+    for b, k in enumerate(top_k):
+        if 0 < k < vocab:
+            row = logits[b]
+            kth = np.partition(row, vocab - k)[vocab - k]
+            row[row < kth] = NEG_INF
+    return logits
+
+
+def apply_top_p(logits: np.ndarray, top_p: np.ndarray) -> np.ndarray:
+    """Nucleus: keep the smallest set of most likely tokens whose mass reaches p (the top token always).
+
+    A token is kept when the mass of the tokens strictly more likely than it is < p; ties with the last
+    kept token are kept too. p >= 1: off.
+    """
+    vocab = logits.shape[1]
+    for b, p in enumerate(top_p):
+        if p >= 1.0:
+            continue
+        row = logits[b]
+        probs = softmax(row[None, :])[0]
+        m = min(vocab, _TOP_P_CANDIDATES)
+        cand = probs[np.argpartition(-probs, m - 1)[:m]] if m < vocab else probs
+        top = np.sort(cand)[::-1]
+        if m < vocab and top.sum(dtype=np.float64) < p:
+            top = np.sort(probs)[::-1]
+        exclusive = np.cumsum(top, dtype=np.float64) - top
+        keep = max(1, int(np.count_nonzero(exclusive < p)))
+        row[probs < top[keep - 1]] = NEG_INF
+    return logits
+
+
+def apply_min_p(logits: np.ndarray, min_p: np.ndarray) -> np.ndarray:
+    """Drop tokens with p < min_p * p_max (the top token always stays); min_p = 0: off."""
+    rows = np.flatnonzero(min_p > 0)
+    if rows.size:
+        sub = logits[rows]
+        probs = softmax(sub)
+        thresh = min_p[rows, None].astype(np.float32) * probs.max(axis=1, keepdims=True)
+        sub[probs < thresh] = NEG_INF
+        logits[rows] = sub
+    return logits
+
+
+def _shifted_exp(logits: np.ndarray) -> np.ndarray:
+    """exp(logits - row max): [B, V] unnormalized probabilities in (0, 1], -inf -> 0."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    return np.exp(z, out=z)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """[B, V] -> probabilities over the last axis; -inf -> 0."""
+    e = _shifted_exp(logits)
+    e /= e.sum(axis=1, keepdims=True)
+    return e
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def sample_from_probs(probs: np.ndarray, generators: Sequence[np.random.Generator]) -> np.ndarray:
+    """Inverse-CDF sampling, one uniform per row from that row's generator. probs: [B, V] non-negative
+    weights (need not sum to 1) -> [B] int64."""
+    out = np.empty(len(probs), dtype=np.int64)
+    for b, gen in enumerate(generators):
+        cdf = np.cumsum(probs[b], dtype=np.float64)
+        u = gen.random() * cdf[-1]
+        out[b] = min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)
+    return out
+
+
+# ---- the batch sampler --------------------------------------------------------------------------------
+
+@dataclass
+class RowState:
+    """What the sampler needs to know about one row's request."""
+    params: SamplingParams
+    generator: np.random.Generator | None = None         # required unless params are greedy
+    output_token_ids: Sequence[int] = ()                  # generated so far (frequency/presence/repetition)
+    prompt_token_ids: Sequence[int] = ()                  # for the repetition penalty
+
+
+@dataclass
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top_ids: list[int] = field(default_factory=list)      # [n], most likely first
+    top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SampleOutput:
+    token_ids: np.ndarray                                 # [B] int64
+    logprobs: list[TokenLogprobs | None]                  # [B]; None where the request asked for none
+
+
+def _has_penalty(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
+class Sampler:
+    """Stateless; `sample` takes the logits rows in the same order as `rows`."""
+
+    def sample(self, logits: np.ndarray, rows: Sequence[RowState]) -> SampleOutput:
+        if logits.ndim != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits must be [B, V] with B = len(rows) = {len(rows)}; got {logits.shape}")
+        params = [r.params for r in rows]
+        want_logprobs = any(p.logprobs is not None for p in params)
+        if all(p.greedy and not _has_penalty(p) for p in params) and not want_logprobs:
+            return SampleOutput(np.argmax(logits, axis=1).astype(np.int64), [None] * len(rows))
+
+        # written to only for penalties and logprobs; everything else works on fancy-indexed copies
+        writes = want_logprobs or any(_has_penalty(p) for p in params)
+        x = np.array(logits, dtype=np.float32, copy=True) if writes else np.asarray(logits, dtype=np.float32)
+        self._penalize(x, rows)
+        greedy = np.array([p.greedy for p in params])
+        tokens = np.empty(len(rows), dtype=np.int64)
+        if greedy.any():
+            tokens[greedy] = np.argmax(x[greedy], axis=1)
+        sampled = np.flatnonzero(~greedy)
+        if sampled.size:
+            sub = x[sampled]
+            sp = [params[i] for i in sampled]
+            apply_temperature(sub, np.array([p.temperature for p in sp], dtype=np.float32))
+            apply_top_k(sub, np.array([p.top_k for p in sp]))
+            apply_top_p(sub, np.array([p.top_p for p in sp]))
+            apply_min_p(sub, np.array([p.min_p for p in sp], dtype=np.float32))
+            gens = []
+            for i in sampled:
+                if rows[i].generator is None:
+                    raise ValueError("a sampled (temperature > 0) row needs a generator; see request_generator()")
+                gens.append(rows[i].generator)
+            if want_logprobs:
+                x[sampled] = sub
+            tokens[sampled] = sample_from_probs(_shifted_exp(sub), gens)
+        return SampleOutput(tokens, self._logprobs(x, tokens, params) if want_logprobs else [None] * len(rows))
+
+    @staticmethod
+    def _penalize(x: np.ndarray, rows: Sequence[RowState]) -> None:
+        idx = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
+        if not idx:
+            return
+        sub = x[idx]
+        ps = [rows[i].params for i in idx]
+        apply_penalties(sub, [rows[i].prompt_token_ids for i in idx], [rows[i].output_token_ids for i in idx],
+                        np.array([p.repetition_penalty for p in ps], dtype=np.float32),
+                        np.array([p.frequency_penalty for p in ps], dtype=np.float32),
+                        np.array([p.presence_penalty for p in ps], dtype=np.float32))
+        x[idx] = sub
+
+    @staticmethod
+    def _logprobs(x: np.ndarray, tokens: np.ndarray, params: list[SamplingParams]) -> list[TokenLogprobs | None]:
+        out: list[TokenLogprobs | None] = [None] * len(params)
+        idx = [i for i, p in enumerate(params) if p.logprobs is not None]
+        lp = log_softmax(x[idx])
+        for j, i in enumerate(idx):
+            n = params[i].logprobs
+            row = lp[j]
+            top = np.argpartition(-row, n)[:n] if 0 < n < row.size else np.arange(row.size if n else 0)
+            top = top[np.argsort(-row[top], kind="stable")]
+            out[i] = TokenLogprobs(int(tokens[i]), float(row[tokens[i]]), top.tolist(), row[top].tolist())
+        return out

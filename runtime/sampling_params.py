@@ -1,0 +1,86 @@
+"""Per-request generation parameters (OpenAI / vLLM semantics)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import InvalidSamplingParams
+
+# Temperatures below this are greedy.
+SAMPLING_EPS = 1e-5
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 1.0            # 0: greedy
+    top_k: int = 0                      # 0: off
+    top_p: float = 1.0                  # 1: off
+    min_p: float = 0.0                  # 0: off; drop tokens with p < min_p * p_max
+    repetition_penalty: float = 1.0     # 1: off; tokens seen in prompt or output: logit>0 -> /r, else *r
+    frequency_penalty: float = 0.0      # logit -= f * count in output
+    presence_penalty: float = 0.0       # logit -= p * (count in output > 0)
+    seed: int | None = None             # same seed -> same tokens whatever else is in the batch
+    stop: list[str] = field(default_factory=list)          # stop strings, excluded from the text
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None         # None: none; n: chosen token's logprob plus the top n
+    adapter: str | None = None          # LoRA adapter name; None: base model
+    priority: int = 0                   # higher is scheduled first
+    deadline_s: float | None = None     # still queued (no token out) this long after submission: "deadline"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+    def validate(self) -> SamplingParams:
+        """Raise InvalidSamplingParams naming the field and the allowed range; return self."""
+        _int("max_tokens", self.max_tokens, lo=1)
+        _float("temperature", self.temperature, ">= 0", lambda v: v >= 0)
+        _int("top_k", self.top_k, lo=0, note=" (0 = off)")
+        _float("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
+        _float("min_p", self.min_p, "in [0, 1]", lambda v: 0 <= v <= 1)
+        _float("repetition_penalty", self.repetition_penalty, "> 0 (1 = off)", lambda v: v > 0)
+        _float("frequency_penalty", self.frequency_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
+        _float("presence_penalty", self.presence_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
+        if self.seed is not None:
+            _int("seed", self.seed, lo=0, hi=2**64 - 1)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidSamplingParams(f"stop must be a list of non-empty strings; got {s!r}")
+        for t in self.stop_token_ids:
+            _int("stop_token_ids[]", t, lo=0)
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidSamplingParams(f"ignore_eos must be true or false; got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            _int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
+        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
+            raise InvalidSamplingParams(f"adapter must be a non-empty name or null; got {self.adapter!r}")
+        _int("priority", self.priority)
+        if self.deadline_s is not None:
+            _float("deadline_s", self.deadline_s, "> 0 (seconds) or null", lambda v: v > 0)
+        return self
+
+
+def _int(name: str, v: object, lo: int | None = None, hi: int | None = None, note: str = "") -> None:
+    ok = isinstance(v, int) and not isinstance(v, bool)
+    ok = ok and (lo is None or v >= lo) and (hi is None or v <= hi)
+    if not ok:
+        rng = (f" in [{lo}, {hi}]" if hi is not None else f" >= {lo}") if lo is not None else ""
+        raise InvalidSamplingParams(f"{name} must be an integer{rng}{note}; got {v!r}")
+
+
+def _float(name: str, v: object, allowed: str, ok) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+        raise InvalidSamplingParams(f"{name} must be {allowed}; got {v!r}")

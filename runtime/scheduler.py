@@ -1,0 +1,472 @@
+"""Continuous-batching scheduler, vLLM v1 style (STYLE 8): an interface, one implementation, plain messages.
+
+The engine loop, one step at a time:
+
+    out = scheduler.schedule()                    # SchedulerOutput: who runs, which tokens, which blocks
+    ... build the flattened batch from out.seqs, run the graph, sample the rows with needs_logits ...
+    updates = scheduler.update_from_output(out, ModelRunnerOutput(sampled_token_ids={req_id: token}))
+
+A step is one flattened batch under `max_batch_tokens`: first one token for every running sequence that
+is decoding, then the next chunk of running sequences that are still in prefill, then new (or preempted)
+requests admitted from the queue while budget, sequence slots, KV blocks and the adapter cap allow. Long
+prompts are cut into chunks, so decodes never wait behind a prefill.
+
+Finish reasons: "stop" (EOS / stop token id here; stop strings are found by the detokenizer and reported
+by the engine through finish_requests), "length" (max_tokens), "cancelled", "error" (engine-reported),
+"deadline" (still queued, no token out, deadline_s after submission).
+
+Not thread-safe, except finish_requests and has_unfinished_requests, which may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Collection, Container, Iterable, Sequence
+
+from .block_pool import BlockPool, extend_block_hashes
+from .config import CacheConfig, SchedulerConfig
+from .errors import ConfigError, EmptyPrompt, InvalidTokenIds, Overloaded, PromptTooLong, RequestError
+from .sampling_params import SamplingParams
+
+STOP, LENGTH, CANCELLED, ERROR, DEADLINE = "stop", "length", "cancelled", "error", "deadline"
+FINISH_REASONS = (STOP, LENGTH, CANCELLED, ERROR, DEADLINE)
+
+
+# ---- messages ------------------------------------------------------------------------------------------
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step. Its tokens occupy positions start_pos .. start_pos + len(token_ids) - 1."""
+    req_id: str
+    token_ids: list[int]       # [n] tokens fed this step: a prefill chunk, or the last sampled token (decode)
+    start_pos: int             # = tokens already in the KV cache (context_lens[s])
+    block_ids: list[int]       # block table covering start_pos + n tokens; pad with block 0 (null)
+    needs_logits: bool         # last prefill chunk or decode: sample a token from this seq's last row
+    adapter: str | None        # None: base model
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    seqs: list[ScheduledSeq]               # batch order: decodes, then running prefill chunks, then admissions
+    num_scheduled_tokens: dict[str, int]   # req_id -> tokens this step
+    total_num_scheduled_tokens: int        # <= max_batch_tokens
+    adapters: list[str]                    # distinct adapters this step (<= max_adapters_per_batch): load first
+    preempted_req_ids: list[str]           # lost their KV this step; queued again, recomputed later
+    finished: dict[str, str]               # req_id -> reason, ended since the last step outside
+                                           # update_from_output (finish_requests, deadline); KV now free
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled_token_ids: dict[str, int]      # req_id -> token, for every scheduled seq with needs_logits
+
+
+@dataclass
+class RequestUpdate:
+    req_id: str
+    new_token_ids: list[int]               # appended this step (the stop token included)
+    finish_reason: str | None              # None: still running
+
+
+@dataclass
+class SchedulerStats:
+    step: int
+    num_running: int
+    num_waiting: int
+    num_preemptions: int                   # total since start
+    num_free_blocks: int                   # free + cached-but-unreferenced
+    num_usable_blocks: int                 # pool size minus the null block
+    num_cached_blocks: int
+    prefix_cache_queries: int              # prompt tokens looked up at admission
+    prefix_cache_hits: int                 # of those, found cached
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_usable_blocks
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    req_id: str
+    params: SamplingParams
+    token_ids: list[int]                   # prompt then output: [num_prompt_tokens + num_output_tokens]
+    num_prompt_tokens: int
+    arrival_time: float
+    arrival_seq: int                       # FIFO order within a priority
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0           # leading tokens whose KV is in block_ids
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks of token_ids
+    num_cached_blocks: int = 0             # leading blocks registered in (or taken from) the prefix cache
+    admit_seq: int = -1                    # admission order; the largest is the youngest running
+    preempted: bool = False
+    num_preemptions: int = 0
+    skipped_steps: int = 0                 # steps a later request was admitted instead (aging)
+    finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+
+# ---- interface -----------------------------------------------------------------------------------------
+
+class SchedulerInterface(abc.ABC):
+    @abc.abstractmethod
+    def add_request(self, req_id: str, prompt_token_ids: Sequence[int],
+                    params: SamplingParams | None = None) -> Request:
+        """Queue a request; it runs from a later schedule().
+
+        Raises at once, queueing nothing: InvalidSamplingParams, EmptyPrompt, InvalidTokenIds, PromptTooLong
+        (prompt + max_tokens can never fit the KV pool or max_model_len), RequestError (id in use),
+        Overloaded (max_queued requests already waiting).
+        """
+
+    @abc.abstractmethod
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step: free what finish_requests marked, expire deadlines, then pick tokens.
+
+        Allocates the KV blocks the step writes. When blocks run out, the lowest-priority youngest running
+        sequence is preempted (KV freed, requeued at the front, recomputed from prompt + output later);
+        a step that preempted admits nothing new. Waiting requests are tried by priority (higher first),
+        then preempted, aged, resident adapter, arrival; one that would add an adapter beyond
+        max_adapters_per_batch is skipped, unless it is preempted or aged, in which case nothing behind it
+        is admitted until running adapters drain. All running sequences together use at most
+        max_adapters_per_batch adapters. Call update_from_output once for each output before the next
+        schedule().
+        """
+
+    @abc.abstractmethod
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[RequestUpdate]:
+        """Record a finished step: advance computed tokens, cache blocks that filled, append sampled
+        tokens, finish on EOS / stop token ids / max_tokens (their KV freed at once).
+
+        Returns one update per sequence that got a token. Sequences finished through finish_requests
+        after schedule() are skipped.
+        """
+
+    @abc.abstractmethod
+    def finish_requests(self, req_ids: str | Iterable[str], reason: str = CANCELLED) -> None:
+        """Mark requests finished (cancel, stop string, error). Thread-safe and cheap: their KV blocks are
+        freed at the start of the next schedule(), which reports them in SchedulerOutput.finished.
+        Unknown or already finished ids are ignored."""
+
+    @abc.abstractmethod
+    def has_unfinished_requests(self) -> bool:
+        """True while anything is waiting, running, or marked finished but not yet reported."""
+
+    @abc.abstractmethod
+    def stats(self) -> SchedulerStats:
+        """Counters for metrics: queue lengths, preemptions, KV usage, prefix cache hit rate."""
+
+
+# ---- implementation ------------------------------------------------------------------------------------
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler(SchedulerInterface):
+    def __init__(self, config: SchedulerConfig, cache: CacheConfig, *, num_blocks: int | None = None,
+                 eos_token_ids: Collection[int] = (), vocab_size: int | None = None,
+                 is_resident: Callable[[str], bool] | Container[str] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        """num_blocks: the pool size (block 0 included) if cache.num_blocks was left to a memory budget.
+        is_resident: adapter name -> already in a session slot (a callable or a set); None: all are."""
+        num_blocks = num_blocks or cache.num_blocks
+        if num_blocks is None:
+            raise ConfigError("Scheduler needs num_blocks: set CacheConfig.num_blocks or pass "
+                              "num_blocks=cache.resolve_num_blocks(bytes_per_block)")
+        if config.max_batch_tokens < cache.block_size:
+            raise ConfigError(f"max_batch_tokens must be >= block_size ({cache.block_size}); "
+                              f"got {config.max_batch_tokens}")
+        self.config = config
+        self.block_size = cache.block_size
+        self.pool = BlockPool(num_blocks, cache.block_size, cache.enable_prefix_cache)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size
+        if is_resident is None:
+            self._is_resident: Callable[[str], bool] = lambda name: True
+        elif callable(is_resident):
+            self._is_resident = is_resident
+        else:
+            self._is_resident = is_resident.__contains__
+        self.clock = clock
+        self.requests: dict[str, Request] = {}   # unfinished requests by id
+        self.waiting: list[Request] = []           # unordered; ordered by _waiting_key in schedule()
+        self.running: list[Request] = []           # admission order, oldest first
+        self._pending_finish: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._step = 0
+        self._arrivals = 0
+        self._admissions = 0
+        self.num_preemptions = 0
+        self._watermark = self.pool.num_usable // 100   # blocks kept back from admissions for decodes
+
+    # ---- requests in ----
+    def add_request(self, req_id: str, prompt_token_ids: Sequence[int],
+                    params: SamplingParams | None = None) -> Request:
+        params = (params or SamplingParams()).validate()
+        if req_id in self.requests:
+            raise RequestError(f"request id {req_id!r} is already in use; give each request a unique id")
+        try:
+            prompt = [int(t) for t in prompt_token_ids]
+        except (TypeError, ValueError):
+            raise InvalidTokenIds("prompt token ids must be integers") from None
+        if not prompt:
+            raise EmptyPrompt()
+        if self.vocab_size is not None:
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidTokenIds(f"token ids must be in [0, {self.vocab_size}); got {bad[:5]}")
+        capacity, what = self.pool.num_usable * self.block_size, (
+            f"KV pool of {self.pool.num_usable} blocks x {self.block_size} tokens; raise num_blocks")
+        if self.config.max_model_len is not None and self.config.max_model_len < capacity:
+            capacity, what = self.config.max_model_len, "max_model_len"
+        if len(prompt) + params.max_tokens > capacity:
+            raise PromptTooLong(len(prompt), capacity, params.max_tokens, what)
+        if len(self.waiting) >= self.config.max_queued:
+            raise Overloaded(len(self.waiting), self.config.max_queued)
+        req = Request(req_id, params, prompt, len(prompt), self.clock(), self._arrivals)
+        self._arrivals += 1
+        if self.pool.enable_prefix_cache:
+            extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, params.adapter)
+        self.requests[req_id] = req
+        self.waiting.append(req)
+        return req
+
+    def finish_requests(self, req_ids: str | Iterable[str], reason: str = CANCELLED) -> None:
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"finish reason must be one of {FINISH_REASONS}; got {reason!r}")
+        ids = [req_ids] if isinstance(req_ids, str) else list(req_ids)
+        with self._lock:
+            for rid in ids:
+                self._pending_finish.setdefault(rid, reason)
+
+    def has_unfinished_requests(self) -> bool:
+        with self._lock:
+            return bool(self.requests) or bool(self._pending_finish)
+
+    def get_request(self, req_id: str) -> Request | None:
+        return self.requests.get(req_id)
+
+    def queued_adapters(self) -> list[str]:
+        """Adapters of waiting requests, most wanted first: what to prefetch while the step runs."""
+        out: dict[str, None] = {}
+        for r in sorted(self.waiting, key=self._waiting_key):
+            if r.params.adapter is not None:
+                out.setdefault(r.params.adapter)
+        return list(out)
+
+    # ---- one step ----
+    def schedule(self) -> SchedulerOutput:
+        self._step += 1
+        finished = self._apply_pending_finish()
+        self._expire_deadlines(finished)
+        sched: dict[str, int] = {}       # req_id -> tokens this step, in batch order
+        preempted: list[str] = []
+        chunk = self.config.prefill_chunk
+
+        def budget() -> int:        # tokens left this step (preemption may hand some back)
+            return self.config.max_batch_tokens - sum(sched.values())
+
+        for decoding in (True, False):
+            for req in list(self.running):
+                if req.status is not RequestStatus.RUNNING or req.req_id in sched:
+                    continue
+                remaining = req.num_tokens - req.num_computed_tokens
+                if (remaining == 1) != decoding:
+                    continue
+                n = min(remaining, budget(), chunk)
+                if n > 0 and self._grow(req, n, sched, preempted):
+                    sched[req.req_id] = n
+
+        if not preempted:   # memory is tight: admitting now would only thrash (as vLLM v1)
+            self._admit(sched, chunk, budget)
+        seqs = [self._scheduled_seq(self.requests[rid], n) for rid, n in sched.items()]
+        adapters = sorted({s.adapter for s in seqs if s.adapter is not None})
+        return SchedulerOutput(self._step, seqs, dict(sched), sum(sched.values()), adapters, preempted, finished)
+
+    def _grow(self, req: Request, n: int, sched: dict[str, int], preempted: list[str]) -> bool:
+        """Give req the blocks for n more tokens, preempting others if needed; False if req itself went."""
+        need = _cdiv(req.num_computed_tokens + n, self.block_size) - len(req.block_ids)
+        while need > self.pool.num_free:
+            victim = max(self.running, key=lambda r: (-r.params.priority, r.admit_seq))
+            self._preempt(victim)
+            preempted.append(victim.req_id)
+            sched.pop(victim.req_id, None)
+            if victim is req:
+                return False
+        if need > 0:
+            req.block_ids += self.pool.allocate(need)
+        return True
+
+    def _admit(self, sched: dict[str, int], chunk: int, budget: Callable[[], int]) -> None:
+        adapters = {r.params.adapter for r in self.running if r.params.adapter is not None}
+        cap = self.config.max_adapters_per_batch
+        admitted: list[Request] = []
+        for req in sorted(self.waiting, key=self._waiting_key):
+            if budget() <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            urgent = req.preempted or req.skipped_steps >= self.config.aging_steps
+            name = req.params.adapter
+            if name is not None and name not in adapters and len(adapters) >= cap:
+                if urgent:
+                    break       # hold later requests back so running adapters drain and this one gets a slot
+                continue
+            hits: list[int] = []
+            if self.pool.enable_prefix_cache:   # the last token is always recomputed so logits exist
+                hits = self.pool.match_prefix(req.block_hashes[:(req.num_tokens - 1) // self.block_size])
+            computed = len(hits) * self.block_size
+            n = min(req.num_tokens - computed, budget(), chunk)
+            need = _cdiv(computed + n, self.block_size) - len(hits)
+            free_after = self.pool.num_free - sum(self.pool.is_evictable(b) for b in hits) - need
+            if free_after < (self._watermark if self.running else 0):
+                break
+            self.pool.touch(hits)
+            if self.pool.enable_prefix_cache:
+                self.pool.record_lookup(req.num_tokens, computed)
+            req.block_ids = hits + self.pool.allocate(need)
+            req.num_computed_tokens = computed
+            req.num_cached_blocks = len(hits)
+            req.status = RequestStatus.RUNNING
+            req.admit_seq = self._admissions
+            self._admissions += 1
+            self.waiting.remove(req)
+            self.running.append(req)
+            if name is not None:
+                adapters.add(name)
+            sched[req.req_id] = n
+            admitted.append(req)
+        for w in self.waiting:
+            if any(a.arrival_seq > w.arrival_seq and a.params.priority <= w.params.priority for a in admitted):
+                w.skipped_steps += 1
+
+    def _waiting_key(self, req: Request) -> tuple:
+        """Priority first; then preempted, aged, resident adapter; then arrival."""
+        aged = req.skipped_steps >= self.config.aging_steps
+        name = req.params.adapter
+        resident = name is None or self._is_resident(name)
+        return (-req.params.priority, not req.preempted, not aged, not resident, req.arrival_seq)
+
+    def _scheduled_seq(self, req: Request, n: int) -> ScheduledSeq:
+        start = req.num_computed_tokens
+        return ScheduledSeq(req.req_id, req.token_ids[start:start + n], start, list(req.block_ids),
+                            start + n == req.num_tokens, req.params.adapter)
+
+    # ---- step results ----
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[RequestUpdate]:
+        with self._lock:
+            pending = set(self._pending_finish)
+        updates = []
+        for s in scheduler_output.seqs:
+            req = self.requests.get(s.req_id)
+            if req is None or req.status is not RequestStatus.RUNNING or s.req_id in pending:
+                continue
+            req.num_computed_tokens += s.num_tokens
+            self._cache_full_blocks(req)
+            if not s.needs_logits:
+                continue
+            try:
+                tok = int(runner_output.sampled_token_ids[s.req_id])
+            except KeyError:
+                raise ValueError(f"runner output has no sampled token for {s.req_id!r}, which needed logits") from None
+            req.token_ids.append(tok)
+            if self.pool.enable_prefix_cache:
+                extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, req.params.adapter)
+            reason = self._check_stop(req, tok)
+            if reason is not None:
+                self._finish(req, reason)
+            updates.append(RequestUpdate(s.req_id, [tok], reason))
+        return updates
+
+    def _cache_full_blocks(self, req: Request) -> None:
+        if not self.pool.enable_prefix_cache:
+            return
+        full = req.num_computed_tokens // self.block_size
+        for i in range(req.num_cached_blocks, full):
+            self.pool.register(req.block_ids[i], req.block_hashes[i])
+        req.num_cached_blocks = max(req.num_cached_blocks, full)
+
+    def _check_stop(self, req: Request, tok: int) -> str | None:
+        p = req.params
+        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            return STOP
+        if req.num_tokens - req.num_prompt_tokens >= p.max_tokens:
+            return LENGTH
+        return None
+
+    # ---- leaving ----
+    def _apply_pending_finish(self) -> dict[str, str]:
+        with self._lock:
+            pending, self._pending_finish = self._pending_finish, {}
+        finished = {}
+        for rid, reason in pending.items():
+            req = self.requests.get(rid)
+            if req is not None:
+                self._finish(req, reason)
+                finished[rid] = reason
+        return finished
+
+    def _expire_deadlines(self, finished: dict[str, str]) -> None:
+        now = self.clock()
+        for req in list(self.waiting):
+            d = req.params.deadline_s
+            if d is not None and req.num_tokens == req.num_prompt_tokens and now - req.arrival_time > d:
+                self._finish(req, DEADLINE)
+                finished[req.req_id] = DEADLINE
+
+    def _free_blocks(self, req: Request) -> None:
+        self.pool.free(reversed(req.block_ids))   # tail first: evicted before the shared prefix
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.num_cached_blocks = 0
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._free_blocks(req)
+        req.status = RequestStatus.WAITING
+        req.preempted = True
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(req)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self._free_blocks(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        del self.requests[req.req_id]
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(self._step, len(self.running), len(self.waiting), self.num_preemptions,
+                              self.pool.num_free, self.pool.num_usable, self.pool.num_cached,
+                              self.pool.queries, self.pool.hits)
