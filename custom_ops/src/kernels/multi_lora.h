@@ -1,0 +1,31 @@
+// Pure MultiLoRA kernel: y[t] += scale[a] * (x[t] @ A[a][:, :rank[a]]) @ B[a][:rank[a], :],
+// a = token_adapter[t] (-1: nothing). y must already hold base_y (the wrapper copies it unless the
+// output aliases base_y). Plain pointers and sizes; the wrapper validates shapes and indices.
+#pragma once
+#include <cstdint>
+
+#include "parallel.h"
+
+namespace ortllm {
+
+struct MultiLoraDims {
+  int64_t num_tokens;  // T
+  int64_t in_dim;      // in
+  int64_t out_dim;     // out (may be q|k|v concatenated)
+  int64_t num_slots;   // n_slots
+  int64_t max_rank;    // r_max
+};
+
+struct MultiLoraArgs {
+  const float* x;              // [T, in]
+  const float* A;              // [n_slots, in, r_max]
+  const float* B;              // [n_slots, r_max, out]
+  const float* scale;          // [n_slots]
+  const int32_t* rank;         // [n_slots], 0 <= rank <= r_max
+  const int32_t* token_adapter;// [T], -1 or a slot
+  float* y;                    // [T, out], holds base_y on entry
+};
+
+void multi_lora(const MultiLoraDims& dims, const MultiLoraArgs& args, const Parallel& par);
+
+}  // namespace ortllm

@@ -1,0 +1,108 @@
+// RoPE, Hadamard rotation and 8-bit quantization for the rows written into the KV cache.
+//
+// What: per (token, kv head) row of D floats: rope -> (8-bit only) normalized FWHT -> symmetric
+// quantization with one fp32 scale per row.
+// Why this way: these run once per new token and head (O(T * H * D log D)), far off the hot path
+// (the attention reads every cached row per step), so they are kept scalar and simple. The
+// Hadamard transform spreads the few outlier channels of llama keys over all D channels, so the
+// per-row absmax (hence the quantization step) shrinks; because H/sqrt(D) is orthonormal the
+// same rotation on Q leaves q.k unchanged. Rounding: int8 rounds half to even (nearbyint under
+// the default rounding mode), e4m3 rounds to the nearest representable value, ties to even
+// mantissa, saturating at +-448 (e4m3fn has no infinities).
+#include "quant.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace ortllm {
+
+void apply_rope(float* x, int D, const float* cos, const float* sin, bool interleaved) {
+  const int half = D / 2;
+  if (interleaved) {
+    for (int i = 0; i < half; ++i) {
+      const float a = x[2 * i], b = x[2 * i + 1];
+      x[2 * i] = a * cos[i] - b * sin[i];
+      x[2 * i + 1] = b * cos[i] + a * sin[i];
+    }
+  } else {
+    for (int i = 0; i < half; ++i) {
+      const float a = x[i], b = x[i + half];
+      x[i] = a * cos[i] - b * sin[i];
+      x[i + half] = b * cos[i] + a * sin[i];
+    }
+  }
+}
+
+void fwht_normalized(float* x, int D) {
+  for (int h = 1; h < D; h *= 2) {
+    for (int i = 0; i < D; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int i = 0; i < D; ++i) x[i] *= norm;
+}
+
+static float absmax(const float* x, int D) {
+  float m = 0.f;
+  for (int i = 0; i < D; ++i) {
+    const float a = std::fabs(x[i]);
+    m = a > m ? a : m;  // (std::fmax is a libm call without -ffinite-math-only)
+  }
+  return m;
+}
+
+float quantize_int8(const float* x, int D, uint8_t* codes) {
+  const float amax = absmax(x, D);
+  const float scale = amax / 127.0f;
+  if (!(scale > 0.f)) {
+    for (int i = 0; i < D; ++i) codes[i] = 0;
+    return 0.f;
+  }
+  // Round half to even via the 1.5 * 2^23 trick (exact for |v| < 2^22 under the default rounding
+  // mode; here |v| <= 127): same result as nearbyint/np.rint, without a libm call per element.
+  constexpr float kMagic = 12582912.0f;
+  for (int i = 0; i < D; ++i) {
+    float q = (x[i] / scale + kMagic) - kMagic;  // no -ffast-math: not reassociated away
+    q = q > 127.f ? 127.f : (q < -127.f ? -127.f : q);
+    if (q != q) q = 0.f;  // NaN input: write 0 rather than an undefined conversion
+    codes[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  }
+  return scale;
+}
+
+static uint8_t e4m3_magnitude(float a) {  // a >= 0 and not NaN
+  if (a >= 448.f) return 0x7E;
+  if (a < 0.015625f) {  // below 2^-6: subnormal grid m * 2^-9, m in 0..8 (8 = smallest normal)
+    return static_cast<uint8_t>(std::nearbyint(a * 512.f));
+  }
+  // Normal range: round the fp32 mantissa to 3 bits, nearest-even, on the bit pattern (a carry
+  // into the exponent is the correct result), then re-bias the exponent from 127 to 7.
+  uint32_t bits;
+  std::memcpy(&bits, &a, sizeof bits);
+  bits += 0x7FFFFu + ((bits >> 20) & 1u);
+  const uint32_t exp = (bits >> 23) - 120u;  // e4m3 biased exponent, >= 1 here
+  const uint32_t man = (bits >> 20) & 7u;
+  if (exp > 15 || (exp == 15 && man > 6)) return 0x7E;
+  return static_cast<uint8_t>((exp << 3) | man);
+}
+
+uint8_t float_to_e4m3(float v) {
+  const float a = std::fabs(v);
+  // NaN in: saturate rather than write a NaN code into the cache. A zero magnitude is +0 (0x00).
+  const uint8_t mag = (a == a) ? e4m3_magnitude(a) : 0x7E;
+  return mag == 0 ? 0 : static_cast<uint8_t>((std::signbit(v) ? 0x80 : 0x00) | mag);
+}
+
+float quantize_e4m3(const float* x, int D, uint8_t* codes) {
+  const float amax = absmax(x, D);
+  const float scale = amax / 448.0f;
+  for (int i = 0; i < D; ++i) codes[i] = scale > 0.f ? float_to_e4m3(x[i] / scale) : 0;
+  return scale;
+}
+
+}  // namespace ortllm

@@ -1,0 +1,48 @@
+// Vector primitives shared by the kernels, with run-time ISA dispatch.
+//
+// What: the few dense inner loops the ops spend their time in (row-block dot products, P@V
+// accumulation, 8-bit dequantization, exp-and-sum for the softmax, a small strided GEMM).
+// Why this way: the library must run on any x86-64, so nothing is compiled with -mavx2 globally.
+// vec_avx2.cc compiles its bodies under `#pragma GCC target("avx2,fma")`; vec_scalar.cc is the
+// portable fallback. `vec()` picks one table once, with __builtin_cpu_supports. Each entry works on
+// a whole block (not one element or one row) so the indirect call is amortized.
+// Plain pointers and sizes only: no ORT types here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace ortllm {
+
+struct VecOps {
+  const char* name;
+  // S[r * lds + j] = alpha * dot(Q[r * D ..], K[j * D ..]) for r < rows, j < nkeys.
+  // Q: [rows, D], K: [nkeys, D] (row-major, contiguous rows), S: [rows, lds].
+  void (*scores)(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S,
+                 int lds);
+  // O[r * D ..] += sum_j P[r * ldp + j] * V[j * D ..]. P: [rows, ldp], V: [nkeys, D], O: [rows, D].
+  void (*pv)(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O);
+  // out[j * D + d] = scales[j] * code(j, d): int8 codes (two's complement bytes) / fp8 e4m3fn.
+  void (*dequant_i8)(const uint8_t* codes, const float* scales, int nrows, int D, float* out);
+  void (*dequant_e4m3)(const uint8_t* codes, const float* scales, int nrows, int D, float* out);
+  // x[i] = exp(x[i] - m); returns sum_i x[i].
+  float (*exp_sum)(float* x, int n, float m);
+  // max_i x[i], n >= 1.
+  float (*max)(const float* x, int n);
+  // y[i] *= a.
+  void (*scal)(float* y, int n, float a);
+  // C[i][0:N] += alpha * sum_k A[i][k] * B[k * ldb + 0:N] for i < M. Rows of A and C are given
+  // as pointer arrays, so the LoRA kernel works on scattered token rows without gathering them.
+  void (*gemm_rows)(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
+                    float* const* C);
+};
+
+const VecOps& vec_scalar_ops();
+const VecOps* vec_avx2_ops();  // nullptr when the build has no AVX2 path
+// The table for this CPU: AVX2+FMA when the CPU has both, else scalar.
+// ORTLLM_OPS_ISA=scalar forces the fallback (tests use it to cover that path).
+const VecOps& vec();
+
+// fp8 e4m3fn byte -> float (exact). Shared by both paths and the quantizer.
+float e4m3_to_float(uint8_t code);
+
+}  // namespace ortllm

@@ -1,0 +1,412 @@
+// AVX2/FMA versions of the VecOps table (see vec.h for the contract and shapes).
+//
+// Only this file's functions are compiled for AVX2+FMA (via `#pragma GCC target`, after every
+// system header so no shared inline/template code gets AVX2 bodies); vec() selects this table at
+// run time only when the CPU reports both features. Why these shapes:
+//  - scores: two query rows against 4 key rows at a time (8 accumulators, each K load feeds two
+//    FMAs), reduced by a hadd tree (one horizontal reduction per 4 scores instead of per score);
+//  - pv: two output rows x 32 dims stay in registers across a whole key block (D = 64);
+//  - gemm_rows: a 4x16 register-blocked micro-kernel (8 independent FMA chains) over row-pointer
+//    arrays, used for both the LoRA shrink ([n, in] @ [in, r]) and expand ([n, r] @ [r, out]);
+//  - 8-bit dequantization is 8 lanes per step: int8 via sign-extend+convert, e4m3 via exponent
+//    re-biasing (subnormals by the "add 2^-6 then subtract" trick), so no lookup gathers.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "vec.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+namespace ortllm {
+namespace avx2 {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// [sum(a0), sum(a1), sum(a2), sum(a3)]
+inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  __m256 t0 = _mm256_hadd_ps(a0, a1);
+  __m256 t1 = _mm256_hadd_ps(a2, a3);
+  __m256 t2 = _mm256_hadd_ps(t0, t1);
+  return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
+}
+
+float dot_tail(const float* a, const float* b, int from, int D) {
+  float s = 0.f;
+  for (int d = from; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// Two query rows x four keys per step: 8 accumulators, 6 loads per 8 FMAs (D % 8 == 0).
+void scores_2x4(const float* q0, const float* q1, const float* K, int nkeys, int D, float alpha,
+                float* s0, float* s1) {
+  const __m256 al = _mm256_set1_ps(alpha);
+  int j = 0;
+  for (; j + 4 <= nkeys; j += 4) {
+    const float* k0 = K + static_cast<size_t>(j) * D;
+    const float* k1 = k0 + D;
+    const float* k2 = k1 + D;
+    const float* k3 = k2 + D;
+    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(), a02 = _mm256_setzero_ps(),
+           a03 = _mm256_setzero_ps(), a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps(),
+           a12 = _mm256_setzero_ps(), a13 = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+      const __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
+      __m256 kv = _mm256_loadu_ps(k0 + d);
+      a00 = _mm256_fmadd_ps(x0, kv, a00);
+      a10 = _mm256_fmadd_ps(x1, kv, a10);
+      kv = _mm256_loadu_ps(k1 + d);
+      a01 = _mm256_fmadd_ps(x0, kv, a01);
+      a11 = _mm256_fmadd_ps(x1, kv, a11);
+      kv = _mm256_loadu_ps(k2 + d);
+      a02 = _mm256_fmadd_ps(x0, kv, a02);
+      a12 = _mm256_fmadd_ps(x1, kv, a12);
+      kv = _mm256_loadu_ps(k3 + d);
+      a03 = _mm256_fmadd_ps(x0, kv, a03);
+      a13 = _mm256_fmadd_ps(x1, kv, a13);
+    }
+    _mm_storeu_ps(s0 + j, _mm_mul_ps(hsum4(a00, a01, a02, a03), _mm256_castps256_ps128(al)));
+    _mm_storeu_ps(s1 + j, _mm_mul_ps(hsum4(a10, a11, a12, a13), _mm256_castps256_ps128(al)));
+  }
+  for (; j < nkeys; ++j) {
+    const float* k0 = K + static_cast<size_t>(j) * D;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+      const __m256 kv = _mm256_loadu_ps(k0 + d);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, a1);
+    }
+    s0[j] = alpha * hsum(a0);
+    s1[j] = alpha * hsum(a1);
+  }
+}
+
+void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S,
+            int lds) {
+  const int D8 = D & ~7;
+  int r0 = 0;
+  if (D8 == D) {
+    for (; r0 + 2 <= rows; r0 += 2)
+      scores_2x4(Q + static_cast<size_t>(r0) * D, Q + static_cast<size_t>(r0 + 1) * D, K, nkeys, D,
+                 alpha, S + static_cast<size_t>(r0) * lds, S + static_cast<size_t>(r0 + 1) * lds);
+  }
+  for (int r = r0; r < rows; ++r) {
+    const float* q = Q + static_cast<size_t>(r) * D;
+    float* s = S + static_cast<size_t>(r) * lds;
+    int j = 0;
+    for (; j + 4 <= nkeys; j += 4) {
+      const float* k0 = K + static_cast<size_t>(j) * D;
+      const float* k1 = k0 + D;
+      const float* k2 = k1 + D;
+      const float* k3 = k2 + D;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+      for (int d = 0; d < D8; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+      }
+      __m128 r4 = hsum4(a0, a1, a2, a3);
+      if (D8 != D) {
+        r4 = _mm_add_ps(r4, _mm_setr_ps(dot_tail(q, k0, D8, D), dot_tail(q, k1, D8, D),
+                                        dot_tail(q, k2, D8, D), dot_tail(q, k3, D8, D)));
+      }
+      _mm_storeu_ps(s + j, _mm_mul_ps(r4, _mm_set1_ps(alpha)));
+    }
+    for (; j < nkeys; ++j) {
+      const float* k0 = K + static_cast<size_t>(j) * D;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int d = 0; d < D8; d += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k0 + d), a0);
+      s[j] = alpha * (hsum(a0) + dot_tail(q, k0, D8, D));
+    }
+  }
+}
+
+// Two output rows x 32 dims per pass (8 accumulators): 2 broadcasts + 4 loads per 8 FMAs.
+void pv64(const float* P, int ldp, int rows, const float* V, int nkeys, float* O) {
+  int r = 0;
+  for (; r + 2 <= rows; r += 2) {
+    const float* p0 = P + static_cast<size_t>(r) * ldp;
+    const float* p1 = p0 + ldp;
+    for (int h = 0; h < 64; h += 32) {
+      float* o0 = O + static_cast<size_t>(r) * 64 + h;
+      float* o1 = o0 + 64;
+      __m256 a0 = _mm256_loadu_ps(o0), a1 = _mm256_loadu_ps(o0 + 8), a2 = _mm256_loadu_ps(o0 + 16),
+             a3 = _mm256_loadu_ps(o0 + 24), b0 = _mm256_loadu_ps(o1), b1 = _mm256_loadu_ps(o1 + 8),
+             b2 = _mm256_loadu_ps(o1 + 16), b3 = _mm256_loadu_ps(o1 + 24);
+      for (int j = 0; j < nkeys; ++j) {
+        const float* v = V + static_cast<size_t>(j) * 64 + h;
+        const __m256 w0 = _mm256_broadcast_ss(p0 + j), w1 = _mm256_broadcast_ss(p1 + j);
+        __m256 x = _mm256_loadu_ps(v);
+        a0 = _mm256_fmadd_ps(w0, x, a0);
+        b0 = _mm256_fmadd_ps(w1, x, b0);
+        x = _mm256_loadu_ps(v + 8);
+        a1 = _mm256_fmadd_ps(w0, x, a1);
+        b1 = _mm256_fmadd_ps(w1, x, b1);
+        x = _mm256_loadu_ps(v + 16);
+        a2 = _mm256_fmadd_ps(w0, x, a2);
+        b2 = _mm256_fmadd_ps(w1, x, b2);
+        x = _mm256_loadu_ps(v + 24);
+        a3 = _mm256_fmadd_ps(w0, x, a3);
+        b3 = _mm256_fmadd_ps(w1, x, b3);
+      }
+      _mm256_storeu_ps(o0, a0);
+      _mm256_storeu_ps(o0 + 8, a1);
+      _mm256_storeu_ps(o0 + 16, a2);
+      _mm256_storeu_ps(o0 + 24, a3);
+      _mm256_storeu_ps(o1, b0);
+      _mm256_storeu_ps(o1 + 8, b1);
+      _mm256_storeu_ps(o1 + 16, b2);
+      _mm256_storeu_ps(o1 + 24, b3);
+    }
+  }
+  for (; r < rows; ++r) {
+    float* o = O + static_cast<size_t>(r) * 64;
+    const float* p = P + static_cast<size_t>(r) * ldp;
+    __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16),
+           o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40),
+           o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
+    for (int j = 0; j < nkeys; ++j) {
+      const __m256 w = _mm256_set1_ps(p[j]);
+      const float* v = V + static_cast<size_t>(j) * 64;
+      o0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), o0);
+      o1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), o1);
+      o2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), o2);
+      o3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), o3);
+      o4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), o4);
+      o5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), o5);
+      o6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), o6);
+      o7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), o7);
+    }
+    _mm256_storeu_ps(o, o0);
+    _mm256_storeu_ps(o + 8, o1);
+    _mm256_storeu_ps(o + 16, o2);
+    _mm256_storeu_ps(o + 24, o3);
+    _mm256_storeu_ps(o + 32, o4);
+    _mm256_storeu_ps(o + 40, o5);
+    _mm256_storeu_ps(o + 48, o6);
+    _mm256_storeu_ps(o + 56, o7);
+  }
+}
+
+void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O) {
+  if (D == 64) return pv64(P, ldp, rows, V, nkeys, O);
+  const int D8 = D & ~7;
+  for (int r = 0; r < rows; ++r) {
+    float* o = O + static_cast<size_t>(r) * D;
+    const float* p = P + static_cast<size_t>(r) * ldp;
+    for (int j = 0; j < nkeys; ++j) {
+      if (p[j] == 0.f) continue;
+      const __m256 w = _mm256_set1_ps(p[j]);
+      const float* v = V + static_cast<size_t>(j) * D;
+      int d = 0;
+      for (; d < D8; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
+      for (; d < D; ++d) o[d] += p[j] * v[d];
+    }
+  }
+}
+
+void dequant_i8(const uint8_t* codes, const float* scales, int nrows, int D, float* out) {
+  const int D8 = D & ~7;
+  for (int j = 0; j < nrows; ++j) {
+    const uint8_t* c = codes + static_cast<size_t>(j) * D;
+    float* o = out + static_cast<size_t>(j) * D;
+    const __m256 s = _mm256_set1_ps(scales[j]);
+    int d = 0;
+    for (; d < D8; d += 8) {
+      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + d));
+      __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+      _mm256_storeu_ps(o + d, _mm256_mul_ps(f, s));
+    }
+    for (; d < D; ++d) o[d] = scales[j] * static_cast<float>(static_cast<int8_t>(c[d]));
+  }
+}
+
+void dequant_e4m3(const uint8_t* codes, const float* scales, int nrows, int D, float* out) {
+  const int D8 = D & ~7;
+  const __m256i mag_mask = _mm256_set1_epi32(0x7F);
+  const __m256i exp_mask = _mm256_set1_epi32(0x78);
+  const __m256i sign_mask = _mm256_set1_epi32(0x80);
+  const __m256i bias_norm = _mm256_set1_epi32(120 << 23);
+  const __m256i bias_sub = _mm256_set1_epi32(121 << 23);
+  const __m256 min_normal = _mm256_set1_ps(0.015625f);  // 2^-6
+  for (int j = 0; j < nrows; ++j) {
+    const uint8_t* c = codes + static_cast<size_t>(j) * D;
+    float* o = out + static_cast<size_t>(j) * D;
+    const __m256 s = _mm256_set1_ps(scales[j]);
+    int d = 0;
+    for (; d < D8; d += 8) {
+      __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + d)));
+      __m256i x = _mm256_slli_epi32(_mm256_and_si256(b, mag_mask), 20);
+      __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(x, bias_norm));
+      __m256 sub = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_add_epi32(x, bias_sub)), min_normal);
+      __m256 is_sub = _mm256_castsi256_ps(
+          _mm256_cmpeq_epi32(_mm256_and_si256(b, exp_mask), _mm256_setzero_si256()));
+      __m256 mag = _mm256_blendv_ps(normal, sub, is_sub);
+      __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, sign_mask), 24));
+      _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_or_ps(mag, sign), s));
+    }
+    for (; d < D; ++d) o[d] = scales[j] * e4m3_to_float(c[d]);
+  }
+}
+
+// exp(x) for x <= 0 (Cephes polynomial, ~1 ulp); inputs below -87 give 0.
+inline __m256 exp256(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
+  return _mm256_andnot_ps(underflow, y);
+}
+
+float exp_sum(float* x, int n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float s = hsum(acc);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    s += x[i];
+  }
+  return s;
+}
+
+float vmax(const float* x, int n) {
+  float m = x[0];
+  int i = 0;
+  if (n >= 8) {
+    __m256 acc = _mm256_loadu_ps(x);
+    for (i = 8; i + 8 <= n; i += 8) acc = _mm256_max_ps(acc, _mm256_loadu_ps(x + i));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    m = _mm_cvtss_f32(h);
+  }
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+void scal(float* y, int n, float a) {
+  const __m256 av = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), av));
+  for (; i < n; ++i) y[i] *= a;
+}
+
+// C[i][n0:n0+16] += alpha * sum_k A[i][k] * B[k][n0:n0+16], i < MR (MR <= 4): 2*MR independent
+// accumulators starting at zero, alpha applied once at the end; A entries are memory broadcasts.
+template <int MR>
+inline void micro16(int K, float alpha, const float* const* A, const float* B, int ldb,
+                    float* const* C, int n0) {
+  __m256 c0[MR], c1[MR];
+  for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
+  for (int k = 0; k < K; ++k) {
+    const float* b = B + static_cast<size_t>(k) * ldb + n0;
+    const __m256 b0 = _mm256_loadu_ps(b);
+    const __m256 b1 = _mm256_loadu_ps(b + 8);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(A[i] + k);
+      c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
+    }
+  }
+  const __m256 al = _mm256_set1_ps(alpha);
+  for (int i = 0; i < MR; ++i) {
+    float* c = C[i] + n0;
+    _mm256_storeu_ps(c, _mm256_fmadd_ps(al, c0[i], _mm256_loadu_ps(c)));
+    _mm256_storeu_ps(c + 8, _mm256_fmadd_ps(al, c1[i], _mm256_loadu_ps(c + 8)));
+  }
+}
+
+template <int MR>
+inline void micro8(int K, float alpha, const float* const* A, const float* B, int ldb,
+                   float* const* C, int n0) {
+  __m256 c0[MR];
+  for (int i = 0; i < MR; ++i) c0[i] = _mm256_setzero_ps();
+  for (int k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(B + static_cast<size_t>(k) * ldb + n0);
+    for (int i = 0; i < MR; ++i) c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(A[i] + k), b0, c0[i]);
+  }
+  const __m256 al = _mm256_set1_ps(alpha);
+  for (int i = 0; i < MR; ++i)
+    _mm256_storeu_ps(C[i] + n0, _mm256_fmadd_ps(al, c0[i], _mm256_loadu_ps(C[i] + n0)));
+}
+
+template <int MR>
+void gemm_mr(int N, int K, float alpha, const float* const* A, const float* B, int ldb,
+             float* const* C) {
+  int n = 0;
+  for (; n + 16 <= N; n += 16) micro16<MR>(K, alpha, A, B, ldb, C, n);
+  for (; n + 8 <= N; n += 8) micro8<MR>(K, alpha, A, B, ldb, C, n);
+  for (; n < N; ++n) {
+    for (int i = 0; i < MR; ++i) {
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc += A[i][k] * B[static_cast<size_t>(k) * ldb + n];
+      C[i][n] += alpha * acc;
+    }
+  }
+}
+
+void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
+               float* const* C) {
+  int m = 0;
+  for (; m + 4 <= M; m += 4) gemm_mr<4>(N, K, alpha, A + m, B, ldb, C + m);
+  switch (M - m) {
+    case 3: gemm_mr<3>(N, K, alpha, A + m, B, ldb, C + m); break;
+    case 2: gemm_mr<2>(N, K, alpha, A + m, B, ldb, C + m); break;
+    case 1: gemm_mr<1>(N, K, alpha, A + m, B, ldb, C + m); break;
+    default: break;
+  }
+}
+
+}  // namespace
+}  // namespace avx2
+}  // namespace ortllm
+
+#pragma GCC pop_options
+
+namespace ortllm {
+// Compiled for the baseline ISA: only hands out the table, never runs AVX2 code itself.
+const VecOps* vec_avx2_ops() {
+  static const VecOps ops{"avx2",          avx2::scores,  avx2::pv,   avx2::dequant_i8,
+                          avx2::dequant_e4m3, avx2::exp_sum, avx2::vmax, avx2::scal, avx2::gemm_rows};
+  return &ops;
+}
+}  // namespace ortllm
+#else
+namespace ortllm {
+const VecOps* vec_avx2_ops() { return nullptr; }
+}  // namespace ortllm
+#endif

@@ -1,0 +1,112 @@
+// Portable scalar versions of the VecOps table (see vec.h). Straightforward loops that the
+// compiler may auto-vectorize with the baseline ISA (SSE2); they are also the fallback on CPUs
+// without AVX2/FMA. Shapes as documented in vec.h.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "vec.h"
+
+namespace ortllm {
+
+float e4m3_to_float(uint8_t code) {
+  // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no inf; 0x7f/0xff are NaN (never written).
+  const int exp = (code >> 3) & 0xF;
+  const int man = code & 0x7;
+  float mag = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
+                       : std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+  return (code & 0x80) ? -mag : mag;
+}
+
+namespace {
+
+void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S,
+            int lds) {
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < nkeys; ++j) {
+      float acc = 0.f;
+      for (int d = 0; d < D; ++d) acc += Q[r * D + d] * K[j * D + d];
+      S[r * lds + j] = alpha * acc;
+    }
+  }
+}
+
+void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O) {
+  for (int r = 0; r < rows; ++r) {
+    float* o = O + r * D;
+    for (int j = 0; j < nkeys; ++j) {
+      const float p = P[r * ldp + j];
+      if (p == 0.f) continue;
+      for (int d = 0; d < D; ++d) o[d] += p * V[j * D + d];
+    }
+  }
+}
+
+void dequant_i8(const uint8_t* codes, const float* scales, int nrows, int D, float* out) {
+  for (int j = 0; j < nrows; ++j)
+    for (int d = 0; d < D; ++d)
+      out[j * D + d] = scales[j] * static_cast<float>(static_cast<int8_t>(codes[j * D + d]));
+}
+
+void dequant_e4m3(const uint8_t* codes, const float* scales, int nrows, int D, float* out) {
+  static float lut[256];
+  static bool ready = [] {
+    for (int c = 0; c < 256; ++c) lut[c] = e4m3_to_float(static_cast<uint8_t>(c));
+    return true;
+  }();
+  (void)ready;
+  for (int j = 0; j < nrows; ++j)
+    for (int d = 0; d < D; ++d) out[j * D + d] = scales[j] * lut[codes[j * D + d]];
+}
+
+float exp_sum(float* x, int n, float m) {
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    s += x[i];
+  }
+  return s;
+}
+
+float vmax(const float* x, int n) {
+  float m = x[0];
+  for (int i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+void scal(float* y, int n, float a) {
+  for (int i = 0; i < n; ++i) y[i] *= a;
+}
+
+void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
+               float* const* C) {
+  for (int m = 0; m < M; ++m) {
+    float* c = C[m];
+    for (int k = 0; k < K; ++k) {
+      const float a = alpha * A[m][k];
+      const float* b = B + static_cast<size_t>(k) * ldb;
+      for (int n = 0; n < N; ++n) c[n] += a * b[n];
+    }
+  }
+}
+
+}  // namespace
+
+const VecOps& vec_scalar_ops() {
+  static const VecOps ops{"scalar", scores, pv, dequant_i8, dequant_e4m3, exp_sum, vmax, scal, gemm_rows};
+  return ops;
+}
+
+const VecOps& vec() {
+  static const VecOps* chosen = [] {
+    const char* force = std::getenv("ORTLLM_OPS_ISA");
+    if (force && std::strcmp(force, "scalar") == 0) return &vec_scalar_ops();
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && vec_avx2_ops())
+      return vec_avx2_ops();
+    return &vec_scalar_ops();
+  }();
+  return *chosen;
+}
+
+}  // namespace ortllm

@@ -1,0 +1,26 @@
+// ORT wrapper of the MultiLoRA kernel (Lite custom-op API). Input/output order and attributes:
+//   inputs : 0 x [T, in] f32, 1 base_y [T, out] f32, 2 A [n_slots, in, r_max] f32,
+//            3 B [n_slots, r_max, out] f32, 4 scale [n_slots] f32, 5 rank [n_slots] i32,
+//            6 token_adapter [T] i32 (-1 = no adapter)
+//   outputs: 0 y [T, out] f32 (may alias base_y: then nothing is copied)
+//   attributes: none
+#pragma once
+#include "op_util.h"
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_lite_custom_op.h>
+#undef ORT_API_MANUAL_INIT
+
+namespace ortllm {
+
+struct MultiLoraOp {
+  MultiLoraOp(const OrtApi* api, const OrtKernelInfo* info);
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& x,
+                      const Ort::Custom::Tensor<float>& base_y, const Ort::Custom::Tensor<float>& A,
+                      const Ort::Custom::Tensor<float>& B, const Ort::Custom::Tensor<float>& scale,
+                      const Ort::Custom::Tensor<int32_t>& rank,
+                      const Ort::Custom::Tensor<int32_t>& token_adapter,
+                      Ort::Custom::Tensor<float>& y);
+};
+
+}  // namespace ortllm

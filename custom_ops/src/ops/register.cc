@@ -1,0 +1,104 @@
+// Library entry points: RegisterCustomOps (domain "ortllm": PagedAttention for float32 and uint8
+// caches, MultiLoRA) and OrtllmOpsAbiVersion. Built with ORT_API_MANUAL_INIT and not linked to
+// libonnxruntime: the OrtApi comes from the runtime that loads us. Inputs that an output may
+// reuse are declared with GetMayInplace, so ORT can hand the kernel the input's buffer as output
+// (the kernel then copies nothing).
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "../kernels/vec.h"
+#include "multi_lora_op.h"
+#include "paged_attention_op.h"
+
+#define ORTLLM_OPS_ABI_VERSION 1  // bump on any change of op inputs, outputs or attributes
+
+namespace {
+
+// MayInplace pairs, read by ORT through OrtCustomOp::GetMayInplace (API >= 18).
+
+size_t copy_pairs(const std::vector<std::pair<int, int>>& pairs, int** in, int** out) {
+  *in = new int[pairs.size()];
+  *out = new int[pairs.size()];
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    (*in)[i] = pairs[i].first;
+    (*out)[i] = pairs[i].second;
+  }
+  return pairs.size();
+}
+
+size_t ORT_API_CALL paged_attention_inplace(int** in, int** out) {
+  return copy_pairs({{9, 1}, {10, 2}, {11, 3}, {12, 4}}, in, out);
+}
+size_t ORT_API_CALL multi_lora_inplace(int** in, int** out) { return copy_pairs({{1, 0}}, in, out); }
+void ORT_API_CALL release_inplace(int* in, int* out) {
+  delete[] in;
+  delete[] out;
+}
+
+struct Ops {
+  std::unique_ptr<Ort::Custom::OrtLiteCustomOp> pa_f32, pa_u8, lora;
+};
+
+Ops& ops() {
+  static Ops o = [] {
+    Ops x;
+    x.pa_f32.reset(Ort::Custom::CreateLiteCustomOp<ortllm::PagedAttentionOp<float>>(
+        "PagedAttention", "CPUExecutionProvider"));
+    x.pa_u8.reset(Ort::Custom::CreateLiteCustomOp<ortllm::PagedAttentionOp<uint8_t>>(
+        "PagedAttention", "CPUExecutionProvider"));
+    x.lora.reset(Ort::Custom::CreateLiteCustomOp<ortllm::MultiLoraOp>("MultiLoRA",
+                                                                      "CPUExecutionProvider"));
+    for (Ort::Custom::OrtLiteCustomOp* op : {x.pa_f32.get(), x.pa_u8.get()}) {
+      op->GetMayInplace = paged_attention_inplace;
+      op->ReleaseMayInplace = release_inplace;
+    }
+    x.lora->GetMayInplace = multi_lora_inplace;
+    x.lora->ReleaseMayInplace = release_inplace;
+    return x;
+  }();
+  return o;
+}
+
+void keep_domain(Ort::CustomOpDomain&& domain) {
+  static std::vector<Ort::CustomOpDomain> domains;  // must outlive every session using them
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  domains.push_back(std::move(domain));
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) int OrtllmOpsAbiVersion() { return ORTLLM_OPS_ABI_VERSION; }
+
+// "avx2" or "scalar": the kernel path this CPU (and ORTLLM_OPS_ISA) selects.
+__attribute__((visibility("default"))) const char* OrtllmOpsIsa() { return ortllm::vec().name; }
+
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {
+    // Older runtime: use its oldest API only to report the problem.
+    const OrtApi* old = api_base->GetApi(1);
+    return old->CreateStatus(ORT_FAIL,
+                             "libortllm_ops.so needs onnxruntime >= 1.21 (ORT API 21)");
+  }
+  Ort::InitApi(api);
+  try {
+    Ort::CustomOpDomain domain{"ortllm"};
+    Ops& o = ops();
+    domain.Add(o.pa_f32.get());
+    domain.Add(o.pa_u8.get());
+    domain.Add(o.lora.get());
+    Ort::UnownedSessionOptions session_options(options);
+    session_options.Add(domain);
+    keep_domain(std::move(domain));
+  } catch (const std::exception& e) {
+    return api->CreateStatus(ORT_FAIL, e.what());
+  }
+  return nullptr;
+}
+
+}  // extern "C"

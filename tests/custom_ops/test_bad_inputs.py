@@ -1,0 +1,192 @@
+"""Bad inputs make onnxruntime raise with a message naming the input and the bad value; the op never
+reads or writes out of bounds (the ASan run of this file checks the latter)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from tests.custom_ops.conftest import multi_lora_model, paged_attention_model, session
+from tests.custom_ops.pa_cases import SCENARIOS, make_case
+from tests.custom_ops.test_multi_lora import make_case as lora_case
+
+ATTRS = dict(num_heads=9, kv_num_heads=3, head_size=64, block_size=16)
+
+
+@pytest.fixture(scope="module")
+def pa_sess():
+    return session(paged_attention_model(**ATTRS))
+
+
+@pytest.fixture(scope="module")
+def pa8_sess():
+    return session(paged_attention_model(**ATTRS, kv_dtype="int8"))
+
+
+@pytest.fixture(scope="module")
+def lora_sess():
+    return session(multi_lora_model())
+
+
+def pa_feeds(kv_dtype="float32"):
+    return make_case(np.random.default_rng(0), SCENARIOS["mixed"], **ATTRS, kv_dtype=kv_dtype)
+
+
+def expect_error(sess, feeds, *patterns):
+    with pytest.raises(Exception) as info:
+        sess.run(None, feeds)
+    msg = str(info.value)
+    for p in patterns:
+        assert re.search(p, msg), f"{p!r} not in: {msg}"
+
+
+def test_q_wrong_width(pa_sess):
+    f = pa_feeds()
+    f["q"] = f["q"][:, :500].copy()
+    expect_error(pa_sess, f, r"input 'q' has shape \[62, 500\], expected \[62, 576\]")
+
+
+def test_k_wrong_token_count(pa_sess):
+    f = pa_feeds()
+    f["k"] = f["k"][:-1].copy()
+    expect_error(pa_sess, f, r"input 'k' has shape \[61, 192\], expected \[62, 192\]")
+
+
+def test_value_cache_shape_differs(pa_sess):
+    f = pa_feeds()
+    f["value_cache"] = f["value_cache"][:-1].copy()
+    expect_error(pa_sess, f, r"input 'value_cache' has shape")
+
+
+def test_block_id_out_of_range(pa_sess):
+    f = pa_feeds()
+    nb = f["key_cache"].shape[0]
+    f["block_tables"][2, 1] = nb
+    expect_error(pa_sess, f, rf"'block_tables'\[2\]\[1\] = {nb} is not a block id in \[0, num_blocks = {nb}\)")
+
+
+def test_negative_block_id(pa_sess):
+    f = pa_feeds()
+    f["block_tables"][0, 0] = -3
+    expect_error(pa_sess, f, r"'block_tables'\[0\]\[0\] = -3")
+
+
+def test_too_few_block_table_columns(pa_sess):
+    f = pa_feeds()
+    f["block_tables"] = f["block_tables"][:, :2].copy()
+    expect_error(pa_sess, f, r"sequence 2 needs 4 blocks .* 'block_tables' has 2 columns")
+
+
+def test_position_past_rope_cache(pa_sess):
+    f = pa_feeds()
+    rows = f["cos_cache"].shape[0]
+    f["positions"][5] = rows
+    expect_error(pa_sess, f, rf"'positions'\[5\] = {rows} is outside the rope cache")
+
+
+def test_cu_seqlens_total_differs_from_T(pa_sess):
+    f = pa_feeds()
+    f["cu_seqlens"][-1] = 61
+    expect_error(pa_sess, f, r"'cu_seqlens'\[4\] = 61 must equal the number of tokens T = 62")
+
+
+def test_cu_seqlens_decreasing(pa_sess):
+    f = pa_feeds()
+    f["cu_seqlens"][2] = 0
+    expect_error(pa_sess, f, r"'cu_seqlens'\[2\] = 0 is less than cu_seqlens\[1\]")
+
+
+def test_negative_context_len(pa_sess):
+    f = pa_feeds()
+    f["context_lens"][1] = -1
+    expect_error(pa_sess, f, r"'context_lens'\[1\] = -1 is negative")
+
+
+def test_8bit_scales_shape(pa8_sess):
+    f = pa_feeds("int8")
+    f["key_scales"] = f["key_scales"][:, :, :8].copy()
+    expect_error(pa8_sess, f, r"input 'key_scales' has shape \[\d+, 3, 8\], expected \[\d+, 3, 16\]")
+
+
+def test_kv_dtype_and_cache_type_disagree():
+    # same graph but the attribute says int8 while the cache tensors are float32
+    model = paged_attention_model(**ATTRS, kv_dtype="float32")
+    for a in model.graph.node[0].attribute:
+        if a.name == "kv_dtype":
+            a.s = b"int8"
+    sess = session(model)
+    expect_error(sess, pa_feeds(), r"kv_dtype = 'int8' needs uint8 key_cache/value_cache")
+
+
+def test_unknown_kv_dtype():
+    model = paged_attention_model(**ATTRS)
+    for a in model.graph.node[0].attribute:
+        if a.name == "kv_dtype":
+            a.s = b"int4"
+    expect_error(session(model), pa_feeds(), r"kv_dtype = 'int4' is not float32, int8 or fp8_e4m3")
+
+
+def test_heads_not_divisible():
+    model = paged_attention_model(num_heads=9, kv_num_heads=4, head_size=64, block_size=16)
+    expect_error(session(model), pa_feeds(), r"num_heads = 9, kv_num_heads = 4")
+
+
+def test_positions_wrong_dtype_is_rejected_by_ort():
+    model = paged_attention_model(**ATTRS)
+    model.graph.input[3].type.tensor_type.elem_type = TensorProto.INT64
+    with pytest.raises(Exception, match=r"positions"):
+        session(model)
+
+
+# ---- MultiLoRA
+
+def lora_feeds():
+    return lora_case(np.random.default_rng(1), T=8, in_dim=32, out_dim=48, n_slots=3, r_max=16,
+                     ranks=(16, 8), n_adapters=3)
+
+
+def test_adapter_index_out_of_range(lora_sess):
+    f = lora_feeds()
+    f["token_adapter"][4] = 3
+    expect_error(lora_sess, f, r"'token_adapter'\[4\] = 3 is not -1 or a slot in \[0, 3\)")
+
+
+def test_adapter_index_below_minus_one(lora_sess):
+    f = lora_feeds()
+    f["token_adapter"][0] = -2
+    expect_error(lora_sess, f, r"'token_adapter'\[0\] = -2")
+
+
+def test_rank_above_r_max(lora_sess):
+    f = lora_feeds()
+    f["rank"][1] = 17
+    expect_error(lora_sess, f, r"'rank'\[1\] = 17 is outside \[0, r_max = 16\]")
+
+
+def test_lora_in_dim_mismatch(lora_sess):
+    f = lora_feeds()
+    f["A"] = f["A"][:, :31].copy()
+    expect_error(lora_sess, f, r"input 'A' has shape \[3, 31, 16\], expected \[\?, 32, \?\]")
+
+
+def test_lora_out_dim_mismatch(lora_sess):
+    f = lora_feeds()
+    f["B"] = f["B"][:, :, :40].copy()
+    expect_error(lora_sess, f, r"input 'B' has shape \[3, 16, 40\], expected \[3, 16, 48\]")
+
+
+def test_lora_token_count_mismatch(lora_sess):
+    f = lora_feeds()
+    f["token_adapter"] = f["token_adapter"][:5].copy()
+    expect_error(lora_sess, f, r"input 'token_adapter' has shape \[5\], expected \[8\]")
+
+
+def test_lora_adapter_dtype_is_rejected_by_ort():
+    model = multi_lora_model()
+    model.graph.input[6].type.tensor_type.elem_type = TensorProto.INT64
+    with pytest.raises(Exception, match=r"token_adapter"):
+        session(model)

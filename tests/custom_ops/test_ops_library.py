@@ -1,0 +1,87 @@
+"""The ops library: found in the package, loads in the installed onnxruntime, refuses missing or stale
+builds with a one-line message naming the build command, exports only what it should."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+
+from ortllm.runtime import ops_library
+from ortllm.runtime.ops_library import OPS_ABI_VERSION, OpsLibraryError, check_ops_library, register_ops
+from tests.custom_ops.conftest import REPO, multi_lora_model, paged_attention_model, session
+
+
+def test_default_path_is_inside_the_package(monkeypatch):
+    monkeypatch.delenv("ORTLLM_OPS_LIBRARY", raising=False)
+    assert ops_library.ops_library_path() == Path(ops_library.__file__).parent / "lib" / "libortllm_ops.so"
+
+
+def test_env_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("ORTLLM_OPS_LIBRARY", str(tmp_path / "x.so"))
+    assert ops_library.ops_library_path() == tmp_path / "x.so"
+
+
+def test_missing_library_names_the_build_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("ORTLLM_OPS_LIBRARY", str(tmp_path / "nope.so"))
+    with pytest.raises(OpsLibraryError, match=r"not found at .*nope\.so; build it with `make ops`"):
+        register_ops(ort.SessionOptions())
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_stale_library_is_refused(tmp_path):
+    src = tmp_path / "stale.c"
+    src.write_text(f"int OrtllmOpsAbiVersion(void) {{ return {OPS_ABI_VERSION + 41}; }}\n")
+    so = tmp_path / "libstale.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    with pytest.raises(OpsLibraryError, match=rf"ops ABI version {OPS_ABI_VERSION + 41}, this ortllm needs "
+                                              rf"{OPS_ABI_VERSION}; rebuild it with `make ops`"):
+        check_ops_library(so)
+
+
+def test_library_abi_matches_and_loads_in_installed_onnxruntime():
+    path = check_ops_library()
+    assert ops_library.ops_abi_version(path) == OPS_ABI_VERSION
+    # both ops (and both cache types of PagedAttention) resolve in a real session
+    session(paged_attention_model(num_heads=9, kv_num_heads=3, head_size=64, block_size=16))
+    session(paged_attention_model(num_heads=9, kv_num_heads=3, head_size=64, block_size=16, kv_dtype="fp8_e4m3"))
+    session(multi_lora_model())
+    assert tuple(int(x) for x in ort.__version__.split(".")[:2]) >= (1, 21)
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils")
+def test_not_linked_to_onnxruntime_and_exports_only_entry_points():
+    path = check_ops_library()
+    dyn = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    assert "onnxruntime" not in dyn
+    syms = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    exported = {line.split()[-1] for line in syms.splitlines()
+                if " FUNC " in line and " GLOBAL " in line and " UND " not in line}
+    assert {"RegisterCustomOps", "OrtllmOpsAbiVersion"} <= exported
+    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa"}, exported
+
+
+def test_ops_library_module_never_imports_torch():
+    code = "import sys, ortllm.runtime.ops_library; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_scalar_fallback_path_passes_parity():
+    """ORTLLM_OPS_ISA=scalar forces the portable (non-AVX2) kernels; run a parity subset on them."""
+    env = dict(os.environ, ORTLLM_OPS_ISA="scalar")
+    isa = "import ctypes; from ortllm.runtime.ops_library import ops_library_path as p; " \
+          "f = ctypes.CDLL(str(p())).OrtllmOpsIsa; f.restype = ctypes.c_char_p; print(f().decode())"
+    out = subprocess.run([sys.executable, "-c", isa], cwd=REPO, env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "scalar", out.stderr
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           "tests/custom_ops/test_paged_attention.py", "tests/custom_ops/test_multi_lora.py",
+           "-k", "(9x3 and 16 and mixed) or long_context or fused or alias or ranks4-4-16"]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert " passed" in res.stdout

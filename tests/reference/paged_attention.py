@@ -1,0 +1,119 @@
+"""Reference PagedAttention (NumPy, plain loops): the semantics that ortllm::PagedAttention must match.
+
+For every new token t of sequence s (j-th of its chunk):
+    cache slot p = context_lens[s] + j  -> block block_tables[s][p // block_size], offset p % block_size
+    q_t, k_t = RoPE(q_t, k_t) at positions[t]     (rope_interleaved=0: HF rotate_half, pairs (i, i+D/2))
+    8-bit caches with rotate=1: q_t, k_t = fwht(q_t), fwht(k_t) per head (V is never rotated)
+    K/V rows written to the cache (float32 copied, 8-bit quantized per (token, head))
+Then for every new token and query head h (kv head h // (H // Hkv)):
+    out[t, h] = softmax(scale * K[0..p] @ q) @ V[0..p]   (causal; float64 here)
+reading K/V back from the cache, i.e. new tokens attend to their own quantized rows.
+
+`quantize_new=False` keeps this call's new rows exact (float) while the pre-existing cache content is
+still dequantized: the "no quantization error in this call" answer that the tests bound the op
+against. `details=True` also returns, per token, what the error bound needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.reference.hadamard import dequantize, fwht, quantize
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool = False) -> np.ndarray:
+    """x: [..., D]; cos/sin: [D/2] for this position."""
+    x = x.astype(np.float64)
+    half = x.shape[-1] // 2
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+        return out
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+def rope_cache(max_pos: int, head_size: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin caches [max_pos, D/2] (llama: inv_freq = theta^(-2i/D))."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_size, 2, dtype=np.float64) / head_size)
+    ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def paged_attention_ref(
+    q, k, v, positions, cu_seqlens, context_lens, block_tables, cos_cache, sin_cache,
+    key_cache, value_cache, key_scales=None, value_scales=None, *,
+    num_heads: int, kv_num_heads: int, head_size: int, block_size: int,
+    kv_dtype: str = "float32", rotate: int | None = None, scale: float | None = None,
+    rope_interleaved: int = 0, quantize_new: bool = True, details: bool = False,
+):
+    """Returns (attn [T, H*D] f32, key_cache, value_cache, key_scales, value_scales[, details])."""
+    H, Hkv, D, BS = num_heads, kv_num_heads, head_size, block_size
+    G = H // Hkv
+    eight_bit = kv_dtype != "float32"
+    rotate = (1 if eight_bit else 0) if rotate is None else rotate
+    scale = 1.0 / np.sqrt(D) if not scale else scale
+    T, S = q.shape[0], len(context_lens)
+    key_cache, value_cache = key_cache.copy(), value_cache.copy()
+    if eight_bit:
+        key_scales, value_scales = key_scales.copy(), value_scales.copy()
+        k_shadow = dequantize(key_cache, key_scales, kv_dtype).astype(np.float64)
+        v_shadow = dequantize(value_cache, value_scales, kv_dtype).astype(np.float64)
+    else:
+        k_shadow = key_cache.astype(np.float64)
+        v_shadow = value_cache.astype(np.float64)
+    is_new = np.zeros(key_cache.shape[:3], dtype=bool)  # [NB, Hkv, BS]
+
+    seq_of = np.repeat(np.arange(S), np.diff(cu_seqlens))
+    q_rot = np.zeros((T, H, D))
+    for t in range(T):
+        s = seq_of[t]
+        p = context_lens[s] + t - cu_seqlens[s]
+        c, sn = cos_cache[positions[t]].astype(np.float64), sin_cache[positions[t]].astype(np.float64)
+        qt = rope(q[t].reshape(H, D), c, sn, rope_interleaved)
+        kt = rope(k[t].reshape(Hkv, D), c, sn, rope_interleaved)
+        vt = v[t].reshape(Hkv, D).astype(np.float64)
+        if rotate:
+            qt, kt = fwht(qt), fwht(kt)
+        q_rot[t] = qt
+        blk, off = block_tables[s][p // BS], p % BS
+        is_new[blk, :, off] = True
+        if not eight_bit:
+            key_cache[blk, :, off] = kt.astype(np.float32)
+            value_cache[blk, :, off] = vt.astype(np.float32)
+            k_shadow[blk, :, off], v_shadow[blk, :, off] = key_cache[blk, :, off], value_cache[blk, :, off]
+            continue
+        kc, ks = quantize(kt.astype(np.float32), kv_dtype)
+        vc, vs = quantize(vt.astype(np.float32), kv_dtype)
+        key_cache[blk, :, off], key_scales[blk, :, off] = kc, ks
+        value_cache[blk, :, off], value_scales[blk, :, off] = vc, vs
+        if quantize_new:
+            k_shadow[blk, :, off] = dequantize(kc, ks, kv_dtype)
+            v_shadow[blk, :, off] = dequantize(vc, vs, kv_dtype)
+        else:
+            k_shadow[blk, :, off] = kt.astype(np.float32)
+            v_shadow[blk, :, off] = vt.astype(np.float32)
+
+    out = np.zeros((T, H, D))
+    info = []
+    for t in range(T):
+        s = seq_of[t]
+        p = context_lens[s] + t - cu_seqlens[s]
+        slots = [(block_tables[s][j // BS], j % BS) for j in range(p + 1)]
+        blk = np.array([b for b, _ in slots])
+        off = np.array([o for _, o in slots])
+        K = k_shadow[blk, :, off].transpose(1, 0, 2)  # [Hkv, L, D]
+        V = v_shadow[blk, :, off].transpose(1, 0, 2)
+        probs = np.zeros((H, p + 1))
+        for h in range(H):
+            sc = scale * (K[h // G] @ q_rot[t, h])
+            e = np.exp(sc - sc.max())
+            probs[h] = e / e.sum()
+            out[t, h] = probs[h] @ V[h // G]
+        if details:
+            info.append({"q": q_rot[t], "K": K, "V": V, "probs": probs,
+                         "new": is_new[blk, 0, off], "blocks": blk, "offsets": off})
+    result = (out.reshape(T, H * D).astype(np.float32), key_cache, value_cache, key_scales, value_scales)
+    return result + (info,) if details else result
