@@ -9,6 +9,7 @@ DEMO_PROMPT ?= What is the capital of France?
 PYTEST_ARGS ?=
 
 .PHONY: setup ops serve test test-asan bench clean
+BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
 
@@ -36,6 +37,10 @@ test: $(STAMP) ops
 
 test-asan: $(STAMP)
 	bash ci/test_asan.sh
+
+# Figures for docs/benchmarks.md (minutes; never part of make test).
+bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
+	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,ops --out $(BENCH_OUT)
 
 clean:
 	rm -rf build runtime/lib .pytest_cache

@@ -9,13 +9,14 @@ import importlib.metadata
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ortllm.runtime import contract as C
 from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
 
 from .errors import BuildError
+from .quantize import QuantPlan, check_block_size, parse_keep
 from .sources import load_model
 from .weights import ModelWeights
 
@@ -24,6 +25,7 @@ ALGOS = ("rtn", "hqq", "gptq")
 KV_DTYPES = ("fp32", "int8", "fp8")
 EXPORTERS = ("native", "optimum")
 KV_BLOCK_SIZES = (8, 16, 32, 64)
+QUALITY = "quality.json"     # measured quality of a quantized build against its fp32 reference
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,14 @@ class BuildOptions:
     algo: str = "rtn"
     lm_head: str = "fp32"
     kv: str = "fp32"
-    graph: str = "portable"
+    graph: str = "engine"
     exporter: str = "native"
     kv_block_size: int = 16       # tokens per paged-KV block (engine graph attribute)
+    symmetric: bool = False       # int8/int4 zero point: implicit 2^(bits-1) (True) or per block (False)
+    accuracy_level: int = 4       # MatMulNBits accuracy_level (4: int8 compute on CPU)
+    keep: tuple = ()              # ("GLOB=fp32|int8", ...) on HF tensor names: sensitive layers kept wider
+    kv_rotate: bool = True        # Hadamard-rotate K (and Q) before an 8-bit KV cache
+    quality_tokens: int = 512     # tokens of the in-build fidelity check (quality.json) of quantized builds
 
     def __post_init__(self):
         for name, allowed in (("quant", QUANTS), ("algo", ALGOS), ("lm_head", QUANTS), ("kv", KV_DTYPES),
@@ -43,17 +50,33 @@ class BuildOptions:
             if getattr(self, name) not in allowed:
                 raise BuildError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}; "
                                  f"got '{getattr(self, name)}'")
-        if self.block_size not in (16, 32, 64, 128, 256):
-            raise BuildError(f"--block-size must be one of 16, 32, 64, 128, 256; got {self.block_size}")
+        check_block_size(self.block_size)
         if self.kv_block_size not in KV_BLOCK_SIZES:
             raise BuildError(f"--kv-block-size must be one of {', '.join(map(str, KV_BLOCK_SIZES))}; "
                              f"got {self.kv_block_size}")
-        if self.quant != "fp32" or self.lm_head != "fp32":
-            raise BuildError("int8/int4 weights are not available in this version yet; build with --quant fp32 "
-                             "--lm-head fp32")
+        object.__setattr__(self, "keep", tuple(self.keep))
+        if self.keep and self.quant == "fp32":
+            raise BuildError("--keep keeps layers of a quantized build wider; add --quant int8|int4 or drop --keep")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise BuildError(f"--accuracy-level must be 0..4 (4: int8 compute); got {self.accuracy_level}")
+        if not isinstance(self.quality_tokens, int) or self.quality_tokens < 16:
+            raise BuildError(f"quality_tokens must be an integer >= 16; got {self.quality_tokens!r}")
+        self.quant_plan()       # validates algo, scheme and --keep
+        if not self.kv_rotate and self.kv == "fp32":
+            raise BuildError("--kv-rotate 0 applies to 8-bit KV caches; add --kv int8|fp8 or drop it")
         if self.kv != "fp32" and self.graph != "engine":
             raise BuildError(f"--kv {self.kv} needs the engine graph (paged 8-bit KV); add --graph engine "
                              "or use --kv fp32")
+
+    def quant_plan(self) -> QuantPlan:
+        """A fresh plan for the graph builders (it collects each quantized tensor's error)."""
+        return QuantPlan(quant=self.quant, lm_head=self.lm_head, block_size=self.block_size, algo=self.algo,
+                         symmetric=self.symmetric, accuracy_level=self.accuracy_level, keep=parse_keep(self.keep))
+
+    @property
+    def quantized(self) -> bool:
+        """Anything below fp32 (weights, LM head or KV cache): such builds carry quality.json."""
+        return self.quant != "fp32" or self.lm_head != "fp32" or self.kv != "fp32"
 
 
 def _tool_versions() -> dict:
@@ -80,23 +103,46 @@ def _check_out_dir(out: Path, force: bool, recipe_name: str | None, source_sha: 
         raise BuildError(f"--out {out} already holds files that are not an ortllm artifact; choose an empty "
                          "directory or pass --force to replace it") from None
     same = (old.get("recipe") == recipe_name and old.get("source", {}).get("sha256") == source_sha
-            and old.get("build") == asdict(opts))
+            and old.get("build") == json.loads(json.dumps(asdict(opts))))
     if not same:
         raise BuildError(f"--out {out} holds a different artifact (recipe {old.get('recipe')}, build "
                          f"{old.get('build')}); pass --force to replace it or choose another --out")
+
+
+def write_graph(weights: ModelWeights, out: Path, opts: BuildOptions, plan: QuantPlan | None, meta: dict) -> None:
+    """model.onnx + model.onnx.data of the chosen graph kind into `out`."""
+    if opts.graph == "engine":
+        from .graph_engine import build_engine_graph
+        build_engine_graph(weights, out / C.MODEL, out / C.MODEL_DATA, kv=opts.kv, block_size=opts.kv_block_size,
+                           metadata=meta, quant=plan, kv_rotate=opts.kv_rotate)
+    else:
+        from .graph_portable import build_portable_graph
+        build_portable_graph(weights, out / C.MODEL, out / C.MODEL_DATA, metadata=meta, quant=plan)
+
+
+def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan | None) -> None:
+    """quality.json: each quantized tensor's error and a short paired fidelity check against the same
+    weights built in fp32 (fp32 KV) in a scratch directory beside `tmp`."""
+    from ortllm.calibration.quality import in_build_quality
+
+    ref = tmp.with_name(tmp.name.replace(".building-", ".fp32ref.building-"))   # cleaned like tmp if killed
+    shutil.rmtree(ref, ignore_errors=True)
+    ref.mkdir()
+    try:
+        ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True)
+        write_graph(weights, ref, ref_opts, None, {})
+        report = in_build_quality(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
+    finally:
+        shutil.rmtree(ref, ignore_errors=True)
+    (tmp / QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path) -> dict:
     """Write every artifact file into `tmp` and return the manifest (also written)."""
     cfg = weights.config
     meta = {"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph}
-    if opts.graph == "engine":
-        from .graph_engine import build_engine_graph
-        build_engine_graph(weights, tmp / C.MODEL, tmp / C.MODEL_DATA, kv=opts.kv, block_size=opts.kv_block_size,
-                           metadata=meta)
-    else:
-        from .graph_portable import build_portable_graph
-        build_portable_graph(weights, tmp / C.MODEL, tmp / C.MODEL_DATA, metadata=meta)
+    plan = opts.quant_plan() if opts.quant != "fp32" or opts.lm_head != "fp32" else None
+    write_graph(weights, tmp, opts, plan, meta)
     tok = weights.write_tokenizer(tmp) if weights.write_tokenizer else None
     eos = list(dict.fromkeys([*cfg.eos_token_ids, *(tok.eos_token_ids if tok else ())]))
     (tmp / C.CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -114,6 +160,9 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
     if opts.exporter == "optimum":
         from .optimum_export import export_optimum
         export_optimum(weights, tmp, tmp / "optimum")
+
+    if opts.quantized:
+        write_quality(weights, tmp, opts, plan)
 
     files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest = {

@@ -1,4 +1,5 @@
-"""`ortllm generate`: one prompt through the portable graph's simple decode loop, streamed as text."""
+"""`ortllm generate`: one prompt, streamed as text. Engine artifacts run on the Engine; portable ones on
+the simple decode loop (stock ONNX Runtime, no ops library)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,22 +8,14 @@ from typing import Iterator
 import numpy as np
 
 from .artifact import load_artifact
+from .detokenizer import IncrementalDetokenizer
 from .errors import EmptyPrompt, PromptTooLong
-from .portable_model import PortableModel
+from .sampler import RowState, Sampler, request_generator
 from .sampling_params import SamplingParams
 
 
-def _chooser(params: SamplingParams):
-    """last-position logits [V] -> token id; greedy at temperature 0, else seeded softmax sampling."""
-    if params.greedy:
-        return lambda logits: int(np.argmax(logits))
-    rng = np.random.default_rng(params.seed)
-
-    def choose(logits: np.ndarray) -> int:
-        z = logits.astype(np.float64) / params.temperature
-        p = np.exp(z - z.max())
-        return int(rng.choice(len(p), p=p / p.sum()))
-    return choose
+def chat_messages(prompt: str, system: str | None) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
 
 
 def generate_text(artifact_path: Path, prompt: str, *, chat: bool = False, system: str | None = None,
@@ -36,24 +29,30 @@ def generate_text(artifact_path: Path, prompt: str, *, chat: bool = False, syste
         raise EmptyPrompt("prompt is empty; pass some text with --prompt")
     artifact = load_artifact(artifact_path)
     tok = Tokenizer.from_dir(artifact.path)
-    if chat:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        text = tok.apply_chat_template(messages, add_generation_prompt=True)
-    else:
-        text = prompt
+    text = tok.apply_chat_template(chat_messages(prompt, system)) if chat else prompt
     ids = tok.encode(text, add_special_tokens=not chat)
+    if artifact.graph == "engine":
+        from .engine import Engine
+        overrides = {"threads": threads} if threads else {}
+        with Engine.from_artifact(artifact.path, **overrides) as engine:
+            yield from engine.stream(ids, params)
+        return
+    yield from _portable_stream(artifact, tok, ids, params, threads)
+
+
+def _portable_stream(artifact, tok, ids: list[int], params: SamplingParams, threads) -> Iterator[str]:
+    from .portable_model import PortableModel
+
     model = PortableModel.from_artifact(artifact, threads=threads)
     if len(ids) >= model.context_length:
         raise PromptTooLong(len(ids), model.context_length - 1, what="the model's context length")
     eos = set(artifact.read_json("generation.json")["eos_token_ids"])
-
-    out: list[int] = []
-    emitted = ""
-    for t in model.generate_ids(ids, params.max_tokens, eos, _chooser(params)):
-        if t in eos:
+    detok = IncrementalDetokenizer(lambda t: tok.decode(t, skip_special_tokens=True), ids, stop_token_ids=eos)
+    row = RowState(params, None if params.greedy else request_generator(params.seed), detok.output_token_ids, ids)
+    sampler = Sampler()
+    choose = lambda logits: int(sampler.sample(logits[None].astype(np.float32), [row]).token_ids[0])  # noqa: E731
+    for t in model.generate_ids(ids, params.max_tokens, eos, choose):
+        yield detok.step([t])
+        if detok.finished:
             break
-        out.append(t)
-        text = tok.decode(out)
-        if not text.endswith("\ufffd") and len(text) > len(emitted):
-            yield text[len(emitted):]
-            emitted = text
+    yield detok.flush()

@@ -5,7 +5,6 @@ this for serving; it stays as the reference loop for portable artifacts and othe
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, Iterator
 
 import numpy as np
@@ -13,20 +12,7 @@ import onnxruntime as ort
 
 from . import contract as C
 from .artifact import Artifact, ArtifactError
-
-
-def physical_cores() -> int:
-    """Physical cores available to this process (SMT siblings counted once)."""
-    try:
-        cpus = os.sched_getaffinity(0)
-        cores = set()
-        for cpu in cpus:
-            path = f"/sys/devices/system/cpu/cpu{cpu}/topology/core_id"
-            pkg = f"/sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id"
-            cores.add((open(pkg).read().strip(), open(path).read().strip()))
-        return max(1, len(cores))
-    except (OSError, AttributeError):
-        return max(1, os.cpu_count() or 1)
+from .config import physical_cores
 
 
 class PortableModel:

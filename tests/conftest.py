@@ -28,13 +28,25 @@ def _build(tmp_path_factory, spec: str, **opts) -> Path:
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory) -> Path:
     """llama-tiny-random, portable fp32, with the optimum-onnx export beside it."""
-    return _build(tmp_path_factory, "llama-tiny-random", exporter="optimum")
+    return _build(tmp_path_factory, "llama-tiny-random", graph="portable", exporter="optimum")
 
 
 @pytest.fixture(scope="session")
 def smollm2_artifact(tmp_path_factory) -> Path:
     """The real SmolLM2-135M-Instruct, portable fp32, with the optimum-onnx export beside it."""
-    return _build(tmp_path_factory, "smollm2-135m-instruct", exporter="optimum")
+    return _build(tmp_path_factory, "smollm2-135m-instruct", graph="portable", exporter="optimum")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tmp_path_factory) -> Path:
+    """llama-tiny-random, engine graph, fp32 KV."""
+    return _build(tmp_path_factory, "llama-tiny-random", graph="engine")
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(tmp_path_factory) -> Path:
+    """The real SmolLM2-135M-Instruct, engine graph (the default build), fp32 KV."""
+    return _build(tmp_path_factory, "smollm2-135m-instruct", graph="engine")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,1 @@
+"""`ortllm bench`: scenarios that report figures (DESIGN.md, Benchmarks), never timed tests."""

@@ -1,0 +1,59 @@
+"""Engine scenarios on one artifact: single-stream and batched decode, prefill 512, Python share of a step.
+
+Decode throughput of a batch = generated tokens after the last prefill finished / the time they took;
+prefill = seconds until the first token of a 512-token prompt. Medians over `repeats` runs.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ortllm.runtime.engine import Engine
+from ortllm.runtime.sampling_params import SamplingParams
+
+from .results import row
+
+PROMPT_LEN, NEW_TOKENS = 64, 128
+
+
+def _decode_run(engine: Engine, batch: int, rng) -> tuple[float, float]:
+    """One batch of `batch` requests; returns (aggregate decode tok/s, Python share of the steps)."""
+    vocab = engine.runner.vocab_size
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    before = engine.stats()
+    handles = [engine.submit(rng.integers(3, vocab, PROMPT_LEN).tolist(), params) for _ in range(batch)]
+    outs = [h.result() for h in handles]
+    end = time.monotonic()
+    after = engine.stats()
+    first = max(h.first_token_time for h in handles)
+    tokens = sum(len(o.token_ids) - 1 for o in outs)
+    step, run = after["step_time_s"] - before["step_time_s"], after["run_time_s"] - before["run_time_s"]
+    return tokens / (end - first), (1 - run / step) if step else 0.0
+
+
+def run(artifact: Path, batches=(1, 4, 8, 16, 32), repeats: int = 3, threads: int | None = None,
+        system: str = "ortllm") -> list[dict]:
+    rng = np.random.default_rng(0)
+    rows = []
+    overrides = {"threads": threads} if threads else {}
+    with Engine.from_artifact(artifact, max_num_seqs=max(batches), **overrides) as engine:
+        _decode_run(engine, 1, rng)  # warm the allocator and caches
+        for b in batches:
+            tps, py = zip(*(_decode_run(engine, b, rng) for _ in range(repeats)))
+            name = "single-stream decode" if b == 1 else "batched decode"
+            rows.append(row(name, system, b, "decode_tokens_per_s", list(tps), "tok/s"))
+            rows.append(row(name, system, b, "python_share_of_step", list(py), "fraction"))
+        n = min(512, engine.context_length - 2)   # tiny test models have short contexts
+        prompt = rng.integers(3, engine.runner.vocab_size, n).tolist()
+        once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        ttft = []
+        for _ in range(repeats):
+            h = engine.submit(prompt, once)
+            h.result()
+            ttft.append(h.first_token_time - h.submitted)
+        rows.append(row(f"prefill {n}", system, 1, "time_to_first_token", ttft, "s"))
+        rows.append(row("kv memory", system, 1, "kv_bytes_per_token",
+                        [engine.runner.bytes_per_block / engine.runner.block_size], "bytes"))
+    return rows

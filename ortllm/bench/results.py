@@ -1,0 +1,80 @@
+"""results.json of `ortllm bench`: rows {scenario, system, batch, metric, median, min, max, unit} plus the
+machine, the commit and the command that made them (DESIGN.md, Interfaces)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        text = open("/proc/cpuinfo").read()
+        flags = ", ".join(f for f in ("avx2", "fma", "avx512f") if f" {f}" in text)
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{model} ({len(os.sched_getaffinity(0))} cores available; {flags}), {mem:.0f} GiB, {platform.platform()}"
+
+
+def commit() -> str:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return f"{rev}{'+dirty' if dirty else ''}" if rev else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def row(scenario: str, system: str, batch: int, metric: str, samples: list[float], unit: str, **extra) -> dict:
+    return {"scenario": scenario, "system": system, "batch": batch, "metric": metric,
+            "median": statistics.median(samples), "min": min(samples), "max": max(samples), "unit": unit,
+            "n": len(samples), **extra}
+
+
+def timed(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Wall seconds of `repeats` calls."""
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def write_results(out_dir: Path, rows: list[dict], command: str | None = None) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"machine": machine(), "commit": commit(), "command": command or " ".join(["ortllm", *sys.argv[1:]]),
+           "results": rows}
+    path = out_dir / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| scenario | system | batch | metric | median | min | max | unit |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['scenario']} | {r['system']} | {r['batch']} | {r['metric']} | {r['median']:.4g} | "
+                     f"{r['min']:.4g} | {r['max']:.4g} | {r['unit']} |")
+    return "\n".join(lines)

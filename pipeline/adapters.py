@@ -1,0 +1,147 @@
+"""`ortllm adapters add|list|remove`: PEFT LoRA directories into an artifact's adapter format.
+
+An adapter is `adapters/<name>.safetensors` holding, per adapted projection, the MultiLoRA layout
+  layers.{i}.{target}.a  [in, r]   (PEFT lora_A.weight [r, in], transposed)
+  layers.{i}.{target}.b  [r, out]  (PEFT lora_B.weight [out, r], transposed)
+and a manifest entry {file, sha256, size, rank, scale, targets}. scale = lora_alpha / r
+(rsLoRA: lora_alpha / sqrt(r)). The manifest is rewritten atomically, so load-time verification covers
+the adapter files too.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ortllm.runtime import contract as C
+from ortllm.runtime.artifact import file_entry, read_manifest
+
+from .errors import BuildError
+
+MAX_RANK = 64
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
+
+
+def _target_shapes(model: dict) -> dict[str, tuple[int, int]]:
+    """target -> (in, out) of the base projection."""
+    h, d, f = model["hidden_size"], model["head_dim"], model["intermediate_size"]
+    q, kv = model["num_heads"] * d, model["num_kv_heads"] * d
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+
+
+def _read_peft(peft_dir: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    from .sources import read_safetensors
+
+    cfg_path, weights_path = peft_dir / "adapter_config.json", peft_dir / "adapter_model.safetensors"
+    if not cfg_path.is_file() or not weights_path.is_file():
+        raise BuildError(f"{peft_dir} is not a PEFT LoRA directory: it needs adapter_config.json and "
+                         "adapter_model.safetensors (PeftModel.save_pretrained writes both)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise BuildError(f"{cfg_path} is not valid JSON ({e})") from None
+    return cfg, read_safetensors(weights_path)
+
+
+def _check_config(cfg: dict) -> None:
+    refuse = [
+        (cfg.get("peft_type", "LORA") != "LORA", f"peft_type is {cfg.get('peft_type')}; only LORA is supported"),
+        (bool(cfg.get("use_dora")), "use_dora is true; DoRA adapters are not supported"),
+        (cfg.get("bias", "none") != "none", f"bias is {cfg.get('bias')!r}; only 'none' is supported"),
+        (bool(cfg.get("modules_to_save")), f"modules_to_save is {cfg.get('modules_to_save')}; adapters that "
+                                           "replace whole modules are not supported"),
+        (bool(cfg.get("fan_in_fan_out")), "fan_in_fan_out is true; only llama Linear layers are supported"),
+        (bool(cfg.get("layer_replication")), "layer_replication is set; not supported"),
+    ]
+    for bad, msg in refuse:
+        if bad:
+            raise BuildError(f"adapter_config.json: {msg}")
+
+
+def convert_peft(peft_dir: Path, model: dict) -> tuple[dict[str, np.ndarray], dict]:
+    """PEFT LoRA -> (tensors in MultiLoRA layout, info {rank, scale, targets, layers})."""
+    cfg, weights = _read_peft(Path(peft_dir))
+    _check_config(cfg)
+    r = int(cfg.get("r", 0))
+    if not 1 <= r <= MAX_RANK or cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
+        raise BuildError(f"adapter_config.json: r is {r} (rank_pattern {cfg.get('rank_pattern') or 'none'}); "
+                         f"ranks 1..{MAX_RANK}, one rank for all modules, are supported")
+    alpha = float(cfg.get("lora_alpha", r))
+    scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    shapes = _target_shapes(model)
+    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for key, arr in weights.items():
+        m = _KEY.search(key)
+        if not m:
+            raise BuildError(f"adapter tensor {key} is not a LoRA weight of a llama projection "
+                             f"({', '.join(shapes)})")
+        layer, target, which = int(m.group(1)), m.group(3), m.group(4)
+        if target not in shapes:
+            raise BuildError(f"adapter tensor {key}: module {target} is not one of {', '.join(shapes)}")
+        if layer >= model["num_layers"]:
+            raise BuildError(f"adapter tensor {key}: layer {layer}, the base model has {model['num_layers']}")
+        pairs.setdefault((layer, target), {})[which] = arr
+    tensors, targets = {}, set()
+    for (layer, target), ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise BuildError(f"adapter has lora_{next(iter(ab))} but not its pair for layers.{layer}.{target}")
+        n_in, n_out = shapes[target]
+        a, b = ab["A"], ab["B"]
+        if a.shape != (r, n_in) or b.shape != (n_out, r):
+            raise BuildError(f"adapter layers.{layer}.{target}: lora_A {a.shape}, lora_B {b.shape} do not fit the "
+                             f"base projection ({n_in} -> {n_out}) at rank {r}; was it trained on another model?")
+        tensors[f"layers.{layer}.{target}.a"] = np.ascontiguousarray(a.T, np.float32)
+        tensors[f"layers.{layer}.{target}.b"] = np.ascontiguousarray(b.T, np.float32)
+        targets.add(target)
+    if not tensors:
+        raise BuildError(f"{peft_dir} holds no LoRA weights")
+    return tensors, {"rank": r, "scale": scale, "targets": sorted(targets)}
+
+
+def _write_manifest(artifact: Path, manifest: dict) -> None:
+    tmp = artifact / (C.MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    tmp.replace(artifact / C.MANIFEST)
+
+
+def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False) -> dict:
+    from safetensors.numpy import save_file
+
+    artifact = Path(artifact)
+    manifest = read_manifest(artifact)
+    if not _NAME.match(name):
+        raise BuildError(f"adapter name {name!r} must be 1-64 letters, digits, '.', '_' or '-' (no '/')")
+    if name in manifest.get("adapters", {}) and not force:
+        raise BuildError(f"the artifact already has an adapter named {name!r}; remove it first or pass --force")
+    tensors, info = convert_peft(Path(peft_dir), manifest["model"])
+    rel = f"adapters/{name}.safetensors"
+    (artifact / "adapters").mkdir(exist_ok=True)
+    tmp = artifact / (rel + ".tmp")
+    save_file(tensors, str(tmp), metadata={"rank": str(info["rank"]), "scale": repr(info["scale"])})
+    tmp.replace(artifact / rel)
+    entry = file_entry(artifact / rel)
+    manifest.setdefault("adapters", {})[name] = {"file": rel, **info, **entry}
+    manifest["files"][rel] = entry
+    _write_manifest(artifact, manifest)
+    return manifest["adapters"][name]
+
+
+def remove_adapter(artifact: Path, name: str) -> None:
+    artifact = Path(artifact)
+    manifest = read_manifest(artifact)
+    entry = manifest.get("adapters", {}).pop(name, None)
+    if entry is None:
+        known = ", ".join(sorted(manifest.get("adapters", {}))) or "none"
+        raise BuildError(f"the artifact has no adapter named {name!r} (adapters: {known})")
+    manifest["files"].pop(entry["file"], None)
+    _write_manifest(artifact, manifest)
+    (artifact / entry["file"]).unlink(missing_ok=True)
+
+
+def list_adapters(artifact: Path) -> dict[str, dict]:
+    return read_manifest(Path(artifact)).get("adapters", {})

@@ -1,0 +1,155 @@
+"""Adapter registry: which LoRA adapters exist, which sit in the session's slots, and their host copies.
+
+  disk (artifact/adapters/*.safetensors, sha256 in the manifest)
+    --load/prefetch--> host-RAM LRU under AdapterConfig.host_budget_bytes
+    --activate(step adapters)--> one of the session's fixed slots (least recently used slot not needed
+                                 by this step is reused), written in place between steps
+Called from the engine thread only, except prefetch() and add()/remove(), which take the lock.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from .artifact import Artifact, sha256_file
+from .config import AdapterConfig
+from .errors import RequestError, UnknownAdapter
+
+
+class AdapterLoadError(RequestError):
+    """An adapter file is missing or damaged; requests for it fail, the rest go on."""
+
+
+class AdapterRegistry:
+    def __init__(self, artifact: Artifact, config: AdapterConfig, runner):
+        self.path = artifact.path
+        self.config = config
+        self.runner = runner
+        self._lock = threading.Lock()
+        self.entries: dict[str, dict] = dict(artifact.manifest.get("adapters", {}))
+        self._host: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()   # LRU, most recent last
+        self._host_bytes = 0
+        self._slot_of: dict[str, int] = {}
+        self._slot_lru: list[int] = []                                        # least recently used first
+        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="ortllm-adapter-prefetch")
+        self._pending: dict[str, object] = {}
+        if self.entries:
+            self._size_slots()
+
+    # ---- what exists
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self.entries)
+
+    def check(self, name: str) -> None:
+        with self._lock:
+            if name not in self.entries:
+                raise UnknownAdapter(name, sorted(self.entries))
+
+    def is_resident(self, name: str) -> bool:
+        return name in self._slot_of
+
+    def add(self, name: str, entry: dict) -> None:
+        """Register an adapter written into the artifact while serving (pipeline.adapters.add_adapter)."""
+        with self._lock:
+            self.entries[name] = entry
+            self._drop(name)
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self.entries.pop(name, None)
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        arrays = self._host.pop(name, None)
+        if arrays is not None:
+            self._host_bytes -= sum(a.nbytes for a in arrays.values())
+        slot = self._slot_of.pop(name, None)
+        if slot is not None:
+            self._slot_lru.remove(slot)
+            self._slot_lru.insert(0, slot)
+
+    # ---- host cache
+    def _load(self, name: str) -> dict[str, np.ndarray]:
+        """From disk, hash-checked (the file may have changed since the manifest was verified)."""
+        from safetensors.numpy import load_file
+
+        entry = self.entries[name]
+        f = self.path / entry["file"]
+        if not f.is_file() or f.stat().st_size != entry["size"] or sha256_file(f) != entry["sha256"]:
+            raise AdapterLoadError(f"adapter {name!r}: {entry['file']} is missing or does not match its sha256 "
+                                   "in the manifest; add it again with `ortllm adapters add --force`")
+        try:
+            return load_file(str(f))
+        except Exception as e:  # noqa: BLE001 - safetensors raises several types on damaged files
+            raise AdapterLoadError(f"adapter {name!r}: cannot read {entry['file']} ({e})") from None
+
+    def host_weights(self, name: str) -> dict[str, np.ndarray]:
+        with self._lock:
+            if name in self._host:
+                self._host.move_to_end(name)
+                return self._host[name]
+        arrays = self._load(name)
+        size = sum(a.nbytes for a in arrays.values())
+        with self._lock:
+            self._host[name] = arrays
+            self._host_bytes += size
+            while self._host_bytes > self.config.host_budget_bytes and len(self._host) > 1:
+                _, old = self._host.popitem(last=False)
+                self._host_bytes -= sum(a.nbytes for a in old.values())
+        return arrays
+
+    def prefetch(self, names: list[str]) -> None:
+        """Load queued requests' adapters into host RAM on a background thread while the step runs."""
+        for name in names:
+            if name in self._host or name in self._pending or name not in self.entries:
+                continue
+            fut = self._prefetcher.submit(self.host_weights, name)
+            self._pending[name] = fut
+            fut.add_done_callback(lambda _f, n=name: self._pending.pop(n, None))
+
+    # ---- session slots
+    def _size_slots(self) -> None:
+        """Slots of the largest rank known; growing it reallocates the stacks (all slots reloaded)."""
+        rank = max(e["rank"] for e in self.entries.values())
+        rank = -(-rank // 8) * 8
+        if self.runner.adapter_slots != self.config.max_slots or self.runner.adapter_rank < rank:
+            self.runner.resize_adapter_slots(self.config.max_slots, max(rank, self.runner.adapter_rank))
+            self._slot_of.clear()
+            self._slot_lru = list(range(self.config.max_slots))
+
+    def activate(self, names: list[str]) -> tuple[dict[str, int], dict[str, Exception]]:
+        """Put this step's adapters in slots. Returns {name: slot} and {name: error} for those that failed."""
+        slots, failed = {}, {}
+        if not names:
+            return slots, failed
+        with self._lock:
+            self._size_slots()
+        for name in names:
+            if name in self._slot_of:
+                slot = self._slot_of[name]
+            else:
+                try:
+                    arrays = self.host_weights(name)
+                except (AdapterLoadError, KeyError) as e:
+                    failed[name] = e if isinstance(e, AdapterLoadError) else UnknownAdapter(name, self.names())
+                    continue
+                busy = set(slots.values())
+                slot = next(s for s in self._slot_lru if s not in busy)
+                for old, s in list(self._slot_of.items()):
+                    if s == slot:
+                        del self._slot_of[old]
+                entry = self.entries[name]
+                self.runner.write_adapter_slot(slot, arrays, entry["rank"], entry["scale"])
+                self._slot_of[name] = slot
+            self._slot_lru.remove(slot)
+            self._slot_lru.append(slot)
+            slots[name] = slot
+        return slots, failed
+
+    def close(self) -> None:
+        self._prefetcher.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,162 @@
+"""The session side of the engine: one engine-graph session with the KV pool and adapter stacks bound once.
+
+SessionManager duties for one artifact: verify (done by load_artifact), register the ops library, set
+threads, allocate the block pool and adapter slots as OrtValues, bind them through IO binding (cache
+outputs bound to the very OrtValues of the cache inputs, so PagedAttention writes the pool in place and
+nothing is copied per step), warm up (a prefill and a decode), then serve `execute(seqs)` per step.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from . import contract as C
+from .artifact import Artifact, ArtifactError
+from .config import EngineConfig
+from .errors import ConfigError
+from .ops_library import register_ops
+from .scheduler import ScheduledSeq
+
+_KV_NUMPY = {"fp32": np.float32, "int8": np.uint8, "fp8": np.uint8}
+_KV_CONFIG_NAMES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}
+
+
+class ModelRunner:
+    def __init__(self, artifact: Artifact, config: EngineConfig):
+        if artifact.graph != "engine":
+            raise ArtifactError(f"{artifact.path} holds a '{artifact.graph}' graph; the engine runs engine graphs: "
+                                f"rebuild with: ortllm build ... --graph engine --out {artifact.path} --force")
+        cfg, build = artifact.model_config, artifact.manifest["build"]
+        self.vocab_size = cfg["vocab_size"]
+        self.num_layers = cfg["num_layers"]
+        self.kv = build["kv"]
+        self.block_size = build["kv_block_size"]
+        want_kv = config.cache.kv_dtype
+        if want_kv is not None and want_kv != _KV_CONFIG_NAMES[self.kv]:
+            raise ConfigError(f"kv_dtype {want_kv} differs from the artifact's ({_KV_CONFIG_NAMES[self.kv]}); "
+                              f"rebuild with --kv, or leave kv_dtype unset")
+        if config.cache.block_size != self.block_size:
+            raise ConfigError(f"block_size {config.cache.block_size} differs from the artifact's KV block size "
+                              f"({self.block_size}); leave it unset or rebuild with --kv-block-size")
+        self.bytes_per_block = config.cache.bytes_per_block(self.num_layers, cfg["num_kv_heads"], cfg["head_dim"],
+                                                            _KV_CONFIG_NAMES[self.kv])
+        self.num_blocks = config.cache.resolve_num_blocks(self.bytes_per_block)
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = config.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        register_ops(so)
+        self.session = ort.InferenceSession(str(artifact.file(C.MODEL)), so, providers=["CPUExecutionProvider"])
+        self.io = self.session.io_binding()
+        self.io.bind_output(C.LOGITS, "cpu")          # first bound output: get_outputs()[0], rebound per step
+        self._arrays: dict[str, np.ndarray] = {}      # keeps the bound pool / adapter memory alive
+        self._bind_pool(cfg)
+        self._lora_shapes = {i.name: i.shape for i in self.session.get_inputs() if i.name.startswith("lora.")}
+        self.resize_adapter_slots(1, 1)
+        self._warm_up()
+
+    # ---- bound once
+    def _bind_pool(self, cfg: dict) -> None:
+        """key/value cache [num_blocks, Hkv, block_size, D] per layer (+ scales [num_blocks, Hkv, block_size])."""
+        shape = (self.num_blocks, cfg["num_kv_heads"], self.block_size, cfg["head_dim"])
+        kinds = [("key_cache", shape, _KV_NUMPY[self.kv]), ("value_cache", shape, _KV_NUMPY[self.kv])]
+        if self.kv != "fp32":
+            kinds += [("key_scales", shape[:3], np.float32), ("value_scales", shape[:3], np.float32)]
+        for i in range(self.num_layers):
+            for kind, shp, dtype in kinds:
+                arr = np.zeros(shp, dtype)
+                value = ort.OrtValue.ortvalue_from_numpy(arr)   # shares arr's memory
+                self._arrays[C.cache_name(kind, i)] = arr
+                self.io.bind_ortvalue_input(C.cache_name(kind, i), value)
+                self.io.bind_ortvalue_output(C.cache_name(kind, i, out=True), value)
+
+    def resize_adapter_slots(self, slots: int, max_rank: int) -> None:
+        """(Re)allocate the adapter slot stacks, zero-filled, and bind them; slot contents are lost.
+
+        Per layer and target: A [slots, in, max_rank], B [slots, max_rank, out]; lora.scale / lora.rank [slots].
+        """
+        self.adapter_slots, self.adapter_rank = slots, max_rank
+        self._bind_static(C.LORA_SCALE, np.zeros(slots, np.float32))
+        self._bind_static(C.LORA_RANK, np.zeros(slots, np.int32))
+        for i in range(self.num_layers):
+            for target in C.LORA_TARGETS:
+                a, b = C.lora_name(i, target, "a"), C.lora_name(i, target, "b")
+                self._bind_static(a, np.zeros((slots, self._lora_shapes[a][1], max_rank), np.float32))
+                self._bind_static(b, np.zeros((slots, max_rank, self._lora_shapes[b][2]), np.float32))
+
+    def write_adapter_slot(self, slot: int, tensors: dict[str, np.ndarray], rank: int, scale: float) -> None:
+        """Copy one adapter (layers.{i}.{target}.a [in, r] / .b [r, out]) into `slot` of the bound stacks.
+        Targets it does not adapt are zeroed. Writes the bound memory in place: no rebinding."""
+        for i in range(self.num_layers):
+            for target in C.LORA_TARGETS:
+                a = self._arrays[C.lora_name(i, target, "a")][slot]
+                b = self._arrays[C.lora_name(i, target, "b")][slot]
+                a.fill(0.0)
+                b.fill(0.0)
+                key = f"layers.{i}.{target}"
+                if key + ".a" in tensors:
+                    a[:, :rank] = tensors[key + ".a"]
+                    b[:rank] = tensors[key + ".b"]
+        self._arrays[C.LORA_RANK][slot] = rank
+        self._arrays[C.LORA_SCALE][slot] = scale
+
+    def adapter_slot_bytes(self) -> int:
+        return sum(a.nbytes for n, a in self._arrays.items() if n.startswith("lora."))
+
+    def _bind_static(self, name: str, arr: np.ndarray) -> None:
+        self._arrays[name] = arr
+        self.io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+
+    def _warm_up(self) -> None:
+        """A 4-token prefill and a decode in the null block 0 (never read by real sequences)."""
+        for start, n in ((0, 4), (4, 1)):
+            self.execute([ScheduledSeq("warmup", [1] * n, start, [0], True, None)])
+
+    # ---- per step
+    def execute(self, seqs: list[ScheduledSeq], adapter_slots: dict[str | None, int] | None = None,
+                all_logits: bool = False) -> np.ndarray:
+        """Run one flattened step; returns logits [K, V] for the seqs with needs_logits, in order
+        (all_logits: [T, V], every row of the step, for scoring/eval)."""
+        lens = np.fromiter((s.num_tokens for s in seqs), np.int32, len(seqs))
+        cu = np.zeros(len(seqs) + 1, np.int32)
+        np.cumsum(lens, out=cu[1:])
+        ids = np.fromiter((t for s in seqs for t in s.token_ids), np.int64, int(cu[-1]))
+        starts = np.fromiter((s.start_pos for s in seqs), np.int32, len(seqs))
+        positions = np.repeat(starts - cu[:-1], lens) + np.arange(cu[-1], dtype=np.int32)
+        width = max(len(s.block_ids) for s in seqs)
+        tables = np.zeros((len(seqs), width), np.int32)
+        for r, s in enumerate(seqs):
+            tables[r, :len(s.block_ids)] = s.block_ids
+        rows = (np.arange(cu[-1], dtype=np.int64) if all_logits else
+                np.fromiter((cu[r + 1] - 1 for r, s in enumerate(seqs) if s.needs_logits), np.int64))
+        slots = adapter_slots or {}
+        adapter = np.repeat(np.fromiter((slots.get(s.adapter, -1) for s in seqs), np.int32, len(seqs)), lens)
+
+        io = self.io
+        io.bind_cpu_input(C.ENGINE_INPUT_IDS, ids)
+        io.bind_cpu_input(C.POSITIONS, positions.astype(np.int32))
+        io.bind_cpu_input(C.CU_SEQLENS, cu)
+        io.bind_cpu_input(C.CONTEXT_LENS, starts)
+        io.bind_cpu_input(C.BLOCK_TABLES, tables)
+        io.bind_cpu_input(C.LOGITS_INDICES, rows)
+        io.bind_cpu_input(C.TOKEN_ADAPTER, adapter)
+        io.bind_output(C.LOGITS, "cpu")   # [K, V] changes every step: let ORT allocate it
+        self.session.run_with_iobinding(io)
+        return io.get_outputs()[0].numpy()
+
+    def score(self, token_ids: list[int], chunk: int = 512) -> np.ndarray:
+        """Logits [n, V] at every position of one sequence (row i predicts token i + 1), prefilled in chunks
+        through the paged KV cache (blocks 1.. of the pool; call only while the engine is idle)."""
+        n = len(token_ids)
+        blocks = list(range(1, 1 + -(-n // self.block_size)))
+        if blocks and blocks[-1] >= self.num_blocks:
+            raise ValueError(f"{n} tokens need {len(blocks)} KV blocks; the pool has {self.num_blocks - 1}")
+        out = []
+        for start in range(0, n, chunk):
+            ids = token_ids[start:start + chunk]
+            out.append(self.execute([ScheduledSeq("score", ids, start, blocks, True, None)], all_logits=True))
+        return np.concatenate(out)
+
+    def kv_pool_bytes(self) -> int:
+        return sum(a.nbytes for n, a in self._arrays.items() if "cache" in n or "scales" in n)

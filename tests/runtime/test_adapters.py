@@ -1,0 +1,169 @@
+"""LoRA adapters end to end: PEFT parity, isolation in mixed batches, slot churn, damaged files."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from ortllm.pipeline.adapters import add_adapter, list_adapters, remove_adapter
+from ortllm.pipeline.errors import BuildError
+from ortllm.runtime.engine import Engine
+from ortllm.runtime.errors import UnknownAdapter
+from ortllm.runtime.sampling_params import SamplingParams
+from tests.reference.hf_llama import hf_model_from_weights
+
+TARGET_SETS = [["q_proj", "k_proj", "v_proj", "o_proj"], ["gate_proj", "up_proj", "down_proj"],
+               ["q_proj", "v_proj", "down_proj"], ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                    "down_proj"]]
+
+
+def _greedy(n=12, adapter=None):
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, adapter=adapter)
+
+
+@pytest.fixture(scope="module")
+def tiny_weights():
+    from ortllm.pipeline.sources import load_model
+    return load_model("llama-tiny-random")[1]
+
+
+def _peft(weights, out, seed, r, targets, rslora=False):
+    """A PEFT LoRA with random (non-zero) A and B, saved the way PEFT saves it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, init_lora_weights=False, use_rslora=rslora)
+    model = get_peft_model(hf_model_from_weights(weights), cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.mul_(0.5)   # big enough to change greedy tokens, small enough to stay a perturbation
+    model.save_pretrained(out)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def adapted(tiny_engine, tiny_weights, tmp_path_factory):
+    """A copy of the tiny engine artifact with 5 adapters (ranks 4..32) and their PEFT models."""
+    base = tmp_path_factory.mktemp("adapted")
+    art = base / "art"
+    shutil.copytree(tiny_engine, art)
+    models = {}
+    for k, (r, targets) in enumerate([(8, TARGET_SETS[0]), (16, TARGET_SETS[1]), (4, TARGET_SETS[2]),
+                                      (32, TARGET_SETS[3]), (8, TARGET_SETS[3])]):
+        name = f"ad{k}"
+        models[name] = _peft(tiny_weights, base / name, seed=k, r=r, targets=targets, rslora=(k == 4))
+        add_adapter(art, base / name, name)
+    return art, models
+
+
+def _prompts():
+    rng = np.random.default_rng(3)
+    return [rng.integers(3, 512, n).tolist() for n in (7, 20, 33, 12, 41, 5, 26)]
+
+
+def test_engine_equals_peft(adapted):
+    import torch
+    art, models = adapted
+    prompts = _prompts()[:3]
+    with Engine.from_artifact(art, num_blocks=128) as engine:
+        for name, model in models.items():
+            for p in prompts:
+                with torch.no_grad():
+                    ref = model.generate(torch.tensor([p]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                                         pad_token_id=0)[0, len(p):].tolist()
+                got = engine.generate([p], _greedy(adapter=name))[0].token_ids
+                assert got == ref, f"adapter {name} differs from PEFT + transformers"
+
+
+def test_mixed_batch_equals_alone(adapted):
+    art, models = adapted
+    names = [None, *models]
+    jobs = [(p, names[i % len(names)]) for i, p in enumerate(_prompts() * 2)]   # 14 requests, 5 adapters + base
+    with Engine.from_artifact(art, num_blocks=128, max_adapters_per_batch=4) as engine:
+        alone = [engine.generate([p], _greedy(adapter=a))[0].token_ids for p, a in jobs]
+        mixed = engine.generate([p for p, _ in jobs], [_greedy(adapter=a) for _, a in jobs])
+    assert [m.token_ids for m in mixed] == alone
+    assert len({tuple(t) for t in alone}) > len(_prompts()), "adapters should change the outputs"
+
+
+def test_churn_through_two_slots_with_bad_requests(adapted, tmp_path):
+    """10 adapters through 2 slots, 3 requests each; meanwhile 25 requests for unknown adapters and 5 for an
+    adapter whose file was damaged after load are refused with typed errors, and the good ones all succeed."""
+    art, models = adapted
+    churn = tmp_path / "churn"
+    shutil.copytree(art, churn)
+    base = art.parent
+    for name in models:                      # 5 more adapters: the same weights under other names
+        add_adapter(churn, base / name, name + "-copy")
+    add_adapter(churn, base / "ad1", "doomed")
+    names = [*models, *(n + "-copy" for n in models)]
+    p = _prompts()[1]
+    with Engine.from_artifact(churn, num_blocks=128) as engine:
+        expected = {a: engine.generate([p], _greedy(adapter=a))[0].token_ids for a in models}
+    with Engine.from_artifact(churn, num_blocks=128, max_slots=2, max_adapters_per_batch=2) as engine:
+        doomed = churn / "adapters" / "doomed.safetensors"
+        raw = bytearray(doomed.read_bytes())
+        raw[-10] ^= 0xFF
+        doomed.write_bytes(bytes(raw))       # after the engine verified the artifact
+        handles, unknown = [], 0
+        for round_ in range(3):
+            handles += [(a, engine.submit(p, _greedy(adapter=a))) for a in names]
+            for k in range(9 if round_ < 2 else 7):
+                with pytest.raises(UnknownAdapter):
+                    engine.submit(p, _greedy(adapter=f"missing-{round_}-{k}"))
+                unknown += 1
+        bad = [engine.submit(p, _greedy(adapter="doomed")) for _ in range(5)]
+        for a, h in handles:
+            assert h.result(120).token_ids == expected[a.removesuffix("-copy")], a
+        for h in bad:
+            out = h.result(120)
+            assert out.finish_reason == "error" and "sha256" in out.error
+        assert unknown == 25 and len(handles) == 30
+        assert engine.generate([p], _greedy(adapter="ad3"))[0].token_ids == expected["ad3"]
+        stats = engine.stats()
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_bad_peft_dirs_are_refused(adapted, tiny_weights, tmp_path):
+    import json
+    art, _ = adapted
+    good = tmp_path / "good"
+    _peft(tiny_weights, good, seed=9, r=4, targets=["q_proj"])
+    cases = {
+        "use_dora": (True, "DoRA"),
+        "bias": ("all", "bias"),
+        "modules_to_save": (["lm_head"], "modules_to_save"),
+        "r": (128, "ranks 1..64"),
+    }
+    for field, (value, needle) in cases.items():
+        bad = tmp_path / field
+        shutil.copytree(good, bad)
+        cfg = json.loads((bad / "adapter_config.json").read_text())
+        cfg[field] = value
+        (bad / "adapter_config.json").write_text(json.dumps(cfg))
+        with pytest.raises(BuildError, match=needle):
+            add_adapter(art, bad, "bad")
+    with pytest.raises(BuildError, match="adapter_config.json"):
+        add_adapter(art, tmp_path, "bad")
+    with pytest.raises(BuildError, match="name"):
+        add_adapter(art, good, "../escape")
+    assert "bad" not in list_adapters(art)
+
+
+def test_add_and_remove_round_trip(tiny_engine, tiny_weights, tmp_path):
+    from ortllm.runtime.artifact import load_artifact
+    art = tmp_path / "art"
+    shutil.copytree(tiny_engine, art)
+    _peft(tiny_weights, tmp_path / "p", seed=1, r=8, targets=["v_proj"])
+    add_adapter(art, tmp_path / "p", "x")
+    load_artifact(art)                                   # manifest covers the adapter file
+    with pytest.raises(BuildError, match="already has"):
+        add_adapter(art, tmp_path / "p", "x")
+    remove_adapter(art, "x")
+    assert not (art / "adapters" / "x.safetensors").exists()
+    load_artifact(art)
+    with pytest.raises(BuildError, match="no adapter named"):
+        remove_adapter(art, "x")
