@@ -1,0 +1,89 @@
+"""Several artifacts served side by side within one memory budget.
+
+Each engine's footprint is estimated before loading: its weights (model.onnx.data, mapped or copied by
+ONNX Runtime), its KV pool and its adapter slots. A load that would exceed the budget is refused with
+the figures; unloading closes the engine and drops every reference to its session and buffers.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from . import contract as C
+from .artifact import load_artifact
+from .config import CacheConfig, EngineConfig
+from .errors import ConfigError, OrtllmError
+from .engine import Engine
+
+
+class MemoryBudgetExceeded(OrtllmError):
+    """Loading this artifact would exceed the session manager's memory budget."""
+
+
+def estimate_bytes(path: Path, **overrides) -> int:
+    """Weights + KV pool (+ adapter slots at their configured size) of an engine with these overrides."""
+    art = load_artifact(path, verify=False)
+    cfg, build = art.model_config, art.manifest["build"]
+    overrides.setdefault("block_size", build.get("kv_block_size", 16))
+    conf = EngineConfig.from_overrides(path, **overrides)
+    kv = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}[build["kv"]]
+    per_block = conf.cache.bytes_per_block(cfg["num_layers"], cfg["num_kv_heads"], cfg["head_dim"], kv)
+    pool = conf.cache.resolve_num_blocks(per_block) * per_block
+    return art.file(C.MODEL_DATA).stat().st_size + pool
+
+
+class SessionManager:
+    def __init__(self, memory_budget_bytes: int):
+        if memory_budget_bytes <= 0:
+            raise ConfigError(f"memory_budget_bytes must be positive; got {memory_budget_bytes}")
+        self.budget = memory_budget_bytes
+        self._engines: dict[str, Engine] = {}
+        self._bytes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def used_bytes(self) -> int:
+        return sum(self._bytes.values())
+
+    def names(self) -> list[str]:
+        return sorted(self._engines)
+
+    def get(self, name: str) -> Engine:
+        try:
+            return self._engines[name]
+        except KeyError:
+            raise ConfigError(f"no artifact loaded as {name!r}; loaded: {', '.join(self.names()) or 'none'}") from None
+
+    def load(self, name: str, path: str | Path, **overrides) -> Engine:
+        """Load an engine-graph artifact under `name` if it fits the budget (checked before allocating)."""
+        need = estimate_bytes(Path(path), **dict(overrides))
+        with self._lock:
+            if name in self._engines:
+                raise ConfigError(f"an artifact is already loaded as {name!r}; unload it first")
+            if self.used_bytes() + need > self.budget:
+                raise MemoryBudgetExceeded(
+                    f"loading {path} needs ~{need / 2**20:.0f} MiB (weights + KV pool); {self.used_bytes() / 2**20:.0f} "
+                    f"of {self.budget / 2**20:.0f} MiB are in use: unload an artifact, lower num_blocks, or raise "
+                    "the budget")
+            self._bytes[name] = need          # reserved while loading
+        try:
+            engine = Engine.from_artifact(path, **overrides)
+        except BaseException:
+            with self._lock:
+                self._bytes.pop(name, None)
+            raise
+        with self._lock:
+            self._engines[name] = engine
+        return engine
+
+    def unload(self, name: str) -> None:
+        """Close the engine; its session, KV pool and adapter slots are released with the last reference."""
+        with self._lock:
+            engine = self._engines.pop(name, None)
+            self._bytes.pop(name, None)
+        if engine is None:
+            raise ConfigError(f"no artifact loaded as {name!r}")
+        engine.close()
+
+    def close(self) -> None:
+        for name in self.names():
+            self.unload(name)
