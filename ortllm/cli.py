@@ -19,12 +19,21 @@ def _add_build(sub) -> None:
     p.add_argument("--out", required=True, type=Path, help="artifact directory to write")
     p.add_argument("--source", help="weights for recipes that take a local path (e.g. tinyllama-1.1b-chat)")
     p.add_argument("--quant", default=None, help="fp32|int8|int4 (default: the recipe's)")
-    p.add_argument("--block-size", type=int, default=None, help="quantization block size (default: recipe's)")
-    p.add_argument("--algo", default="rtn", help="rtn|hqq|gptq")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="quantization block size, a power of two >= 16: 16|32|64|128|256 (default: recipe's)")
+    p.add_argument("--algo", default="rtn", help="rtn|hqq|gptq (gptq: not implemented yet)")
+    p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
+    p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
     p.add_argument("--lm-head", default="fp32", help="fp32|int8|int4")
+    p.add_argument("--keep", action="append", default=[], metavar="PATTERN=fp32|int8",
+                   help="keep HF tensors matching the glob wider, e.g. 'model.layers.*.mlp.down_proj.weight=int8' "
+                        "(repeatable; first match wins)")
     p.add_argument("--kv", default=None, help="KV cache dtype fp32|int8|fp8 (default: recipe's)")
     p.add_argument("--kv-block-size", type=int, default=16, help="tokens per paged KV block (engine graph)")
-    p.add_argument("--graph", default="portable", help="engine|portable (portable: stock ONNX Runtime)")
+    p.add_argument("--kv-rotate", type=int, choices=(0, 1), default=1,
+                   help="Hadamard-rotate keys before an 8-bit KV cache (1, default) or not (0, for comparison)")
+    p.add_argument("--graph", default="engine",
+                   help="engine (paged KV, multi-LoRA; needs the ops library) | portable (stock ONNX Runtime)")
     p.add_argument("--exporter", default="native", help="native|optimum (optimum also writes optimum/)")
     p.add_argument("--force", action="store_true", help="replace whatever --out holds")
     p.set_defaults(run=_run_build)
@@ -39,8 +48,39 @@ def _run_build(a) -> int:
         quant=a.quant or defaults.get("quant", "fp32"),
         block_size=a.block_size or defaults.get("block_size", 32),
         algo=a.algo, lm_head=a.lm_head, kv=a.kv or defaults.get("kv", "fp32"),
-        graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size)
+        graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
+        accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate))
     build(a.model, a.out, opts, source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
+    return 0
+
+
+# ---------------------------------------------------------------- eval
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="quality report of an artifact against its fp32 reference (docs/quality.md)")
+    p.add_argument("artifact", type=Path)
+    p.add_argument("--reference", required=True, type=Path, help="fp32 artifact of the same model")
+    p.add_argument("--suite", default="fidelity,humaneval", help="comma-separated: fidelity, humaneval")
+    p.add_argument("--out", required=True, type=Path, help="directory for report.json, report.md and plots")
+    p.add_argument("--tokens", type=int, default=16384, help="scored tokens of the fidelity suite")
+    p.add_argument("--ctx", type=int, default=2048, help="tokens per fidelity window")
+    p.add_argument("--humaneval-n", type=int, default=164, help="HumanEval problems (the first N)")
+    p.add_argument("--max-tokens", type=int, default=384, help="completion budget per HumanEval problem")
+    p.add_argument("--no-pass-at-1", action="store_true", help="HumanEval NLL only (skip generation)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(run=_run_eval)
+
+
+def _run_eval(a) -> int:
+    from ortllm.calibration.eval import EvalOptions, evaluate
+    from ortllm.calibration.report import write_markdown
+
+    opts = EvalOptions(suites=tuple(s.strip() for s in a.suite.split(",") if s.strip()), tokens=a.tokens,
+                       ctx=a.ctx, humaneval_n=a.humaneval_n, max_tokens=a.max_tokens,
+                       pass_at_1=not a.no_pass_at_1, threads=a.threads)
+    report = evaluate(a.artifact, a.reference, a.out, opts, command="ortllm " + " ".join(sys.argv[1:]))
+    print(write_markdown(report))
+    print(f"report written to {a.out / 'report.json'}", file=sys.stderr)
     return 0
 
 
@@ -70,6 +110,114 @@ def _run_generate(a) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- adapters
+
+def _add_adapters(sub) -> None:
+    p = sub.add_parser("adapters", help="add, list or remove LoRA adapters of an artifact")
+    verbs = p.add_subparsers(dest="adapters_verb", required=True, metavar="add|list|remove")
+    add = verbs.add_parser("add", help="convert a PEFT LoRA directory into the artifact")
+    add.add_argument("artifact", type=Path)
+    add.add_argument("peft_dir", type=Path)
+    add.add_argument("--name", required=True)
+    add.add_argument("--force", action="store_true", help="replace an adapter of the same name")
+    ls = verbs.add_parser("list", help="list the artifact's adapters")
+    ls.add_argument("artifact", type=Path)
+    rm = verbs.add_parser("remove", help="remove an adapter from the artifact")
+    rm.add_argument("artifact", type=Path)
+    rm.add_argument("name")
+    p.set_defaults(run=_run_adapters)
+
+
+def _run_adapters(a) -> int:
+    from ortllm.pipeline import adapters
+
+    if a.adapters_verb == "add":
+        e = adapters.add_adapter(a.artifact, a.peft_dir, a.name, force=a.force)
+        print(f"added {a.name}: rank {e['rank']}, scale {e['scale']:g}, targets {', '.join(e['targets'])}")
+    elif a.adapters_verb == "list":
+        for name, e in sorted(adapters.list_adapters(a.artifact).items()):
+            print(f"{name}\trank {e['rank']}\tscale {e['scale']:g}\t{','.join(e['targets'])}\t{e['size']} bytes")
+    else:
+        adapters.remove_adapter(a.artifact, a.name)
+        print(f"removed {a.name}")
+    return 0
+
+
+# ---------------------------------------------------------------- bench
+
+BENCH_SCENARIOS = ("engine", "ops")
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure throughput (figures for docs/benchmarks.md)")
+    p.add_argument("artifact", type=Path, nargs="?", help="engine artifact (not needed for --scenario ops)")
+    p.add_argument("--scenario", default="engine",
+                   help="comma-separated: engine (decode B=1..32, prefill 512, KV bytes), ops (custom ops)")
+    p.add_argument("--batches", default="1,4,8,16,32", help="batch sizes for the engine scenario")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
+    p.add_argument("--out", type=Path, required=True, help="directory for results.json")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(a) -> int:
+    from ortllm.bench.results import markdown_table, write_results
+    from ortllm.pipeline.errors import BuildError
+
+    scenarios = [s.strip() for s in a.scenario.split(",") if s.strip()]
+    unknown = sorted(set(scenarios) - set(BENCH_SCENARIOS))
+    if unknown:
+        raise BuildError(f"unknown --scenario {', '.join(unknown)}; choose from {', '.join(BENCH_SCENARIOS)}")
+    try:
+        batches = tuple(int(b) for b in a.batches.split(","))
+    except ValueError:
+        raise BuildError(f"--batches must be comma-separated integers; got {a.batches!r}") from None
+    rows: list[dict] = []
+    if "engine" in scenarios:
+        if a.artifact is None:
+            raise BuildError("--scenario engine needs an ARTIFACT (an engine-graph artifact directory)")
+        from ortllm.bench.engine import run as run_engine
+        rows += run_engine(a.artifact, batches=batches, repeats=1 if a.quick else a.repeats, threads=a.threads)
+    if "ops" in scenarios:
+        from ortllm.bench.ops import run as run_ops
+        rows += run_ops(a.out, threads=a.threads or 2, quick=a.quick)
+    path = write_results(a.out, rows)
+    print(markdown_table(rows))
+    print(f"results written to {path}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------- serve
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve an engine artifact over an OpenAI-compatible HTTP API")
+    p.add_argument("artifact", type=Path, metavar="ARTIFACT")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed when ready)")
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on the API")
+    p.add_argument("--max-queued", type=int, default=None, help="queued requests before 429 (default: engine's)")
+    p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
+    p.add_argument("--http-threads", type=int, default=64, help="concurrent HTTP requests (streams included)")
+    p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(a) -> int:
+    from ortllm.service import logs
+    from ortllm.service.config import ServiceConfig
+    from ortllm.service.server import serve
+
+    overrides = {k: v for k, v in (("max_queued", a.max_queued), ("threads", a.threads)) if v is not None}
+    config = ServiceConfig(artifact=a.artifact, host=a.host, port=a.port, api_key=a.api_key,
+                           model_name=a.model_name, http_threads=a.http_threads, request_timeout_s=a.request_timeout,
+                           drain_timeout_s=a.drain_timeout, engine_overrides=overrides)
+    logs.configure()
+    return serve(config)
+
+
 # ---------------------------------------------------------------- main
 
 def make_parser() -> argparse.ArgumentParser:
@@ -78,6 +226,10 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     _add_build(sub)
     _add_generate(sub)
+    _add_eval(sub)
+    _add_adapters(sub)
+    _add_bench(sub)
+    _add_serve(sub)
     return parser
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .onnx_builder import GraphBuilder
+from .quantize import QuantizedWeight, hf_name
 from .weights import ModelConfig
 
 
@@ -27,9 +28,23 @@ def rms_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, path: str)
     return g.op("Mul", [normed, g.weight(f"{path}.weight", weight)], path)
 
 
-def linear(g: GraphBuilder, x: str, w: np.ndarray, path: str) -> str:
-    """x [.., in] @ w.T; w is the HF [out, in] weight, stored transposed [in, out]."""
-    return g.op("MatMul", [x, g.weight(f"{path}.weight", np.ascontiguousarray(w.T))], path)
+def linear(g: GraphBuilder, x: str, w: np.ndarray, path: str, quant=None) -> str:
+    """x [.., in] @ w.T; w is the HF [out, in] weight, stored transposed [in, out] (fp32 MatMul), or, when
+    `quant` (a pipeline.quantize.QuantPlan) quantizes this tensor, a MatMulNBits on the [out, in] blocks."""
+    q = quant.quantize(hf_name(path), w) if quant is not None else None
+    if q is None:
+        return g.op("MatMul", [x, g.weight(f"{path}.weight", np.ascontiguousarray(w.T))], path)
+    return matmul_nbits(g, x, q, path, quant.accuracy_level)
+
+
+def matmul_nbits(g: GraphBuilder, x: str, q: QuantizedWeight, path: str, accuracy_level: int) -> str:
+    """x [.., K] -> com.microsoft MatMulNBits(B [N, k_blocks, blob], scales [, zero_points]) -> [.., N]."""
+    g.opsets.setdefault("com.microsoft", 1)
+    ins = [x, g.weight(f"{path}.weight_q{q.bits}", q.data), g.weight(f"{path}.scales", q.scales)]
+    if q.zero_points is not None:
+        ins.append(g.weight(f"{path}.zero_points", q.zero_points))
+    return g.op("MatMulNBits", ins, path, domain="com.microsoft", K=q.k, N=q.n, bits=q.bits,
+                block_size=q.block_size, accuracy_level=accuracy_level)
 
 
 def mlp(g: GraphBuilder, h: str, w: dict, i: int, proj) -> str:

@@ -12,7 +12,7 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import linear, mlp, rms_norm, rope_tables
+from .graph_blocks import linear, matmul_nbits, mlp, rms_norm, rope_tables
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
@@ -20,14 +20,14 @@ F32, I32, I64, U8 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, Ten
 KV_OP_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}
 
 
-def lora_proj(g: GraphBuilder, x: str, w: np.ndarray, path: str, layer: int, adapter: str) -> str:
+def lora_proj(g: GraphBuilder, x: str, w: np.ndarray, path: str, layer: int, adapter: str, quant=None) -> str:
     """base = x @ W; y = MultiLoRA(x, base, A[slot], B[slot]) per token (slot -1 adds nothing).
 
-        x -> MatMul(W) -> base --+
+        x -> MatMul(W) | MatMulNBits(W_q) -> base --+
         x ------------------------> MultiLoRA(A, B, scale, rank, token_adapter) -> y
     """
     target = path.rsplit("/", 1)[1]
-    base = linear(g, x, w, path)
+    base = linear(g, x, w, path, quant)
     out_dim, in_dim = w.shape
     a = g.input(C.lora_name(layer, target, "a"), F32, ["lora_slots", in_dim, "lora_rank"])
     b = g.input(C.lora_name(layer, target, "b"), F32, ["lora_slots", "lora_rank", out_dim])
@@ -36,7 +36,7 @@ def lora_proj(g: GraphBuilder, x: str, w: np.ndarray, path: str, layer: int, ada
 
 
 def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch: dict, kv: str,
-              block_size: int) -> str:
+              block_size: int, quant=None, kv_rotate: bool = True) -> str:
     """PagedAttention over the pool; the cache outputs are graph outputs that the runtime aliases to the inputs.
 
         h -> q_proj(+lora) --+
@@ -44,7 +44,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch:
         h -> v_proj(+lora) --+                  key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora)
     """
     path, p = f"/model/layers.{i}/attn", f"model.layers.{i}.self_attn"
-    q, k, v = (lora_proj(g, h, w[f"{p}.{t}.weight"], f"{path}/{t}", i, batch["adapter"])
+    q, k, v = (lora_proj(g, h, w[f"{p}.{t}.weight"], f"{path}/{t}", i, batch["adapter"], quant)
                for t in ("q_proj", "k_proj", "v_proj"))
     eight_bit = kv != "fp32"
     cache_type = U8 if eight_bit else F32
@@ -60,14 +60,15 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch:
                [q, k, v, batch["positions"], batch["cu_seqlens"], batch["context_lens"], batch["block_tables"],
                 batch["cos"], batch["sin"], *ins], f"{path}/paged", n_out=1 + len(kinds), domain=C.OPS_DOMAIN,
                num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
-               block_size=block_size, kv_dtype=KV_OP_DTYPES[kv], rotate=int(eight_bit))
+               block_size=block_size, kv_dtype=KV_OP_DTYPES[kv], rotate=int(eight_bit and kv_rotate))
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
-    return lora_proj(g, res[0], w[f"{p}.o_proj.weight"], f"{path}/o_proj", i, batch["adapter"])
+    return lora_proj(g, res[0], w[f"{p}.o_proj.weight"], f"{path}/o_proj", i, batch["adapter"], quant)
 
 
 def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "fp32", block_size: int = 16,
-                       metadata: dict | None = None) -> None:
+                       metadata: dict | None = None, quant=None, kv_rotate: bool = True) -> None:
+    """quant: a pipeline.quantize.QuantPlan (None: fp32 projections); kv_rotate: Hadamard rotation of 8-bit KV."""
     cfg, w = weights.config, weights.tensors
     g = GraphBuilder(data_path, extra_opsets={C.OPS_DOMAIN: 1})
     ids = g.input(C.ENGINE_INPUT_IDS, I64, ["T"])
@@ -88,10 +89,11 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)                   # [T, H]
     for i in range(cfg.num_layers):
-        proj = lambda g_, x_, w_, path, i=i: lora_proj(g_, x_, w_, path, i, batch["adapter"])  # noqa: E731
+        proj = lambda g_, x_, w_, path, i=i: lora_proj(g_, x_, w_, path, i, batch["adapter"], quant)  # noqa: E731
         h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
                      f"/model/layers.{i}/input_layernorm")
-        x = g.op("Add", [x, attention(g, cfg, h, w, i, batch, kv, block_size)], f"/model/layers.{i}/attn_residual")
+        x = g.op("Add", [x, attention(g, cfg, h, w, i, batch, kv, block_size, quant, kv_rotate)],
+                 f"/model/layers.{i}/attn_residual")
         h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
                      f"/model/layers.{i}/post_attention_layernorm")
         x = g.op("Add", [x, mlp(g, h, w, i, proj)], f"/model/layers.{i}/mlp_residual")
@@ -99,6 +101,11 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
     x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)
     x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
-    head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", w["lm_head.weight"])
-    g.identity(g.op("Gemm", [x, head], "/lm_head", transB=1), logits_out, "/lm_head/logits")
+    q_head = quant.quantize("lm_head.weight", weights.lm_head()) if quant is not None else None
+    if q_head is not None:              # MatMulNBits on the [V, H] weight (the embedding stays fp32 for Gather)
+        logits = matmul_nbits(g, x, q_head, "/lm_head", quant.accuracy_level)
+    else:
+        head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", w["lm_head.weight"])
+        logits = g.op("Gemm", [x, head], "/lm_head", transB=1)
+    g.identity(logits, logits_out, "/lm_head/logits")
     g.save(model_path, "ortllm_engine", doc="ortllm engine graph (paged KV, multi-LoRA)", metadata=metadata)

@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import linear, mlp, rms_norm, rope_tables
+from .graph_blocks import linear, matmul_nbits, mlp, rms_norm, rope_tables
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
@@ -35,7 +35,8 @@ def heads(g: GraphBuilder, x: str, n: int, d: int, path: str) -> str:
     return g.op("Transpose", [g.op("Reshape", [x, g.const([0, 0, n, d])], path)], path, perm=[0, 2, 1, 3])
 
 
-def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: str, sin: str, bias: str) -> str:
+def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: str, sin: str, bias: str,
+              quant=None) -> str:
     """Causal GQA attention with a plain KV cache; returns [B, S, H] and adds present.i.* outputs.
 
         h -> q_proj -> heads -> rope -> *1/sqrt(D) -> Reshape [B, Hkv, R, S, D] --+
@@ -46,11 +47,11 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: s
     path = f"/model/layers.{i}/attn"
     p = f"model.layers.{i}.self_attn"
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    q = rotary(g, heads(g, linear(g, h, w[f"{p}.q_proj.weight"], f"{path}/q_proj"), hq, d, f"{path}/q"),
+    q = rotary(g, heads(g, linear(g, h, w[f"{p}.q_proj.weight"], f"{path}/q_proj", quant), hq, d, f"{path}/q"),
                cos, sin, d // 2, f"{path}/q_rope")
-    k = rotary(g, heads(g, linear(g, h, w[f"{p}.k_proj.weight"], f"{path}/k_proj"), hkv, d, f"{path}/k"),
+    k = rotary(g, heads(g, linear(g, h, w[f"{p}.k_proj.weight"], f"{path}/k_proj", quant), hkv, d, f"{path}/k"),
                cos, sin, d // 2, f"{path}/k_rope")
-    v = heads(g, linear(g, h, w[f"{p}.v_proj.weight"], f"{path}/v_proj"), hkv, d, f"{path}/v")
+    v = heads(g, linear(g, h, w[f"{p}.v_proj.weight"], f"{path}/v_proj", quant), hkv, d, f"{path}/v")
 
     kv_shape = ["batch", hkv, "total", d]
     past_k = g.input(C.past_key(i), F32, ["batch", hkv, "past", d])
@@ -70,7 +71,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: s
     ctx = g.op("Reshape", [ctx, g.const([0, hq, -1, d])], f"{path}/merge")  # [B, Hq, S, D]
     ctx = g.op("Transpose", [ctx], f"{path}/merge", perm=[0, 2, 1, 3])
     ctx = g.op("Reshape", [ctx, g.const([0, 0, hq * d])], f"{path}/merge")
-    return linear(g, ctx, w[f"{p}.o_proj.weight"], f"{path}/o_proj")
+    return linear(g, ctx, w[f"{p}.o_proj.weight"], f"{path}/o_proj", quant)
 
 
 def causal_bias(g: GraphBuilder, input_ids: str, mask: str) -> str:
@@ -91,8 +92,10 @@ def causal_bias(g: GraphBuilder, input_ids: str, mask: str) -> str:
     return g.op("Where", [allowed, g.const(0.0, np.float32), g.const(np.finfo(np.float32).min, np.float32)], path)
 
 
-def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata: dict | None = None) -> None:
-    """Write the portable graph of `weights` to model_path (+ external data at data_path)."""
+def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata: dict | None = None,
+                         quant=None) -> None:
+    """Write the portable graph of `weights` to model_path (+ external data at data_path); quant: a
+    pipeline.quantize.QuantPlan (None: fp32 projections)."""
     cfg, w = weights.config, weights.tensors
     g = GraphBuilder(data_path)
     ids = g.input(C.INPUT_IDS, I64, ["batch", "seq"])
@@ -114,16 +117,21 @@ def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata:
     for i in range(cfg.num_layers):
         h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
                      f"/model/layers.{i}/input_layernorm")
-        x = g.op("Add", [x, attention(g, cfg, h, w, i, cos, sin, bias)], f"/model/layers.{i}/attn_residual")
+        x = g.op("Add", [x, attention(g, cfg, h, w, i, cos, sin, bias, quant)], f"/model/layers.{i}/attn_residual")
         h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
                      f"/model/layers.{i}/post_attention_layernorm")
-        x = g.op("Add", [x, mlp(g, h, w, i, linear)], f"/model/layers.{i}/mlp_residual")
+        x = g.op("Add", [x, mlp(g, h, w, i, lambda *a: linear(*a, quant))], f"/model/layers.{i}/mlp_residual")
     x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
 
     # LM head: Gemm(transB) on [B*S, H] so a tied embedding [V, H] is stored once.
-    head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", w["lm_head.weight"])
-    flat = g.op("Reshape", [x, g.const([-1, cfg.hidden_size])], "/lm_head")
-    logits = g.op("Gemm", [flat, head], "/lm_head", transB=1)
+    q_head = quant.quantize("lm_head.weight", weights.lm_head()) if quant is not None else None
+    if q_head is not None:              # MatMulNBits on the [V, H] weight (the embedding stays fp32 for Gather)
+        flat = g.op("Reshape", [x, g.const([-1, cfg.hidden_size])], "/lm_head")
+        logits = matmul_nbits(g, flat, q_head, "/lm_head", quant.accuracy_level)
+    else:
+        head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", w["lm_head.weight"])
+        flat = g.op("Reshape", [x, g.const([-1, cfg.hidden_size])], "/lm_head")
+        logits = g.op("Gemm", [flat, head], "/lm_head", transB=1)
     out_shape = g.op("Concat", [g.op("Shape", [ids], "/lm_head"), g.const([cfg.vocab_size])], "/lm_head", axis=0)
     logits = g.op("Reshape", [logits, out_shape], "/lm_head")
     g.identity(logits, logits_out, "/lm_head/logits")

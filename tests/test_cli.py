@@ -72,7 +72,7 @@ def test_bad_build_options(tmp_path):
     assert_user_error(ortllm("build", "llama-tiny-random", "--out", tmp_path / "x", "--quant", "int3"),
                       "--quant must be one of fp32, int8, int4")
     assert_user_error(ortllm("build", "llama-tiny-random", "--out", tmp_path / "x", "--block-size", "7"),
-                      "--block-size must be one of")
+                      "--block-size must be a power of two >= 16")
 
 
 def test_out_dir_holding_other_files(tmp_path):
