@@ -58,7 +58,8 @@ def _run_build(a) -> int:
 
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="quality report of an artifact against its fp32 reference (docs/quality.md)")
-    p.add_argument("artifact", type=Path)
+    p.add_argument("artifact", type=Path, nargs="+",
+                   help="artifact(s) to evaluate; several share one pass of the reference (reports in OUT/<name>/)")
     p.add_argument("--reference", required=True, type=Path, help="fp32 artifact of the same model")
     p.add_argument("--suite", default="fidelity,humaneval", help="comma-separated: fidelity, humaneval")
     p.add_argument("--out", required=True, type=Path, help="directory for report.json, report.md and plots")
@@ -72,15 +73,20 @@ def _add_eval(sub) -> None:
 
 
 def _run_eval(a) -> int:
-    from ortllm.calibration.eval import EvalOptions, evaluate
+    from ortllm.calibration.eval import EvalOptions, evaluate, evaluate_many
     from ortllm.calibration.report import write_markdown
 
     opts = EvalOptions(suites=tuple(s.strip() for s in a.suite.split(",") if s.strip()), tokens=a.tokens,
                        ctx=a.ctx, humaneval_n=a.humaneval_n, max_tokens=a.max_tokens,
                        pass_at_1=not a.no_pass_at_1, threads=a.threads)
-    report = evaluate(a.artifact, a.reference, a.out, opts, command="ortllm " + " ".join(sys.argv[1:]))
-    print(write_markdown(report))
-    print(f"report written to {a.out / 'report.json'}", file=sys.stderr)
+    command = "ortllm " + " ".join(sys.argv[1:])
+    if len(a.artifact) == 1:
+        reports = [evaluate(a.artifact[0], a.reference, a.out, opts, command=command)]
+    else:
+        reports = evaluate_many(a.artifact, a.reference, a.out, opts, command=command)
+    for report in reports:
+        print(write_markdown(report))
+    print(f"report(s) written under {a.out}", file=sys.stderr)
     return 0
 
 
@@ -114,7 +120,7 @@ def _run_generate(a) -> int:
 
 def _add_adapters(sub) -> None:
     p = sub.add_parser("adapters", help="add, list or remove LoRA adapters of an artifact")
-    verbs = p.add_subparsers(dest="adapters_verb", required=True, metavar="add|list|remove")
+    verbs = p.add_subparsers(dest="adapters_verb", required=True, metavar="add|list|remove|train")
     add = verbs.add_parser("add", help="convert a PEFT LoRA directory into the artifact")
     add.add_argument("artifact", type=Path)
     add.add_argument("peft_dir", type=Path)
@@ -125,13 +131,51 @@ def _add_adapters(sub) -> None:
     rm = verbs.add_parser("remove", help="remove an adapter from the artifact")
     rm.add_argument("artifact", type=Path)
     rm.add_argument("name")
+    tr = verbs.add_parser("train", help="train a LoRA on a generated task (PEFT, CPU) and add it")
+    tr.add_argument("artifact", type=Path)
+    tr.add_argument("--task", required=True, help="add | upper (calibration/adapter_tasks.py)")
+    tr.add_argument("--name", required=True)
+    tr.add_argument("--base", default=None, help="the artifact's source, if it was not built from a recipe")
+    tr.add_argument("--rank", type=int, default=16)
+    tr.add_argument("--steps", type=int, default=150)
+    tr.add_argument("--batch", type=int, default=8)
+    tr.add_argument("--lr", type=float, default=2e-3)
+    tr.add_argument("--eval", type=int, default=100, help="held-out prompts to score base vs adapter (0: skip)")
+    tr.add_argument("--force", action="store_true")
     p.set_defaults(run=_run_adapters)
+
+
+def _train_adapter(a) -> None:
+    import tempfile
+
+    from ortllm.calibration.adapter_tasks import TASKS
+    from ortllm.pipeline.adapter_train import TrainConfig, train_lora
+    from ortllm.pipeline.adapters import add_adapter
+    from ortllm.pipeline.errors import BuildError
+
+    if a.task not in TASKS:
+        raise BuildError(f"unknown --task {a.task!r}; tasks: {', '.join(TASKS)}")
+    cfg = TrainConfig(task=a.task, rank=a.rank, alpha=2.0 * a.rank, steps=a.steps, batch=a.batch, lr=a.lr)
+    with tempfile.TemporaryDirectory(prefix="ortllm-lora-") as tmp:
+        info = train_lora(a.artifact, Path(tmp), cfg, base=a.base, log=lambda m: print(m, file=sys.stderr))
+        add_adapter(a.artifact, Path(tmp), a.name, force=a.force)
+    print(f"trained {a.name} on {a.task}: loss {info['loss_first']:.3f} -> {info['loss_last']:.3f} "
+          f"in {info['seconds']} s")
+    if a.eval:
+        from ortllm.calibration.adapter_eval import task_accuracy
+        from ortllm.runtime.engine import Engine
+        with Engine.from_artifact(a.artifact) as engine:
+            base = task_accuracy(engine, a.task, None, n=a.eval)
+            tuned = task_accuracy(engine, a.task, a.name, n=a.eval)
+        print(f"{a.task} accuracy on {a.eval} held-out prompts: base {base.accuracy:.1%}, {a.name} {tuned.accuracy:.1%}")
 
 
 def _run_adapters(a) -> int:
     from ortllm.pipeline import adapters
 
-    if a.adapters_verb == "add":
+    if a.adapters_verb == "train":
+        _train_adapter(a)
+    elif a.adapters_verb == "add":
         e = adapters.add_adapter(a.artifact, a.peft_dir, a.name, force=a.force)
         print(f"added {a.name}: rank {e['rank']}, scale {e['scale']:g}, targets {', '.join(e['targets'])}")
     elif a.adapters_verb == "list":

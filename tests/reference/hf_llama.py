@@ -1,20 +1,9 @@
-"""transformers references for the llama graphs: a LlamaForCausalLM from our weights, and greedy logits."""
+"""transformers references for the llama graphs: greedy logits (and the LlamaForCausalLM of our weights)."""
 from __future__ import annotations
 
 import numpy as np
 
-
-def hf_model_from_weights(weights):
-    """LlamaForCausalLM holding exactly `weights` (fp32); used for random-weight recipes."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    hf_cfg = {k: v for k, v in weights.config.to_hf_config().items() if k != "architectures"}
-    model = LlamaForCausalLM(LlamaConfig(**hf_cfg)).eval()
-    state = {k: torch.from_numpy(v) for k, v in weights.tensors.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    return model
+from ortllm.pipeline.hf_model import hf_model_from_weights  # noqa: F401  (re-exported for the tests)
 
 
 def hf_greedy_logits(model, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:

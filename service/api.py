@@ -1,0 +1,274 @@
+"""The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (plain or SSE), /v1/models.
+
+One request = one engine handle. Non-streaming handlers wait on the handle in short slices so a client that
+hangs up (waitress' client_disconnected) or the per-request timeout cancels the generation; a stream's
+generator cancels it when waitress closes it (client gone) and in its finally."""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import time
+from typing import Callable, Iterator
+
+from flask import Blueprint, Response, g, jsonify, request
+
+from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
+from ortllm.runtime.errors import PromptTooLong
+from ortllm.runtime.tokenizer import TokenizerFilesError
+
+from . import protocol
+from .auth import require_api_key
+from .errors import APIError, ClientGone, bad_request, model_not_found, unavailable
+from .metrics import current_metrics
+from .resources import EngineResource, current_resources
+
+log = logging.getLogger("ortllm.service")
+bp = Blueprint("openai", __name__, url_prefix="/v1")
+bp.before_request(require_api_key)
+
+_POLL_S = 0.25     # how often a waiting handler checks for a hung-up client and its timeout
+
+
+@bp.get("/models")
+def list_models():
+    res = current_resources()
+    engine = res.require_engine()
+    return jsonify({"object": "list", "data": [_model_card(res, engine)]})
+
+
+@bp.get("/models/<path:model>")
+def get_model(model: str):
+    res = current_resources()
+    engine = res.require_engine()
+    if model != res.model_name:
+        raise model_not_found(model, res.model_name)
+    return jsonify(_model_card(res, engine))
+
+
+def _model_card(res: EngineResource, engine: Engine) -> dict:
+    return {"id": res.model_name, "object": "model", "created": res.created, "owned_by": "ortllm",
+            "root": res.model_name, "max_model_len": engine.context_length}
+
+
+@bp.post("/completions")
+def completions():
+    return _generate("completions", protocol.parse_completion(protocol.read_json_object(request)))
+
+
+@bp.post("/chat/completions")
+def chat_completions():
+    return _generate("chat", protocol.parse_chat(protocol.read_json_object(request)))
+
+
+# ---------------------------------------------------------------- one generation
+
+def _prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
+    if req.messages is not None:
+        try:
+            text = engine.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
+        except TokenizerFilesError as e:
+            raise bad_request(f"{e}; use /v1/completions", param="messages") from None
+        except Exception as e:  # noqa: BLE001 - the template itself rejected the conversation (raise_exception)
+            raise bad_request(f"the chat template rejected these messages: {e}", param="messages") from None
+        return engine.tokenizer.encode(text)
+    return engine.encode_prompt(req.prompt)
+
+
+def _generate(kind: str, req: protocol.GenerationRequest):
+    res = current_resources()
+    engine = res.require_engine()
+    if req.model is not None and req.model != res.model_name:
+        raise model_not_found(req.model, res.model_name)
+    ctx = engine.context_length
+    chars = len(req.prompt) if isinstance(req.prompt, str) else sum(len(m["content"]) for m in req.messages or ())
+    if chars > res.max_prompt_chars:
+        raise APIError(400, f"the prompt has {chars} characters, more than {ctx} tokens (the model's context) can "
+                       "hold; shorten it", param="messages" if req.messages else "prompt",
+                       code="context_length_exceeded")
+    ids = _prompt_ids(engine, req)
+    if len(ids) >= ctx:
+        raise PromptTooLong(len(ids), ctx - 1, what="the model's context length")
+    if not req.max_tokens_given:     # chat without max_tokens: as much as the context and the KV pool hold
+        cfg = engine.config
+        room = min(ctx, engine.stats()["kv_blocks_total"] * cfg.cache.block_size,
+                   cfg.scheduler.max_model_len or ctx)
+        req.params.max_tokens = max(1, room - len(ids))
+    elif len(ids) + req.params.max_tokens > ctx:
+        raise APIError(400, f"prompt has {len(ids)} tokens and max_tokens is {req.params.max_tokens}, but the "
+                       f"model's context holds {ctx}; lower max_tokens to at most {ctx - len(ids)} or shorten "
+                       "the prompt", param="max_tokens", code="context_length_exceeded")
+    timeout = res.config.request_timeout_s
+    handle = engine.submit(ids, req.params, request_id=g.request_id)
+    res.begin()
+    call = _Call(kind, req, res, engine, handle, g.request_id, g.t_start, g.t_start + timeout,
+                 request.environ.get("waitress.client_disconnected"))
+    if req.stream:
+        resp = Response(call.sse(), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        resp.call_on_close(call.close)
+        return resp
+    try:
+        out = call.wait()
+    finally:
+        call.close()
+    return jsonify(call.body(out))
+
+
+class _Call:
+    """One engine request seen from HTTP: waiting or streaming, cleanup once, metrics and the log line."""
+
+    def __init__(self, kind: str, req: protocol.GenerationRequest, res: EngineResource, engine: Engine,
+                 handle: RequestHandle, request_id: str, t_arrival: float, deadline: float,
+                 disconnected: Callable[[], bool] | None):
+        self.kind, self.req, self.res, self.engine, self.handle = kind, req, res, engine, handle
+        self.request_id, self.t_arrival, self.deadline = request_id, t_arrival, deadline
+        self.disconnected = disconnected or (lambda: False)
+        self.metrics = current_metrics()
+        self.created = int(time.time())
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
+        self._closed = False
+        self._finished: CompletionOutput | None = None
+        self._lp_sent = 0
+        self.metrics.in_flight.inc()
+
+    # ------------------------------------------------ waiting (non-streaming)
+    def wait(self) -> CompletionOutput:
+        while True:
+            try:
+                return self._finish(self.handle.result(timeout=_POLL_S))
+            except TimeoutError:
+                self._check_alive()
+
+    def _check_alive(self) -> None:
+        if time.perf_counter() > self.deadline:
+            self.handle.cancel()
+            raise APIError(504, f"the generation did not finish within the server's request timeout "
+                           f"({self.res.config.request_timeout_s:g} s); lower max_tokens", type="timeout_error",
+                           code="request_timeout")
+        if self.disconnected():
+            self.handle.cancel()
+            raise ClientGone()
+
+    def _finish(self, out: CompletionOutput) -> CompletionOutput:
+        """Record a finished output once; raise the APIError for one that failed."""
+        if self._finished is None:
+            self._finished = out
+            t_end = time.perf_counter()
+            first = self.handle.first_token_time
+            # handle times are time.monotonic(); convert to the perf_counter clock of t_arrival
+            shift = time.perf_counter() - time.monotonic()
+            self.metrics.observe_finished(self.res.model_name, self.kind, out, self.t_arrival, t_end,
+                                          None if first is None else first + shift, self.handle.submitted + shift)
+            log.info("generation finished", extra={
+                "request_id": self.request_id, "endpoint": self.kind, "finish_reason": out.finish_reason,
+                "prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids),
+                "stream": self.req.stream, "duration_s": round(t_end - self.t_arrival, 4),
+                **({"error": out.error} if out.error else {})})
+            if out.finish_reason == "error":
+                self.res.record_failure(out.error or "model run failed")
+        if out.finish_reason == "error":
+            raise unavailable(f"the model run for this request failed ({out.error}); retry", "model_run_failed")
+        if out.finish_reason == "deadline":
+            raise unavailable("the request waited too long in the queue; retry later", "queue_timeout")
+        if out.finish_reason == "cancelled":
+            raise unavailable("the request was cancelled by the server; retry", "cancelled")
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self.handle.done:
+            self.handle.cancel()
+            self.metrics.requests.labels(self.res.model_name, self.kind, "cancelled").inc()
+            log.info("generation cancelled", extra={"request_id": self.request_id, "endpoint": self.kind,
+                                                    "after_s": round(time.perf_counter() - self.t_arrival, 4)})
+        self.metrics.in_flight.dec()
+        self.res.end()
+
+    # ------------------------------------------------ bodies
+    def _token_text(self, tid: int) -> str:
+        return self.engine.tokenizer.decode([tid], skip_special_tokens=False)
+
+    def _logprobs(self, entries):
+        if self.req.logprobs is None:
+            return None
+        if self.kind == "chat":
+            return protocol.chat_logprobs(entries, self._token_text)
+        return protocol.completion_logprobs(entries, self._token_text)
+
+    def body(self, out: CompletionOutput) -> dict:
+        lp = self._logprobs(out.logprobs or [])
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
+                      "finish_reason": out.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.res.model_name,
+                "system_fingerprint": None, "choices": [choice],
+                "usage": protocol.usage(out.prompt_tokens, len(out.token_ids))}
+
+    def _chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
+        entries = []
+        if self.req.logprobs is not None and self.handle.logprobs is not None:
+            n = len(self.handle.logprobs)
+            entries, self._lp_sent = self.handle.logprobs[self._lp_sent:n], n
+        lp = self._logprobs(entries) if entries else None
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": text or ""} if first else (
+                {"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.res.model_name,
+                "system_fingerprint": None, "choices": [choice]}
+
+    # ------------------------------------------------ streaming
+    def _deltas(self) -> Iterator[str]:
+        """Text deltas as the engine produces them, checking the timeout and the client between them.
+        (RequestHandle's iterator blocks without a timeout, so this reads its event queue directly.)"""
+        events = self.handle._events
+        while True:
+            try:
+                ev = events.get(timeout=_POLL_S)
+            except queue.Empty:
+                self._check_alive()
+                continue
+            if ev.delta:
+                yield ev.delta
+            if ev.finish_reason is not None:
+                return
+
+    def sse(self) -> Iterator[bytes]:
+        try:
+            if self.kind == "chat":
+                yield _sse(self._chunk("", first=True))
+            for delta in self._deltas():
+                yield _sse(self._chunk(delta))
+            out = self._finish(self.handle.result(timeout=5))
+            final = self._chunk(None if self.kind == "chat" else "", finish=out.finish_reason)
+            final["usage"] = protocol.usage(out.prompt_tokens, len(out.token_ids))
+            yield _sse(final)
+            if self.req.include_usage:
+                yield _sse({"id": self.id, "object": final["object"], "created": self.created,
+                            "model": self.res.model_name, "choices": [], "usage": final["usage"]})
+        except ClientGone:
+            return
+        except APIError as e:
+            yield _sse(e.body())
+        except Exception as e:  # noqa: BLE001 - a bug; the status line has gone out, so say it in the stream
+            log.exception("stream failed", extra={"request_id": self.request_id})
+            yield _sse(APIError(500, f"internal error ({type(e).__name__}); request id {self.request_id}",
+                                type="server_error", code="internal_error").body())
+        finally:
+            self.close()
+        yield b"data: [DONE]\n\n"
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"

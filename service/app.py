@@ -1,0 +1,69 @@
+"""The application factory (STYLE 10): `create_app(config)` attaches the engine and the metrics in init_app,
+registers the blueprints, and maps every error to the OpenAI envelope in one handler."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+
+from flask import Flask, g, jsonify, request
+
+from ortllm.runtime.engine import Engine
+
+from . import metrics, resources
+from .api import bp as api_bp
+from .config import ServiceConfig
+from .errors import APIError, to_api_error
+from .logs import RequestIdFilter
+from .ops import bp as ops_bp
+from .playground import bp as playground_bp
+
+log = logging.getLogger("ortllm.service")
+log.addFilter(RequestIdFilter())
+
+
+def create_app(config: ServiceConfig | None = None, engine: Engine | None = None) -> Flask:
+    """config: None reads the artifact from $ORTLLM_ARTIFACT. engine: serve this already-loaded engine
+    (tests, benchmarks) instead of loading config.artifact; the app does not close it."""
+    if config is None:
+        config = ServiceConfig(artifact=os.environ.get("ORTLLM_ARTIFACT"))
+    app = Flask(__name__)
+    app.config["ORTLLM"] = config
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.json.sort_keys = False
+    res = resources.init_app(app, config, engine)
+    m = metrics.init_app(app, res)
+    app.register_blueprint(api_bp)
+    app.register_blueprint(ops_bp)
+    app.register_blueprint(playground_bp)
+
+    @app.before_request
+    def _start():
+        g.request_id = uuid.uuid4().hex[:20]
+        g.t_start = time.perf_counter()
+
+    @app.after_request
+    def _finish(resp):
+        resp.headers["X-Request-Id"] = getattr(g, "request_id", "")
+        endpoint = request.url_rule.rule if request.url_rule else "unmatched"
+        m.http.labels(endpoint, str(resp.status_code)).inc()
+        log.info("http", extra={"method": request.method, "path": request.path, "status": resp.status_code,
+                                "duration_s": round(time.perf_counter() - g.get("t_start", time.perf_counter()), 4)})
+        return resp
+
+    @app.errorhandler(Exception)
+    def _error(e: Exception):
+        err = to_api_error(e)
+        if err is None:
+            log.exception("unhandled error", extra={"path": request.path})
+            err = APIError(500, f"internal error ({type(e).__name__}); report request id "
+                           f"{g.get('request_id')}", type="server_error", code="internal_error")
+        elif err.status >= 500:
+            log.warning("request failed", extra={"status": err.status, "code": err.code, "error": err.message})
+        resp = jsonify(err.body())
+        resp.status_code = err.status
+        resp.headers.update(err.headers)
+        return resp
+
+    return app

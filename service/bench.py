@@ -1,0 +1,165 @@
+"""HTTP overhead benchmark: 16 concurrent streams through the service vs the same engine driven in-process.
+
+    python -m ortllm.service.bench ARTIFACT [--streams 16] [--prompt-tokens 64] [--max-tokens 128]
+                                            [--repeats 3] [--threads N] [--out DIR]
+
+One engine, one run, alternating: (a) in-process: `streams` requests submitted at once, each iterated for its
+deltas on its own thread, as the service does; (b) HTTP: the service on that engine (waitress, 127.0.0.1), with
+`streams` streaming clients in a separate process (so client-side JSON parsing does not take the server's GIL).
+Greedy, ignore_eos, fixed random prompts: both sides generate exactly streams x max_tokens tokens. Reported:
+aggregate generated tokens/s for both, their ratio, and the HTTP clients' TTFT and inter-chunk latency.
+A benchmark, not a test; figures go to docs/service.md with the machine and the command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _prompts(vocab: int, n: int, length: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, length).tolist() for _ in range(n)]
+
+
+def _in_process(engine, prompts, max_tokens: int) -> tuple[float, int]:
+    from ortllm.runtime.sampling_params import SamplingParams
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    counts = [0] * len(prompts)
+    t0 = time.perf_counter()
+    handles = [engine.submit(p, params) for p in prompts]
+
+    def drain(i: int) -> None:
+        for _ in handles[i]:
+            pass
+        counts[i] = len(handles[i].result().token_ids)
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(handles))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, sum(counts)
+
+
+def _client_proc(url: str, prompts, max_tokens: int, go, results) -> None:
+    """Runs in a child process: one streaming client thread per prompt, started together on `go`."""
+    import requests
+
+    out = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        body = {"prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        t0 = time.perf_counter()
+        first, last, gaps, tokens = None, None, [], 0
+        with requests.Session() as s, s.post(url + "/v1/completions", json=body, stream=True, timeout=600) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith(b"data: {"):
+                    continue
+                now = time.perf_counter()
+                ev = json.loads(line[6:])
+                if "error" in ev:
+                    raise RuntimeError(ev["error"])
+                if any(c.get("text") for c in ev["choices"]):
+                    if first is None:
+                        first = now
+                    else:
+                        gaps.append(now - last)
+                    last = now
+                if "usage" in ev:
+                    tokens = ev["usage"]["completion_tokens"]
+        out[i] = (first - t0, gaps, tokens)
+
+    while True:
+        cmd = go.get()
+        if cmd is None:
+            return
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results.put((time.perf_counter() - t0, list(out)))
+
+
+def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: int = 128, repeats: int = 3,
+        threads: int | None = None) -> list[dict]:
+    from ortllm.bench.results import row
+    from ortllm.runtime.engine import Engine
+
+    from .app import create_app
+    from .config import ServiceConfig
+    from .server import HTTPServer
+
+    overrides = {"max_num_seqs": max(streams, 1)}
+    if threads:
+        overrides["threads"] = threads
+    engine = Engine.from_artifact(artifact, **overrides)
+    app = create_app(ServiceConfig(http_threads=max(2 * streams, 8)), engine=engine)
+    server = HTTPServer(app, "127.0.0.1", 0, threads=max(2 * streams, 8)).start()
+    ctx = mp.get_context("spawn")
+    go, results = ctx.Queue(), ctx.Queue()
+    prompts = _prompts(engine.runner.vocab_size, streams, prompt_tokens, seed=0)
+    proc = ctx.Process(target=_client_proc, args=(server.url, prompts, max_tokens, go, results), daemon=True)
+    proc.start()
+    eng_tps, http_tps, ratio, ttft, itl = [], [], [], [], []
+    try:
+        _in_process(engine, prompts[:2], 8)                         # warm up both paths
+        go.put(1)
+        results.get(timeout=600)
+        for _ in range(repeats):
+            wall, n = _in_process(engine, prompts, max_tokens)
+            eng_tps.append(n / wall)
+            go.put(1)
+            wall_h, per = results.get(timeout=600)
+            n_h = sum(p[2] for p in per)
+            assert n_h == n == streams * max_tokens, (n_h, n)
+            http_tps.append(n_h / wall_h)
+            ratio.append(http_tps[-1] / eng_tps[-1])
+            ttft += [p[0] for p in per]
+            itl += [g for p in per for g in p[1]]
+    finally:
+        go.put(None)
+        proc.join(30)
+        server.stop()
+        engine.close()
+    scen = f"http {streams} streams ({prompt_tokens}-token prompts, {max_tokens} new)"
+    pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
+    return [
+        row(scen, "ortllm engine (in-process)", streams, "decode_tokens_per_s", eng_tps, "tok/s"),
+        row(scen, "ortllm service (HTTP, SSE)", streams, "decode_tokens_per_s", http_tps, "tok/s"),
+        row(scen, "service / engine", streams, "throughput_ratio", ratio, "ratio"),
+        *(row(scen, "ortllm service (HTTP, SSE)", streams, f"{name}_p{q}", [pct(xs, q)], "s")
+          for name, xs in (("ttft", ttft), ("inter_chunk", itl)) for q in (50, 95)),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ortllm.service.bench", description=__doc__.split("\n")[0])
+    p.add_argument("artifact", type=Path)
+    p.add_argument("--streams", type=int, default=16)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
+    p.add_argument("--out", type=Path, default=None, help="write results.json here")
+    a = p.parse_args(argv)
+    from ortllm.bench.results import markdown_table, write_results
+    rows = run(a.artifact, a.streams, a.prompt_tokens, a.max_tokens, a.repeats, a.threads)
+    print(markdown_table(rows))
+    if a.out:
+        path = write_results(a.out, rows, command=" ".join(["python -m ortllm.service.bench", *sys.argv[1:]]))
+        print(f"results written to {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The service's config (STYLE 1): one frozen dataclass built once by `ortllm serve` or a test, handed to
+`create_app`. Engine settings ride along as `engine_overrides` (EngineConfig keys) and are validated by the
+engine itself when it loads."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ortllm.runtime.errors import ConfigError
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    artifact: Path | None = None             # engine-graph artifact; None only when an Engine is handed in
+    host: str = "127.0.0.1"
+    port: int = 8000                         # 0: any free port (tests)
+    api_key: str | None = None               # set: /v1/*, /tokenize, /detokenize need `Authorization: Bearer KEY`
+    model_name: str | None = None            # the name clients send as `model`; None: the artifact's recipe
+    http_threads: int = 64                   # waitress worker threads = concurrent HTTP requests (streams included)
+    max_body_bytes: int = 1 << 20            # larger request bodies get 413
+    request_timeout_s: float = 600.0         # a generation running longer is cancelled (504 / error chunk)
+    drain_timeout_s: float = 30.0            # SIGTERM/SIGINT: in-flight requests get this long to finish
+    health_error_window_s: float = 10.0      # /health says "degraded" this long after a failed model run
+    load_in_background: bool = True          # create_app returns at once; /health is 503 "loading" until ready
+    engine_overrides: dict = field(default_factory=dict)   # EngineConfig keys: max_queued, threads, num_blocks...
+
+    def __post_init__(self) -> None:
+        if self.artifact is not None:
+            object.__setattr__(self, "artifact", Path(self.artifact))
+        object.__setattr__(self, "engine_overrides", dict(self.engine_overrides))
+        _check(isinstance(self.port, int) and 0 <= self.port <= 65535, f"port must be in [0, 65535]; got {self.port!r}")
+        _check(isinstance(self.http_threads, int) and self.http_threads >= 1,
+               f"http_threads must be a positive integer (concurrent HTTP requests); got {self.http_threads!r}")
+        _check(isinstance(self.max_body_bytes, int) and self.max_body_bytes >= 1024,
+               f"max_body_bytes must be an integer >= 1024; got {self.max_body_bytes!r}")
+        for name in ("request_timeout_s", "drain_timeout_s", "health_error_window_s"):
+            v = getattr(self, name)
+            _check(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
+                   f"{name} must be a number of seconds >= 0; got {v!r}")
+        _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
+        _check(self.api_key is None or (isinstance(self.api_key, str) and self.api_key.strip() != ""),
+               "api_key must be a non-empty string or None (no key)")
+        _check(self.model_name is None or (isinstance(self.model_name, str) and self.model_name != ""),
+               "model_name must be a non-empty string or None (the artifact's recipe name)")

@@ -1,0 +1,91 @@
+"""Prometheus metrics: request histograms observed by the handlers, engine gauges read at scrape time.
+
+Each app has its own CollectorRegistry (several apps in one test process do not collide)."""
+from __future__ import annotations
+
+from flask import Flask, current_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_ITL = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class _EngineCollector:
+    """Gauges from engine.stats(), read when /metrics is scraped."""
+
+    def __init__(self, resources):
+        self.resources = resources
+
+    def collect(self):
+        engine = self.resources.engine
+        if engine is None:
+            return
+        s = engine.stats()
+        def gauge(name, doc, value):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(value))
+            return g
+        yield gauge("ortllm_requests_running", "sequences in the running batch", s["running"])
+        yield gauge("ortllm_requests_waiting", "requests queued for admission", s["waiting"])
+        yield gauge("ortllm_kv_blocks_total", "usable KV cache blocks", s["kv_blocks_total"])
+        yield gauge("ortllm_kv_blocks_in_use", "KV cache blocks held by requests",
+                    s["kv_blocks_total"] - s["kv_blocks_free"])
+        yield gauge("ortllm_kv_usage_ratio", "share of KV blocks in use", s["kv_usage"])
+        yield gauge("ortllm_prefix_cache_hit_rate", "prompt tokens found in the prefix cache / looked up",
+                    s["prefix_cache_hit_rate"])
+        yield gauge("ortllm_batch_size_mean", "tokens generated per engine step since start (mean decode batch)",
+                    s["tokens_generated"] / s["steps"] if s["steps"] else 0.0)
+        steps = CounterMetricFamily("ortllm_engine_steps", "engine steps run")
+        steps.add_metric([], float(s["steps"]))
+        yield steps
+        yield gauge("ortllm_engine_python_overhead_ratio", "share of step time outside session.run",
+                    s["python_overhead"])
+
+
+class Metrics:
+    def __init__(self, resources):
+        self.registry = r = CollectorRegistry()
+        self.ttft = Histogram("ortllm_time_to_first_token_seconds", "HTTP arrival to first generated token",
+                              buckets=_LATENCY, registry=r)
+        self.itl = Histogram("ortllm_inter_token_latency_seconds", "time between generated tokens",
+                             buckets=_ITL, registry=r)
+        self.e2e = Histogram("ortllm_e2e_request_latency_seconds", "HTTP arrival to the last token",
+                             buckets=_LATENCY, registry=r)
+        self.queue = Histogram("ortllm_request_queue_time_seconds",
+                               "engine submit to first token (queue + prefill; the engine exposes no admission "
+                               "time)", buckets=_LATENCY, registry=r)
+        self.prompt_tokens = Counter("ortllm_prompt_tokens", "prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("ortllm_generation_tokens", "tokens generated", registry=r)
+        self.requests = Counter("ortllm_requests", "generation requests by model, endpoint and outcome",
+                                ["model", "endpoint", "finish_reason"], registry=r)
+        self.http = Counter("ortllm_http_requests", "HTTP responses by endpoint and status",
+                            ["endpoint", "status"], registry=r)
+        self.in_flight = Gauge("ortllm_http_generations_in_flight", "generation requests being served",
+                               registry=r)
+        r.register(_EngineCollector(resources))
+
+    def observe_finished(self, model: str, endpoint: str, out, t_arrival: float, t_end: float,
+                         first_token: float | None, submitted: float) -> None:
+        self.requests.labels(model, endpoint, out.finish_reason or "none").inc()
+        self.prompt_tokens.inc(out.prompt_tokens)
+        n = len(out.token_ids)
+        self.generation_tokens.inc(n)
+        self.e2e.observe(t_end - t_arrival)
+        if first_token is not None:
+            self.ttft.observe(first_token - t_arrival)
+            self.queue.observe(max(0.0, first_token - submitted))
+            if n > 1:
+                gap = (t_end - first_token) / (n - 1)
+                for _ in range(min(n - 1, 256)):
+                    self.itl.observe(gap)
+
+
+def init_app(app: Flask, resources) -> Metrics:
+    m = Metrics(resources)
+    app.extensions["ortllm_metrics"] = m
+    return m
+
+
+def current_metrics() -> Metrics:
+    return current_app.extensions["ortllm_metrics"]

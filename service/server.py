@@ -1,0 +1,93 @@
+"""Serving an app with waitress (threads; the engine runs in-process on its own thread).
+
+`HTTPServer` runs waitress' event loop on a background thread so the caller can stop it: `ortllm serve` waits
+for SIGTERM/SIGINT in the main thread, then drains (new requests 503, in-flight ones finish up to
+drain_timeout_s), stops the server, closes the engine and exits 0. Tests use the same class on port 0."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from flask import Flask
+from waitress import create_server
+from waitress import wasyncore
+
+from .app import create_app
+from .config import ServiceConfig
+
+log = logging.getLogger("ortllm.service")
+
+
+class HTTPServer:
+    def __init__(self, app: Flask, host: str = "127.0.0.1", port: int = 0, threads: int = 64):
+        self.app = app
+        # channel_request_lookahead > 0 lets waitress notice a client that hung up while its request runs
+        # (environ["waitress.client_disconnected"]); a generation for a gone client is then cancelled.
+        self.server = create_server(app, host=host, port=port, threads=threads, channel_request_lookahead=4,
+                                    ident="ortllm", connection_limit=max(100, 4 * threads),
+                                    cleanup_interval=10, asyncore_use_poll=True)
+        self.host, self.port = host, self.server.effective_port
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ortllm-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "HTTPServer":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            wasyncore.loop(timeout=0.2, map=self.server._map, use_poll=True, count=1)
+        self.server.task_dispatcher.shutdown(timeout=5)
+        wasyncore.close_all(self.server._map)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def serve(config: ServiceConfig, out=sys.stdout) -> int:
+    """Run until SIGTERM/SIGINT; 0 after a drain, 1 if the model failed to load."""
+    app = create_app(config)
+    res = app.extensions["ortllm"]
+    server = HTTPServer(app, config.host, config.port, config.http_threads).start()
+    stop = threading.Event()
+    signals = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signals[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not res.ready.wait(0.2):
+            if stop.is_set():
+                break
+        if res.load_error is not None:
+            server.stop()
+            raise res.load_error
+        if not stop.is_set():
+            print(f"ortllm: serving {res.model_name} at {server.url} (OpenAI API at {server.url}/v1, playground at "
+                  f"{server.url}/); Ctrl-C to stop", file=out, flush=True)
+        while not stop.wait(0.5):
+            pass
+        log.info("draining", extra={"in_flight": res.in_flight, "timeout_s": config.drain_timeout_s})
+        drained = res.drain(config.drain_timeout_s)
+        if not drained:
+            log.warning("drain timed out; cancelling what is left", extra={"in_flight": res.in_flight})
+        server.stop()
+        res.close()
+        log.info("stopped", extra={"drained": drained})
+        print("ortllm: stopped", file=out, flush=True)
+        return 0
+    finally:
+        for sig, old in signals.items():
+            signal.signal(sig, old)

@@ -1,0 +1,95 @@
+"""Live servers for the service tests: waitress on a free 127.0.0.1 port, in a background thread, serving a real
+engine (no mocks). `app` / `client` are the Flask-way fixtures (STYLE 10) on the same engine."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+import requests
+
+from ortllm.runtime.engine import Engine
+from ortllm.service.app import create_app
+from ortllm.service.config import ServiceConfig
+from ortllm.service.server import HTTPServer
+
+
+@dataclass
+class Live:
+    url: str
+    engine: Engine
+    app: object
+    server: HTTPServer
+    model: str
+
+    def post(self, path: str, timeout: float = 60, **kw) -> requests.Response:
+        return requests.post(self.url + path, timeout=timeout, **kw)
+
+    def get(self, path: str, timeout: float = 30, **kw) -> requests.Response:
+        return requests.get(self.url + path, timeout=timeout, **kw)
+
+    def complete(self, prompt, **body) -> dict:
+        r = self.post("/v1/completions", json={"prompt": prompt, "temperature": 0, **body})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait_idle_kv(self, baseline: int, timeout: float = 10) -> int:
+        """Poll until the KV blocks in use are back at baseline; returns the last count seen."""
+        end = time.monotonic() + timeout
+        while True:
+            s = self.engine.stats()
+            used = s["kv_blocks_total"] - s["kv_blocks_free"]
+            if used <= baseline or time.monotonic() > end:
+                return used
+            time.sleep(0.05)
+
+
+def start_live(artifact, config: ServiceConfig | None = None, **engine_overrides) -> Live:
+    engine = Engine.from_artifact(artifact, **engine_overrides)
+    config = config or ServiceConfig(health_error_window_s=1.0)
+    app = create_app(config, engine=engine)
+    server = HTTPServer(app, "127.0.0.1", 0, threads=config.http_threads).start()
+    return Live(server.url, engine, app, server, app.extensions["ortllm"].model_name)
+
+
+def stop_live(live: Live) -> None:
+    live.server.stop()
+    live.engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_live(tiny_engine):
+    """The tiny engine behind a live server with room for 128 concurrent HTTP requests."""
+    live = start_live(tiny_engine, ServiceConfig(health_error_window_s=1.0, http_threads=128), num_blocks=512)
+    yield live
+    stop_live(live)
+
+
+@pytest.fixture(scope="session")
+def smol_live(smollm2_engine):
+    live = start_live(smollm2_engine, ServiceConfig(), num_blocks=256)
+    yield live
+    stop_live(live)
+
+
+@pytest.fixture
+def app(tiny_live):
+    return tiny_live.app
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def make_live():
+    """start_live for a test's own server (other engine settings); stopped at teardown."""
+    started: list[Live] = []
+
+    def make(artifact, config: ServiceConfig | None = None, **engine_overrides) -> Live:
+        started.append(start_live(artifact, config, **engine_overrides))
+        return started[-1]
+    yield make
+    for live in started:
+        stop_live(live)

@@ -1,0 +1,143 @@
+"""Malformed input: each a 4xx in the OpenAI envelope, the server stays healthy; a short schemathesis run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+JSON = {"Content-Type": "application/json"}
+OK_BODY = {"prompt": "hi", "max_tokens": 2}
+CHAT = "/v1/chat/completions"
+CMPL = "/v1/completions"
+
+
+def _body(**kw) -> bytes:
+    return json.dumps({**OK_BODY, **kw}).encode()
+
+
+CASES = [
+    # (id, path, raw body, headers, expected status, expected param or None)
+    ("not-json", CMPL, b"{not json", JSON, 400, None),
+    ("list-body", CMPL, b"[1, 2]", JSON, 400, None),
+    ("scalar-body", CMPL, b"3", JSON, 400, None),
+    ("null-body", CMPL, b"null", JSON, 400, None),
+    ("string-body", CMPL, b'"prompt"', JSON, 400, None),
+    ("nan", CMPL, b'{"prompt": "x", "temperature": NaN}', JSON, 400, None),
+    ("deep-nesting", CMPL, b"[" * 100000 + b"]" * 100000, JSON, 400, None),
+    ("wrong-content-type", CMPL, _body(), {"Content-Type": "text/plain"}, 415, None),
+    ("no-content-type", CMPL, _body(), {}, 415, None),
+    ("form-encoded", CMPL, b"prompt=hi", {"Content-Type": "application/x-www-form-urlencoded"}, 415, None),
+    ("empty-body", CMPL, b"", JSON, 400, None),
+    ("whitespace-body", CMPL, b"  \n", JSON, 400, None),
+    ("invalid-utf8", CMPL, b'{"prompt": "\xff\xfe"}', JSON, 400, None),
+    ("max_tokens-string", CMPL, _body(max_tokens="5"), JSON, 400, "max_tokens"),
+    ("temperature-string", CMPL, _body(temperature="hot"), JSON, 400, "temperature"),
+    ("stream-string", CMPL, _body(stream="yes"), JSON, 400, "stream"),
+    ("prompt-number", CMPL, _body(prompt=5), JSON, 400, "prompt"),
+    ("prompt-missing", CMPL, b'{"max_tokens": 3}', JSON, 400, "prompt"),
+    ("prompt-empty", CMPL, _body(prompt=""), JSON, 400, "prompt"),
+    ("prompt-mixed-list", CMPL, _body(prompt=[1, "a"]), JSON, 400, "prompt"),
+    ("prompt-batch", CMPL, _body(prompt=["a", "b"]), JSON, 400, "prompt"),
+    ("seed-negative", CMPL, _body(seed=-1), JSON, 400, "seed"),
+    ("temperature-negative", CMPL, _body(temperature=-0.5), JSON, 400, "temperature"),
+    ("top_p-zero", CMPL, _body(top_p=0), JSON, 400, "top_p"),
+    ("top_p-above-one", CMPL, _body(top_p=1.5), JSON, 400, "top_p"),
+    ("max_tokens-zero", CMPL, _body(max_tokens=0), JSON, 400, "max_tokens"),
+    ("max_tokens-negative", CMPL, _body(max_tokens=-3), JSON, 400, "max_tokens"),
+    ("max_tokens-past-context", CMPL, _body(max_tokens=100000), JSON, 400, "max_tokens"),
+    ("five-stop-strings", CMPL, _body(stop=["a", "b", "c", "d", "e"]), JSON, 400, "stop"),
+    ("stop-empty-string", CMPL, _body(stop=[""]), JSON, 400, "stop"),
+    ("token-ids-out-of-vocab", CMPL, _body(prompt=[1, 2, 99999]), JSON, 400, None),
+    ("token-ids-negative", CMPL, _body(prompt=[1, -2]), JSON, 400, None),
+    ("n-two", CMPL, _body(n=2), JSON, 400, "n"),
+    ("logprobs-too-many", CMPL, _body(logprobs=50), JSON, 400, "logprobs"),
+    ("unknown-model", CMPL, _body(model="gpt-4"), JSON, 404, "model"),
+    ("chat-no-messages", CHAT, b'{"messages": []}', JSON, 400, "messages"),
+    ("chat-messages-string", CHAT, b'{"messages": "hi"}', JSON, 400, "messages"),
+    ("chat-bad-role", CHAT, b'{"messages": [{"role": "wizard", "content": "x"}]}', JSON, 400, "messages"),
+    ("chat-content-number", CHAT, b'{"messages": [{"role": "user", "content": 5}]}', JSON, 400, "messages"),
+    ("chat-top_logprobs-alone", CHAT, b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}',
+     JSON, 400, "top_logprobs"),
+    ("detokenize-oov", "/detokenize", b'{"tokens": [99999]}', JSON, 400, None),
+    ("tokenize-no-prompt", "/tokenize", b'{}', JSON, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("path,raw,headers,status,param", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_malformed_is_4xx_envelope(tiny_live, path, raw, headers, status, param):
+    r = requests.post(tiny_live.url + path, data=raw, headers=headers, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    assert r.headers["X-Request-Id"]
+
+
+def test_huge_bodies_and_prompts(tiny_live):
+    r = tiny_live.post(CMPL, json={"prompt": "word " * 200_000, "max_tokens": 4})      # 1 MB prompt
+    assert r.status_code in (400, 413) and "error" in r.json()
+    r = tiny_live.post(CMPL, data=b'{"prompt": "' + b"a" * (3 << 20) + b'"}', headers=JSON)  # past max_body_bytes
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_entity_too_large"
+    r = tiny_live.post(CMPL, json={"prompt": "go " * 600, "max_tokens": 4})                # past the context
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_routing_errors_in_envelope(tiny_live):
+    r = tiny_live.get("/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = tiny_live.get(CMPL)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_still_healthy_after_abuse(tiny_live):
+    assert tiny_live.get("/health").status_code == 200
+    assert tiny_live.complete("fine", max_tokens=3)["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_client_fixture_envelope(client):
+    """The Flask test client (no socket) sees the same envelope."""
+    r = client.post(CMPL, data=b"[]", content_type="application/json")
+    assert r.status_code == 400 and r.get_json()["error"]["type"] == "invalid_request_error"
+    assert client.get("/health").get_json()["status"] in ("ok", "degraded")
+
+
+def test_schemathesis_over_openapi(tiny_live):
+    """Bounded property run over /openapi.json: every generated request (valid and invalid) must get a documented
+    status, a non-5xx answer and, for JSON, a body that matches the schema."""
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode
+
+    schema = schemathesis.openapi.from_url(tiny_live.url + "/openapi.json")
+    checked = 0
+    for result in schema.get_all_operations():
+        op = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            @settings(max_examples=6, deadline=None, database=None, derandomize=True,
+                      suppress_health_check=list(HealthCheck))
+            @given(case=op.as_strategy(generation_mode=mode))
+            def run(case):
+                if isinstance(case.body, dict) and "max_tokens" in case.body and mode == GenerationMode.POSITIVE:
+                    case.body["max_tokens"] = min(case.body["max_tokens"] or 1, 8)   # keep the run short
+                r = case.call(base_url=tiny_live.url, timeout=60)
+                assert r.status_code < 500, f"{case.method} {case.path} -> {r.status_code}: {r.text[:300]}"
+                if r.headers.get("Content-Type", "").startswith("application/json") and r.status_code >= 400:
+                    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+                case.validate_response(r, checks=_checks())
+            try:
+                run()
+            except Unsatisfiable:   # nothing invalid to send (an operation without parameters or body)
+                assert mode == GenerationMode.NEGATIVE
+                continue
+            checked += 1
+    assert checked >= 10
+    assert tiny_live.get("/health").status_code == 200
+
+
+def _checks():
+    from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
+                                              status_code_conformance)
+    return [status_code_conformance, content_type_conformance, response_schema_conformance]
