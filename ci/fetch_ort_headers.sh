@@ -39,6 +39,7 @@ apt_opts=(
     -o "Dir::Cache=$work/cache"
     -o "APT::Get::List-Cleanup=0"
     -o "Debug::NoLocking=1"
+    -o "APT::Sandbox::User=root"
 )
 touch "$work/state/status"
 echo "fetching libonnxruntime-dev (Debian trixie) headers into $cache" >&2

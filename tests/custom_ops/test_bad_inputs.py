@@ -190,3 +190,18 @@ def test_lora_adapter_dtype_is_rejected_by_ort():
     model.graph.input[6].type.tensor_type.elem_type = TensorProto.INT64
     with pytest.raises(Exception, match=r"token_adapter"):
         session(model)
+
+
+def test_empty_batch_is_fine(pa_sess, lora_sess):
+    """T = 0 tokens from S = 0 sequences (an idle engine step): empty output, cache untouched."""
+    f = pa_feeds()
+    f.update(q=f["q"][:0], k=f["k"][:0], v=f["v"][:0], positions=f["positions"][:0],
+             cu_seqlens=np.zeros(1, np.int32), context_lens=f["context_lens"][:0],
+             block_tables=f["block_tables"][:0])
+    attn, kc, vc = pa_sess.run(None, f)
+    assert attn.shape == (0, 9 * 64)
+    np.testing.assert_array_equal(kc, f["key_cache"])
+    g = lora_feeds()
+    g.update(x=g["x"][:0], base_y=g["base_y"][:0], token_adapter=g["token_adapter"][:0])
+    (y,) = lora_sess.run(None, g)
+    assert y.shape == (0, 48)

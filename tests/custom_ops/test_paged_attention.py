@@ -50,11 +50,19 @@ def test_paged_attention_fp32_parity(heads, BS, scenario):
     np.testing.assert_array_equal(vc, ref_vc)
 
 
-def test_paged_attention_fp32_long_context_decode():
-    """Decode at context 2048 (online softmax across 128 blocks) plus a short sequence."""
-    feeds, (attn, _, _), attrs = run_case([(2047, 1), (700, 1)], 9, 3, 16, "float32", seed=5)
+@pytest.mark.parametrize("seqs", [[(2047, 1), (700, 1)], [(2047, 1)], [(1500, 1), (3, 4)]],
+                         ids=["long+short", "single", "long+prefill"])
+def test_paged_attention_fp32_long_context_decode(seqs):
+    """Decode at context ~2048: online softmax across 128 blocks, and (few items) the key range split
+    into parts that are merged afterwards ("flash-decoding")."""
+    feeds, (attn, _, _), attrs = run_case(seqs, 9, 3, 16, "float32", seed=5)
     ref_attn = paged_attention_ref(*ordered(feeds), **attrs)[0]
     assert_close(attn, ref_attn, atol=1e-5, rtol=1e-5, what="attn")
+
+
+def test_paged_attention_int8_long_context_single_sequence():
+    feeds, (attn, kc, vc, ks, vs), attrs = run_case([(2047, 1)], 9, 3, 32, "int8", seed=6)
+    check_within_quantization_bound(feeds, attn, ks, vs, attrs, tight=False)
 
 
 def test_paged_attention_interleaved_rope_and_custom_scale():
@@ -115,14 +123,20 @@ def test_paged_attention_8bit_parity(heads, BS, scenario, kv_dtype):
         assert (np.abs(got_f - ref_f) <= one_step * (1 + 1e-6)).all(), f"{name}: codes differ by > 1 step"
         assert (got_c == ref_c).mean() > 0.999, f"{name}: too many codes differ"
     # 2. attention output vs the exact-new-rows reference, within the derived bound
+    check_within_quantization_bound(feeds, attn, ks, vs, attrs)
+
+
+def check_within_quantization_bound(feeds, attn, ks, vs, attrs, tight=True):
     ref_attn, *_, info = paged_attention_ref(*ordered(feeds), **attrs, quantize_new=False, details=True)
-    scale = 1 / np.sqrt(D)
-    bound = np.stack([quantization_bound(i, ks, vs, kv_dtype, scale) for i in info])
+    scale = 1 / np.sqrt(attrs["head_size"])
+    bound = np.stack([quantization_bound(i, ks, vs, attrs["kv_dtype"], scale) for i in info])
     err = np.abs(attn.astype(np.float64) - ref_attn)
     tol = bound * (1 + 1e-3) + 1e-5 + 1e-5 * np.abs(ref_attn)
     assert (err <= tol).all(), f"max err/bound {np.max(err / tol):.3f}"
-    # the bound is a real constraint, not vacuous: errors are of its order (not 1000x below)
-    assert err.max() > 1e-3 * bound.max()
+    # the bound is a real constraint, not vacuous: errors are of its order (not 1000x below). Not for
+    # one decode token over a long old context, where only its own key row carries quantization error.
+    if tight:
+        assert err.max() > 1e-3 * bound.max()
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
@@ -170,3 +184,21 @@ def test_paged_attention_threads_agree():
     f2, g2, _ = run_case(SCENARIOS["mixed"], 32, 4, 16, "int8", seed=4, threads=2)
     for a, b in zip(g1, g2):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+@pytest.mark.parametrize("head_size,block_size", [(128, 64), (32, 8)])
+def test_paged_attention_other_head_and_block_sizes(head_size, block_size, kv_dtype):
+    """Off the SmolLM2/TinyLlama shapes: generic (non-64) inner loops, spans of one or many blocks."""
+    H, Hkv = 4, 2
+    rng = np.random.default_rng(head_size + block_size)
+    attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=head_size, block_size=block_size, kv_dtype=kv_dtype)
+    feeds = make_case(rng, SCENARIOS["mixed"], **attrs)
+    sess = session(paged_attention_model(**attrs), 2)
+    got = sess.run(None, feeds)
+    ref = paged_attention_ref(*ordered(feeds), **attrs)
+    if kv_dtype == "float32":
+        assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5, what="attn")
+    else:  # the reference's codes (up to one step at rounding ties), output within the derived bound
+        assert (np.abs(got[1].view(np.int8).astype(int) - ref[1].view(np.int8)) <= 1).all()
+        check_within_quantization_bound(feeds, got[0], got[3], got[4], attrs)

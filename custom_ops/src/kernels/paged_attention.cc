@@ -11,12 +11,13 @@
 // Why this way:
 //   - Work item = (sequence, kv head, tile of up to kTileTokens query tokens). All G = H/Hkv query
 //     heads sharing a kv head and all tokens of the tile form the rows of one item, so every K/V
-//     block is loaded (and for 8-bit dequantized into an L1 scratch) once per item and used by
-//     rows = tile * G queries: decode tokens get G rows, prefill tiles up to 16 * G (blocked
-//     prefill). Items run on the session pool via Parallel, longest first.
-//   - Online softmax over blocks (running max m, sum l, rescaled accumulator O) in fp32, so no
-//     [T, context] score matrix is ever materialized and decode at context 2048 streams the cache.
-//   - Keys inside a block are in position order, so the causal mask of a row is a prefix length.
+//     block is loaded (and for 8-bit dequantized into a small scratch, on the fly) once per item and
+//     used by rows = tile * G queries: decode tokens get G rows, prefill tiles up to 16 * G (blocked
+//     prefill: [rows, D] x [D, span] score tiles). Items run on the session pool, longest first.
+//   - Online softmax over spans of kSpanKeys keys (several cache blocks; running max m, sum l,
+//     rescaled accumulator O) in fp32, so no [T, context] score matrix is ever materialized, decode
+//     at context 2048 streams the cache once, and the per-row bookkeeping is amortized over 64 keys.
+//   - Keys inside a span are in position order, so the causal mask of a row is a prefix length.
 #include "paged_attention.h"
 
 #include <algorithm>
@@ -34,9 +35,16 @@ namespace {
 constexpr int64_t kTileTokens = 16;
 constexpr int64_t kSpanKeys = 64;  // keys per online-softmax step (<= 64 blocks of size >= 1)
 
+// Decode items over long contexts are split along the keys ("flash-decoding") when there are too
+// few items to keep the pool busy (B = 1: only Hkv items); the parts are merged afterwards.
+constexpr size_t kMinItems = 8;
+constexpr int64_t kSplitKeys = 512;  // at least this many keys per part
+
 struct WorkItem {
   int32_t seq, kv_head, t0, t1;  // query tokens [t0, t1) of the sequence (relative to cu_seqlens[seq])
   int64_t cost;
+  int64_t blk0 = 0, blk1 = -1;   // key blocks [blk0, blk1) of this item (-1: all it needs)
+  float* partial = nullptr;      // split items: [rows, D] unnormalized O | m [rows] | l [rows]
 };
 
 struct Ctx {
@@ -136,11 +144,11 @@ void attend_item(void* usr, size_t ii) {
   auto deq = d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3;
   const int Di = static_cast<int>(D);
 
-  const int64_t nblocks = (kv_len + BS - 1) / BS;
+  const int64_t nblocks = it.blk1 >= 0 ? it.blk1 : (kv_len + BS - 1) / BS;
   const float* Ks[64];
   const float* Vs[64];
   int nks[64];
-  for (int64_t b0 = 0; b0 < nblocks; b0 += nsub) {
+  for (int64_t b0 = it.blk0; b0 < nblocks; b0 += nsub) {
     const int64_t kstart = b0 * BS;
     const int64_t nb = std::min(nsub, nblocks - b0);
     int nk = 0;  // keys in this span
@@ -183,6 +191,12 @@ void attend_item(void* usr, size_t ii) {
       vec.pv(S + sb * BS, static_cast<int>(span), static_cast<int>(rows), Vs[sb], nks[sb], Di, O);
   }
 
+  if (it.partial) {  // one part of a split decode item: keep the unnormalized state for the merge
+    std::memcpy(it.partial, O, sizeof(float) * rows * D);
+    std::memcpy(it.partial + rows * D, m, sizeof(float) * rows);
+    std::memcpy(it.partial + rows * D + rows, l, sizeof(float) * rows);
+    return;
+  }
   for (int64_t tt = 0; tt < ntok; ++tt) {
     for (int64_t hh = 0; hh < G; ++hh) {
       const int64_t r = tt * G + hh;
@@ -211,12 +225,77 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a,
         items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(g), t0, t1, cost});
     }
   }
-  std::stable_sort(items.begin(), items.end(),
+  // Split long decode items when there are too few items for the pool (see kMinItems).
+  const int64_t G = d.num_heads / d.kv_heads, D = d.head_size, BS = d.block_size;
+  const int64_t nsub = std::max<int64_t>(1, kSpanKeys / BS);
+  const size_t part_floats = static_cast<size_t>(G * D + 2 * G);
+  std::vector<float> partials;
+  struct Split {
+    size_t first, count;  // parts items[first, first + count)
+    int32_t seq, kv_head;
+  };
+  std::vector<Split> splits;
+  if (items.size() < kMinItems) {
+    const size_t base = items.size();
+    std::vector<WorkItem> parts;
+    for (size_t i = 0; i < base; ++i) {
+      const WorkItem& w = items[i];
+      const int64_t kv_len = a.context_lens[w.seq] + w.t1;
+      const int64_t want = static_cast<int64_t>((kMinItems + base - 1) / base);
+      const int64_t n = std::min<int64_t>(want, kv_len / kSplitKeys);
+      if (w.t1 - w.t0 != 1 || n < 2) continue;
+      const int64_t nblocks = (kv_len + BS - 1) / BS;
+      const int64_t per = ((nblocks + n - 1) / n + nsub - 1) / nsub * nsub;  // whole spans
+      Split sp{base + parts.size(), 0, w.seq, w.kv_head};
+      for (int64_t b = 0; b < nblocks; b += per) {
+        WorkItem p = w;
+        p.blk0 = b;
+        p.blk1 = std::min(nblocks, b + per);
+        p.cost = (p.blk1 - p.blk0) * BS;
+        parts.push_back(p);
+        ++sp.count;
+      }
+      items[i].cost = -1;  // replaced by its parts
+      splits.push_back(sp);
+    }
+    if (!splits.empty()) {
+      partials.resize(parts.size() * part_floats);
+      for (size_t k = 0; k < parts.size(); ++k) parts[k].partial = partials.data() + k * part_floats;
+      for (Split& sp : splits) sp.first -= base;  // index into `parts`
+      items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }),
+                  items.end());
+      const size_t offset = items.size();
+      for (Split& sp : splits) sp.first += offset;
+      items.insert(items.end(), parts.begin(), parts.end());
+    }
+  }
+  std::vector<WorkItem> order = items;  // run longest first; `items` keeps the split layout
+  std::stable_sort(order.begin(), order.end(),
                    [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
   std::vector<float> q_work(static_cast<size_t>(T * d.num_heads * d.head_size));
-  Ctx c{&d, &a, token_seq.data(), q_work.data(), items.data(), &vec()};
+  Ctx c{&d, &a, token_seq.data(), q_work.data(), order.data(), &vec()};
   par.run(static_cast<size_t>(T), write_token, &c);
-  par.run(items.size(), attend_item, &c);
+  par.run(order.size(), attend_item, &c);
+
+  // Merge the parts of split items: m = max m_p, l = sum l_p e^(m_p - m), O = sum O_p e^(m_p - m).
+  for (const Split& sp : splits) {
+    const int64_t tok = a.cu_seqlens[sp.seq] + items[sp.first].t0;
+    for (int64_t r = 0; r < G; ++r) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (size_t k = 0; k < sp.count; ++k) mx = std::max(mx, items[sp.first + k].partial[G * D + r]);
+      float* dst = a.out + tok * d.num_heads * D + (sp.kv_head * G + r) * D;
+      std::fill(dst, dst + D, 0.f);
+      float lsum = 0.f;
+      for (size_t k = 0; k < sp.count; ++k) {
+        const float* part = items[sp.first + k].partial;
+        const float w = std::exp(part[G * D + r] - mx);
+        lsum += part[G * D + G + r] * w;
+        for (int64_t x = 0; x < D; ++x) dst[x] += w * part[r * D + x];
+      }
+      const float inv = 1.f / lsum;
+      for (int64_t x = 0; x < D; ++x) dst[x] *= inv;
+    }
+  }
 }
 
 }  // namespace ortllm

@@ -1,0 +1,451 @@
+"""Custom-ops microbenchmark (`ortllm bench --scenario ops`).
+
+Same run, same thread count, systems alternated round by round; medians with min/max:
+  - PagedAttention (float32 / int8 / fp8_e4m3 cache) vs ORT com.microsoft GroupQueryAttention (fp32, CPU)
+    for one SmolLM2-135M layer (9 heads, 3 kv heads, head_dim 64, block 16): decode B = 1, 8, 16 at
+    context 128 / 512 / 2048 and prefill 512. Caches are bound with IO binding, output = input buffer,
+    for both systems (GQA's past/present share one buffer), so neither copies the past;
+  - MultiLoRA vs the plain-ONNX equivalent (Gather + MatMul + MatMul + Add), 1/2/4 adapters, T = 16;
+  - MultiLoRA (4 adapters, rank 16) added to a MatMulNBits int4 projection (576->576, 576->1536,
+    block 32, accuracy_level 4) at T = 16: the added latency in percent.
+results.json = {"machine", "commit", "command", "results": [{scenario, system, batch, metric, median,
+min, max, unit}, ...]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from ortllm.runtime.ops_library import register_ops
+
+F32, I32, U8 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.UINT8
+H, HKV, D, BS = 9, 3, 64, 16          # SmolLM2-135M attention
+HIDDEN = H * D                          # 576
+MAX_POS = 4096
+
+
+# ---------------------------------------------------------------- plumbing
+
+def _model(nodes, inputs, outputs, domains=("ortllm",)) -> bytes:
+    graph = helper.make_graph(nodes, "bench", inputs, outputs)
+    opsets = [helper.make_opsetid("", 17)] + [helper.make_opsetid(d, 1) for d in domains]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def _vi(name, dtype, rank):
+    return helper.make_tensor_value_info(name, dtype, [None] * rank)
+
+
+def _session(model: bytes, threads: int) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    # Several sessions live side by side here; spinning idle workers would steal the 2 cores from
+    # whichever session is being timed. Same setting for every system.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    register_ops(so)
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+class Runner:
+    """A session with every input and output pre-bound (IO binding); `aliases` maps an output name to
+    the input whose OrtValue it shares (in-place cache update)."""
+
+    def __init__(self, model: bytes, feeds: dict, threads: int, aliases: dict | None = None):
+        self.sess = _session(model, threads)
+        self.values = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+        self.binding = self.sess.io_binding()
+        for k, v in self.values.items():
+            self.binding.bind_ortvalue_input(k, v)
+        aliases = aliases or {}
+        for out in self.sess.get_outputs():
+            if out.name in aliases:
+                self.binding.bind_ortvalue_output(out.name, self.values[aliases[out.name]])
+            else:
+                self.binding.bind_output(out.name)
+        self.run()  # warm-up
+
+    def run(self):
+        self.sess.run_with_iobinding(self.binding)
+
+
+def _time_block(fn, reps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def _compare(systems: dict, rounds: int, target_s: float) -> dict:
+    """Alternate systems round by round; each sample is the mean of `reps` calls (~target_s long)."""
+    reps = {}
+    for name, fn in systems.items():
+        fn()
+        one = _time_block(fn, 3)
+        reps[name] = max(1, int(target_s / max(one, 1e-7)))
+    samples = {name: [] for name in systems}
+    for _ in range(rounds):
+        for name, fn in systems.items():
+            samples[name].append(_time_block(fn, reps[name]))
+    return samples
+
+
+def _row(scenario, system, batch, metric, values, unit, scale=1e6):
+    v = np.asarray(values, dtype=np.float64) * scale
+    return {"scenario": scenario, "system": system, "batch": batch, "metric": metric,
+            "median": round(float(np.median(v)), 3), "min": round(float(v.min()), 3),
+            "max": round(float(v.max()), 3), "unit": unit}
+
+
+def _ratio_row(scenario, system, batch, metric, num, den):
+    """median(num)/median(den) with the extreme ratios as min/max."""
+    num, den = np.asarray(num), np.asarray(den)
+    return {"scenario": scenario, "system": system, "batch": batch, "metric": metric,
+            "median": round(float(np.median(num) / np.median(den)), 3),
+            "min": round(float(num.min() / den.max()), 3), "max": round(float(num.max() / den.min()), 3),
+            "unit": "x"}
+
+
+# ---------------------------------------------------------------- attention
+
+def _rope(max_pos=MAX_POS):
+    inv = 1.0 / 10000 ** (np.arange(0, D, 2) / D)
+    ang = np.arange(max_pos)[:, None] * inv[None]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def paged_attention_runner(rng, B, ctx, new, kv_dtype, threads):
+    """B sequences with `ctx` cached tokens and `new` new tokens each, one layer."""
+    eight = kv_dtype != "float32"
+    bps = -(-(ctx + new) // BS)
+    nb = B * bps
+    T = B * new
+    cos, sin = _rope()
+    cache_t = np.uint8 if eight else np.float32
+    shape = (nb, HKV, BS, D)
+    feeds = {
+        "q": rng.standard_normal((T, HIDDEN), dtype=np.float32),
+        "k": rng.standard_normal((T, HKV * D), dtype=np.float32),
+        "v": rng.standard_normal((T, HKV * D), dtype=np.float32),
+        "positions": np.tile(np.arange(ctx, ctx + new, dtype=np.int32), B),
+        "cu_seqlens": (np.arange(B + 1) * new).astype(np.int32),
+        "context_lens": np.full(B, ctx, np.int32),
+        "block_tables": rng.permutation(nb).astype(np.int32).reshape(B, bps),
+        "cos_cache": cos, "sin_cache": sin,
+        "key_cache": (rng.integers(0, 120, shape).astype(cache_t) if eight
+                      else rng.standard_normal(shape, dtype=np.float32)),
+        "value_cache": (rng.integers(0, 120, shape).astype(cache_t) if eight
+                        else rng.standard_normal(shape, dtype=np.float32)),
+    }
+    names = ["q", "k", "v", "positions", "cu_seqlens", "context_lens", "block_tables", "cos_cache",
+             "sin_cache", "key_cache", "value_cache"]
+    outs = ["attn", "key_cache_out", "value_cache_out"]
+    aliases = {"key_cache_out": "key_cache", "value_cache_out": "value_cache"}
+    if eight:
+        feeds["key_scales"] = np.full(shape[:3], 0.01, np.float32)
+        feeds["value_scales"] = np.full(shape[:3], 0.01, np.float32)
+        names += ["key_scales", "value_scales"]
+        outs += ["key_scales_out", "value_scales_out"]
+        aliases.update(key_scales_out="key_scales", value_scales_out="value_scales")
+    types = {"positions": I32, "cu_seqlens": I32, "context_lens": I32, "block_tables": I32}
+    ctype = U8 if eight else F32
+    types.update(key_cache=ctype, value_cache=ctype)
+    inputs = [_vi(n, types.get(n, F32), feeds[n].ndim) for n in names]
+    outputs = [_vi("attn", F32, 2)] + [_vi(o, types.get(aliases[o], F32), feeds[aliases[o]].ndim) for o in outs[1:]]
+    node = helper.make_node("PagedAttention", names, outs, domain="ortllm", num_heads=H, kv_num_heads=HKV,
+                            head_size=D, block_size=BS, kv_dtype=kv_dtype)
+    return Runner(_model([node], inputs, outputs), feeds, threads, aliases)
+
+
+def gqa_runner(rng, B, ctx, new, threads):
+    """com.microsoft GroupQueryAttention fp32 with rotary; past and present share one buffer."""
+    cap = ctx + new
+    cos, sin = _rope()
+    feeds = {
+        "query": rng.standard_normal((B, new, HIDDEN), dtype=np.float32),
+        "key": rng.standard_normal((B, new, HKV * D), dtype=np.float32),
+        "value": rng.standard_normal((B, new, HKV * D), dtype=np.float32),
+        "past_key": rng.standard_normal((B, HKV, cap, D), dtype=np.float32),
+        "past_value": rng.standard_normal((B, HKV, cap, D), dtype=np.float32),
+        "seqlens_k": np.full(B, ctx + new - 1, np.int32),
+        "total_sequence_length": np.array(ctx + new, np.int32),
+        "cos_cache": cos, "sin_cache": sin,
+    }
+    names = list(feeds)
+    types = {"seqlens_k": I32, "total_sequence_length": I32}
+    inputs = [_vi(n, types.get(n, F32), feeds[n].ndim) for n in names]
+    outputs = [_vi("output", F32, 3), _vi("present_key", F32, 4), _vi("present_value", F32, 4)]
+    node = helper.make_node("GroupQueryAttention", names, ["output", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=H, kv_num_heads=HKV, do_rotary=1,
+                            scale=float(1 / np.sqrt(D)))
+    return Runner(_model([node], inputs, outputs, domains=("com.microsoft",)), feeds, threads,
+                  {"present_key": "past_key", "present_value": "past_value"})
+
+
+def kv_bytes_per_token(kv_dtype: str) -> int:
+    """Per layer: K and V rows of every kv head (+ one fp32 scale per row for 8-bit)."""
+    return 2 * HKV * (D * 4 if kv_dtype == "float32" else D + 4)
+
+
+# ---------------------------------------------------------------- LoRA
+
+def multi_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slots=8):
+    feeds = {
+        "x": rng.standard_normal((T, in_dim), dtype=np.float32),
+        "base_y": rng.standard_normal((T, out_dim), dtype=np.float32),
+        "A": rng.standard_normal((n_slots, in_dim, rank), dtype=np.float32),
+        "B": rng.standard_normal((n_slots, rank, out_dim), dtype=np.float32),
+        "scale": np.ones(n_slots, np.float32),
+        "rank": np.full(n_slots, rank, np.int32),
+        "token_adapter": (np.arange(T) % n_adapters).astype(np.int32),
+    }
+    types = {"rank": I32, "token_adapter": I32}
+    inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
+    node = helper.make_node("MultiLoRA", list(feeds), ["y"], domain="ortllm")
+    return Runner(_model([node], inputs, [_vi("y", F32, 2)]), feeds, threads)
+
+
+def plain_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slots=8):
+    """y = base_y + scale[a] * (x @ A[a]) @ B[a] per token with stock ONNX ops (per-token gathers)."""
+    feeds = {
+        "x": rng.standard_normal((T, in_dim), dtype=np.float32),
+        "base_y": rng.standard_normal((T, out_dim), dtype=np.float32),
+        "A": rng.standard_normal((n_slots, in_dim, rank), dtype=np.float32),
+        "B": rng.standard_normal((n_slots, rank, out_dim), dtype=np.float32),
+        "scale": np.ones(n_slots, np.float32),
+        "token_adapter": (np.arange(T) % n_adapters).astype(np.int32),
+    }
+    c = lambda name, v: helper.make_node("Constant", [], [name], value=helper.make_tensor(  # noqa: E731
+        name, TensorProto.INT64, [len(v)], v))
+    nodes = [
+        c("ax1", [1]),
+        helper.make_node("Gather", ["A", "token_adapter"], ["A_t"], axis=0),        # [T, in, r]
+        helper.make_node("Gather", ["B", "token_adapter"], ["B_t"], axis=0),        # [T, r, out]
+        helper.make_node("Gather", ["scale", "token_adapter"], ["s_t"], axis=0),    # [T]
+        helper.make_node("Unsqueeze", ["s_t", "ax1"], ["s_t2"]),                    # [T, 1]
+        helper.make_node("Unsqueeze", ["x", "ax1"], ["x3"]),                        # [T, 1, in]
+        helper.make_node("MatMul", ["x3", "A_t"], ["h"]),                           # [T, 1, r]
+        helper.make_node("MatMul", ["h", "B_t"], ["d3"]),                           # [T, 1, out]
+        helper.make_node("Squeeze", ["d3", "ax1"], ["d"]),                          # [T, out]
+        helper.make_node("Mul", ["d", "s_t2"], ["ds"]),
+        helper.make_node("Add", ["base_y", "ds"], ["y"]),
+    ]
+    types = {"token_adapter": I32}
+    inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
+    return Runner(_model(nodes, inputs, [_vi("y", F32, 2)], domains=()), feeds, threads)
+
+
+def nbits_runner(rng, T, K, N, threads, lora_adapters=0, rank=16, n_slots=8, copies=8):
+    """`copies` independent MatMulNBits int4 projections of x (block 32, accuracy_level 4, distinct
+    weights), each optionally followed by MultiLoRA on its output; one graph, so the per-run overhead
+    of session.run is shared by `copies` projections. Reported per projection."""
+    blocks = K // 32
+    feeds = {"x": rng.standard_normal((T, K), dtype=np.float32)}
+    inits, nodes, outputs = [], [], []
+    domains = ["com.microsoft"] + (["ortllm"] if lora_adapters else [])
+    if lora_adapters:
+        feeds.update({
+            "scale": np.ones(n_slots, np.float32),
+            "rank": np.full(n_slots, rank, np.int32),
+            "token_adapter": (np.arange(T) % lora_adapters).astype(np.int32),
+        })
+    for i in range(copies):
+        inits += [
+            helper.make_tensor(f"W{i}", U8, [N, blocks, 16],
+                               rng.integers(0, 256, (N, blocks, 16), dtype=np.uint8).tobytes(), raw=True),
+            helper.make_tensor(f"W{i}_scales", F32, [N * blocks],
+                               (rng.random(N * blocks, dtype=np.float32) * 0.02).tobytes(), raw=True),
+        ]
+        mm_out = f"base{i}" if lora_adapters else f"y{i}"
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"W{i}", f"W{i}_scales"], [mm_out], domain="com.microsoft",
+                                      K=K, N=N, bits=4, block_size=32, accuracy_level=4))
+        if lora_adapters:
+            feeds[f"A{i}"] = rng.standard_normal((n_slots, K, rank), dtype=np.float32) * 0.05
+            feeds[f"B{i}"] = rng.standard_normal((n_slots, rank, N), dtype=np.float32) * 0.05
+            nodes.append(helper.make_node("MultiLoRA", ["x", mm_out, f"A{i}", f"B{i}", "scale", "rank",
+                                                        "token_adapter"], [f"y{i}"], domain="ortllm"))
+        outputs.append(_vi(f"y{i}", F32, 2))
+    types = {"rank": I32, "token_adapter": I32}
+    inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
+    graph = helper.make_graph(nodes, "bench", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)] +
+                              [helper.make_opsetid(d, 1) for d in domains])
+    model.ir_version = 10
+    return Runner(model.SerializeToString(), feeds, threads)
+
+
+# ---------------------------------------------------------------- driver
+
+def _machine() -> str:
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import ctypes
+
+    from ortllm.runtime.ops_library import ops_library_path
+    try:
+        isa_fn = ctypes.CDLL(str(ops_library_path())).OrtllmOpsIsa
+        isa_fn.restype = ctypes.c_char_p
+        isa = isa_fn().decode()
+    except (OSError, AttributeError):
+        isa = "?"
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, onnxruntime {ort.__version__}, ops path {isa}"
+
+
+def _commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+        return rev + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "uncommitted"
+
+
+def run(out_dir: Path, threads: int = 2, quick: bool = False) -> list[dict]:
+    rng = np.random.default_rng(0)
+    rounds, target = (3, 0.02) if quick else (9, 0.08)
+    rows: list[dict] = []
+
+    def log(msg):
+        print(f"[bench ops] {msg}", file=sys.stderr, flush=True)
+
+    # -- attention: decode and prefill
+    cases = [("decode", B, ctx, 1) for ctx in (128, 512, 2048) for B in (1, 8, 16)]
+    cases.append(("prefill", 1, 0, 512))
+    if quick:
+        cases = [("decode", 1, 2048, 1), ("decode", 16, 512, 1), ("prefill", 1, 0, 512)]
+    for kind, B, ctx, new in cases:
+        scen = f"ops/attention/{kind}" + (f"_ctx{ctx}" if kind == "decode" else f"{new}")
+        systems = {
+            "ORT GroupQueryAttention fp32": gqa_runner(rng, B, ctx, new, threads).run,
+            "ortllm PagedAttention fp32": paged_attention_runner(rng, B, ctx, new, "float32", threads).run,
+            "ortllm PagedAttention int8": paged_attention_runner(rng, B, ctx, new, "int8", threads).run,
+            "ortllm PagedAttention fp8_e4m3": paged_attention_runner(rng, B, ctx, new, "fp8_e4m3", threads).run,
+        }
+        samples = _compare(systems, rounds, target)
+        for name, vals in samples.items():
+            rows.append(_row(scen, name, B, "latency", vals, "us"))
+        gqa = samples["ORT GroupQueryAttention fp32"]
+        for name in list(systems)[1:]:
+            rows.append(_ratio_row(scen, f"{name} vs GQA fp32", B, "speedup", gqa, samples[name]))
+        log(f"{scen} B={B}: " + ", ".join(f"{n.split()[-1] if 'Paged' in n else 'GQA'} "
+                                         f"{np.median(v) * 1e6:.0f}us" for n, v in samples.items()))
+    for kv in ("float32", "int8", "fp8_e4m3"):
+        b = kv_bytes_per_token(kv)
+        rows.append({"scenario": "ops/attention/kv_bytes", "system": f"ortllm PagedAttention {kv}", "batch": 1,
+                     "metric": "kv_bytes_per_token_per_layer", "median": b, "min": b, "max": b, "unit": "bytes"})
+
+    # -- MultiLoRA vs plain ONNX
+    T, rank = 16, 16
+    for n_ad in (1, 2, 4):
+        scen = f"ops/lora/T{T}_r{rank}_{n_ad}adapters_576x576"
+        systems = {
+            "ortllm MultiLoRA": multi_lora_runner(rng, T, HIDDEN, HIDDEN, n_ad, rank, threads).run,
+            "ONNX Gather+MatMul+MatMul+Add": plain_lora_runner(rng, T, HIDDEN, HIDDEN, n_ad, rank, threads).run,
+        }
+        samples = _compare(systems, rounds, target)
+        for name, vals in samples.items():
+            rows.append(_row(scen, name, T, "latency", vals, "us"))
+        rows.append(_ratio_row(scen, "ortllm MultiLoRA vs plain ONNX", T, "speedup",
+                               samples["ONNX Gather+MatMul+MatMul+Add"], samples["ortllm MultiLoRA"]))
+        log(f"{scen}: " + ", ".join(f"{n} {np.median(v) * 1e6:.1f}us" for n, v in samples.items()))
+
+    # -- MultiLoRA cost on top of an int4 projection (8 projections per graph, per-projection figures)
+    copies = 8
+    for N in (576, 1536):  # more rounds: the added cost is a difference of two timings
+        scen = f"ops/lora_vs_int4/T{T}_576x{N}"
+        systems = {
+            "MatMulNBits int4": nbits_runner(rng, T, HIDDEN, N, threads, copies=copies).run,
+            "MatMulNBits int4 + MultiLoRA 4x r16": nbits_runner(rng, T, HIDDEN, N, threads, lora_adapters=4,
+                                                                copies=copies).run,
+        }
+        samples = _compare(systems, rounds * 2 + 1, target)
+        samples = {k: [x / copies for x in v] for k, v in samples.items()}
+        for name, vals in samples.items():
+            rows.append(_row(scen, name + " (per projection)", T, "latency", vals, "us"))
+        base, both = np.asarray(samples["MatMulNBits int4"]), np.asarray(samples["MatMulNBits int4 + MultiLoRA 4x r16"])
+        over = (np.median(both) - np.median(base)) / np.median(base) * 100
+        paired = (both - base) / base * 100  # round by round (the two ran back to back)
+        rows.append({"scenario": scen, "system": "MultiLoRA 4x r16 added to MatMulNBits int4", "batch": T,
+                     "metric": "added_latency", "median": round(float(over), 2),
+                     "min": round(float(paired.min()), 2), "max": round(float(paired.max()), 2), "unit": "%"})
+        log(f"{scen}: " + ", ".join(f"{n} {np.median(v) * 1e6:.1f}us" for n, v in samples.items())
+            + f" per projection, added {over:.1f}% (paired rounds {np.median(paired):.1f}%)")
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"machine": _machine(), "commit": _commit(),
+           "command": f"python -m ortllm.bench.ops --out {out_dir} --threads {threads}" + (" --quick" if quick else ""),
+           "results": rows}
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return rows
+
+
+def markdown(doc: dict) -> str:
+    """Tables for docs/benchmarks.md from a results.json document."""
+    rows = doc["results"]
+    lat = {(r["scenario"], r["system"], r["batch"]): r for r in rows if r["metric"] == "latency"}
+    fmt = lambda r: f"{r['median']:.0f} ({r['min']:.0f}-{r['max']:.0f})"  # noqa: E731
+    out = ["| case | B | GQA fp32 | PA fp32 | PA int8 | PA fp8_e4m3 | int8 speedup vs GQA |",
+           "|---|---|---|---|---|---|---|"]
+    attn = sorted({(r["scenario"], r["batch"]) for r in rows
+                   if r["scenario"].startswith("ops/attention/") and r["metric"] == "latency"},
+                  key=lambda sb: (sb[0].startswith("ops/attention/prefill"), int("".join(
+                      c for c in sb[0].rsplit("ctx", 1)[-1] if c.isdigit()) or 0), sb[1]))
+    for scen, b in attn:
+        cells = [lat[(scen, n, b)] for n in ("ORT GroupQueryAttention fp32", "ortllm PagedAttention fp32",
+                                              "ortllm PagedAttention int8", "ortllm PagedAttention fp8_e4m3")]
+        sp = next(r for r in rows if r["scenario"] == scen and r["batch"] == b
+                  and r["system"] == "ortllm PagedAttention int8 vs GQA fp32")
+        out.append(f"| {scen.rsplit('/', 1)[-1]} | {b} | " + " | ".join(fmt(c) for c in cells)
+                   + f" | {sp['median']:.2f}x |")
+    out += ["", "| KV cache | bytes per token per layer (SmolLM2: 3 kv heads x 64) |", "|---|---|"]
+    out += [f"| {r['system'].split()[-1]} | {r['median']} |" for r in rows if r["scenario"] == "ops/attention/kv_bytes"]
+    out += ["", "| case | system | median (min-max) |", "|---|---|---|"]
+    for r in rows:
+        if r["scenario"].startswith("ops/lora"):
+            unit = {"us": " us", "x": "x", "%": " %"}[r["unit"]]
+            out.append(f"| {r['scenario'].split('/', 1)[-1]} | {r['system']} | "
+                       f"{r['median']:.1f}{unit} ({r['min']:.1f}-{r['max']:.1f}) |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("out/bench-ops"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--markdown", type=Path, metavar="RESULTS_JSON", help="print the docs tables of a results.json")
+    a = p.parse_args(argv)
+    if a.markdown:
+        print(markdown(json.loads(a.markdown.read_text())), end="")
+        return 0
+    run(a.out, a.threads, a.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
