@@ -37,18 +37,23 @@ class AdapterRegistry:
         self._slot_lru: list[int] = []                                        # least recently used first
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="ortllm-adapter-prefetch")
         self._pending: dict[str, object] = {}
+        self._retiring: set[str] = set()      # removed: no new requests; dropped when none in flight uses it
         if self.entries:
             self._size_slots()
 
     # ---- what exists
     def names(self) -> list[str]:
         with self._lock:
-            return sorted(self.entries)
+            return sorted(set(self.entries) - self._retiring)
+
+    def info(self, name: str) -> dict:
+        with self._lock:
+            return dict(self.entries[name])
 
     def check(self, name: str) -> None:
         with self._lock:
-            if name not in self.entries:
-                raise UnknownAdapter(name, sorted(self.entries))
+            if name not in self.entries or name in self._retiring:
+                raise UnknownAdapter(name, sorted(set(self.entries) - self._retiring))
 
     def is_resident(self, name: str) -> bool:
         return name in self._slot_of
@@ -59,10 +64,23 @@ class AdapterRegistry:
             self.entries[name] = entry
             self._drop(name)
 
-    def remove(self, name: str) -> None:
+    def retire(self, name: str) -> None:
+        """Refcounted unload: new requests are refused now; requests already queued or running keep the
+        weights (pinned in host RAM here, so the file may go) until sweep() sees none of them left."""
+        self.check(name)
+        self.host_weights(name)
         with self._lock:
-            self.entries.pop(name, None)
-            self._drop(name)
+            self._retiring.add(name)
+
+    def sweep(self, in_use: set[str | None]) -> None:
+        """Drop retired adapters that no request in flight uses any more (engine thread)."""
+        if not self._retiring:
+            return
+        with self._lock:
+            for name in list(self._retiring - in_use):
+                self._retiring.discard(name)
+                self.entries.pop(name, None)
+                self._drop(name)
 
     def _drop(self, name: str) -> None:
         arrays = self._host.pop(name, None)

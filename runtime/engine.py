@@ -60,6 +60,7 @@ class RequestHandle:
         self.generator = generator
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         self.submitted = time.monotonic()
+        self.scheduled_time: float | None = None      # first step that ran it (queue time = this - submitted)
         self.first_token_time: float | None = None
         self._events: queue.Queue[_Event] = queue.Queue()
         self._done = threading.Event()
@@ -84,11 +85,20 @@ class RequestHandle:
     # caller threads
     def __iter__(self) -> Iterator[str]:
         while True:
-            ev = self._events.get()
-            if ev.delta:
-                yield ev.delta
-            if ev.finish_reason is not None:
+            delta, finish = self.next_delta()
+            if delta:
+                yield delta
+            if finish is not None:
                 return
+
+    def next_delta(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """The next (text delta, finish_reason or None); raises TimeoutError if none comes within `timeout` s,
+        so a server can check its client and deadline between deltas."""
+        try:
+            ev = self._events.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no output from request {self.request_id} within {timeout} s") from None
+        return ev.delta, ev.finish_reason
 
     def result(self, timeout: float | None = None) -> CompletionOutput:
         if not self._done.wait(timeout):
@@ -124,6 +134,8 @@ class Engine:
         self._stop = False
         self._dead: BaseException | None = None
         self._steps = 0
+        self._failed_steps = 0
+        self._last_step_error: tuple[float, str] | None = None   # (time.monotonic(), message)
         self._step_time = 0.0
         self._run_time = 0.0
         self._tokens_out = 0
@@ -182,6 +194,16 @@ class Engine:
         """Text deltas of one completion as they are produced."""
         return iter(self.submit(prompt, params))
 
+    def add_adapter(self, name: str, entry: dict) -> None:
+        """Serve an adapter just written into the artifact (ortllm.pipeline.adapters.add_adapter's entry)."""
+        self.adapters.add(name, entry)
+
+    def retire_adapter(self, name: str) -> None:
+        """Refcounted unload: refused for new requests now, dropped once no request in flight uses it."""
+        self.adapters.retire(name)
+        with self._cv:
+            self._cv.notify()
+
     def cancel(self, request_id: str) -> None:
         self.scheduler.finish_requests(request_id, "cancelled")
         with self._cv:
@@ -198,6 +220,9 @@ class Engine:
             # Python share of the step outside session.run (the issue's <= 10% target at 16 sequences)
             "python_overhead": (1 - self._run_time / self._step_time) if self._step_time else 0.0,
             "step_time_s": self._step_time, "run_time_s": self._run_time,
+            "failed_steps": self._failed_steps,
+            "last_step_error": self._last_step_error[1] if self._last_step_error else None,
+            "last_step_error_age_s": (time.monotonic() - self._last_step_error[0]) if self._last_step_error else None,
         }
 
     @property
@@ -224,12 +249,14 @@ class Engine:
             while True:
                 with self._cv:
                     while not self._stop and not self.scheduler.has_unfinished_requests():
+                        self.adapters.sweep(set())      # idle: no request uses a retired adapter
                         self._cv.wait()
                     if self._stop:
                         break
                     t0 = time.perf_counter()
                     out = self.scheduler.schedule()
                 self._finish(out.finished)
+                self.adapters.sweep({h.params.adapter for h in list(self._handles.values())})
                 if not out.seqs:
                     time.sleep(0.001)   # only finishes this step, or nothing admissible yet
                     continue
@@ -250,10 +277,17 @@ class Engine:
             if not out.seqs:
                 return
         self.adapters.prefetch(self.scheduler.queued_adapters())
+        now = time.monotonic()
+        for s in out.seqs:
+            h = self._handles.get(s.req_id)
+            if h is not None and h.scheduled_time is None:
+                h.scheduled_time = now
         t_run = time.perf_counter()
         try:
             logits = self.runner.execute(out.seqs, adapter_slots=slots)
         except Exception as e:  # noqa: BLE001 - this step's requests fail; the engine goes on
+            self._failed_steps += 1
+            self._last_step_error = (time.monotonic(), f"{type(e).__name__}: {e}")
             self._fail([s.req_id for s in out.seqs], lambda rid: f"model run failed: {e}")
             return
         t1 = time.perf_counter()

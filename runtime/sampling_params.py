@@ -51,7 +51,8 @@ class SamplingParams:
         _int("top_k", self.top_k, lo=0, note=" (0 = off)")
         _float("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
         _float("min_p", self.min_p, "in [0, 1]", lambda v: 0 <= v <= 1)
-        _float("repetition_penalty", self.repetition_penalty, "> 0 (1 = off)", lambda v: v > 0)
+        # bounded: a penalty near 0 divides logits into inf and the softmax into NaN
+        _float("repetition_penalty", self.repetition_penalty, "in [0.01, 100] (1 = off)", lambda v: 0.01 <= v <= 100)
         _float("frequency_penalty", self.frequency_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
         _float("presence_penalty", self.presence_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
         if self.seed is not None:

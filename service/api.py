@@ -1,4 +1,5 @@
-"""The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (plain or SSE), /v1/models.
+"""The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (plain or SSE), /v1/models,
+and /v1/adapters (load / unload LoRA adapters at run time; needs the server's API key).
 
 One request = one engine handle. Non-streaming handlers wait on the handle in short slices so a client that
 hangs up (waitress' client_disconnected) or the per-request timeout cancels the generation; a stream's
@@ -7,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import time
 from typing import Callable, Iterator
 
-from flask import Blueprint, Response, g, jsonify, request
+from pathlib import Path
+
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
 from ortllm.runtime.errors import PromptTooLong
@@ -34,21 +36,79 @@ _POLL_S = 0.25     # how often a waiting handler checks for a hung-up client and
 def list_models():
     res = current_resources()
     engine = res.require_engine()
-    return jsonify({"object": "list", "data": [_model_card(res, engine)]})
+    names = [None, *engine.adapters.names()]
+    return jsonify({"object": "list", "data": [_model_card(res, engine, a) for a in names]})
 
 
 @bp.get("/models/<path:model>")
 def get_model(model: str):
     res = current_resources()
     engine = res.require_engine()
-    if model != res.model_name:
-        raise model_not_found(model, res.model_name)
-    return jsonify(_model_card(res, engine))
+    return jsonify(_model_card(res, engine, _adapter_of(res, engine, model)))
 
 
-def _model_card(res: EngineResource, engine: Engine) -> dict:
-    return {"id": res.model_name, "object": "model", "created": res.created, "owned_by": "ortllm",
+def _model_card(res: EngineResource, engine: Engine, adapter: str | None) -> dict:
+    card = {"id": adapter or res.model_name, "object": "model", "created": res.created, "owned_by": "ortllm",
             "root": res.model_name, "max_model_len": engine.context_length}
+    if adapter is not None:
+        card["parent"] = res.model_name
+    return card
+
+
+def _adapter_of(res: EngineResource, engine: Engine, model: str | None) -> str | None:
+    """`model` -> None for the base model, or the adapter it names; 404 for anything else."""
+    if model is None or model == res.model_name:
+        return None
+    if model in engine.adapters.names():
+        return model
+    raise model_not_found(model, res.model_name, engine.adapters.names())
+
+
+@bp.post("/adapters")
+def load_adapter():
+    """{"name": NAME, "path": PEFT_DIR on the server}: convert into the artifact and serve it as model NAME."""
+    from ortllm.pipeline.adapters import add_adapter
+    from ortllm.pipeline.errors import BuildError
+
+    res = current_resources()
+    engine = res.require_engine()
+    _require_configured_key()
+    body = protocol.read_json_object(request)
+    name, path = body.get("name"), body.get("path")
+    if not isinstance(name, str) or not isinstance(path, str):
+        raise bad_request("send {\"name\": ADAPTER_NAME, \"path\": PEFT_DIRECTORY_ON_THE_SERVER}", param="name")
+    if name == res.model_name or name in engine.adapters.names():
+        raise APIError(409, f"a model named {name!r} is already served; DELETE /v1/adapters/{name} first",
+                       param="name", code="adapter_exists")
+    try:
+        entry = add_adapter(engine.artifact.path, Path(path), name, force=True)
+    except BuildError as e:
+        raise bad_request(str(e), param="path") from None
+    engine.add_adapter(name, entry)
+    log.info("adapter loaded", extra={"adapter": name, "rank": entry["rank"]})
+    return jsonify(_model_card(res, engine, name)), 201
+
+
+@bp.delete("/adapters/<name>")
+def unload_adapter(name: str):
+    """Refused for new requests at once; requests already running finish; the file leaves the artifact."""
+    from ortllm.pipeline.adapters import remove_adapter
+
+    res = current_resources()
+    engine = res.require_engine()
+    _require_configured_key()
+    if name not in engine.adapters.names():
+        raise model_not_found(name, res.model_name, engine.adapters.names())
+    engine.retire_adapter(name)
+    remove_adapter(engine.artifact.path, name)
+    log.info("adapter unloaded", extra={"adapter": name})
+    return jsonify({"id": name, "object": "model", "deleted": True})
+
+
+def _require_configured_key() -> None:
+    if current_app.config["ORTLLM"].api_key is None:
+        raise APIError(403, "managing adapters needs an API key: start the server with --api-key KEY",
+                       type="permission_error", code="api_key_required")
 
 
 @bp.post("/completions")
@@ -78,8 +138,7 @@ def _prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
 def _generate(kind: str, req: protocol.GenerationRequest):
     res = current_resources()
     engine = res.require_engine()
-    if req.model is not None and req.model != res.model_name:
-        raise model_not_found(req.model, res.model_name)
+    req.params.adapter = _adapter_of(res, engine, req.model)
     ctx = engine.context_length
     chars = len(req.prompt) if isinstance(req.prompt, str) else sum(len(m["content"]) for m in req.messages or ())
     if chars > res.max_prompt_chars:
@@ -127,6 +186,7 @@ class _Call:
         self.metrics = current_metrics()
         self.created = int(time.time())
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
+        self.model = req.params.adapter or res.model_name     # what answered: an adapter or the base model
         self._closed = False
         self._finished: CompletionOutput | None = None
         self._lp_sent = 0
@@ -158,15 +218,15 @@ class _Call:
             first = self.handle.first_token_time
             # handle times are time.monotonic(); convert to the perf_counter clock of t_arrival
             shift = time.perf_counter() - time.monotonic()
-            self.metrics.observe_finished(self.res.model_name, self.kind, out, self.t_arrival, t_end,
-                                          None if first is None else first + shift, self.handle.submitted + shift)
+            sched = self.handle.scheduled_time
+            self.metrics.observe_finished(self.model, self.kind, out, self.t_arrival, t_end,
+                                          None if first is None else first + shift, self.handle.submitted + shift,
+                                          None if sched is None else sched + shift)
             log.info("generation finished", extra={
                 "request_id": self.request_id, "endpoint": self.kind, "finish_reason": out.finish_reason,
                 "prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids),
                 "stream": self.req.stream, "duration_s": round(t_end - self.t_arrival, 4),
                 **({"error": out.error} if out.error else {})})
-            if out.finish_reason == "error":
-                self.res.record_failure(out.error or "model run failed")
         if out.finish_reason == "error":
             raise unavailable(f"the model run for this request failed ({out.error}); retry", "model_run_failed")
         if out.finish_reason == "deadline":
@@ -181,7 +241,7 @@ class _Call:
         self._closed = True
         if not self.handle.done:
             self.handle.cancel()
-            self.metrics.requests.labels(self.res.model_name, self.kind, "cancelled").inc()
+            self.metrics.requests.labels(self.model, self.kind, "cancelled").inc()
             log.info("generation cancelled", extra={"request_id": self.request_id, "endpoint": self.kind,
                                                     "after_s": round(time.perf_counter() - self.t_arrival, 4)})
         self.metrics.in_flight.dec()
@@ -207,7 +267,7 @@ class _Call:
         else:
             choice = {"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
             obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.res.model_name,
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": [choice],
                 "usage": protocol.usage(out.prompt_tokens, len(out.token_ids))}
 
@@ -225,23 +285,21 @@ class _Call:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
             obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.res.model_name,
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": [choice]}
 
     # ------------------------------------------------ streaming
     def _deltas(self) -> Iterator[str]:
-        """Text deltas as the engine produces them, checking the timeout and the client between them.
-        (RequestHandle's iterator blocks without a timeout, so this reads its event queue directly.)"""
-        events = self.handle._events
+        """Text deltas as the engine produces them, checking the timeout and the client between them."""
         while True:
             try:
-                ev = events.get(timeout=_POLL_S)
-            except queue.Empty:
+                delta, finish = self.handle.next_delta(timeout=_POLL_S)
+            except TimeoutError:
                 self._check_alive()
                 continue
-            if ev.delta:
-                yield ev.delta
-            if ev.finish_reason is not None:
+            if delta:
+                yield delta
+            if finish is not None:
                 return
 
     def sse(self) -> Iterator[bytes]:
@@ -256,7 +314,7 @@ class _Call:
             yield _sse(final)
             if self.req.include_usage:
                 yield _sse({"id": self.id, "object": final["object"], "created": self.created,
-                            "model": self.res.model_name, "choices": [], "usage": final["usage"]})
+                            "model": self.model, "choices": [], "usage": final["usage"]})
         except ClientGone:
             return
         except APIError as e:

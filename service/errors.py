@@ -40,8 +40,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-def model_not_found(name: str, known: str) -> APIError:
-    return APIError(404, f"the model {name!r} does not exist; this server serves {known!r} (GET /v1/models)",
+def model_not_found(name: str, base: str, adapters: list[str] = ()) -> APIError:
+    served = ", ".join(repr(m) for m in [base, *adapters])
+    return APIError(404, f"the model {name!r} does not exist; this server serves {served} (GET /v1/models)",
                     param="model", code="model_not_found")
 
 

@@ -53,8 +53,8 @@ class Metrics:
         self.e2e = Histogram("ortllm_e2e_request_latency_seconds", "HTTP arrival to the last token",
                              buckets=_LATENCY, registry=r)
         self.queue = Histogram("ortllm_request_queue_time_seconds",
-                               "engine submit to first token (queue + prefill; the engine exposes no admission "
-                               "time)", buckets=_LATENCY, registry=r)
+                               "engine submit to the first step that ran the request", buckets=_LATENCY,
+                               registry=r)
         self.prompt_tokens = Counter("ortllm_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("ortllm_generation_tokens", "tokens generated", registry=r)
         self.requests = Counter("ortllm_requests", "generation requests by model, endpoint and outcome",
@@ -66,15 +66,16 @@ class Metrics:
         r.register(_EngineCollector(resources))
 
     def observe_finished(self, model: str, endpoint: str, out, t_arrival: float, t_end: float,
-                         first_token: float | None, submitted: float) -> None:
+                         first_token: float | None, submitted: float, scheduled: float | None = None) -> None:
         self.requests.labels(model, endpoint, out.finish_reason or "none").inc()
         self.prompt_tokens.inc(out.prompt_tokens)
         n = len(out.token_ids)
         self.generation_tokens.inc(n)
         self.e2e.observe(t_end - t_arrival)
+        if scheduled is not None:
+            self.queue.observe(max(0.0, scheduled - submitted))
         if first_token is not None:
             self.ttft.observe(first_token - t_arrival)
-            self.queue.observe(max(0.0, first_token - submitted))
             if n > 1:
                 gap = (t_end - first_token) / (n - 1)
                 for _ in range(min(n - 1, 256)):

@@ -2,7 +2,6 @@
 count of requests in flight. Handlers reach it with `current_resources()`."""
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -30,7 +29,6 @@ class EngineResource:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
-        self._errors: collections.deque[tuple[float, str]] = collections.deque(maxlen=64)   # (monotonic, message)
         self.ready = threading.Event()
         if engine is not None:
             self._on_loaded(engine)
@@ -78,10 +76,6 @@ class EngineResource:
         return self.engine
 
     # ---------------------------------------------------------------- health
-    def record_failure(self, message: str) -> None:
-        with self._lock:
-            self._errors.append((time.monotonic(), message))
-
     def health(self) -> tuple[int, dict]:
         if self.load_error is not None:
             return 503, {"status": "failed", "error": str(self.load_error)}
@@ -92,12 +86,11 @@ class EngineResource:
         if self.draining:
             return 503, {"status": "draining", "in_flight": self.in_flight}
         window = self.config.health_error_window_s
-        now = time.monotonic()
-        with self._lock:
-            recent = [m for t, m in self._errors if now - t <= window]
-        if recent:
-            return 503, {"status": "degraded", "recent_failures": len(recent), "last_error": recent[-1],
-                         "window_s": window}
+        stats = self.engine.stats()
+        age = stats["last_step_error_age_s"]
+        if age is not None and age <= window:    # a model run failed recently
+            return 503, {"status": "degraded", "failed_steps": stats["failed_steps"],
+                         "last_error": stats["last_step_error"], "window_s": window}
         return 200, {"status": "ok", "model": self.model_name}
 
     # ---------------------------------------------------------------- in flight / draining

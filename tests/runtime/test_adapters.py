@@ -11,7 +11,7 @@ from ortllm.pipeline.errors import BuildError
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import UnknownAdapter
 from ortllm.runtime.sampling_params import SamplingParams
-from tests.reference.hf_llama import hf_model_from_weights
+from tests.reference.peft_lora import make_peft_lora as _peft
 
 TARGET_SETS = [["q_proj", "k_proj", "v_proj", "o_proj"], ["gate_proj", "up_proj", "down_proj"],
                ["q_proj", "v_proj", "down_proj"], ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
@@ -26,22 +26,6 @@ def _greedy(n=12, adapter=None):
 def tiny_weights():
     from ortllm.pipeline.sources import load_model
     return load_model("llama-tiny-random")[1]
-
-
-def _peft(weights, out, seed, r, targets, rslora=False):
-    """A PEFT LoRA with random (non-zero) A and B, saved the way PEFT saves it."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, init_lora_weights=False, use_rslora=rslora)
-    model = get_peft_model(hf_model_from_weights(weights), cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.mul_(0.5)   # big enough to change greedy tokens, small enough to stay a perturbation
-    model.save_pretrained(out)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

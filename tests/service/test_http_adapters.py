@@ -1,0 +1,106 @@
+"""Adapters over HTTP: `model` selects one, /v1/models lists them with their parent, and POST/DELETE
+/v1/adapters load and unload them at run time behind the API key."""
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ortllm.pipeline.adapters import add_adapter
+from ortllm.runtime.sampling_params import SamplingParams
+from ortllm.service.config import ServiceConfig
+from tests.reference.peft_lora import make_peft_lora
+
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def lora_dirs(tmp_path_factory):
+    from ortllm.pipeline.sources import load_model
+    weights = load_model("llama-tiny-random")[1]
+    base = tmp_path_factory.mktemp("loras")
+    for k, targets in enumerate([["q_proj", "v_proj"], ["gate_proj", "up_proj", "down_proj"], ["o_proj"]]):
+        make_peft_lora(weights, base / f"l{k}", seed=10 + k, r=8, targets=targets)
+    return base
+
+
+@pytest.fixture
+def live_with_adapters(tiny_engine, lora_dirs, tmp_path, make_live):
+    art = tmp_path / "art"
+    shutil.copytree(tiny_engine, art)
+    add_adapter(art, lora_dirs / "l0", "qv")
+    add_adapter(art, lora_dirs / "l1", "mlp")
+    return make_live(art, ServiceConfig(api_key=KEY, http_threads=32), num_blocks=256)
+
+
+def test_models_and_generation_through_openai_client(live_with_adapters):
+    import openai
+    live = live_with_adapters
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key=KEY)
+    models = {m.id: m for m in client.models.list().data}
+    assert set(models) == {live.model, "qv", "mlp"}
+    assert models["qv"].model_extra["parent"] == live.model
+    for model in (live.model, "qv", "mlp"):
+        got = client.completions.create(model=model, prompt="abc", max_tokens=10, temperature=0)
+        want = live.engine.generate(["abc"], SamplingParams(max_tokens=10, temperature=0.0,
+                                                            adapter=None if model == live.model else model))[0]
+        assert got.choices[0].text == want.text and got.model == model
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="abc", max_tokens=4)
+
+
+def test_mixed_adapter_load_equals_single_requests(live_with_adapters):
+    live = live_with_adapters
+    models = [live.model, "qv", "mlp"]
+    jobs = [(models[i % 3], f"prompt {i % 5}", i % 2 == 0) for i in range(48)]
+
+    def run(job):
+        model, prompt, stream = job
+        r = live.post("/v1/completions", headers=AUTH, json={"model": model, "prompt": prompt, "max_tokens": 8,
+                                                              "temperature": 0, "stream": stream})
+        assert r.status_code == 200, r.text
+        if not stream:
+            return r.json()["choices"][0]["text"]
+        import json
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+    alone = {(m, p): run((m, p, False)) for m, p, _ in jobs}
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(run, jobs))
+    assert results == [alone[(m, p)] for m, p, _ in jobs]
+
+
+def test_load_and_unload_at_run_time(live_with_adapters, lora_dirs):
+    live = live_with_adapters
+    body = {"name": "late", "path": str(lora_dirs / "l2")}
+    assert live.post("/v1/adapters", json=body).status_code == 401
+    r = live.post("/v1/adapters", json=body, headers=AUTH)
+    assert r.status_code == 201 and r.json()["parent"] == live.model
+    assert live.post("/v1/adapters", json=body, headers=AUTH).status_code == 409
+    bad = live.post("/v1/adapters", json={"name": "x", "path": "/nonexistent"}, headers=AUTH)
+    assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
+    out = live.post("/v1/completions", headers=AUTH, json={"model": "late", "prompt": "abc", "max_tokens": 6})
+    assert out.status_code == 200 and out.json()["model"] == "late"
+
+    assert live.server and live.post("/v1/completions", headers=AUTH,
+                                     json={"model": "late", "prompt": "x", "max_tokens": 2}).status_code == 200
+    r = requests_delete(live, "/v1/adapters/late")
+    assert r.status_code == 200 and r.json()["deleted"] is True
+    gone = live.post("/v1/completions", headers=AUTH, json={"model": "late", "prompt": "abc", "max_tokens": 6})
+    assert gone.status_code == 404
+    ids = [m["id"] for m in live.get("/v1/models", headers=AUTH).json()["data"]]
+    assert "late" not in ids and "qv" in ids
+    assert requests_delete(live, "/v1/adapters/late").status_code == 404
+
+
+def test_adapter_management_needs_a_configured_key(tiny_live, lora_dirs):
+    r = tiny_live.post("/v1/adapters", json={"name": "x", "path": str(lora_dirs / "l0")})
+    assert r.status_code == 403 and "--api-key" in r.json()["error"]["message"]
+
+
+def requests_delete(live, path):
+    import requests
+    return requests.delete(live.url + path, headers=AUTH, timeout=30)
