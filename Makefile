@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OPS    := runtime/lib/libortllm_ops.so
 DEFAULT_ARTIFACT := artifacts/smollm2-135m-instruct
-DEMO_PROMPT ?= What is the capital of France?
+HOST ?= 127.0.0.1
+PORT ?= 8000
 PYTEST_ARGS ?=
 
 .PHONY: setup ops serve test test-asan bench browser clean
@@ -29,8 +30,9 @@ ops: $(STAMP)
 $(DEFAULT_ARTIFACT)/manifest.json: | $(STAMP)
 	$(BIN)/ortllm build smollm2-135m-instruct --out $(DEFAULT_ARTIFACT)
 
+# The OpenAI-compatible service (and playground at /) on the default artifact; Ctrl-C drains and stops.
 serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
-	$(BIN)/ortllm generate $(DEFAULT_ARTIFACT) --chat --prompt "$(DEMO_PROMPT)"
+	$(BIN)/ortllm serve $(DEFAULT_ARTIFACT) --host $(HOST) --port $(PORT)
 
 test: $(STAMP) ops browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

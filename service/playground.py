@@ -37,6 +37,7 @@ PAGE = r"""<!doctype html>
 <main>
  <aside>
   <fieldset><legend>Mode</legend>
+   <label for="adapter">model / adapter</label><select id="adapter"><option value="">base model</option></select>
    <select id="mode"><option value="chat">chat</option><option value="completion">completion</option></select>
    <label for="system">system message (chat)</label><input id="system" placeholder="optional">
   </fieldset>
@@ -72,12 +73,20 @@ function headers() {
 async function refresh() {
   try { const r = await fetch("/health"); const j = await r.json(); $("health").textContent = "health: " + j.status;
         if (j.model) $("model").textContent = "model: " + j.model; } catch (e) { $("health").textContent = "health: down"; }
+  try {   // adapters are the models with a parent
+    const r = await fetch("/v1/models", {headers: headers()}); const j = await r.json();
+    const pick = $("adapter"), chosen = pick.value;
+    pick.replaceChildren(new Option("base model", ""));
+    for (const m of (j.data || []).filter(m => m.parent)) pick.add(new Option(m.id, m.id));
+    pick.value = [...pick.options].some(o => o.value === chosen) ? chosen : "";
+  } catch (e) { /* health shows the state */ }
 }
 
 function body() {
   const b = {max_tokens: +$("max_tokens").value || 128, temperature: +$("temperature").value,
              top_p: +$("top_p").value || 1, stream: true, stream_options: {include_usage: true}};
   if ($("seed").value !== "") b.seed = +$("seed").value;
+  if ($("adapter").value) b.model = $("adapter").value;
   const stop = $("stop").value.split(",").map(s => s.trim()).filter(Boolean);
   if (stop.length) b.stop = stop;
   if ($("mode").value === "chat") {

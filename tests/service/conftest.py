@@ -2,6 +2,7 @@
 engine (no mocks). `app` / `client` are the Flask-way fixtures (STYLE 10) on the same engine."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -93,3 +94,26 @@ def make_live():
     yield make
     for live in started:
         stop_live(live)
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+APT = "apt-get install -y chromium chromium-driver"
+
+
+@pytest.fixture
+def browser(tmp_path):
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.skip(f"headless Chromium is not installed; run: {APT}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+              "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1200,800",
+              f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        opts.add_argument(a)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()

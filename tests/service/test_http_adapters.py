@@ -104,3 +104,37 @@ def test_adapter_management_needs_a_configured_key(tiny_live, lora_dirs):
 def requests_delete(live, path):
     import requests
     return requests.delete(live.url + path, headers=AUTH, timeout=30)
+
+
+def test_playground_adapter_picker(live_with_adapters, browser, tmp_path):
+    """The page lists the adapters from /v1/models and sends `model` for the one picked."""
+    import os
+    from pathlib import Path
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    live = live_with_adapters
+    browser.get(live.url + "/")
+    browser.find_element(By.ID, "api_key").send_keys(KEY)
+    browser.execute_script("refresh()")
+    wait = WebDriverWait(browser, 30, poll_frequency=0.1)
+    wait.until(lambda d: len(Select(d.find_element(By.ID, "adapter")).options) == 3)
+    Select(browser.find_element(By.ID, "adapter")).select_by_value("mlp")
+    Select(browser.find_element(By.ID, "mode")).select_by_value("completion")
+    mt = browser.find_element(By.ID, "max_tokens")
+    mt.clear()
+    mt.send_keys("12")
+    browser.find_element(By.ID, "prompt").send_keys("abc")
+    browser.find_element(By.ID, "send").click()
+    wait.until(lambda d: d.find_element(By.ID, "output").text.strip() != "")
+    wait.until(lambda d: d.find_element(By.ID, "send").is_enabled())
+    out = browser.execute_script("return document.getElementById('output').textContent")
+    want = live.post("/v1/completions", headers=AUTH, json={"model": "mlp", "prompt": "abc", "max_tokens": 12,
+                                                             "temperature": 0}).json()["choices"][0]["text"]
+    base = live.post("/v1/completions", headers=AUTH, json={"prompt": "abc", "max_tokens": 12,
+                                                             "temperature": 0}).json()["choices"][0]["text"]
+    assert out == want and want != base
+    shot = Path(os.environ.get("ORTLLM_TEST_ARTIFACTS", tmp_path)) / "playground-adapter.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(shot))
