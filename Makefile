@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test test-asan bench browser clean
+.PHONY: setup ops serve test test-asan bench soak browser clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -49,6 +49,11 @@ test-asan: $(STAMP)
 # Figures for docs/benchmarks.md (minutes; never part of make test).
 bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,ops --out $(BENCH_OUT)
+
+# A live server under mixed load for SOAK_SECONDS (default 10 minutes), then soundness checks.
+SOAK_SECONDS ?= 600
+soak: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
+	$(BIN)/python ci/soak.py $(DEFAULT_ARTIFACT) --seconds $(SOAK_SECONDS) --out soak-results.json
 
 clean:
 	rm -rf build runtime/lib .pytest_cache

@@ -98,6 +98,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--adapter", default=None, help="LoRA adapter of the artifact (ortllm adapters list)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=None)
@@ -109,7 +110,7 @@ def _run_generate(a) -> int:
     from ortllm.runtime.generate import generate_text
 
     for piece in generate_text(a.artifact, a.prompt, chat=a.chat, system=a.system, max_tokens=a.max_tokens,
-                               temperature=a.temperature, seed=a.seed, threads=a.threads):
+                               temperature=a.temperature, seed=a.seed, threads=a.threads, adapter=a.adapter):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -262,6 +263,35 @@ def _run_serve(a) -> int:
     return serve(config)
 
 
+# ---------------------------------------------------------------- batch
+
+def _add_batch(sub) -> None:
+    p = sub.add_parser("batch", help="run an OpenAI Batch JSONL file through the engine (resumable; docs/batch.md)")
+    p.add_argument("artifact", type=Path, metavar="ARTIFACT")
+    p.add_argument("--input", required=True, type=Path, help="JSONL: {custom_id, method, url, body} per line")
+    p.add_argument("--output", required=True, type=Path,
+                   help="JSONL of results, appended as they finish; rerun with the same file to resume")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per engine step (default: engine's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="engine intra-op threads (default: physical cores; with --ray: per worker, 1 if unset)")
+    p.add_argument("--model-name", default=None, help="the base model's `model` (default: the artifact's recipe)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary line still prints)")
+    p.add_argument("--ray", action="store_true", help="run on Ray Data, one engine per worker (pip install ray)")
+    p.add_argument("--num-workers", type=int, default=2, help="with --ray: engine actors")
+    p.add_argument("--address", default=None,
+                   help="with --ray: cluster to join (e.g. auto, or HEAD_IP:6379); default: a local Ray instance")
+    p.set_defaults(run=_run_batch)
+
+
+def _run_batch(a) -> int:
+    from ortllm.batch import BatchOptions, run_batch
+
+    opts = BatchOptions(max_num_seqs=a.max_num_seqs, threads=a.threads, model_name=a.model_name,
+                        progress=not a.no_progress, ray=a.ray, num_workers=a.num_workers, address=a.address)
+    summary = run_batch(a.artifact, a.input, a.output, opts)
+    return 130 if summary.interrupted else 0
+
+
 # ---------------------------------------------------------------- main
 
 def make_parser() -> argparse.ArgumentParser:
@@ -274,6 +304,7 @@ def make_parser() -> argparse.ArgumentParser:
     _add_adapters(sub)
     _add_bench(sub)
     _add_serve(sub)
+    _add_batch(sub)
     return parser
 
 

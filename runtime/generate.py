@@ -7,7 +7,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .artifact import load_artifact
+from .artifact import ArtifactError, load_artifact
 from .detokenizer import IncrementalDetokenizer
 from .errors import EmptyPrompt, PromptTooLong
 from .sampler import RowState, Sampler, request_generator
@@ -20,11 +20,11 @@ def chat_messages(prompt: str, system: str | None) -> list[dict]:
 
 def generate_text(artifact_path: Path, prompt: str, *, chat: bool = False, system: str | None = None,
                   max_tokens: int = 128, temperature: float = 0.0, seed: int | None = None,
-                  threads: int | None = None) -> Iterator[str]:
+                  threads: int | None = None, adapter: str | None = None) -> Iterator[str]:
     """Yield text deltas of the completion (never half a UTF-8 character)."""
     from .tokenizer import Tokenizer
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed).validate()
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, adapter=adapter).validate()
     if not prompt.strip():
         raise EmptyPrompt("prompt is empty; pass some text with --prompt")
     artifact = load_artifact(artifact_path)
@@ -37,6 +37,9 @@ def generate_text(artifact_path: Path, prompt: str, *, chat: bool = False, syste
         with Engine.from_artifact(artifact.path, **overrides) as engine:
             yield from engine.stream(ids, params)
         return
+    if adapter is not None:
+        raise ArtifactError(f"{artifact.path} is a portable artifact, which serves no adapters; rebuild with "
+                            "--graph engine")
     yield from _portable_stream(artifact, tok, ids, params, threads)
 
 

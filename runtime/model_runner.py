@@ -65,7 +65,7 @@ class ModelRunner:
             kinds += [("key_scales", shape[:3], np.float32), ("value_scales", shape[:3], np.float32)]
         for i in range(self.num_layers):
             for kind, shp, dtype in kinds:
-                arr = np.zeros(shp, dtype)
+                arr = np.full(shp, 0, dtype)   # touched now: RSS shows the pool, no page faults while serving
                 value = ort.OrtValue.ortvalue_from_numpy(arr)   # shares arr's memory
                 self._arrays[C.cache_name(kind, i)] = arr
                 self.io.bind_ortvalue_input(C.cache_name(kind, i), value)

@@ -151,3 +151,17 @@ def test_add_and_remove_round_trip(tiny_engine, tiny_weights, tmp_path):
     load_artifact(art)
     with pytest.raises(BuildError, match="no adapter named"):
         remove_adapter(art, "x")
+
+
+def test_generate_cli_with_adapter(adapted):
+    import subprocess
+    import sys
+    art, _ = adapted
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ortllm", "generate", str(art), "--prompt", "abc",  # noqa: E731
+                                     "--max-tokens", "8", *a], capture_output=True, text=True, timeout=300)
+    base, tuned, bad = run(), run("--adapter", "ad1"), run("--adapter", "nope")
+    assert base.returncode == 0 and tuned.returncode == 0, (base.stderr, tuned.stderr)
+    with Engine.from_artifact(art, num_blocks=64) as engine:
+        want = engine.generate(["abc"], SamplingParams(max_tokens=8, temperature=0.0, adapter="ad1"))[0].text
+    assert tuned.stdout == want + "\n" and tuned.stdout != base.stdout
+    assert bad.returncode == 1 and "unknown adapter 'nope'" in bad.stderr and "Traceback" not in bad.stderr
