@@ -131,3 +131,18 @@ def test_stop_string_and_cancel(tiny_engine):
         h = engine.submit("abc", SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
         h.cancel()
         assert h.result(60).finish_reason == "cancelled"
+
+
+def test_prefix_cache_shares_blocks_without_changing_outputs(tiny_engine):
+    """Requests with a common 70-token prefix: later ones reuse its full KV blocks (hit rate > 0), and
+    every output equals the one computed with the prefix cache off."""
+    rng = np.random.default_rng(11)
+    shared = rng.integers(3, 512, 70).tolist()
+    prompts = [shared + rng.integers(3, 512, n).tolist() for n in (3, 9, 17)]
+    outs = {}
+    for cached in (True, False):
+        with Engine.from_artifact(tiny_engine, num_blocks=64, enable_prefix_cache=cached) as engine:
+            outs[cached] = [engine.generate([p], GREEDY16)[0].token_ids for p in prompts]
+            rate = engine.stats()["prefix_cache_hit_rate"]
+        assert (rate > 0.3) if cached else (rate == 0.0), rate
+    assert outs[True] == outs[False]
