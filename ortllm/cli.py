@@ -190,14 +190,15 @@ def _run_adapters(a) -> int:
 
 # ---------------------------------------------------------------- bench
 
-BENCH_SCENARIOS = ("engine", "ops")
+BENCH_SCENARIOS = ("engine", "ops", "lora-overhead", "lora-trace")
 
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="measure throughput (figures for docs/benchmarks.md)")
     p.add_argument("artifact", type=Path, nargs="?", help="engine artifact (not needed for --scenario ops)")
     p.add_argument("--scenario", default="engine",
-                   help="comma-separated: engine (decode B=1..32, prefill 512, KV bytes), ops (custom ops)")
+                   help="comma-separated: engine (decode B=1..32, prefill 512, KV bytes), ops (custom ops), "
+                        "lora-overhead (16 sequences over 0/1/2/4 adapters), lora-trace (Zipf over 4 and 16)")
     p.add_argument("--batches", default="1,4,8,16,32", help="batch sizes for the engine scenario")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
@@ -219,11 +220,18 @@ def _run_bench(a) -> int:
     except ValueError:
         raise BuildError(f"--batches must be comma-separated integers; got {a.batches!r}") from None
     rows: list[dict] = []
+    if {"engine", "lora-overhead", "lora-trace"} & set(scenarios) and a.artifact is None:
+        raise BuildError(f"--scenario {a.scenario} needs an ARTIFACT (an engine-graph artifact directory)")
     if "engine" in scenarios:
-        if a.artifact is None:
-            raise BuildError("--scenario engine needs an ARTIFACT (an engine-graph artifact directory)")
         from ortllm.bench.engine import run as run_engine
         rows += run_engine(a.artifact, batches=batches, repeats=1 if a.quick else a.repeats, threads=a.threads)
+    if "lora-overhead" in scenarios:
+        from ortllm.bench.lora import run_overhead
+        rows += run_overhead(a.artifact, repeats=1 if a.quick else a.repeats, threads=a.threads)
+    if "lora-trace" in scenarios:
+        from ortllm.bench.lora import run_trace
+        for n in (4, 16):
+            rows += run_trace(a.artifact, n, requests=16 if a.quick else 64, threads=a.threads)
     if "ops" in scenarios:
         from ortllm.bench.ops import run as run_ops
         rows += run_ops(a.out, threads=a.threads or 2, quick=a.quick)

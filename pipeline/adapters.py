@@ -26,7 +26,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 
 
-def _target_shapes(model: dict) -> dict[str, tuple[int, int]]:
+def target_shapes(model: dict) -> dict[str, tuple[int, int]]:
     """target -> (in, out) of the base projection."""
     h, d, f = model["hidden_size"], model["head_dim"], model["intermediate_size"]
     q, kv = model["num_heads"] * d, model["num_kv_heads"] * d
@@ -73,7 +73,7 @@ def convert_peft(peft_dir: Path, model: dict) -> tuple[dict[str, np.ndarray], di
                          f"ranks 1..{MAX_RANK}, one rank for all modules, are supported")
     alpha = float(cfg.get("lora_alpha", r))
     scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
-    shapes = _target_shapes(model)
+    shapes = target_shapes(model)
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for key, arr in weights.items():
         m = _KEY.search(key)

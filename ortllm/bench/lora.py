@@ -1,0 +1,124 @@
+"""LoRA scenarios: the cost of adapters in mixed batches (DESIGN.md, Benchmarks).
+
+lora-overhead: 16 concurrent sequences decoding, all base vs spread over 1, 2, 4 distinct adapters
+(LoRA on q, k, v, o), alternating in one run; metric decode tokens/s and its ratio to base.
+lora-trace: requests arriving with gamma-distributed gaps, each for an adapter drawn Zipf (s = 1) over 4 or
+16 adapters of ranks 8/16/32; metric throughput and time to first token.
+Adapters are synthetic (seeded random A, B in PEFT's file format), written into a copy of the artifact.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ortllm.pipeline.adapters import add_adapter
+from ortllm.runtime.engine import Engine
+from ortllm.runtime.sampling_params import SamplingParams
+
+from .results import row
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def write_peft_lora(out: Path, model: dict, rank: int, seed: int, targets=ATTN) -> Path:
+    """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) with seeded random weights."""
+    from safetensors.numpy import save_file
+
+    from ortllm.pipeline.adapters import target_shapes
+
+    rng = np.random.default_rng(seed)
+    shapes, tensors = target_shapes(model), {}
+    for i in range(model["num_layers"]):
+        for t in targets:
+            n_in, n_out = shapes[t]
+            kind = "self_attn" if t in ATTN else "mlp"
+            key = f"base_model.model.model.layers.{i}.{kind}.{t}"
+            tensors[f"{key}.lora_A.weight"] = (rng.standard_normal((rank, n_in)) / np.sqrt(n_in)).astype(np.float32)
+            tensors[f"{key}.lora_B.weight"] = (0.01 * rng.standard_normal((n_out, rank))).astype(np.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
+                                                         "target_modules": list(targets), "bias": "none"}))
+    return out
+
+
+def _with_adapters(artifact: Path, work: Path, ranks: list[int]) -> tuple[Path, list[str]]:
+    art = work / "artifact"
+    shutil.copytree(artifact, art)
+    model = json.loads((art / "manifest.json").read_text())["model"]
+    names = []
+    for k, r in enumerate(ranks):
+        add_adapter(art, write_peft_lora(work / f"peft{k}", model, r, seed=k), f"bench{k}")
+        names.append(f"bench{k}")
+    return art, names
+
+
+def _decode_tps(engine: Engine, adapters: list[str | None], batch: int, rng, new_tokens: int = 64) -> float:
+    vocab = engine.runner.vocab_size
+    handles = [engine.submit(rng.integers(3, vocab, 64).tolist(),
+                             SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+                                            adapter=adapters[i % len(adapters)])) for i in range(batch)]
+    outs = [h.result() for h in handles]
+    end = time.monotonic()
+    first = max(h.first_token_time for h in handles)
+    return sum(len(o.token_ids) - 1 for o in outs) / (end - first)
+
+
+def run_overhead(artifact: Path, rank: int = 16, counts=(1, 2, 4), batch: int = 16, repeats: int = 3,
+                 threads: int | None = None) -> list[dict]:
+    rng = np.random.default_rng(0)
+    overrides = {"threads": threads} if threads else {}
+    with tempfile.TemporaryDirectory(prefix="ortllm-lora-bench-") as tmp:
+        art, names = _with_adapters(Path(artifact), Path(tmp), [rank] * max(counts))
+        with Engine.from_artifact(art, max_num_seqs=batch, max_adapters_per_batch=max(counts),
+                                  **overrides) as engine:
+            _decode_tps(engine, [None], batch, rng, 8)                       # warm-up
+            configs = {0: [None], **{n: names[:n] for n in counts}}
+            samples: dict[int, list[float]] = {n: [] for n in configs}
+            for _ in range(repeats):                                         # alternate: base, 1, 2, 4, base, ...
+                for n, adapters in configs.items():
+                    samples[n].append(_decode_tps(engine, adapters, batch, rng))
+    base = float(np.median(samples[0]))
+    rows = []
+    for n, s in samples.items():
+        name = "base" if n == 0 else f"{n} adapters rank {rank}"
+        rows.append(row("lora-overhead", "ortllm", batch, f"decode_tokens_per_s ({name})", s, "tok/s"))
+        if n:
+            rows.append(row("lora-overhead", "ortllm", batch, f"throughput_vs_base ({name})",
+                            [x / base for x in s], "ratio"))
+    return rows
+
+
+def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float = 4.0, threads: int | None = None,
+              seed: int = 0) -> list[dict]:
+    """Gamma arrivals (shape 2, mean gap 1/rate s), adapter ~ Zipf(s=1) over n_adapters, ranks 8/16/32."""
+    rng = np.random.default_rng(seed)
+    ranks = [(8, 16, 32)[k % 3] for k in range(n_adapters)]
+    zipf = 1.0 / np.arange(1, n_adapters + 1)
+    zipf /= zipf.sum()
+    overrides = {"threads": threads} if threads else {}
+    with tempfile.TemporaryDirectory(prefix="ortllm-lora-trace-") as tmp:
+        art, names = _with_adapters(Path(artifact), Path(tmp), ranks)
+        with Engine.from_artifact(art, max_num_seqs=16, **overrides) as engine:
+            vocab = engine.runner.vocab_size
+            gaps = rng.gamma(2.0, 1.0 / (2.0 * rate), requests)
+            picks = rng.choice(n_adapters, requests, p=zipf)
+            handles, t0 = [], time.monotonic()
+            for gap, k in zip(gaps, picks):
+                time.sleep(gap)
+                handles.append(engine.submit(rng.integers(3, vocab, int(rng.integers(16, 128))).tolist(),
+                                             SamplingParams(max_tokens=int(rng.integers(16, 96)), temperature=0.0,
+                                                            ignore_eos=True, adapter=names[k])))
+            outs = [h.result() for h in handles]
+            wall = time.monotonic() - t0
+    ttft = [h.first_token_time - h.submitted for h in handles]
+    tokens = sum(len(o.token_ids) for o in outs)
+    scen = f"lora-trace ({n_adapters} adapters)"
+    return [row(scen, "ortllm", 16, "throughput", [tokens / wall], "tok/s"),
+            row(scen, "ortllm", 16, "ttft_p50", [float(np.percentile(ttft, 50))], "s"),
+            row(scen, "ortllm", 16, "ttft_p99", [float(np.percentile(ttft, 99))], "s")]
