@@ -54,3 +54,30 @@ def mlp(g: GraphBuilder, h: str, w: dict, i: int, proj) -> str:
     up = proj(g, h, w[f"{p}.up_proj.weight"], f"{path}/up_proj")
     act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{path}/act")], f"{path}/act")
     return proj(g, g.op("Mul", [act, up], f"{path}/act_up"), w[f"{p}.down_proj.weight"], f"{path}/down_proj")
+
+
+def decoder_layers(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, attention, proj) -> str:
+    """The llama layer stack; `attention(h, i)` and `proj(g, x, weight, path, i)` are the graph's own.
+
+        x -> RMSNorm -> attention -> +x -> RMSNorm -> MLP(proj) -> +  (per layer)
+    """
+    for i in range(cfg.num_layers):
+        h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
+                     f"/model/layers.{i}/input_layernorm")
+        x = g.op("Add", [x, attention(h, i)], f"/model/layers.{i}/attn_residual")
+        h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
+                     f"/model/layers.{i}/post_attention_layernorm")
+        x = g.op("Add", [x, mlp(g, h, w, i, lambda g_, x_, w_, path, i=i: proj(g_, x_, w_, path, i))],
+                 f"/model/layers.{i}/mlp_residual")
+    return x
+
+
+def lm_head(g: GraphBuilder, x: str, weights, embed: str, quant=None) -> str:
+    """x [N, H] -> logits [N, V]: MatMulNBits on the [V, H] weight when the plan quantizes it (the embedding
+    stays fp32 for Gather), else Gemm(transB) on it, so a tied embedding is stored once."""
+    q_head = quant.quantize("lm_head.weight", weights.lm_head()) if quant is not None else None
+    if q_head is not None:
+        return matmul_nbits(g, x, q_head, "/lm_head", quant.accuracy_level)
+    cfg = weights.config
+    head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", weights.tensors["lm_head.weight"])
+    return g.op("Gemm", [x, head], "/lm_head", transB=1)

@@ -12,7 +12,7 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import linear, matmul_nbits, mlp, rms_norm, rope_tables
+from .graph_blocks import decoder_layers, linear, lm_head, rms_norm, rope_tables
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
@@ -88,24 +88,11 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
 
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)                   # [T, H]
-    for i in range(cfg.num_layers):
-        proj = lambda g_, x_, w_, path, i=i: lora_proj(g_, x_, w_, path, i, batch["adapter"], quant)  # noqa: E731
-        h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
-                     f"/model/layers.{i}/input_layernorm")
-        x = g.op("Add", [x, attention(g, cfg, h, w, i, batch, kv, block_size, quant, kv_rotate)],
-                 f"/model/layers.{i}/attn_residual")
-        h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
-                     f"/model/layers.{i}/post_attention_layernorm")
-        x = g.op("Add", [x, mlp(g, h, w, i, proj)], f"/model/layers.{i}/mlp_residual")
+    x = decoder_layers(g, cfg, w, x, lambda h, i: attention(g, cfg, h, w, i, batch, kv, block_size, quant, kv_rotate),
+                       lambda g_, x_, w_, path, i: lora_proj(g_, x_, w_, path, i, batch["adapter"], quant))
 
     # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
     x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)
     x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
-    q_head = quant.quantize("lm_head.weight", weights.lm_head()) if quant is not None else None
-    if q_head is not None:              # MatMulNBits on the [V, H] weight (the embedding stays fp32 for Gather)
-        logits = matmul_nbits(g, x, q_head, "/lm_head", quant.accuracy_level)
-    else:
-        head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", w["lm_head.weight"])
-        logits = g.op("Gemm", [x, head], "/lm_head", transB=1)
-    g.identity(logits, logits_out, "/lm_head/logits")
+    g.identity(lm_head(g, x, weights, embed, quant), logits_out, "/lm_head/logits")
     g.save(model_path, "ortllm_engine", doc="ortllm engine graph (paged KV, multi-LoRA)", metadata=metadata)

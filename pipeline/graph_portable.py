@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import linear, matmul_nbits, mlp, rms_norm, rope_tables
+from .graph_blocks import decoder_layers, linear, lm_head, rms_norm, rope_tables
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
@@ -114,24 +114,12 @@ def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata:
 
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)
-    for i in range(cfg.num_layers):
-        h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
-                     f"/model/layers.{i}/input_layernorm")
-        x = g.op("Add", [x, attention(g, cfg, h, w, i, cos, sin, bias, quant)], f"/model/layers.{i}/attn_residual")
-        h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
-                     f"/model/layers.{i}/post_attention_layernorm")
-        x = g.op("Add", [x, mlp(g, h, w, i, lambda *a: linear(*a, quant))], f"/model/layers.{i}/mlp_residual")
+    x = decoder_layers(g, cfg, w, x, lambda h, i: attention(g, cfg, h, w, i, cos, sin, bias, quant),
+                       lambda g_, x_, w_, path, i: linear(g_, x_, w_, path, quant))
     x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
 
-    # LM head: Gemm(transB) on [B*S, H] so a tied embedding [V, H] is stored once.
-    q_head = quant.quantize("lm_head.weight", weights.lm_head()) if quant is not None else None
-    if q_head is not None:              # MatMulNBits on the [V, H] weight (the embedding stays fp32 for Gather)
-        flat = g.op("Reshape", [x, g.const([-1, cfg.hidden_size])], "/lm_head")
-        logits = matmul_nbits(g, flat, q_head, "/lm_head", quant.accuracy_level)
-    else:
-        head = embed if cfg.tie_word_embeddings else g.weight("lm_head.weight", w["lm_head.weight"])
-        flat = g.op("Reshape", [x, g.const([-1, cfg.hidden_size])], "/lm_head")
-        logits = g.op("Gemm", [flat, head], "/lm_head", transB=1)
+    # LM head on [B*S, H], back to [B, S, V]
+    logits = lm_head(g, g.op("Reshape", [x, g.const([-1, cfg.hidden_size])], "/lm_head"), weights, embed, quant)
     out_shape = g.op("Concat", [g.op("Shape", [ids], "/lm_head"), g.const([cfg.vocab_size])], "/lm_head", axis=0)
     logits = g.op("Reshape", [logits, out_shape], "/lm_head")
     g.identity(logits, logits_out, "/lm_head/logits")
