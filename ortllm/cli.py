@@ -107,7 +107,11 @@ def _add_generate(sub) -> None:
 
 
 def _run_generate(a) -> int:
+    from ortllm.runtime.artifact import quality_line
     from ortllm.runtime.generate import generate_text
+
+    if a.artifact.is_dir() and (line := quality_line(a.artifact)):
+        print(f"ortllm: {line}", file=sys.stderr)
 
     for piece in generate_text(a.artifact, a.prompt, chat=a.chat, system=a.system, max_tokens=a.max_tokens,
                                temperature=a.temperature, seed=a.seed, threads=a.threads, adapter=a.adapter):

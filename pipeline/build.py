@@ -25,7 +25,6 @@ ALGOS = ("rtn", "hqq", "gptq")
 KV_DTYPES = ("fp32", "int8", "fp8")
 EXPORTERS = ("native", "optimum")
 KV_BLOCK_SIZES = (8, 16, 32, 64)
-QUALITY = "quality.json"     # measured quality of a quantized build against its fp32 reference
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,7 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
         report = in_build_quality(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
     finally:
         shutil.rmtree(ref, ignore_errors=True)
-    (tmp / QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    (tmp / C.QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path) -> dict:

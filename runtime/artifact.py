@@ -85,3 +85,19 @@ def load_artifact(path: Path, verify: bool = True) -> Artifact:
                 raise ArtifactError(f"artifact file {name} does not match its sha256 in the manifest: damaged; "
                                     "rebuild with --force")
     return Artifact(path, manifest)
+
+
+
+def quality_line(path: Path) -> str | None:
+    """One line of the measured quality of a quantized artifact (its quality.json), for load-time display."""
+    f = Path(path) / C.QUALITY
+    if not f.is_file():
+        return None
+    q = json.loads(f.read_text())
+    b, fid = q.get("build", {}), q.get("fidelity", {})
+    what = f"weights {b.get('quant')}, LM head {b.get('lm_head')}, KV {b.get('kv')}"
+    if not fid:
+        return f"quality ({what}): no fidelity figures in {C.QUALITY}"
+    return (f"quality ({what}) vs fp32 over {fid['tokens']} tokens: PPL ratio {fid['ppl_ratio']:.4f} "
+            f"± {fid['ppl_ratio_err']:.4f}, mean KLD {fid['kld_mean']:.5f}, top-1 {fid['top1_agreement']:.2%} "
+            f"({C.QUALITY}; full-size figures: ortllm eval)")

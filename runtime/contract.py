@@ -15,6 +15,7 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION = "generation.json"
 CONFIG = "config.json"      # the llama config (ModelConfig.to_dict)
+QUALITY = "quality.json"    # measured quality of a quantized build against its fp32 reference
 
 GRAPH_KINDS = ("engine", "portable")
 

@@ -124,3 +124,11 @@ def test_base_install_never_imports_torch():
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_generate_prints_the_quality_of_a_quantized_artifact(tmp_path):
+    art = tmp_path / "q"
+    assert ortllm("build", "llama-tiny-random", "--quant", "int4", "--lm-head", "int8", "--out", art).returncode == 0
+    p = ortllm("generate", art, "--prompt", "hi", "--max-tokens", "2")
+    assert p.returncode == 0, p.stderr
+    assert "quality (weights int4, LM head int8, KV fp32) vs fp32 over" in p.stderr and "PPL ratio" in p.stderr
