@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test test-asan bench soak browser clean
+.PHONY: setup ops serve test test-asan bench soak adapters browser clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -49,6 +49,12 @@ test-asan: $(STAMP)
 # Figures for docs/benchmarks.md (minutes; never part of make test).
 bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,ops --out $(BENCH_OUT)
+
+# Train the task LoRAs (PEFT on the CPU, minutes each) into the default artifact; prints base vs adapter
+# accuracy on held-out prompts (figures: docs/adapters.md).
+adapters: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
+	$(BIN)/ortllm adapters train $(DEFAULT_ARTIFACT) --task add --name add --force
+	$(BIN)/ortllm adapters train $(DEFAULT_ARTIFACT) --task upper --name upper --force
 
 # A live server under mixed load for SOAK_SECONDS (default 10 minutes), then soundness checks.
 SOAK_SECONDS ?= 600
