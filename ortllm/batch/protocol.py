@@ -1,0 +1,213 @@
+"""OpenAI Batch lines: one input line -> a request ready for the engine, or the error line it earns; a finished
+CompletionOutput -> the output line, its `body` in the very shape the HTTP service answers for that url.
+
+    input   {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+    output  {"id": "batch_req_<line>", "custom_id": "a", "response": {"status_code": 200, "request_id": ..,
+             "body": {...}}, "error": null}
+
+Two kinds of failure, both a line of the output and never the end of the job:
+- the line itself is wrong (not JSON, no or a repeated custom_id, method, url): `response` null, `error` set;
+- the body is wrong (as the service would answer 400/404): `response` holds the service's status and error
+  envelope, and `error` repeats its {code, message} so `error != null` finds every failed request.
+
+Request validation reuses the service's parsers (ortllm.service.protocol) and error mapping
+(ortllm.service.errors.to_api_error); `prepare` mirrors service/api.py `_generate` up to submit, and
+`response_body` mirrors `_Call.body` (tests/batch compare both with a live server).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from ortllm.runtime.engine import CompletionOutput, Engine
+from ortllm.runtime.errors import PromptTooLong, RequestError
+from ortllm.runtime.tokenizer import TokenizerFilesError
+from ortllm.service import protocol as http
+from ortllm.service.errors import APIError, bad_request, model_not_found, to_api_error, unavailable
+from ortllm.service.resources import max_prompt_chars
+
+CHAT, COMPLETIONS = "chat", "completions"
+URLS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
+PARSERS = {CHAT: http.parse_chat, COMPLETIONS: http.parse_completion}
+
+
+@dataclass
+class LineItem:
+    """One input line that is well-formed as a batch line; its body is not checked yet."""
+    line_no: int            # 1-based line of the input file: the output line's id is batch_req_<line_no>
+    custom_id: str
+    kind: str               # CHAT | COMPLETIONS
+    body: dict
+
+
+@dataclass
+class Prepared:
+    """A request that passed every check the service makes before submit."""
+    item: LineItem
+    req: http.GenerationRequest
+    prompt_ids: list[int]
+    model: str               # what answers: the adapter's name or the base model's
+
+
+def line_id(line_no: int) -> str:
+    return f"batch_req_{line_no}"
+
+
+def request_id(item: LineItem) -> str:
+    return f"{line_id(item.line_no)}-{item.custom_id}"[:64]
+
+
+# ---------------------------------------------------------------- input lines
+
+def parse_line(line_no: int, text: str, seen: set[str]) -> LineItem | dict:
+    """A LineItem, or the error line for a malformed batch line. Adds a good line's custom_id to `seen`."""
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        return error_line(line_no, None, "invalid_json", f"line {line_no} is not valid JSON: {e}")
+    if not isinstance(obj, dict):
+        return error_line(line_no, None, "invalid_json", f"line {line_no} must be a JSON object")
+    cid = obj.get("custom_id")
+    if not isinstance(cid, str) or not cid:
+        return error_line(line_no, None, "missing_custom_id",
+                          f"line {line_no} has no custom_id; give every line a unique non-empty string custom_id")
+    if cid in seen:
+        return error_line(line_no, cid, "duplicate_custom_id",
+                          f"custom_id {cid!r} repeats an earlier line; line {line_no} was not run")
+    seen.add(cid)
+    if obj.get("method") != "POST":
+        return error_line(line_no, cid, "invalid_method", f"method must be \"POST\"; got {obj.get('method')!r}")
+    kind = URLS.get(obj.get("url"))
+    if kind is None:
+        return error_line(line_no, cid, "invalid_url",
+                          f"url must be one of {', '.join(URLS)}; got {obj.get('url')!r}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        return api_error_line(line_no, cid, bad_request(f"the request body must be a JSON object; got a JSON "
+                                                        f"{_json_type(body)}", code="invalid_json"))
+    return LineItem(line_no, cid, kind, body)
+
+
+def _json_type(v) -> str:     # as service/protocol.py words it
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(v), "number")
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# ---------------------------------------------------------------- the service's checks, before submit
+
+def prepare(engine: Engine, model_name: str, item: LineItem, prompt_chars_max: int | None = None) -> Prepared:
+    """Parse and check the body as the service does (service/api.py `_generate`); raises APIError/RequestError."""
+    req = PARSERS[item.kind](item.body)
+    if req.stream:
+        raise bad_request("stream is not supported in a batch; leave it false", param="stream")
+    if req.model is None or req.model == model_name:
+        req.params.adapter = None
+    elif req.model in engine.adapters.names():
+        req.params.adapter = req.model
+    else:
+        raise model_not_found(req.model, model_name, engine.adapters.names())
+    ctx = engine.context_length
+    chars = len(req.prompt) if isinstance(req.prompt, str) else sum(len(m["content"]) for m in req.messages or ())
+    if chars > (prompt_chars_max or max_prompt_chars(engine)):
+        raise APIError(400, f"the prompt has {chars} characters, more than {ctx} tokens (the model's context) can "
+                       "hold; shorten it", param="messages" if req.messages else "prompt",
+                       code="context_length_exceeded")
+    ids = _prompt_ids(engine, req)
+    if len(ids) >= ctx:
+        raise PromptTooLong(len(ids), ctx - 1, what="the model's context length")
+    if not req.max_tokens_given:     # chat without max_tokens: as much as the context and the KV pool hold
+        cfg = engine.config
+        room = min(ctx, engine.stats()["kv_blocks_total"] * cfg.cache.block_size, cfg.scheduler.max_model_len or ctx)
+        req.params.max_tokens = max(1, room - len(ids))
+    elif len(ids) + req.params.max_tokens > ctx:
+        raise APIError(400, f"prompt has {len(ids)} tokens and max_tokens is {req.params.max_tokens}, but the "
+                       f"model's context holds {ctx}; lower max_tokens to at most {ctx - len(ids)} or shorten "
+                       "the prompt", param="max_tokens", code="context_length_exceeded")
+    req.params.validate()
+    return Prepared(item, req, ids, req.params.adapter or model_name)
+
+
+def _prompt_ids(engine: Engine, req: http.GenerationRequest) -> list[int]:
+    if req.messages is not None:
+        try:
+            text = engine.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
+        except TokenizerFilesError as e:
+            raise bad_request(f"{e}; use /v1/completions", param="messages") from None
+        except Exception as e:  # noqa: BLE001 - the template itself rejected the conversation (raise_exception)
+            raise bad_request(f"the chat template rejected these messages: {e}", param="messages") from None
+        return engine.tokenizer.encode(text)
+    return engine.encode_prompt(req.prompt)
+
+
+def as_api_error(e: Exception) -> APIError:
+    """The service's HTTP answer for a request error (RequestError, Overloaded, APIError)."""
+    err = to_api_error(e)
+    if err is None:
+        raise e
+    return err
+
+
+# ---------------------------------------------------------------- output lines
+
+def error_line(line_no: int, custom_id: str | None, code: str, message: str) -> dict:
+    return {"id": line_id(line_no), "custom_id": custom_id, "response": None,
+            "error": {"code": code, "message": message}}
+
+
+def api_error_line(line_no: int, custom_id: str, err: APIError) -> dict:
+    return {"id": line_id(line_no), "custom_id": custom_id,
+            "response": {"status_code": err.status, "request_id": None, "body": err.body()},
+            "error": {"code": err.code or err.type, "message": err.message}}
+
+
+def finished_line(p: Prepared, out: CompletionOutput, created: int, token_text: Callable[[int], str]) -> dict:
+    """The output line of a finished request; a failed one gets the service's 503 envelope."""
+    item = p.item
+    if out.finish_reason == "error":
+        return api_error_line(item.line_no, item.custom_id,
+                              unavailable(f"the model run for this request failed ({out.error}); retry",
+                                          "model_run_failed"))
+    if out.finish_reason in ("deadline", "cancelled"):
+        return api_error_line(item.line_no, item.custom_id, unavailable("the request was cancelled", "cancelled"))
+    rid = request_id(item)
+    body = response_body(item.kind, out, request_id=rid, model=p.model, created=created,
+                         logprobs=p.req.logprobs, token_text=token_text)
+    return {"id": line_id(item.line_no), "custom_id": item.custom_id,
+            "response": {"status_code": 200, "request_id": rid, "body": body}, "error": None}
+
+
+def response_body(kind: str, out: CompletionOutput, *, request_id: str, model: str, created: int,
+                  logprobs: int | None, token_text: Callable[[int], str]) -> dict:
+    """The service's non-streaming body (service/api.py `_Call.body`) as a pure function."""
+    lp = None
+    if logprobs is not None:
+        entries = out.logprobs or []
+        lp = (http.chat_logprobs(entries, token_text) if kind == CHAT
+              else http.completion_logprobs(entries, token_text))
+    if kind == CHAT:
+        choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
+                  "finish_reason": out.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
+        obj = "text_completion"
+    return {"id": ("chatcmpl-" if kind == CHAT else "cmpl-") + request_id, "object": obj, "created": created,
+            "model": model, "system_fingerprint": None, "choices": [choice],
+            "usage": http.usage(out.prompt_tokens, len(out.token_ids))}
+
+
+def token_text_of(engine: Engine) -> Callable[[int], str]:
+    return lambda tid: engine.tokenizer.decode([tid], skip_special_tokens=False)
+
+
+def model_name_of(engine: Engine, override: str | None = None) -> str:
+    """The base model's name as the service derives it (service/resources.py)."""
+    return override or engine.artifact.manifest.get("recipe") or engine.artifact.path.name
+
+
+def is_request_error(e: Exception) -> bool:
+    return isinstance(e, (APIError, RequestError))
