@@ -16,12 +16,11 @@ from pathlib import Path
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
-from ortllm.runtime.errors import PromptTooLong
-from ortllm.runtime.tokenizer import TokenizerFilesError
 
 from . import protocol
 from .auth import require_api_key
 from .errors import APIError, ClientGone, bad_request, model_not_found, unavailable
+from .generation import logprobs_of, prepare, resolve_adapter, response_body, response_id, token_text_of
 from .metrics import current_metrics
 from .resources import EngineResource, current_resources
 
@@ -44,7 +43,7 @@ def list_models():
 def get_model(model: str):
     res = current_resources()
     engine = res.require_engine()
-    return jsonify(_model_card(res, engine, _adapter_of(res, engine, model)))
+    return jsonify(_model_card(res, engine, resolve_adapter(engine, res.model_name, model)))
 
 
 def _model_card(res: EngineResource, engine: Engine, adapter: str | None) -> dict:
@@ -53,15 +52,6 @@ def _model_card(res: EngineResource, engine: Engine, adapter: str | None) -> dic
     if adapter is not None:
         card["parent"] = res.model_name
     return card
-
-
-def _adapter_of(res: EngineResource, engine: Engine, model: str | None) -> str | None:
-    """`model` -> None for the base model, or the adapter it names; 404 for anything else."""
-    if model is None or model == res.model_name:
-        return None
-    if model in engine.adapters.names():
-        return model
-    raise model_not_found(model, res.model_name, engine.adapters.names())
 
 
 @bp.post("/adapters")
@@ -123,40 +113,10 @@ def chat_completions():
 
 # ---------------------------------------------------------------- one generation
 
-def _prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
-    if req.messages is not None:
-        try:
-            text = engine.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
-        except TokenizerFilesError as e:
-            raise bad_request(f"{e}; use /v1/completions", param="messages") from None
-        except Exception as e:  # noqa: BLE001 - the template itself rejected the conversation (raise_exception)
-            raise bad_request(f"the chat template rejected these messages: {e}", param="messages") from None
-        return engine.tokenizer.encode(text)
-    return engine.encode_prompt(req.prompt)
-
-
 def _generate(kind: str, req: protocol.GenerationRequest):
     res = current_resources()
     engine = res.require_engine()
-    req.params.adapter = _adapter_of(res, engine, req.model)
-    ctx = engine.context_length
-    chars = len(req.prompt) if isinstance(req.prompt, str) else sum(len(m["content"]) for m in req.messages or ())
-    if chars > res.max_prompt_chars:
-        raise APIError(400, f"the prompt has {chars} characters, more than {ctx} tokens (the model's context) can "
-                       "hold; shorten it", param="messages" if req.messages else "prompt",
-                       code="context_length_exceeded")
-    ids = _prompt_ids(engine, req)
-    if len(ids) >= ctx:
-        raise PromptTooLong(len(ids), ctx - 1, what="the model's context length")
-    if not req.max_tokens_given:     # chat without max_tokens: as much as the context and the KV pool hold
-        cfg = engine.config
-        room = min(ctx, engine.stats()["kv_blocks_total"] * cfg.cache.block_size,
-                   cfg.scheduler.max_model_len or ctx)
-        req.params.max_tokens = max(1, room - len(ids))
-    elif len(ids) + req.params.max_tokens > ctx:
-        raise APIError(400, f"prompt has {len(ids)} tokens and max_tokens is {req.params.max_tokens}, but the "
-                       f"model's context holds {ctx}; lower max_tokens to at most {ctx - len(ids)} or shorten "
-                       "the prompt", param="max_tokens", code="context_length_exceeded")
+    ids = prepare(engine, req, res.model_name, res.max_prompt_chars)
     timeout = res.config.request_timeout_s
     handle = engine.submit(ids, req.params, request_id=g.request_id)
     res.begin()
@@ -185,7 +145,8 @@ class _Call:
         self.disconnected = disconnected or (lambda: False)
         self.metrics = current_metrics()
         self.created = int(time.time())
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
+        self.id = response_id(kind, request_id)
+        self.token_text = token_text_of(engine)
         self.model = req.params.adapter or res.model_name     # what answered: an adapter or the base model
         self._closed = False
         self._finished: CompletionOutput | None = None
@@ -248,28 +209,12 @@ class _Call:
         self.res.end()
 
     # ------------------------------------------------ bodies
-    def _token_text(self, tid: int) -> str:
-        return self.engine.tokenizer.decode([tid], skip_special_tokens=False)
-
     def _logprobs(self, entries):
-        if self.req.logprobs is None:
-            return None
-        if self.kind == "chat":
-            return protocol.chat_logprobs(entries, self._token_text)
-        return protocol.completion_logprobs(entries, self._token_text)
+        return logprobs_of(self.kind, entries, self.req.logprobs, self.token_text)
 
     def body(self, out: CompletionOutput) -> dict:
-        lp = self._logprobs(out.logprobs or [])
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
-                      "finish_reason": out.finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": [choice],
-                "usage": protocol.usage(out.prompt_tokens, len(out.token_ids))}
+        return response_body(self.kind, out, request_id=self.request_id, model=self.model, created=self.created,
+                             logprobs=self.req.logprobs, token_text=self.token_text)
 
     def _chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
         entries = []

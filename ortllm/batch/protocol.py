@@ -10,9 +10,9 @@ Two kinds of failure, both a line of the output and never the end of the job:
 - the body is wrong (as the service would answer 400/404): `response` holds the service's status and error
   envelope, and `error` repeats its {code, message} so `error != null` finds every failed request.
 
-Request validation reuses the service's parsers (ortllm.service.protocol) and error mapping
-(ortllm.service.errors.to_api_error); `prepare` mirrors service/api.py `_generate` up to submit, and
-`response_body` mirrors `_Call.body` (tests/batch compare both with a live server).
+Validation and bodies are the service's own: its parsers (ortllm.service.protocol), its checks before
+submit and its response body (ortllm.service.generation), its error mapping (ortllm.service.errors);
+tests/batch compare the lines with a live server's answers.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ortllm.runtime.engine import CompletionOutput, Engine
-from ortllm.runtime.errors import PromptTooLong, RequestError
-from ortllm.runtime.tokenizer import TokenizerFilesError
+from ortllm.runtime.errors import RequestError
 from ortllm.service import protocol as http
-from ortllm.service.errors import APIError, bad_request, model_not_found, to_api_error, unavailable
+from ortllm.service import generation
+from ortllm.service.errors import APIError, bad_request, to_api_error, unavailable
 from ortllm.service.resources import max_prompt_chars
 
 CHAT, COMPLETIONS = "chat", "completions"
@@ -100,47 +100,13 @@ def _no_constant(name: str):
 # ---------------------------------------------------------------- the service's checks, before submit
 
 def prepare(engine: Engine, model_name: str, item: LineItem, prompt_chars_max: int | None = None) -> Prepared:
-    """Parse and check the body as the service does (service/api.py `_generate`); raises APIError/RequestError."""
+    """Parse and check the body exactly as the service does (service/generation.py); raises APIError/RequestError."""
     req = PARSERS[item.kind](item.body)
     if req.stream:
         raise bad_request("stream is not supported in a batch; leave it false", param="stream")
-    if req.model is None or req.model == model_name:
-        req.params.adapter = None
-    elif req.model in engine.adapters.names():
-        req.params.adapter = req.model
-    else:
-        raise model_not_found(req.model, model_name, engine.adapters.names())
-    ctx = engine.context_length
-    chars = len(req.prompt) if isinstance(req.prompt, str) else sum(len(m["content"]) for m in req.messages or ())
-    if chars > (prompt_chars_max or max_prompt_chars(engine)):
-        raise APIError(400, f"the prompt has {chars} characters, more than {ctx} tokens (the model's context) can "
-                       "hold; shorten it", param="messages" if req.messages else "prompt",
-                       code="context_length_exceeded")
-    ids = _prompt_ids(engine, req)
-    if len(ids) >= ctx:
-        raise PromptTooLong(len(ids), ctx - 1, what="the model's context length")
-    if not req.max_tokens_given:     # chat without max_tokens: as much as the context and the KV pool hold
-        cfg = engine.config
-        room = min(ctx, engine.stats()["kv_blocks_total"] * cfg.cache.block_size, cfg.scheduler.max_model_len or ctx)
-        req.params.max_tokens = max(1, room - len(ids))
-    elif len(ids) + req.params.max_tokens > ctx:
-        raise APIError(400, f"prompt has {len(ids)} tokens and max_tokens is {req.params.max_tokens}, but the "
-                       f"model's context holds {ctx}; lower max_tokens to at most {ctx - len(ids)} or shorten "
-                       "the prompt", param="max_tokens", code="context_length_exceeded")
+    ids = generation.prepare(engine, req, model_name, prompt_chars_max or max_prompt_chars(engine))
     req.params.validate()
     return Prepared(item, req, ids, req.params.adapter or model_name)
-
-
-def _prompt_ids(engine: Engine, req: http.GenerationRequest) -> list[int]:
-    if req.messages is not None:
-        try:
-            text = engine.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
-        except TokenizerFilesError as e:
-            raise bad_request(f"{e}; use /v1/completions", param="messages") from None
-        except Exception as e:  # noqa: BLE001 - the template itself rejected the conversation (raise_exception)
-            raise bad_request(f"the chat template rejected these messages: {e}", param="messages") from None
-        return engine.tokenizer.encode(text)
-    return engine.encode_prompt(req.prompt)
 
 
 def as_api_error(e: Exception) -> APIError:
@@ -174,34 +140,10 @@ def finished_line(p: Prepared, out: CompletionOutput, created: int, token_text: 
     if out.finish_reason in ("deadline", "cancelled"):
         return api_error_line(item.line_no, item.custom_id, unavailable("the request was cancelled", "cancelled"))
     rid = request_id(item)
-    body = response_body(item.kind, out, request_id=rid, model=p.model, created=created,
+    body = generation.response_body(item.kind, out, request_id=rid, model=p.model, created=created,
                          logprobs=p.req.logprobs, token_text=token_text)
     return {"id": line_id(item.line_no), "custom_id": item.custom_id,
             "response": {"status_code": 200, "request_id": rid, "body": body}, "error": None}
-
-
-def response_body(kind: str, out: CompletionOutput, *, request_id: str, model: str, created: int,
-                  logprobs: int | None, token_text: Callable[[int], str]) -> dict:
-    """The service's non-streaming body (service/api.py `_Call.body`) as a pure function."""
-    lp = None
-    if logprobs is not None:
-        entries = out.logprobs or []
-        lp = (http.chat_logprobs(entries, token_text) if kind == CHAT
-              else http.completion_logprobs(entries, token_text))
-    if kind == CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
-                  "finish_reason": out.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
-        obj = "text_completion"
-    return {"id": ("chatcmpl-" if kind == CHAT else "cmpl-") + request_id, "object": obj, "created": created,
-            "model": model, "system_fingerprint": None, "choices": [choice],
-            "usage": http.usage(out.prompt_tokens, len(out.token_ids))}
-
-
-def token_text_of(engine: Engine) -> Callable[[int], str]:
-    return lambda tid: engine.tokenizer.decode([tid], skip_special_tokens=False)
 
 
 def model_name_of(engine: Engine, override: str | None = None) -> str:

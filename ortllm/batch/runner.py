@@ -18,9 +18,10 @@ from typing import Callable, Iterable, Iterator
 
 from ortllm.runtime.engine import Engine, RequestHandle
 from ortllm.runtime.errors import Overloaded
+from ortllm.service.generation import token_text_of
 
 from .protocol import (LineItem, Prepared, api_error_line, as_api_error, finished_line, is_request_error,
-                       max_prompt_chars, prepare, request_id, token_text_of)
+                       max_prompt_chars, prepare, request_id)
 
 IN_FLIGHT_PER_SEQ = 4     # in flight = this x max_num_seqs (capped by max_queued + max_num_seqs)
 WINDOW_PER_IN_FLIGHT = 4  # lines read ahead and sorted = this x in flight
