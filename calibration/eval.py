@@ -20,7 +20,7 @@ from pathlib import Path
 from ortllm.runtime.artifact import load_artifact
 from ortllm.runtime.errors import OrtllmError
 
-SUITES = ("fidelity", "humaneval")
+SUITES = ("fidelity", "humaneval", "adapters")
 REPORT_VERSION = 1
 
 
@@ -131,6 +131,25 @@ def run_humaneval(cand, ref, opts: EvalOptions) -> dict:
     return out
 
 
+def run_adapters(cand, n: int = 100) -> dict:
+    """Per adapter with a task (made by `ortllm adapters train`): held-out accuracy, base vs adapter, through
+    the engine (greedy)."""
+    from ortllm.runtime.engine import Engine
+
+    from .adapter_eval import task_accuracy
+
+    tasks = {name: e["task"] for name, e in cand.manifest.get("adapters", {}).items() if e.get("task")}
+    if not tasks:
+        return {}
+    out = {}
+    with Engine.from_artifact(cand.path) as engine:
+        base = {t: task_accuracy(engine, t, None, n=n).accuracy for t in set(tasks.values())}
+        for name, task in sorted(tasks.items()):
+            out[name] = {"task": task, "n": n, "base_accuracy": base[task],
+                         "adapter_accuracy": task_accuracy(engine, task, name, n=n).accuracy}
+    return out
+
+
 def evaluate(artifact: Path, reference: Path, out_dir: Path, opts: EvalOptions, command: str = "") -> dict:
     """Evaluate one artifact; the report goes to out_dir."""
     return evaluate_many([artifact], reference, out_dir, opts, command, subdirs=False)[0]
@@ -163,6 +182,8 @@ def evaluate_many(artifacts: list[Path], reference: Path, out_dir: Path, opts: E
     for cand, r, st in zip(cands, reports, stats):
         if "humaneval" in opts.suites:
             r["humaneval"] = run_humaneval(cand, ref, opts)
+        if "adapters" in opts.suites:
+            r["adapters"] = run_adapters(cand)
         d = Path(out_dir) / cand.path.name if subdirs else Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
         quality = cand.path / "quality.json"

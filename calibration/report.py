@@ -68,6 +68,11 @@ def write_markdown(r: dict) -> str:
         lines += ["## HumanEval", "", "| n | NLL/token | reference NLL/token | greedy pass@1 |", "|---|---|---|---|",
                   f"| {h['n']} | {_fmt(h.get('nll_per_token'))} | {_fmt(h.get('reference_nll_per_token'))} | "
                   f"{_fmt(h.get('pass_at_1'))} |", ""]
+    if r.get("adapters"):
+        lines += ["## Adapters (held-out task accuracy, greedy, through the engine)", "",
+                  "| adapter | task | n | base | adapter |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {a['task']} | {a['n']} | {a['base_accuracy']:.1%} | {a['adapter_accuracy']:.1%} |"
+                  for name, a in sorted(r["adapters"].items())] + [""]
     for p in r.get("plots", []):
         lines.append(f"![{p}]({p})")
     return "\n".join(lines) + "\n"

@@ -61,7 +61,7 @@ def _add_eval(sub) -> None:
     p.add_argument("artifact", type=Path, nargs="+",
                    help="artifact(s) to evaluate; several share one pass of the reference (reports in OUT/<name>/)")
     p.add_argument("--reference", required=True, type=Path, help="fp32 artifact of the same model")
-    p.add_argument("--suite", default="fidelity,humaneval", help="comma-separated: fidelity, humaneval")
+    p.add_argument("--suite", default="fidelity,humaneval", help="comma-separated: fidelity, humaneval, adapters")
     p.add_argument("--out", required=True, type=Path, help="directory for report.json, report.md and plots")
     p.add_argument("--tokens", type=int, default=16384, help="scored tokens of the fidelity suite")
     p.add_argument("--ctx", type=int, default=2048, help="tokens per fidelity window")
@@ -163,7 +163,8 @@ def _train_adapter(a) -> None:
     cfg = TrainConfig(task=a.task, rank=a.rank, alpha=2.0 * a.rank, steps=a.steps, batch=a.batch, lr=a.lr)
     with tempfile.TemporaryDirectory(prefix="ortllm-lora-") as tmp:
         info = train_lora(a.artifact, Path(tmp), cfg, base=a.base, log=lambda m: print(m, file=sys.stderr))
-        add_adapter(a.artifact, Path(tmp), a.name, force=a.force)
+        add_adapter(a.artifact, Path(tmp), a.name, force=a.force,
+                    meta={"task": a.task, "train": {k: info[k] for k in ("loss_first", "loss_last", "seconds")}})
     print(f"trained {a.name} on {a.task}: loss {info['loss_first']:.3f} -> {info['loss_last']:.3f} "
           f"in {info['seconds']} s")
     if a.eval:

@@ -109,7 +109,8 @@ def _write_manifest(artifact: Path, manifest: dict) -> None:
     tmp.replace(artifact / C.MANIFEST)
 
 
-def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False) -> dict:
+def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False, meta: dict | None = None) -> dict:
+    """meta: extra manifest fields (e.g. {"task": "add"} for adapters `ortllm adapters train` made)."""
     from safetensors.numpy import save_file
 
     artifact = Path(artifact)
@@ -125,7 +126,7 @@ def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False) 
     save_file(tensors, str(tmp), metadata={"rank": str(info["rank"]), "scale": repr(info["scale"])})
     tmp.replace(artifact / rel)
     entry = file_entry(artifact / rel)
-    manifest.setdefault("adapters", {})[name] = {"file": rel, **info, **entry}
+    manifest.setdefault("adapters", {})[name] = {"file": rel, **info, **entry, **(meta or {})}
     manifest["files"][rel] = entry
     _write_manifest(artifact, manifest)
     return manifest["adapters"][name]

@@ -33,3 +33,25 @@ def test_train_tiny_adapter_and_serve_it(tiny_engine, tmp_path):
         ref = peft_greedy_ids(peft_model, engine.tokenizer, "add", n=12, eos_ids=eos)
     assert tuned.token_ids == ref, "engine + adapter must give PEFT + transformers' greedy output"
     assert tuned.outputs != base.outputs, "the trained adapter should change the answers"
+
+
+def test_eval_suite_adapters_scores_trained_adapters(tiny_engine, tmp_path):
+    """`ortllm adapters train` records the task; `ortllm eval --suite adapters` scores base vs adapter."""
+    import subprocess
+    import sys
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_engine, art)
+    train = subprocess.run([sys.executable, "-m", "ortllm", "adapters", "train", str(art), "--task", "upper",
+                            "--name", "up", "--rank", "4", "--steps", "10", "--batch", "4", "--eval", "8"],
+                           capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr
+    assert "upper accuracy on 8 held-out prompts: base" in train.stdout
+    ev = subprocess.run([sys.executable, "-m", "ortllm", "eval", str(art), "--reference", str(tiny_engine),
+                         "--suite", "adapters", "--out", str(tmp_path / "rep")], capture_output=True, text=True,
+                        timeout=600)
+    assert ev.returncode == 0, ev.stderr
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    up = report["adapters"]["up"]
+    assert up["task"] == "upper" and up["n"] == 100 and 0.0 <= up["adapter_accuracy"] <= 1.0
+    assert "| up | upper | 100 |" in (tmp_path / "rep" / "report.md").read_text()
