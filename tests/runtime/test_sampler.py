@@ -191,7 +191,8 @@ def test_sampled_row_needs_generator():
     (dict(top_k=-1), r"top_k must be an integer >= 0 \(0 = off\)"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(min_p=2), r"min_p must be in \[0, 1\]"),
-    (dict(repetition_penalty=0), "repetition_penalty must be > 0"),
+    (dict(repetition_penalty=0), r"repetition_penalty must be in \[0.01, 100\]"),
+    (dict(repetition_penalty=1e-300), "repetition_penalty must be in"),   # near 0 made NaN logits
     (dict(frequency_penalty=3), r"frequency_penalty must be in \[-2, 2\]"),
     (dict(presence_penalty=float("nan")), "presence_penalty"),
     (dict(seed=-1), "seed must be an integer"),
