@@ -46,11 +46,10 @@ def run(artifact: Path, batches=(1, 4, 8, 16, 32), repeats: int = 3, threads: in
             rows.append(row(name, system, b, "decode_tokens_per_s", list(tps), "tok/s"))
             rows.append(row(name, system, b, "python_share_of_step", list(py), "fraction"))
         n = min(512, engine.context_length - 2)   # tiny test models have short contexts
-        prompt = rng.integers(3, engine.runner.vocab_size, n).tolist()
         once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         ttft = []
-        for _ in range(repeats):
-            h = engine.submit(prompt, once)
+        for _ in range(repeats):   # a fresh prompt each time: a repeated one would hit the prefix cache
+            h = engine.submit(rng.integers(3, engine.runner.vocab_size, n).tolist(), once)
             h.result()
             ttft.append(h.first_token_time - h.submitted)
         rows.append(row(f"prefill {n}", system, 1, "time_to_first_token", ttft, "s"))
