@@ -203,8 +203,9 @@ def kv_bytes_per_token(kv_dtype: str) -> int:
 
 # ---------------------------------------------------------------- LoRA
 
-def multi_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slots=8):
-    feeds = {
+def _lora_feeds(rng, T, in_dim, out_dim, n_adapters, rank, n_slots) -> dict:
+    """x [T, in], base_y [T, out], A [slots, in, r], B [slots, r, out], scale, rank, token_adapter [T]."""
+    return {
         "x": rng.standard_normal((T, in_dim), dtype=np.float32),
         "base_y": rng.standard_normal((T, out_dim), dtype=np.float32),
         "A": rng.standard_normal((n_slots, in_dim, rank), dtype=np.float32),
@@ -213,6 +214,10 @@ def multi_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slot
         "rank": np.full(n_slots, rank, np.int32),
         "token_adapter": (np.arange(T) % n_adapters).astype(np.int32),
     }
+
+
+def multi_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slots=8):
+    feeds = _lora_feeds(rng, T, in_dim, out_dim, n_adapters, rank, n_slots)
     types = {"rank": I32, "token_adapter": I32}
     inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
     node = helper.make_node("MultiLoRA", list(feeds), ["y"], domain="ortllm")
@@ -221,14 +226,8 @@ def multi_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slot
 
 def plain_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slots=8):
     """y = base_y + scale[a] * (x @ A[a]) @ B[a] per token with stock ONNX ops (per-token gathers)."""
-    feeds = {
-        "x": rng.standard_normal((T, in_dim), dtype=np.float32),
-        "base_y": rng.standard_normal((T, out_dim), dtype=np.float32),
-        "A": rng.standard_normal((n_slots, in_dim, rank), dtype=np.float32),
-        "B": rng.standard_normal((n_slots, rank, out_dim), dtype=np.float32),
-        "scale": np.ones(n_slots, np.float32),
-        "token_adapter": (np.arange(T) % n_adapters).astype(np.int32),
-    }
+    feeds = _lora_feeds(rng, T, in_dim, out_dim, n_adapters, rank, n_slots)
+    del feeds["rank"]           # the stock-ops graph uses every row of A and B
     c = lambda name, v: helper.make_node("Constant", [], [name], value=helper.make_tensor(  # noqa: E731
         name, TensorProto.INT64, [len(v)], v))
     nodes = [
