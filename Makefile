@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test test-asan bench soak adapters browser clean
+.PHONY: setup ops serve test test-asan bench bench-peers bench-vs-peers soak adapters browser clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -60,6 +60,15 @@ adapters: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 SOAK_SECONDS ?= 600
 soak: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/python ci/soak.py $(DEFAULT_ARTIFACT) --seconds $(SOAK_SECONDS) --out soak-results.json
+
+# Peers in their own venv .venv-peers (llama-cpp-python compiles llama.cpp: ~8 minutes on 2 idle cores;
+# onnxruntime-genai's model builder needs transformers >= 5, which the main venv cannot have).
+bench-peers: $(STAMP)
+	bash ci/install_peers.sh
+
+# ortllm and each installed peer on the same model, alternating, in one run (run on an idle machine).
+bench-vs-peers: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
+	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario decode,prefill,long-context --peers all --out $(BENCH_OUT)/peers
 
 clean:
 	rm -rf build runtime/lib .pytest_cache

@@ -195,7 +195,8 @@ def _run_adapters(a) -> int:
 
 # ---------------------------------------------------------------- bench
 
-BENCH_SCENARIOS = ("engine", "ops", "lora-overhead", "lora-trace")
+BENCH_SCENARIOS = ("engine", "ops", "lora-overhead", "lora-trace", "decode", "prefill", "long-context")
+PEER_SCENARIOS = ("decode", "prefill", "long-context")
 
 
 def _add_bench(sub) -> None:
@@ -204,7 +205,10 @@ def _add_bench(sub) -> None:
     p.add_argument("--scenario", default="engine",
                    help="comma-separated: engine (decode B=1..32, prefill 512, KV bytes), ops (custom ops), "
                         "lora-overhead (16 sequences over 0/1/2/4 adapters), lora-trace (Zipf over 4 and 16)")
-    p.add_argument("--batches", default="1,4,8,16,32", help="batch sizes for the engine scenario")
+    p.add_argument("--batches", default="1,4,8,16,32", help="batch sizes for the engine and peer scenarios")
+    p.add_argument("--peers", default=None,
+                   help="comma-separated llama.cpp,onnxruntime-genai,transformers or 'all': alternate with them on "
+                        "decode/prefill/long-context (install them with: make bench-peers)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
@@ -230,6 +234,14 @@ def _run_bench(a) -> int:
     if "engine" in scenarios:
         from ortllm.bench.engine import run as run_engine
         rows += run_engine(a.artifact, batches=batches, repeats=1 if a.quick else a.repeats, threads=a.threads)
+    peer_scenarios = [s for s in scenarios if s in PEER_SCENARIOS]
+    if a.peers or peer_scenarios:
+        if a.artifact is None:
+            raise BuildError("--peers and the decode/prefill/long-context scenarios need an ARTIFACT")
+        from ortllm.bench.peers.runner import SYSTEMS, run_alternating
+        peers = list(SYSTEMS) if a.peers == "all" else [s.strip() for s in (a.peers or "").split(",") if s.strip()]
+        rows += run_alternating(a.artifact, peers, peer_scenarios or list(PEER_SCENARIOS), batches,
+                                1 if a.quick else a.repeats, a.threads or 2, log_dir=a.out / "peer-logs")
     if "lora-overhead" in scenarios:
         from ortllm.bench.lora import run_overhead
         rows += run_overhead(a.artifact, repeats=1 if a.quick else a.repeats, threads=a.threads)

