@@ -17,7 +17,6 @@ from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
 F32, I32, I64, U8 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8
-KV_OP_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}
 
 
 def lora_proj(g: GraphBuilder, x: str, w: np.ndarray, path: str, layer: int, adapter: str, quant=None) -> str:
@@ -60,7 +59,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch:
                [q, k, v, batch["positions"], batch["cu_seqlens"], batch["context_lens"], batch["block_tables"],
                 batch["cos"], batch["sin"], *ins], f"{path}/paged", n_out=1 + len(kinds), domain=C.OPS_DOMAIN,
                num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
-               block_size=block_size, kv_dtype=KV_OP_DTYPES[kv], rotate=int(eight_bit and kv_rotate))
+               block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(eight_bit and kv_rotate))
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
     return lora_proj(g, res[0], w[f"{p}.o_proj.weight"], f"{path}/o_proj", i, batch["adapter"], quant)

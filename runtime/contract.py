@@ -77,6 +77,8 @@ LORA_SCALE = "lora.scale"
 LORA_RANK = "lora.rank"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPS_DOMAIN = "ortllm"
+# build option --kv -> the KV dtype's name in PagedAttention's kv_dtype attribute and in CacheConfig
+KV_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}
 
 
 def cache_name(kind: str, layer: int, out: bool = False) -> str:

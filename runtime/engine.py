@@ -32,6 +32,14 @@ from .scheduler import ERROR, ModelRunnerOutput, Scheduler, SchedulerOutput
 from .tokenizer import Tokenizer
 
 
+def engine_config(path: str | Path, **overrides) -> EngineConfig:
+    """EngineConfig for an artifact: its KV block size and context length unless overridden."""
+    manifest = load_artifact(path, verify=False).manifest
+    overrides.setdefault("block_size", manifest["build"].get("kv_block_size", 16))
+    overrides.setdefault("max_model_len", manifest["model"]["max_position_embeddings"])
+    return EngineConfig.from_overrides(path, **overrides)
+
+
 @dataclass
 class CompletionOutput:
     request_id: str
@@ -145,10 +153,7 @@ class Engine:
     @classmethod
     def from_artifact(cls, path: str | Path, **overrides) -> "Engine":
         """Load an engine-graph artifact; overrides are EngineConfig keys (max_batch_tokens=..., num_blocks=...)."""
-        manifest = load_artifact(path, verify=False).manifest
-        overrides.setdefault("block_size", manifest["build"].get("kv_block_size", 16))
-        overrides.setdefault("max_model_len", manifest["model"]["max_position_embeddings"])
-        return cls(EngineConfig.from_overrides(path, **overrides))
+        return cls(engine_config(path, **overrides))
 
     # ---------------------------------------------------------------- requests in
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:

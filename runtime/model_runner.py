@@ -18,7 +18,14 @@ from .ops_library import register_ops
 from .scheduler import ScheduledSeq
 
 _KV_NUMPY = {"fp32": np.float32, "int8": np.uint8, "fp8": np.uint8}
-_KV_CONFIG_NAMES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}
+
+
+def kv_pool_size(config: EngineConfig, artifact: Artifact) -> tuple[int, int]:
+    """(bytes per KV block over all layers, blocks in the pool) for this config and artifact."""
+    cfg = artifact.model_config
+    per_block = config.cache.bytes_per_block(cfg["num_layers"], cfg["num_kv_heads"], cfg["head_dim"],
+                                             C.KV_DTYPES[artifact.manifest["build"]["kv"]])
+    return per_block, config.cache.resolve_num_blocks(per_block)
 
 
 class ModelRunner:
@@ -32,15 +39,13 @@ class ModelRunner:
         self.kv = build["kv"]
         self.block_size = build["kv_block_size"]
         want_kv = config.cache.kv_dtype
-        if want_kv is not None and want_kv != _KV_CONFIG_NAMES[self.kv]:
-            raise ConfigError(f"kv_dtype {want_kv} differs from the artifact's ({_KV_CONFIG_NAMES[self.kv]}); "
+        if want_kv is not None and want_kv != C.KV_DTYPES[self.kv]:
+            raise ConfigError(f"kv_dtype {want_kv} differs from the artifact's ({C.KV_DTYPES[self.kv]}); "
                               f"rebuild with --kv, or leave kv_dtype unset")
         if config.cache.block_size != self.block_size:
             raise ConfigError(f"block_size {config.cache.block_size} differs from the artifact's KV block size "
                               f"({self.block_size}); leave it unset or rebuild with --kv-block-size")
-        self.bytes_per_block = config.cache.bytes_per_block(self.num_layers, cfg["num_kv_heads"], cfg["head_dim"],
-                                                            _KV_CONFIG_NAMES[self.kv])
-        self.num_blocks = config.cache.resolve_num_blocks(self.bytes_per_block)
+        self.bytes_per_block, self.num_blocks = kv_pool_size(config, artifact)
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = config.threads

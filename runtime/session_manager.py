@@ -11,9 +11,9 @@ from pathlib import Path
 
 from . import contract as C
 from .artifact import load_artifact
-from .config import CacheConfig, EngineConfig
+from .engine import Engine, engine_config
 from .errors import ConfigError, OrtllmError
-from .engine import Engine
+from .model_runner import kv_pool_size
 
 
 class MemoryBudgetExceeded(OrtllmError):
@@ -21,15 +21,10 @@ class MemoryBudgetExceeded(OrtllmError):
 
 
 def estimate_bytes(path: Path, **overrides) -> int:
-    """Weights + KV pool (+ adapter slots at their configured size) of an engine with these overrides."""
+    """Weights + KV pool of an engine with these overrides."""
     art = load_artifact(path, verify=False)
-    cfg, build = art.model_config, art.manifest["build"]
-    overrides.setdefault("block_size", build.get("kv_block_size", 16))
-    conf = EngineConfig.from_overrides(path, **overrides)
-    kv = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}[build["kv"]]
-    per_block = conf.cache.bytes_per_block(cfg["num_layers"], cfg["num_kv_heads"], cfg["head_dim"], kv)
-    pool = conf.cache.resolve_num_blocks(per_block) * per_block
-    return art.file(C.MODEL_DATA).stat().st_size + pool
+    per_block, num_blocks = kv_pool_size(engine_config(path, **overrides), art)
+    return art.file(C.MODEL_DATA).stat().st_size + per_block * num_blocks
 
 
 class SessionManager:

@@ -18,12 +18,14 @@ from .results import row
 PROMPT_LEN, NEW_TOKENS = 64, 128
 
 
-def _decode_run(engine: Engine, batch: int, rng) -> tuple[float, float]:
-    """One batch of `batch` requests; returns (aggregate decode tok/s, Python share of the steps)."""
+def decode_run(engine: Engine, batch: int, rng, adapters=(None,), new_tokens: int = NEW_TOKENS) -> tuple[float, float]:
+    """One batch of `batch` greedy requests (request i on adapters[i % len(adapters)]); returns (aggregate
+    decode tok/s after the last prefill, Python share of the steps)."""
     vocab = engine.runner.vocab_size
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     before = engine.stats()
-    handles = [engine.submit(rng.integers(3, vocab, PROMPT_LEN).tolist(), params) for _ in range(batch)]
+    handles = [engine.submit(rng.integers(3, vocab, PROMPT_LEN).tolist(),
+                             SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+                                            adapter=adapters[i % len(adapters)])) for i in range(batch)]
     outs = [h.result() for h in handles]
     end = time.monotonic()
     after = engine.stats()
@@ -39,9 +41,9 @@ def run(artifact: Path, batches=(1, 4, 8, 16, 32), repeats: int = 3, threads: in
     rows = []
     overrides = {"threads": threads} if threads else {}
     with Engine.from_artifact(artifact, max_num_seqs=max(batches), **overrides) as engine:
-        _decode_run(engine, 1, rng)  # warm the allocator and caches
+        decode_run(engine, 1, rng)  # warm the allocator and caches
         for b in batches:
-            tps, py = zip(*(_decode_run(engine, b, rng) for _ in range(repeats)))
+            tps, py = zip(*(decode_run(engine, b, rng) for _ in range(repeats)))
             name = "single-stream decode" if b == 1 else "batched decode"
             rows.append(row(name, system, b, "decode_tokens_per_s", list(tps), "tok/s"))
             rows.append(row(name, system, b, "python_share_of_step", list(py), "fraction"))

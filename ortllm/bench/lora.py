@@ -20,6 +20,7 @@ from ortllm.pipeline.adapters import add_adapter
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
 
+from .engine import decode_run
 from .results import row
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -58,17 +59,6 @@ def _with_adapters(artifact: Path, work: Path, ranks: list[int]) -> tuple[Path, 
     return art, names
 
 
-def _decode_tps(engine: Engine, adapters: list[str | None], batch: int, rng, new_tokens: int = 64) -> float:
-    vocab = engine.runner.vocab_size
-    handles = [engine.submit(rng.integers(3, vocab, 64).tolist(),
-                             SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True,
-                                            adapter=adapters[i % len(adapters)])) for i in range(batch)]
-    outs = [h.result() for h in handles]
-    end = time.monotonic()
-    first = max(h.first_token_time for h in handles)
-    return sum(len(o.token_ids) - 1 for o in outs) / (end - first)
-
-
 def run_overhead(artifact: Path, rank: int = 16, counts=(1, 2, 4), batch: int = 16, repeats: int = 3,
                  threads: int | None = None) -> list[dict]:
     rng = np.random.default_rng(0)
@@ -77,12 +67,12 @@ def run_overhead(artifact: Path, rank: int = 16, counts=(1, 2, 4), batch: int = 
         art, names = _with_adapters(Path(artifact), Path(tmp), [rank] * max(counts))
         with Engine.from_artifact(art, max_num_seqs=batch, max_adapters_per_batch=max(counts),
                                   **overrides) as engine:
-            _decode_tps(engine, [None], batch, rng, 8)                       # warm-up
+            decode_run(engine, batch, rng, new_tokens=8)                      # warm-up
             configs = {0: [None], **{n: names[:n] for n in counts}}
             samples: dict[int, list[float]] = {n: [] for n in configs}
             for _ in range(repeats):                                         # alternate: base, 1, 2, 4, base, ...
                 for n, adapters in configs.items():
-                    samples[n].append(_decode_tps(engine, adapters, batch, rng))
+                    samples[n].append(decode_run(engine, batch, rng, adapters, new_tokens=64)[0])
     base = float(np.median(samples[0]))
     rows = []
     for n, s in samples.items():

@@ -218,7 +218,7 @@ class OrtllmSide:
     """ortllm's engine on an artifact, measuring the same scenarios the same way as the drivers.
 
     Decode tok/s = generated tokens after each request's first / (end - the last first-token time), like
-    ortllm.bench.engine._decode_run; prefill = submit -> first token of a 512-token prompt. Random prompts
+    ortllm.bench.engine.decode_run; prefill = submit -> first token of a 512-token prompt. Random prompts
     (a new seed per sample) and the prefix cache off: no system gets cache hits.
     """
     system = "ortllm"
