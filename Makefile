@@ -48,7 +48,7 @@ test-asan: $(STAMP)
 
 # Figures for docs/benchmarks.md (minutes; never part of make test).
 bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
-	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,ops --out $(BENCH_OUT)
+	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,memory,ops --out $(BENCH_OUT)
 
 # Train the task LoRAs (PEFT on the CPU, minutes each) into the default artifact; prints base vs adapter
 # accuracy on held-out prompts (figures: docs/adapters.md).

@@ -13,7 +13,6 @@ A benchmark, not a test; figures go to docs/service.md with the machine and the 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import sys
 import threading
@@ -21,11 +20,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-
-def _prompts(vocab: int, n: int, length: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(3, vocab, length).tolist() for _ in range(n)]
 
 
 def _in_process(engine, prompts, max_tokens: int) -> tuple[float, int]:
@@ -49,33 +43,13 @@ def _in_process(engine, prompts, max_tokens: int) -> tuple[float, int]:
 
 def _client_proc(url: str, prompts, max_tokens: int, go, results) -> None:
     """Runs in a child process: one streaming client thread per prompt, started together on `go`."""
-    import requests
+    from ortllm.bench.client import stream_completion
 
     out = [None] * len(prompts)
 
     def one(i: int) -> None:
-        body = {"prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                "stream": True}
-        t0 = time.perf_counter()
-        first, last, gaps, tokens = None, None, [], 0
-        with requests.Session() as s, s.post(url + "/v1/completions", json=body, stream=True, timeout=600) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith(b"data: {"):
-                    continue
-                now = time.perf_counter()
-                ev = json.loads(line[6:])
-                if "error" in ev:
-                    raise RuntimeError(ev["error"])
-                if any(c.get("text") for c in ev["choices"]):
-                    if first is None:
-                        first = now
-                    else:
-                        gaps.append(now - last)
-                    last = now
-                if "usage" in ev:
-                    tokens = ev["usage"]["completion_tokens"]
-        out[i] = (first - t0, gaps, tokens)
+        r = stream_completion(url, prompts[i], max_tokens)
+        out[i] = (r.ttft, r.gaps, r.tokens)
 
     while True:
         cmd = go.get()
@@ -92,6 +66,7 @@ def _client_proc(url: str, prompts, max_tokens: int, go, results) -> None:
 
 def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: int = 128, repeats: int = 3,
         threads: int | None = None) -> list[dict]:
+    from ortllm.bench.client import random_prompts
     from ortllm.bench.results import row
     from ortllm.runtime.engine import Engine
 
@@ -107,7 +82,7 @@ def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: 
     server = HTTPServer(app, "127.0.0.1", 0, threads=max(2 * streams, 8)).start()
     ctx = mp.get_context("spawn")
     go, results = ctx.Queue(), ctx.Queue()
-    prompts = _prompts(engine.runner.vocab_size, streams, prompt_tokens, seed=0)
+    prompts = random_prompts(engine.runner.vocab_size, streams, prompt_tokens, seed=0)
     proc = ctx.Process(target=_client_proc, args=(server.url, prompts, max_tokens, go, results), daemon=True)
     proc.start()
     eng_tps, http_tps, ratio, ttft, itl = [], [], [], [], []

@@ -2,6 +2,7 @@
 
 Decode throughput of a batch = generated tokens after the last prefill finished / the time they took;
 prefill = seconds until the first token of a 512-token prompt. Medians over `repeats` runs.
+KV bytes per token and peak RSS are the `memory` scenario (ortllm.bench.memory), in a fresh process.
 """
 from __future__ import annotations
 
@@ -55,6 +56,4 @@ def run(artifact: Path, batches=(1, 4, 8, 16, 32), repeats: int = 3, threads: in
             h.result()
             ttft.append(h.first_token_time - h.submitted)
         rows.append(row(f"prefill {n}", system, 1, "time_to_first_token", ttft, "s"))
-        rows.append(row("kv memory", system, 1, "kv_bytes_per_token",
-                        [engine.runner.bytes_per_block / engine.runner.block_size], "bytes"))
     return rows

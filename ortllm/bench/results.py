@@ -60,16 +60,36 @@ def timed(fn: Callable[[], object], repeats: int) -> list[float]:
     return out
 
 
+def provenance(command: str | None = None) -> dict:
+    """{machine, commit, command}: what results.json and results.md say about how their rows were made."""
+    return {"machine": machine(), "commit": commit(), "command": command or " ".join(["ortllm", *sys.argv[1:]])}
+
+
+def _write(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
 def write_results(out_dir: Path, rows: list[dict], command: str | None = None) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": machine(), "commit": commit(), "command": command or " ".join(["ortllm", *sys.argv[1:]]),
-           "results": rows}
-    path = out_dir / "results.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    doc = {**provenance(command), "results": rows}
+    return _write(out_dir / "results.json", json.dumps(doc, indent=2) + "\n")
+
+
+def write_markdown(out_dir: Path, rows: list[dict], command: str | None = None, plots=()) -> Path:
+    """results.md: machine, commit and command, the table of rows (median, min, max), then the plots (PNG names
+    relative to out_dir)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    p = provenance(command)
+    lines = ["# ortllm bench results", "", f"- Machine: {p['machine']}", f"- Commit: {p['commit']}",
+             f"- Command: `{p['command']}`", "", markdown_table(rows), ""]
+    for name in plots:
+        lines += [f"![{Path(name).stem}]({name})", ""]
+    return _write(out_dir / "results.md", "\n".join(lines))
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -82,7 +82,8 @@ def peer_spec(system: str) -> PeerSpec:
         if not (d / "config.json").is_file():
             spec.missing = f"no transformers model directory at {d}"
     else:
-        raise ValueError(f"unknown peer {system!r}; choose from {', '.join(SYSTEMS)}")
+        from ortllm.bench.errors import BenchError
+        raise BenchError(f"unknown peer {system!r} in --peers; choose from {', '.join(SYSTEMS)} or 'all'")
     python = PEERS_VENV / "bin" / "python"
     if not python.is_file():
         spec.missing = f"no peers virtualenv at {PEERS_VENV}"
@@ -174,7 +175,8 @@ def _row(system: str, scenario: str, batch: int, samples: list[float], **extra) 
     return row(scenario, system, batch, metric, samples, unit, **extra)
 
 
-def _start(specs, threads, log_dir) -> dict[str, PeerProcess]:
+def _start(specs, threads, log_dir: Path) -> dict[str, PeerProcess]:
+    log_dir.mkdir(parents=True, exist_ok=True)
     procs = {}
     for spec in specs:
         try:

@@ -1,0 +1,121 @@
+"""`ortllm bench`: the serve and memory scenarios end to end on the tiny engine artifact, results.md and the
+plots, and the one-line errors. Smoke shapes on a 2-layer model: these check the plumbing, never speed."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ortllm.bench import plots
+from ortllm.bench.client import StreamResult
+from ortllm.bench.results import row
+from ortllm.bench.serve import summarize
+from tests.test_cli import assert_user_error, ortllm
+
+PNG = b"\x89PNG\r\n\x1a\n"
+FIELDS = ("scenario", "system", "batch", "metric", "median", "min", "max", "unit")
+LATENCY = ("ttft", "tpot", "itl")
+SERVE_RATES = {"request_throughput": "req/s", "output_tokens_per_s": "tok/s", "goodput": "req/s",
+               "goodput_fraction": "fraction"}
+
+
+@pytest.fixture(scope="module")
+def bench_out(tiny_engine, tmp_path_factory):
+    """One smoke run of both scenarios (the engine-graph tiny artifact: `tiny_artifact` is a portable graph,
+    which neither `ortllm serve` nor the engine runs)."""
+    out = tmp_path_factory.mktemp("bench")
+    p = ortllm("bench", tiny_engine, "--scenario", "serve,memory", "--batches", "1,2", "--repeats", "1", "--quick",
+               "--threads", "1", "--out", out, timeout=180)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((out / "results.json").read_text())
+    return out, doc, p
+
+
+def test_rows_have_the_interface_fields(bench_out):
+    _, doc, _ = bench_out
+    assert {"machine", "commit", "command", "results"} <= set(doc)
+    assert "--scenario serve,memory" in doc["command"]
+    for r in doc["results"]:
+        assert set(FIELDS) <= set(r), r
+        assert r["min"] <= r["median"] <= r["max"], r
+    assert {r["scenario"] for r in doc["results"]} == {"serve", "memory"}
+
+
+def test_serve_rows(bench_out):
+    out, doc, _ = bench_out
+    serve = {(r["batch"], r["metric"]): r for r in doc["results"] if r["scenario"] == "serve"}
+    for c in (1, 2):
+        for key in LATENCY:
+            p50, p90, p99 = (serve[(c, f"{key}_p{q}")] for q in (50, 90, 99))
+            assert p50["unit"] == p90["unit"] == p99["unit"] == "ms"
+            assert 0 < p50["median"] <= p90["median"] <= p99["median"], (c, key)
+        for metric, unit in SERVE_RATES.items():
+            assert serve[(c, metric)]["unit"] == unit and serve[(c, metric)]["median"] > 0, (c, metric)
+        assert 0 <= serve[(c, "goodput_fraction")]["median"] <= 1
+        assert serve[(c, "goodput")]["median"] <= serve[(c, "request_throughput")]["median"] + 1e-9
+        for r in (v for (b, _), v in serve.items() if b == c):
+            assert (r["slo_ttft_ms"], r["slo_tpot_ms"]) == (1000.0, 100.0)
+            assert r["system"] == "ortllm" and r["failed"] == 0 and r["requests"] == 2 * c   # --quick: 2 rounds
+    log = (out / "serve-logs" / "serve.log").read_text()
+    assert log.rstrip().endswith("ortllm: stopped"), log[-500:]           # SIGTERM, drained, exited
+
+
+def test_memory_rows(bench_out):
+    _, doc, _ = bench_out
+    mem = {r["metric"]: r for r in doc["results"] if r["scenario"] == "memory"}
+    # llama-tiny-random, fp32 KV: 2 layers x (K, V) x 2 kv heads x head_dim 16 x 4 bytes
+    assert mem["kv_bytes_per_token"]["median"] == 2 * 2 * 2 * 16 * 4
+    assert mem["kv_bytes_per_token"]["unit"] == "bytes"
+    load, decode = mem["peak_rss_at_load"], mem["peak_rss_after_decode"]
+    assert load["unit"] == decode["unit"] == "MiB" and decode["batch"] == 16
+    assert 0 < load["median"] <= decode["median"]
+    assert load["median"] >= load["kv_pool_mib"]          # the pool is allocated (and touched) at load
+
+
+def test_markdown_and_plots(bench_out):
+    out, doc, p = bench_out
+    md = (out / "results.md").read_text()
+    assert doc["machine"] in md and doc["commit"] in md and doc["command"] in md
+    assert "| serve | ortllm | 2 | ttft_p99 |" in md and "| memory | ortllm | 16 | peak_rss_after_decode |" in md
+    if not plots.available():
+        assert "plots skipped" in p.stderr and "pip install matplotlib" in p.stderr
+        pytest.skip("matplotlib is not installed: pip install matplotlib")
+    png = out / "serve_latency.png"
+    assert png.read_bytes()[:8] == PNG
+    assert "![serve_latency](serve_latency.png)" in md
+    assert not (out / "decode_throughput.png").exists()     # no decode rows in this run
+
+
+def test_decode_plot_one_line_per_system(tmp_path):
+    if not plots.available():
+        pytest.skip("matplotlib is not installed: pip install matplotlib")
+    rows = [row("decode", s, b, "decode_tokens_per_s", [10.0 * b, 11.0 * b], "tok/s")
+            for s in ("ortllm", "llama.cpp") for b in (1, 4, 16)]
+    rows += [row("single-stream decode", "ortllm", 1, "decode_tokens_per_s", [9.0], "tok/s"),
+             row("batched decode", "ortllm", 16, "decode_tokens_per_s", [150.0], "tok/s")]
+    assert plots.write_plots(tmp_path, rows) == ["decode_throughput.png"]
+    assert (tmp_path / "decode_throughput.png").read_bytes()[:8] == PNG
+
+
+def test_goodput_counts_slos_and_failures():
+    ok = StreamResult(ttft=0.5, gaps=[0.05] * 9, latency=0.95, tokens=10)        # TPOT 50 ms: good
+    slow_first = StreamResult(ttft=1.5, gaps=[0.01] * 9, latency=1.59, tokens=10)
+    slow_tokens = StreamResult(ttft=0.1, gaps=[0.2] * 9, latency=1.9, tokens=10)  # TPOT 200 ms
+    s = summarize(2.0, [ok, slow_first, slow_tokens, "StreamError: HTTP 429"], slo_ttft_ms=1000, slo_tpot_ms=100)
+    assert s["goodput_fraction"] == 0.25 and s["goodput"] == 0.5
+    assert s["request_throughput"] == 1.5 and s["output_tokens_per_s"] == 15.0
+    assert s["ttft_p50"] == pytest.approx(500.0) and s["tpot_p99"] == pytest.approx(197.0, rel=0.01)
+
+
+def test_unknown_scenario_is_one_line(tmp_path):
+    p = ortllm("bench", tmp_path, "--scenario", "serve,nope", "--out", tmp_path / "out")
+    assert_user_error(p, "unknown --scenario nope", "serve", "memory")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("scenario", ["serve", "memory"])
+def test_portable_artifact_is_one_line(tiny_artifact, tmp_path, scenario):
+    """Neither the server nor the memory child runs a portable graph: one line naming it, exit 1."""
+    p = ortllm("bench", tiny_artifact, "--scenario", scenario, "--quick", "--repeats", "1", "--batches", "1",
+               "--out", tmp_path, timeout=120)
+    assert_user_error(p, "portable", "--graph engine")
