@@ -23,6 +23,7 @@ from .errors import BuildError
 
 MAX_RANK = 64
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_F16_MAX = float(np.finfo(np.float16).max)
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 
 
@@ -95,6 +96,11 @@ def convert_peft(peft_dir: Path, model: dict) -> tuple[dict[str, np.ndarray], di
         if a.shape != (r, n_in) or b.shape != (n_out, r):
             raise BuildError(f"adapter layers.{layer}.{target}: lora_A {a.shape}, lora_B {b.shape} do not fit the "
                              f"base projection ({n_in} -> {n_out}) at rank {r}; was it trained on another model?")
+        for which, w in (("A", a), ("B", b)):   # the session holds adapters in float16 slot stacks
+            peak = float(np.max(np.abs(w))) if w.size else 0.0
+            if not peak <= _F16_MAX:
+                raise BuildError(f"adapter layers.{layer}.{target}: lora_{which} has max |value| {peak:g}, "
+                                 f"outside float16 (the runtime's adapter slots; limit {_F16_MAX:g})")
         tensors[f"layers.{layer}.{target}.a"] = np.ascontiguousarray(a.T, np.float32)
         tensors[f"layers.{layer}.{target}.b"] = np.ascontiguousarray(b.T, np.float32)
         targets.add(target)

@@ -12,39 +12,46 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import decoder_layers, linear, lm_head, rms_norm, rope_tables
+from .graph_blocks import decoder_layers, lm_head, project, rms_norm, rope_tables
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
-F32, I32, I64, U8 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8
+F32, F16, I32, I64, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8
 
 
-def lora_proj(g: GraphBuilder, x: str, w: np.ndarray, path: str, layer: int, adapter: str, quant=None) -> str:
-    """base = x @ W; y = MultiLoRA(x, base, A[slot], B[slot]) per token (slot -1 adds nothing).
+def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], layer: int, adapter: str,
+               quant=None) -> list[str]:
+    """Projections of one input (fused base matmul, graph_blocks.project), each followed by its own
+    MultiLoRA per token (slot -1 adds nothing), which also adds the base's offset term when the weight is
+    in the asymmetric quantized form; the adapter format stays one A/B pair per HF target.
 
-        x -> MatMul(W) | MatMulNBits(W_q) -> base --+
-        x ------------------------> MultiLoRA(A, B, scale, rank, token_adapter) -> y
+        x -> MatMul | MatMulNBits (q|k|v or gate|up fused) -> Split -> base_i --+
+        x -------------------------> MultiLoRA(A_i, B_i, scale, rank, token_adapter [, offsets_i]) -> y_i
     """
-    target = path.rsplit("/", 1)[1]
-    base = linear(g, x, w, path, quant)
-    out_dim, in_dim = w.shape
-    a = g.input(C.lora_name(layer, target, "a"), F32, ["lora_slots", in_dim, "lora_rank"])
-    b = g.input(C.lora_name(layer, target, "b"), F32, ["lora_slots", "lora_rank", out_dim])
-    return g.op("MultiLoRA", [x, base, a, b, C.LORA_SCALE, C.LORA_RANK, adapter], f"{path}/lora",
-                domain=C.OPS_DOMAIN)
+    outs = []
+    for p, w, path in zip(project(g, x, ws, paths, quant), ws, paths):
+        target = path.rsplit("/", 1)[1]
+        out_dim, in_dim = w.shape
+        a = g.input(C.lora_name(layer, target, "a"), F16, ["lora_slots", in_dim, "lora_rank"])
+        b = g.input(C.lora_name(layer, target, "b"), F16, ["lora_slots", "lora_rank", out_dim])
+        ins = [x, p.y, a, b, C.LORA_SCALE, C.lora_rank_name(target), adapter] + ([p.offsets] if p.offsets else [])
+        attrs = {"block_size": p.block_size} if p.offsets else {}
+        outs.append(g.op("MultiLoRA", ins, f"{path}/lora", domain=C.OPS_DOMAIN, **attrs))
+    return outs
 
 
 def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch: dict, kv: str,
               block_size: int, quant=None, kv_rotate: bool = True) -> str:
     """PagedAttention over the pool; the cache outputs are graph outputs that the runtime aliases to the inputs.
 
-        h -> q_proj(+lora) --+
-        h -> k_proj(+lora) --+-> PagedAttention(positions, cu_seqlens, context_lens, block_tables, cos, sin,
-        h -> v_proj(+lora) --+                  key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora)
+        h -> q|k|v_proj -> Split -> q, k, v (+lora each) -> PagedAttention
+                                     (positions, cu_seqlens, context_lens, block_tables, cos, sin,
+                                      key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora)
     """
     path, p = f"/model/layers.{i}/attn", f"model.layers.{i}.self_attn"
-    q, k, v = (lora_proj(g, h, w[f"{p}.{t}.weight"], f"{path}/{t}", i, batch["adapter"], quant)
-               for t in ("q_proj", "k_proj", "v_proj"))
+    targets = ("q_proj", "k_proj", "v_proj")
+    q, k, v = lora_projs(g, h, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
+                         batch["adapter"], quant)
     eight_bit = kv != "fp32"
     cache_type = U8 if eight_bit else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, cfg.head_dim]
@@ -62,7 +69,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch:
                block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(eight_bit and kv_rotate))
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
-    return lora_proj(g, res[0], w[f"{p}.o_proj.weight"], f"{path}/o_proj", i, batch["adapter"], quant)
+    return lora_projs(g, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant)[0]
 
 
 def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "fp32", block_size: int = 16,
@@ -80,7 +87,8 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     logits_rows = g.input(C.LOGITS_INDICES, I64, ["S"])
     batch["adapter"] = g.input(C.TOKEN_ADAPTER, I32, ["T"])
     g.input(C.LORA_SCALE, F32, ["lora_slots"])
-    g.input(C.LORA_RANK, I32, ["lora_slots"])
+    for target in C.LORA_TARGETS:      # per target: an adapter's rank is 0 on the targets it leaves alone
+        g.input(C.lora_rank_name(target), I32, ["lora_slots"])
     logits_out = g.output(C.LOGITS, F32, ["S", cfg.vocab_size])
     cos_t, sin_t = rope_tables(cfg)
     batch["cos"], batch["sin"] = g.weight("model.rope.cos", cos_t), g.weight("model.rope.sin", sin_t)
@@ -88,7 +96,7 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)                   # [T, H]
     x = decoder_layers(g, cfg, w, x, lambda h, i: attention(g, cfg, h, w, i, batch, kv, block_size, quant, kv_rotate),
-                       lambda g_, x_, w_, path, i: lora_proj(g_, x_, w_, path, i, batch["adapter"], quant))
+                       lambda g_, x_, ws, paths, i: lora_projs(g_, x_, ws, paths, i, batch["adapter"], quant))
 
     # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
     x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)

@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import decoder_layers, linear, lm_head, rms_norm, rope_tables
+from .graph_blocks import decoder_layers, linear, linear_group, lm_head, rms_norm, rope_tables
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
@@ -39,19 +39,20 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: s
               quant=None) -> str:
     """Causal GQA attention with a plain KV cache; returns [B, S, H] and adds present.i.* outputs.
 
-        h -> q_proj -> heads -> rope -> *1/sqrt(D) -> Reshape [B, Hkv, R, S, D] --+
-        h -> k_proj -> heads -> rope -> Concat(past) -> present.k [B,Hkv,T,D] --> MatMul(k^T)[B,Hkv,R,S,T] + bias
-        h -> v_proj -> heads ---------> Concat(past) -> present.v --------------> Softmax -> MatMul(v) -> o_proj
+        h -> q|k|v_proj (one matmul, Split):
+        q -> heads -> rope -> *1/sqrt(D) -> Reshape [B, Hkv, R, S, D] --+
+        k -> heads -> rope -> Concat(past) -> present.k [B,Hkv,T,D] --> MatMul(k^T)[B,Hkv,R,S,T] + bias
+        v -> heads ---------> Concat(past) -> present.v --------------> Softmax -> MatMul(v) -> o_proj
     K/V are broadcast over R inside MatMul (no repeated copy of the cache).
     """
     path = f"/model/layers.{i}/attn"
     p = f"model.layers.{i}.self_attn"
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    q = rotary(g, heads(g, linear(g, h, w[f"{p}.q_proj.weight"], f"{path}/q_proj", quant), hq, d, f"{path}/q"),
-               cos, sin, d // 2, f"{path}/q_rope")
-    k = rotary(g, heads(g, linear(g, h, w[f"{p}.k_proj.weight"], f"{path}/k_proj", quant), hkv, d, f"{path}/k"),
-               cos, sin, d // 2, f"{path}/k_rope")
-    v = heads(g, linear(g, h, w[f"{p}.v_proj.weight"], f"{path}/v_proj", quant), hkv, d, f"{path}/v")
+    targets = ("q_proj", "k_proj", "v_proj")
+    q, k, v = linear_group(g, h, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], quant)
+    q = rotary(g, heads(g, q, hq, d, f"{path}/q"), cos, sin, d // 2, f"{path}/q_rope")
+    k = rotary(g, heads(g, k, hkv, d, f"{path}/k"), cos, sin, d // 2, f"{path}/k_rope")
+    v = heads(g, v, hkv, d, f"{path}/v")
 
     kv_shape = ["batch", hkv, "total", d]
     past_k = g.input(C.past_key(i), F32, ["batch", hkv, "past", d])
@@ -115,7 +116,7 @@ def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata:
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)
     x = decoder_layers(g, cfg, w, x, lambda h, i: attention(g, cfg, h, w, i, cos, sin, bias, quant),
-                       lambda g_, x_, w_, path, i: linear(g_, x_, w_, path, quant))
+                       lambda g_, x_, ws, paths, i: linear_group(g_, x_, ws, paths, quant))
     x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
 
     # LM head on [B*S, H], back to [B, S, V]

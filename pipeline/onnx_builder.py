@@ -30,6 +30,7 @@ class GraphBuilder:
         self.opsets = {"": opset, **(extra_opsets or {})}
         self._names: set[str] = set()
         self._consts: dict[tuple, str] = {}
+        self._shared: set[str] = set()
         self._data = open(self.data_path, "wb")
         self._offset = 0
 
@@ -69,6 +70,13 @@ class GraphBuilder:
             self.initializers.append(numpy_helper.from_array(arr, name))
             self._consts[key] = name
         return self._consts[key]
+
+    def shared_weight(self, name: str, make) -> str:
+        """An initializer used by many nodes, written once: `make()` builds it on first use only."""
+        if name not in self._shared:
+            self._shared.add(name)
+            self.weight(name, make())
+        return name
 
     def weight(self, name: str, arr: np.ndarray) -> str:
         arr = np.ascontiguousarray(arr)

@@ -6,17 +6,28 @@
 MatMulNBits layout (checked against onnxruntime 1.31 by tests/pipeline/test_quantize.py, dequantize
 then MatMul vs the op): B is [N, k_blocks, block_size * bits / 8] uint8 with K zero-padded to whole
 blocks; 4-bit values two per byte, element 2j in the low nibble and 2j+1 in the high nibble. scales are
-fp32 [N * k_blocks]. zero_points are either uint8 packed like B along k_blocks (4-bit: two per byte,
-each row padded to whole bytes) or fp32 [N * k_blocks] (4-bit only; onnxruntime then dequantizes to
-fp32 instead of computing in int8). Without zero_points the zero point is 2^(bits-1) (symmetric).
-w ~= (q - zero_point) * scale, per (row n, block of K).
+fp32 [N * k_blocks]. We never pass zero_points: the op's implicit zero point 2^(bits-1) keeps its
+fastest path (int8 compute at accuracy_level 4; uint8 zero points cost ~10%, fp32 ones leave int8
+compute and cost ~4x).
 
-Algorithms: RTN (round to nearest on the block min/max or absmax) and HQQ (half-quadratic proximal
-optimisation of the zero point, Badri & Shaji 2023, fp32 zero points as onnxruntime's own HQQ
-quantizer writes them) need no data. GPTQ needs calibration activations and is not implemented yet:
-build refuses it with a one-line error rather than pretend.
+Two forms, per (row n, block b of K):
+    symmetric:   w ~= (q - 2^(bits-1)) * scale                      MatMulNBits alone
+    asymmetric:  w ~= (q - 2^(bits-1)) * scale + offset[n, b]       MatMulNBits + blocksum(x) @ offset^T
+The asymmetric form is llama.cpp's Q4_1 (w = d*q + m) rewritten with offset = m + 2^(bits-1) * d, so
+a block min/max grid, any fp32 zero point (HQQ) and GGUF Q4_1 weights are all represented up to the
+fp16 rounding of the offset (~2^-12 of it); the term is per-block sums of x times the offset table,
+added by the engine's MultiLoRA op (or two MatMuls in the portable graph; graph_blocks.project).
+fp16 because at decode the table streams from memory once per step: fp32 would add ~20% to the
+bytes an int4 projection reads.
 
-Errors per tensor: max_rel = max|w - w_hat| / max|w|, rms_rel = ||w - w_hat||_2 / ||w||_2.
+Algorithms: RTN (round to nearest on the block absmax, or on the block min..max exactly as Q4_1 does)
+and HQQ (half-quadratic proximal optimisation of the zero point, Badri & Shaji 2023) need no data.
+GPTQ (pipeline/gptq.py) rounds column by column with error feedback through the inverse Hessian of
+each layer's calibration inputs (pipeline/calib_activations.py): same grid and forms, less output
+error for more weight error. An int8 LM head stays RTN under every algorithm (below).
+
+Errors per tensor: max_rel = max|w - w_hat| / max|w|, rms_rel = ||w - w_hat||_2 / ||w||_2, and with
+GPTQ out_rel = ||X (w - w_hat)^T|| / ||X w^T|| on the calibration inputs X.
 """
 from __future__ import annotations
 
@@ -41,15 +52,27 @@ class QuantizedWeight:
     k: int
     bits: int
     block_size: int
-    data: np.ndarray                 # uint8 [N, k_blocks, block_size * bits / 8]
+    data: np.ndarray                 # uint8 [N, k_blocks, block_size * bits / 8], implicit zero point 2^(bits-1)
     scales: np.ndarray               # fp32 [N * k_blocks]
-    zero_points: np.ndarray | None   # uint8 packed [N * ceil(k_blocks * bits / 8)] or fp32 [N * k_blocks]
+    offsets: np.ndarray | None       # fp16 [N, k_blocks] (asymmetric form) or None (symmetric)
     max_rel: float = 0.0
     rms_rel: float = 0.0
+    out_rel: float | None = None     # relative output error on calibration inputs (GPTQ only)
 
     @property
     def k_blocks(self) -> int:
         return -(-self.k // self.block_size)
+
+    @staticmethod
+    def concat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
+        """Stack weights of one input along N (fused q|k|v or gate|up); blocks are per row, so this is exact."""
+        a = parts[0]
+        if any((p.k, p.bits, p.block_size, p.offsets is None) != (a.k, a.bits, a.block_size, a.offsets is None)
+               for p in parts):
+            raise ValueError("QuantizedWeight.concat needs one K, bits, block size and form")
+        return QuantizedWeight(sum(p.n for p in parts), a.k, a.bits, a.block_size,
+                               np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
+                               None if a.offsets is None else np.concatenate([p.offsets for p in parts]))
 
 
 # ---------------------------------------------------------------- packing
@@ -68,13 +91,6 @@ def _unpack_bits(p: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-def _pack_zero_points(zp: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 zero points [N, k_blocks] -> [N * ceil(k_blocks * bits / 8)] (rows padded to whole bytes)."""
-    if bits == 4 and zp.shape[1] % 2:
-        zp = np.concatenate([zp, np.zeros((zp.shape[0], 1), zp.dtype)], axis=1)
-    return _pack_bits(zp, bits).reshape(-1)
-
-
 def _blocks(w: np.ndarray, block_size: int) -> np.ndarray:
     """[N, K] -> [N, k_blocks, block_size], K zero-padded to whole blocks."""
     n, k = w.shape
@@ -85,25 +101,21 @@ def _blocks(w: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def dequantize(q: QuantizedWeight) -> np.ndarray:
-    """The NumPy reference: fp32 [N, K] that MatMulNBits multiplies by (up to its activation rounding)."""
+    """The NumPy reference: fp32 [N, K] that MatMulNBits (+ the offset term) multiplies by, up to its
+    activation rounding."""
     codes = _unpack_bits(q.data, q.bits).astype(np.float32)           # [N, kb, bs]
-    scales = q.scales.reshape(q.n, q.k_blocks, 1)
-    if q.zero_points is None:
-        zp = np.float32(1 << (q.bits - 1))
-    elif q.zero_points.dtype == np.float32:
-        zp = q.zero_points.reshape(q.n, q.k_blocks, 1)
-    else:
-        per_row = -(-q.k_blocks * q.bits // 8)
-        zp = _unpack_bits(q.zero_points.reshape(q.n, per_row), q.bits)[:, :q.k_blocks]
-        zp = zp.reshape(q.n, q.k_blocks, 1).astype(np.float32)
-    return ((codes - zp) * scales).reshape(q.n, -1)[:, :q.k]
+    w = (codes - np.float32(1 << (q.bits - 1))) * q.scales.reshape(q.n, q.k_blocks, 1)
+    if q.offsets is not None:
+        w = w + q.offsets.astype(np.float32).reshape(q.n, q.k_blocks, 1)
+    return w.reshape(q.n, -1)[:, :q.k]
 
 
 def _finish(w: np.ndarray, bits: int, block_size: int, codes: np.ndarray, scales: np.ndarray,
-            zero_points: np.ndarray | None) -> QuantizedWeight:
+            offsets: np.ndarray | None) -> QuantizedWeight:
+    """codes [N, kb, bs] in 0..2^bits-1, scales [N, kb, 1], offsets [N, kb, 1] or None -> the weight + its error."""
     n, k = w.shape
     q = QuantizedWeight(n, k, bits, block_size, _pack_bits(codes, bits), scales.astype(np.float32).reshape(-1),
-                        zero_points)
+                        None if offsets is None else offsets.astype(np.float16).reshape(n, -1))
     err = dequantize(q) - w
     peak, norm = float(np.abs(w).max()), float(np.sqrt(np.square(w, dtype=np.float64).sum()))
     q.max_rel = float(np.abs(err).max()) / peak if peak else 0.0
@@ -114,8 +126,9 @@ def _finish(w: np.ndarray, bits: int, block_size: int, codes: np.ndarray, scales
 # ---------------------------------------------------------------- quantizers
 
 class RTNQuantizer:
-    """Round to nearest per block: symmetric (absmax / (2^(b-1) - 1), implicit zero point 2^(b-1)) or
-    asymmetric (block min..max over 0..2^b-1, uint8 zero point, so onnxruntime keeps int8 compute)."""
+    """Round to nearest per block: symmetric (absmax / (2^(b-1) - 1), llama.cpp's Q8_0 at 8 bits) or
+    asymmetric (block min..max over 0..2^b-1 with the min as offset, llama.cpp's Q4_1 at 4 bits, so
+    Q4_1 weights come back exactly)."""
     needs_data = False
 
     def __init__(self, bits: int, block_size: int, symmetric: bool):
@@ -131,21 +144,19 @@ class RTNQuantizer:
             scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
             codes = np.clip(np.rint(blk / scale) + mid, 0, qmax)
             return _finish(w, self.bits, self.block_size, codes, scale, None)
-        lo = np.minimum(blk.min(-1, keepdims=True), 0)
-        hi = np.maximum(blk.max(-1, keepdims=True), 0)
+        lo, hi = blk.min(-1, keepdims=True), blk.max(-1, keepdims=True)
         scale = ((hi - lo) / qmax).astype(np.float32)
         scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-        zp = np.clip(np.rint(-lo / scale), 0, qmax)
-        codes = np.clip(np.rint(blk / scale) + zp, 0, qmax)
-        return _finish(w, self.bits, self.block_size, codes, scale,
-                       _pack_zero_points(zp[..., 0].astype(np.uint8), self.bits))
+        codes = np.clip(np.rint((blk - lo) / scale), 0, qmax)
+        return _finish(w, self.bits, self.block_size, codes, scale, lo + (1 << (self.bits - 1)) * scale)
 
     dequantize = staticmethod(dequantize)
 
 
 class HQQQuantizer:
     """HQQ: asymmetric with an fp32 zero point optimised by half-quadratic splitting (lp-norm, p < 1, of the
-    weight error is robust to outliers). 4-bit only in onnxruntime (fp32 zero points); 8-bit falls back to RTN."""
+    weight error is robust to outliers), stored in the offset form: offset = (2^(b-1) - zero) * scale.
+    4-bit; 8-bit falls back to RTN (its grid is fine enough that the zero point hardly matters)."""
     needs_data = False
 
     def __init__(self, bits: int, block_size: int, symmetric: bool, iters: int = 20, lp_norm: float = 0.7,
@@ -180,8 +191,8 @@ class HQQQuantizer:
             beta *= self.kappa
         zero = best_zero.astype(np.float32)
         codes = np.clip(np.rint(blk * inv + zero), 0, qmax)
-        return _finish(w, self.bits, self.block_size, codes, (1.0 / inv).astype(np.float32),
-                       zero.reshape(-1).astype(np.float32))
+        scale = (1.0 / inv).astype(np.float32)
+        return _finish(w, self.bits, self.block_size, codes, scale, (np.float32(1 << (self.bits - 1)) - zero) * scale)
 
     dequantize = staticmethod(dequantize)
 
@@ -192,8 +203,8 @@ def make_quantizer(algo: str, bits: int, block_size: int, symmetric: bool = Fals
     if algo == "hqq":
         return HQQQuantizer(bits, block_size, symmetric)
     if algo == "gptq":
-        raise BuildError("--algo gptq is not implemented yet (it needs calibration activations per layer); "
-                         "use --algo rtn or --algo hqq")
+        from .gptq import GPTQQuantizer
+        return GPTQQuantizer(bits, block_size, symmetric)
     raise BuildError(f"--algo must be one of {', '.join(ALGOS)}; got '{algo}'")
 
 
@@ -239,7 +250,9 @@ class QuantPlan:
     symmetric: bool = False
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL
     keep: tuple[tuple[str, str], ...] = ()
-    report: dict = field(default_factory=dict)      # HF name -> {bits, block_size, max_rel, rms_rel}
+    report: dict = field(default_factory=dict)      # HF name -> {bits, block_size, algo, max_rel, rms_rel[, out_rel]}
+    # what GPTQ reads its Hessians from: .hessian(hf_name) -> [K, K] (pipeline.calib_activations.Calibration)
+    calibration: object = None
 
     def __post_init__(self):
         check_block_size(self.block_size)
@@ -248,7 +261,7 @@ class QuantPlan:
                 raise BuildError(f"--{name.replace('_', '-')} must be one of {', '.join(WEIGHT_DTYPES)}; "
                                  f"got '{getattr(self, name)}'")
         make_quantizer(self.algo, 4, self.block_size, self.symmetric)   # validates algo / scheme
-        self._quantizers: dict[int, object] = {}
+        self._quantizers: dict[tuple[str, int, bool], object] = {}   # (algo, bits, symmetric)
 
     def dtype_for(self, name: str) -> str:
         """fp32 | int8 | int4 for one HF tensor name (--keep globs first, in order)."""
@@ -261,13 +274,35 @@ class QuantPlan:
     def active(self) -> bool:
         return self.quant != "fp32" or self.lm_head != "fp32"
 
+    @property
+    def needs_calibration(self) -> bool:
+        """GPTQ with some tensor it quantizes (an int8 LM head alone stays RTN)."""
+        return self.algo == "gptq" and (self.quant != "fp32" or self.lm_head == "int4")
+
     def quantize(self, name: str, w: np.ndarray) -> QuantizedWeight | None:
         """The quantized weight, or None to keep it fp32; records the tensor's error in the report."""
         bits = WEIGHT_DTYPES[self.dtype_for(name)]
         if bits is None:
             return None
-        if bits not in self._quantizers:
-            self._quantizers[bits] = make_quantizer(self.algo, bits, self.block_size, self.symmetric)
-        q = self._quantizers[bits].quantize(w)
-        self.report[name] = {"bits": bits, "block_size": self.block_size, "max_rel": q.max_rel, "rms_rel": q.rms_rel}
+        # An int8 LM head is symmetric RTN: llama.cpp's Q8_0, exact on GGUF Q8_0 embeddings (SmolLM2's), and
+        # MatMulNBits' fastest path with no offset term on the model's largest matmul. An int4 one follows
+        # --algo (GPTQ from the final norm's output).
+        int8_head = name == "lm_head.weight" and bits == 8
+        symmetric = self.symmetric or int8_head
+        algo = "rtn" if int8_head or (symmetric and self.algo != "gptq") else self.algo
+        key = (algo, bits, symmetric)
+        if key not in self._quantizers:
+            self._quantizers[key] = make_quantizer(algo, bits, self.block_size, symmetric)
+        quantizer = self._quantizers[key]
+        if quantizer.needs_data:
+            if self.calibration is None:
+                raise BuildError(f"--algo gptq needs calibration activations for {name} and none were captured; "
+                                 "build with --calib-tokens N (N > 0) or use --algo rtn|hqq")
+            q = quantizer.quantize(w, self.calibration.hessian(name))
+        else:
+            q = quantizer.quantize(w)
+        self.report[name] = {"bits": bits, "block_size": self.block_size, "algo": algo, "max_rel": q.max_rel,
+                             "rms_rel": q.rms_rel}
+        if q.out_rel is not None:
+            self.report[name]["out_rel"] = q.out_rel
         return q

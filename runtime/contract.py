@@ -5,7 +5,8 @@ another FORMAT_VERSION or CONTRACT_VERSION is refused at load, by name.
 """
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 1        # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 2        # graph input/output names, shapes and semantics below
+                            # (2: float16 lora.* stacks, lora.rank per target)
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -61,8 +62,11 @@ def present_value(layer: int) -> str:
 #   token_adapter   [T]                 int32   adapter slot of each token, -1 = base model
 #   key_cache.{i} / value_cache.{i}     [num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
 #   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float32 (8-bit caches only)
-#   lora.{i}.{target}.a  [slots, in, r_max]   lora.{i}.{target}.b  [slots, r_max, out]
-#   lora.scale [slots] float32, lora.rank [slots] int32
+#   lora.{i}.{target}.a  [slots, in, r_max]   lora.{i}.{target}.b  [slots, r_max, out]   float16
+#       (the slot stacks; adapter files stay float32, converted when written into a slot)
+#   lora.scale [slots] float32
+#   lora.rank.{target} [slots] int32   the slot's adapter rank on that target, 0 where the adapter does not
+#       adapt it: MultiLoRA then skips the slot there instead of streaming its zero stacks
 # ->
 #   logits          [S, vocab]          float32
 #   key_cache_out.{i} ... (alias the inputs through IO binding: the pool is written in place)
@@ -74,7 +78,6 @@ BLOCK_TABLES = "block_tables"
 LOGITS_INDICES = "logits_indices"
 TOKEN_ADAPTER = "token_adapter"
 LORA_SCALE = "lora.scale"
-LORA_RANK = "lora.rank"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPS_DOMAIN = "ortllm"
 # build option --kv -> the KV dtype's name in PagedAttention's kv_dtype attribute and in CacheConfig
@@ -88,3 +91,7 @@ def cache_name(kind: str, layer: int, out: bool = False) -> str:
 
 def lora_name(layer: int, target: str, which: str) -> str:
     return f"lora.{layer}.{target}.{which}"
+
+
+def lora_rank_name(target: str) -> str:
+    return f"lora.rank.{target}"

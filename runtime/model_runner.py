@@ -79,20 +79,25 @@ class ModelRunner:
     def resize_adapter_slots(self, slots: int, max_rank: int) -> None:
         """(Re)allocate the adapter slot stacks, zero-filled, and bind them; slot contents are lost.
 
-        Per layer and target: A [slots, in, max_rank], B [slots, max_rank, out]; lora.scale / lora.rank [slots].
+        Per layer and target: A [slots, in, max_rank], B [slots, max_rank, out] float16 (MultiLoRA streams
+        them once per step: half the bytes of fp32); lora.scale [slots] float32; per target lora.rank.{target}
+        [slots] int32.
         """
         self.adapter_slots, self.adapter_rank = slots, max_rank
         self._bind_static(C.LORA_SCALE, np.zeros(slots, np.float32))
-        self._bind_static(C.LORA_RANK, np.zeros(slots, np.int32))
+        for target in C.LORA_TARGETS:
+            self._bind_static(C.lora_rank_name(target), np.zeros(slots, np.int32))
         for i in range(self.num_layers):
             for target in C.LORA_TARGETS:
                 a, b = C.lora_name(i, target, "a"), C.lora_name(i, target, "b")
-                self._bind_static(a, np.zeros((slots, self._lora_shapes[a][1], max_rank), np.float32))
-                self._bind_static(b, np.zeros((slots, max_rank, self._lora_shapes[b][2]), np.float32))
+                self._bind_static(a, np.zeros((slots, self._lora_shapes[a][1], max_rank), np.float16))
+                self._bind_static(b, np.zeros((slots, max_rank, self._lora_shapes[b][2]), np.float16))
 
     def write_adapter_slot(self, slot: int, tensors: dict[str, np.ndarray], rank: int, scale: float) -> None:
-        """Copy one adapter (layers.{i}.{target}.a [in, r] / .b [r, out]) into `slot` of the bound stacks.
-        Targets it does not adapt are zeroed. Writes the bound memory in place: no rebinding."""
+        """Copy one adapter (layers.{i}.{target}.a [in, r] / .b [r, out], float32 as stored) into `slot` of the
+        bound float16 stacks (numpy rounds to nearest on assignment). Targets it does not adapt are zeroed and
+        get rank 0, so MultiLoRA skips the slot there. Writes the bound memory in place: no rebinding."""
+        adapted = set()
         for i in range(self.num_layers):
             for target in C.LORA_TARGETS:
                 a = self._arrays[C.lora_name(i, target, "a")][slot]
@@ -103,7 +108,9 @@ class ModelRunner:
                 if key + ".a" in tensors:
                     a[:, :rank] = tensors[key + ".a"]
                     b[:rank] = tensors[key + ".b"]
-        self._arrays[C.LORA_RANK][slot] = rank
+                    adapted.add(target)
+        for target in C.LORA_TARGETS:
+            self._arrays[C.lora_rank_name(target)][slot] = rank if target in adapted else 0
         self._arrays[C.LORA_SCALE][slot] = scale
 
     def adapter_slot_bytes(self) -> int:

@@ -5,7 +5,8 @@ Same run, same thread count, systems alternated round by round; medians with min
     for one SmolLM2-135M layer (9 heads, 3 kv heads, head_dim 64, block 16): decode B = 1, 8, 16 at
     context 128 / 512 / 2048 and prefill 512. Caches are bound with IO binding, output = input buffer,
     for both systems (GQA's past/present share one buffer), so neither copies the past;
-  - MultiLoRA vs the plain-ONNX equivalent (Gather + MatMul + MatMul + Add), 1/2/4 adapters, T = 16;
+  - MultiLoRA vs the plain-ONNX equivalent (Gather + MatMul + MatMul + Add), 1/2/4 adapters, T = 16
+    (MultiLoRA's A/B slot stacks in float16, as the engine binds them; the stock-ops graph's in float32);
   - MultiLoRA (4 adapters, rank 16) added to a MatMulNBits int4 projection (576->576, 576->1536,
     block 32, accuracy_level 4) at T = 16: the added latency in percent.
 results.json = {"machine", "commit", "command", "results": [{scenario, system, batch, metric, median,
@@ -29,7 +30,7 @@ from onnx import TensorProto, helper
 
 from ortllm.runtime.ops_library import register_ops
 
-F32, I32, U8 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.UINT8
+F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
 H, HKV, D, BS = 9, 3, 64, 16          # SmolLM2-135M attention
 HIDDEN = H * D                          # 576
 MAX_POS = 4096
@@ -204,7 +205,8 @@ def kv_bytes_per_token(kv_dtype: str) -> int:
 # ---------------------------------------------------------------- LoRA
 
 def _lora_feeds(rng, T, in_dim, out_dim, n_adapters, rank, n_slots) -> dict:
-    """x [T, in], base_y [T, out], A [slots, in, r], B [slots, r, out], scale, rank, token_adapter [T]."""
+    """x [T, in], base_y [T, out], A [slots, in, r], B [slots, r, out], scale, rank, token_adapter [T].
+    A and B are float32 here (the stock-ops graph's); MultiLoRA takes them as float16 (_to_f16_stacks)."""
     return {
         "x": rng.standard_normal((T, in_dim), dtype=np.float32),
         "base_y": rng.standard_normal((T, out_dim), dtype=np.float32),
@@ -216,9 +218,14 @@ def _lora_feeds(rng, T, in_dim, out_dim, n_adapters, rank, n_slots) -> dict:
     }
 
 
+def _to_f16_stacks(feeds: dict) -> dict:
+    """MultiLoRA's A/B slot stacks are float16 (what the engine binds)."""
+    return {n: v.astype(np.float16) if n in ("A", "B") else v for n, v in feeds.items()}
+
+
 def multi_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slots=8):
-    feeds = _lora_feeds(rng, T, in_dim, out_dim, n_adapters, rank, n_slots)
-    types = {"rank": I32, "token_adapter": I32}
+    feeds = _to_f16_stacks(_lora_feeds(rng, T, in_dim, out_dim, n_adapters, rank, n_slots))
+    types = {"A": F16, "B": F16, "rank": I32, "token_adapter": I32}
     inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
     node = helper.make_node("MultiLoRA", list(feeds), ["y"], domain="ortllm")
     return Runner(_model([node], inputs, [_vi("y", F32, 2)]), feeds, threads)
@@ -273,12 +280,12 @@ def nbits_runner(rng, T, K, N, threads, lora_adapters=0, rank=16, n_slots=8, cop
         nodes.append(helper.make_node("MatMulNBits", ["x", f"W{i}", f"W{i}_scales"], [mm_out], domain="com.microsoft",
                                       K=K, N=N, bits=4, block_size=32, accuracy_level=4))
         if lora_adapters:
-            feeds[f"A{i}"] = rng.standard_normal((n_slots, K, rank), dtype=np.float32) * 0.05
-            feeds[f"B{i}"] = rng.standard_normal((n_slots, rank, N), dtype=np.float32) * 0.05
+            feeds[f"A{i}"] = (rng.standard_normal((n_slots, K, rank), dtype=np.float32) * 0.05).astype(np.float16)
+            feeds[f"B{i}"] = (rng.standard_normal((n_slots, rank, N), dtype=np.float32) * 0.05).astype(np.float16)
             nodes.append(helper.make_node("MultiLoRA", ["x", mm_out, f"A{i}", f"B{i}", "scale", "rank",
                                                         "token_adapter"], [f"y{i}"], domain="ortllm"))
         outputs.append(_vi(f"y{i}", F32, 2))
-    types = {"rank": I32, "token_adapter": I32}
+    types = {"rank": I32, "token_adapter": I32, **{n: F16 for n, v in feeds.items() if v.dtype == np.float16}}
     inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
     graph = helper.make_graph(nodes, "bench", inputs, outputs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)] +

@@ -23,7 +23,7 @@ PA_INPUTS = ["q", "k", "v", "positions", "cu_seqlens", "context_lens", "block_ta
 PA_OUTPUTS = ["attn", "key_cache_out", "value_cache_out", "key_scales_out", "value_scales_out"]
 LORA_INPUTS = ["x", "base_y", "A", "B", "scale", "rank", "token_adapter"]
 
-F32, I32, U8 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.UINT8
+F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,12 +72,15 @@ def paged_attention_model(*, num_heads, kv_num_heads, head_size, block_size, kv_
     return _model(node, inputs, outputs)
 
 
-def multi_lora_model() -> onnx.ModelProto:
-    types = [F32, F32, F32, F32, F32, I32, I32]
-    ranks = [2, 2, 3, 3, 1, 1, 1]
-    inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(LORA_INPUTS, types, ranks)]
+def multi_lora_model(block_size: int | None = None) -> onnx.ModelProto:
+    """One MultiLoRA node (A, B fp16); with block_size, also the optional offsets input [k_blocks, out] fp16."""
+    names = LORA_INPUTS + (["offsets"] if block_size is not None else [])
+    types = [F32, F32, F16, F16, F32, I32, I32, F16]
+    ranks = [2, 2, 3, 3, 1, 1, 1, 2]
+    inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(names, types, ranks)]
     outputs = [helper.make_tensor_value_info("y", F32, [None, None])]
-    node = helper.make_node("MultiLoRA", LORA_INPUTS, ["y"], domain="ortllm")
+    attrs = {"block_size": block_size} if block_size else {}
+    node = helper.make_node("MultiLoRA", names, ["y"], domain="ortllm", **attrs)
     return _model(node, inputs, outputs)
 
 

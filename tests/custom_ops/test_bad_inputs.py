@@ -185,10 +185,32 @@ def test_lora_token_count_mismatch(lora_sess):
     expect_error(lora_sess, f, r"input 'token_adapter' has shape \[5\], expected \[8\]")
 
 
+def test_lora_offsets_shape_mismatch():
+    f = lora_feeds()
+    f["offsets"] = np.zeros((3, 48), np.float16)                  # in 32 / block 16 = 2 blocks
+    expect_error(session(multi_lora_model(16)), f, r"input 'offsets' has shape \[3, 48\], expected \[2, 48\]")
+
+
+def test_lora_offsets_without_block_size():
+    f = lora_feeds()
+    f["offsets"] = np.zeros((2, 48), np.float16)
+    model = multi_lora_model(16)
+    del model.graph.node[0].attribute[:]
+    expect_error(session(model), f, r"input 'offsets' needs attribute block_size > 0; got block_size = 0")
+
+
 def test_lora_adapter_dtype_is_rejected_by_ort():
     model = multi_lora_model()
     model.graph.input[6].type.tensor_type.elem_type = TensorProto.INT64
     with pytest.raises(Exception, match=r"token_adapter"):
+        session(model)
+
+
+def test_lora_fp32_stacks_are_rejected_by_ort():
+    """A and B are fp16: a graph (e.g. an artifact of contract version 1) declaring them float is refused."""
+    model = multi_lora_model()
+    model.graph.input[2].type.tensor_type.elem_type = TensorProto.FLOAT
+    with pytest.raises(Exception, match=r"tensor\(float\)' of input parameter \(A\)"):
         session(model)
 
 

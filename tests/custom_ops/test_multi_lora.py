@@ -16,14 +16,15 @@ def sess():
 
 
 def make_case(rng, *, T, in_dim, out_dim, n_slots, r_max, ranks, n_adapters, frac_none=0.25):
+    """Feeds for one MultiLoRA call: A and B float16 (the slot stacks), the rest float32 / int32."""
     x = rng.standard_normal((T, in_dim), dtype=np.float32)
     base_y = rng.standard_normal((T, out_dim), dtype=np.float32)
-    A = rng.standard_normal((n_slots, in_dim, r_max), dtype=np.float32) / np.float32(np.sqrt(in_dim))
-    B = rng.standard_normal((n_slots, r_max, out_dim), dtype=np.float32) / np.float32(np.sqrt(r_max))
+    A = (rng.standard_normal((n_slots, in_dim, r_max)) / np.sqrt(in_dim)).astype(np.float16)
+    B = (rng.standard_normal((n_slots, r_max, out_dim)) / np.sqrt(r_max)).astype(np.float16)
     rank = np.array([ranks[i % len(ranks)] for i in range(n_slots)], dtype=np.int32)
-    for s in range(n_slots):  # padding past a slot's rank must be ignored: fill it with garbage
-        A[s, :, rank[s]:] = 1e6
-        B[s, rank[s]:, :] = 1e6
+    for s in range(n_slots):  # padding past a slot's rank must never be read: NaN would show in y
+        A[s, :, rank[s]:] = np.nan
+        B[s, rank[s]:, :] = np.nan
     scale = rng.uniform(0.5, 2.0, n_slots).astype(np.float32)
     used = rng.choice(n_slots, size=n_adapters, replace=False) if n_adapters else np.array([], int)
     token_adapter = np.full(T, -1, dtype=np.int32)
@@ -43,6 +44,37 @@ def test_multi_lora_parity(sess, T, n_adapters, ranks):
     (y,) = sess.run(None, feeds)
     ref = multi_lora_ref(*(feeds[n] for n in LORA_INPUTS))
     assert_close(y, ref, atol=1e-5, rtol=1e-5, what="y")
+
+
+@pytest.mark.parametrize("T", [1, 7, 64])
+@pytest.mark.parametrize("out_dim", [203, 13])
+def test_multi_lora_odd_ranks_and_widths(sess, T, out_dim):
+    """Ranks and widths off the 16/8-column micro-kernel: the shrink's and the expand's tail columns."""
+    rng = np.random.default_rng(T * 7 + out_dim)
+    feeds = make_case(rng, T=T, in_dim=45, out_dim=out_dim, n_slots=4, r_max=24, ranks=(1, 5, 13, 21),
+                      n_adapters=4)
+    (y,) = sess.run(None, feeds)
+    assert_close(y, multi_lora_ref(*(feeds[n] for n in LORA_INPUTS)), atol=1e-5, rtol=1e-5, what="y")
+
+
+def test_multi_lora_fp16_stacks_vs_fp32_adapter(sess):
+    """The cost of storing adapters in fp16: against the fp32 weights before rounding, the update differs by
+    at most what rounding A and B (relative 2^-11 each) can do: scale * (2u + u^2) * (|x| @ |A|) @ |B|."""
+    rng = np.random.default_rng(5)
+    T, in_dim, out_dim, r = 16, 576, 960, 16
+    feeds = make_case(rng, T=T, in_dim=in_dim, out_dim=out_dim, n_slots=4, r_max=r, ranks=(r,), n_adapters=4)
+    A32 = (rng.standard_normal((4, in_dim, r)) / np.sqrt(in_dim)).astype(np.float32)
+    B32 = (rng.standard_normal((4, r, out_dim)) * 0.02).astype(np.float32)
+    feeds.update(A=A32.astype(np.float16), B=B32.astype(np.float16))
+    (y,) = sess.run(None, feeds)
+    fp32 = {**feeds, "A": A32, "B": B32}
+    ref = multi_lora_ref(*(fp32[n] for n in LORA_INPUTS))
+    u = 2.0 ** -11
+    bound = np.zeros((T, out_dim))
+    for t, a in enumerate(feeds["token_adapter"]):
+        if a >= 0:
+            bound[t] = feeds["scale"][a] * (2 * u + u * u) * (np.abs(feeds["x"][t]) @ np.abs(A32[a])) @ np.abs(B32[a])
+    assert_close(y, ref, atol=1e-5 + bound, rtol=1e-5, what="y (fp16 stacks) vs fp32 adapter")
 
 
 def test_multi_lora_fused_qkv_shapes(sess):
@@ -76,3 +108,17 @@ def test_multi_lora_output_aliases_base_y_under_io_binding(sess):
     binding.bind_ortvalue_output("y", buf)
     sess.run_with_iobinding(binding)
     assert_close(buf.numpy(), ref, atol=1e-5, rtol=1e-5, what="y (aliased base_y)")
+
+
+@pytest.mark.parametrize("T", [1, 16, 300])           # 300 x 18 x 960 multiply-adds: the threaded path
+@pytest.mark.parametrize("in_dim,block_size", [(576, 32), (576, 128), (64, 16)])   # 576/128: a short last block
+@pytest.mark.parametrize("n_adapters", [0, 3])
+def test_multi_lora_offsets_term(T, in_dim, block_size, n_adapters):
+    """The optional offsets input: y += blocksum(x) @ offsets, with or without adapters on the same call."""
+    rng = np.random.default_rng(T + in_dim + block_size + n_adapters)
+    feeds = make_case(rng, T=T, in_dim=in_dim, out_dim=960, n_slots=4, r_max=16, ranks=(16, 8),
+                      n_adapters=n_adapters)
+    feeds["offsets"] = (rng.standard_normal((-(-in_dim // block_size), 960)) * 0.01).astype(np.float16)
+    (y,) = session(multi_lora_model(block_size), threads=2).run(None, feeds)
+    ref = multi_lora_ref(*(feeds[n] for n in LORA_INPUTS), offsets=feeds["offsets"], block_size=block_size)
+    assert_close(y, ref, atol=1e-5, rtol=1e-5, what="y")

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from ortllm.pipeline.build import BuildOptions
 from ortllm.pipeline.errors import BuildError
-from ortllm.pipeline.graph_blocks import linear
+from ortllm.pipeline.graph_blocks import linear, linear_group
 from ortllm.pipeline.onnx_builder import GraphBuilder
 from ortllm.pipeline.quantize import QuantPlan, dequantize, hf_name, make_quantizer, parse_keep
 
@@ -50,12 +50,14 @@ def test_matmul_nbits_matches_numpy_dequantize(tmp_path, bits, algo, symmetric, 
     got, model = _run_linear(tmp_path, w, x, plan)
     q = make_quantizer(algo, bits, block_size, symmetric).quantize(w)
     ref = x @ dequantize(q).T
-    assert [n.op_type for n in model.graph.node if n.op_type != "Identity"] == ["MatMulNBits"]
+    ops = [n.op_type for n in model.graph.node if n.op_type != "Identity"]
+    # no zero_points input ever: the op's fastest path; the asymmetric form adds its offset term
+    assert all(len(n.input) == 3 for n in model.graph.node if n.op_type == "MatMulNBits")
+    assert ops == (["MatMulNBits"] if symmetric else ["MatMulNBits", "MatMul", "Cast", "MatMul", "Add"])
     _close(got, ref, rtol=1e-4, atol_frac=1e-5)
-    if not (algo == "hqq" and bits == 4):      # fp32 zero points: onnxruntime computes in fp32 at any level
-        plan4 = QuantPlan(quant=f"int{bits}", block_size=block_size, algo=algo, symmetric=symmetric)
-        got4, _ = _run_linear(tmp_path, w, x, plan4)
-        _close(got4, ref, rtol=0.05, atol_frac=0.03)     # int8 activations: a few % of the output scale
+    plan4 = QuantPlan(quant=f"int{bits}", block_size=block_size, algo=algo, symmetric=symmetric)
+    got4, _ = _run_linear(tmp_path, w, x, plan4)
+    _close(got4, ref, rtol=0.05, atol_frac=0.03)     # int8 activations: a few % of the output scale
 
 
 def test_error_report_is_the_dequantized_error():
@@ -81,8 +83,10 @@ def test_hqq_not_worse_than_rtn_on_heavy_tails():
     assert mean_abs(hqq) <= mean_abs(rtn)
 
 
-def test_hqq_reproduces_an_asymmetric_4bit_grid():
-    """Weights that already sit on a Q4_1-style grid (block min + q * step) come back exactly (SmolLM2's case)."""
+@pytest.mark.parametrize("algo", ["rtn", "hqq"])
+def test_asymmetric_4bit_reproduces_a_q4_1_grid(algo):
+    """Weights that already sit on llama.cpp's Q4_1 grid (block min + q * step, q spanning 0..15, as Q4_1
+    quantization always leaves it) come back exactly (SmolLM2's GGUF case)."""
     rng = np.random.default_rng(2)
     q = rng.integers(0, 16, (16, 128)).astype(np.float32)
     q[:, ::32] = 0
@@ -90,8 +94,40 @@ def test_hqq_reproduces_an_asymmetric_4bit_grid():
     step = rng.uniform(0.01, 0.05, (16, 4, 1)).astype(np.float32)
     lo = rng.uniform(-0.5, -0.1, (16, 4, 1)).astype(np.float32)
     w = (lo + q.reshape(16, 4, 32) * step).reshape(16, 128).astype(np.float32)
-    out = make_quantizer("hqq", 4, 32, False).quantize(w)
-    assert out.rms_rel < 1e-6
+    out = make_quantizer(algo, 4, 32, False).quantize(w)
+    assert out.rms_rel < 2 ** -11                  # only the fp16 rounding of the offsets (<= 2^-12 of each)
+    codes = (w.reshape(16, 4, 32) - lo) / step
+    assert np.array_equal(np.rint(codes).reshape(16, 128), q)    # the grid itself is found exactly
+
+
+def test_fused_projections_are_one_matmul_split_back(tmp_path):
+    """q|k|v through linear_group: one MatMulNBits (+ offset term) on the stacked weight, then Split; each
+    part equals its own projection; a --keep that gives the parts different dtypes falls back to separate ops."""
+    rng = np.random.default_rng(3)
+    ws = [rng.standard_normal((n, 64)).astype(np.float32) * 0.1 for n in (64, 32, 32)]
+    paths = [f"/model/layers.0/attn/{t}_proj" for t in "qkv"]
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+
+    def run(plan):
+        g = GraphBuilder(tmp_path / "m.onnx.data")
+        x_in = g.input("x", TensorProto.FLOAT, ["M", 64])
+        for j, y in enumerate(linear_group(g, x_in, ws, paths, plan)):
+            g.identity(y, g.output(f"y{j}", TensorProto.FLOAT, ["M", ws[j].shape[0]]), f"/out{j}")
+        g.save(tmp_path / "m.onnx", "t")
+        sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+        model = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+        return sess.run(None, {"x": x}), [n.op_type for n in model.graph.node if n.op_type != "Identity"]
+
+    got, ops = run(QuantPlan(quant="int4", block_size=16, accuracy_level=0))
+    assert ops[:2] == ["MatMulNBits", "Split"] and sorted(ops[2:]) == ["Add"] * 3 + ["Cast"] * 3 + ["MatMul"] * 6
+    for y, w in zip(got, ws):
+        _close(y, x @ dequantize(make_quantizer("rtn", 4, 16, False).quantize(w)).T, rtol=1e-4, atol_frac=1e-5)
+    got, ops = run(None)
+    assert ops == ["MatMul", "Split"]
+    for y, w in zip(got, ws):
+        np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-6)
+    _, ops = run(QuantPlan(quant="int4", block_size=16, keep=parse_keep(["*.k_proj.weight=fp32"])))
+    assert ops.count("MatMulNBits") == 2 and "Split" not in ops
 
 
 def test_fp32_linear_is_a_plain_matmul(tmp_path):
@@ -121,7 +157,8 @@ def test_keep_patterns_and_lm_head_choice():
     (dict(quant="int4", algo="awq"), "--algo must be one of"),
     (dict(quant="int4", block_size=24), "power of two >= 16"),
     (dict(quant="int4", block_size=8), "power of two >= 16"),
-    (dict(quant="int4", algo="gptq"), "gptq is not implemented yet"),
+    (dict(quant="int4", algo="gptq", calib_tokens=0), "gptq needs calibration data: set --calib-tokens"),
+    (dict(quant="int4", calib_tokens=-1), "--calib-tokens must be an integer >= 0"),
     (dict(quant="int4", keep=("model.layers.*",)), "PATTERN=fp32|int8"),
     (dict(quant="int4", keep=("model.*=int4",)), "PATTERN=fp32|int8"),
     (dict(keep=("model.*=int8",)), "add --quant int8|int4"),
@@ -137,7 +174,8 @@ def test_bad_options_are_one_line_errors(opts, match):
 
 
 def test_quantized_tiny_build_has_quality_json(tmp_path):
-    """llama-tiny-random int4 + int8 LM head: MatMulNBits everywhere but the embedding, quality.json in the manifest."""
+    """llama-tiny-random int4 + int8 LM head: MatMulNBits everywhere but the embedding (q|k|v and gate|up
+    fused), fp32 MatMuls only in the offset terms, quality.json in the manifest."""
     from ortllm.pipeline.build import build
     out = tmp_path / "tiny-int4"
     manifest = build("llama-tiny-random", out, BuildOptions(quant="int4", lm_head="int8", block_size=16,
@@ -149,6 +187,8 @@ def test_quantized_tiny_build_has_quality_json(tmp_path):
     assert "lm_head.weight" in q["tensors"] and q["tensors"]["lm_head.weight"]["bits"] == 8
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     ops = [n.op_type for n in model.graph.node]
-    assert "MatMul" not in ops and "Gemm" not in ops
-    assert ops.count("MatMulNBits") == 2 * 7 + 1
+    assert "Gemm" not in ops
+    assert ops.count("MatMulNBits") == 2 * 4 + 1
+    offset_terms = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
+    assert all(name.startswith("block_indicator.") or name.endswith(".offsets") for name in offset_terms)
     assert not list(tmp_path.glob(".*fp32ref*"))          # the in-build reference is gone

@@ -1,13 +1,20 @@
 """Reference MultiLoRA: y[t] = base_y[t] + scale[a] * (x[t] @ A[a][:, :r]) @ B[a][:r, :],
-a = token_adapter[t], r = rank[a]; a = -1 adds nothing. One token at a time, in float64."""
+a = token_adapter[t], r = rank[a]; a = -1 adds nothing. With offsets [k_blocks, out] (the offset term of
+an asymmetric quantized base projection) every token also gets sum_b (sum of x[t] over block b) *
+offsets[b]. A, B and offsets are float16 as the op takes them (any float dtype works: each is used at
+its exact value). One token at a time, in float64."""
 
 from __future__ import annotations
 
 import numpy as np
 
 
-def multi_lora_ref(x, base_y, A, B, scale, rank, token_adapter) -> np.ndarray:
+def multi_lora_ref(x, base_y, A, B, scale, rank, token_adapter, offsets=None, block_size=0) -> np.ndarray:
     y = base_y.astype(np.float64).copy()
+    if offsets is not None:
+        for t in range(len(x)):
+            sums = [x[t, b * block_size:(b + 1) * block_size].astype(np.float64).sum() for b in range(len(offsets))]
+            y[t] += np.asarray(sums) @ offsets.astype(np.float64)
     for t, a in enumerate(token_adapter):
         if a < 0:
             continue

@@ -62,6 +62,17 @@ def test_engine_equals_peft(adapted):
                 assert got == ref, f"adapter {name} differs from PEFT + transformers"
 
 
+def test_slot_ranks_are_zero_on_targets_an_adapter_leaves_alone(adapted):
+    """MultiLoRA skips a slot where its rank is 0: an adapter on q,k,v,o must not cost gate/up/down anything."""
+    from ortllm.runtime import contract as C
+    art, _ = adapted
+    with Engine.from_artifact(art, num_blocks=128) as engine:
+        slots, failed = engine.adapters.activate(["ad0"])            # rank 8 on q, k, v, o
+        assert not failed
+        ranks = {t: int(engine.runner._arrays[C.lora_rank_name(t)][slots["ad0"]]) for t in C.LORA_TARGETS}
+    assert ranks == {"q_proj": 8, "k_proj": 8, "v_proj": 8, "o_proj": 8, "gate_proj": 0, "up_proj": 0, "down_proj": 0}
+
+
 def test_mixed_batch_equals_alone(adapted):
     art, models = adapted
     names = [None, *models]
@@ -130,6 +141,15 @@ def test_bad_peft_dirs_are_refused(adapted, tiny_weights, tmp_path):
         (bad / "adapter_config.json").write_text(json.dumps(cfg))
         with pytest.raises(BuildError, match=needle):
             add_adapter(art, bad, "bad")
+    from safetensors.numpy import load_file, save_file
+    huge = tmp_path / "huge"                 # a value float16 (the session's slot stacks) cannot hold
+    shutil.copytree(good, huge)
+    tensors = load_file(str(huge / "adapter_model.safetensors"))
+    key = next(k for k in tensors if "lora_B" in k)
+    tensors[key][0, 0] = 1e5
+    save_file(tensors, str(huge / "adapter_model.safetensors"))
+    with pytest.raises(BuildError, match=r"lora_B has max \|value\| 100000, outside float16"):
+        add_adapter(art, huge, "bad")
     with pytest.raises(BuildError, match="adapter_config.json"):
         add_adapter(art, tmp_path, "bad")
     with pytest.raises(BuildError, match="name"):

@@ -3,10 +3,13 @@
 // What: y[t] += scale[a] * (x[t] @ A[a][:, :r]) @ B[a][:r, :] for a = token_adapter[t] != -1,
 // r = rank[a]. Rows of A/B past a slot's rank are never read (slots are padded to r_max).
 // Why this way: tokens are grouped by adapter with a counting sort, so each distinct adapter costs
-// one shrink GEMM ([n_a, in] @ [in, r] -> h [n_a, r]) and one expand GEMM ([n_a, r] @ [r, out]
-// added into y), reading A[a] and B[a] once per call instead of once per token (a per-token GEMV
-// streams the adapter weights T times). The GEMMs take row-pointer arrays (VecOps::gemm_rows,
-// AVX2 4x16 micro-kernel), so the scattered token rows of x and y are used in place: no gather,
+// one shrink GEMM ([n_a, in] @ [in, r] -> h [n_a, r] fp32) and one expand GEMM ([n_a, r] @ [r, out]
+// times scale, added into y), reading A[a] and B[a] once per call instead of once per token (a
+// per-token GEMV streams the adapter weights T times). At decode that one read is what LoRA costs:
+// with 4 adapters of rank 16 on q,k,v,o the stacks are ~30 MB a step in fp32 beside ~67 MB of int4
+// base weights, so A and B are fp16 (half the bytes), widened to fp32 as they stream; h, y and the
+// accumulation stay fp32. The GEMMs take row-pointer arrays (VecOps::gemm_rows_f16b, AVX2 4x16
+// micro-kernel with F16C), so the scattered token rows of x and y are used in place: no gather,
 // no scatter, no copy. -1 tokens are never touched.
 // Threads: small calls (below kParallelMacs multiply-adds, e.g. T = 16 decode steps) run on the
 // calling thread, since waking the pool costs more than the work; larger ones run on the session
@@ -45,9 +48,9 @@ struct Ctx {
 
 void shrink(const Ctx& c, const Group& g, int64_t row0, int64_t n) {
   const MultiLoraDims& d = *c.d;
-  c.vec->gemm_rows(static_cast<int>(n), c.a->rank[g.slot], static_cast<int>(d.in_dim), 1.f,
-                   c.x_rows + g.begin + row0, c.a->A + g.slot * d.in_dim * d.max_rank,
-                   static_cast<int>(d.max_rank), c.h_rows + g.begin + row0);
+  c.vec->gemm_rows_f16b(static_cast<int>(n), c.a->rank[g.slot], static_cast<int>(d.in_dim), 1.f,
+                        c.x_rows + g.begin + row0, c.a->A + g.slot * d.in_dim * d.max_rank,
+                        static_cast<int>(d.max_rank), c.h_rows + g.begin + row0);
 }
 
 void expand(const Ctx& c, const Group& g, int64_t col0, int64_t cols) {
@@ -57,10 +60,10 @@ void expand(const Ctx& c, const Group& g, int64_t col0, int64_t cols) {
   for (int64_t r0 = 0; r0 < n; r0 += kRowChunk * 64) {
     const int64_t m = std::min<int64_t>(kRowChunk * 64, n - r0);
     for (int64_t i = 0; i < m; ++i) y_cols[i] = c.y_rows[g.begin + r0 + i] + col0;
-    c.vec->gemm_rows(static_cast<int>(m), static_cast<int>(cols), c.a->rank[g.slot],
-                     c.a->scale[g.slot], c.h_rows + g.begin + r0,
-                     c.a->B + g.slot * d.max_rank * d.out_dim + col0, static_cast<int>(d.out_dim),
-                     y_cols);
+    c.vec->gemm_rows_f16b(static_cast<int>(m), static_cast<int>(cols), c.a->rank[g.slot],
+                          c.a->scale[g.slot], c.h_rows + g.begin + r0,
+                          c.a->B + g.slot * d.max_rank * d.out_dim + col0, static_cast<int>(d.out_dim),
+                          y_cols);
   }
 }
 

@@ -1,6 +1,8 @@
 // Pure MultiLoRA kernel: y[t] += scale[a] * (x[t] @ A[a][:, :rank[a]]) @ B[a][:rank[a], :],
 // a = token_adapter[t] (-1: nothing). y must already hold base_y (the wrapper copies it unless the
-// output aliases base_y). Plain pointers and sizes; the wrapper validates shapes and indices.
+// output aliases base_y). A and B are IEEE fp16 bits (the slot stacks: their bytes are the cost);
+// x, y, scale and all accumulation are fp32. Plain pointers and sizes; the wrapper validates shapes
+// and indices.
 #pragma once
 #include <cstdint>
 
@@ -18,8 +20,8 @@ struct MultiLoraDims {
 
 struct MultiLoraArgs {
   const float* x;              // [T, in]
-  const float* A;              // [n_slots, in, r_max]
-  const float* B;              // [n_slots, r_max, out]
+  const uint16_t* A;           // [n_slots, in, r_max] fp16 bits
+  const uint16_t* B;           // [n_slots, r_max, out] fp16 bits
   const float* scale;          // [n_slots]
   const int32_t* rank;         // [n_slots], 0 <= rank <= r_max
   const int32_t* token_adapter;// [T], -1 or a slot

@@ -34,15 +34,23 @@ struct VecOps {
   // as pointer arrays, so the LoRA kernel works on scattered token rows without gathering them.
   void (*gemm_rows)(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
                     float* const* C);
+  // The same with B in IEEE fp16 (bits), widened to fp32 as it is read; fp32 accumulation. For the
+  // tables streamed from memory once per call, where their bytes are the cost: the LoRA slot stacks
+  // (kernels/multi_lora.h) and the block-offsets term (kernels/block_offsets.h).
+  void (*gemm_rows_f16b)(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B,
+                         int ldb, float* const* C);
 };
 
 const VecOps& vec_scalar_ops();
 const VecOps* vec_avx2_ops();  // nullptr when the build has no AVX2 path
-// The table for this CPU: AVX2+FMA when the CPU has both, else scalar.
+// The table for this CPU: AVX2+FMA+F16C when the CPU has all three, else scalar.
 // ORTLLM_OPS_ISA=scalar forces the fallback (tests use it to cover that path).
 const VecOps& vec();
 
 // fp8 e4m3fn byte -> float (exact). Shared by both paths and the quantizer.
 float e4m3_to_float(uint8_t code);
+
+// IEEE fp16 bits -> float (exact, subnormals and inf/nan included).
+float f16_to_float(uint16_t h);
 
 }  // namespace ortllm

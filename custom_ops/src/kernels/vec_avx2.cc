@@ -1,13 +1,15 @@
 // AVX2/FMA versions of the VecOps table (see vec.h for the contract and shapes).
 //
-// Only this file's functions are compiled for AVX2+FMA (via `#pragma GCC target`, after every
+// Only this file's functions are compiled for AVX2+FMA+F16C (via `#pragma GCC target`, after every
 // system header so no shared inline/template code gets AVX2 bodies); vec() selects this table at
-// run time only when the CPU reports both features. Why these shapes:
+// run time only when the CPU reports all three. Why these shapes:
 //  - scores: two query rows against 4 key rows at a time (8 accumulators, each K load feeds two
 //    FMAs), reduced by a hadd tree (one horizontal reduction per 4 scores instead of per score);
 //  - pv: two output rows x 32 dims stay in registers across a whole key block (D = 64);
-//  - gemm_rows: a 4x16 register-blocked micro-kernel (8 independent FMA chains) over row-pointer
-//    arrays, used for both the LoRA shrink ([n, in] @ [in, r]) and expand ([n, r] @ [r, out]);
+//  - gemm_rows / gemm_rows_f16b: one 4x16 register-blocked micro-kernel (8 independent FMA chains)
+//    over row-pointer arrays, templated on B's element type (fp32, or fp16 widened by F16C as it
+//    streams); the fp16 one serves the LoRA shrink ([n, in] @ [in, r]) and expand ([n, r] @ [r, out])
+//    and the block-offsets term ([T, k_blocks] @ [k_blocks, out]);
 //  - 8-bit dequantization is 8 lanes per step: int8 via sign-extend+convert, e4m3 via exponent
 //    re-biasing (subnormals by the "add 2^-6 then subtract" trick), so no lookup gathers.
 #include <immintrin.h>
@@ -20,7 +22,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 
 namespace ortllm {
 namespace avx2 {
@@ -325,17 +327,26 @@ void scal(float* y, int n, float a) {
   for (; i < n; ++i) y[i] *= a;
 }
 
+// Loads of 8 consecutive B entries as floats: fp32 as is, fp16 bits widened by F16C as they stream
+// (the conversion is one instruction per 8 values, shared by the MR rows that use them).
+inline __m256 load8(const float* b) { return _mm256_loadu_ps(b); }
+inline __m256 load8(const uint16_t* b) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+}
+inline float load1(const float* b) { return *b; }
+inline float load1(const uint16_t* b) { return _cvtsh_ss(*b); }
+
 // C[i][n0:n0+16] += alpha * sum_k A[i][k] * B[k][n0:n0+16], i < MR (MR <= 4): 2*MR independent
 // accumulators starting at zero, alpha applied once at the end; A entries are memory broadcasts.
-template <int MR>
-inline void micro16(int K, float alpha, const float* const* A, const float* B, int ldb,
+template <int MR, class TB>
+inline void micro16(int K, float alpha, const float* const* A, const TB* B, int ldb,
                     float* const* C, int n0) {
   __m256 c0[MR], c1[MR];
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
   for (int k = 0; k < K; ++k) {
-    const float* b = B + static_cast<size_t>(k) * ldb + n0;
-    const __m256 b0 = _mm256_loadu_ps(b);
-    const __m256 b1 = _mm256_loadu_ps(b + 8);
+    const TB* b = B + static_cast<size_t>(k) * ldb + n0;
+    const __m256 b0 = load8(b);
+    const __m256 b1 = load8(b + 8);
     for (int i = 0; i < MR; ++i) {
       const __m256 a = _mm256_broadcast_ss(A[i] + k);
       c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
@@ -350,13 +361,13 @@ inline void micro16(int K, float alpha, const float* const* A, const float* B, i
   }
 }
 
-template <int MR>
-inline void micro8(int K, float alpha, const float* const* A, const float* B, int ldb,
+template <int MR, class TB>
+inline void micro8(int K, float alpha, const float* const* A, const TB* B, int ldb,
                    float* const* C, int n0) {
   __m256 c0[MR];
   for (int i = 0; i < MR; ++i) c0[i] = _mm256_setzero_ps();
   for (int k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(B + static_cast<size_t>(k) * ldb + n0);
+    const __m256 b0 = load8(B + static_cast<size_t>(k) * ldb + n0);
     for (int i = 0; i < MR; ++i) c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(A[i] + k), b0, c0[i]);
   }
   const __m256 al = _mm256_set1_ps(alpha);
@@ -364,8 +375,8 @@ inline void micro8(int K, float alpha, const float* const* A, const float* B, in
     _mm256_storeu_ps(C[i] + n0, _mm256_fmadd_ps(al, c0[i], _mm256_loadu_ps(C[i] + n0)));
 }
 
-template <int MR>
-void gemm_mr(int N, int K, float alpha, const float* const* A, const float* B, int ldb,
+template <int MR, class TB>
+void gemm_mr(int N, int K, float alpha, const float* const* A, const TB* B, int ldb,
              float* const* C) {
   int n = 0;
   for (; n + 16 <= N; n += 16) micro16<MR>(K, alpha, A, B, ldb, C, n);
@@ -373,14 +384,15 @@ void gemm_mr(int N, int K, float alpha, const float* const* A, const float* B, i
   for (; n < N; ++n) {
     for (int i = 0; i < MR; ++i) {
       float acc = 0.f;
-      for (int k = 0; k < K; ++k) acc += A[i][k] * B[static_cast<size_t>(k) * ldb + n];
+      for (int k = 0; k < K; ++k) acc += A[i][k] * load1(B + static_cast<size_t>(k) * ldb + n);
       C[i][n] += alpha * acc;
     }
   }
 }
 
-void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
-               float* const* C) {
+template <class TB>
+void gemm_rows_t(int M, int N, int K, float alpha, const float* const* A, const TB* B, int ldb,
+                 float* const* C) {
   int m = 0;
   for (; m + 4 <= M; m += 4) gemm_mr<4>(N, K, alpha, A + m, B, ldb, C + m);
   switch (M - m) {
@@ -389,6 +401,16 @@ void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const fl
     case 1: gemm_mr<1>(N, K, alpha, A + m, B, ldb, C + m); break;
     default: break;
   }
+}
+
+void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
+               float* const* C) {
+  gemm_rows_t(M, N, K, alpha, A, B, ldb, C);
+}
+
+void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B,
+                    int ldb, float* const* C) {
+  gemm_rows_t(M, N, K, alpha, A, B, ldb, C);
 }
 
 }  // namespace
@@ -401,7 +423,8 @@ namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table, never runs AVX2 code itself.
 const VecOps* vec_avx2_ops() {
   static const VecOps ops{"avx2",          avx2::scores,  avx2::pv,   avx2::dequant_i8,
-                          avx2::dequant_e4m3, avx2::exp_sum, avx2::vmax, avx2::scal, avx2::gemm_rows};
+                          avx2::dequant_e4m3, avx2::exp_sum, avx2::vmax, avx2::scal, avx2::gemm_rows,
+                          avx2::gemm_rows_f16b};
   return &ops;
 }
 }  // namespace ortllm

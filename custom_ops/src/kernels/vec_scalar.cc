@@ -1,13 +1,33 @@
 // Portable scalar versions of the VecOps table (see vec.h). Straightforward loops that the
 // compiler may auto-vectorize with the baseline ISA (SSE2); they are also the fallback on CPUs
-// without AVX2/FMA. Shapes as documented in vec.h.
+// without AVX2/FMA/F16C. Shapes as documented in vec.h.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "vec.h"
 
 namespace ortllm {
+
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  float mag;
+  if (exp == 0) {
+    mag = std::ldexp(static_cast<float>(man), -24);                  // zero and subnormals
+  } else if (exp == 31) {
+    mag = man ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  } else {
+    uint32_t bits = ((exp + 112u) << 23) | (man << 13);
+    std::memcpy(&mag, &bits, sizeof mag);
+  }
+  uint32_t out;
+  std::memcpy(&out, &mag, sizeof out);
+  out |= sign;
+  std::memcpy(&mag, &out, sizeof mag);
+  return mag;
+}
 
 float e4m3_to_float(uint8_t code) {
   // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no inf; 0x7f/0xff are NaN (never written).
@@ -90,10 +110,30 @@ void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const fl
   }
 }
 
+// Each row segment of B is widened once into `b` and used by all M rows (f16_to_float is not cheap).
+void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B,
+                    int ldb, float* const* C) {
+  constexpr int kCols = 256;
+  float b[kCols];
+  for (int n0 = 0; n0 < N; n0 += kCols) {
+    const int nc = N - n0 < kCols ? N - n0 : kCols;
+    for (int k = 0; k < K; ++k) {
+      const uint16_t* bk = B + static_cast<size_t>(k) * ldb + n0;
+      for (int n = 0; n < nc; ++n) b[n] = f16_to_float(bk[n]);
+      for (int m = 0; m < M; ++m) {
+        const float a = alpha * A[m][k];
+        float* c = C[m] + n0;
+        for (int n = 0; n < nc; ++n) c[n] += a * b[n];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar", scores, pv, dequant_i8, dequant_e4m3, exp_sum, vmax, scal, gemm_rows};
+  static const VecOps ops{"scalar", scores, pv,        dequant_i8, dequant_e4m3,
+                          exp_sum,  vmax,   scal, gemm_rows,  gemm_rows_f16b};
   return ops;
 }
 
@@ -102,7 +142,8 @@ const VecOps& vec() {
     const char* force = std::getenv("ORTLLM_OPS_ISA");
     if (force && std::strcmp(force, "scalar") == 0) return &vec_scalar_ops();
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && vec_avx2_ops())
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c") && vec_avx2_ops())
       return vec_avx2_ops();
     return &vec_scalar_ops();
   }();

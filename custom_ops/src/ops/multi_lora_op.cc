@@ -1,23 +1,28 @@
 // ORT-facing wrapper of MultiLoRA: shape/index validation (every error names the input and the
-// bad value), output aliasing (copy base_y only when y is another buffer), then the pure kernel
-// on the session's intra-op pool.
+// bad value), output aliasing (copy base_y only when y is another buffer), then the pure kernels
+// (the optional block offsets, then the adapters) on the session's intra-op pool.
 #include "multi_lora_op.h"
 
 #include <cstring>
 
+#include "../kernels/block_offsets.h"
 #include "../kernels/multi_lora.h"
 
 namespace ortllm {
 
-MultiLoraOp::MultiLoraOp(const OrtApi*, const OrtKernelInfo*) {}
+static_assert(sizeof(Ort::Float16_t) == sizeof(uint16_t), "A, B and offsets are read as fp16 bits");
+
+MultiLoraOp::MultiLoraOp(const OrtApi* api, const OrtKernelInfo* info)
+    : block_size_(attr_int(api, info, "block_size", 0)) {}
 
 Ort::Status MultiLoraOp::Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& x,
                                  const Ort::Custom::Tensor<float>& base_y,
-                                 const Ort::Custom::Tensor<float>& A,
-                                 const Ort::Custom::Tensor<float>& B,
+                                 const Ort::Custom::Tensor<Ort::Float16_t>& A,
+                                 const Ort::Custom::Tensor<Ort::Float16_t>& B,
                                  const Ort::Custom::Tensor<float>& scale,
                                  const Ort::Custom::Tensor<int32_t>& rank,
                                  const Ort::Custom::Tensor<int32_t>& token_adapter,
+                                 std::optional<const Ort::Custom::Tensor<Ort::Float16_t>*> offsets,
                                  Ort::Custom::Tensor<float>& y) {
   constexpr const char* op = "MultiLoRA";
   try {
@@ -46,14 +51,24 @@ Ort::Status MultiLoraOp::Compute(OrtKernelContext* ctx, const Ort::Custom::Tenso
         fail(op, ": input 'token_adapter'[", t, "] = ", ta[t], " is not -1 or a slot in [0, ",
              n_slots, ")");
 
+    const uint16_t* off = nullptr;
+    if (offsets.has_value() && *offsets != nullptr) {
+      if (block_size_ <= 0)
+        fail(op, ": input 'offsets' needs attribute block_size > 0; got block_size = ", block_size_);
+      expect_shape(op, "offsets", (*offsets)->Shape(), {(in + block_size_ - 1) / block_size_, out});
+      off = reinterpret_cast<const uint16_t*>((*offsets)->Data());  // Float16_t is the fp16 bits
+    }
+
     float* yp = y.Allocate({T, out});
     const float* bp = base_y.Data();
     if (yp != bp && T * out > 0) std::memcpy(yp, bp, sizeof(float) * static_cast<size_t>(T * out));
     if (T == 0 || out == 0) return Ort::Status{nullptr};
 
-    MultiLoraDims dims{T, in, out, n_slots, r_max};
-    MultiLoraArgs args{x.Data(), A.Data(), B.Data(), scale.Data(), rk, ta, yp};
     Parallel par{ort_parallel_for, ctx};
+    if (off != nullptr) add_block_offsets({T, in, out, block_size_}, x.Data(), off, yp, par);
+    MultiLoraDims dims{T, in, out, n_slots, r_max};
+    MultiLoraArgs args{x.Data(), reinterpret_cast<const uint16_t*>(A.Data()),
+                       reinterpret_cast<const uint16_t*>(B.Data()), scale.Data(), rk, ta, yp};
     multi_lora(dims, args, par);
     return Ort::Status{nullptr};
   } catch (const OpError& e) {
