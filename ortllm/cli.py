@@ -21,7 +21,10 @@ def _add_build(sub) -> None:
     p.add_argument("--quant", default=None, help="fp32|int8|int4 (default: the recipe's)")
     p.add_argument("--block-size", type=int, default=None,
                    help="quantization block size, a power of two >= 16: 16|32|64|128|256 (default: recipe's)")
-    p.add_argument("--algo", default="rtn", help="rtn|hqq|gptq (gptq: not implemented yet)")
+    p.add_argument("--algo", default="rtn",
+                   help="rtn|hqq|gptq (gptq: error feedback from calibration activations of the fp32 model)")
+    p.add_argument("--calib-tokens", type=int, default=8192, metavar="N",
+                   help="calibration tokens for --algo gptq (windows of 256; default 8192)")
     p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
     p.add_argument("--lm-head", default="fp32", help="fp32|int8|int4")
@@ -49,7 +52,8 @@ def _run_build(a) -> int:
         block_size=a.block_size or defaults.get("block_size", 32),
         algo=a.algo, lm_head=a.lm_head, kv=a.kv or defaults.get("kv", "fp32"),
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
-        accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate))
+        accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
+        calib_tokens=a.calib_tokens)
     build(a.model, a.out, opts, source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
     return 0
 
@@ -195,52 +199,82 @@ def _run_adapters(a) -> int:
 
 # ---------------------------------------------------------------- bench
 
-BENCH_SCENARIOS = ("engine", "ops", "lora-overhead", "lora-trace", "decode", "prefill", "long-context")
+BENCH_SCENARIOS = ("engine", "ops", "lora-overhead", "lora-trace", "decode", "prefill", "long-context", "serve",
+                   "memory")
 PEER_SCENARIOS = ("decode", "prefill", "long-context")
+ARTIFACT_SCENARIOS = ("engine", "lora-overhead", "lora-trace", "serve", "memory")
+DEFAULT_BATCHES, SERVE_CONCURRENCY = "1,4,8,16,32", "1,4,16"
 
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="measure throughput (figures for docs/benchmarks.md)")
     p.add_argument("artifact", type=Path, nargs="?", help="engine artifact (not needed for --scenario ops)")
     p.add_argument("--scenario", default="engine",
-                   help="comma-separated: engine (decode B=1..32, prefill 512, KV bytes), ops (custom ops), "
-                        "lora-overhead (16 sequences over 0/1/2/4 adapters), lora-trace (Zipf over 4 and 16)")
-    p.add_argument("--batches", default="1,4,8,16,32", help="batch sizes for the engine and peer scenarios")
+                   help="comma-separated: engine (decode B=1..32, prefill 512), ops (custom ops), "
+                        "lora-overhead (16 sequences over 0/1/2/4 adapters), lora-trace (Zipf over 4 and 16), "
+                        "decode, prefill, long-context (alternating with --peers), serve (HTTP load on `ortllm serve`: "
+                        "TTFT/TPOT/ITL p50/p90/p99, throughput, goodput), memory (KV bytes per token, peak RSS at "
+                        "load and after a B=16 decode, in a fresh process)")
+    p.add_argument("--batches", default=None,
+                   help=f"batch sizes for the engine and peer scenarios (default {DEFAULT_BATCHES}); concurrent "
+                        f"streams for serve (default {SERVE_CONCURRENCY})")
     p.add_argument("--peers", default=None,
                    help="comma-separated llama.cpp,onnxruntime-genai,transformers or 'all': alternate with them on "
-                        "decode/prefill/long-context (install them with: make bench-peers)")
+                        "decode/prefill/long-context (all three unless some are named, or memory is) and measure "
+                        "their peak RSS under memory (install them with: make bench-peers)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
-    p.add_argument("--out", type=Path, required=True, help="directory for results.json")
+    p.add_argument("--slo-ttft", type=float, default=1000.0, metavar="MS",
+                   help="serve: goodput counts requests with time to first token <= MS (default 1000)")
+    p.add_argument("--slo-tpot", type=float, default=100.0, metavar="MS",
+                   help="serve: ... and time per output token <= MS (default 100)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="directory for results.json, results.md and the PNG plots")
     p.set_defaults(run=_run_bench)
 
 
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    from ortllm.pipeline.errors import BuildError
+    try:
+        values = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise BuildError(f"{option} must be comma-separated integers; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise BuildError(f"{option} must be positive integers; got {text!r}")
+    return values
+
+
 def _run_bench(a) -> int:
-    from ortllm.bench.results import markdown_table, write_results
+    from ortllm.bench.results import markdown_table, write_markdown, write_results
     from ortllm.pipeline.errors import BuildError
 
     scenarios = [s.strip() for s in a.scenario.split(",") if s.strip()]
     unknown = sorted(set(scenarios) - set(BENCH_SCENARIOS))
     if unknown:
         raise BuildError(f"unknown --scenario {', '.join(unknown)}; choose from {', '.join(BENCH_SCENARIOS)}")
-    try:
-        batches = tuple(int(b) for b in a.batches.split(","))
-    except ValueError:
-        raise BuildError(f"--batches must be comma-separated integers; got {a.batches!r}") from None
+    batches = _int_list(a.batches or DEFAULT_BATCHES, "--batches")
+    concurrency = _int_list(a.batches or SERVE_CONCURRENCY, "--batches")
+    if not (a.slo_ttft > 0 and a.slo_tpot > 0):
+        raise BuildError(f"--slo-ttft and --slo-tpot must be > 0 ms; got {a.slo_ttft:g} and {a.slo_tpot:g}")
     rows: list[dict] = []
-    if {"engine", "lora-overhead", "lora-trace"} & set(scenarios) and a.artifact is None:
+    if set(ARTIFACT_SCENARIOS) & set(scenarios) and a.artifact is None:
         raise BuildError(f"--scenario {a.scenario} needs an ARTIFACT (an engine-graph artifact directory)")
+    peers_named = [s.strip() for s in (a.peers or "").split(",") if s.strip()]
+    if a.peers == "all":
+        from ortllm.bench.peers.runner import SYSTEMS
+        peers_named = list(SYSTEMS)
     if "engine" in scenarios:
         from ortllm.bench.engine import run as run_engine
         rows += run_engine(a.artifact, batches=batches, repeats=1 if a.quick else a.repeats, threads=a.threads)
     peer_scenarios = [s for s in scenarios if s in PEER_SCENARIOS]
-    if a.peers or peer_scenarios:
+    if a.peers and not peer_scenarios and "memory" not in scenarios:
+        peer_scenarios = list(PEER_SCENARIOS)        # --peers alone: every scenario they share with ortllm
+    if peer_scenarios:
         if a.artifact is None:
             raise BuildError("--peers and the decode/prefill/long-context scenarios need an ARTIFACT")
-        from ortllm.bench.peers.runner import SYSTEMS, run_alternating
-        peers = list(SYSTEMS) if a.peers == "all" else [s.strip() for s in (a.peers or "").split(",") if s.strip()]
-        rows += run_alternating(a.artifact, peers, peer_scenarios or list(PEER_SCENARIOS), batches,
+        from ortllm.bench.peers.runner import run_alternating
+        rows += run_alternating(a.artifact, peers_named, peer_scenarios, batches,
                                 1 if a.quick else a.repeats, a.threads or 2, log_dir=a.out / "peer-logs")
     if "lora-overhead" in scenarios:
         from ortllm.bench.lora import run_overhead
@@ -252,10 +286,28 @@ def _run_bench(a) -> int:
     if "ops" in scenarios:
         from ortllm.bench.ops import run as run_ops
         rows += run_ops(a.out, threads=a.threads or 2, quick=a.quick)
+    if "serve" in scenarios:
+        from ortllm.bench.serve import run as run_serve
+        rows += run_serve(a.artifact, concurrency, repeats=1 if a.quick else a.repeats, threads=a.threads,
+                          quick=a.quick, slo_ttft_ms=a.slo_ttft, slo_tpot_ms=a.slo_tpot, log_dir=a.out / "serve-logs")
+    if "memory" in scenarios:
+        from ortllm.bench.memory import run as run_memory
+        rows += run_memory(a.artifact, repeats=1 if a.quick else a.repeats, threads=a.threads, quick=a.quick,
+                           peers=peers_named, log_dir=a.out / "peer-logs")
     path = write_results(a.out, rows)
     print(markdown_table(rows))
-    print(f"results written to {path}", file=sys.stderr)
+    plots = _bench_plots(a.out, rows)
+    write_markdown(a.out, rows, plots=plots)
+    print(f"results written to {path} and {path.with_name('results.md')}", file=sys.stderr)
     return 0
+
+
+def _bench_plots(out: Path, rows: list[dict]) -> list[str]:
+    from ortllm.bench import plots
+    if not plots.available():
+        print(f"ortllm: plots skipped: matplotlib is not installed; to get them: {plots.HINT}", file=sys.stderr)
+        return []
+    return plots.write_plots(out, rows)
 
 
 # ---------------------------------------------------------------- serve

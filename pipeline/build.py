@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class BuildOptions:
     keep: tuple = ()              # ("GLOB=fp32|int8", ...) on HF tensor names: sensitive layers kept wider
     kv_rotate: bool = True        # Hadamard-rotate K (and Q) before an 8-bit KV cache
     quality_tokens: int = 512     # tokens of the in-build fidelity check (quality.json) of quantized builds
+    calib_tokens: int = 8192      # calibration tokens of --algo gptq (windows of 256; pipeline/calib_activations.py)
 
     def __post_init__(self):
         for name, allowed in (("quant", QUANTS), ("algo", ALGOS), ("lm_head", QUANTS), ("kv", KV_DTYPES),
@@ -60,6 +62,11 @@ class BuildOptions:
             raise BuildError(f"--accuracy-level must be 0..4 (4: int8 compute); got {self.accuracy_level}")
         if not isinstance(self.quality_tokens, int) or self.quality_tokens < 16:
             raise BuildError(f"quality_tokens must be an integer >= 16; got {self.quality_tokens!r}")
+        if not isinstance(self.calib_tokens, int) or self.calib_tokens < 0:
+            raise BuildError(f"--calib-tokens must be an integer >= 0; got {self.calib_tokens!r}")
+        if self.algo == "gptq" and self.calib_tokens < 16:
+            raise BuildError(f"--algo gptq needs calibration data: set --calib-tokens to at least 16 (default 8192; "
+                             f"got {self.calib_tokens}), or use --algo rtn|hqq, which need none")
         self.quant_plan()       # validates algo, scheme and --keep
         if not self.kv_rotate and self.kv == "fp32":
             raise BuildError("--kv-rotate 0 applies to 8-bit KV caches; add --kv int8|fp8 or drop it")
@@ -119,7 +126,32 @@ def write_graph(weights: ModelWeights, out: Path, opts: BuildOptions, plan: Quan
         build_portable_graph(weights, out / C.MODEL, out / C.MODEL_DATA, metadata=meta, quant=plan)
 
 
-def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan | None) -> None:
+def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan, meta: dict,
+                          log=print) -> dict | None:
+    """write_graph with the plan's calibration (GPTQ) captured in a scratch directory beside `tmp` while the
+    graph is built; returns the calibration's identity (None without one)."""
+    if not plan.needs_calibration:
+        write_graph(weights, tmp, opts, plan, meta)
+        return None
+    from .calib_activations import Calibration
+
+    scratch = tmp.with_name(tmp.name.replace(".building-", ".calib.building-"))   # cleaned like tmp if killed
+    shutil.rmtree(scratch, ignore_errors=True)
+    start = time.perf_counter()
+    try:
+        plan.calibration = cal = Calibration(weights, opts.calib_tokens, scratch, log=log)
+        write_graph(weights, tmp, opts, plan, meta)
+        log(f"GPTQ graph built in {time.perf_counter() - start:.0f} s (calibration passes {cal.seconds:.0f} s)")
+        return cal.info
+    finally:
+        if plan.calibration is not None:
+            plan.calibration.close()
+        plan.calibration = None
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan | None,
+                  calibration: dict | None = None) -> None:
     """quality.json: each quantized tensor's error and a short paired fidelity check against the same
     weights built in fp32 (fp32 KV) in a scratch directory beside `tmp`."""
     from ortllm.calibration.quality import in_build_quality
@@ -133,15 +165,22 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
         report = in_build_quality(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
     finally:
         shutil.rmtree(ref, ignore_errors=True)
+    if calibration is not None:
+        report["calibration"] = calibration
     (tmp / C.QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
-def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path) -> dict:
+def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path,
+                   log=print) -> dict:
     """Write every artifact file into `tmp` and return the manifest (also written)."""
     cfg = weights.config
     meta = {"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph}
     plan = opts.quant_plan() if opts.quant != "fp32" or opts.lm_head != "fp32" else None
-    write_graph(weights, tmp, opts, plan, meta)
+    calibration = None
+    if plan is None:
+        write_graph(weights, tmp, opts, plan, meta)
+    else:
+        calibration = write_quantized_graph(weights, tmp, opts, plan, meta, log)
     tok = weights.write_tokenizer(tmp) if weights.write_tokenizer else None
     eos = list(dict.fromkeys([*cfg.eos_token_ids, *(tok.eos_token_ids if tok else ())]))
     (tmp / C.CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -161,7 +200,7 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
         export_optimum(weights, tmp, tmp / "optimum")
 
     if opts.quantized:
-        write_quality(weights, tmp, opts, plan)
+        write_quality(weights, tmp, opts, plan, calibration)
 
     files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest = {
@@ -176,6 +215,8 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
         "files": files,
         "tools": _tool_versions(),
     }
+    if calibration is not None:
+        manifest["calibration"] = calibration     # GPTQ's data: token count and sha256 of its text and ids
     (tmp / C.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
@@ -212,7 +253,7 @@ def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, f
     tmp.mkdir()
     try:
         log(f"building {opts.graph} graph ({opts.quant}) ...")
-        manifest = write_artifact(weights, recipe_name, opts, tmp)
+        manifest = write_artifact(weights, recipe_name, opts, tmp, log)
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():
             out.rename(old)

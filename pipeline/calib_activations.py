@@ -1,0 +1,226 @@
+"""Calibration inputs of every projection, for GPTQ: H = 2/n X^T X per (layer, input) of the fp32 model.
+
+    calibration text -> token windows of CALIB_CTX tokens, --calib-tokens in all
+    the same weights as an fp32 portable graph in a scratch directory, with the input of each projection
+    matmul appended as a graph output (node paths of pipeline/graph_portable.py, quant=None):
+        /model/layers.{i}/attn/q_k_v_proj/MatMul   input 0 = input_layernorm output      -> q, k, v_proj
+        /model/layers.{i}/attn/o_proj/MatMul       input 0 = attention context           -> o_proj
+        /model/layers.{i}/mlp/gate_up_proj/MatMul  input 0 = post_attention_layernorm    -> gate, up_proj
+        /model/layers.{i}/mlp/down_proj/MatMul     input 0 = silu(gate) * up             -> down_proj
+        /lm_head/Gemm                              input 0 = final norm output           -> lm_head (int4)
+    onnxruntime over the windows, one window at a time -> sum of X^T X per input (fp32 products of
+    <= CALIB_CTX rows, summed in float64)
+
+Non-sequential GPTQ: every layer is calibrated on the fp32 model's activations, not on those of the
+already-quantized layers before it (the paper's sequential variant); one forward pass serves all layers.
+
+Memory: the float64 accumulators of all inputs are 4 * L * (3 H^2 + I^2) bytes (SmolLM2-135M 0.8 GB,
+TinyLlama 7.8 GB), so inputs are captured in groups that fit `budget_bytes`, one forward pass per group,
+when the graph builder first asks for a tensor of that group (builders go layer by layer, so each group
+is captured once: SmolLM2 in one pass, TinyLlama in ~8). The capture session holds its own fp32 copy of
+the weights while the graph is built.
+
+Data: the project's corpus (calibration/data.py) read from its end, interleaved with chat prompts of
+another seed than the fidelity stream's (CORPUS_SEED + 1), EOS-joined. The fidelity stream starts with
+the same corpus from its beginning, so calibration and the fidelity check (the in-build 512 tokens,
+`ortllm eval`'s 16k) share no corpus text while both fit the corpus (SmolLM2: 112k tokens in all).
+HumanEval is left out: the humaneval suite scores all 164 canonical solutions. Models without a
+tokenizer (the random test models) calibrate on seeded random ids.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ortllm.runtime import contract as C
+
+from .errors import BuildError
+from .weights import ModelWeights
+
+CALIB_CTX = 256                  # tokens per window (fewer when the model's context is shorter)
+CALIB_SEED = 1                   # random ids of models without a tokenizer (quality.json uses 0)
+MEMORY_BUDGET = 1 << 30          # bytes of float64 accumulators held at once
+
+
+@dataclass(frozen=True)
+class CalibrationData:
+    windows: list[list[int]]     # token windows of <= ctx tokens, run independently
+    sha256: dict                 # source name -> sha256 of its text; "tokens" -> sha256 of the int32 ids
+    sources: str                 # how the stream was made (for the report)
+
+
+def _sha_tokens(windows: list[list[int]]) -> str:
+    return hashlib.sha256(np.concatenate([np.asarray(w, np.int32) for w in windows]).tobytes()).hexdigest()
+
+
+def calibration_data(tokenizer, tokens: int, ctx: int, vocab_size: int) -> CalibrationData:
+    """`tokens` calibration tokens in windows of `ctx` (the last one shorter); tokenizer None: seeded random ids."""
+    if tokenizer is None:
+        ids = np.random.default_rng(CALIB_SEED).integers(0, vocab_size, tokens).tolist()
+        windows = [ids[i:i + ctx] for i in range(0, tokens, ctx)]
+        return CalibrationData(windows, {"tokens": _sha_tokens(windows)},
+                               f"seeded random token ids (numpy default_rng({CALIB_SEED}); the model has no tokenizer)")
+    from ortllm.calibration.data import CORPUS_SEED, chat_conversations, corpus_documents, sha256_text
+
+    corpus = list(reversed(corpus_documents()))
+    chats = []
+    for conv in chat_conversations(64, seed=CORPUS_SEED + 1):
+        if getattr(tokenizer, "chat_template", None):
+            chats.append(tokenizer.apply_chat_template(conv, add_generation_prompt=True))
+        else:
+            chats.append("\n".join(f"{m['role']}: {m['content']}" for m in conv))
+    eos = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+    stream: list[int] = []
+    for i in range(max(len(corpus), len(chats))):
+        for src in (corpus, chats):
+            if i < len(src) and len(stream) < tokens:
+                stream += tokenizer.encode(src[i]) + ([eos] if eos is not None else [])
+    if len(stream) < tokens:
+        raise BuildError(f"the calibration text holds {len(stream)} tokens; --calib-tokens asks for {tokens}: "
+                         f"lower --calib-tokens")
+    stream = stream[:tokens]
+    windows = [stream[i:i + ctx] for i in range(0, tokens, ctx)]
+    return CalibrationData(
+        windows,
+        {"corpus": sha256_text("\0".join(corpus)), "chat": sha256_text("\0".join(chats)),
+         "tokens": _sha_tokens(windows)},
+        f"corpus (calibration/data.py, read from its end) + chat templates (seed {CORPUS_SEED + 1}), "
+        "interleaved, EOS-joined; no HumanEval")
+
+
+@dataclass(frozen=True)
+class _Input:
+    """One projection input: the graph tensor to capture and its width K."""
+    key: str                     # node path of the consuming matmul
+    tensor: str                  # its input 0
+    k: int
+
+
+def _projection_inputs(weights: ModelWeights) -> tuple[list[str], dict[str, str], dict[str, int]]:
+    """Consuming node paths in build order, HF tensor name -> node path, node path -> K."""
+    cfg = weights.config
+    order, names, widths = [], {}, {}
+    for i in range(cfg.num_layers):
+        lp, hp = f"/model/layers.{i}", f"model.layers.{i}"
+        for node, k, targets in (
+                (f"{lp}/attn/q_k_v_proj/MatMul", cfg.hidden_size, ("self_attn.q", "self_attn.k", "self_attn.v")),
+                (f"{lp}/attn/o_proj/MatMul", cfg.num_heads * cfg.head_dim, ("self_attn.o",)),
+                (f"{lp}/mlp/gate_up_proj/MatMul", cfg.hidden_size, ("mlp.gate", "mlp.up")),
+                (f"{lp}/mlp/down_proj/MatMul", cfg.intermediate_size, ("mlp.down",))):
+            order.append(node)
+            widths[node] = k
+            names.update(dict.fromkeys([f"{hp}.{t}_proj.weight" for t in targets], node))
+    order.append("/lm_head/Gemm")
+    widths["/lm_head/Gemm"] = cfg.hidden_size
+    names["lm_head.weight"] = "/lm_head/Gemm"
+    return order, names, widths
+
+
+class Calibration:
+    """hessian(hf_name) -> H = 2/n X^T X [K, K] float64 of that projection's input, captured on first use.
+
+    Owns `scratch` (the fp32 graph and the tokenizer files) until close()."""
+
+    def __init__(self, weights: ModelWeights, tokens: int, scratch: Path, budget_bytes: int = MEMORY_BUDGET,
+                 log=print):
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        from .graph_portable import build_portable_graph
+
+        self.scratch, self.log, self.cfg = Path(scratch), log, weights.config
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        tokenizer = None
+        if weights.write_tokenizer:
+            from ortllm.runtime.tokenizer import Tokenizer
+            weights.write_tokenizer(self.scratch)
+            tokenizer = Tokenizer.from_dir(self.scratch)
+        ctx = min(CALIB_CTX, self.cfg.max_position_embeddings)
+        self.data = calibration_data(tokenizer, tokens, ctx, self.cfg.vocab_size)
+        self.tokens = sum(len(w) for w in self.data.windows)
+
+        model_path = self.scratch / C.MODEL
+        build_portable_graph(weights, model_path, self.scratch / C.MODEL_DATA, quant=None)
+        model = onnx.load(str(model_path), load_external_data=False)
+        consumers = {n.name: n.input[0] for n in model.graph.node}
+        self.order, self.names, widths = _projection_inputs(weights)
+        missing = [k for k in self.order if k not in consumers]
+        if missing:
+            raise RuntimeError(f"calibration: the fp32 graph has no node {missing[0]} (graph_portable node paths "
+                               "changed; update pipeline/calib_activations.py)")
+        self.inputs = {k: _Input(k, consumers[k], widths[k]) for k in self.order}
+        have = {o.name for o in model.graph.output}
+        for inp in self.inputs.values():
+            if inp.tensor not in have:
+                model.graph.output.append(helper.make_tensor_value_info(inp.tensor, TensorProto.FLOAT, None))
+        capture_path = self.scratch / "capture.onnx"            # external data: model.onnx.data beside it
+        capture_path.write_bytes(model.SerializeToString())
+        self.session = ort.InferenceSession(str(capture_path), providers=["CPUExecutionProvider"])
+        self.groups = self._groups(budget_bytes)
+        self._h: dict[str, np.ndarray] = {}        # node path -> H of the group captured last
+        self.passes, self.seconds = 0, 0.0     # forward passes and their time (X^T X included)
+
+    def _groups(self, budget: int) -> list[list[str]]:
+        """Consecutive inputs whose float64 accumulators fit `budget` together (at least one each)."""
+        groups, size = [[]], 0
+        for key in self.order:
+            nbytes = 8 * self.inputs[key].k ** 2
+            if groups[-1] and size + nbytes > budget:
+                groups.append([])
+                size = 0
+            groups[-1].append(key)
+            size += nbytes
+        return groups
+
+    def _feeds(self, window: list[int]) -> dict:
+        cfg, s = self.cfg, len(window)
+        feeds = {C.INPUT_IDS: np.asarray([window], np.int64), C.ATTENTION_MASK: np.ones((1, s), np.int64),
+                 C.POSITION_IDS: np.arange(s, dtype=np.int64)[None]}
+        empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+        for i in range(cfg.num_layers):
+            feeds[C.past_key(i)] = feeds[C.past_value(i)] = empty
+        return feeds
+
+    def _capture(self, group: list[str]) -> None:
+        """One forward pass over every window, summing X^T X of the group's inputs."""
+        self.passes += 1
+        self.log(f"calibrating GPTQ: pass {self.passes} ({len(group)} projection inputs of "
+                 f"{len(self.order)}) over {self.tokens} tokens ...")
+        start = time.perf_counter()
+        self._h = {k: np.zeros((self.inputs[k].k,) * 2, np.float64) for k in group}
+        fetch = [self.inputs[k].tensor for k in group]
+        for window in self.data.windows:
+            for key, x in zip(group, self.session.run(fetch, self._feeds(window))):
+                x = x.reshape(-1, self.inputs[key].k)
+                self._h[key] += x.T @ x                   # [K, K] fp32 product of <= CALIB_CTX rows
+        for h in self._h.values():
+            h *= 2.0 / self.tokens
+        self.seconds += time.perf_counter() - start
+
+    def hessian(self, name: str) -> np.ndarray:
+        """[K, K] float64, shared by the projections of one input (the same array each time): read only."""
+        key = self.names.get(name)
+        if key is None:
+            raise BuildError(f"GPTQ has no calibration input for tensor {name}; use --algo rtn|hqq")
+        if key not in self._h:
+            self._capture(next(g for g in self.groups if key in g))
+        return self._h[key]
+
+    @property
+    def info(self) -> dict:
+        """The calibration's identity for the manifest and quality.json."""
+        return {"tokens": self.tokens, "windows": len(self.data.windows), "ctx": len(self.data.windows[0]),
+                "sha256": self.data.sha256, "sources": self.data.sources, "passes": self.passes,
+                "method": "GPTQ, non-sequential (fp32 activations of every layer), damp 1% of mean diag(H), "
+                          "chunks of max(128, block) columns, grid per block from error-updated weights"}
+
+    def close(self) -> None:
+        self.session = None
+        self._h = {}
+        shutil.rmtree(self.scratch, ignore_errors=True)
