@@ -14,7 +14,7 @@
 Non-sequential GPTQ: every layer is calibrated on the fp32 model's activations, not on those of the
 already-quantized layers before it (the paper's sequential variant); one forward pass serves all layers.
 
-Memory: the float64 accumulators of all inputs are 4 * L * (3 H^2 + I^2) bytes (SmolLM2-135M 0.8 GB,
+Memory: the float64 accumulators of all inputs are 8 * L * (3 H^2 + I^2) bytes (SmolLM2-135M 0.8 GB,
 TinyLlama 7.8 GB), so inputs are captured in groups that fit `budget_bytes`, one forward pass per group,
 when the graph builder first asks for a tensor of that group (builders go layer by layer, so each group
 is captured once: SmolLM2 in one pass, TinyLlama in ~8). The capture session holds its own fp32 copy of
