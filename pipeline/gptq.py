@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import BuildError
-from .quantize import QuantizedWeight, _finish
+from .quantize import QuantizedWeight, _finish, dequantize
 
 DAMP = 0.01          # fraction of mean(diag H) added to the diagonal (the paper's percdamp)
 CHUNK = 128          # columns per lazy batch update (the paper's B)
@@ -132,7 +132,6 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bits: int, block_size: int, symm
 
 def output_error(w: np.ndarray, q: QuantizedWeight, h: np.ndarray) -> float:
     """sqrt(tr(E H E^T) / tr(W H W^T)) = ||X (W - W_q)^T|| / ||X W^T|| for H proportional to X^T X."""
-    from .quantize import dequantize
     h = np.asarray(h, np.float32)                  # fp32 products (a report figure), sums in float64
     e = dequantize(q) - w
     den = float(np.einsum("nk,nk->", w @ h, w, dtype=np.float64))
@@ -154,7 +153,4 @@ class GPTQQuantizer:
             self._h, self._u = hessian, inverse_cholesky(hessian, self.damp)
         return gptq_quantize(w, hessian, self.bits, self.block_size, self.symmetric, self.damp, self._u)
 
-    @staticmethod
-    def dequantize(q: QuantizedWeight) -> np.ndarray:
-        from .quantize import dequantize
-        return dequantize(q)
+    dequantize = staticmethod(dequantize)

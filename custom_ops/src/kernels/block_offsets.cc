@@ -19,6 +19,7 @@ namespace ortllm {
 namespace {
 
 constexpr int64_t kColChunk = 256;
+constexpr int64_t kRowChunk = 256;  // row pointers shifted to a column, on the stack (no allocation per call)
 constexpr int64_t kParallelMacs = 1 << 20;
 
 struct Ctx {
@@ -29,17 +30,21 @@ struct Ctx {
   float* const* y_rows;        // [T] rows of y
 };
 
-void columns(const Ctx& c, int64_t col0) {
-  const int64_t cols = std::min(kColChunk, c.d->out_dim - col0);
-  std::vector<float*> y(static_cast<size_t>(c.d->num_tokens));
-  for (int64_t t = 0; t < c.d->num_tokens; ++t) y[t] = c.y_rows[t] + col0;
-  vec().gemm_rows_f16b(static_cast<int>(c.d->num_tokens), static_cast<int>(cols), static_cast<int>(c.k_blocks),
-                       1.f, c.s_rows, c.offsets + col0, static_cast<int>(c.d->out_dim), y.data());
+// y[:, col0 : col0 + cols] += sums @ offsets[:, col0 : col0 + cols]
+void columns(const Ctx& c, int64_t col0, int64_t cols) {
+  float* y[kRowChunk];
+  for (int64_t r0 = 0; r0 < c.d->num_tokens; r0 += kRowChunk) {
+    const int64_t m = std::min(kRowChunk, c.d->num_tokens - r0);
+    for (int64_t t = 0; t < m; ++t) y[t] = c.y_rows[r0 + t] + col0;
+    vec().gemm_rows_f16b(static_cast<int>(m), static_cast<int>(cols), static_cast<int>(c.k_blocks), 1.f,
+                         c.s_rows + r0, c.offsets + col0, static_cast<int>(c.d->out_dim), y);
+  }
 }
 
 void column_item(void* usr, size_t i) {
   const Ctx& c = *static_cast<const Ctx*>(usr);
-  columns(c, static_cast<int64_t>(i) * kColChunk);
+  const int64_t col0 = static_cast<int64_t>(i) * kColChunk;
+  columns(c, col0, std::min(kColChunk, c.d->out_dim - col0));
 }
 
 }  // namespace
@@ -64,11 +69,10 @@ void add_block_offsets(const BlockOffsetsDims& d, const float* x, const uint16_t
     y_rows[t] = y + t * d.out_dim;
   }
   Ctx c{&d, kb, offsets, s_rows.data(), y_rows.data()};
-  const int64_t chunks = (d.out_dim + kColChunk - 1) / kColChunk;
   if (d.num_tokens * kb * d.out_dim < kParallelMacs) {
-    for (int64_t i = 0; i < chunks; ++i) columns(c, i * kColChunk);
+    columns(c, 0, d.out_dim);
   } else {
-    par.run(static_cast<size_t>(chunks), column_item, &c);
+    par.run(static_cast<size_t>((d.out_dim + kColChunk - 1) / kColChunk), column_item, &c);
   }
 }
 
