@@ -24,7 +24,10 @@ def _add_build(sub) -> None:
     p.add_argument("--algo", default="rtn",
                    help="rtn|hqq|gptq (gptq: error feedback from calibration activations of the fp32 model)")
     p.add_argument("--calib-tokens", type=int, default=8192, metavar="N",
-                   help="calibration tokens for --algo gptq (windows of 256; default 8192)")
+                   help="calibration tokens for --algo gptq and --smooth (windows of 256; default 8192)")
+    p.add_argument("--smooth", type=float, default=None, metavar="ALPHA",
+                   help="SmoothQuant migration strength in [0, 1] for the projections after a norm (q|k|v, gate|up); "
+                        "0: off; default 0.5 for --quant int8 with int8 compute (accuracy level 4), else off")
     p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
     p.add_argument("--lm-head", default="fp32", help="fp32|int8|int4")
@@ -53,7 +56,7 @@ def _run_build(a) -> int:
         algo=a.algo, lm_head=a.lm_head, kv=a.kv or defaults.get("kv", "fp32"),
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
-        calib_tokens=a.calib_tokens)
+        calib_tokens=a.calib_tokens, smooth=a.smooth)
     build(a.model, a.out, opts, source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
     return 0
 
@@ -211,7 +214,7 @@ def _add_bench(sub) -> None:
     p.add_argument("artifact", type=Path, nargs="?", help="engine artifact (not needed for --scenario ops)")
     p.add_argument("--scenario", default="engine",
                    help="comma-separated: engine (decode B=1..32, prefill 512), ops (custom ops), "
-                        "lora-overhead (16 sequences over 0/1/2/4 adapters), lora-trace (Zipf over 4 and 16), "
+                        "lora-overhead (16 sequences over 0/1/2/4 adapters of rank 8/16/32), lora-trace (Zipf over 4 and 16), "
                         "decode, prefill, long-context (alternating with --peers), serve (HTTP load on `ortllm serve`: "
                         "TTFT/TPOT/ITL p50/p90/p99, throughput, goodput), memory (KV bytes per token, peak RSS at "
                         "load and after a B=16 decode, in a fresh process)")

@@ -18,6 +18,7 @@ from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
 
 from .errors import BuildError
 from .quantize import QuantPlan, check_block_size, parse_keep
+from .smooth import check_alpha, smooth_weights
 from .sources import load_model
 from .weights import ModelWeights
 
@@ -43,7 +44,8 @@ class BuildOptions:
     keep: tuple = ()              # ("GLOB=fp32|int8", ...) on HF tensor names: sensitive layers kept wider
     kv_rotate: bool = True        # Hadamard-rotate K (and Q) before an 8-bit KV cache
     quality_tokens: int = 512     # tokens of the in-build fidelity check (quality.json) of quantized builds
-    calib_tokens: int = 8192      # calibration tokens of --algo gptq (windows of 256; pipeline/calib_activations.py)
+    calib_tokens: int = 8192      # calibration tokens of --algo gptq and --smooth (windows of 256; calib_activations.py)
+    smooth: float | None = None   # SmoothQuant alpha on the projections after a norm (pipeline/smooth.py); None: auto
 
     def __post_init__(self):
         for name, allowed in (("quant", QUANTS), ("algo", ALGOS), ("lm_head", QUANTS), ("kv", KV_DTYPES),
@@ -68,6 +70,16 @@ class BuildOptions:
             raise BuildError(f"--algo gptq needs calibration data: set --calib-tokens to at least 16 (default 8192; "
                              f"got {self.calib_tokens}), or use --algo rtn|hqq, which need none")
         self.quant_plan()       # validates algo, scheme and --keep
+        if self.smooth is not None:
+            check_alpha(self.smooth)
+            if self.smooth and self.quant == "fp32":
+                raise BuildError("--smooth rescales quantized projections; add --quant int8|int4 or drop --smooth")
+            if self.smooth and self.algo == "gptq":
+                raise BuildError("--smooth and --algo gptq do not combine (GPTQ's Hessians are of the unsmoothed "
+                                 "inputs); use --smooth 0 with gptq, or --algo rtn|hqq with --smooth")
+        if self.smooth_alpha and self.calib_tokens < 16:
+            raise BuildError(f"--smooth needs calibration data: set --calib-tokens to at least 16 (default 8192; "
+                             f"got {self.calib_tokens}), or turn it off with --smooth 0")
         if not self.kv_rotate and self.kv == "fp32":
             raise BuildError("--kv-rotate 0 applies to 8-bit KV caches; add --kv int8|fp8 or drop it")
         if self.kv != "fp32" and self.graph != "engine":
@@ -78,6 +90,15 @@ class BuildOptions:
         """A fresh plan for the graph builders (it collects each quantized tensor's error)."""
         return QuantPlan(quant=self.quant, lm_head=self.lm_head, block_size=self.block_size, algo=self.algo,
                          symmetric=self.symmetric, accuracy_level=self.accuracy_level, keep=parse_keep(self.keep))
+
+    @property
+    def smooth_alpha(self) -> float:
+        """--smooth, or by default 0.5 where int8 compute meets fine int8 weights (--quant int8, accuracy level 4,
+        rtn|hqq), which is where activation outliers cost the most (pipeline/smooth.py); 0 elsewhere: int4
+        weights cannot take the outliers (and on SmolLM2 RTN reproduces the shipped Q4_1 grid exactly)."""
+        if self.smooth is not None:
+            return float(self.smooth)
+        return 0.5 if self.quant == "int8" and self.accuracy_level == 4 and self.algo != "gptq" else 0.0
 
     @property
     def quantized(self) -> bool:
@@ -128,9 +149,10 @@ def write_graph(weights: ModelWeights, out: Path, opts: BuildOptions, plan: Quan
 
 def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan, meta: dict,
                           log=print) -> dict | None:
-    """write_graph with the plan's calibration (GPTQ) captured in a scratch directory beside `tmp` while the
-    graph is built; returns the calibration's identity (None without one)."""
-    if not plan.needs_calibration:
+    """write_graph, with a calibration pass (GPTQ's Hessians, SmoothQuant's channel RMS) captured in a scratch
+    directory beside `tmp` when the build needs one; returns the calibration's identity (None without one)."""
+    alpha = opts.smooth_alpha
+    if not plan.needs_calibration and not alpha:
         write_graph(weights, tmp, opts, plan, meta)
         return None
     from .calib_activations import Calibration
@@ -138,15 +160,26 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
     scratch = tmp.with_name(tmp.name.replace(".building-", ".calib.building-"))   # cleaned like tmp if killed
     shutil.rmtree(scratch, ignore_errors=True)
     start = time.perf_counter()
+    cal = None
     try:
-        plan.calibration = cal = Calibration(weights, opts.calib_tokens, scratch, log=log)
+        cal = Calibration(weights, opts.calib_tokens, scratch, log=log)
+        info = {}
+        if alpha:
+            weights, scales = smooth_weights(weights, alpha, cal.channel_rms)
+            info["smoothquant"] = {"alpha": alpha, "norms": len(scales),
+                                   "s_range": [min(v["s_min"] for v in scales.values()),
+                                               max(v["s_max"] for v in scales.values())]}
+        if plan.needs_calibration:
+            plan.calibration = cal
+            info["gptq"] = ("non-sequential (fp32 activations of every layer), damp 1% of mean diag(H), chunks of "
+                            "max(128, block) columns, grid per block from error-updated weights")
         write_graph(weights, tmp, opts, plan, meta)
-        log(f"GPTQ graph built in {time.perf_counter() - start:.0f} s (calibration passes {cal.seconds:.0f} s)")
-        return cal.info
+        log(f"calibrated graph built in {time.perf_counter() - start:.0f} s (calibration passes {cal.seconds:.0f} s)")
+        return {**cal.info, **info}
     finally:
-        if plan.calibration is not None:
-            plan.calibration.close()
         plan.calibration = None
+        if cal is not None:
+            cal.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -160,7 +193,7 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     shutil.rmtree(ref, ignore_errors=True)
     ref.mkdir()
     try:
-        ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True)
+        ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True, smooth=None)
         write_graph(weights, ref, ref_opts, None, {})
         report = in_build_quality(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
     finally:
@@ -216,7 +249,7 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
         "tools": _tool_versions(),
     }
     if calibration is not None:
-        manifest["calibration"] = calibration     # GPTQ's data: token count and sha256 of its text and ids
+        manifest["calibration"] = calibration     # GPTQ's / SmoothQuant's data: tokens, sha256 of text and ids
     (tmp / C.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 

@@ -1,4 +1,4 @@
-"""Calibration inputs of every projection, for GPTQ: H = 2/n X^T X per (layer, input) of the fp32 model.
+"""Calibration inputs of every projection, for GPTQ and SmoothQuant: H = 2/n X^T X per (layer, input) of the fp32 model.
 
     calibration text -> token windows of CALIB_CTX tokens, --calib-tokens in all
     the same weights as an fp32 portable graph in a scratch directory, with the input of each projection
@@ -190,7 +190,7 @@ class Calibration:
     def _capture(self, group: list[str]) -> None:
         """One forward pass over every window, summing X^T X of the group's inputs."""
         self.passes += 1
-        self.log(f"calibrating GPTQ: pass {self.passes} ({len(group)} projection inputs of "
+        self.log(f"calibrating: pass {self.passes} ({len(group)} projection inputs of "
                  f"{len(self.order)}) over {self.tokens} tokens ...")
         start = time.perf_counter()
         self._h = {k: np.zeros((self.inputs[k].k,) * 2, np.float64) for k in group}
@@ -212,13 +212,15 @@ class Calibration:
             self._capture(next(g for g in self.groups if key in g))
         return self._h[key]
 
+    def channel_rms(self, name: str) -> np.ndarray:
+        """[K] RMS of each input channel of that projection over the calibration tokens (SmoothQuant)."""
+        return np.sqrt(np.diag(self.hessian(name)) / 2.0)
+
     @property
     def info(self) -> dict:
         """The calibration's identity for the manifest and quality.json."""
         return {"tokens": self.tokens, "windows": len(self.data.windows), "ctx": len(self.data.windows[0]),
-                "sha256": self.data.sha256, "sources": self.data.sources, "passes": self.passes,
-                "method": "GPTQ, non-sequential (fp32 activations of every layer), damp 1% of mean diag(H), "
-                          "chunks of max(128, block) columns, grid per block from error-updated weights"}
+                "sha256": self.data.sha256, "sources": self.data.sources, "passes": self.passes}
 
     def close(self) -> None:
         self.session = None

@@ -11,7 +11,7 @@ import pytest
 QUALITY_TOKENS = 1024
 
 GATE_BUILDS = {
-    "int8": dict(quant="int8", accuracy_level=0),     # fp32 compute; level 4 is too close to the gate (test_gates.py)
+    "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (pipeline/smooth.py)
     "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8"),
     "kv-int8": dict(kv="int8"),
     "kv-fp8": dict(kv="fp8"),

@@ -1,0 +1,82 @@
+"""SmoothQuant (pipeline/smooth.py): exact in fp32 (the rescaled norm and projections compute the same
+function as the originals), scales from the calibration's channel RMS, and the build's refusals."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ortllm.pipeline.build import BuildOptions
+from ortllm.pipeline.errors import BuildError
+from ortllm.pipeline.smooth import SMOOTHED, S_RANGE, smooth_weights, smoothing_scales
+from ortllm.pipeline.sources import load_model
+from tests.test_cli import assert_user_error, ortllm
+
+
+def _norm_then_project(h, g, ws, eps):
+    """[T, K] hidden -> RMSNorm * g -> each W [N, K]: NumPy float64."""
+    x = h / np.sqrt(np.mean(h * h, -1, keepdims=True) + eps) * g
+    return [x @ w.T.astype(np.float64) for w in ws]
+
+
+def test_smoothing_preserves_every_smoothed_projection():
+    _, weights = load_model("llama-tiny-random")
+    cfg = weights.config
+    rng = np.random.default_rng(0)
+    rms = rng.uniform(0.01, 30.0, cfg.hidden_size)          # outlier channels, as after a real norm
+    smoothed, report = smooth_weights(weights, 0.5, lambda name: rms)
+    assert len(report) == cfg.num_layers * len(SMOOTHED)
+    h = rng.standard_normal((5, cfg.hidden_size))
+    for i in range(cfg.num_layers):
+        for norm, targets in SMOOTHED.items():
+            g = f"model.layers.{i}.{norm}.weight"
+            names = [f"model.layers.{i}.{t}.weight" for t in targets]
+            want = _norm_then_project(h, weights.tensors[g], [weights.tensors[n] for n in names], cfg.rms_norm_eps)
+            got = _norm_then_project(h, smoothed.tensors[g], [smoothed.tensors[n] for n in names], cfg.rms_norm_eps)
+            for a, b in zip(want, got):
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+            assert not np.array_equal(smoothed.tensors[g], weights.tensors[g])
+    untouched = [n for n in weights.tensors if "o_proj" in n or "down_proj" in n or "embed" in n or n == "model.norm.weight"]
+    assert untouched and all(smoothed.tensors[n] is weights.tensors[n] for n in untouched)
+
+
+def test_scales_balance_activation_and_weight_ranges():
+    """alpha 0.5: after smoothing, channel j's activation RMS and weight max are equal up to one common factor."""
+    rms = np.array([0.1, 1.0, 10.0, 100.0])
+    w = np.array([[1.0, 0.5, 2.0, 0.01], [-3.0, 0.1, 0.5, 0.02]])
+    s = smoothing_scales(rms, [w], 0.5).astype(np.float64)
+    act, wmax = rms / s, np.abs(w * s).max(0)
+    np.testing.assert_allclose(act / wmax, (act / wmax)[0], rtol=1e-5)
+    assert np.isclose(np.exp(np.mean(np.log(s))), 1.0, rtol=1e-5)
+    assert np.array_equal(smoothing_scales(rms, [w], 0.0) > 0, [True] * 4)          # alpha 0: weights only
+    dead = smoothing_scales(np.array([0.0, 1.0]), [np.ones((2, 2))], 0.5)           # a channel never active
+    assert np.all((dead >= S_RANGE[0]) & (dead <= S_RANGE[1]))
+
+
+def test_default_is_int8_with_int8_compute_only():
+    assert BuildOptions(quant="int8").smooth_alpha == 0.5
+    assert BuildOptions(quant="int8", accuracy_level=0).smooth_alpha == 0.0
+    assert BuildOptions(quant="int4").smooth_alpha == 0.0
+    assert BuildOptions(quant="int8", algo="gptq").smooth_alpha == 0.0
+    assert BuildOptions(quant="int4", smooth=0.3).smooth_alpha == 0.3
+    for bad, needle in ((dict(quant="int8", smooth=1.5), "in [0, 1]"), (dict(smooth=0.5), "add --quant"),
+                        (dict(quant="int8", algo="gptq", smooth=0.5), "do not combine"),
+                        (dict(quant="int8", calib_tokens=0), "--smooth needs calibration data")):
+        with pytest.raises(BuildError) as e:
+            BuildOptions(**bad)
+        assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_smoothed_int8_build_records_its_calibration(tmp_path):
+    out = tmp_path / "i8"
+    p = ortllm("build", "llama-tiny-random", "--quant", "int8", "--calib-tokens", "300", "--out", out, timeout=300)
+    assert p.returncode == 0, p.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    sq = manifest["calibration"]["smoothquant"]
+    assert sq["alpha"] == 0.5 and sq["norms"] == 2 * manifest["model"]["num_layers"]
+    assert manifest["calibration"]["tokens"] == 300 and "gptq" not in manifest["calibration"]
+    quality = json.loads((out / "quality.json").read_text())
+    assert quality["calibration"]["smoothquant"]["alpha"] == 0.5
+    assert_user_error(ortllm("build", "llama-tiny-random", "--quant", "int8", "--smooth", "2", "--out", tmp_path / "x"),
+                      "--smooth must be a migration strength in [0, 1]")
