@@ -62,13 +62,17 @@ soak: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/python ci/soak.py $(DEFAULT_ARTIFACT) --seconds $(SOAK_SECONDS) --out soak-results.json
 
 # Peers in their own venv .venv-peers (llama-cpp-python compiles llama.cpp: ~8 minutes on 2 idle cores;
-# onnxruntime-genai's model builder needs transformers >= 5, which the main venv cannot have).
+# onnxruntime-genai's model builder needs transformers >= 5, which the main venv cannot have), and their
+# copies of the weights of recipe MODEL (e.g. make bench-peers MODEL=tinyllama-1.1b-shape).
+MODEL ?= smollm2-135m-instruct
 bench-peers: $(STAMP)
-	bash ci/install_peers.sh
+	MODEL=$(MODEL) bash ci/install_peers.sh
 
 # ortllm and each installed peer on the same model, alternating, in one run (run on an idle machine).
-bench-vs-peers: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
-	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario decode,prefill,long-context --peers all --out $(BENCH_OUT)/peers
+# PEERS_ARTIFACT=DIR compares another artifact: the peers run the recipe it was built from (its manifest.json).
+PEERS_ARTIFACT ?= $(DEFAULT_ARTIFACT)
+bench-vs-peers: $(STAMP) ops $(PEERS_ARTIFACT)/manifest.json
+	$(BIN)/ortllm bench $(PEERS_ARTIFACT) --scenario decode,prefill,long-context --peers all --out $(BENCH_OUT)/peers
 
 clean:
 	rm -rf build runtime/lib .pytest_cache

