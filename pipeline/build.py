@@ -66,9 +66,6 @@ class BuildOptions:
             raise BuildError(f"quality_tokens must be an integer >= 16; got {self.quality_tokens!r}")
         if not isinstance(self.calib_tokens, int) or self.calib_tokens < 0:
             raise BuildError(f"--calib-tokens must be an integer >= 0; got {self.calib_tokens!r}")
-        if self.algo == "gptq" and self.calib_tokens < 16:
-            raise BuildError(f"--algo gptq needs calibration data: set --calib-tokens to at least 16 (default 8192; "
-                             f"got {self.calib_tokens}), or use --algo rtn|hqq, which need none")
         self.quant_plan()       # validates algo, scheme and --keep
         if self.smooth is not None:
             check_alpha(self.smooth)
@@ -77,9 +74,11 @@ class BuildOptions:
             if self.smooth and self.algo == "gptq":
                 raise BuildError("--smooth and --algo gptq do not combine (GPTQ's Hessians are of the unsmoothed "
                                  "inputs); use --smooth 0 with gptq, or --algo rtn|hqq with --smooth")
-        if self.smooth_alpha and self.calib_tokens < 16:
-            raise BuildError(f"--smooth needs calibration data: set --calib-tokens to at least 16 (default 8192; "
-                             f"got {self.calib_tokens}), or turn it off with --smooth 0")
+        for flag, on, instead in (("--algo gptq", self.algo == "gptq", "use --algo rtn|hqq, which need none"),
+                                  ("--smooth", self.smooth_alpha, "turn it off with --smooth 0")):
+            if on and self.calib_tokens < 16:
+                raise BuildError(f"{flag} needs calibration data: set --calib-tokens to at least 16 (default 8192; "
+                                 f"got {self.calib_tokens}), or {instead}")
         if not self.kv_rotate and self.kv == "fp32":
             raise BuildError("--kv-rotate 0 applies to 8-bit KV caches; add --kv int8|fp8 or drop it")
         if self.kv != "fp32" and self.graph != "engine":
