@@ -35,7 +35,7 @@ def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], 
         a = g.input(C.lora_name(layer, target, "a"), F16, ["lora_slots", in_dim, "lora_rank"])
         b = g.input(C.lora_name(layer, target, "b"), F16, ["lora_slots", "lora_rank", out_dim])
         ins = [x, p.y, a, b, C.LORA_SCALE, C.lora_rank_name(target), adapter] + ([p.offsets] if p.offsets else [])
-        attrs = {"block_size": p.block_size} if p.offsets else {}
+        attrs = {"packed_a": 1} | ({"block_size": p.block_size} if p.offsets else {})   # A slots: [in, rank]
         outs.append(g.op("MultiLoRA", ins, f"{path}/lora", domain=C.OPS_DOMAIN, **attrs))
     return outs
 

@@ -5,8 +5,9 @@ another FORMAT_VERSION or CONTRACT_VERSION is refused at load, by name.
 """
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 2        # graph input/output names, shapes and semantics below
-                            # (2: float16 lora.* stacks, lora.rank per target)
+CONTRACT_VERSION = 3        # graph input/output names, shapes and semantics below
+                            # (2: float16 lora.* stacks, lora.rank per target;
+                            #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -63,7 +64,9 @@ def present_value(layer: int) -> str:
 #   key_cache.{i} / value_cache.{i}     [num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
 #   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float32 (8-bit caches only)
 #   lora.{i}.{target}.a  [slots, in, r_max]   lora.{i}.{target}.b  [slots, r_max, out]   float16
-#       (the slot stacks; adapter files stay float32, converted when written into a slot)
+#       (the slot stacks; adapter files stay float32, converted when written into a slot). Slot s of .a
+#       holds a row-major [in, rank] matrix in its first in * rank elements (MultiLoRA packed_a = 1), so
+#       a rank below r_max streams only its own bytes; .b uses its first rank rows.
 #   lora.scale [slots] float32
 #   lora.rank.{target} [slots] int32   the slot's adapter rank on that target, 0 where the adapter does not
 #       adapt it: MultiLoRA then skips the slot there instead of streaming its zero stacks

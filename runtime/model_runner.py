@@ -95,8 +95,9 @@ class ModelRunner:
 
     def write_adapter_slot(self, slot: int, tensors: dict[str, np.ndarray], rank: int, scale: float) -> None:
         """Copy one adapter (layers.{i}.{target}.a [in, r] / .b [r, out], float32 as stored) into `slot` of the
-        bound float16 stacks (numpy rounds to nearest on assignment). Targets it does not adapt are zeroed and
-        get rank 0, so MultiLoRA skips the slot there. Writes the bound memory in place: no rebinding."""
+        bound float16 stacks (numpy rounds to nearest on assignment): .a packed row-major [in, r] at the start
+        of the slot (contract: MultiLoRA packed_a), .b in its first r rows. Targets it does not adapt are zeroed
+        and get rank 0, so MultiLoRA skips the slot there. Writes the bound memory in place: no rebinding."""
         adapted = set()
         for i in range(self.num_layers):
             for target in C.LORA_TARGETS:
@@ -106,7 +107,7 @@ class ModelRunner:
                 b.fill(0.0)
                 key = f"layers.{i}.{target}"
                 if key + ".a" in tensors:
-                    a[:, :rank] = tensors[key + ".a"]
+                    a.reshape(-1)[:a.shape[0] * rank] = tensors[key + ".a"].reshape(-1)   # packed [in, rank]
                     b[:rank] = tensors[key + ".b"]
                     adapted.add(target)
         for target in C.LORA_TARGETS:

@@ -72,14 +72,15 @@ def paged_attention_model(*, num_heads, kv_num_heads, head_size, block_size, kv_
     return _model(node, inputs, outputs)
 
 
-def multi_lora_model(block_size: int | None = None) -> onnx.ModelProto:
-    """One MultiLoRA node (A, B fp16); with block_size, also the optional offsets input [k_blocks, out] fp16."""
+def multi_lora_model(block_size: int | None = None, packed_a: bool = False) -> onnx.ModelProto:
+    """One MultiLoRA node (A, B fp16); with block_size, also the optional offsets input [k_blocks, out] fp16;
+    packed_a: the attribute (slot s of A is a row-major [in, rank[s]] matrix)."""
     names = LORA_INPUTS + (["offsets"] if block_size is not None else [])
     types = [F32, F32, F16, F16, F32, I32, I32, F16]
     ranks = [2, 2, 3, 3, 1, 1, 1, 2]
     inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(names, types, ranks)]
     outputs = [helper.make_tensor_value_info("y", F32, [None, None])]
-    attrs = {"block_size": block_size} if block_size else {}
+    attrs = ({"block_size": block_size} if block_size else {}) | ({"packed_a": 1} if packed_a else {})
     node = helper.make_node("MultiLoRA", names, ["y"], domain="ortllm", **attrs)
     return _model(node, inputs, outputs)
 

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.custom_ops.conftest import LORA_INPUTS, assert_close, multi_lora_model, session
-from tests.reference.multi_lora import multi_lora_ref
+from tests.reference.multi_lora import multi_lora_ref, slot_a
 
 
 @pytest.fixture(scope="module")
@@ -15,15 +15,24 @@ def sess():
     return session(multi_lora_model(), threads=2)
 
 
-def make_case(rng, *, T, in_dim, out_dim, n_slots, r_max, ranks, n_adapters, frac_none=0.25):
-    """Feeds for one MultiLoRA call: A and B float16 (the slot stacks), the rest float32 / int32."""
+@pytest.fixture(scope="module")
+def packed_sess():
+    return session(multi_lora_model(packed_a=True), threads=2)
+
+
+def make_case(rng, *, T, in_dim, out_dim, n_slots, r_max, ranks, n_adapters, frac_none=0.25, packed_a=False):
+    """Feeds for one MultiLoRA call: A and B float16 (the slot stacks), the rest float32 / int32.
+    packed_a: each slot's A is a row-major [in, rank] matrix at the start of its [in, r_max] block."""
     x = rng.standard_normal((T, in_dim), dtype=np.float32)
     base_y = rng.standard_normal((T, out_dim), dtype=np.float32)
     A = (rng.standard_normal((n_slots, in_dim, r_max)) / np.sqrt(in_dim)).astype(np.float16)
     B = (rng.standard_normal((n_slots, r_max, out_dim)) / np.sqrt(r_max)).astype(np.float16)
     rank = np.array([ranks[i % len(ranks)] for i in range(n_slots)], dtype=np.int32)
     for s in range(n_slots):  # padding past a slot's rank must never be read: NaN would show in y
-        A[s, :, rank[s]:] = np.nan
+        if packed_a:
+            A[s].reshape(-1)[in_dim * rank[s]:] = np.nan
+        else:
+            A[s, :, rank[s]:] = np.nan
         B[s, rank[s]:, :] = np.nan
     scale = rng.uniform(0.5, 2.0, n_slots).astype(np.float32)
     used = rng.choice(n_slots, size=n_adapters, replace=False) if n_adapters else np.array([], int)
@@ -44,6 +53,29 @@ def test_multi_lora_parity(sess, T, n_adapters, ranks):
     (y,) = sess.run(None, feeds)
     ref = multi_lora_ref(*(feeds[n] for n in LORA_INPUTS))
     assert_close(y, ref, atol=1e-5, rtol=1e-5, what="y")
+
+
+@pytest.mark.parametrize("T", [1, 16, 64])
+@pytest.mark.parametrize("n_adapters", [1, 4, 8])
+@pytest.mark.parametrize("ranks", [(8,), (64,), (8, 16, 32, 64), (1, 5, 13, 21)])
+def test_multi_lora_packed_a_parity(packed_sess, T, n_adapters, ranks):
+    """packed_a = 1 (the engine's layout): slot s's A is [in, rank[s]] row-major, the rest of its block NaN."""
+    rng = np.random.default_rng(T * 1000 + n_adapters * 10 + sum(ranks))
+    feeds = make_case(rng, T=T, in_dim=72, out_dim=200, n_slots=8, r_max=64, ranks=ranks, n_adapters=n_adapters,
+                      packed_a=True)
+    (y,) = packed_sess.run(None, feeds)
+    ref = multi_lora_ref(*(feeds[n] for n in LORA_INPUTS), packed_a=True)
+    assert_close(y, ref, atol=1e-5, rtol=1e-5, what="y (packed A)")
+
+
+def test_packed_a_reference_is_the_same_product():
+    """The reference's packed layout holds the same [in, r] matrix as A[a][:, :r] does unpacked."""
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((3, 10, 8)).astype(np.float16)
+    packed = np.zeros_like(A)
+    for a, r in enumerate((8, 3, 5)):
+        packed[a].reshape(-1)[:10 * r] = A[a, :, :r].reshape(-1)
+        np.testing.assert_array_equal(slot_a(packed, a, r, packed_a=True), A[a, :, :r])
 
 
 @pytest.mark.parametrize("T", [1, 7, 64])

@@ -2,14 +2,21 @@
 a = token_adapter[t], r = rank[a]; a = -1 adds nothing. With offsets [k_blocks, out] (the offset term of
 an asymmetric quantized base projection) every token also gets sum_b (sum of x[t] over block b) *
 offsets[b]. A, B and offsets are float16 as the op takes them (any float dtype works: each is used at
-its exact value). One token at a time, in float64."""
+its exact value). packed_a: slot a of A holds a row-major [in, r] matrix in its first in * r elements
+(the engine's layout) instead of A[a][:, :r]. One token at a time, in float64."""
 
 from __future__ import annotations
 
 import numpy as np
 
 
-def multi_lora_ref(x, base_y, A, B, scale, rank, token_adapter, offsets=None, block_size=0) -> np.ndarray:
+def slot_a(A, a: int, r: int, packed_a: bool = False) -> np.ndarray:
+    """The [in, r] shrink matrix of slot a."""
+    return A[a].reshape(-1)[:A.shape[1] * r].reshape(A.shape[1], r) if packed_a else A[a, :, :r]
+
+
+def multi_lora_ref(x, base_y, A, B, scale, rank, token_adapter, offsets=None, block_size=0,
+                   packed_a=False) -> np.ndarray:
     y = base_y.astype(np.float64).copy()
     if offsets is not None:
         for t in range(len(x)):
@@ -19,6 +26,6 @@ def multi_lora_ref(x, base_y, A, B, scale, rank, token_adapter, offsets=None, bl
         if a < 0:
             continue
         r = int(rank[a])
-        h = x[t].astype(np.float64) @ A[a, :, :r].astype(np.float64)  # [r]
+        h = x[t].astype(np.float64) @ slot_a(A, a, r, packed_a).astype(np.float64)  # [r]
         y[t] += float(scale[a]) * (h @ B[a, :r, :].astype(np.float64))  # [out]
     return y.astype(np.float32)

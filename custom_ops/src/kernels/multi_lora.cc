@@ -6,6 +6,9 @@
 // one shrink GEMM ([n_a, in] @ [in, r] -> h [n_a, r] fp32) and one expand GEMM ([n_a, r] @ [r, out]
 // times scale, added into y), reading A[a] and B[a] once per call instead of once per token (a
 // per-token GEMV streams the adapter weights T times). At decode that one read is what LoRA costs:
+// hence packed_a: with A [in, r_max] rows and rank < r_max, every 64-byte line of A also carries the
+// padding columns (rank 16 under r_max 32 streams twice the bytes), while packed [in, rank] rows read
+// only the adapter's own bytes; B's rows past rank are never touched either way.
 // with 4 adapters of rank 16 on q,k,v,o the stacks are ~30 MB a step in fp32 beside ~67 MB of int4
 // base weights, so A and B are fp16 (half the bytes), widened to fp32 as they stream; h, y and the
 // accumulation stay fp32. The GEMMs take row-pointer arrays (VecOps::gemm_rows_f16b, AVX2 4x16
@@ -48,9 +51,10 @@ struct Ctx {
 
 void shrink(const Ctx& c, const Group& g, int64_t row0, int64_t n) {
   const MultiLoraDims& d = *c.d;
-  c.vec->gemm_rows_f16b(static_cast<int>(n), c.a->rank[g.slot], static_cast<int>(d.in_dim), 1.f,
+  const int rank = c.a->rank[g.slot];
+  c.vec->gemm_rows_f16b(static_cast<int>(n), rank, static_cast<int>(d.in_dim), 1.f,
                         c.x_rows + g.begin + row0, c.a->A + g.slot * d.in_dim * d.max_rank,
-                        static_cast<int>(d.max_rank), c.h_rows + g.begin + row0);
+                        d.packed_a ? rank : static_cast<int>(d.max_rank), c.h_rows + g.begin + row0);
 }
 
 void expand(const Ctx& c, const Group& g, int64_t col0, int64_t cols) {

@@ -16,11 +16,12 @@ struct MultiLoraDims {
   int64_t out_dim;     // out (may be q|k|v concatenated)
   int64_t num_slots;   // n_slots
   int64_t max_rank;    // r_max
+  bool packed_a;       // slot s of A holds row-major [in, rank[s]] at its start (row stride rank[s], not r_max)
 };
 
 struct MultiLoraArgs {
   const float* x;              // [T, in]
-  const uint16_t* A;           // [n_slots, in, r_max] fp16 bits
+  const uint16_t* A;           // [n_slots, in, r_max] fp16 bits (packed_a: see MultiLoraDims)
   const uint16_t* B;           // [n_slots, r_max, out] fp16 bits
   const float* scale;          // [n_slots]
   const int32_t* rank;         // [n_slots], 0 <= rank <= r_max

@@ -13,7 +13,7 @@ namespace ortllm {
 static_assert(sizeof(Ort::Float16_t) == sizeof(uint16_t), "A, B and offsets are read as fp16 bits");
 
 MultiLoraOp::MultiLoraOp(const OrtApi* api, const OrtKernelInfo* info)
-    : block_size_(attr_int(api, info, "block_size", 0)) {}
+    : block_size_(attr_int(api, info, "block_size", 0)), packed_a_(attr_int(api, info, "packed_a", 0) != 0) {}
 
 Ort::Status MultiLoraOp::Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& x,
                                  const Ort::Custom::Tensor<float>& base_y,
@@ -66,7 +66,7 @@ Ort::Status MultiLoraOp::Compute(OrtKernelContext* ctx, const Ort::Custom::Tenso
 
     Parallel par{ort_parallel_for, ctx};
     if (off != nullptr) add_block_offsets({T, in, out, block_size_}, x.Data(), off, yp, par);
-    MultiLoraDims dims{T, in, out, n_slots, r_max};
+    MultiLoraDims dims{T, in, out, n_slots, r_max, packed_a_};
     MultiLoraArgs args{x.Data(), reinterpret_cast<const uint16_t*>(A.Data()),
                        reinterpret_cast<const uint16_t*>(B.Data()), scale.Data(), rk, ta, yp};
     multi_lora(dims, args, par);

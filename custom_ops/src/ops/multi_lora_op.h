@@ -6,6 +6,8 @@
 //              quantized base projection, y += blocksum(x) @ offsets (kernels/block_offsets.h)
 //   outputs: 0 y [T, out] f32 (may alias base_y: then nothing is copied)
 //   attributes: block_size (int, required with offsets: the quantization block along in)
+//               packed_a (int, default 0): 1 = slot s of A holds a row-major [in, rank[s]] matrix in its
+//               first in * rank[s] elements (what the engine binds: no padding columns streamed)
 #pragma once
 #include "op_util.h"
 
@@ -29,6 +31,7 @@ struct MultiLoraOp {
 
  private:
   int64_t block_size_ = 0;
+  bool packed_a_ = false;
 };
 
 }  // namespace ortllm
