@@ -70,14 +70,17 @@ class RequestHandle:
         self.submitted = time.monotonic()
         self.scheduled_time: float | None = None      # first step that ran it (queue time = this - submitted)
         self.first_token_time: float | None = None
+        self.token_times: list[float] = []            # time.monotonic() of each generated token (decode rates, ITL)
         self._events: queue.Queue[_Event] = queue.Queue()
         self._done = threading.Event()
         self._output: CompletionOutput | None = None
 
     # engine thread
-    def _push(self, delta: str) -> None:
+    def _push(self, delta: str, n_tokens: int = 1) -> None:
+        now = time.monotonic()
+        self.token_times.extend([now] * n_tokens)
         if self.first_token_time is None:
-            self.first_token_time = time.monotonic()
+            self.first_token_time = now
         if delta:
             self._events.put(_Event(delta))
 
@@ -309,7 +312,7 @@ class Engine:
             self._tokens_out += len(u.new_token_ids)
             if h.logprobs is not None and lp.get(u.req_id) is not None:
                 h.logprobs.append(lp[u.req_id])
-            h._push(h.detok.step(u.new_token_ids))
+            h._push(h.detok.step(u.new_token_ids), len(u.new_token_ids))
             if h.detok.finished and u.finish_reason is None:   # a stop string matched
                 self.scheduler.finish_requests(u.req_id, "stop")
                 self._handles.pop(u.req_id)._finish("stop")

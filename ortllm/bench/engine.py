@@ -1,6 +1,7 @@
 """Engine scenarios on one artifact: single-stream and batched decode, prefill 512, Python share of a step.
 
-Decode throughput of a batch = generated tokens after the last prefill finished / the time they took;
+Decode throughput of a batch = tokens generated after the last request's first token / the time since then
+(decode_rate: tokens that early requests made while later ones were still in prefill are not counted);
 prefill = seconds until the first token of a 512-token prompt. Medians over `repeats` runs.
 KV bytes per token and peak RSS are the `memory` scenario (ortllm.bench.memory), in a fresh process.
 """
@@ -19,6 +20,13 @@ from .results import row
 PROMPT_LEN, NEW_TOKENS = 64, 128
 
 
+def decode_rate(handles, end: float) -> float:
+    """Aggregate decode tok/s once every request of the batch has its first token: tokens stamped after the
+    last first-token time / (end - that time)."""
+    first = max(h.first_token_time for h in handles)
+    return sum(1 for h in handles for t in h.token_times if t > first) / (end - first)
+
+
 def decode_run(engine: Engine, batch: int, rng, adapters=(None,), new_tokens: int = NEW_TOKENS) -> tuple[float, float]:
     """One batch of `batch` greedy requests (request i on adapters[i % len(adapters)]); returns (aggregate
     decode tok/s after the last prefill, Python share of the steps)."""
@@ -30,10 +38,10 @@ def decode_run(engine: Engine, batch: int, rng, adapters=(None,), new_tokens: in
     outs = [h.result() for h in handles]
     end = time.monotonic()
     after = engine.stats()
-    first = max(h.first_token_time for h in handles)
-    tokens = sum(len(o.token_ids) - 1 for o in outs)
+    if any(len(o.token_ids) != new_tokens for o in outs):
+        raise RuntimeError(f"generated {[len(o.token_ids) for o in outs]} tokens per request, wanted {new_tokens}")
     step, run = after["step_time_s"] - before["step_time_s"], after["run_time_s"] - before["run_time_s"]
-    return tokens / (end - first), (1 - run / step) if step else 0.0
+    return decode_rate(handles, end), (1 - run / step) if step else 0.0
 
 
 def run(artifact: Path, batches=(1, 4, 8, 16, 32), repeats: int = 3, threads: int | None = None,

@@ -252,17 +252,18 @@ def run_peers(peers: list[str], scenarios: list[str] = SCENARIOS, batches=(1, 4,
 class OrtllmSide:
     """ortllm's engine on an artifact, measuring the same scenarios the same way as the drivers.
 
-    Decode tok/s = generated tokens after each request's first / (end - the last first-token time), like
-    ortllm.bench.engine.decode_run; prefill = submit -> first token of a 512-token prompt. Random prompts
+    Decode tok/s = tokens generated after the last request's first token / (end - that time)
+    (ortllm.bench.engine.decode_rate, as decode_run); prefill = submit -> first token of a 512-token prompt. Random prompts
     (a new seed per sample) and the prefix cache off: no system gets cache hits.
     """
     system = "ortllm"
 
     def __init__(self, artifact: Path, batches, threads: int, shapes: dict | None = None):
+        from ortllm.bench.engine import decode_rate
         from ortllm.runtime.engine import Engine
         from ortllm.runtime.sampling_params import SamplingParams
 
-        self._params = SamplingParams
+        self._params, self._decode_rate = SamplingParams, decode_rate
         self.engine = Engine.from_artifact(artifact, max_num_seqs=max(batches), threads=threads,
                                            enable_prefix_cache=False)
         self.vocab = self.engine.runner.vocab_size
@@ -288,8 +289,7 @@ class OrtllmSide:
             raise RuntimeError(f"ortllm generated {got} tokens per sequence, wanted {new}")
         if scenario == "prefill":
             return handles[0].first_token_time - handles[0].submitted
-        first = max(h.first_token_time for h in handles)
-        return batch * (new - 1) / (end - first)
+        return self._decode_rate(handles, end)
 
     def close(self):
         self.engine.close()
