@@ -281,7 +281,8 @@ def _run_bench(a) -> int:
                                 1 if a.quick else a.repeats, a.threads or 2, log_dir=a.out / "peer-logs")
     if "lora-overhead" in scenarios:
         from ortllm.bench.lora import run_overhead
-        rows += run_overhead(a.artifact, repeats=1 if a.quick else a.repeats, threads=a.threads)
+        rows += run_overhead(a.artifact, repeats=1 if a.quick else a.repeats, threads=a.threads,
+                             step_pairs=10 if a.quick else 100)
     if "lora-trace" in scenarios:
         from ortllm.bench.lora import run_trace
         for n in (4, 16):

@@ -19,3 +19,7 @@ def test_lora_overhead_rows(tiny_engine, tmp_path):
             tps, ratio = rows[f"decode_tokens_per_s ({name})"], rows[f"throughput_vs_base ({name})"]
             assert tps["unit"] == "tok/s" and tps["median"] > 0 and tps["n"] == 1
             assert ratio["unit"] == "ratio" and 0 < ratio["median"] < 10
+            steps = rows[f"step_throughput_vs_base ({name})"]                  # 10 paired steps with --quick
+            assert steps["n"] == 10 and 0 < steps["p25"] <= steps["median"] <= steps["p75"] < 10
+            base_ms, lora_ms = rows[f"step_ms (base, paired with {name})"], rows[f"step_ms ({name})"]
+            assert base_ms["n"] == lora_ms["n"] == 10 and base_ms["median"] > 0 and lora_ms["median"] > 0

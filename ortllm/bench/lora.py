@@ -1,8 +1,13 @@
 """LoRA scenarios: the cost of adapters in mixed batches (DESIGN.md, Benchmarks).
 
 lora-overhead: 16 concurrent sequences decoding, all base vs spread over 1, 2, 4 distinct adapters of rank
-8, 16 or 32 (LoRA on q, k, v, o); each configuration runs right after a base run and is reported as decode
-tokens/s and its ratio to that base run (paired, so load drift cancels).
+8, 16 or 32 (LoRA on q, k, v, o), measured two ways:
+  - end to end: each configuration's batch of requests runs right after a base batch; decode tokens/s and the
+    ratio to that neighbour. Runs last seconds, and on a shared VM throughput drifts by tens of percent
+    over seconds, so a handful of pairs cannot resolve a few percent;
+  - paired steps: the same decode step (16 sequences at context 128, in the engine's own session, pool and
+    adapter slots) run with all tokens on the base and with the adapters, alternating step by step (order
+    ABBA), so both halves of a pair see the same machine; step throughput ratio = base time / LoRA time.
 lora-trace: requests arriving with gamma-distributed gaps, each for an adapter drawn Zipf (s = 1) over 4 or
 16 adapters of ranks 8/16/32; metric throughput and time to first token.
 Adapters are synthetic (seeded random A, B in PEFT's file format), written into a copy of the artifact.
@@ -20,6 +25,7 @@ import numpy as np
 from ortllm.pipeline.adapters import add_adapter
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
+from ortllm.runtime.scheduler import ScheduledSeq
 
 from .engine import decode_run
 from .results import row
@@ -60,10 +66,54 @@ def _with_adapters(artifact: Path, work: Path, ranks: list[int]) -> tuple[Path, 
     return art, names
 
 
+def paired_steps(engine: Engine, adapters: list[str], batch: int = 16, context: int = 128, pairs: int = 100,
+                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per decode step of `batch` sequences at `context` cached tokens, (all base, request i on
+    adapters[i % n]), pair by pair. Runs on the engine's runner directly (ModelRunner.execute, the call the
+    engine makes per step, with its Python input preparation): call only while the engine is idle, on an
+    engine without the prefix cache (the sequences are written into blocks 1.. of the pool)."""
+    runner = engine.runner
+    context = min(context, engine.context_length - 2)      # tiny test models have short contexts
+    per_seq = -(-(context + 1) // runner.block_size)
+    if 1 + batch * per_seq > runner.num_blocks:
+        raise ValueError(f"{batch} sequences at context {context} need {batch * per_seq} KV blocks; the pool has "
+                         f"{runner.num_blocks - 1}: lower the batch or the context")
+    rng = np.random.default_rng(seed)
+    tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(batch)]
+    runner.execute([ScheduledSeq(f"p{i}", rng.integers(3, runner.vocab_size, context).tolist(), 0, tables[i], True,
+                                 None) for i in range(batch)])                # prefill: [batch x context] once
+    slots, failed = engine.adapters.activate(list(adapters))
+    if failed:
+        raise RuntimeError(f"could not load adapters into slots: {failed}")
+    last = rng.integers(3, runner.vocab_size, batch).tolist()
+
+    def seqs(with_lora: bool) -> list[ScheduledSeq]:   # the decode step at position `context` (rewritten)
+        return [ScheduledSeq(f"p{i}", [last[i]], context, tables[i], True,
+                             adapters[i % len(adapters)] if with_lora else None) for i in range(batch)]
+
+    def step(with_lora: bool) -> float:
+        batch_seqs = seqs(with_lora)
+        t0 = time.perf_counter()
+        runner.execute(batch_seqs, adapter_slots=slots)
+        return time.perf_counter() - t0
+
+    if np.array_equal(runner.execute(seqs(False), slots), runner.execute(seqs(True), slots)):
+        raise RuntimeError(f"adapters {adapters} left the logits unchanged: the LoRA step would time a no-op")
+    for _ in range(3):                    # warm-up: both variants
+        step(False), step(True)
+    base, lora = np.empty(pairs), np.empty(pairs)
+    for k in range(pairs):
+        if k % 2 == 0:
+            base[k], lora[k] = step(False), step(True)
+        else:
+            lora[k], base[k] = step(True), step(False)
+    return base, lora
+
+
 def run_overhead(artifact: Path, ranks=(8, 16, 32), counts=(1, 2, 4), batch: int = 16, repeats: int = 3,
-                 threads: int | None = None) -> list[dict]:
-    """Each configuration (rank r, n distinct adapters) runs right after a base run of the same batch, and
-    its ratio is taken to that neighbour: load drift on the machine cancels within a pair."""
+                 threads: int | None = None, step_pairs: int = 100) -> list[dict]:
+    """End to end: each configuration (rank r, n distinct adapters) runs right after a base run of the same
+    batch, and its ratio is taken to that neighbour. Then `step_pairs` paired steps per configuration."""
     rng = np.random.default_rng(0)
     overrides = {"threads": threads} if threads else {}
     configs = [(r, n) for r in ranks for n in counts]
@@ -71,7 +121,7 @@ def run_overhead(artifact: Path, ranks=(8, 16, 32), counts=(1, 2, 4), batch: int
         art, names = _with_adapters(Path(artifact), Path(tmp), [r for r in ranks for _ in range(max(counts))])
         by_rank = {r: names[k * max(counts):(k + 1) * max(counts)] for k, r in enumerate(ranks)}
         with Engine.from_artifact(art, max_num_seqs=batch, max_adapters_per_batch=max(counts),
-                                  **overrides) as engine:
+                                  enable_prefix_cache=False, **overrides) as engine:
             decode_run(engine, batch, rng, new_tokens=8)                      # warm-up
             base: list[float] = []
             tps: dict[tuple, list[float]] = {c: [] for c in configs}
@@ -83,11 +133,19 @@ def run_overhead(artifact: Path, ranks=(8, 16, 32), counts=(1, 2, 4), batch: int
                     base.append(b)
                     tps[(r, n)].append(x)
                     ratio[(r, n)].append(x / b)
+            steps = {c: paired_steps(engine, by_rank[c[0]][:c[1]], batch, pairs=step_pairs) for c in configs}
     rows = [row("lora-overhead", "ortllm", batch, "decode_tokens_per_s (base)", base, "tok/s")]
     for (r, n) in configs:
         name = f"{n} adapters rank {r}"
+        b, x = steps[(r, n)]
         rows.append(row("lora-overhead", "ortllm", batch, f"decode_tokens_per_s ({name})", tps[(r, n)], "tok/s"))
         rows.append(row("lora-overhead", "ortllm", batch, f"throughput_vs_base ({name})", ratio[(r, n)], "ratio"))
+        rows.append(row("lora-overhead", "ortllm", batch, f"step_ms (base, paired with {name})", (b * 1e3).tolist(),
+                        "ms"))
+        rows.append(row("lora-overhead", "ortllm", batch, f"step_ms ({name})", (x * 1e3).tolist(), "ms"))
+        q25, q75 = np.percentile(b / x, [25, 75])
+        rows.append(row("lora-overhead", "ortllm", batch, f"step_throughput_vs_base ({name})", (b / x).tolist(),
+                        "ratio", p25=float(q25), p75=float(q75)))
     return rows
 
 
