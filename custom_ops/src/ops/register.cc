@@ -11,7 +11,7 @@
 #include "multi_lora_op.h"
 #include "paged_attention_op.h"
 
-#define ORTLLM_OPS_ABI_VERSION 2  // bump on any change of op inputs, outputs or attributes
+#define ORTLLM_OPS_ABI_VERSION 3  // bump on any change of op inputs, outputs or attributes
 
 namespace {
 
