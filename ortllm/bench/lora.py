@@ -28,6 +28,7 @@ from ortllm.runtime.sampling_params import SamplingParams
 from ortllm.runtime.scheduler import ScheduledSeq
 
 from .engine import decode_run
+from .errors import BenchError
 from .results import row
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -76,7 +77,7 @@ def paired_steps(engine: Engine, adapters: list[str], batch: int = 16, context: 
     context = min(context, engine.context_length - 2)      # tiny test models have short contexts
     per_seq = -(-(context + 1) // runner.block_size)
     if 1 + batch * per_seq > runner.num_blocks:
-        raise ValueError(f"{batch} sequences at context {context} need {batch * per_seq} KV blocks; the pool has "
+        raise BenchError(f"{batch} sequences at context {context} need {batch * per_seq} KV blocks; the pool has "
                          f"{runner.num_blocks - 1}: lower the batch or the context")
     rng = np.random.default_rng(seed)
     tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(batch)]
@@ -84,7 +85,7 @@ def paired_steps(engine: Engine, adapters: list[str], batch: int = 16, context: 
                                  None) for i in range(batch)])                # prefill: [batch x context] once
     slots, failed = engine.adapters.activate(list(adapters))
     if failed:
-        raise RuntimeError(f"could not load adapters into slots: {failed}")
+        raise BenchError("could not load adapters into slots: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
     last = rng.integers(3, runner.vocab_size, batch).tolist()
 
     def seqs(with_lora: bool) -> list[ScheduledSeq]:   # the decode step at position `context` (rewritten)
