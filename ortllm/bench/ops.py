@@ -257,11 +257,11 @@ def plain_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slot
 
 def nbits_runner(rng, T, K, N, threads, lora_adapters=0, rank=16, n_slots=8, copies=8):
     """`copies` independent MatMulNBits int4 projections of x (block 32, accuracy_level 4, distinct
-    weights), each optionally followed by MultiLoRA on its output; one graph, so the per-run overhead
-    of session.run is shared by `copies` projections. Reported per projection."""
+    weights), each optionally followed by MultiLoRA on its output, all concatenated into y; one graph, so
+    the per-run overhead of session.run is shared by `copies` projections. Reported per projection."""
     blocks = K // 32
     feeds = {"x": rng.standard_normal((T, K), dtype=np.float32)}
-    inits, nodes, outputs = [], [], []
+    inits, nodes = [], []
     domains = ["com.microsoft"] + (["ortllm"] if lora_adapters else [])
     if lora_adapters:
         feeds.update({
@@ -284,9 +284,15 @@ def nbits_runner(rng, T, K, N, threads, lora_adapters=0, rank=16, n_slots=8, cop
             feeds[f"B{i}"] = (rng.standard_normal((n_slots, rank, N), dtype=np.float32) * 0.05).astype(np.float16)
             nodes.append(helper.make_node("MultiLoRA", ["x", mm_out, f"A{i}", f"B{i}", "scale", "rank",
                                                         "token_adapter"], [f"y{i}"], domain="ortllm"))
-        outputs.append(_vi(f"y{i}", F32, 2))
+    # the projections' outputs feed a Concat (both systems), as each feeds the next node in the engine:
+    # intermediate outputs are what ORT lets MultiLoRA's y share with its base_y
+    nodes.append(helper.make_node("Concat", [f"y{i}" for i in range(copies)], ["y"], axis=1))
+    outputs = [helper.make_tensor_value_info("y", F32, ["T", copies * N])]
     types = {"rank": I32, "token_adapter": I32, **{n: F16 for n, v in feeds.items() if v.dtype == np.float16}}
-    inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
+    # x [T, K] with a named token dim, as in the engine's graphs: shapes propagate through MatMulNBits,
+    # so ORT can give MultiLoRA's y the projection's buffer (no copy), as it does in the engine
+    inputs = [helper.make_tensor_value_info("x", F32, ["T", K])]
+    inputs += [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items() if n != "x"]
     graph = helper.make_graph(nodes, "bench", inputs, outputs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)] +
                               [helper.make_opsetid(d, 1) for d in domains])

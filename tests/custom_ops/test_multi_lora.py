@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import helper
 
-from tests.custom_ops.conftest import LORA_INPUTS, assert_close, multi_lora_model, session
+from tests.custom_ops.conftest import F16, F32, I32, LORA_INPUTS, assert_close, multi_lora_model, session
 from tests.reference.multi_lora import multi_lora_ref, slot_a
 
 
@@ -140,6 +141,47 @@ def test_multi_lora_output_aliases_base_y_under_io_binding(sess):
     binding.bind_ortvalue_output("y", buf)
     sess.run_with_iobinding(binding)
     assert_close(buf.numpy(), ref, atol=1e-5, rtol=1e-5, what="y (aliased base_y)")
+
+
+def _in_graph_model(in_dim, out_dim):
+    """base_y = x @ W (a stock MatMul, named token dim T) -> MultiLoRA -> Neg: y is an intermediate whose
+    buffer ORT may take from base_y (MayInplace), which it does only when both shapes are known equal."""
+    vi = helper.make_tensor_value_info
+    types = {"A": F16, "B": F16, "rank": I32, "token_adapter": I32}
+    dims = {"x": ["T", in_dim], "token_adapter": ["T"]}
+    inputs = [vi(n, types.get(n, F32), dims.get(n, [None] * r))
+              for n, r in zip(LORA_INPUTS, [2, 2, 3, 3, 1, 1, 1]) if n != "base_y"] + [vi("W", F32, [in_dim, out_dim])]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["base_y"]),
+             helper.make_node("MultiLoRA", LORA_INPUTS, ["y"], domain="ortllm"),
+             helper.make_node("Neg", ["y"], ["z"])]
+    graph = helper.make_graph(nodes, "in_graph", inputs, [vi("z", F32, ["T", out_dim])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortllm", 1)])
+    model.ir_version = 10
+    return model
+
+
+def test_multi_lora_infers_y_shape_from_base_y():
+    """y gets base_y's shape, symbolic dims included (what ORT's planner needs to reuse base_y's buffer)."""
+    vi = helper.make_tensor_value_info
+    model = multi_lora_model()
+    model.graph.input[0].CopyFrom(vi("x", F32, ["T", 8]))
+    model.graph.input[1].CopyFrom(vi("base_y", F32, ["T", 6]))
+    model.graph.output[0].CopyFrom(vi("y", F32, None))   # no declared shape: only inference can give one
+    out = session(model).get_outputs()[0]
+    assert (out.shape, out.type) == (["T", 6], "tensor(float)")
+
+
+@pytest.mark.parametrize("T,n_adapters", [(1, 1), (16, 4), (40, 3)])
+def test_multi_lora_in_graph_reuse_of_base_y(T, n_adapters):
+    """Inside a graph, where ORT hands MultiLoRA base_y's buffer as y: results equal the reference."""
+    rng = np.random.default_rng(T)
+    feeds = make_case(rng, T=T, in_dim=64, out_dim=96, n_slots=4, r_max=16, ranks=(8, 16), n_adapters=n_adapters)
+    W = (rng.standard_normal((64, 96)) / 8).astype(np.float32)
+    base_y = feeds["x"] @ W
+    ref = multi_lora_ref(*(base_y if n == "base_y" else feeds[n] for n in LORA_INPUTS))
+    sess_ = session(_in_graph_model(64, 96), threads=2)
+    (z,) = sess_.run(None, {**{n: v for n, v in feeds.items() if n != "base_y"}, "W": W})
+    assert_close(-z, ref, atol=1e-4, rtol=1e-4, what="y in graph")
 
 
 @pytest.mark.parametrize("T", [1, 16, 300])           # 300 x 18 x 960 multiply-adds: the threaded path

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, assert_close, paged_attention_model, session
 from tests.custom_ops.pa_cases import SCENARIOS, make_case, ordered
@@ -202,3 +203,15 @@ def test_paged_attention_other_head_and_block_sizes(head_size, block_size, kv_dt
     else:  # the reference's codes (up to one step at rounding ties), output within the derived bound
         assert (np.abs(got[1].view(np.int8).astype(int) - ref[1].view(np.int8)) <= 1).all()
         check_within_quantization_bound(feeds, got[0], got[3], got[4], attrs)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+def test_attn_shape_is_inferred_from_q(kv_dtype):
+    """attn gets q's shape, symbolic dims included, so the projection after it (o_proj and its MultiLoRA)
+    has a known shape too: what ORT needs to let MultiLoRA reuse its base_y buffer."""
+    model = paged_attention_model(num_heads=9, kv_num_heads=3, head_size=64, block_size=16, kv_dtype=kv_dtype)
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("q", TensorProto.FLOAT, ["T", 576]))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("attn", TensorProto.FLOAT, None))
+    out = session(model).get_outputs()
+    assert (out[0].shape, out[0].type) == (["T", 576], "tensor(float)")
+    assert [o.name for o in out] == PA_OUTPUTS[:len(out)]

@@ -2,7 +2,8 @@
 // caches, MultiLoRA) and OrtllmOpsAbiVersion. Built with ORT_API_MANUAL_INIT and not linked to
 // libonnxruntime: the OrtApi comes from the runtime that loads us. Inputs that an output may
 // reuse are declared with GetMayInplace, so ORT can hand the kernel the input's buffer as output
-// (the kernel then copies nothing).
+// (the kernel then copies nothing). ORT's planner only does so when it knows both shapes are the
+// same, so MultiLoRA also infers its output shape (y has base_y's, symbolic dims included).
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -36,6 +37,27 @@ void ORT_API_CALL release_inplace(int* in, int* out) {
   delete[] out;
 }
 
+// Output `out` gets input `in`'s shape and type. Uses the C API only and never throws: where the
+// input's shape is unknown, nothing is inferred.
+OrtStatusPtr same_shape(OrtShapeInferContext* ctx, size_t in, size_t out) {
+  const OrtApi& api = Ort::GetApi();
+  OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by ctx (not released here)
+  if (OrtStatus* st = api.ShapeInferContext_GetInputTypeShape(ctx, in, &info)) {
+    api.ReleaseStatus(st);
+    return nullptr;
+  }
+  return api.ShapeInferContext_SetOutputTypeShape(ctx, out, info);
+}
+// MultiLoRA: y [T, out] is base_y's shape (so y can take base_y's buffer; else the kernel copies).
+OrtStatusPtr ORT_API_CALL multi_lora_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  return same_shape(ctx, 1, 0);
+}
+// PagedAttention: attn [T, H*D] is q's shape, so the projection after it (o_proj, then its MultiLoRA)
+// has a known shape too. The cache outputs keep their declared (graph output) shapes.
+OrtStatusPtr ORT_API_CALL paged_attention_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  return same_shape(ctx, 0, 0);
+}
+
 struct Ops {
   std::unique_ptr<Ort::Custom::OrtLiteCustomOp> pa_f32, pa_u8, lora;
 };
@@ -52,9 +74,11 @@ Ops& ops() {
     for (Ort::Custom::OrtLiteCustomOp* op : {x.pa_f32.get(), x.pa_u8.get()}) {
       op->GetMayInplace = paged_attention_inplace;
       op->ReleaseMayInplace = release_inplace;
+      op->InferOutputShapeFn = paged_attention_shape;
     }
     x.lora->GetMayInplace = multi_lora_inplace;
     x.lora->ReleaseMayInplace = release_inplace;
+    x.lora->InferOutputShapeFn = multi_lora_shape;
     return x;
   }();
   return o;
