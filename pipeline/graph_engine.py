@@ -58,7 +58,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch:
     kinds = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if eight_bit else [])
     ins, outs = [], []
     for kind in kinds:
-        dtype, shp = (cache_type, shape) if kind.endswith("cache") else (F32, shape[:3])
+        dtype, shp = (cache_type, shape) if kind.endswith("cache") else (F16, shape[:3])  # fp16 scales
         ins.append(g.input(C.cache_name(kind, i), dtype, shp))
         outs.append(C.cache_name(kind, i, out=True))
         g.output(outs[-1], dtype, shp)

@@ -126,9 +126,9 @@ class CacheConfig:
 
     def bytes_per_block(self, num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str | None = None) -> int:
         """K and V of one block over all layers: [2, layers, block_size, kv_heads, head_dim] elements, plus one
-        fp32 scale per (token, head) for the 8-bit dtypes."""
+        fp16 scale per (token, head) for the 8-bit dtypes."""
         dtype = kv_dtype or self.kv_dtype or "float32"
-        per_elem, scale = (4, 0) if dtype == "float32" else (1, 4)
+        per_elem, scale = (4, 0) if dtype == "float32" else (1, 2)
         per_token_head = head_dim * per_elem + scale
         return 2 * num_layers * self.block_size * num_kv_heads * per_token_head
 

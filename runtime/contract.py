@@ -5,9 +5,10 @@ another FORMAT_VERSION or CONTRACT_VERSION is refused at load, by name.
 """
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 3        # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 4        # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
-                            #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1))
+                            #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
+                            #  4: key_scales / value_scales float16 (ops ABI 4))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -62,7 +63,7 @@ def present_value(layer: int) -> str:
 #   logits_indices  [S]                 int64   rows of the batch that get logits (never prefill rows)
 #   token_adapter   [T]                 int32   adapter slot of each token, -1 = base model
 #   key_cache.{i} / value_cache.{i}     [num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
-#   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float32 (8-bit caches only)
+#   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float16 (8-bit caches only)
 #   lora.{i}.{target}.a  [slots, in, r_max]   lora.{i}.{target}.b  [slots, r_max, out]   float16
 #       (the slot stacks; adapter files stay float32, converted when written into a slot). Slot s of .a
 #       holds a row-major [in, rank] matrix in its first in * rank elements (MultiLoRA packed_a = 1), so

@@ -63,11 +63,11 @@ class ModelRunner:
 
     # ---- bound once
     def _bind_pool(self, cfg: dict) -> None:
-        """key/value cache [num_blocks, Hkv, block_size, D] per layer (+ scales [num_blocks, Hkv, block_size])."""
+        """key/value cache [num_blocks, Hkv, block_size, D] per layer (+ fp16 scales [num_blocks, Hkv, block_size])."""
         shape = (self.num_blocks, cfg["num_kv_heads"], self.block_size, cfg["head_dim"])
         kinds = [("key_cache", shape, _KV_NUMPY[self.kv]), ("value_cache", shape, _KV_NUMPY[self.kv])]
         if self.kv != "fp32":
-            kinds += [("key_scales", shape[:3], np.float32), ("value_scales", shape[:3], np.float32)]
+            kinds += [("key_scales", shape[:3], np.float16), ("value_scales", shape[:3], np.float16)]
         for i in range(self.num_layers):
             for kind, shp, dtype in kinds:
                 arr = np.full(shp, 0, dtype)   # touched now: RSS shows the pool, no page faults while serving

@@ -157,14 +157,14 @@ def paged_attention_runner(rng, B, ctx, new, kv_dtype, threads):
     outs = ["attn", "key_cache_out", "value_cache_out"]
     aliases = {"key_cache_out": "key_cache", "value_cache_out": "value_cache"}
     if eight:
-        feeds["key_scales"] = np.full(shape[:3], 0.01, np.float32)
-        feeds["value_scales"] = np.full(shape[:3], 0.01, np.float32)
+        feeds["key_scales"] = np.full(shape[:3], 0.01, np.float16)
+        feeds["value_scales"] = np.full(shape[:3], 0.01, np.float16)
         names += ["key_scales", "value_scales"]
         outs += ["key_scales_out", "value_scales_out"]
         aliases.update(key_scales_out="key_scales", value_scales_out="value_scales")
     types = {"positions": I32, "cu_seqlens": I32, "context_lens": I32, "block_tables": I32}
     ctype = U8 if eight else F32
-    types.update(key_cache=ctype, value_cache=ctype)
+    types.update(key_cache=ctype, value_cache=ctype, key_scales=F16, value_scales=F16)
     inputs = [_vi(n, types.get(n, F32), feeds[n].ndim) for n in names]
     outputs = [_vi("attn", F32, 2)] + [_vi(o, types.get(aliases[o], F32), feeds[aliases[o]].ndim) for o in outs[1:]]
     node = helper.make_node("PagedAttention", names, outs, domain="ortllm", num_heads=H, kv_num_heads=HKV,
@@ -198,8 +198,8 @@ def gqa_runner(rng, B, ctx, new, threads):
 
 
 def kv_bytes_per_token(kv_dtype: str) -> int:
-    """Per layer: K and V rows of every kv head (+ one fp32 scale per row for 8-bit)."""
-    return 2 * HKV * (D * 4 if kv_dtype == "float32" else D + 4)
+    """Per layer: K and V rows of every kv head (+ one fp16 scale per row for 8-bit)."""
+    return 2 * HKV * (D * 4 if kv_dtype == "float32" else D + 2)
 
 
 # ---------------------------------------------------------------- LoRA

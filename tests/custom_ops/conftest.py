@@ -59,11 +59,11 @@ def paged_attention_model(*, num_heads, kv_num_heads, head_size, block_size, kv_
     eight_bit = kv_dtype != "float32"
     cache_t = U8 if eight_bit else F32
     n_in, n_out = (13, 5) if eight_bit else (11, 3)
-    types = [F32, F32, F32, I32, I32, I32, I32, F32, F32, cache_t, cache_t, F32, F32]
+    types = [F32, F32, F32, I32, I32, I32, I32, F32, F32, cache_t, cache_t, F16, F16]   # scales: float16
     ranks = [2, 2, 2, 1, 1, 1, 2, 2, 2, 4, 4, 3, 3]
     inputs = [helper.make_tensor_value_info(n, t, [None] * r)
               for n, t, r in list(zip(PA_INPUTS, types, ranks))[:n_in]]
-    out_types = [(F32, 2), (cache_t, 4), (cache_t, 4), (F32, 3), (F32, 3)]
+    out_types = [(F32, 2), (cache_t, 4), (cache_t, 4), (F16, 3), (F16, 3)]
     outputs = [helper.make_tensor_value_info(n, t, [None] * r)
                for n, (t, r) in list(zip(PA_OUTPUTS, out_types))[:n_out]]
     node = helper.make_node("PagedAttention", PA_INPUTS[:n_in], PA_OUTPUTS[:n_out], domain="ortllm",

@@ -53,8 +53,8 @@ def make_case(rng, seqs, *, num_heads, kv_num_heads, head_size, block_size, kv_d
             finite = np.flatnonzero(np.isfinite(_E4M3)).astype(np.uint8)
             codes = lambda: rng.choice(finite, shape)  # noqa: E731
         feeds["key_cache"], feeds["value_cache"] = codes(), codes()
-        feeds["key_scales"] = rng.uniform(0.002, 0.03, shape[:3]).astype(np.float32)
-        feeds["value_scales"] = rng.uniform(0.002, 0.03, shape[:3]).astype(np.float32)
+        feeds["key_scales"] = rng.uniform(0.002, 0.03, shape[:3]).astype(np.float16)
+        feeds["value_scales"] = rng.uniform(0.002, 0.03, shape[:3]).astype(np.float16)
     return feeds
 
 

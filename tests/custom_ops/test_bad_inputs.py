@@ -112,6 +112,14 @@ def test_8bit_scales_shape(pa8_sess):
     expect_error(pa8_sess, f, r"input 'key_scales' has shape \[\d+, 3, 8\], expected \[\d+, 3, 16\]")
 
 
+def test_8bit_float32_scales_are_rejected_by_ort():
+    """Scales are float16 (ops ABI 4): a graph declaring float32 scales (contract version <= 3) is refused."""
+    model = paged_attention_model(**ATTRS, kv_dtype="int8")
+    model.graph.input[11].type.tensor_type.elem_type = TensorProto.FLOAT
+    with pytest.raises(Exception, match=r"tensor\(float\)' of input parameter \(key_scales\)"):
+        session(model)
+
+
 def test_kv_dtype_and_cache_type_disagree():
     # same graph but the attribute says int8 while the cache tensors are float32
     model = paged_attention_model(**ATTRS, kv_dtype="float32")

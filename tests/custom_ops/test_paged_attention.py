@@ -91,8 +91,8 @@ def quantization_bound(info, key_scales, value_scales, kv_dtype, scale):
     q, K, V, P, new = info["q"], info["K"], info["V"], info["probs"], info["new"]
     Hkv = K.shape[0]
     G = q.shape[0] // Hkv
-    sk = key_scales[info["blocks"], :, info["offsets"]].T[:, :, None]  # [Hkv, L, 1]
-    sv = value_scales[info["blocks"], :, info["offsets"]].T[:, :, None]
+    sk = key_scales[info["blocks"], :, info["offsets"]].T[:, :, None].astype(np.float64)  # [Hkv, L, 1]
+    sv = value_scales[info["blocks"], :, info["offsets"]].T[:, :, None].astype(np.float64)
     if kv_dtype == "int8":
         eps_k, eps_v = sk / 2 + 0 * K, sv / 2 + 0 * V
     else:
@@ -215,3 +215,24 @@ def test_attn_shape_is_inferred_from_q(kv_dtype):
     out = session(model).get_outputs()
     assert (out[0].shape, out[0].type) == (["T", 576], "tensor(float)")
     assert [o.name for o in out] == PA_OUTPUTS[:len(out)]
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+def test_fp16_scales_across_magnitudes(kv_dtype):
+    """Scales are float16, rounded up (reference f16_ceil): rows from 1e-12 (below fp16's smallest
+    subnormal scale) through subnormal scales up to 3e7 (past 65504 * 448: the scale saturates at 65504 and
+    the codes at the format's limit) get the reference's scales bit for bit and its codes."""
+    H, Hkv, BS = 9, 3, 16
+    rng = np.random.default_rng(21)
+    feeds = make_case(rng, [(0, 12)], num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
+    mags = np.array([1e-12, 1e-9, 1e-6, 1e-4, 1e-2, 1.0, 30.0, 1e3, 1e4, 1e5, 1e6, 3e7], np.float32)
+    feeds["k"] = (feeds["k"] * mags[:, None]).astype(np.float32)
+    feeds["v"] = (feeds["v"] * mags[:, None]).astype(np.float32)
+    attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
+    _, kc, vc, ks, vs = get_session(H, Hkv, BS, kv_dtype).run(None, feeds)
+    _, ref_kc, ref_vc, ref_ks, ref_vs = paged_attention_ref(*ordered(feeds), **attrs)
+    assert ks.dtype == vs.dtype == np.float16
+    np.testing.assert_array_equal(ks, ref_ks)
+    np.testing.assert_array_equal(vs, ref_vs)
+    assert ks.max() == vs.max() == 65504 and ks.min() > 0 and vs.min() > 0   # saturated; never 0
+    assert (np.mean(kc == ref_kc) > 0.999) and (np.mean(vc == ref_vc) > 0.999)

@@ -14,6 +14,23 @@ INT8_QMAX = 127.0
 E4M3_MAX = 448.0
 
 
+# ---- scales: one float16 per row, rounded up, so codes computed with the stored scale stay in range
+
+def f16_ceil(v: np.ndarray) -> np.ndarray:
+    """The smallest float16 >= v for v > 0 (65504 at most; a positive v below the smallest subnormal gives
+    that subnormal); 0 where v == 0."""
+    v = np.minimum(np.asarray(v, np.float32), np.float32(65504))
+    h = v.astype(np.float16)                                                # nearest (ties to even)
+    h = np.where(h.astype(np.float32) < v, np.nextafter(h, np.float16(65504)), h)
+    return np.where(v > 0, h, np.float16(0)).astype(np.float16)
+
+
+def _row_scale(x: np.ndarray, qmax: float) -> tuple[np.ndarray, np.ndarray]:
+    """(stored float16 scale [...], the float32 divisor for the codes [..., 1]: the stored scale, 1 where 0)."""
+    scale = f16_ceil(np.abs(x).max(axis=-1) / np.float32(qmax))
+    return scale, np.where(scale > 0, scale.astype(np.float32), np.float32(1))[..., None]
+
+
 def hadamard_matrix(d: int) -> np.ndarray:
     """Sylvester Hadamard matrix H_d (entries +-1), d a power of two."""
     if d < 1 or d & (d - 1):
@@ -30,13 +47,12 @@ def fwht(x: np.ndarray) -> np.ndarray:
     return (x.astype(np.float64) @ hadamard_matrix(d) / np.sqrt(d)).astype(x.dtype)
 
 
-# ---- int8: scale = absmax / 127, codes = round-half-even(x / scale) in [-127, 127]
+# ---- int8: scale = f16_ceil(absmax / 127), codes = round-half-even(x / scale) in [-127, 127]
 
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row (last axis) symmetric int8. Returns (codes int8 [..., D], scale float32 [...])."""
+    """Per-row (last axis) symmetric int8. Returns (codes int8 [..., D], scale float16 [...])."""
     x = x.astype(np.float32)
-    scale = (np.abs(x).max(axis=-1) / np.float32(INT8_QMAX)).astype(np.float32)
-    safe = np.where(scale > 0, scale, np.float32(1))[..., None]
+    scale, safe = _row_scale(x, INT8_QMAX)
     codes = np.clip(np.rint(x / safe), -127, 127)
     codes = np.where(scale[..., None] > 0, codes, 0)
     return codes.astype(np.int8), scale
@@ -77,17 +93,16 @@ def float_to_e4m3(v: np.ndarray) -> np.ndarray:
 
 
 def quantize_e4m3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row symmetric fp8: scale = absmax / 448. Returns (codes uint8 [..., D], scale [...])."""
+    """Per-row symmetric fp8: scale = f16_ceil(absmax / 448). Returns (codes uint8 [..., D], scale float16 [...])."""
     x = x.astype(np.float32)
-    scale = (np.abs(x).max(axis=-1) / np.float32(E4M3_MAX)).astype(np.float32)
-    safe = np.where(scale > 0, scale, np.float32(1))[..., None]
+    scale, safe = _row_scale(x, E4M3_MAX)
     codes = float_to_e4m3(x / safe)
     codes = np.where(scale[..., None] > 0, codes, 0).astype(np.uint8)
     return codes, scale
 
 
 def dequantize_e4m3(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return (_E4M3[codes.astype(np.uint8)] * scale[..., None]).astype(np.float32)
+    return (_E4M3[codes.astype(np.uint8)] * scale[..., None].astype(np.float32)).astype(np.float32)
 
 
 def quantize(x: np.ndarray, kv_dtype: str) -> tuple[np.ndarray, np.ndarray]:

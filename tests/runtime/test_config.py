@@ -74,7 +74,7 @@ def test_config_error_is_value_error_and_replace_revalidates():
 def test_num_blocks_from_budget():
     c = CacheConfig(memory_budget_bytes=10_000_000, kv_dtype="int8")
     per = c.bytes_per_block(num_layers=30, num_kv_heads=3, head_dim=64)
-    assert per == 2 * 30 * 16 * 3 * (64 + 4)
+    assert per == 2 * 30 * 16 * 3 * (64 + 2)          # int8 codes + one fp16 scale per (token, head)
     assert c.resolve_num_blocks(per) == 10_000_000 // per
     assert CacheConfig(num_blocks=12).resolve_num_blocks(per) == 12
     assert CacheConfig().bytes_per_block(1, 1, 64) == 2 * 16 * 64 * 4

@@ -4,7 +4,7 @@
 //   1. for every new token t of sequence s (slot p = context_lens[s] + t - cu_seqlens[s]):
 //        q_t, k_t <- RoPE at positions[t];  8-bit + rotate: q_t, k_t <- H q_t / sqrt(D) per head
 //        K/V rows of every kv head -> cache block block_tables[s][p / BS], offset p % BS
-//        (fp32 copied; 8-bit quantized per (token, head) with one fp32 scale; V is never rotated)
+//        (fp32 copied; 8-bit quantized per (token, head) with one fp16 scale; V is never rotated)
 //   2. for every new token t and query head h (kv head g = h / (H / Hkv)):
 //        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal)
 //      read back from the cache (so new tokens see exactly what later steps will see).

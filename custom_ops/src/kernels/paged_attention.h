@@ -37,8 +37,8 @@ struct PagedAttentionArgs {
   const float* sin;           // [max_pos, D/2]
   void* key_cache;            // [NB, Hkv, BS, D] float or uint8 codes (output buffer, updated in place)
   void* value_cache;          // [NB, Hkv, BS, D]
-  float* key_scales;          // [NB, Hkv, BS]  (8-bit only)
-  float* value_scales;        // [NB, Hkv, BS]  (8-bit only)
+  uint16_t* key_scales;       // [NB, Hkv, BS] fp16 bits (8-bit only)
+  uint16_t* value_scales;     // [NB, Hkv, BS] fp16 bits (8-bit only)
   float* out;                 // [T, H*D]
 };
 

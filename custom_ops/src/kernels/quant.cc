@@ -1,7 +1,7 @@
 // RoPE, Hadamard rotation and 8-bit quantization for the rows written into the KV cache.
 //
 // What: per (token, kv head) row of D floats: rope -> (8-bit only) normalized FWHT -> symmetric
-// quantization with one fp32 scale per row.
+// quantization with one fp16 scale per row (rounded up; the codes use the stored scale).
 // Why this way: these run once per new token and head (O(T * H * D log D)), far off the hot path
 // (the attention reads every cached row per step), so they are kept scalar and simple. The
 // Hadamard transform spreads the few outlier channels of llama keys over all D channels, so the
@@ -13,6 +13,8 @@
 
 #include <cmath>
 #include <cstring>
+
+#include "vec.h"
 
 namespace ortllm {
 
@@ -56,13 +58,14 @@ static float absmax(const float* x, int D) {
   return m;
 }
 
-float quantize_int8(const float* x, int D, uint8_t* codes) {
+uint16_t quantize_int8(const float* x, int D, uint8_t* codes) {
   const float amax = absmax(x, D);
-  const float scale = amax / 127.0f;
-  if (!(scale > 0.f)) {
+  if (!(amax > 0.f)) {
     for (int i = 0; i < D; ++i) codes[i] = 0;
-    return 0.f;
+    return 0;
   }
+  const uint16_t s16 = f16_ceil(amax / 127.0f);
+  const float scale = f16_to_float(s16);
   // Round half to even via the 1.5 * 2^23 trick (exact for |v| < 2^22 under the default rounding
   // mode; here |v| <= 127): same result as nearbyint/np.rint, without a libm call per element.
   constexpr float kMagic = 12582912.0f;
@@ -72,7 +75,7 @@ float quantize_int8(const float* x, int D, uint8_t* codes) {
     if (q != q) q = 0.f;  // NaN input: write 0 rather than an undefined conversion
     codes[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
   }
-  return scale;
+  return s16;
 }
 
 static uint8_t e4m3_magnitude(float a) {  // a >= 0 and not NaN
@@ -98,11 +101,12 @@ uint8_t float_to_e4m3(float v) {
   return mag == 0 ? 0 : static_cast<uint8_t>((std::signbit(v) ? 0x80 : 0x00) | mag);
 }
 
-float quantize_e4m3(const float* x, int D, uint8_t* codes) {
+uint16_t quantize_e4m3(const float* x, int D, uint8_t* codes) {
   const float amax = absmax(x, D);
-  const float scale = amax / 448.0f;
-  for (int i = 0; i < D; ++i) codes[i] = scale > 0.f ? float_to_e4m3(x[i] / scale) : 0;
-  return scale;
+  const uint16_t s16 = amax > 0.f ? f16_ceil(amax / 448.0f) : 0;
+  const float scale = f16_to_float(s16);
+  for (int i = 0; i < D; ++i) codes[i] = s16 != 0 ? float_to_e4m3(x[i] / scale) : 0;
+  return s16;
 }
 
 }  // namespace ortllm

@@ -16,11 +16,14 @@ void apply_rope(float* x, int D, const float* cos, const float* sin, bool interl
 // its own inverse), so dot(fwht(q), fwht(k)) == dot(q, k) in exact arithmetic.
 void fwht_normalized(float* x, int D);
 
-// Symmetric per-row quantization of x: [D] -> codes: [D], returns the scale (0 for an all-zero row).
-// int8: scale = absmax / 127, code = round_half_even(x / scale) in [-127, 127] (stored as a byte).
-// e4m3: scale = absmax / 448, code = e4m3fn byte nearest to x / scale (ties to even mantissa).
-float quantize_int8(const float* x, int D, uint8_t* codes);
-float quantize_e4m3(const float* x, int D, uint8_t* codes);
+// Symmetric per-row quantization of x: [D] -> codes: [D], returns the scale as IEEE fp16 bits
+// (0 for an all-zero row). The scale is stored in fp16 (2 bytes per row instead of 4: 66 bytes per
+// 64-dim row instead of 68), rounded up (vec.h f16_ceil), and the codes are computed with that
+// stored scale s, so dequantization is exactly s * code and |x / s| never exceeds the code range.
+// int8: s = f16_ceil(absmax / 127), code = round_half_even(x / s) in [-127, 127] (stored as a byte).
+// e4m3: s = f16_ceil(absmax / 448), code = e4m3fn byte nearest to x / s (ties to even mantissa).
+uint16_t quantize_int8(const float* x, int D, uint8_t* codes);
+uint16_t quantize_e4m3(const float* x, int D, uint8_t* codes);
 uint8_t float_to_e4m3(float v);  // |v| <= 448 expected; saturates at 448.
 
 }  // namespace ortllm

@@ -21,9 +21,10 @@ struct VecOps {
                  int lds);
   // O[r * D ..] += sum_j P[r * ldp + j] * V[j * D ..]. P: [rows, ldp], V: [nkeys, D], O: [rows, D].
   void (*pv)(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O);
-  // out[j * D + d] = scales[j] * code(j, d): int8 codes (two's complement bytes) / fp8 e4m3fn.
-  void (*dequant_i8)(const uint8_t* codes, const float* scales, int nrows, int D, float* out);
-  void (*dequant_e4m3)(const uint8_t* codes, const float* scales, int nrows, int D, float* out);
+  // out[j * D + d] = scales[j] * code(j, d): int8 codes (two's complement bytes) / fp8 e4m3fn;
+  // scales are IEEE fp16 bits (one per row).
+  void (*dequant_i8)(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out);
+  void (*dequant_e4m3)(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out);
   // x[i] = exp(x[i] - m); returns sum_i x[i].
   float (*exp_sum)(float* x, int n, float m);
   // max_i x[i], n >= 1.
@@ -52,5 +53,10 @@ float e4m3_to_float(uint8_t code);
 
 // IEEE fp16 bits -> float (exact, subnormals and inf/nan included).
 float f16_to_float(uint16_t h);
+
+// Positive finite float -> the fp16 bits of the smallest fp16 >= it (rounded up, so a scale never
+// shrinks: codes computed with it stay in range). Saturates at the largest finite fp16 (65504);
+// a positive value below the smallest subnormal gives that subnormal (never 0).
+uint16_t f16_ceil(float v);
 
 }  // namespace ortllm

@@ -222,23 +222,24 @@ void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, flo
   }
 }
 
-void dequant_i8(const uint8_t* codes, const float* scales, int nrows, int D, float* out) {
+void dequant_i8(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
   const int D8 = D & ~7;
   for (int j = 0; j < nrows; ++j) {
     const uint8_t* c = codes + static_cast<size_t>(j) * D;
     float* o = out + static_cast<size_t>(j) * D;
-    const __m256 s = _mm256_set1_ps(scales[j]);
+    const float sj = _cvtsh_ss(scales[j]);
+    const __m256 s = _mm256_set1_ps(sj);
     int d = 0;
     for (; d < D8; d += 8) {
       __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + d));
       __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
       _mm256_storeu_ps(o + d, _mm256_mul_ps(f, s));
     }
-    for (; d < D; ++d) o[d] = scales[j] * static_cast<float>(static_cast<int8_t>(c[d]));
+    for (; d < D; ++d) o[d] = sj * static_cast<float>(static_cast<int8_t>(c[d]));
   }
 }
 
-void dequant_e4m3(const uint8_t* codes, const float* scales, int nrows, int D, float* out) {
+void dequant_e4m3(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
   const int D8 = D & ~7;
   const __m256i mag_mask = _mm256_set1_epi32(0x7F);
   const __m256i exp_mask = _mm256_set1_epi32(0x78);
@@ -249,7 +250,8 @@ void dequant_e4m3(const uint8_t* codes, const float* scales, int nrows, int D, f
   for (int j = 0; j < nrows; ++j) {
     const uint8_t* c = codes + static_cast<size_t>(j) * D;
     float* o = out + static_cast<size_t>(j) * D;
-    const __m256 s = _mm256_set1_ps(scales[j]);
+    const float sj = _cvtsh_ss(scales[j]);
+    const __m256 s = _mm256_set1_ps(sj);
     int d = 0;
     for (; d < D8; d += 8) {
       __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + d)));
@@ -262,7 +264,7 @@ void dequant_e4m3(const uint8_t* codes, const float* scales, int nrows, int D, f
       __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, sign_mask), 24));
       _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_or_ps(mag, sign), s));
     }
-    for (; d < D; ++d) o[d] = scales[j] * e4m3_to_float(c[d]);
+    for (; d < D; ++d) o[d] = sj * e4m3_to_float(c[d]);
   }
 }
 

@@ -29,6 +29,23 @@ float f16_to_float(uint16_t h) {
   return mag;
 }
 
+uint16_t f16_ceil(float v) {
+  if (!(v > 0.f)) return 0;
+  if (!(v <= 65504.f)) return 0x7BFF;  // largest finite fp16 (also for +inf)
+  // Truncate to fp16 (toward zero), then step up one ulp if that lost anything: positive fp16
+  // bit patterns are ordered like their values, so +1 is the next representable value.
+  uint16_t h;
+  if (v < 6.103515625e-05f) {                                       // below 2^-14: subnormal grid 2^-24
+    h = static_cast<uint16_t>(std::ldexp(v, 24));                   // floor of v / 2^-24 (v > 0)
+  } else {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    h = static_cast<uint16_t>((((bits >> 23) - 112u) << 10) | ((bits >> 13) & 0x3FFu));
+  }
+  if (f16_to_float(h) < v) ++h;
+  return h;
+}
+
 float e4m3_to_float(uint8_t code) {
   // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no inf; 0x7f/0xff are NaN (never written).
   const int exp = (code >> 3) & 0xF;
@@ -62,21 +79,25 @@ void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, flo
   }
 }
 
-void dequant_i8(const uint8_t* codes, const float* scales, int nrows, int D, float* out) {
-  for (int j = 0; j < nrows; ++j)
+void dequant_i8(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
+  for (int j = 0; j < nrows; ++j) {
+    const float s = f16_to_float(scales[j]);
     for (int d = 0; d < D; ++d)
-      out[j * D + d] = scales[j] * static_cast<float>(static_cast<int8_t>(codes[j * D + d]));
+      out[j * D + d] = s * static_cast<float>(static_cast<int8_t>(codes[j * D + d]));
+  }
 }
 
-void dequant_e4m3(const uint8_t* codes, const float* scales, int nrows, int D, float* out) {
+void dequant_e4m3(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
   static float lut[256];
   static bool ready = [] {
     for (int c = 0; c < 256; ++c) lut[c] = e4m3_to_float(static_cast<uint8_t>(c));
     return true;
   }();
   (void)ready;
-  for (int j = 0; j < nrows; ++j)
-    for (int d = 0; d < D; ++d) out[j * D + d] = scales[j] * lut[codes[j * D + d]];
+  for (int j = 0; j < nrows; ++j) {
+    const float s = f16_to_float(scales[j]);
+    for (int d = 0; d < D; ++d) out[j * D + d] = s * lut[codes[j * D + d]];
+  }
 }
 
 float exp_sum(float* x, int n, float m) {

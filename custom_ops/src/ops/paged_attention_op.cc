@@ -70,9 +70,9 @@ Ort::Status PagedAttentionOp<CacheT>::Compute(
     OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v, const I32& positions,
     const I32& cu_seqlens, const I32& context_lens, const I32& block_tables, const F32& cos_cache,
     const F32& sin_cache, const Cache& key_cache, const Cache& value_cache,
-    std::optional<const F32*> key_scales, std::optional<const F32*> value_scales, F32& attn,
-    Cache& key_cache_out, Cache& value_cache_out, std::optional<F32*> key_scales_out,
-    std::optional<F32*> value_scales_out) {
+    std::optional<const F16*> key_scales, std::optional<const F16*> value_scales, F32& attn,
+    Cache& key_cache_out, Cache& value_cache_out, std::optional<F16*> key_scales_out,
+    std::optional<F16*> value_scales_out) {
   try {
     if (!init_error_.empty()) throw OpError(init_error_);
     const int64_t H = num_heads_, Hkv = kv_heads_, D = head_size_, BS = block_size_;
@@ -159,8 +159,8 @@ Ort::Status PagedAttentionOp<CacheT>::Compute(
     CacheT* vc = value_cache_out.Allocate(kcs);
     alias_or_copy(key_cache.Data(), kc, cache_elems);
     alias_or_copy(value_cache.Data(), vc, cache_elems);
-    float* ks = nullptr;
-    float* vs = nullptr;
+    Ort::Float16_t* ks = nullptr;
+    Ort::Float16_t* vs = nullptr;
     if (have_scale_outs) {
       // float32 caches: scales are unused; pass through whatever was given (or an empty tensor).
       const std::vector<int64_t> ss =
@@ -178,7 +178,8 @@ Ort::Status PagedAttentionOp<CacheT>::Compute(
 
     PagedAttentionDims dims{T, S, H, Hkv, D, BS, MB, NB, max_pos, kv_dtype_, rotate_, interleaved_, scale_};
     PagedAttentionArgs args{q.Data(), k.Data(), v.Data(), pos, cu, ctxl, bt,
-                            cos_cache.Data(), sin_cache.Data(), kc, vc, ks, vs, out};
+                            cos_cache.Data(), sin_cache.Data(), kc, vc,
+                            reinterpret_cast<uint16_t*>(ks), reinterpret_cast<uint16_t*>(vs), out};
     Parallel par{ort_parallel_for, ctx};
     paged_attention(dims, args, par);
     return Ort::Status{nullptr};

@@ -5,8 +5,8 @@
 //            6 block_tables [S, max_blocks] i32, 7 cos_cache [max_pos, D/2] f32,
 //            8 sin_cache [max_pos, D/2] f32, 9 key_cache [NB, Hkv, BS, D] CacheT,
 //            10 value_cache [NB, Hkv, BS, D] CacheT,
-//            11 key_scales [NB, Hkv, BS] f32 (optional; required for 8-bit),
-//            12 value_scales [NB, Hkv, BS] f32 (optional; required for 8-bit)
+//            11 key_scales [NB, Hkv, BS] f16 (optional; required for 8-bit),
+//            12 value_scales [NB, Hkv, BS] f16 (optional; required for 8-bit)
 //   outputs: 0 attn [T, H*D] f32, 1 key_cache_out, 2 value_cache_out (same shape/type as inputs),
 //            3 key_scales_out, 4 value_scales_out (optional; required for 8-bit)
 //   Cache outputs alias cache inputs when bound to the same buffer (nothing copied then).
@@ -31,6 +31,7 @@ template <typename CacheT>
 struct PagedAttentionOp {
   using F32 = Ort::Custom::Tensor<float>;
   using I32 = Ort::Custom::Tensor<int32_t>;
+  using F16 = Ort::Custom::Tensor<Ort::Float16_t>;  // the 8-bit caches' per-row scales
   using Cache = Ort::Custom::Tensor<CacheT>;
 
   PagedAttentionOp(const OrtApi* api, const OrtKernelInfo* info);
@@ -38,9 +39,9 @@ struct PagedAttentionOp {
                       const I32& positions, const I32& cu_seqlens, const I32& context_lens,
                       const I32& block_tables, const F32& cos_cache, const F32& sin_cache,
                       const Cache& key_cache, const Cache& value_cache,
-                      std::optional<const F32*> key_scales, std::optional<const F32*> value_scales,
+                      std::optional<const F16*> key_scales, std::optional<const F16*> value_scales,
                       F32& attn, Cache& key_cache_out, Cache& value_cache_out,
-                      std::optional<F32*> key_scales_out, std::optional<F32*> value_scales_out);
+                      std::optional<F16*> key_scales_out, std::optional<F16*> value_scales_out);
 
  private:
   int64_t num_heads_, kv_heads_, head_size_, block_size_;

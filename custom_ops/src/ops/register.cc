@@ -12,7 +12,7 @@
 #include "multi_lora_op.h"
 #include "paged_attention_op.h"
 
-#define ORTLLM_OPS_ABI_VERSION 3  // bump on any change of op inputs, outputs or attributes
+#define ORTLLM_OPS_ABI_VERSION 4  // bump on any change of op inputs, outputs or attributes
 
 namespace {
 
