@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml
 ops: $(STAMP)
 	bash ci/build_ops.sh
 
-$(DEFAULT_ARTIFACT)/manifest.json: | $(STAMP)
-	$(BIN)/ortllm build smollm2-135m-instruct --out $(DEFAULT_ARTIFACT)
+# Rebuilt (--force: this directory is make's own output) when runtime/contract.py changes: the runtime
+# refuses an artifact of another contract version, so a checkout that pulls a contract bump would otherwise
+# keep getting that refusal from `make serve`. Adapters trained into it (`make adapters`) go with it.
+$(DEFAULT_ARTIFACT)/manifest.json: runtime/contract.py | $(STAMP)
+	$(BIN)/ortllm build smollm2-135m-instruct --out $(DEFAULT_ARTIFACT) --force
 
 # The OpenAI-compatible service (and playground at /) on the default artifact; Ctrl-C drains and stops.
 serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
