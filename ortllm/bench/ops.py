@@ -28,6 +28,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from ortllm.runtime.config import CacheConfig
 from ortllm.runtime.ops_library import register_ops
 
 F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
@@ -198,8 +199,9 @@ def gqa_runner(rng, B, ctx, new, threads):
 
 
 def kv_bytes_per_token(kv_dtype: str) -> int:
-    """Per layer: K and V rows of every kv head (+ one fp16 scale per row for 8-bit)."""
-    return 2 * HKV * (D * 4 if kv_dtype == "float32" else D + 2)
+    """Per layer: K and V rows of every kv head (+ the 8-bit caches' per-row scales), as the engine sizes its
+    pool (CacheConfig.bytes_per_block for one layer and a one-token block)."""
+    return CacheConfig(block_size=1).bytes_per_block(1, HKV, D, kv_dtype)
 
 
 # ---------------------------------------------------------------- LoRA
