@@ -43,6 +43,7 @@ ALGOS = ("rtn", "hqq", "gptq")
 WEIGHT_DTYPES = {"fp32": None, "int8": 8, "int4": 4}
 KEEP_DTYPES = ("fp32", "int8")
 DEFAULT_ACCURACY_LEVEL = 4      # int8 compute on CPU (activations quantized per block)
+FP16_MIN_SCALE, FP16_MAX = 2.0 ** -24, 65504.0   # smallest fp16 subnormal, largest finite fp16
 
 
 @dataclass
@@ -114,7 +115,10 @@ def _finish(w: np.ndarray, bits: int, block_size: int, codes: np.ndarray, scales
             offsets: np.ndarray | None) -> QuantizedWeight:
     """codes [N, kb, bs] in 0..2^bits-1, scales [N, kb, 1], offsets [N, kb, 1] or None -> the weight + its error."""
     n, k = w.shape
-    q = QuantizedWeight(n, k, bits, block_size, _pack_bits(codes, bits), scales.astype(np.float32).reshape(-1),
+    # Scales are kept fp16-exact: QLinear stores them as fp16 (pipeline/qlinear_pack.py), and the error
+    # below is then the error of the weight the engine really multiplies by.
+    scales = np.clip(scales, FP16_MIN_SCALE, FP16_MAX).astype(np.float16).astype(np.float32)
+    q = QuantizedWeight(n, k, bits, block_size, _pack_bits(codes, bits), scales.reshape(-1),
                         None if offsets is None else offsets.astype(np.float16).reshape(n, -1))
     err = dequantize(q) - w
     peak, norm = float(np.abs(w).max()), float(np.sqrt(np.square(w, dtype=np.float64).sum()))

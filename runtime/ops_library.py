@@ -13,7 +13,7 @@ from pathlib import Path
 
 # Must equal ORTLLM_OPS_ABI_VERSION in custom_ops/src/ops/register.cc; bump both together whenever
 # an op's inputs, outputs or attributes change.
-OPS_ABI_VERSION = 4
+OPS_ABI_VERSION = 5
 OPS_DOMAIN = "ortllm"
 ENV_OVERRIDE = "ORTLLM_OPS_LIBRARY"
 BUILD_COMMAND = "make ops"

@@ -95,3 +95,21 @@ def assert_close(got, ref, *, atol, rtol, what=""):
         i = np.unravel_index(np.argmax(np.abs(got - ref) - tol), got.shape)
         raise AssertionError(f"{what}: {bad.sum()} of {bad.size} elements out of tolerance; worst at {i}: "
                              f"got {got[i]:.8g}, ref {ref[i]:.8g}, tol {tol[i]:.3g}")
+
+
+QLINEAR_INPUTS = ["x", "codes", "scales", "offsets", "residual", "token_adapter", "lora_scale",
+                  "A0", "B0", "rank0", "A1", "B1", "rank1", "A2", "B2", "rank2"]
+QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, F16, F16, I32, F16, F16, I32, F16, F16, I32]
+QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, 3, 3, 1, 3, 3, 1, 3, 3, 1]
+
+
+def qlinear_model(present: list[str], **attrs) -> onnx.ModelProto:
+    """One QLinear node; `present` names the inputs fed (the others are left out as ONNX optional inputs)."""
+    names = [n if n in present else "" for n in QLINEAR_INPUTS]
+    while names and not names[-1]:
+        names.pop()
+    inputs = [helper.make_tensor_value_info(n, t, [None] * r)
+              for n, t, r in zip(QLINEAR_INPUTS, QLINEAR_TYPES, QLINEAR_RANKS) if n in present]
+    outputs = [helper.make_tensor_value_info("y", F32, [None, None])]
+    node = helper.make_node("QLinear", names, ["y"], domain="ortllm", **attrs)
+    return _model(node, inputs, outputs)

@@ -1,18 +1,20 @@
 // Library entry points: RegisterCustomOps (domain "ortllm": PagedAttention for float32 and uint8
-// caches, MultiLoRA) and OrtllmOpsAbiVersion. Built with ORT_API_MANUAL_INIT and not linked to
+// caches, MultiLoRA, QLinear) and OrtllmOpsAbiVersion. Built with ORT_API_MANUAL_INIT and not linked to
 // libonnxruntime: the OrtApi comes from the runtime that loads us. Inputs that an output may
 // reuse are declared with GetMayInplace, so ORT can hand the kernel the input's buffer as output
 // (the kernel then copies nothing). ORT's planner only does so when it knows both shapes are the
 // same, so MultiLoRA also infers its output shape (y has base_y's, symbolic dims included).
 #include <memory>
+#include <string>
 #include <mutex>
 #include <vector>
 
 #include "../kernels/vec.h"
 #include "multi_lora_op.h"
 #include "paged_attention_op.h"
+#include "qlinear_op.h"
 
-#define ORTLLM_OPS_ABI_VERSION 4  // bump on any change of op inputs, outputs or attributes
+#define ORTLLM_OPS_ABI_VERSION 5  // bump on any change of op inputs, outputs or attributes
 
 namespace {
 
@@ -32,6 +34,7 @@ size_t ORT_API_CALL paged_attention_inplace(int** in, int** out) {
   return copy_pairs({{9, 1}, {10, 2}, {11, 3}, {12, 4}}, in, out);
 }
 size_t ORT_API_CALL multi_lora_inplace(int** in, int** out) { return copy_pairs({{1, 0}}, in, out); }
+size_t ORT_API_CALL qlinear_inplace(int** in, int** out) { return copy_pairs({{4, 0}}, in, out); }
 void ORT_API_CALL release_inplace(int* in, int* out) {
   delete[] in;
   delete[] out;
@@ -58,8 +61,73 @@ OrtStatusPtr ORT_API_CALL paged_attention_shape(const OrtCustomOp*, OrtShapeInfe
   return same_shape(ctx, 0, 0);
 }
 
+// QLinear: y is [T, N] (x's T, attribute N), [T, N / 2] with epilogue "swiglu", and residual's
+// own shape with epilogue "residual" (so y can take the residual's buffer).
+OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  const OrtApi& api = Ort::GetApi();
+  auto attr_int = [&](const char* name, int64_t fallback) {
+    const OrtOpAttr* attr = nullptr;
+    int64_t v = fallback;
+    size_t size = 0;
+    if (OrtStatus* st = api.ShapeInferContext_GetAttribute(ctx, name, &attr)) {
+      api.ReleaseStatus(st);
+      return fallback;
+    }
+    if (OrtStatus* st = api.ReadOpAttr(attr, ORT_OP_ATTR_INT, &v, sizeof(v), &size)) {
+      api.ReleaseStatus(st);
+      return fallback;
+    }
+    return v;
+  };
+  char epi[16] = {0};
+  {
+    const OrtOpAttr* attr = nullptr;
+    size_t size = 0;
+    if (OrtStatus* st = api.ShapeInferContext_GetAttribute(ctx, "epilogue", &attr)) {
+      api.ReleaseStatus(st);
+    } else if (OrtStatus* st2 = api.ReadOpAttr(attr, ORT_OP_ATTR_STRING, epi, sizeof(epi) - 1, &size)) {
+      api.ReleaseStatus(st2);
+      epi[0] = 0;
+    }
+  }
+  if (std::string(epi) == "residual") return same_shape(ctx, 4, 0);
+  OrtTensorTypeAndShapeInfo* x_info = nullptr;  // owned by ctx
+  if (OrtStatus* st = api.ShapeInferContext_GetInputTypeShape(ctx, 0, &x_info)) {
+    api.ReleaseStatus(st);
+    return nullptr;
+  }
+  size_t rank = 0;
+  if (OrtStatus* st = api.GetDimensionsCount(x_info, &rank)) {
+    api.ReleaseStatus(st);
+    return nullptr;
+  }
+  if (rank != 2) return nullptr;
+  int64_t dims[2];
+  const char* syms[2] = {nullptr, nullptr};
+  if (OrtStatus* st = api.GetDimensions(x_info, dims, 2)) {
+    api.ReleaseStatus(st);
+    return nullptr;
+  }
+  if (OrtStatus* st = api.GetSymbolicDimensions(x_info, syms, 2)) {
+    api.ReleaseStatus(st);
+    return nullptr;
+  }
+  const int64_t n = attr_int("N", -1);
+  dims[1] = n > 0 && std::string(epi) == "swiglu" ? n / 2 : n;
+  const char* out_syms[2] = {syms[0] ? syms[0] : "", ""};
+  OrtTensorTypeAndShapeInfo* out = nullptr;
+  if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&out)) return st;
+  OrtStatus* st = api.SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+  if (!st) st = api.SetDimensions(out, dims, 2);
+  if (!st) st = api.SetSymbolicDimensions(out, out_syms, 2);
+  if (!st) st = api.ShapeInferContext_SetOutputTypeShape(ctx, 0, out);
+  api.ReleaseTensorTypeAndShapeInfo(out);
+  return st;
+}
+
 struct Ops {
   std::unique_ptr<Ort::Custom::OrtLiteCustomOp> pa_f32, pa_u8, lora;
+  ortllm::QLinearOp qlinear;
 };
 
 Ops& ops() {
@@ -79,6 +147,9 @@ Ops& ops() {
     x.lora->GetMayInplace = multi_lora_inplace;
     x.lora->ReleaseMayInplace = release_inplace;
     x.lora->InferOutputShapeFn = multi_lora_shape;
+    x.qlinear.GetMayInplace = qlinear_inplace;
+    x.qlinear.ReleaseMayInplace = release_inplace;
+    x.qlinear.InferOutputShapeFn = qlinear_shape;
     return x;
   }();
   return o;
@@ -116,6 +187,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     domain.Add(o.pa_f32.get());
     domain.Add(o.pa_u8.get());
     domain.Add(o.lora.get());
+    domain.Add(&o.qlinear);
     Ort::UnownedSessionOptions session_options(options);
     session_options.Add(domain);
     keep_domain(std::move(domain));

@@ -1,0 +1,120 @@
+// Pure QLinear kernel: a block-quantized projection with the LoRA, the block offsets and an
+// epilogue fused in, batch-invariant by construction.
+//
+//   y[t, n] = epilogue( sum_b d[n,b] * dx[t,b] * (isum_b(q_w[n], q_x[t]) - zp * qsum_b(q_x[t]))
+//                       + m[n,b] * sx[t,b]                                  (block offsets, optional)
+//                       + lscale[a] * (x[t] @ A_j[a]) @ B_j[a][:, n - n0_j] )  (LoRA, a = adapter[t])
+//
+// W is [N, K] with K in blocks of bs (32, 64 or 128; K zero-padded to kb = ceil(K / bs) blocks):
+// int4 codes q_w in 0..15 with zero point zp = 8 (w = d * (q - 8) + m: Q4_0 without m, Q4_1 with
+// m = Q4_1's min + 8d), or int8 codes in -128..127 with zp = 0 (Q8_0). d and m are fp16 per
+// (row, block). Activations are quantized once per (token, block) to int8: dx = absmax / 127,
+// q_x = rint(x / dx), qsum = sum of the block's codes, sx = dx * qsum; the integer dot isum is exact.
+//
+// Packed layout (pipeline/qlinear_pack.py packs; the NumPy unpacker there is what the reference
+// uses): rows in groups of 8 (N padded to N_pad = 8 * G with zero rows),
+//   codes  [G, kb, bs * bits]   per (group, block): bs / 32 sub-blocks of 32 elements x 8 rows;
+//          int4: 4 chunks of 32 bytes per sub-block; chunk j holds, for row r, bytes [4r, 4r + 4)
+//                whose low nibbles are elements 8j..8j+3 and high nibbles 8j+4..8j+7;
+//          int8: 8 chunks of 32 bytes; chunk i holds, for row r, elements 4i..4i+3 at [4r, 4r + 4)
+//   d, m   [G, kb, 8]           fp16 bits, row r of the group in lane r
+// so one 32-byte load feeds 8 output rows, each 32-bit lane a different row: the integer dot of
+// 8 rows with one broadcast word of x needs no horizontal reduction, and one fp16x8 load gives
+// the 8 rows' scales of a block.
+//
+// Batch invariance: every output y[t, n] is computed by the same sequence of operations whatever
+// T, the token tile, the thread split or the caller's chunking: integer sums are exact, then per
+// block one fma(d * dx, isum', acc) and one fma(m, sx, acc) in block order, then the LoRA (its
+// own fma chains over K and over the rank, in order) and the epilogue. The scalar path uses
+// std::fma in the same order as the AVX2 path, so both ISAs give the same bits too (but for
+// the SiLU's exp).
+#pragma once
+#include <cstdint>
+
+#include "parallel.h"
+
+namespace ortllm {
+
+enum class QLinearEpilogue { kNone, kResidual, kSwiGLU };
+
+constexpr int kQLinearMaxSegments = 3;  // LoRA targets sharing one fused weight (q|k|v)
+
+struct QLinearLoraSegment {
+  const uint16_t* A;     // [n_slots, K, r_max] fp16 bits (packed_a: slot s holds [K, rank[s]] rows)
+  const uint16_t* B;     // [n_slots, r_max, width] fp16 bits
+  const int32_t* rank;   // [n_slots], 0..r_max (0: the slot leaves this segment alone)
+  int64_t r_max;
+  int64_t col0, width;   // the segment's output columns [col0, col0 + width)
+};
+
+struct QLinearDims {
+  int64_t num_tokens;    // T
+  int64_t in_dim;        // K
+  int64_t out_dim;       // N (rows of W; the output has N, or N / 2 with SwiGLU)
+  int64_t block_size;    // bs, a multiple of 32
+  int bits;              // 4 or 8
+  QLinearEpilogue epilogue;
+  int64_t groups() const { return (out_dim + 7) / 8; }
+  int64_t k_blocks() const { return (in_dim + block_size - 1) / block_size; }
+  int64_t y_cols() const { return epilogue == QLinearEpilogue::kSwiGLU ? out_dim / 2 : out_dim; }
+};
+
+struct QLinearArgs {
+  const float* x;               // [T, K]
+  const uint8_t* codes;         // [G, kb, bs * bits]
+  const uint16_t* d;            // [G, kb, 8] fp16 bits
+  const uint16_t* m;            // [G, kb, 8] fp16 bits, or nullptr (no block offsets)
+  const float* residual;        // [T, N] with kResidual (may alias y), else nullptr
+  // LoRA (token_adapter == nullptr: none)
+  const int32_t* token_adapter; // [T], -1 or a slot
+  const float* lora_scale;      // [n_slots]
+  int64_t n_slots;
+  bool packed_a;
+  int n_segments;
+  QLinearLoraSegment seg[kQLinearMaxSegments];
+  float* y;                     // [T, y_cols]
+};
+
+void qlinear(const QLinearDims& dims, const QLinearArgs& args, const Parallel& par);
+
+// ---- ISA table (qlinear_scalar.cc, qlinear_avx2.cc); plain pointers, used by qlinear.cc.
+
+// One 8-row group's weights, as the micro-kernel reads them.
+struct QGroup {
+  const uint8_t* codes;  // [kb, bs * bits]
+  const uint16_t* d;     // [kb, 8]
+  const uint16_t* m;     // [kb, 8] or nullptr
+  int kb, bs, bits;
+};
+
+// nt consecutive quantized tokens: row t at q + t * q_stride, dx/zsum/sx + t * kb.
+struct QTokens {
+  const int8_t* q;
+  int64_t q_stride;      // kb * bs
+  const float* dx;       // per (token, block) activation scale
+  const int32_t* zsum;   // zp * qsum
+  const float* sx;       // dx * qsum
+};
+
+constexpr int kQTile = 4;  // tokens per micro-kernel call (weights unpacked once for them)
+
+struct QLinearIsa {
+  const char* name;
+  // x[0:K] -> q[0:kb*bs] (zero past K), dx[kb], qsum[kb].
+  void (*quantize_row)(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum);
+  // out[t * 8 + r] (t < nt <= kQTile): the base projection of the group's 8 rows for nt tokens.
+  void (*group_dot)(const QGroup& g, const QTokens& x, int nt, float* out);
+  // h[r] = sum_k x[k] * A[k * lda + r] (fma chain in k order), r < rank.
+  void (*lora_shrink)(const float* x, int K, const uint16_t* A, int lda, int rank, float* h);
+  // out[i] = fma(scale, sum_r h[r] * B[r * ldb + i] (fma chain in r order), out[i]), i < 8.
+  void (*lora_expand8)(const float* h, int rank, const uint16_t* B, int64_t ldb, float scale,
+                       float* out);
+  // out[i] = silu(g[i]) * u[i], i < 8.
+  void (*silu_mul8)(const float* g, const float* u, float* out);
+};
+
+const QLinearIsa& qlinear_scalar_isa();
+const QLinearIsa* qlinear_avx2_isa();  // nullptr without an AVX2 build
+const QLinearIsa& qlinear_isa();       // follows vec(): AVX2 where vec() chose it, else scalar
+
+}  // namespace ortllm

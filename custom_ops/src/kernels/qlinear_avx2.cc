@@ -1,0 +1,219 @@
+// AVX2/FMA/F16C QLinear micro-kernels (the contract and the packed layout are in qlinear.h).
+//
+// group_dot: per sub-block of 32 elements, the 8 rows' codes come as 4 (int4) or 8 (int8) loads of
+// 32 bytes, each 32-bit lane one row. A word of 4 activation codes is broadcast to all lanes and
+// _mm256_maddubs_epi16 (unsigned codes x signed activations) gives 8 rows' partial dots at once.
+// int4: the 8 maddubs of a sub-block are summed in int16 (each lane at most 16 * 15 * 127 = 30480,
+// no overflow) and widened once by _mm256_madd_epi16; int8 uses |w| x sign(x, w) and widens each.
+// Up to kQTile tokens share one unpacking of the weights (prefill); per block, one
+// fma(d * dx, isum', acc) and one fma(m, sx, acc) per token: no horizontal reductions, and each
+// output's float operations are the same whatever the number of tokens in the call.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "qlinear.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "avx2_math.h"
+
+namespace ortllm {
+namespace avx2 {
+namespace {
+
+inline __m256i bcast_word(const int8_t* p) {
+  int32_t w;
+  std::memcpy(&w, p, 4);
+  return _mm256_set1_epi32(w);
+}
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Rounds to nearest even like std::nearbyint in the default mode.
+void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
+  const int kb = (K + bs - 1) / bs;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int b = 0; b < kb; ++b) {
+    const int k0 = b * bs, k1 = K < k0 + bs ? K : k0 + bs;
+    __m256 vmax = _mm256_setzero_ps();
+    int k = k0;
+    for (; k + 8 <= k1; k += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    float amax = 0.f;
+    for (float v : lanes) amax = amax > v ? amax : v;
+    for (; k < k1; ++k) amax = amax > std::fabs(x[k]) ? amax : std::fabs(x[k]);
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i vsum = _mm256_setzero_si256();
+    int32_t s = 0;
+    for (k = k0; k + 8 <= k1; k += 8) {
+      const __m256i v = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      vsum = _mm256_add_epi32(vsum, v);
+      alignas(32) int32_t c[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(c), v);
+      for (int i = 0; i < 8; ++i) q[k + i] = static_cast<int8_t>(c[i]);
+    }
+    for (; k < k0 + bs; ++k) {
+      const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;
+      q[k] = static_cast<int8_t>(v);
+      s += v;
+    }
+    alignas(32) int32_t sums[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums), vsum);
+    for (int32_t v : sums) s += v;
+    dx[b] = d;
+    qsum[b] = s;
+  }
+}
+
+// isum[t] += the 8 rows' integer dots with token t over one int4 sub-block (128 bytes).
+template <int NT>
+inline void sub_dot4(const uint8_t* sub, const int8_t* const* qs, __m256i* isum) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i lo[4], hi[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * j));
+    lo[j] = _mm256_and_si256(w, low);
+    hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+  }
+  for (int t = 0; t < NT; ++t) {
+    const int8_t* x = qs[t];
+    __m256i p = _mm256_maddubs_epi16(lo[0], bcast_word(x));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[0], bcast_word(x + 4)));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[1], bcast_word(x + 8)));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[1], bcast_word(x + 12)));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[2], bcast_word(x + 16)));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[2], bcast_word(x + 20)));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[3], bcast_word(x + 24)));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[3], bcast_word(x + 28)));
+    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+  }
+}
+
+// The same over one int8 sub-block (256 bytes): |w| x sign(x, w), widened per chunk (a pair of
+// products reaches 2 * 128 * 127, so int16 sums would overflow).
+template <int NT>
+inline void sub_dot8(const uint8_t* sub, const int8_t* const* qs, __m256i* isum) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int i = 0; i < 8; ++i) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * i));
+    const __m256i aw = _mm256_abs_epi8(w);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast_word(qs[t] + 4 * i), w));
+      isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+    }
+  }
+}
+
+template <int NT, int BITS>
+void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
+  const int sub_blocks = g.bs / 32, sub_bytes = 32 * BITS;
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  const uint8_t* codes = g.codes;
+  for (int b = 0; b < g.kb; ++b) {
+    __m256i isum[NT];
+    const int8_t* qs[NT];
+    for (int t = 0; t < NT; ++t) {
+      isum[t] = _mm256_setzero_si256();
+      qs[t] = x.q + t * x.q_stride + b * g.bs;
+    }
+    for (int s = 0; s < sub_blocks; ++s, codes += sub_bytes) {
+      if (BITS == 4) {
+        sub_dot4<NT>(codes, qs, isum);
+      } else {
+        sub_dot8<NT>(codes, qs, isum);
+      }
+      for (int t = 0; t < NT; ++t) qs[t] += 32;
+    }
+    const __m256 d = load_f16x8(g.d + b * 8);
+    for (int t = 0; t < NT; ++t) {
+      const int tb = t * g.kb + b;
+      const __m256i v = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(x.zsum[tb]));
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.dx[tb])), _mm256_cvtepi32_ps(v), acc[t]);
+    }
+    if (g.m) {
+      const __m256 m = load_f16x8(g.m + b * 8);
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sx[t * g.kb + b]), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+template <int BITS>
+void group_dot_bits(const QGroup& g, const QTokens& x, int nt, float* out) {
+  switch (nt) {
+    case 4: group_dot_t<4, BITS>(g, x, out); break;
+    case 3: group_dot_t<3, BITS>(g, x, out); break;
+    case 2: group_dot_t<2, BITS>(g, x, out); break;
+    default: group_dot_t<1, BITS>(g, x, out); break;
+  }
+}
+
+void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
+  if (g.bits == 4) {
+    group_dot_bits<4>(g, x, nt, out);
+  } else {
+    group_dot_bits<8>(g, x, nt, out);
+  }
+}
+
+void lora_shrink(const float* x, int K, const uint16_t* A, int lda, int rank, float* h) {
+  int r = 0;
+  for (; r + 8 <= rank; r += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int k = 0; k < K; ++k)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(x[k]), load_f16x8(A + static_cast<int64_t>(k) * lda + r), acc);
+    _mm256_storeu_ps(h + r, acc);
+  }
+  for (; r < rank; ++r) {
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k)
+      acc = std::fma(x[k], _cvtsh_ss(A[static_cast<int64_t>(k) * lda + r]), acc);
+    h[r] = acc;
+  }
+}
+
+void lora_expand8(const float* h, int rank, const uint16_t* B, int64_t ldb, float scale, float* out) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int r = 0; r < rank; ++r) acc = _mm256_fmadd_ps(_mm256_set1_ps(h[r]), load_f16x8(B + r * ldb), acc);
+  _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_set1_ps(scale), acc, _mm256_loadu_ps(out)));
+}
+
+void silu_mul8(const float* g, const float* u, float* out) {
+  const __m256 gv = _mm256_loadu_ps(g), one = _mm256_set1_ps(1.f);
+  const __m256 e = exp256(_mm256_or_ps(gv, _mm256_set1_ps(-0.f)));  // exp(-|g|)
+  const __m256 pos = _mm256_div_ps(one, _mm256_add_ps(one, e));
+  const __m256 neg = _mm256_div_ps(e, _mm256_add_ps(one, e));
+  const __m256 sig = _mm256_blendv_ps(neg, pos, _mm256_cmp_ps(gv, _mm256_setzero_ps(), _CMP_GE_OQ));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u)));
+}
+
+}  // namespace
+}  // namespace avx2
+}  // namespace ortllm
+
+#pragma GCC pop_options
+
+namespace ortllm {
+// Compiled for the baseline ISA: only hands out the table.
+const QLinearIsa* qlinear_avx2_isa() {
+  static const QLinearIsa isa{"avx2", avx2::quantize_row, avx2::group_dot, avx2::lora_shrink,
+                              avx2::lora_expand8, avx2::silu_mul8};
+  return &isa;
+}
+}  // namespace ortllm
+#else
+namespace ortllm {
+const QLinearIsa* qlinear_avx2_isa() { return nullptr; }
+}  // namespace ortllm
+#endif

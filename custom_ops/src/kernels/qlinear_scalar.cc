@@ -1,0 +1,106 @@
+// Portable QLinear micro-kernels (the contract is in qlinear.h). Every float operation is the one
+// the AVX2 path performs lane by lane (std::fma where it uses an FMA, the same order), so both
+// paths give the same bits; only silu_mul8's exp differs.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+#include "qlinear.h"
+#include "vec.h"
+
+namespace ortllm {
+namespace {
+
+void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
+  const int kb = (K + bs - 1) / bs;
+  for (int b = 0; b < kb; ++b) {
+    const int k0 = b * bs, k1 = std::min(K, k0 + bs);
+    float amax = 0.f;
+    for (int k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    int32_t s = 0;
+    for (int k = k0; k < k0 + bs; ++k) {
+      const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;
+      q[k] = static_cast<int8_t>(v);
+      s += v;
+    }
+    dx[b] = d;
+    qsum[b] = s;
+  }
+}
+
+// Code of element e (0..31) of row r in one packed sub-block (layout in qlinear.h).
+inline int code4(const uint8_t* sub, int r, int e) {
+  const int j = e / 8, i = e % 8;
+  const uint8_t byte = sub[32 * j + 4 * r + (i & 3)];
+  return i < 4 ? (byte & 0x0F) : (byte >> 4);
+}
+inline int code8(const uint8_t* sub, int r, int e) {
+  return static_cast<int8_t>(sub[32 * (e / 4) + 4 * r + (e % 4)]);
+}
+
+void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
+  const int sub_blocks = g.bs / 32, sub_bytes = 32 * g.bits;  // 32 elements x 8 rows x bits / 8
+  for (int t = 0; t < nt; ++t) {
+    const int8_t* q = x.q + t * x.q_stride;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int b = 0; b < g.kb; ++b) {
+      const float dxb = x.dx[t * g.kb + b];
+      for (int r = 0; r < 8; ++r) {
+        int32_t isum = 0;
+        for (int s = 0; s < sub_blocks; ++s) {
+          const uint8_t* sub = g.codes + (static_cast<int64_t>(b) * sub_blocks + s) * sub_bytes;
+          const int8_t* qs = q + b * g.bs + 32 * s;
+          for (int e = 0; e < 32; ++e) isum += (g.bits == 4 ? code4(sub, r, e) : code8(sub, r, e)) * qs[e];
+        }
+        isum -= x.zsum[t * g.kb + b];
+        acc[r] = std::fma(f16_to_float(g.d[b * 8 + r]) * dxb, static_cast<float>(isum), acc[r]);
+        if (g.m) acc[r] = std::fma(f16_to_float(g.m[b * 8 + r]), x.sx[t * g.kb + b], acc[r]);
+      }
+    }
+    for (int r = 0; r < 8; ++r) out[t * 8 + r] = acc[r];
+  }
+}
+
+void lora_shrink(const float* x, int K, const uint16_t* A, int lda, int rank, float* h) {
+  for (int r = 0; r < rank; ++r) {
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) acc = std::fma(x[k], f16_to_float(A[static_cast<int64_t>(k) * lda + r]), acc);
+    h[r] = acc;
+  }
+}
+
+void lora_expand8(const float* h, int rank, const uint16_t* B, int64_t ldb, float scale, float* out) {
+  for (int i = 0; i < 8; ++i) {
+    float acc = 0.f;
+    for (int r = 0; r < rank; ++r) acc = std::fma(h[r], f16_to_float(B[r * ldb + i]), acc);
+    out[i] = std::fma(scale, acc, out[i]);
+  }
+}
+
+void silu_mul8(const float* g, const float* u, float* out) {
+  for (int i = 0; i < 8; ++i) {
+    const float e = std::exp(-std::fabs(g[i]));
+    const float sig = g[i] >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+    out[i] = g[i] * sig * u[i];
+  }
+}
+
+}  // namespace
+
+const QLinearIsa& qlinear_scalar_isa() {
+  static const QLinearIsa isa{"scalar", quantize_row, group_dot, lora_shrink, lora_expand8, silu_mul8};
+  return isa;
+}
+
+const QLinearIsa& qlinear_isa() {
+  static const QLinearIsa* chosen = [] {
+    const QLinearIsa* avx2 = qlinear_avx2_isa();
+    return (avx2 && vec().name == std::string_view("avx2")) ? avx2 : &qlinear_scalar_isa();
+  }();
+  return *chosen;
+}
+
+}  // namespace ortllm

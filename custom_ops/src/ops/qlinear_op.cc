@@ -1,0 +1,190 @@
+// ORT-facing wrapper of QLinear: attribute and shape validation (every error names the input and
+// the bad value; all indices are checked before anything runs), then the pure kernel on the
+// session's intra-op pool. No exception leaves ComputeV2.
+#include "qlinear_op.h"
+
+#include <cstring>
+#include <vector>
+
+namespace ortllm {
+namespace {
+
+constexpr const char* kOp = "QLinear";
+enum Input { kX, kCodes, kScales, kOffsets, kResidual, kAdapter, kLoraScale, kSeg0 };
+
+OrtStatusPtr make_status(OrtErrorCode code, const std::string& msg) {
+  return Ort::GetApi().CreateStatus(code, msg.c_str());
+}
+
+struct In {
+  const OrtValue* value = nullptr;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+};
+
+In input(Ort::KernelContext& ctx, size_t i) {
+  In in;
+  if (i >= ctx.GetInputCount()) return in;
+  Ort::ConstValue v = ctx.GetInput(i);
+  in.value = v;
+  if (in.value == nullptr) return in;
+  auto info = v.GetTensorTypeAndShapeInfo();
+  in.shape = info.GetShape();
+  in.type = info.GetElementType();
+  return in;
+}
+
+template <typename T>
+const T* data(const In& in) {
+  return Ort::ConstValue(in.value).GetTensorData<T>();
+}
+
+void expect_type(const char* name, const In& in, ONNXTensorElementDataType type, const char* type_name) {
+  if (in.type != type) fail(kOp, ": input '", name, "' must be ", type_name, " (ONNX element type ", type,
+                            "); got element type ", in.type);
+}
+
+}  // namespace
+
+QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
+  K_ = attr_int(&api, info, "K", 0);
+  N_ = attr_int(&api, info, "N", 0);
+  bits_ = attr_int(&api, info, "bits", 0);
+  block_size_ = attr_int(&api, info, "block_size", 0);
+  packed_a_ = attr_int(&api, info, "packed_a", 0) != 0;
+  const std::string epi = attr_string(&api, info, "epilogue", "none");
+  std::ostringstream err;
+  if (K_ <= 0 || N_ <= 0) err << kOp << ": attributes K and N must be > 0; got K = " << K_ << ", N = " << N_;
+  else if (bits_ != 4 && bits_ != 8) err << kOp << ": attribute bits must be 4 or 8; got " << bits_;
+  else if (block_size_ <= 0 || block_size_ % 32 != 0)
+    err << kOp << ": attribute block_size must be a positive multiple of 32 (32, 64, 128); got " << block_size_;
+  else if (epi == "none") epilogue_ = QLinearEpilogue::kNone;
+  else if (epi == "residual") epilogue_ = QLinearEpilogue::kResidual;
+  else if (epi == "swiglu") epilogue_ = QLinearEpilogue::kSwiGLU;
+  else err << kOp << ": attribute epilogue must be \"none\", \"residual\" or \"swiglu\"; got \"" << epi << "\"";
+  if (err.str().empty() && epilogue_ == QLinearEpilogue::kSwiGLU && N_ % 16 != 0)
+    err << kOp << ": epilogue \"swiglu\" needs N (gate|up) a multiple of 16; got N = " << N_;
+  init_error_ = err.str();
+}
+
+OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
+  try {
+    if (!init_error_.empty()) return make_status(ORT_INVALID_ARGUMENT, init_error_);
+    Ort::KernelContext ctx(context);
+    const In x = input(ctx, kX), codes = input(ctx, kCodes), scales = input(ctx, kScales);
+    expect_type("x", x, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+    if (x.shape.size() != 2) fail(kOp, ": input 'x' must be [T, K]; got shape ", shape_str(x.shape));
+    const int64_t T = x.shape[0];
+    expect_shape(kOp, "x", x.shape, {T, K_});
+    QLinearDims dims{T, K_, N_, block_size_, static_cast<int>(bits_), epilogue_};
+    const int64_t G = dims.groups(), kb = dims.k_blocks();
+    expect_type("codes", codes, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, "uint8");
+    expect_shape(kOp, "codes", codes.shape, {G, kb, block_size_ * bits_});
+    expect_type("scales", scales, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+    expect_shape(kOp, "scales", scales.shape, {G, kb, 8});
+
+    QLinearArgs a{};
+    a.x = data<float>(x);
+    a.codes = data<uint8_t>(codes);
+    a.d = reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(scales));
+    const In offsets = input(ctx, kOffsets);
+    if (offsets.value) {
+      expect_type("offsets", offsets, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+      expect_shape(kOp, "offsets", offsets.shape, {G, kb, 8});
+      a.m = reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(offsets));
+    }
+    const In residual = input(ctx, kResidual);
+    if (epilogue_ == QLinearEpilogue::kResidual) {
+      if (!residual.value) fail(kOp, ": epilogue \"residual\" needs input 'residual' [T, N]");
+      expect_type("residual", residual, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+      expect_shape(kOp, "residual", residual.shape, {T, N_});
+      a.residual = data<float>(residual);
+    } else if (residual.value) {
+      fail(kOp, ": input 'residual' is only read with epilogue \"residual\"; got epilogue without it");
+    }
+
+    const In adapter = input(ctx, kAdapter);
+    if (adapter.value) {
+      expect_type("token_adapter", adapter, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+      expect_shape(kOp, "token_adapter", adapter.shape, {T});
+      const In lscale = input(ctx, kLoraScale);
+      if (!lscale.value) fail(kOp, ": input 'token_adapter' needs input 'lora_scale' [n_slots]");
+      expect_type("lora_scale", lscale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+      if (lscale.shape.size() != 1) fail(kOp, ": input 'lora_scale' must be [n_slots]; got shape ", shape_str(lscale.shape));
+      const int64_t slots = lscale.shape[0];
+      a.token_adapter = data<int32_t>(adapter);
+      a.lora_scale = data<float>(lscale);
+      a.n_slots = slots;
+      a.packed_a = packed_a_;
+      for (int64_t t = 0; t < T; ++t)
+        if (a.token_adapter[t] < -1 || a.token_adapter[t] >= slots)
+          fail(kOp, ": input 'token_adapter'[", t, "] = ", a.token_adapter[t], " is not -1 or a slot in [0, ", slots, ")");
+      int64_t col = 0;
+      for (int j = 0; j < kQLinearMaxSegments; ++j) {
+        const size_t base = kSeg0 + 3 * j;
+        const In A = input(ctx, base), B = input(ctx, base + 1), rank = input(ctx, base + 2);
+        if (!A.value && !B.value && !rank.value) continue;
+        const std::string an = "A" + std::to_string(j), bn = "B" + std::to_string(j), rn = "rank" + std::to_string(j);
+        if (!A.value || !B.value || !rank.value)
+          fail(kOp, ": LoRA segment ", j, " needs all of inputs '", an, "', '", bn, "' and '", rn, "'");
+        expect_type(an.c_str(), A, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+        expect_type(bn.c_str(), B, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+        expect_type(rn.c_str(), rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+        if (A.shape.size() != 3) fail(kOp, ": input '", an, "' must be [n_slots, K, r_max]; got shape ", shape_str(A.shape));
+        const int64_t r_max = A.shape[2];
+        expect_shape(kOp, an.c_str(), A.shape, {slots, K_, r_max});
+        if (B.shape.size() != 3) fail(kOp, ": input '", bn, "' must be [n_slots, r_max, N_j]; got shape ", shape_str(B.shape));
+        expect_shape(kOp, bn.c_str(), B.shape, {slots, r_max, B.shape[2]});
+        expect_shape(kOp, rn.c_str(), rank.shape, {slots});
+        const int32_t* rk = data<int32_t>(rank);
+        for (int64_t s = 0; s < slots; ++s)
+          if (rk[s] < 0 || rk[s] > r_max)
+            fail(kOp, ": input '", rn, "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
+        QLinearLoraSegment& sg = a.seg[a.n_segments++];
+        sg = {reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(A)),
+              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(B)), rk, r_max, col, B.shape[2]};
+        col += B.shape[2];
+      }
+      if (a.n_segments == 0) fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, B0, rank0)");
+      if (col != N_)
+        fail(kOp, ": the LoRA segments' output widths (B_j's last dims) sum to ", col, "; expected N = ", N_);
+    }
+
+    float* y = ctx.GetOutput(0, {T, dims.y_cols()}).GetTensorMutableData<float>();
+    a.y = y;
+    qlinear(dims, a, Parallel{ort_parallel_for, context});
+    return nullptr;
+  } catch (const OpError& e) {
+    return make_status(ORT_INVALID_ARGUMENT, e.what());
+  } catch (const std::exception& e) {
+    return make_status(ORT_RUNTIME_EXCEPTION, std::string(kOp) + ": " + e.what());
+  } catch (...) {
+    return make_status(ORT_RUNTIME_EXCEPTION, "QLinear: unknown error");
+  }
+}
+
+OrtStatusPtr QLinearOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+  try {
+    *kernel = new QLinearKernel(api, info);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return api.CreateStatus(ORT_FAIL, e.what());
+  }
+}
+
+ONNXTensorElementDataType QLinearOp::GetInputType(size_t i) const {
+  switch (i) {
+    case kX: case kResidual: case kLoraScale: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case kCodes: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    case kScales: case kOffsets: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case kAdapter: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    default: return (i - kSeg0) % 3 == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  }
+}
+
+OrtCustomOpInputOutputCharacteristic QLinearOp::GetInputCharacteristic(size_t i) const {
+  return i <= kScales ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                      : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+}
+
+}  // namespace ortllm

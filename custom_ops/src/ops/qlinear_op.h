@@ -1,0 +1,49 @@
+// ORT wrapper of the QLinear kernel (kernels/qlinear.h), on Ort::CustomOpBase with status returns
+// (its sixteen inputs, most optional, are read by index rather than through a Lite signature).
+//   inputs : 0 x [T, K] f32
+//            1 codes [G, kb, bs * bits] u8  (G = ceil(N / 8), kb = ceil(K / bs); packed layout)
+//            2 scales [G, kb, 8] f16        (d per row and block)
+//            3 offsets [G, kb, 8] f16       optional: m per row and block (w = d * (q - zp) + m)
+//            4 residual [T, N] f32          required with epilogue "residual" (y may take its buffer)
+//            5 token_adapter [T] i32        optional (-1 or a slot); with it, 6 and one or more segments
+//            6 lora_scale [n_slots] f32
+//            7 + 3j, 8 + 3j, 9 + 3j (j < 3): A_j [n_slots, K, r_max_j] f16, B_j [n_slots, r_max_j, N_j] f16,
+//                                           rank_j [n_slots] i32; segment j covers output columns
+//                                           [N_0 + .. + N_{j-1}, + N_j); present segments cover N exactly
+//   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:])
+//   attributes: K, N, bits (4 | 8), block_size (a multiple of 32) -- int, required;
+//               epilogue (string "none" | "residual" | "swiglu", default "none");
+//               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix.
+#pragma once
+#include <string>
+
+#include "../kernels/qlinear.h"
+#include "op_util.h"
+
+namespace ortllm {
+
+struct QLinearKernel {
+  QLinearKernel(const OrtApi& api, const OrtKernelInfo* info);
+  OrtStatusPtr ComputeV2(OrtKernelContext* context);
+
+ private:
+  int64_t K_ = 0, N_ = 0, bits_ = 0, block_size_ = 0;
+  bool packed_a_ = false;
+  QLinearEpilogue epilogue_ = QLinearEpilogue::kNone;
+  std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
+};
+
+struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
+  static constexpr size_t kInputs = 7 + 3 * kQLinearMaxSegments;
+
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
+  const char* GetName() const { return "QLinear"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return kInputs; }
+  ONNXTensorElementDataType GetInputType(size_t i) const;
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const;
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace ortllm

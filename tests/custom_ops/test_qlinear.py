@@ -1,0 +1,305 @@
+"""QLinear parity against tests/reference/qlinear.py in real onnxruntime sessions, batch invariance
+(bitwise), the scalar path against the AVX2 path (bitwise), and bad inputs."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ortllm.pipeline.qlinear_pack import dequantize_packed, pack, unpack_codes
+from ortllm.pipeline.quantize import RTNQuantizer, _unpack_bits
+from tests.custom_ops.conftest import REPO, assert_close, qlinear_model, session
+from tests.reference.qlinear import dequantized_activations, magnitude, qlinear_ref
+
+# (bits, symmetric): int4 with offsets (Q4_1 grid), symmetric int4 (Q4_0), int8 (Q8_0)
+FORMS = {"int4": (4, False), "int4-sym": (4, True), "int8": (8, True)}
+SMOLLM2 = [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)]
+TINYLLAMA = [(2048, 2560), (2048, 11264), (5632, 2048)]
+
+
+@functools.lru_cache(maxsize=None)
+def weight(k: int, n: int, form: str, bs: int = 32, seed: int = 0):
+    bits, sym = FORMS[form]
+    w = np.random.default_rng(seed).standard_normal((n, k), dtype=np.float32) * 0.05
+    return pack(RTNQuantizer(bits, bs, sym).quantize(w))
+
+
+@functools.lru_cache(maxsize=None)
+def sess_for(present: tuple, threads: int = 2, **attrs):
+    return session(qlinear_model(list(present), **attrs), threads=threads)
+
+
+def feeds_for(w, x, **extra):
+    f = {"x": x, "codes": w.codes, "scales": w.scales}
+    if w.offsets is not None:
+        f["offsets"] = w.offsets
+    return f | {k: v for k, v in extra.items() if v is not None}
+
+
+def run(w, x, epilogue="none", threads=2, packed_a=True, **extra):
+    feeds = feeds_for(w, x, **extra)
+    s = sess_for(tuple(sorted(feeds)), threads, K=w.k, N=w.n, bits=w.bits, block_size=w.block_size,
+                 epilogue=epilogue, packed_a=int(packed_a))
+    return s.run(None, feeds)[0]
+
+
+def lora_case(rng, T, K, widths, n_slots=8, ranks=(16,), n_adapters=4, frac_none=0.25):
+    """token_adapter, lora_scale and one (A, B, rank) per segment; A packed [K, rank] per slot, the rest NaN
+    (never read); ranks cycle over the slots (0 = the slot leaves the segment alone)."""
+    r_max = max(max(ranks), 1)
+    scale = rng.uniform(0.5, 2.0, n_slots).astype(np.float32)
+    ta = np.full(T, -1, np.int32)
+    if n_adapters:
+        ta = rng.choice(rng.choice(n_slots, n_adapters, replace=False), size=T).astype(np.int32)
+        ta[rng.random(T) < frac_none] = -1
+    segs, extra = [], {}
+    for j, width in enumerate(widths):
+        rank = np.array([ranks[(s + j) % len(ranks)] for s in range(n_slots)], np.int32)
+        A = np.full((n_slots, K, r_max), np.nan, np.float16)
+        B = np.full((n_slots, r_max, width), np.nan, np.float16)
+        for s in range(n_slots):
+            r = int(rank[s])
+            A[s].reshape(-1)[:K * r] = (rng.standard_normal(K * r) / np.sqrt(K)).astype(np.float16)
+            B[s, :r] = (rng.standard_normal((r, width)) * 0.05).astype(np.float16)
+        segs.append((A, B, rank))
+        extra |= {f"A{j}": A, f"B{j}": B, f"rank{j}": rank}
+    return dict(token_adapter=ta, lora_scale=scale, **extra), segs
+
+
+def lora_magnitude(x, feeds, segs):
+    """Per output, the size of the LoRA terms (for tolerances): scale * |x| @ |A| @ |B|."""
+    out = []
+    for A, B, rank in segs:
+        m = np.zeros((len(x), B.shape[2]))
+        for t, a in enumerate(feeds["token_adapter"]):
+            r = int(rank[a]) if a >= 0 else 0
+            if r:
+                a_mat = A[a].reshape(-1)[:A.shape[1] * r].reshape(A.shape[1], r).astype(np.float64)
+                m[t] = feeds["lora_scale"][a] * (np.abs(x[t]) @ np.abs(a_mat)) @ np.abs(B[a, :r].astype(np.float64))
+        out.append(m)
+    return np.concatenate(out, axis=1)
+
+
+def check(y, ref, mag, what):
+    # float32 sums over kb blocks (and the rank): a few ulps of the terms' magnitude
+    assert_close(y, ref, atol=3e-6 * mag + 1e-7, rtol=1e-6, what=what)
+
+
+# ---------------------------------------------------------------- packing
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("bs", [32, 64, 128])
+def test_pack_round_trip(form, bs):
+    """The packed layout holds exactly the quantizer's codes, scales and offsets (N not a multiple of 8,
+    K not a multiple of the block)."""
+    bits, sym = FORMS[form]
+    w = np.random.default_rng(3).standard_normal((21, 200), dtype=np.float32)
+    q = RTNQuantizer(bits, bs, sym).quantize(w)
+    p = pack(q)
+    codes = _unpack_bits(q.data, bits).reshape(21, -1).astype(np.int32) - (128 if bits == 8 else 0)
+    np.testing.assert_array_equal(unpack_codes(p), codes)
+    from ortllm.pipeline.quantize import dequantize
+    np.testing.assert_allclose(dequantize_packed(p)[:, :200], dequantize(q), rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- parity
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("k,n", SMOLLM2 + TINYLLAMA)
+def test_parity_model_shapes(form, k, n):
+    big = k * n > 4_000_000
+    for T in ((1, 7) if big else (1, 2, 7, 16, 64)):
+        x = np.random.default_rng(T).standard_normal((T, k), dtype=np.float32)
+        w = weight(k, n, form)
+        check(run(w, x), qlinear_ref(x, w), magnitude(x, w), f"{form} {k}->{n} T={T}")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("bs", [32, 64, 128])
+@pytest.mark.parametrize("T", [1, 16, 512])
+def test_parity_block_sizes(form, bs, T):
+    """576 is not a multiple of 128: the last block is zero-padded."""
+    x = np.random.default_rng(bs + T).standard_normal((T, 576), dtype=np.float32)
+    w = weight(576, 960, form, bs)
+    check(run(w, x), qlinear_ref(x, w), magnitude(x, w), f"{form} bs={bs} T={T}")
+
+
+def test_within_the_activation_step_of_fp32():
+    """Against fp32 activations, the error is bounded by the int8 step: per block |dx / 2| * sum |w|."""
+    x = np.random.default_rng(5).standard_normal((16, 576), dtype=np.float32)
+    w = weight(576, 960, "int4")
+    wd = dequantize_packed(w).astype(np.float64)
+    exact = x.astype(np.float64) @ wd[:, :576].T
+    dx = np.abs(x.reshape(16, -1, 32)).max(-1) / 127                        # [T, kb]
+    bound = (dx / 2) @ np.abs(wd.reshape(960, -1, 32)).sum(-1).T            # [T, N]
+    err = np.abs(run(w, x) - exact)
+    assert (err <= bound * 1.0001 + 1e-5).all(), float((err / bound).max())
+    assert np.abs(dequantized_activations(x, 32)[:, :576] - x).max() <= dx.max() / 2 * 1.0001
+
+
+@pytest.mark.parametrize("ranks", [(8,), (16,), (64,), (0, 8, 16, 64), (1, 5, 13)])
+@pytest.mark.parametrize("n_adapters", [0, 1, 4, 8])
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_lora_parity_qkv(ranks, n_adapters, T):
+    """q|k|v fused (576 + 192 + 192): three LoRA segments, tokens without an adapter mixed in."""
+    rng = np.random.default_rng(T * 10 + n_adapters + sum(ranks))
+    x = rng.standard_normal((T, 576), dtype=np.float32)
+    w = weight(576, 960, "int4")
+    lora, segs = lora_case(rng, T, 576, [576, 192, 192], ranks=ranks, n_adapters=n_adapters)
+    y = run(w, x, **lora)
+    ref = qlinear_ref(x, w, token_adapter=lora["token_adapter"], lora_scale=lora["lora_scale"], segments=segs,
+                      packed_a=True)
+    check(y, ref, magnitude(x, w) + lora_magnitude(x, lora, segs), f"lora ranks={ranks} n={n_adapters} T={T}")
+
+
+def test_lora_segments_not_aligned_to_8_and_unpacked_a():
+    """A segment boundary inside an 8-row group (100 + 28) and A slots as [K, r_max] (packed_a = 0)."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((9, 64), dtype=np.float32)
+    w = weight(64, 128, "int8")
+    lora, segs = lora_case(rng, 9, 64, [100, 28], ranks=(4, 8), n_adapters=3)
+    for j, (A, B, rank) in enumerate(segs):   # unpacked: slot s holds A[s][:, :rank]
+        for s in range(A.shape[0]):
+            packed = A[s].reshape(-1)[:64 * rank[s]].reshape(64, rank[s]).copy()
+            A[s] = np.nan
+            A[s, :, :rank[s]] = packed
+        lora[f"A{j}"] = A
+    y = run(w, x, packed_a=False, **lora)
+    ref = qlinear_ref(x, w, token_adapter=lora["token_adapter"], lora_scale=lora["lora_scale"], segments=segs)
+    check(y, ref, magnitude(x, w) + lora_magnitude(x, lora, segs), "unaligned segments")
+
+
+@pytest.mark.parametrize("form", ["int4", "int8"])
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_residual_epilogue(form, T):
+    rng = np.random.default_rng(T)
+    x = rng.standard_normal((T, 1536), dtype=np.float32)
+    res = rng.standard_normal((T, 576), dtype=np.float32)
+    w = weight(1536, 576, form)
+    lora, segs = lora_case(rng, T, 1536, [576], ranks=(16,), n_adapters=4)
+    y = run(w, x, epilogue="residual", residual=res, **lora)
+    ref = qlinear_ref(x, w, epilogue="residual", residual=res, token_adapter=lora["token_adapter"],
+                      lora_scale=lora["lora_scale"], segments=segs, packed_a=True)
+    check(y, ref, magnitude(x, w) + lora_magnitude(x, lora, segs) + np.abs(res), f"residual {form} T={T}")
+
+
+@pytest.mark.parametrize("form", ["int4", "int4-sym", "int8"])
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_swiglu_epilogue(form, T):
+    """gate|up fused (576 -> 2 x 1536): y = SiLU(gate) * up, LoRA on both halves before the activation."""
+    rng = np.random.default_rng(T + 1)
+    x = rng.standard_normal((T, 576), dtype=np.float32)
+    w = weight(576, 3072, form)
+    lora, segs = lora_case(rng, T, 576, [1536, 1536], ranks=(8, 16), n_adapters=4)
+    y = run(w, x, epilogue="swiglu", **lora)
+    ref = qlinear_ref(x, w, epilogue="swiglu", token_adapter=lora["token_adapter"], lora_scale=lora["lora_scale"],
+                      segments=segs, packed_a=True)
+    pre = qlinear_ref(x, w, token_adapter=lora["token_adapter"], lora_scale=lora["lora_scale"], segments=segs,
+                      packed_a=True).astype(np.float64)
+    mag = magnitude(x, w) + lora_magnitude(x, lora, segs)
+    g, u = pre[:, :1536], pre[:, 1536:]
+    # d(silu(g) * u) = silu'(g) u dg + silu(g) du, |silu'| <= 1.1; plus the exp's few ulps
+    tol = 3e-6 * (1.1 * np.abs(u) * mag[:, :1536] + np.abs(g) * mag[:, 1536:]) + 1e-6 * np.abs(ref) + 1e-7
+    assert_close(y, ref, atol=tol, rtol=0, what=f"swiglu {form} T={T}")
+
+
+# ---------------------------------------------------------------- batch invariance (bitwise)
+
+def _invariance_case(epilogue, form):
+    rng = np.random.default_rng(11)
+    k, n = (576, 3072) if epilogue == "swiglu" else (576, 960)
+    x = rng.standard_normal((64, k), dtype=np.float32)
+    widths = [1536, 1536] if epilogue == "swiglu" else [576, 192, 192]
+    lora, _ = lora_case(rng, 64, k, widths, ranks=(8, 16, 64), n_adapters=4)
+    extra = dict(lora)
+    if epilogue == "residual":
+        extra["residual"] = rng.standard_normal((64, n), dtype=np.float32)
+    return weight(k, n, form), x, extra
+
+
+def _rows(extra, sl):
+    return {k: (v[sl] if k in ("token_adapter", "residual") else v) for k, v in extra.items()}
+
+
+@pytest.mark.parametrize("epilogue", ["none", "residual", "swiglu"])
+@pytest.mark.parametrize("form", ["int4", "int4-sym", "int8"])
+def test_batch_invariance(epilogue, form):
+    """64 rows with LoRA rows mixed in: one by one, in batches of 2..64 and in uneven chunked slices, on
+    1 and 2 threads, give bitwise the same outputs."""
+    w, x, extra = _invariance_case(epilogue, form)
+    full = run(w, x, epilogue, **extra)
+    singles = np.concatenate([run(w, x[t:t + 1], epilogue, threads=1, **_rows(extra, slice(t, t + 1)))
+                              for t in range(64)])
+    np.testing.assert_array_equal(full, singles)
+    for b in (2, 3, 5, 8, 16, 33, 64):
+        got = np.concatenate([run(w, x[i:i + b], epilogue, **_rows(extra, slice(i, i + b)))
+                              for i in range(0, 64, b)])
+        np.testing.assert_array_equal(got, full, err_msg=f"batch {b}")
+    cuts = [0, 1, 4, 11, 12, 29, 47, 64]
+    got = np.concatenate([run(w, x[a:b], epilogue, threads=1 + (i % 2), **_rows(extra, slice(a, b)))
+                          for i, (a, b) in enumerate(zip(cuts, cuts[1:]))])
+    np.testing.assert_array_equal(got, full, err_msg="chunked slices")
+
+
+_SCALAR_SCRIPT = """
+import json, sys, numpy as np
+sys.path.insert(0, {repo!r})
+from tests.custom_ops import test_qlinear as t
+out = {{}}
+for form in ("int4", "int8"):
+    for epi in ("none", "residual"):
+        w, x, extra = t._invariance_case(epi, form)
+        out[form + epi] = t.run(w, x, epi, **extra).tobytes().hex()
+print(json.dumps(out))
+"""
+
+
+def test_scalar_path_matches_avx2_bitwise():
+    """ORTLLM_OPS_ISA=scalar (the portable fallback) gives the same bits as the default path: the same float
+    operations in the same order (std::fma where the vector path fuses)."""
+    script = _SCALAR_SCRIPT.format(repo=str(REPO))
+    env = dict(os.environ, ORTLLM_OPS_ISA="scalar")
+    scalar = json.loads(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                       check=True, cwd=REPO).stdout)
+    for form in ("int4", "int8"):
+        for epi in ("none", "residual"):
+            w, x, extra = _invariance_case(epi, form)
+            assert run(w, x, epi, **extra).tobytes().hex() == scalar[form + epi], (form, epi)
+
+
+# ---------------------------------------------------------------- bad input
+
+def _bad(feeds_patch=None, **attrs):
+    w = weight(64, 128, "int4")
+    x = np.ones((3, 64), np.float32)
+    feeds = feeds_for(w, x) | (feeds_patch or {})
+    a = dict(K=64, N=128, bits=4, block_size=32) | attrs
+    with pytest.raises(Exception) as e:
+        session(qlinear_model(sorted(feeds), **a)).run(None, feeds)
+    return str(e.value)
+
+
+def test_bad_inputs_name_the_input_and_value():
+    w = weight(64, 128, "int4")
+    assert "input 'codes' has shape [16, 2, 128], expected [17, 2, 128]" in _bad(N=136)
+    assert "input 'x' has shape [3, 64], expected [3, 96]" in _bad(K=96)
+    assert "input 'codes' has shape" in _bad({"codes": w.codes[:, :1]})
+    # element types are the op's declared schema: ORT itself refuses a wrong one, naming both
+    assert "expected: (tensor(float16))" in _bad({"scales": w.scales.astype(np.float32)})
+    assert "attribute bits must be 4 or 8; got 3" in _bad(bits=3)
+    assert "block_size must be a positive multiple of 32" in _bad(block_size=48)
+    assert 'epilogue must be "none", "residual" or "swiglu"; got "gelu"' in _bad(epilogue="gelu")
+    assert "needs input 'residual'" in _bad(epilogue="residual")
+    rng = np.random.default_rng(0)
+    lora, _ = lora_case(rng, 3, 64, [128], n_slots=2, ranks=(8,), n_adapters=2)
+    assert "'token_adapter'[1] = 2 is not -1 or a slot in [0, 2)" in _bad(
+        lora | {"token_adapter": np.array([0, 2, -1], np.int32)})
+    assert "'rank0'[1] = 9 is outside [0, r_max = 8]" in _bad(lora | {"rank0": np.array([8, 9], np.int32)})
+    assert "sum to 100; expected N = 128" in _bad(lora | {"B0": lora["B0"][:, :, :100]})
+    assert "needs all of inputs 'A0', 'B0' and 'rank0'" in _bad({k: v for k, v in lora.items() if k != "rank0"})
