@@ -24,6 +24,13 @@ namespace {
 constexpr int64_t kTokenChunk = 64;        // tokens per work item (multiple of kQTile)
 constexpr int64_t kQuantizeChunk = 16;     // tokens per activation-quantization item
 constexpr int64_t kParallelBytes = 1 << 15;  // weight bytes x tokens below which one thread is faster
+constexpr int64_t kParallelLoraMacs = 1 << 16;  // LoRA shrink multiply-adds worth waking the pool for
+
+struct Quad {
+  int seg;
+  int n;
+  int64_t t[kQTile];  // tokens of one slot
+};
 
 struct Ctx {
   const QLinearDims* d;
@@ -35,6 +42,7 @@ struct Ctx {
   std::vector<float> dx, sx;   // [T, kb]
   std::vector<int32_t> zsum;   // [T, kb]
   std::vector<float> h[kQLinearMaxSegments];  // [T, r_max_j]
+  std::vector<Quad> quads;                     // the LoRA shrink's work (plan_shrink)
 };
 
 // ---- phase 1: activations
@@ -68,44 +76,88 @@ int lora_rank(const Ctx& c, int64_t t, int j) {
   return a.seg[j].rank[s];
 }
 
-void shrink_token(Ctx& c, int64_t t) {
+// Up to kQTile tokens of one adapter on one segment: one pass over A[slot] for all of them.
+void shrink_quad(void* usr, size_t i) {
+  Ctx& c = *static_cast<Ctx*>(usr);
+  const Quad& q = c.quads[i];
   const QLinearArgs& a = *c.a;
-  const int64_t K = c.d->in_dim;
-  for (int j = 0; j < a.n_segments; ++j) {
-    const int rank = lora_rank(c, t, j);
-    if (rank == 0) continue;
-    const QLinearLoraSegment& sg = a.seg[j];
-    const int64_t slot = a.token_adapter[t];
-    c.isa->lora_shrink(a.x + t * K, static_cast<int>(K), sg.A + slot * K * sg.r_max,
-                       a.packed_a ? rank : static_cast<int>(sg.r_max), rank, c.h[j].data() + t * sg.r_max);
+  const QLinearLoraSegment& sg = a.seg[q.seg];
+  const int64_t K = c.d->in_dim, slot = a.token_adapter[q.t[0]];
+  const int rank = sg.rank[slot];
+  const float* x[kQTile];
+  float* h[kQTile];
+  for (int k = 0; k < q.n; ++k) {
+    x[k] = a.x + q.t[k] * K;
+    h[k] = c.h[q.seg].data() + q.t[k] * sg.r_max;
   }
+  c.isa->lora_shrink(x, q.n, static_cast<int>(K), sg.A + slot * K * sg.r_max,
+                     a.packed_a ? rank : static_cast<int>(sg.r_max), rank, h);
 }
 
-void shrink_item(void* usr, size_t i) { shrink_token(*static_cast<Ctx*>(usr), static_cast<int64_t>(i)); }
+// The shrink work: per segment, the tokens with an adapter on it, sorted by slot (counting sort), in
+// groups of up to kQTile tokens of one slot. Returns the multiply-adds.
+int64_t plan_shrink(Ctx& c) {
+  const QLinearArgs& a = *c.a;
+  const int64_t T = c.d->num_tokens;
+  std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(T));
+  int64_t macs = 0;
+  for (int j = 0; j < a.n_segments; ++j) {
+    c.h[j].assign(static_cast<size_t>(T * a.seg[j].r_max), 0.f);
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t t = 0; t < T; ++t)
+      if (lora_rank(c, t, j) > 0) ++count[a.token_adapter[t] + 1];
+    for (int64_t s = 0; s < a.n_slots; ++s) count[s + 1] += count[s];
+    const int64_t n = count[a.n_slots];
+    for (int64_t t = 0; t < T; ++t)
+      if (lora_rank(c, t, j) > 0) order[count[a.token_adapter[t]]++] = t;  // count[s] ends at slot s's end
+    for (int64_t i = 0; i < n;) {
+      Quad q{j, 0, {}};
+      const int32_t slot = a.token_adapter[order[i]];
+      while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot) q.t[q.n++] = order[i++];
+      c.quads.push_back(q);
+      macs += q.n * lora_rank(c, q.t[0], j) * c.d->in_dim;
+    }
+  }
+  return macs;
+}
 
 // ---- phase 3: projection + epilogue
 
-// v[0:8] (output columns c0..c0+7 of token t) += the token's LoRA on those columns.
-void add_lora(const Ctx& c, int64_t t, int64_t c0, float* v) {
+// v[t * 8 .. + 8] (output columns c0..c0+7 of tokens ts..ts+nt-1) += each token's LoRA on those columns;
+// tokens of one slot share each load of B.
+void add_lora(const Ctx& c, int64_t ts, int nt, int64_t c0, float* v) {
   const QLinearArgs& a = *c.a;
   for (int j = 0; j < a.n_segments; ++j) {
     const QLinearLoraSegment& sg = a.seg[j];
     const int64_t lo = std::max(c0, sg.col0), hi = std::min(c0 + 8, sg.col0 + sg.width);
     if (lo >= hi) continue;
-    const int rank = lora_rank(c, t, j);
-    if (rank == 0) continue;
-    const int64_t slot = a.token_adapter[t];
-    const float scale = a.lora_scale[slot];
-    const float* h = c.h[j].data() + t * sg.r_max;
-    const uint16_t* B = sg.B + slot * sg.r_max * sg.width - sg.col0;  // B[r * width + (col - col0)]
-    if (lo == c0 && hi == c0 + 8) {
-      c.isa->lora_expand8(h, rank, B + c0, sg.width, scale, v);
-      continue;
-    }
-    for (int64_t col = lo; col < hi; ++col) {  // a group straddling two segments: the same fma chain
-      float acc = 0.f;
-      for (int r = 0; r < rank; ++r) acc = std::fma(h[r], f16_to_float(B[r * sg.width + col]), acc);
-      v[col - c0] = std::fma(scale, acc, v[col - c0]);
+    bool done[kQTile] = {false, false, false, false};
+    for (int i = 0; i < nt; ++i) {
+      const int rank = done[i] ? 0 : lora_rank(c, ts + i, j);
+      if (rank == 0) continue;
+      const int64_t slot = a.token_adapter[ts + i];
+      const float scale = a.lora_scale[slot];
+      const uint16_t* B = sg.B + slot * sg.r_max * sg.width - sg.col0;  // B[r * width + (col - col0)]
+      const float* h[kQTile];
+      float* out[kQTile];
+      int n = 0;
+      for (int k = i; k < nt; ++k) {
+        if (done[k] || a.token_adapter[ts + k] != slot) continue;
+        done[k] = true;
+        h[n] = c.h[j].data() + (ts + k) * sg.r_max;
+        out[n++] = v + 8 * k;
+      }
+      if (lo == c0 && hi == c0 + 8) {
+        c.isa->lora_expand8(h, n, rank, B + c0, sg.width, scale, out);
+        continue;
+      }
+      for (int k = 0; k < n; ++k) {  // a group straddling two segments: the same fma chains, per column
+        for (int64_t col = lo; col < hi; ++col) {
+          float acc = 0.f;
+          for (int r = 0; r < rank; ++r) acc = std::fma(h[k][r], f16_to_float(B[r * sg.width + col]), acc);
+          out[k][col - c0] = std::fma(scale, acc, out[k][col - c0]);
+        }
+      }
     }
   }
 }
@@ -134,13 +186,15 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
                         c.sx.data() + ts * c.kb};
       c.isa->group_dot(wg, tok, nt, base);
       if (swiglu) c.isa->group_dot(wu, tok, nt, up);
+      if (lora) {
+        add_lora(c, ts, nt, c0, base);
+        if (swiglu) add_lora(c, ts, nt, cu, up);
+      }
       for (int i = 0; i < nt; ++i) {
         const int64_t t = ts + i;
         float* v = base + 8 * i;
-        if (lora) add_lora(c, t, c0, v);
         float* y = a.y + t * ycols + c0;
         if (swiglu) {
-          if (lora) add_lora(c, t, cu, up + 8 * i);
           c.isa->silu_mul8(v, up + 8 * i, act);
           for (int r = 0; r < 8; ++r) y[r] = act[r];  // N / 2 is a multiple of 8 (checked by the wrapper)
           continue;
@@ -169,7 +223,7 @@ void project_item(void* usr, size_t i) {
 void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   const int64_t T = d.num_tokens;
   if (T == 0 || d.out_dim == 0) return;
-  Ctx c{&d, &a, &qlinear_isa(), d.k_blocks(), 0, d.groups(), 0, 0, 0, 0, 0, {}, {}, {}, {}, {}};
+  Ctx c{&d, &a, &qlinear_isa(), d.k_blocks(), 0, d.groups(), 0, 0, 0, 0, 0, {}, {}, {}, {}, {}, {}};
   c.kpad = c.kb * d.block_size;
   c.group_bytes = c.kb * d.block_size * d.bits;  // 8 rows x kb blocks x bs codes x bits / 8
   c.out_groups = d.epilogue == QLinearEpilogue::kSwiGLU ? c.groups / 2 : c.groups;
@@ -186,15 +240,11 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   }
 
   if (a.token_adapter != nullptr && a.n_segments > 0) {
-    int64_t macs = 0;
-    for (int j = 0; j < a.n_segments; ++j) {
-      c.h[j].assign(static_cast<size_t>(T * a.seg[j].r_max), 0.f);
-      for (int64_t t = 0; t < T; ++t) macs += lora_rank(c, t, j) * d.in_dim;
-    }
-    if (macs > (1 << 20)) {
-      par.run(static_cast<size_t>(T), shrink_item, &c);
-    } else if (macs > 0) {
-      for (int64_t t = 0; t < T; ++t) shrink_token(c, t);
+    const int64_t macs = plan_shrink(c);
+    if (macs >= kParallelLoraMacs && c.quads.size() > 1) {
+      par.run(c.quads.size(), shrink_quad, &c);
+    } else {
+      for (size_t i = 0; i < c.quads.size(); ++i) shrink_quad(&c, i);
     }
   }
 

@@ -104,11 +104,13 @@ struct QLinearIsa {
   void (*quantize_row)(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum);
   // out[t * 8 + r] (t < nt <= kQTile): the base projection of the group's 8 rows for nt tokens.
   void (*group_dot)(const QGroup& g, const QTokens& x, int nt, float* out);
-  // h[r] = sum_k x[k] * A[k * lda + r] (fma chain in k order), r < rank.
-  void (*lora_shrink)(const float* x, int K, const uint16_t* A, int lda, int rank, float* h);
-  // out[i] = fma(scale, sum_r h[r] * B[r * ldb + i] (fma chain in r order), out[i]), i < 8.
-  void (*lora_expand8)(const float* h, int rank, const uint16_t* B, int64_t ldb, float scale,
-                       float* out);
+  // For n <= kQTile tokens of one adapter (sharing each load of A / B):
+  // h[t][r] = sum_k x[t][k] * A[k * lda + r] (an fma chain in k order), r < rank;
+  void (*lora_shrink)(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank,
+                      float* const* h);
+  // out[t][i] = fma(scale, sum_r h[t][r] * B[r * ldb + i] (an fma chain in r order), out[t][i]), i < 8.
+  void (*lora_expand8)(const float* const* h, int n, int rank, const uint16_t* B, int64_t ldb, float scale,
+                       float* const* out);
   // out[i] = silu(g[i]) * u[i], i < 8.
   void (*silu_mul8)(const float* g, const float* u, float* out);
 };

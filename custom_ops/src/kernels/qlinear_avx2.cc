@@ -167,26 +167,73 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   }
 }
 
-void lora_shrink(const float* x, int K, const uint16_t* A, int lda, int rank, float* h) {
+template <int NT>
+void shrink_t(const float* const* x, int K, const uint16_t* A, int lda, int rank, float* const* h) {
   int r = 0;
+  for (; r + 16 <= rank; r += 16) {  // 2 x NT accumulators: each pair of A loads feeds 2 * NT FMAs
+    __m256 a0[NT], a1[NT];
+    for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+    for (int k = 0; k < K; ++k) {
+      const uint16_t* row = A + static_cast<int64_t>(k) * lda + r;
+      const __m256 w0 = load_f16x8(row), w1 = load_f16x8(row + 8);
+      for (int t = 0; t < NT; ++t) {
+        const __m256 xv = _mm256_set1_ps(x[t][k]);
+        a0[t] = _mm256_fmadd_ps(xv, w0, a0[t]);
+        a1[t] = _mm256_fmadd_ps(xv, w1, a1[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      _mm256_storeu_ps(h[t] + r, a0[t]);
+      _mm256_storeu_ps(h[t] + r + 8, a1[t]);
+    }
+  }
   for (; r + 8 <= rank; r += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int k = 0; k < K; ++k)
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(x[k]), load_f16x8(A + static_cast<int64_t>(k) * lda + r), acc);
-    _mm256_storeu_ps(h + r, acc);
+    __m256 a0[NT];
+    for (int t = 0; t < NT; ++t) a0[t] = _mm256_setzero_ps();
+    for (int k = 0; k < K; ++k) {
+      const __m256 w0 = load_f16x8(A + static_cast<int64_t>(k) * lda + r);
+      for (int t = 0; t < NT; ++t) a0[t] = _mm256_fmadd_ps(_mm256_set1_ps(x[t][k]), w0, a0[t]);
+    }
+    for (int t = 0; t < NT; ++t) _mm256_storeu_ps(h[t] + r, a0[t]);
   }
   for (; r < rank; ++r) {
-    float acc = 0.f;
-    for (int k = 0; k < K; ++k)
-      acc = std::fma(x[k], _cvtsh_ss(A[static_cast<int64_t>(k) * lda + r]), acc);
-    h[r] = acc;
+    for (int t = 0; t < NT; ++t) {
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc = std::fma(x[t][k], _cvtsh_ss(A[static_cast<int64_t>(k) * lda + r]), acc);
+      h[t][r] = acc;
+    }
   }
 }
 
-void lora_expand8(const float* h, int rank, const uint16_t* B, int64_t ldb, float scale, float* out) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int r = 0; r < rank; ++r) acc = _mm256_fmadd_ps(_mm256_set1_ps(h[r]), load_f16x8(B + r * ldb), acc);
-  _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_set1_ps(scale), acc, _mm256_loadu_ps(out)));
+void lora_shrink(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank, float* const* h) {
+  switch (n) {
+    case 4: shrink_t<4>(x, K, A, lda, rank, h); break;
+    case 3: shrink_t<3>(x, K, A, lda, rank, h); break;
+    case 2: shrink_t<2>(x, K, A, lda, rank, h); break;
+    default: shrink_t<1>(x, K, A, lda, rank, h); break;
+  }
+}
+
+template <int NT>
+void expand_t(const float* const* h, int rank, const uint16_t* B, int64_t ldb, float scale, float* const* out) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int r = 0; r < rank; ++r) {
+    const __m256 b = load_f16x8(B + r * ldb);
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(h[t][r]), b, acc[t]);
+  }
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out[t], _mm256_fmadd_ps(s, acc[t], _mm256_loadu_ps(out[t])));
+}
+
+void lora_expand8(const float* const* h, int n, int rank, const uint16_t* B, int64_t ldb, float scale,
+                  float* const* out) {
+  switch (n) {
+    case 4: expand_t<4>(h, rank, B, ldb, scale, out); break;
+    case 3: expand_t<3>(h, rank, B, ldb, scale, out); break;
+    case 2: expand_t<2>(h, rank, B, ldb, scale, out); break;
+    default: expand_t<1>(h, rank, B, ldb, scale, out); break;
+  }
 }
 
 void silu_mul8(const float* g, const float* u, float* out) {

@@ -64,19 +64,24 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   }
 }
 
-void lora_shrink(const float* x, int K, const uint16_t* A, int lda, int rank, float* h) {
-  for (int r = 0; r < rank; ++r) {
-    float acc = 0.f;
-    for (int k = 0; k < K; ++k) acc = std::fma(x[k], f16_to_float(A[static_cast<int64_t>(k) * lda + r]), acc);
-    h[r] = acc;
+void lora_shrink(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank, float* const* h) {
+  for (int t = 0; t < n; ++t) {
+    for (int r = 0; r < rank; ++r) {
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc = std::fma(x[t][k], f16_to_float(A[static_cast<int64_t>(k) * lda + r]), acc);
+      h[t][r] = acc;
+    }
   }
 }
 
-void lora_expand8(const float* h, int rank, const uint16_t* B, int64_t ldb, float scale, float* out) {
-  for (int i = 0; i < 8; ++i) {
-    float acc = 0.f;
-    for (int r = 0; r < rank; ++r) acc = std::fma(h[r], f16_to_float(B[r * ldb + i]), acc);
-    out[i] = std::fma(scale, acc, out[i]);
+void lora_expand8(const float* const* h, int n, int rank, const uint16_t* B, int64_t ldb, float scale,
+                  float* const* out) {
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i < 8; ++i) {
+      float acc = 0.f;
+      for (int r = 0; r < rank; ++r) acc = std::fma(h[t][r], f16_to_float(B[r * ldb + i]), acc);
+      out[t][i] = std::fma(scale, acc, out[t][i]);
+    }
   }
 }
 
