@@ -30,7 +30,8 @@ def _add_build(sub) -> None:
                         "0: off; default 0.5 for --quant int8 with int8 compute (accuracy level 4), else off")
     p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
-    p.add_argument("--lm-head", default="fp32", help="fp32|int8|int4")
+    p.add_argument("--lm-head", default=None,
+                   help="fp32|int8|int4 (default: int8 for --quant int4, else fp32)")
     p.add_argument("--keep", action="append", default=[], metavar="PATTERN=fp32|int8",
                    help="keep HF tensors matching the glob wider, e.g. 'model.layers.*.mlp.down_proj.weight=int8' "
                         "(repeatable; first match wins)")

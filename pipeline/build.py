@@ -27,6 +27,10 @@ ALGOS = ("rtn", "hqq", "gptq")
 KV_DTYPES = ("fp32", "int8", "fp8")
 EXPORTERS = ("native", "optimum")
 KV_BLOCK_SIZES = (8, 16, 32, 64)
+# --lm-head when not given: int4 builds get an int8 head (QLinear; the int4 head's measured quality and speed
+# are in docs/quality.md), int8 builds keep fp32 (their gate, PPL <= 1.003, leaves no room for the head's
+# error), fp32 builds fp32.
+DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "fp32", "int4": "int8"}
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class BuildOptions:
     quant: str = "fp32"
     block_size: int = 32
     algo: str = "rtn"
-    lm_head: str = "fp32"
+    lm_head: str | None = None    # None: DEFAULT_LM_HEAD[quant] (the fastest head that passes the quant's gate)
     kv: str = "fp32"
     graph: str = "engine"
     exporter: str = "native"
@@ -48,6 +52,8 @@ class BuildOptions:
     smooth: float | None = None   # SmoothQuant alpha on the projections after a norm (pipeline/smooth.py); None: auto
 
     def __post_init__(self):
+        if self.lm_head is None and self.quant in DEFAULT_LM_HEAD:
+            object.__setattr__(self, "lm_head", DEFAULT_LM_HEAD[self.quant])
         for name, allowed in (("quant", QUANTS), ("algo", ALGOS), ("lm_head", QUANTS), ("kv", KV_DTYPES),
                               ("graph", C.GRAPH_KINDS), ("exporter", EXPORTERS)):
             if getattr(self, name) not in allowed:

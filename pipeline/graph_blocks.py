@@ -80,7 +80,7 @@ def project(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
     forms = {None if q is None else (q.bits, q.offsets is None) for q in qs}
     if len(ws) > 1 and len(forms) > 1:
         return [project(g, x, [w], [p], quant)[0] for w, p in zip(ws, paths)]
-    path = _group_path(paths)
+    path = group_path(paths)
     if qs[0] is None:
         y = g.op("MatMul", [x, g.weight(f"{path}.weight", np.ascontiguousarray(np.concatenate(ws).T))], path)
     else:
@@ -96,7 +96,7 @@ def _offsets(g: GraphBuilder, q: QuantizedWeight | None, path: str) -> tuple[str
     return g.weight(f"{path}.offsets", np.ascontiguousarray(q.offsets.T)), q.block_size, q.k   # [kb, out]
 
 
-def _group_path(paths: list[str]) -> str:
+def group_path(paths: list[str]) -> str:
     """/model/layers.0/attn/{q,k,v}_proj -> /model/layers.0/attn/q_k_v_proj (one path: itself)."""
     if len(paths) == 1:
         return paths[0]

@@ -1,9 +1,15 @@
 """The engine graph: one flattened ragged batch per step over a paged KV pool (runtime/contract.py, "engine").
 
-Every layer runs ortllm::PagedAttention (RoPE, paged KV write, causal GQA over cached + new tokens)
-and ortllm::MultiLoRA after each projection (adapter per token, slot stacks are graph inputs so
-adapters change without rebuilding the session). The LM head runs only on the `logits_indices` rows.
-Shapes: T tokens in the step, S sequences, H hidden, Hq/Hkv heads, D head_dim.
+Per layer, quantized (QLinear, pipeline/graph_qlinear.py):
+
+    x -> RMSNorm -> QLinear q|k|v (+LoRA) -> Split -> PagedAttention -> QLinear o (+LoRA, + x)
+      -> RMSNorm -> QLinear gate|up (+LoRA, SiLU * up) -> QLinear down (+LoRA, + x) -> next layer
+
+fp32 projections (and groups QLinear cannot take: --keep splits, block size 16) use MatMul(NBits) with
+ortllm::MultiLoRA after each (adapter per token; the slot stacks are graph inputs, so adapters change
+without rebuilding the session) and the residual adds / SiLU * up as plain ops. PagedAttention does RoPE,
+the paged KV write and causal GQA over cached + new tokens. The LM head runs only on the
+`logits_indices` rows. Shapes: T tokens in the step, S sequences, H hidden, Hq/Hkv heads, D head_dim.
 """
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import decoder_layers, lm_head, project, rms_norm, rope_tables
+from .graph_blocks import lm_head, project, rms_norm, rope_tables
+from .graph_qlinear import embedding, qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
@@ -40,18 +47,45 @@ def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], 
     return outs
 
 
-def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch: dict, kv: str,
-              block_size: int, quant=None, kv_rotate: bool = True) -> str:
-    """PagedAttention over the pool; the cache outputs are graph outputs that the runtime aliases to the inputs.
+def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], layer: int, adapter: str,
+                quant=None, epilogue: str = "none", residual: str | None = None) -> list[str]:
+    """Projections of one input with their LoRA and an epilogue ("none": one output per path; "residual":
+    residual + y; "swiglu": SiLU(gate) * up), as one QLinear where it can take them, else as
+    lora_projs and plain ops:
 
-        h -> q|k|v_proj -> Split -> q, k, v (+lora each) -> PagedAttention
+        QLinear:   x -> QLinear(epilogue) [-> Split for q|k|v]
+        otherwise: x -> lora_projs -> [Add(residual, y) | Mul(Mul(gate, Sigmoid(gate)), up)]
+    """
+    path = paths[0].rsplit("/", 1)[0]
+    if qlinear_ready(quant, paths):
+        y = qlinear(g, x, ws, paths, quant, lora={"layer": layer, "adapter": adapter}, epilogue=epilogue,
+                    residual=residual)
+        if epilogue != "none" or len(ws) == 1:
+            return [y]
+        return list(g.op("Split", [y, g.const([w.shape[0] for w in ws])], f"{path}/split", n_out=len(ws), axis=-1))
+    ys = lora_projs(g, x, ws, paths, layer, adapter, quant)
+    if epilogue == "residual":
+        return [g.op("Add", [residual, ys[0]], f"{path}/residual")]
+    if epilogue == "swiglu":
+        gate, up = ys
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{path}/act")], f"{path}/act")
+        return [g.op("Mul", [act, up], f"{path}/act_up")]
+    return ys
+
+
+def attention(g: GraphBuilder, cfg: ModelConfig, h: str, x: str, w: dict, i: int, batch: dict, kv: str,
+              block_size: int, quant=None, kv_rotate: bool = True) -> str:
+    """PagedAttention over the pool, o_proj adding the residual x; the cache outputs are graph outputs that the
+    runtime aliases to the inputs.
+
+        h -> q|k|v_proj (+lora) -> q, k, v -> PagedAttention
                                      (positions, cu_seqlens, context_lens, block_tables, cos, sin,
-                                      key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora)
+                                      key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora) + x
     """
     path, p = f"/model/layers.{i}/attn", f"model.layers.{i}.self_attn"
     targets = ("q_proj", "k_proj", "v_proj")
-    q, k, v = lora_projs(g, h, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
-                         batch["adapter"], quant)
+    q, k, v = projections(g, h, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
+                          batch["adapter"], quant)
     eight_bit = kv != "fp32"
     cache_type = U8 if eight_bit else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, cfg.head_dim]
@@ -69,7 +103,28 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, batch:
                block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(eight_bit and kv_rotate))
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
-    return lora_projs(g, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant)[0]
+    return projections(g, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant,
+                       "residual", x)[0]
+
+
+def mlp(g: GraphBuilder, h: str, x: str, w: dict, i: int, adapter: str, quant=None) -> str:
+    """x + down(SiLU(gate(h)) * up(h)), each projection with its LoRA.
+
+        h -> gate|up_proj (+lora, SiLU(gate) * up) -> down_proj (+lora) + x
+    """
+    path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
+    act = projections(g, h, [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]],
+                      [f"{path}/gate_proj", f"{path}/up_proj"], i, adapter, quant, "swiglu")[0]
+    return projections(g, act, [w[f"{p}.down_proj.weight"]], [f"{path}/down_proj"], i, adapter, quant,
+                       "residual", x)[0]
+
+
+def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None) -> str:
+    """[S, H] -> logits [S, V]: QLinear on a quantized head it can take, else graph_blocks.lm_head (embed: the
+    fp32 table's initializer, which a tied fp32 head multiplies by)."""
+    if qlinear_ready(quant, ["/lm_head"]):
+        return qlinear(g, x, [weights.lm_head()], ["/lm_head"], quant)
+    return lm_head(g, x, weights, embed, quant)
 
 
 def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "fp32", block_size: int = 16,
@@ -93,13 +148,17 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     cos_t, sin_t = rope_tables(cfg)
     batch["cos"], batch["sin"] = g.weight("model.rope.cos", cos_t), g.weight("model.rope.sin", sin_t)
 
-    embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
-    x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)                   # [T, H]
-    x = decoder_layers(g, cfg, w, x, lambda h, i: attention(g, cfg, h, w, i, batch, kv, block_size, quant, kv_rotate),
-                       lambda g_, x_, ws, paths, i: lora_projs(g_, x_, ws, paths, i, batch["adapter"], quant))
+    x = embedding(g, ids, w["model.embed_tokens.weight"], quant)                      # [T, H]
+    for i in range(cfg.num_layers):
+        h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
+                     f"/model/layers.{i}/input_layernorm")
+        x = attention(g, cfg, h, x, w, i, batch, kv, block_size, quant, kv_rotate)
+        h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
+                     f"/model/layers.{i}/post_attention_layernorm")
+        x = mlp(g, h, x, w, i, batch["adapter"], quant)
 
     # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
     x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)
     x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
-    g.identity(lm_head(g, x, weights, embed, quant), logits_out, "/lm_head/logits")
-    g.save(model_path, "ortllm_engine", doc="ortllm engine graph (paged KV, multi-LoRA)", metadata=metadata)
+    g.identity(head(g, x, weights, "model.embed_tokens.weight", quant), logits_out, "/lm_head/logits")
+    g.save(model_path, "ortllm_engine", doc="ortllm engine graph (paged KV, QLinear, multi-LoRA)", metadata=metadata)

@@ -5,10 +5,11 @@ another FORMAT_VERSION or CONTRACT_VERSION is refused at load, by name.
 """
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 4        # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 5        # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
-                            #  4: key_scales / value_scales float16 (ops ABI 4))
+                            #  4: key_scales / value_scales float16 (ops ABI 4);
+                            #  5: quantized projections are ortllm::QLinear (ops ABI 5))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -53,7 +54,7 @@ def present_value(layer: int) -> str:
     return f"present.{layer}.value"
 
 
-# ---- the engine graph (ortllm ops: PagedAttention, MultiLoRA; needs libortllm_ops.so)
+# ---- the engine graph (ortllm ops: PagedAttention, QLinear, MultiLoRA; needs libortllm_ops.so)
 # One flattened ragged batch per step: T tokens from S sequences.
 #   input_ids       [T]                 int64
 #   positions       [T]                 int32   position of each token in its sequence

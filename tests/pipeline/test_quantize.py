@@ -192,3 +192,23 @@ def test_quantized_tiny_build_has_quality_json(tmp_path):
     offset_terms = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
     assert all(name.startswith("block_indicator.") or name.endswith(".offsets") for name in offset_terms)
     assert not list(tmp_path.glob(".*fp32ref*"))          # the in-build reference is gone
+
+
+@pytest.mark.parametrize("quant,lm_head", [("int4", "int8"), ("int8", "int4")])
+def test_quantized_engine_graph_is_qlinear(tmp_path, quant, lm_head):
+    """Block 32: each layer is RMSNorm, QLinear q|k|v (+Split), PagedAttention, QLinear o (+ residual), RMSNorm,
+    QLinear gate|up (SiLU * up), QLinear down (+ residual); the head is QLinear too. No MatMulNBits, MultiLoRA,
+    Sigmoid or residual Add left (the Adds are the RMSNorms' eps)."""
+    from ortllm.pipeline.build import build
+    out = tmp_path / "tiny"
+    build("llama-tiny-random", out, BuildOptions(quant=quant, lm_head=lm_head, block_size=32, quality_tokens=32),
+          log=lambda m: None)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    layers = 2
+    assert ops.count("QLinear") == 4 * layers + 1
+    assert not {"MatMulNBits", "MultiLoRA", "Sigmoid", "MatMul", "Gemm"} & set(ops), ops
+    assert ops.count("Add") == ops.count("Sqrt") == 2 * layers + 1            # only the norms' + eps
+    epilogues = [next(a.s.decode() for a in n.attribute if a.name == "epilogue")
+                 for n in model.graph.node if n.op_type == "QLinear"]
+    assert epilogues.count("residual") == 2 * layers and epilogues.count("swiglu") == layers

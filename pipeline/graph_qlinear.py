@@ -1,0 +1,85 @@
+"""QLinear projections for the engine graph (custom_ops/src/kernels/qlinear.h): one node per fused weight
+with the block offsets, the per-token LoRA of every target it holds and the epilogue inside.
+
+A group of projections of one input (q|k|v, gate|up, or one) goes to QLinear when the plan gives all of
+them the same quantized dtype and the block size is a multiple of 32; otherwise the caller keeps the
+MatMul(NBits) + MultiLoRA form (fp32 artifacts, --keep splits, block size 16).
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from ortllm.runtime import contract as C
+
+from .graph_blocks import group_path
+from .onnx_builder import GraphBuilder
+from .qlinear_pack import pack
+from .quantize import QuantizedWeight, RTNQuantizer, hf_name
+
+F16 = TensorProto.FLOAT16
+EPILOGUES = ("none", "residual", "swiglu")
+
+
+def qlinear_ready(quant, paths: list[str]) -> bool:
+    """Whether these projections of one input can be one QLinear (without quantizing anything yet)."""
+    if quant is None or quant.block_size % 32:
+        return False
+    dtypes = {quant.dtype_for(hf_name(p)) for p in paths}
+    return len(dtypes) == 1 and dtypes != {"fp32"}
+
+
+def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], quant, *, lora: dict | None = None,
+            epilogue: str = "none", residual: str | None = None, path: str | None = None) -> str:
+    """x [T, K] -> y [T, sum(N_i)] ([T, N / 2] with "swiglu"; residual + x W^T with "residual").
+
+        x [T, K] --> QLinear(codes, scales [, offsets] [, residual],
+                             token_adapter, lora.scale, (A, B, rank) per target) --> y
+
+    ws are HF [out, in] weights fused along out in order; `lora` = {"layer": i, "adapter": token_adapter
+    input} gives each path its LoRA segment (graph inputs lora.{i}.{target}.a|b and lora.rank.{target}).
+    """
+    assert epilogue in EPILOGUES
+    path = path or group_path(paths)
+    qs = [quant.quantize(hf_name(p), w) for w, p in zip(ws, paths)]
+    q = qs[0] if len(qs) == 1 else QuantizedWeight.concat(qs)
+    p = pack(q)
+    ins = [x, g.weight(f"{path}.qcodes{p.bits}", p.codes), g.weight(f"{path}.qscales", p.scales),
+           g.weight(f"{path}.qoffsets", p.offsets) if p.offsets is not None else "",
+           residual or ""]
+    if lora is not None:
+        ins += [lora["adapter"], C.LORA_SCALE]
+        for w, pth in zip(ws, paths):
+            target = pth.rsplit("/", 1)[1]
+            out_dim, in_dim = w.shape
+            ins += [g.input(C.lora_name(lora["layer"], target, "a"), F16, ["lora_slots", in_dim, "lora_rank"]),
+                    g.input(C.lora_name(lora["layer"], target, "b"), F16, ["lora_slots", "lora_rank", out_dim]),
+                    C.lora_rank_name(target)]
+    while ins[-1] == "":
+        ins.pop()
+    return g.op("QLinear", ins, path, domain=C.OPS_DOMAIN, K=q.k, N=q.n, bits=q.bits, block_size=q.block_size,
+                epilogue=epilogue, packed_a=1)
+
+
+
+EMBED_BLOCK = 32
+
+
+def embedding(g: GraphBuilder, ids: str, table: np.ndarray, quant) -> str:
+    """input_ids [T] -> [T, H]. With a quantized LM head the table is gathered from an int8 copy (symmetric,
+    blocks of 32: llama.cpp's Q8_0) by com.microsoft GatherBlockQuantized, so no fp32 table [V, H] stays
+    resident (SmolLM2: 28 MB instead of 113 MB); its error goes into the quality report. Else fp32 Gather.
+
+        ids -> GatherBlockQuantized(codes [V, H] u8, scales [V, H / 32]) -> x [T, H]
+    """
+    name = "model.embed_tokens.weight"
+    if quant is None or quant.lm_head == "fp32" or table.shape[1] % EMBED_BLOCK:
+        return g.op("Gather", [g.weight(name, table), ids], "/model/embed_tokens", axis=0)
+    q = RTNQuantizer(8, EMBED_BLOCK, symmetric=True).quantize(table)
+    quant.report[name] = {"bits": 8, "block_size": EMBED_BLOCK, "algo": "rtn", "max_rel": q.max_rel,
+                          "rms_rel": q.rms_rel}
+    g.opsets.setdefault("com.microsoft", 1)
+    codes = g.weight(f"{name}.q8", q.data.reshape(q.n, -1))
+    scales = g.weight(f"{name}.scales", q.scales.reshape(q.n, -1))
+    return g.op("GatherBlockQuantized", [codes, ids, scales], "/model/embed_tokens", domain="com.microsoft",
+                bits=8, block_size=EMBED_BLOCK, gather_axis=0, quantize_axis=1)
