@@ -56,3 +56,34 @@ def smollm2_hf(smollm2_gguf):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name,
                                                 dtype=torch.float32).eval()
+
+
+# SmolLM2 builds for the quality gates (tests/calibration) and the batch-invariance tests (tests/runtime),
+# built once per session on first use. Each quantized build carries quality.json: the paired fidelity
+# check against the same weights in fp32, run inside the build on QUALITY_TOKENS tokens (reduced for CI;
+# full-size figures in docs/quality.md with their commands).
+QUALITY_TOKENS = 1024
+
+GATE_BUILDS = {
+    "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (pipeline/smooth.py)
+    "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8"),
+    "kv-int8": dict(kv="int8"),
+    "kv-fp8": dict(kv="fp8"),
+}
+
+
+@pytest.fixture(scope="session")
+def smollm2_quantized(tmp_path_factory):
+    """name -> artifact path, built on first use."""
+    from ortllm.pipeline.build import BuildOptions, build
+
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            out = tmp_path_factory.mktemp("quantized") / name
+            build("smollm2-135m-instruct", out, BuildOptions(quality_tokens=QUALITY_TOKENS, **GATE_BUILDS[name]),
+                  log=lambda m: None)
+            built[name] = out
+        return built[name]
+    return get

@@ -336,7 +336,8 @@ def _commit() -> str:
         return "uncommitted"
 
 
-def run(out_dir: Path, threads: int = 2, quick: bool = False) -> list[dict]:
+def run(out_dir: Path, threads: int = 2, quick: bool = False, only: str | None = None) -> list[dict]:
+    """only="qlinear": just the QLinear comparison (the rest of the ops bench takes minutes)."""
     rng = np.random.default_rng(0)
     rounds, target = (3, 0.02) if quick else (9, 0.08)
     rows: list[dict] = []
@@ -344,6 +345,23 @@ def run(out_dir: Path, threads: int = 2, quick: bool = False) -> list[dict]:
     def log(msg):
         print(f"[bench ops] {msg}", file=sys.stderr, flush=True)
 
+    if only is None:
+        _attention_and_lora(rows, rng, threads, rounds, target, log, quick)
+    # -- QLinear against MatMulNBits (and the engine's former MatMulNBits + MultiLoRA pair)
+    from .qlinear import run as run_qlinear
+    run_qlinear(rows, rng, threads, rounds, target, log, quick=quick)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"machine": _machine(), "commit": _commit(),
+           "command": f"python -m ortllm.bench.ops --out {out_dir} --threads {threads}" + (" --quick" if quick else "")
+           + (f" --only {only}" if only else ""),
+           "results": rows}
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return rows
+
+
+def _attention_and_lora(rows, rng, threads, rounds, target, log, quick):
     # -- attention: decode and prefill
     cases = [("decode", B, ctx, 1) for ctx in (128, 512, 2048) for B in (1, 8, 16)]
     cases.append(("prefill", 1, 0, 512))
@@ -407,14 +425,6 @@ def run(out_dir: Path, threads: int = 2, quick: bool = False) -> list[dict]:
         log(f"{scen}: " + ", ".join(f"{n} {np.median(v) * 1e6:.1f}us" for n, v in samples.items())
             + f" per projection, added {over:.1f}% (paired rounds {np.median(paired):.1f}%)")
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": _machine(), "commit": _commit(),
-           "command": f"python -m ortllm.bench.ops --out {out_dir} --threads {threads}" + (" --quick" if quick else ""),
-           "results": rows}
-    (out_dir / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
-    return rows
-
 
 def markdown(doc: dict) -> str:
     """Tables for docs/benchmarks.md from a results.json document."""
@@ -452,12 +462,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("out/bench-ops"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", choices=["qlinear"], help="run one part only")
     p.add_argument("--markdown", type=Path, metavar="RESULTS_JSON", help="print the docs tables of a results.json")
     a = p.parse_args(argv)
     if a.markdown:
         print(markdown(json.loads(a.markdown.read_text())), end="")
         return 0
-    run(a.out, a.threads, a.quick)
+    run(a.out, a.threads, a.quick, a.only)
     return 0
 
 

@@ -8,28 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-QUALITY_TOKENS = 1024
-
-GATE_BUILDS = {
-    "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (pipeline/smooth.py)
-    "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8"),
-    "kv-int8": dict(kv="int8"),
-    "kv-fp8": dict(kv="fp8"),
-}
-
-
-@pytest.fixture(scope="session")
-def smollm2_quantized(tmp_path_factory):
-    """name -> artifact path, built on first use."""
-    from ortllm.pipeline.build import BuildOptions, build
-
-    built = {}
-
-    def get(name: str):
-        if name not in built:
-            out = tmp_path_factory.mktemp("quantized") / name
-            build("smollm2-135m-instruct", out, BuildOptions(quality_tokens=QUALITY_TOKENS, **GATE_BUILDS[name]),
-                  log=lambda m: None)
-            built[name] = out
-        return built[name]
-    return get
+# GATE_BUILDS, QUALITY_TOKENS and the session fixture `smollm2_quantized` live in tests/conftest.py (the
+# batch-invariance tests of tests/runtime use the same builds).
+from tests.conftest import GATE_BUILDS, QUALITY_TOKENS  # noqa: E402,F401
