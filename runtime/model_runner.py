@@ -7,6 +7,8 @@ nothing is copied per step), warm up (a prefill and a decode), then serve `execu
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnxruntime as ort
 
@@ -51,6 +53,9 @@ class ModelRunner:
         so.intra_op_num_threads = config.threads
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        if os.environ.get("ORTLLM_ORT_PROFILE"):      # ORT's per-node profile (ci/profile_step.py reads it)
+            so.enable_profiling = True
+            so.profile_file_prefix = os.environ["ORTLLM_ORT_PROFILE"]
         register_ops(so)
         self.session = ort.InferenceSession(str(artifact.file(C.MODEL)), so, providers=["CPUExecutionProvider"])
         self.io = self.session.io_binding()
