@@ -48,21 +48,24 @@ def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], 
 
 
 def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], layer: int, adapter: str,
-                quant=None, epilogue: str = "none", residual: str | None = None) -> list[str]:
-    """Projections of one input with their LoRA and an epilogue ("none": one output per path; "residual":
-    residual + y; "swiglu": SiLU(gate) * up), as one QLinear where it can take them, else as
-    lora_projs and plain ops:
+                quant=None, epilogue: str = "none", residual: str | None = None,
+                norm: tuple[np.ndarray, float, str] | None = None) -> list[str]:
+    """Projections of one input with their LoRA, the norm before them (norm = (weight, eps, path)) and an
+    epilogue ("none": one output per path; "residual": residual + y; "swiglu": SiLU(gate) * up), as one
+    QLinear where it can take them, else as plain ops and lora_projs:
 
-        QLinear:   x -> QLinear(epilogue) [-> Split for q|k|v]
-        otherwise: x -> lora_projs -> [Add(residual, y) | Mul(Mul(gate, Sigmoid(gate)), up)]
+        QLinear:   x -> QLinear(norm, epilogue) [-> Split for q|k|v]
+        otherwise: x [-> RMSNorm] -> lora_projs -> [Add(residual, y) | Mul(Mul(gate, Sigmoid(gate)), up)]
     """
     path = paths[0].rsplit("/", 1)[0]
     if qlinear_ready(quant, paths):
         y = qlinear(g, x, ws, paths, quant, lora={"layer": layer, "adapter": adapter}, epilogue=epilogue,
-                    residual=residual)
+                    residual=residual, norm=norm)
         if epilogue != "none" or len(ws) == 1:
             return [y]
         return list(g.op("Split", [y, g.const([w.shape[0] for w in ws])], f"{path}/split", n_out=len(ws), axis=-1))
+    if norm is not None:
+        x = rms_norm(g, x, norm[0], norm[1], norm[2])
     ys = lora_projs(g, x, ws, paths, layer, adapter, quant)
     if epilogue == "residual":
         return [g.op("Add", [residual, ys[0]], f"{path}/residual")]
@@ -73,19 +76,20 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
     return ys
 
 
-def attention(g: GraphBuilder, cfg: ModelConfig, h: str, x: str, w: dict, i: int, batch: dict, kv: str,
+def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch: dict, kv: str,
               block_size: int, quant=None, kv_rotate: bool = True) -> str:
-    """PagedAttention over the pool, o_proj adding the residual x; the cache outputs are graph outputs that the
-    runtime aliases to the inputs.
+    """x + attention(input_layernorm(x)): PagedAttention over the pool, o_proj adding the residual x; the cache
+    outputs are graph outputs that the runtime aliases to the inputs.
 
-        h -> q|k|v_proj (+lora) -> q, k, v -> PagedAttention
+        x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v -> PagedAttention
                                      (positions, cu_seqlens, context_lens, block_tables, cos, sin,
                                       key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora) + x
     """
     path, p = f"/model/layers.{i}/attn", f"model.layers.{i}.self_attn"
     targets = ("q_proj", "k_proj", "v_proj")
-    q, k, v = projections(g, h, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
-                          batch["adapter"], quant)
+    norm = (w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps, f"/model/layers.{i}/input_layernorm")
+    q, k, v = projections(g, x, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
+                          batch["adapter"], quant, norm=norm)
     eight_bit = kv != "fp32"
     cache_type = U8 if eight_bit else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, cfg.head_dim]
@@ -107,24 +111,28 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, x: str, w: dict, i: int
                        "residual", x)[0]
 
 
-def mlp(g: GraphBuilder, h: str, x: str, w: dict, i: int, adapter: str, quant=None) -> str:
-    """x + down(SiLU(gate(h)) * up(h)), each projection with its LoRA.
+def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str, quant=None) -> str:
+    """x + down(SiLU(gate(h)) * up(h)), h = post_attention_layernorm(x), each projection with its LoRA.
 
-        h -> gate|up_proj (+lora, SiLU(gate) * up) -> down_proj (+lora) + x
+        x -> post_attention_layernorm -> gate|up_proj (+lora, SiLU(gate) * up) -> down_proj (+lora) + x
     """
     path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
-    act = projections(g, h, [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]],
-                      [f"{path}/gate_proj", f"{path}/up_proj"], i, adapter, quant, "swiglu")[0]
+    norm = (w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
+            f"/model/layers.{i}/post_attention_layernorm")
+    act = projections(g, x, [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]],
+                      [f"{path}/gate_proj", f"{path}/up_proj"], i, adapter, quant, "swiglu", norm=norm)[0]
     return projections(g, act, [w[f"{p}.down_proj.weight"]], [f"{path}/down_proj"], i, adapter, quant,
                        "residual", x)[0]
 
 
 def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None) -> str:
-    """[S, H] -> logits [S, V]: QLinear on a quantized head it can take, else graph_blocks.lm_head (embed: the
-    fp32 table's initializer, which a tied fp32 head multiplies by)."""
+    """[S, H] -> final norm -> logits [S, V]: QLinear (norm fused) on a quantized head it can take, else RMSNorm
+    and graph_blocks.lm_head (embed: the fp32 table's initializer, which a tied fp32 head multiplies by)."""
+    cfg = weights.config
+    norm = (weights.tensors["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
     if qlinear_ready(quant, ["/lm_head"]):
-        return qlinear(g, x, [weights.lm_head()], ["/lm_head"], quant)
-    return lm_head(g, x, weights, embed, quant)
+        return qlinear(g, x, [weights.lm_head()], ["/lm_head"], quant, norm=norm)
+    return lm_head(g, rms_norm(g, x, *norm), weights, embed, quant)
 
 
 def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "fp32", block_size: int = 16,
@@ -150,15 +158,10 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
 
     x = embedding(g, ids, w["model.embed_tokens.weight"], quant)                      # [T, H]
     for i in range(cfg.num_layers):
-        h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
-                     f"/model/layers.{i}/input_layernorm")
-        x = attention(g, cfg, h, x, w, i, batch, kv, block_size, quant, kv_rotate)
-        h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
-                     f"/model/layers.{i}/post_attention_layernorm")
-        x = mlp(g, h, x, w, i, batch["adapter"], quant)
+        x = attention(g, cfg, x, w, i, batch, kv, block_size, quant, kv_rotate)
+        x = mlp(g, cfg, x, w, i, batch["adapter"], quant)
 
     # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
     x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)
-    x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
     g.identity(head(g, x, weights, "model.embed_tokens.weight", quant), logits_out, "/lm_head/logits")
     g.save(model_path, "ortllm_engine", doc="ortllm engine graph (paged KV, QLinear, multi-LoRA)", metadata=metadata)

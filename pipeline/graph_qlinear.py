@@ -30,37 +30,43 @@ def qlinear_ready(quant, paths: list[str]) -> bool:
 
 
 def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], quant, *, lora: dict | None = None,
-            epilogue: str = "none", residual: str | None = None, path: str | None = None) -> str:
+            epilogue: str = "none", residual: str | None = None, norm: tuple[np.ndarray, float, str] | None = None,
+            path: str | None = None) -> str:
     """x [T, K] -> y [T, sum(N_i)] ([T, N / 2] with "swiglu"; residual + x W^T with "residual").
 
         x [T, K] --> QLinear(codes, scales [, offsets] [, residual],
-                             token_adapter, lora.scale, (A, B, rank) per target) --> y
+                             token_adapter, lora.scale, (A, B, rank) per target [, norm weight]) --> y
 
     ws are HF [out, in] weights fused along out in order; `lora` = {"layer": i, "adapter": token_adapter
-    input} gives each path its LoRA segment (graph inputs lora.{i}.{target}.a|b and lora.rank.{target}).
+    input} gives each path its LoRA segment (graph inputs lora.{i}.{target}.a|b and lora.rank.{target});
+    `norm` = (weight [K], eps, path): the op projects RMSNorm(x) * weight (the norm before it, fused).
     """
     assert epilogue in EPILOGUES
     path = path or group_path(paths)
     qs = [quant.quantize(hf_name(p), w) for w, p in zip(ws, paths)]
     q = qs[0] if len(qs) == 1 else QuantizedWeight.concat(qs)
     p = pack(q)
-    ins = [x, g.weight(f"{path}.qcodes{p.bits}", p.codes), g.weight(f"{path}.qscales", p.scales),
-           g.weight(f"{path}.qoffsets", p.offsets) if p.offsets is not None else "",
-           residual or ""]
+    ins = [""] * 17      # the op's inputs by position (custom_ops/README.md); "" = absent
+    ins[:5] = [x, g.weight(f"{path}.qcodes{p.bits}", p.codes), g.weight(f"{path}.qscales", p.scales),
+               g.weight(f"{path}.qoffsets", p.offsets) if p.offsets is not None else "", residual or ""]
     if lora is not None:
-        ins += [lora["adapter"], C.LORA_SCALE]
-        for w, pth in zip(ws, paths):
+        ins[5:7] = [lora["adapter"], C.LORA_SCALE]
+        for j, (w, pth) in enumerate(zip(ws, paths)):
             target = pth.rsplit("/", 1)[1]
             out_dim, in_dim = w.shape
-            ins += [g.input(C.lora_name(lora["layer"], target, "a"), F16, ["lora_slots", in_dim, "lora_rank"]),
-                    g.input(C.lora_name(lora["layer"], target, "b"), F16, ["lora_slots", "lora_rank", out_dim]),
-                    C.lora_rank_name(target)]
+            ins[7 + 3 * j:10 + 3 * j] = [
+                g.input(C.lora_name(lora["layer"], target, "a"), F16, ["lora_slots", in_dim, "lora_rank"]),
+                g.input(C.lora_name(lora["layer"], target, "b"), F16, ["lora_slots", "lora_rank", out_dim]),
+                C.lora_rank_name(target)]
+    attrs = {}
+    if norm is not None:
+        weight, eps, norm_path = norm
+        ins[16] = g.weight(f"{norm_path}.weight", weight)
+        attrs["norm_eps"] = float(eps)
     while ins[-1] == "":
         ins.pop()
     return g.op("QLinear", ins, path, domain=C.OPS_DOMAIN, K=q.k, N=q.n, bits=q.bits, block_size=q.block_size,
-                epilogue=epilogue, packed_a=1)
-
-
+                epilogue=epilogue, packed_a=1, **attrs)
 
 EMBED_BLOCK = 32
 

@@ -98,9 +98,9 @@ def assert_close(got, ref, *, atol, rtol, what=""):
 
 
 QLINEAR_INPUTS = ["x", "codes", "scales", "offsets", "residual", "token_adapter", "lora_scale",
-                  "A0", "B0", "rank0", "A1", "B1", "rank1", "A2", "B2", "rank2"]
-QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, F16, F16, I32, F16, F16, I32, F16, F16, I32]
-QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, 3, 3, 1, 3, 3, 1, 3, 3, 1]
+                  "A0", "B0", "rank0", "A1", "B1", "rank1", "A2", "B2", "rank2", "norm_weight"]
+QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, F16, F16, I32, F16, F16, I32, F16, F16, I32, F32]
+QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, 3, 3, 1, 3, 3, 1, 3, 3, 1, 1]
 
 
 def qlinear_model(present: list[str], **attrs) -> onnx.ModelProto:

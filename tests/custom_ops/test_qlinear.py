@@ -15,7 +15,7 @@ import pytest
 from ortllm.pipeline.qlinear_pack import dequantize_packed, pack, unpack_codes
 from ortllm.pipeline.quantize import RTNQuantizer, _unpack_bits
 from tests.custom_ops.conftest import REPO, assert_close, qlinear_model, session
-from tests.reference.qlinear import dequantized_activations, magnitude, qlinear_ref
+from tests.reference.qlinear import dequantized_activations, magnitude, qlinear_ref, rms_norm
 
 # (bits, symmetric): int4 with offsets (Q4_1 grid), symmetric int4 (Q4_0), int8 (Q8_0)
 FORMS = {"int4": (4, False), "int4-sym": (4, True), "int8": (8, True)}
@@ -42,10 +42,10 @@ def feeds_for(w, x, **extra):
     return f | {k: v for k, v in extra.items() if v is not None}
 
 
-def run(w, x, epilogue="none", threads=2, packed_a=True, **extra):
+def run(w, x, epilogue="none", threads=2, packed_a=True, norm_eps=1e-5, **extra):
     feeds = feeds_for(w, x, **extra)
     s = sess_for(tuple(sorted(feeds)), threads, K=w.k, N=w.n, bits=w.bits, block_size=w.block_size,
-                 epilogue=epilogue, packed_a=int(packed_a))
+                 epilogue=epilogue, packed_a=int(packed_a), norm_eps=norm_eps)
     return s.run(None, feeds)[0]
 
 
@@ -209,6 +209,24 @@ def test_swiglu_epilogue(form, T):
     assert_close(y, ref, atol=tol, rtol=0, what=f"swiglu {form} T={T}")
 
 
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_fused_rms_norm(T):
+    """norm_weight: the op projects RMSNorm(x) * w (the layer's input norm fused), LoRA included."""
+    rng = np.random.default_rng(T + 7)
+    x = rng.standard_normal((T, 576), dtype=np.float32) * 3
+    nw = rng.uniform(0.5, 1.5, 576).astype(np.float32)
+    w = weight(576, 960, "int4")
+    lora, segs = lora_case(rng, T, 576, [576, 192, 192], ranks=(16,), n_adapters=2)
+    y = run(w, x, norm_weight=nw, norm_eps=1e-6, **lora)
+    ref = qlinear_ref(x, w, token_adapter=lora["token_adapter"], lora_scale=lora["lora_scale"], segments=segs,
+                      packed_a=True, norm_weight=nw, norm_eps=1e-6)
+    xn = rms_norm(x, nw, 1e-6)
+    # the normed row may differ from the reference's by an ulp, which can move one activation code
+    mag = magnitude(xn, w) + lora_magnitude(xn, lora, segs)
+    step = (np.abs(xn).reshape(T, -1, 32).max(-1) / 127) @ np.abs(dequantize_packed(w).reshape(960, -1, 32)).max(-1).T
+    assert_close(y, ref, atol=3e-6 * mag + step + 1e-6, rtol=1e-6, what=f"norm T={T}")
+
+
 # ---------------------------------------------------------------- batch invariance (bitwise)
 
 def _invariance_case(epilogue, form):
@@ -218,6 +236,8 @@ def _invariance_case(epilogue, form):
     widths = [1536, 1536] if epilogue == "swiglu" else [576, 192, 192]
     lora, _ = lora_case(rng, 64, k, widths, ranks=(8, 16, 64), n_adapters=4)
     extra = dict(lora)
+    if epilogue == "none":
+        extra["norm_weight"] = rng.uniform(0.5, 1.5, k).astype(np.float32)
     if epilogue == "residual":
         extra["residual"] = rng.standard_normal((64, n), dtype=np.float32)
     return weight(k, n, form), x, extra

@@ -196,9 +196,9 @@ def test_quantized_tiny_build_has_quality_json(tmp_path):
 
 @pytest.mark.parametrize("quant,lm_head", [("int4", "int8"), ("int8", "int4")])
 def test_quantized_engine_graph_is_qlinear(tmp_path, quant, lm_head):
-    """Block 32: each layer is RMSNorm, QLinear q|k|v (+Split), PagedAttention, QLinear o (+ residual), RMSNorm,
-    QLinear gate|up (SiLU * up), QLinear down (+ residual); the head is QLinear too. No MatMulNBits, MultiLoRA,
-    Sigmoid or residual Add left (the Adds are the RMSNorms' eps)."""
+    """Block 32: each layer is QLinear q|k|v (input norm fused, + Split), PagedAttention, QLinear o (+ residual),
+    QLinear gate|up (norm fused, SiLU * up), QLinear down (+ residual); the head is QLinear with the final norm.
+    No MatMulNBits, MultiLoRA, Sigmoid, RMSNorm or residual Add left."""
     from ortllm.pipeline.build import build
     out = tmp_path / "tiny"
     build("llama-tiny-random", out, BuildOptions(quant=quant, lm_head=lm_head, block_size=32, quality_tokens=32),
@@ -208,7 +208,10 @@ def test_quantized_engine_graph_is_qlinear(tmp_path, quant, lm_head):
     layers = 2
     assert ops.count("QLinear") == 4 * layers + 1
     assert not {"MatMulNBits", "MultiLoRA", "Sigmoid", "MatMul", "Gemm"} & set(ops), ops
-    assert ops.count("Add") == ops.count("Sqrt") == 2 * layers + 1            # only the norms' + eps
+    assert not {"Add", "Sqrt", "Pow", "ReduceMean"} & set(ops), ops              # norms fused into QLinear
+    assert ops.count("Split") == ops.count("PagedAttention") == layers
     epilogues = [next(a.s.decode() for a in n.attribute if a.name == "epilogue")
                  for n in model.graph.node if n.op_type == "QLinear"]
     assert epilogues.count("residual") == 2 * layers and epilogues.count("swiglu") == layers
+    normed = [n for n in model.graph.node if n.op_type == "QLinear" and len(n.input) > 16 and n.input[16]]
+    assert len(normed) == 2 * layers + 1

@@ -54,9 +54,17 @@ def _lora(x, token_adapter, lora_scale, segments, packed_a, n):
     return out
 
 
+def rms_norm(x, weight, eps) -> np.ndarray:
+    """float32 [T, K]: x / sqrt(mean(x^2) + eps) * weight, the op's fused input norm (sum of squares in float64)."""
+    ss = np.square(x.astype(np.float64)).mean(-1, keepdims=True)
+    return ((x * (1.0 / np.sqrt(ss + eps)).astype(np.float32)) * weight).astype(np.float32)
+
+
 def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_adapter=None, lora_scale=None,
-                segments=(), packed_a=False) -> np.ndarray:
-    """float32 [T, N] ([T, N / 2] with "swiglu")."""
+                segments=(), packed_a=False, norm_weight=None, norm_eps=1e-5) -> np.ndarray:
+    """float32 [T, N] ([T, N / 2] with "swiglu"); norm_weight: the input is RMSNorm(x) * norm_weight."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, norm_eps)
     x_hat = dequantized_activations(x, w.block_size)
     y = x_hat @ dequantize_packed(w).astype(np.float64).T                         # [T, N]
     if token_adapter is not None:

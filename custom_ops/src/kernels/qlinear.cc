@@ -1,7 +1,8 @@
 // QLinear driver (pure; the math, the layout and the invariance argument are in qlinear.h).
 //
 // Three phases per call:
-//   1. each token's activations quantized once: q [T, kb * bs] int8, dx / sx / zsum [T, kb];
+//   1. each token's activations (RMSNorm'ed first when the op carries the norm) quantized once:
+//      q [T, kb * bs] int8, dx / sx / zsum [T, kb];
 //   2. the LoRA shrink h_j[t] = x[t] @ A_j[a] [rank] per (token, segment) with an adapter
 //      (fp32 x, fp16 A, fp32 accumulation; tokens without an adapter cost nothing);
 //   3. the projection over work items (8-row groups x token chunks): the group's weights are
@@ -43,16 +44,34 @@ struct Ctx {
   std::vector<int32_t> zsum;   // [T, kb]
   std::vector<float> h[kQLinearMaxSegments];  // [T, r_max_j]
   std::vector<Quad> quads;                     // the LoRA shrink's work (plan_shrink)
+  std::vector<float> normed;                   // [T, K] RMSNorm(x) * norm_weight, with a norm
+  const float* xin = nullptr;                  // what the projection multiplies: x, or normed
 };
 
 // ---- phase 1: activations
 
+// xn = x * 1 / sqrt(mean(x^2) + eps) * w. The sum of squares is in double over 8 interleaved partial sums
+// (independent chains, not one latency-bound chain) combined in a fixed order: the same bits for a row
+// whatever the batch.
+void rms_norm_row(const float* x, int64_t K, const float* w, float eps, float* xn) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8)
+    for (int i = 0; i < 8; ++i) part[i] += static_cast<double>(x[k + i]) * x[k + i];
+  for (; k < K; ++k) part[k % 8] += static_cast<double>(x[k]) * x[k];
+  const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(K) + eps));
+  for (k = 0; k < K; ++k) xn[k] = (x[k] * inv) * w[k];
+}
+
 void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
   const int zp = c.d->bits == 4 ? 8 : 0;
+  const int64_t K = c.d->in_dim;
   for (int64_t t = t0; t < t1; ++t) {
     int32_t* qsum = c.zsum.data() + t * c.kb;
     float* dx = c.dx.data() + t * c.kb;
-    c.isa->quantize_row(c.a->x + t * c.d->in_dim, static_cast<int>(c.d->in_dim),
+    if (c.a->norm_weight) rms_norm_row(c.a->x + t * K, K, c.a->norm_weight, c.a->norm_eps, c.normed.data() + t * K);
+    c.isa->quantize_row(c.xin + t * K, static_cast<int>(K),
                         static_cast<int>(c.d->block_size), c.q.data() + t * c.kpad, dx, qsum);
     for (int64_t b = 0; b < c.kb; ++b) {
       c.sx[t * c.kb + b] = dx[b] * static_cast<float>(qsum[b]);
@@ -87,7 +106,7 @@ void shrink_quad(void* usr, size_t i) {
   const float* x[kQTile];
   float* h[kQTile];
   for (int k = 0; k < q.n; ++k) {
-    x[k] = a.x + q.t[k] * K;
+    x[k] = c.xin + q.t[k] * K;
     h[k] = c.h[q.seg].data() + q.t[k] * sg.r_max;
   }
   c.isa->lora_shrink(x, q.n, static_cast<int>(K), sg.A + slot * K * sg.r_max,
@@ -223,7 +242,7 @@ void project_item(void* usr, size_t i) {
 void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   const int64_t T = d.num_tokens;
   if (T == 0 || d.out_dim == 0) return;
-  Ctx c{&d, &a, &qlinear_isa(), d.k_blocks(), 0, d.groups(), 0, 0, 0, 0, 0, {}, {}, {}, {}, {}, {}};
+  Ctx c{&d, &a, &qlinear_isa(), d.k_blocks(), 0, d.groups(), 0, 0, 0, 0, 0, {}, {}, {}, {}, {}, {}, {}, nullptr};
   c.kpad = c.kb * d.block_size;
   c.group_bytes = c.kb * d.block_size * d.bits;  // 8 rows x kb blocks x bs codes x bits / 8
   c.out_groups = d.epilogue == QLinearEpilogue::kSwiGLU ? c.groups / 2 : c.groups;
@@ -233,6 +252,8 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.dx.resize(static_cast<size_t>(T * c.kb));
   c.sx.resize(static_cast<size_t>(T * c.kb));
   c.zsum.resize(static_cast<size_t>(T * c.kb));
+  if (a.norm_weight) c.normed.resize(static_cast<size_t>(T * d.in_dim));
+  c.xin = a.norm_weight ? c.normed.data() : a.x;
   if (parallel && T > kQuantizeChunk) {
     par.run(static_cast<size_t>((T + kQuantizeChunk - 1) / kQuantizeChunk), quantize_item, &c);
   } else {

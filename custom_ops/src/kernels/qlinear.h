@@ -1,6 +1,7 @@
 // Pure QLinear kernel: a block-quantized projection with the LoRA, the block offsets and an
 // epilogue fused in, batch-invariant by construction.
 //
+//   x <- RMSNorm(x) * norm_weight first when the op carries the norm (the layer's input norm, fused)
 //   y[t, n] = epilogue( sum_b d[n,b] * dx[t,b] * (isum_b(q_w[n], q_x[t]) - zp * qsum_b(q_x[t]))
 //                       + m[n,b] * sx[t,b]                                  (block offsets, optional)
 //                       + lscale[a] * (x[t] @ A_j[a]) @ B_j[a][:, n - n0_j] )  (LoRA, a = adapter[t])
@@ -61,6 +62,8 @@ struct QLinearDims {
 
 struct QLinearArgs {
   const float* x;               // [T, K]
+  const float* norm_weight;     // [K] or nullptr: the projection multiplies RMSNorm(x) * norm_weight
+  float norm_eps;
   const uint8_t* codes;         // [G, kb, bs * bits]
   const uint16_t* d;            // [G, kb, 8] fp16 bits
   const uint16_t* m;            // [G, kb, 8] fp16 bits, or nullptr (no block offsets)

@@ -10,7 +10,8 @@ namespace ortllm {
 namespace {
 
 constexpr const char* kOp = "QLinear";
-enum Input { kX, kCodes, kScales, kOffsets, kResidual, kAdapter, kLoraScale, kSeg0 };
+enum Input { kX, kCodes, kScales, kOffsets, kResidual, kAdapter, kLoraScale, kSeg0,
+             kNormWeight = kSeg0 + 3 * kQLinearMaxSegments };
 
 OrtStatusPtr make_status(OrtErrorCode code, const std::string& msg) {
   return Ort::GetApi().CreateStatus(code, msg.c_str());
@@ -52,6 +53,7 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   bits_ = attr_int(&api, info, "bits", 0);
   block_size_ = attr_int(&api, info, "block_size", 0);
   packed_a_ = attr_int(&api, info, "packed_a", 0) != 0;
+  norm_eps_ = attr_float(&api, info, "norm_eps", 1e-5f);
   const std::string epi = attr_string(&api, info, "epilogue", "none");
   std::ostringstream err;
   if (K_ <= 0 || N_ <= 0) err << kOp << ": attributes K and N must be > 0; got K = " << K_ << ", N = " << N_;
@@ -85,6 +87,14 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
 
     QLinearArgs a{};
     a.x = data<float>(x);
+    const In norm = input(ctx, kNormWeight);
+    if (norm.value) {
+      expect_type("norm_weight", norm, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+      expect_shape(kOp, "norm_weight", norm.shape, {K_});
+      if (!(norm_eps_ > 0.f)) fail(kOp, ": attribute norm_eps must be > 0; got ", norm_eps_);
+      a.norm_weight = data<float>(norm);
+      a.norm_eps = norm_eps_;
+    }
     a.codes = data<uint8_t>(codes);
     a.d = reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(scales));
     const In offsets = input(ctx, kOffsets);
@@ -116,11 +126,17 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       a.lora_scale = data<float>(lscale);
       a.n_slots = slots;
       a.packed_a = packed_a_;
-      for (int64_t t = 0; t < T; ++t)
+      bool any = false;
+      for (int64_t t = 0; t < T; ++t) {
         if (a.token_adapter[t] < -1 || a.token_adapter[t] >= slots)
           fail(kOp, ": input 'token_adapter'[", t, "] = ", a.token_adapter[t], " is not -1 or a slot in [0, ", slots, ")");
+        any = any || a.token_adapter[t] >= 0;
+      }
+      // No token with an adapter (the common decode step): the stacks are neither read nor checked, which
+      // saves reading nine tensors' type and shape per call (microseconds each).
+      if (!any) a.token_adapter = nullptr;
       int64_t col = 0;
-      for (int j = 0; j < kQLinearMaxSegments; ++j) {
+      for (int j = 0; any && j < kQLinearMaxSegments; ++j) {
         const size_t base = kSeg0 + 3 * j;
         const In A = input(ctx, base), B = input(ctx, base + 1), rank = input(ctx, base + 2);
         if (!A.value && !B.value && !rank.value) continue;
@@ -145,8 +161,8 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
               reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(B)), rk, r_max, col, B.shape[2]};
         col += B.shape[2];
       }
-      if (a.n_segments == 0) fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, B0, rank0)");
-      if (col != N_)
+      if (any && a.n_segments == 0) fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, B0, rank0)");
+      if (any && col != N_)
         fail(kOp, ": the LoRA segments' output widths (B_j's last dims) sum to ", col, "; expected N = ", N_);
     }
 
@@ -178,6 +194,7 @@ ONNXTensorElementDataType QLinearOp::GetInputType(size_t i) const {
     case kCodes: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
     case kScales: case kOffsets: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     case kAdapter: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    case kNormWeight: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     default: return (i - kSeg0) % 3 == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
   }
 }

@@ -10,10 +10,12 @@
 //            7 + 3j, 8 + 3j, 9 + 3j (j < 3): A_j [n_slots, K, r_max_j] f16, B_j [n_slots, r_max_j, N_j] f16,
 //                                           rank_j [n_slots] i32; segment j covers output columns
 //                                           [N_0 + .. + N_{j-1}, + N_j); present segments cover N exactly
+//            16 norm_weight [K] f32     optional: y is computed from RMSNorm(x) * norm_weight (eps: norm_eps)
 //   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:])
 //   attributes: K, N, bits (4 | 8), block_size (a multiple of 32) -- int, required;
 //               epilogue (string "none" | "residual" | "swiglu", default "none");
-//               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix.
+//               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix;
+//               norm_eps (float, default 1e-5): the RMSNorm's epsilon, with norm_weight.
 #pragma once
 #include <string>
 
@@ -29,12 +31,13 @@ struct QLinearKernel {
  private:
   int64_t K_ = 0, N_ = 0, bits_ = 0, block_size_ = 0;
   bool packed_a_ = false;
+  float norm_eps_ = 1e-5f;
   QLinearEpilogue epilogue_ = QLinearEpilogue::kNone;
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
 };
 
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
-  static constexpr size_t kInputs = 7 + 3 * kQLinearMaxSegments;
+  static constexpr size_t kInputs = 8 + 3 * kQLinearMaxSegments;
 
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "QLinear"; }
