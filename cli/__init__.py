@@ -265,7 +265,7 @@ def _run_bench(a) -> int:
         raise BuildError(f"--scenario {a.scenario} needs an ARTIFACT (an engine-graph artifact directory)")
     peers_named = [s.strip() for s in (a.peers or "").split(",") if s.strip()]
     if a.peers == "all":
-        from ortllm.bench.peers.runner import SYSTEMS
+        from ortllm.bench.peer_runner import SYSTEMS
         peers_named = list(SYSTEMS)
     if "engine" in scenarios:
         from ortllm.bench.engine import run as run_engine
@@ -276,7 +276,7 @@ def _run_bench(a) -> int:
     if peer_scenarios:
         if a.artifact is None:
             raise BuildError("--peers and the decode/prefill/long-context scenarios need an ARTIFACT")
-        from ortllm.bench.peers.runner import run_alternating
+        from ortllm.bench.peer_runner import run_alternating
         rows += run_alternating(a.artifact, peers_named, peer_scenarios, batches,
                                 1 if a.quick else a.repeats, a.threads or 2, log_dir=a.out / "peer-logs")
     if "lora-overhead" in scenarios:
