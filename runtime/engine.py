@@ -136,7 +136,8 @@ class Engine:
         self.adapters = AdapterRegistry(self.artifact, config.adapters, self.runner)
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks=self.runner.num_blocks,
                                    eos_token_ids=self.eos_token_ids, vocab_size=self.runner.vocab_size,
-                                   is_resident=self.adapters.is_resident)
+                                   is_resident=self.adapters.is_resident,
+                                   adapter_key=self.adapters.content_key)
         self.sampler = Sampler()
         self._entropy = np.random.SeedSequence(config.seed)
         self._handles: dict[str, RequestHandle] = {}
