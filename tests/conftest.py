@@ -19,9 +19,10 @@ def smollm2_gguf() -> Path:
 
 
 def _build(tmp_path_factory, spec: str, **opts) -> Path:
-    from ortllm.pipeline.build import BuildOptions, build
+    from ortllm.cli.build import build_artifact
+    from ortllm.pipeline.build import BuildOptions
     out = tmp_path_factory.mktemp("artifacts") / spec
-    build(spec, out, BuildOptions(**opts), log=lambda m: None)
+    build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 QUALITY_TOKENS = 1024
 
 GATE_BUILDS = {
-    "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (pipeline/smooth.py)
+    "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (smooth.py)
     "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8"),
     "kv-int8": dict(kv="int8"),
     "kv-fp8": dict(kv="fp8"),
@@ -21,7 +21,8 @@ GATE_BUILDS = {
 @pytest.fixture(scope="session")
 def smollm2_quantized(tmp_path_factory):
     """name -> artifact path, built on first use."""
-    from ortllm.pipeline.build import BuildOptions, build
+    from ortllm.cli.build import build_artifact as build
+    from ortllm.pipeline.build import BuildOptions
 
     built = {}
 
