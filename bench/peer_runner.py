@@ -254,7 +254,8 @@ class OrtllmSide:
     """ortllm's engine on an artifact, measuring the same scenarios the same way as the drivers.
 
     Decode tok/s = tokens generated after the last request's first token / (end - that time)
-    (ortllm.bench.engine.decode_rate, as decode_run); prefill = submit -> first token of a 512-token prompt. Random prompts
+    (ortllm.bench.engine.decode_rate, as decode_run); prefill = submit -> first token of a 512-token prompt.
+    Random prompts
     (a new seed per sample) and the prefix cache off: no system gets cache hits.
     """
     system = "ortllm"
@@ -392,8 +393,8 @@ def main(argv=None) -> int:
     for r in ratios(rows):
         print(f"ortllm vs {r['peer']}: {r['scenario']} B={r['batch']}: {r['ratio']:.2f}x")
     if a.out:
-        print(f"results written to {write_results(a.out, rows, ' '.join(['python -m ortllm.bench.peer_runner', *(argv or sys.argv[1:])]))}",
-              file=sys.stderr)
+        command = " ".join(["python -m ortllm.bench.peer_runner", *(argv or sys.argv[1:])])
+        print(f"results written to {write_results(a.out, rows, command)}", file=sys.stderr)
     return 0
 
 

@@ -6,9 +6,9 @@ out, it pads block tables ([S, max_blocks] filled with 0) so the attention kerne
 Each block has a reference count. A FULL block whose KV has been computed can be registered under a
 chained hash of (parent block's hash, its token ids, adapter key): two sequences with the same leading tokens
 and the same adapter weights then share those blocks without copying. The adapter key is the adapter's
-content hash (its sha256 in the manifest), never its name: a name re-added with other weights must miss. When a cached block's count drops to 0 it
-stays cached, evictable in LRU order, and is only reused for other data when no never-cached block is
-left. `num_free` counts both kinds: everything that `allocate` may hand out.
+content hash (its sha256 in the manifest), never its name: a name re-added with other weights must miss.
+When a cached block's count drops to 0 it stays cached, evictable in LRU order, and is only reused for
+other data when no never-cached block is left. `num_free` counts both kinds: everything that `allocate` may hand out.
 
     free list (never cached / evicted)     evictable LRU (cached, refcount 0)     in use (refcount > 0)
          allocate() pops here first   ->   then evicts the oldest here

@@ -14,8 +14,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # run by path: no package here
 from _common import Clock, main, prompts  # noqa: E402
 
-import numpy as np
-
 
 class GenaiDriver:
     """onnxruntime-genai peer driver"""

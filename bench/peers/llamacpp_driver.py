@@ -14,7 +14,6 @@ in numpy; the loop never looks at EOS, so every sequence gets exactly the scenar
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 
