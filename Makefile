@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test test-asan bench bench-peers bench-vs-peers soak adapters browser clean
+.PHONY: setup ops serve test lint test-asan bench bench-peers bench-vs-peers soak adapters browser clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -37,8 +37,12 @@ $(DEFAULT_ARTIFACT)/manifest.json: runtime/contract.py | $(STAMP)
 serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm serve $(DEFAULT_ARTIFACT) --host $(HOST) --port $(PORT)
 
-test: $(STAMP) ops browser
+test: $(STAMP) ops browser lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# ruff over the whole tree (rules and each exception: pyproject.toml [tool.ruff]).
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # Debian's headless Chromium + driver for the playground page test (skipped, saying why, if apt fails).
 browser:

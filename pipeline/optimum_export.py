@@ -22,7 +22,8 @@ def write_hf_dir(weights: ModelWeights, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(weights.config.to_hf_config(), indent=2, sort_keys=True))
-    tensors = {k: v for k, v in weights.tensors.items() if not (k == "lm_head.weight" and weights.config.tie_word_embeddings)}
+    tied = weights.config.tie_word_embeddings
+    tensors = {k: v for k, v in weights.tensors.items() if not (k == "lm_head.weight" and tied)}
     save_file(tensors, str(out / "model.safetensors"))
 
 

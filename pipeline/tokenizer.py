@@ -312,7 +312,8 @@ def write_tokenizer_from_hf(hf_dir: Path, out_dir: Path) -> TokenizerInfo:
         tok = Tokenizer.from_file(str(hf_dir / TOKENIZER_JSON))
         config = json.loads((hf_dir / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
     except Exception as e:
-        raise TokenizerError(f"cannot read the tokenizer files in {hf_dir} ({e}); re-save them with transformers") from e
+        raise TokenizerError(f"cannot read the tokenizer files in {hf_dir} ({e}); "
+                             "re-save them with transformers") from e
 
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [TOKENIZER_JSON, TOKENIZER_CONFIG] + [n for n in CHAT_TEMPLATE_FILES if (hf_dir / n).is_file()]

@@ -112,7 +112,8 @@ class ModelWeights:
         want = expected_shapes(self.config)
         missing = sorted(set(want) - set(self.tensors))
         if missing:
-            raise BuildError(f"source lacks {len(missing)} tensors, e.g. {missing[0]}; is it a complete llama checkpoint?")
+            raise BuildError(f"source lacks {len(missing)} tensors, e.g. {missing[0]}; "
+                             "is it a complete llama checkpoint?")
         for name, shape in want.items():
             got = self.tensors[name]
             if tuple(got.shape) != shape:

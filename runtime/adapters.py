@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
@@ -58,10 +57,21 @@ class AdapterRegistry:
     def is_resident(self, name: str) -> bool:
         return name in self._slot_of
 
+    def content_key(self, name: str) -> str:
+        """The adapter's weights as the prefix cache knows them: its file's sha256 from the manifest (a name
+        re-added with other weights gets another key, so KV computed with the old weights is never reused)."""
+        with self._lock:
+            try:
+                return self.entries[name]["sha256"]
+            except KeyError:
+                raise UnknownAdapter(name, sorted(set(self.entries) - self._retiring)) from None
+
     def add(self, name: str, entry: dict) -> None:
-        """Register an adapter written into the artifact while serving (pipeline.adapters.add_adapter)."""
+        """Register an adapter written into the artifact while serving (pipeline.adapters.add_adapter).
+        A name still retiring is live again: the next sweep must not drop the new entry."""
         with self._lock:
             self.entries[name] = entry
+            self._retiring.discard(name)
             self._drop(name)
 
     def retire(self, name: str) -> None:

@@ -4,10 +4,11 @@ The KV pool holds `num_blocks` blocks of `block_size` tokens. Block 0 is the nul
 out, it pads block tables ([S, max_blocks] filled with 0) so the attention kernel may read it harmlessly.
 
 Each block has a reference count. A FULL block whose KV has been computed can be registered under a
-chained hash of (parent block's hash, its token ids, adapter): two sequences with the same leading tokens
-and the same adapter then share those blocks without copying. When a cached block's count drops to 0 it
-stays cached, evictable in LRU order, and is only reused for other data when no never-cached block is
-left. `num_free` counts both kinds: everything that `allocate` may hand out.
+chained hash of (parent block's hash, its token ids, adapter key): two sequences with the same leading tokens
+and the same adapter weights then share those blocks without copying. The adapter key is the adapter's
+content hash (its sha256 in the manifest), never its name: a name re-added with other weights must miss.
+When a cached block's count drops to 0 it stays cached, evictable in LRU order, and is only reused for
+other data when no never-cached block is left. `num_free` counts both kinds: everything that `allocate` may hand out.
 
     free list (never cached / evicted)     evictable LRU (cached, refcount 0)     in use (refcount > 0)
          allocate() pops here first   ->   then evicts the oldest here
@@ -25,21 +26,22 @@ import numpy as np
 NULL_BLOCK = 0
 
 
-def hash_block(parent: bytes | None, token_ids: Sequence[int], adapter: str | None) -> bytes:
-    """Chained 128-bit hash of one full block: depends on every token before it and on the adapter."""
+def hash_block(parent: bytes | None, token_ids: Sequence[int], adapter_key: str | None) -> bytes:
+    """Chained 128-bit hash of one full block: depends on every token before it and on the adapter's
+    content key (None: the base model)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(parent or b"\0" * 16)
-    h.update((adapter or "").encode() + b"\0")
+    h.update((adapter_key or "").encode() + b"\0")
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     return h.digest()
 
 
 def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_size: int,
-                        adapter: str | None) -> list[bytes]:
+                        adapter_key: str | None) -> list[bytes]:
     """Append the hashes of the full blocks of token_ids not hashed yet (in place); return hashes."""
     for i in range(len(hashes), len(token_ids) // block_size):
         parent = hashes[i - 1] if i else None
-        hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], adapter))
+        hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], adapter_key))
     return hashes
 
 

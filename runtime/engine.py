@@ -14,7 +14,7 @@ import itertools
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -136,7 +136,8 @@ class Engine:
         self.adapters = AdapterRegistry(self.artifact, config.adapters, self.runner)
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks=self.runner.num_blocks,
                                    eos_token_ids=self.eos_token_ids, vocab_size=self.runner.vocab_size,
-                                   is_resident=self.adapters.is_resident)
+                                   is_resident=self.adapters.is_resident,
+                                   adapter_key=self.adapters.content_key)
         self.sampler = Sampler()
         self._entropy = np.random.SeedSequence(config.seed)
         self._handles: dict[str, RequestHandle] = {}
@@ -296,7 +297,8 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - this step's requests fail; the engine goes on
             self._failed_steps += 1
             self._last_step_error = (time.monotonic(), f"{type(e).__name__}: {e}")
-            self._fail([s.req_id for s in out.seqs], lambda rid: f"model run failed: {e}")
+            reason = f"model run failed: {e}"      # bound now: `e` is unbound once the except block ends
+            self._fail([s.req_id for s in out.seqs], lambda rid: reason)
             return
         t1 = time.perf_counter()
         rows = [s for s in out.seqs if s.needs_logits]
@@ -304,7 +306,7 @@ class Engine:
         with self._cv:
             updates = self.scheduler.update_from_output(
                 out, ModelRunnerOutput({s.req_id: int(t) for s, t in zip(rows, sampled.token_ids)}))
-        lp = {s.req_id: l for s, l in zip(rows, sampled.logprobs)}
+        lp = {s.req_id: row_lp for s, row_lp in zip(rows, sampled.logprobs)}
         for u in updates:
             h = self._handles.get(u.req_id)
             if h is None:

@@ -122,6 +122,7 @@ class Request:
     num_preemptions: int = 0
     skipped_steps: int = 0                 # steps a later request was admitted instead (aging)
     finish_reason: str | None = None
+    adapter_key: str | None = None         # the adapter's content key (prefix-cache hashes), fixed at arrival
 
     @property
     def num_tokens(self) -> int:
@@ -194,9 +195,12 @@ class Scheduler(SchedulerInterface):
     def __init__(self, config: SchedulerConfig, cache: CacheConfig, *, num_blocks: int | None = None,
                  eos_token_ids: Collection[int] = (), vocab_size: int | None = None,
                  is_resident: Callable[[str], bool] | Container[str] | None = None,
+                 adapter_key: Callable[[str], str] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         """num_blocks: the pool size (block 0 included) if cache.num_blocks was left to a memory budget.
-        is_resident: adapter name -> already in a session slot (a callable or a set); None: all are."""
+        is_resident: adapter name -> already in a session slot (a callable or a set); None: all are.
+        adapter_key: adapter name -> its content key (the engine passes the manifest's sha256), read once per
+        request for the prefix-cache hashes; None: the name itself (only for tests without a model)."""
         num_blocks = num_blocks or cache.num_blocks
         if num_blocks is None:
             raise ConfigError("Scheduler needs num_blocks: set CacheConfig.num_blocks or pass "
@@ -215,6 +219,7 @@ class Scheduler(SchedulerInterface):
             self._is_resident = is_resident
         else:
             self._is_resident = is_resident.__contains__
+        self._adapter_key = adapter_key or (lambda name: name)
         self.clock = clock
         self.requests: dict[str, Request] = {}   # unfinished requests by id
         self.waiting: list[Request] = []           # unordered; ordered by _waiting_key in schedule()
@@ -251,10 +256,11 @@ class Scheduler(SchedulerInterface):
             raise PromptTooLong(len(prompt), capacity, params.max_tokens, what)
         if len(self.waiting) >= self.config.max_queued:
             raise Overloaded(len(self.waiting), self.config.max_queued)
-        req = Request(req_id, params, prompt, len(prompt), self.clock(), self._arrivals)
+        key = None if params.adapter is None else self._adapter_key(params.adapter)
+        req = Request(req_id, params, prompt, len(prompt), self.clock(), self._arrivals, adapter_key=key)
         self._arrivals += 1
         if self.pool.enable_prefix_cache:
-            extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, params.adapter)
+            extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, key)
         self.requests[req_id] = req
         self.waiting.append(req)
         return req
@@ -398,7 +404,7 @@ class Scheduler(SchedulerInterface):
                 raise ValueError(f"runner output has no sampled token for {s.req_id!r}, which needed logits") from None
             req.token_ids.append(tok)
             if self.pool.enable_prefix_cache:
-                extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, req.params.adapter)
+                extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, req.adapter_key)
             reason = self._check_stop(req, tok)
             if reason is not None:
                 self._finish(req, reason)

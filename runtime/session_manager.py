@@ -56,7 +56,8 @@ class SessionManager:
                 raise ConfigError(f"an artifact is already loaded as {name!r}; unload it first")
             if self.used_bytes() + need > self.budget:
                 raise MemoryBudgetExceeded(
-                    f"loading {path} needs ~{need / 2**20:.0f} MiB (weights + KV pool); {self.used_bytes() / 2**20:.0f} "
+                    f"loading {path} needs ~{need / 2**20:.0f} MiB (weights + KV pool); "
+                    f"{self.used_bytes() / 2**20:.0f} "
                     f"of {self.budget / 2**20:.0f} MiB are in use: unload an artifact, lower num_blocks, or raise "
                     "the budget")
             self._bytes[name] = need          # reserved while loading

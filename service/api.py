@@ -17,10 +17,13 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
 
-from . import protocol
+from ortllm.protocol import openai as protocol
+from ortllm.protocol.generation import (logprobs_of, prepare, resolve_adapter, response_body, response_id,
+                                        token_text_of)
+
+from .body import read_json_object
 from .auth import require_api_key
 from .errors import APIError, ClientGone, bad_request, model_not_found, unavailable
-from .generation import logprobs_of, prepare, resolve_adapter, response_body, response_id, token_text_of
 from .metrics import current_metrics
 from .resources import EngineResource, current_resources
 
@@ -63,7 +66,7 @@ def load_adapter():
     res = current_resources()
     engine = res.require_engine()
     _require_configured_key()
-    body = protocol.read_json_object(request)
+    body = read_json_object(request)
     name, path = body.get("name"), body.get("path")
     if not isinstance(name, str) or not isinstance(path, str):
         raise bad_request("send {\"name\": ADAPTER_NAME, \"path\": PEFT_DIRECTORY_ON_THE_SERVER}", param="name")
@@ -103,12 +106,12 @@ def _require_configured_key() -> None:
 
 @bp.post("/completions")
 def completions():
-    return _generate("completions", protocol.parse_completion(protocol.read_json_object(request)))
+    return _generate("completions", protocol.parse_completion(read_json_object(request)))
 
 
 @bp.post("/chat/completions")
 def chat_completions():
-    return _generate("chat", protocol.parse_chat(protocol.read_json_object(request)))
+    return _generate("chat", protocol.parse_chat(read_json_object(request)))
 
 
 # ---------------------------------------------------------------- one generation

@@ -1,54 +1,16 @@
-"""HTTP errors in the OpenAI envelope: `{"error": {"message", "type", "param", "code"}}`.
+"""The service's error mapping: the protocol's (ortllm.protocol.errors) plus werkzeug's HTTPException.
 
-Handlers raise; `app.py` maps every exception to a response in one place (`to_api_error`):
-
-    APIError (raised by the service itself)            -> its own status
-    RequestError: EmptyPrompt, PromptTooLong, ...      -> 400 invalid_request_error (UnknownAdapter -> 404)
-    Overloaded                                         -> 429 + Retry-After
-    EngineDeadError                                    -> 503
     werkzeug HTTPException (404 route, 405, 413, ...)  -> its status
     anything else                                      -> 500, logged with the request id (a bug)
 """
 from __future__ import annotations
 
-import re
-
 from werkzeug.exceptions import HTTPException
 
-from ortllm.runtime.errors import EngineDeadError, Overloaded, RequestError, UnknownAdapter
+from ortllm.protocol import errors as protocol_errors
+from ortllm.protocol.errors import APIError, ClientGone, bad_request, model_not_found, unavailable
 
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-class ClientGone(APIError):
-    """The client hung up while its request ran; the generation was cancelled and nobody reads this."""
-
-    def __init__(self):
-        super().__init__(499, "client closed the request", code="client_closed_request")
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-def model_not_found(name: str, base: str, adapters: list[str] = ()) -> APIError:
-    served = ", ".join(repr(m) for m in [base, *adapters])
-    return APIError(404, f"the model {name!r} does not exist; this server serves {served} (GET /v1/models)",
-                    param="model", code="model_not_found")
-
-
-def unavailable(message: str, code: str, retry_after: int = 1) -> APIError:
-    return APIError(503, message, type="service_unavailable", code=code, headers={"Retry-After": str(retry_after)})
-
+__all__ = ["APIError", "ClientGone", "bad_request", "model_not_found", "unavailable", "to_api_error"]
 
 _HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
                413: "invalid_request_error", 415: "invalid_request_error"}
@@ -56,19 +18,6 @@ _HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invali
 
 def to_api_error(e: BaseException) -> APIError | None:
     """The APIError for e; None for an unexpected exception (a bug: the caller answers 500 and logs it)."""
-    if isinstance(e, APIError):
-        return e
-    if isinstance(e, UnknownAdapter):
-        return APIError(404, str(e), param="model", code="model_not_found")
-    if isinstance(e, RequestError):
-        param = getattr(e, "param", None)
-        name = type(e).__name__    # InvalidTokenIds -> invalid_token_ids
-        code = "context_length_exceeded" if name == "PromptTooLong" else re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-        return APIError(400, str(e), param=param, code=code)
-    if isinstance(e, Overloaded):
-        return APIError(429, str(e), type="rate_limit_error", code="overloaded", headers={"Retry-After": "1"})
-    if isinstance(e, EngineDeadError):
-        return unavailable(str(e), "engine_dead", retry_after=30)
     if isinstance(e, HTTPException):
         status = e.code or 500
         if status >= 500:
@@ -78,4 +27,4 @@ def to_api_error(e: BaseException) -> APIError | None:
             msg = "request body too large; " + msg
         return APIError(status, msg, type=_HTTP_TYPES.get(status, "invalid_request_error"),
                         code=e.name.lower().replace(" ", "_"))
-    return None
+    return protocol_errors.to_api_error(e)

@@ -4,10 +4,11 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ortllm.protocol import openai as protocol
 from ortllm.runtime.errors import InvalidTokenIds
 
-from . import protocol
 from .auth import require_api_key
+from .body import read_json_object
 from .errors import bad_request
 from .metrics import current_metrics
 from .openapi import build_spec
@@ -38,7 +39,7 @@ def openapi():
 def tokenize():
     require_api_key()
     engine = current_resources().require_engine()
-    body = protocol.read_json_object(request)
+    body = read_json_object(request)
     add_special = body.get("add_special_tokens", True)
     if not isinstance(add_special, bool):
         raise bad_request("add_special_tokens must be true or false", param="add_special_tokens")
@@ -58,7 +59,7 @@ def tokenize():
 def detokenize():
     require_api_key()
     engine = current_resources().require_engine()
-    body = protocol.read_json_object(request)
+    body = read_json_object(request)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("tokens must be a list of integer token ids", param="tokens")

@@ -10,6 +10,8 @@ from flask import Flask, current_app
 
 from ortllm.runtime.engine import Engine
 
+from ortllm.protocol.generation import max_prompt_chars
+
 from .config import ServiceConfig
 from .errors import unavailable
 
@@ -124,16 +126,6 @@ class EngineResource:
     def close(self) -> None:
         if self._owns_engine and self.engine is not None:
             self.engine.close()
-
-
-def max_prompt_chars(engine: Engine) -> int:
-    """More characters than any prompt that fits the context can have: context x the longest vocabulary entry
-    (x 2 for safety). A raw BPE entry is at least as long as the text it decodes to (byte-level: a char per
-    byte; sentencepiece: "\u2581" per space; byte fallback "<0xE2>" longer still), so a prompt past this is
-    refused without tokenizing it: a 1 MB prompt costs seconds of tokenizer CPU otherwise."""
-    tok = engine.tokenizer
-    longest = max((len(tok.id_to_token(i) or "") for i in range(tok.vocab_size)), default=1)
-    return 2 * engine.context_length * max(longest, 1) + 1024
 
 
 def init_app(app: Flask, config: ServiceConfig, engine: Engine | None = None) -> EngineResource:

@@ -19,9 +19,10 @@ def smollm2_gguf() -> Path:
 
 
 def _build(tmp_path_factory, spec: str, **opts) -> Path:
-    from ortllm.pipeline.build import BuildOptions, build
+    from ortllm.cli.build import build_artifact
+    from ortllm.pipeline.build import BuildOptions
     out = tmp_path_factory.mktemp("artifacts") / spec
-    build(spec, out, BuildOptions(**opts), log=lambda m: None)
+    build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
     return out
 
 
@@ -65,7 +66,7 @@ def smollm2_hf(smollm2_gguf):
 QUALITY_TOKENS = 1024
 
 GATE_BUILDS = {
-    "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (pipeline/smooth.py)
+    "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (smooth.py)
     "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8"),
     "kv-int8": dict(kv="int8"),
     "kv-fp8": dict(kv="fp8"),
@@ -75,15 +76,11 @@ GATE_BUILDS = {
 @pytest.fixture(scope="session")
 def smollm2_quantized(tmp_path_factory):
     """name -> artifact path, built on first use."""
-    from ortllm.pipeline.build import BuildOptions, build
-
     built = {}
 
     def get(name: str):
         if name not in built:
-            out = tmp_path_factory.mktemp("quantized") / name
-            build("smollm2-135m-instruct", out, BuildOptions(quality_tokens=QUALITY_TOKENS, **GATE_BUILDS[name]),
-                  log=lambda m: None)
-            built[name] = out
+            built[name] = _build(tmp_path_factory, "smollm2-135m-instruct", quality_tokens=QUALITY_TOKENS,
+                                 **GATE_BUILDS[name])
         return built[name]
     return get

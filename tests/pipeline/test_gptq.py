@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
-from ortllm.pipeline.build import BuildOptions, build
+from ortllm.cli.build import build_artifact as build
+from ortllm.pipeline.build import BuildOptions
 from ortllm.pipeline.calib_activations import Calibration
 from ortllm.pipeline.errors import BuildError
 from ortllm.pipeline.gptq import DAMP, gptq_quantize

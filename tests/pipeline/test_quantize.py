@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from ortllm.pipeline.build import BuildOptions
 from ortllm.pipeline.errors import BuildError
@@ -176,7 +176,7 @@ def test_bad_options_are_one_line_errors(opts, match):
 def test_quantized_tiny_build_has_quality_json(tmp_path):
     """llama-tiny-random int4 + int8 LM head: MatMulNBits everywhere but the embedding (q|k|v and gate|up
     fused), fp32 MatMuls only in the offset terms, quality.json in the manifest."""
-    from ortllm.pipeline.build import build
+    from ortllm.cli.build import build_artifact as build
     out = tmp_path / "tiny-int4"
     manifest = build("llama-tiny-random", out, BuildOptions(quant="int4", lm_head="int8", block_size=16,
                                                             quality_tokens=64), log=lambda m: None)
@@ -199,7 +199,7 @@ def test_quantized_engine_graph_is_qlinear(tmp_path, quant, lm_head):
     """Block 32: each layer is QLinear q|k|v (input norm fused, + Split), PagedAttention, QLinear o (+ residual),
     QLinear gate|up (norm fused, SiLU * up), QLinear down (+ residual); the head is QLinear with the final norm.
     No MatMulNBits, MultiLoRA, Sigmoid, RMSNorm or residual Add left."""
-    from ortllm.pipeline.build import build
+    from ortllm.cli.build import build_artifact as build
     out = tmp_path / "tiny"
     build("llama-tiny-random", out, BuildOptions(quant=quant, lm_head=lm_head, block_size=32, quality_tokens=32),
           log=lambda m: None)

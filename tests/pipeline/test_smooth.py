@@ -37,7 +37,8 @@ def test_smoothing_preserves_every_smoothed_projection():
             for a, b in zip(want, got):
                 np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
             assert not np.array_equal(smoothed.tensors[g], weights.tensors[g])
-    untouched = [n for n in weights.tensors if "o_proj" in n or "down_proj" in n or "embed" in n or n == "model.norm.weight"]
+    untouched = [n for n in weights.tensors
+                 if "o_proj" in n or "down_proj" in n or "embed" in n or n == "model.norm.weight"]
     assert untouched and all(smoothed.tensors[n] is weights.tensors[n] for n in untouched)
 
 

@@ -185,3 +185,53 @@ def test_generate_cli_with_adapter(adapted):
         want = engine.generate(["abc"], SamplingParams(max_tokens=8, temperature=0.0, adapter="ad1"))[0].text
     assert tuned.stdout == want + "\n" and tuned.stdout != base.stdout
     assert bad.returncode == 1 and "unknown adapter 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _long_prompt():
+    """~60 tokens: three full KV blocks of 16 that the prefix cache keeps after the request ends."""
+    return np.random.default_rng(11).integers(3, 512, 60).tolist()
+
+
+def test_readded_adapter_name_never_reuses_kv_of_the_old_weights(tiny_engine, tiny_weights, tmp_path):
+    """Regression (issue 22): the prefix cache keyed KV blocks by the adapter's *name*. Retire `x`, remove it,
+    add other weights under the name `x`: the same prompt hit the blocks computed with the old weights, and
+    the text differed from a fresh engine's with the new `x`. Blocks are now keyed by the adapter's sha256."""
+    art = tmp_path / "art"
+    shutil.copytree(tiny_engine, art)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    _peft(tiny_weights, tmp_path / "old", seed=21, r=8, targets=targets)
+    _peft(tiny_weights, tmp_path / "new", seed=22, r=8, targets=targets)
+    prompt = _long_prompt()
+    add_adapter(art, tmp_path / "old", "x")
+    with Engine.from_artifact(art, num_blocks=64) as engine:
+        old = engine.generate([prompt], _greedy(12, "x"))[0].token_ids
+        engine.retire_adapter("x")
+        engine.adapters.sweep(set())                      # what the idle engine thread does
+        remove_adapter(art, "x")
+        engine.add_adapter("x", add_adapter(art, tmp_path / "new", "x"))
+        got = engine.generate([prompt], _greedy(12, "x"))[0].token_ids
+        hit_rate = engine.stats()["prefix_cache_hit_rate"]
+    with Engine.from_artifact(art, num_blocks=64) as fresh:
+        want = fresh.generate([prompt], _greedy(12, "x"))[0].token_ids
+    assert want != old, "the two adapters must give different text for this test to mean anything"
+    assert got == want
+    assert hit_rate == 0.0                                # nothing computed with the old x was taken
+
+
+def test_readding_a_retiring_adapter_survives_the_sweep(tiny_engine, tiny_weights, tmp_path):
+    """Regression (issue 22): AdapterRegistry.add did not clear the retiring state, so re-adding a name that
+    was still retiring was undone by the next sweep (the new adapter vanished: unknown adapter)."""
+    art = tmp_path / "art"
+    shutil.copytree(tiny_engine, art)
+    _peft(tiny_weights, tmp_path / "p", seed=5, r=8, targets=["v_proj"])
+    add_adapter(art, tmp_path / "p", "x")
+    with Engine.from_artifact(art, num_blocks=64) as engine:
+        # On the registry itself: the idle engine thread waits on its condition and nobody notifies it, so
+        # the only sweep is ours, after the re-add (as when a request in flight still held the old x).
+        engine.adapters.retire("x")
+        with pytest.raises(UnknownAdapter):
+            engine.submit([5, 6, 7], _greedy(4, "x"))
+        engine.adapters.add("x", add_adapter(art, tmp_path / "p", "x", force=True))
+        engine.adapters.sweep(set())
+        assert engine.adapters.names() == ["x"]
+        assert len(engine.generate([[5, 6, 7]], _greedy(4, "x"))[0].token_ids) == 4

@@ -274,7 +274,7 @@ def test_prefix_cache_hits_and_sharing():
     s.update_from_output(out := s.schedule(), fake_runner(out))
     b = s.add_request("b", prompt, SamplingParams(max_tokens=3))
     c = s.add_request("c", prompt[:12] + [99] * 5, SamplingParams(max_tokens=3))
-    d = s.add_request("d", prompt, SamplingParams(max_tokens=3, adapter="sql"))
+    s.add_request("d", prompt, SamplingParams(max_tokens=3, adapter="sql"))
     out = s.schedule()
     n = out.num_scheduled_tokens
     assert n["a"] == 1 and n["b"] == 1 and n["c"] == 5 and n["d"] == 17   # adapter changes the hash

@@ -154,7 +154,7 @@ def test_injected_model_run_failures(tiny_live):
         assert err["code"] == "model_run_failed" and "block" in err["message"]
         with tiny_live.post("/v1/completions", json={"prompt": "doomed", "max_tokens": 8, "stream": True},
                             stream=True) as s:
-            events = [json.loads(l[6:]) for l in s.iter_lines() if l.startswith(b"data: {")]
+            events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith(b"data: {")]
         assert events[-1]["error"]["code"] == "model_run_failed"
         h = tiny_live.get("/health")
         assert h.status_code == 503 and h.json()["status"] == "degraded"
@@ -185,7 +185,7 @@ def test_request_timeout_cancels(tiny_engine, make_live):
     assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
     assert time.perf_counter() - t0 < 3
     with live.post("/v1/completions", json={**body, "stream": True}, stream=True) as s:
-        events = [json.loads(l[6:]) for l in s.iter_lines() if l.startswith(b"data: {")]
+        events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith(b"data: {")]
     assert events[-1]["error"]["code"] == "request_timeout"
     live.engine.runner.execute = real_execute
     assert live.wait_idle_kv(0) == 0

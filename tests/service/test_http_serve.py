@@ -86,9 +86,9 @@ def test_serve_key_drain_and_exit(tiny_engine):
         assert proc.wait(60) == 0
         out = proc.stdout.read()
         assert "stopped" in out
-        logs = [json.loads(l) for l in proc.stderr.read().splitlines() if l.startswith("{")]
-        assert any(l["msg"] == "draining" for l in logs)
-        assert all("request_id" in l for l in logs if l["msg"] == "generation finished")
+        logs = [json.loads(ln) for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
+        assert any(rec["msg"] == "draining" for rec in logs)
+        assert all("request_id" in rec for rec in logs if rec["msg"] == "generation finished")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,7 +1,7 @@
 """transformers peer: LlamaForCausalLM fp32 on CPU (torch), batched greedy decode with the model's KV cache.
 
-Runs inside .venv-peers (standalone: run by path or with -m from the repo root):
-  .venv-peers/bin/python ortllm/bench/peers/transformers_driver.py --hf DIR --scenario decode --batch 4
+Runs inside .venv-peers (standalone: run by path from the repo root):
+  .venv-peers/bin/python bench/peers/transformers_driver.py --hf DIR --scenario decode --batch 4
 prints one JSON line {ok, scenario, batch, metric, unit, samples, ...}. DIR is a transformers directory
 (config.json + model.safetensors) of the same fp32 weights ortllm builds from (see ci/install_peers.sh).
 The loop is written out (prompt forward, then one forward of B new tokens per step, argmax) rather than
@@ -12,11 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
-try:
-    from ._common import Clock, main, prompts
-except ImportError:  # run by path
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _common import Clock, main, prompts
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # run by path: no package here
+from _common import Clock, main, prompts  # noqa: E402
 
 
 class TransformersDriver:

@@ -2,7 +2,7 @@
 
 Runs inside .venv-peers (llama_cpp, transformers, torch, gguf, numpy); ci/install_peers.sh runs it on every GGUF
 that gguf_export.py writes, and tests/test_bench.py on llama-tiny-random:
-  .venv-peers/bin/python ortllm/bench/peers/gguf_check.py HF_DIR A.gguf [B.gguf ...] [--out check.json]
+  .venv-peers/bin/python bench/peers/gguf_check.py HF_DIR A.gguf [B.gguf ...] [--out check.json]
 
 One seeded random prompt (ids >= 3, no BOS), logits at every position: position 0 has rotation angle 0, so a
 wrong q/k permutation (RoPE pairing) only shows from position 1 on. Figures: max |diff| (beside the largest
@@ -28,11 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    from .gguf_export import hf_name, unpermute
-except ImportError:  # run by path
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from gguf_export import hf_name, unpermute
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # run by path: no package here
+from gguf_export import hf_name, unpermute  # noqa: E402
 
 MAX_REL_DIFF = {"F32": 1e-4, "F16": 1e-2}    # of max |ref logit|, by the widest matrix type in the file
 MIN_CORR_DEQUANTIZED = 0.999

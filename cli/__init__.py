@@ -47,7 +47,9 @@ def _add_build(sub) -> None:
 
 
 def _run_build(a) -> int:
-    from ortllm.pipeline.build import BuildOptions, build
+    from ortllm.pipeline.build import BuildOptions
+
+    from .build import build_artifact
     from ortllm.pipeline.recipes import known_recipes
 
     defaults = known_recipes()[a.model].build if a.model in known_recipes() else {}
@@ -58,7 +60,7 @@ def _run_build(a) -> int:
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
         calib_tokens=a.calib_tokens, smooth=a.smooth)
-    build(a.model, a.out, opts, source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
+    build_artifact(a.model, a.out, opts, source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
     return 0
 
 
@@ -163,12 +165,14 @@ def _train_adapter(a) -> None:
 
     from ortllm.calibration.adapter_tasks import TASKS
     from ortllm.pipeline.adapter_train import TrainConfig, train_lora
+    from ortllm.runtime.config import physical_cores
     from ortllm.pipeline.adapters import add_adapter
     from ortllm.pipeline.errors import BuildError
 
     if a.task not in TASKS:
         raise BuildError(f"unknown --task {a.task!r}; tasks: {', '.join(TASKS)}")
-    cfg = TrainConfig(task=a.task, rank=a.rank, alpha=2.0 * a.rank, steps=a.steps, batch=a.batch, lr=a.lr)
+    cfg = TrainConfig(task=a.task, rank=a.rank, alpha=2.0 * a.rank, steps=a.steps, batch=a.batch, lr=a.lr,
+                      threads=physical_cores())
     with tempfile.TemporaryDirectory(prefix="ortllm-lora-") as tmp:
         info = train_lora(a.artifact, Path(tmp), cfg, base=a.base, log=lambda m: print(m, file=sys.stderr))
         add_adapter(a.artifact, Path(tmp), a.name, force=a.force,
@@ -181,7 +185,8 @@ def _train_adapter(a) -> None:
         with Engine.from_artifact(a.artifact) as engine:
             base = task_accuracy(engine, a.task, None, n=a.eval)
             tuned = task_accuracy(engine, a.task, a.name, n=a.eval)
-        print(f"{a.task} accuracy on {a.eval} held-out prompts: base {base.accuracy:.1%}, {a.name} {tuned.accuracy:.1%}")
+        print(f"{a.task} accuracy on {a.eval} held-out prompts: base {base.accuracy:.1%}, "
+              f"{a.name} {tuned.accuracy:.1%}")
 
 
 def _run_adapters(a) -> int:
@@ -215,7 +220,8 @@ def _add_bench(sub) -> None:
     p.add_argument("artifact", type=Path, nargs="?", help="engine artifact (not needed for --scenario ops)")
     p.add_argument("--scenario", default="engine",
                    help="comma-separated: engine (decode B=1..32, prefill 512), ops (custom ops), "
-                        "lora-overhead (16 sequences over 0/1/2/4 adapters of rank 8/16/32), lora-trace (Zipf over 4 and 16), "
+                        "lora-overhead (16 sequences over 0/1/2/4 adapters of rank 8/16/32), "
+                        "lora-trace (Zipf over 4 and 16), "
                         "decode, prefill, long-context (alternating with --peers), serve (HTTP load on `ortllm serve`: "
                         "TTFT/TPOT/ITL p50/p90/p99, throughput, goodput), memory (KV bytes per token, peak RSS at "
                         "load and after a B=16 decode, in a fresh process)")
@@ -266,7 +272,7 @@ def _run_bench(a) -> int:
         raise BuildError(f"--scenario {a.scenario} needs an ARTIFACT (an engine-graph artifact directory)")
     peers_named = [s.strip() for s in (a.peers or "").split(",") if s.strip()]
     if a.peers == "all":
-        from ortllm.bench.peers.runner import SYSTEMS
+        from ortllm.bench.peer_runner import SYSTEMS
         peers_named = list(SYSTEMS)
     if "engine" in scenarios:
         from ortllm.bench.engine import run as run_engine
@@ -277,7 +283,7 @@ def _run_bench(a) -> int:
     if peer_scenarios:
         if a.artifact is None:
             raise BuildError("--peers and the decode/prefill/long-context scenarios need an ARTIFACT")
-        from ortllm.bench.peers.runner import run_alternating
+        from ortllm.bench.peer_runner import run_alternating
         rows += run_alternating(a.artifact, peers_named, peer_scenarios, batches,
                                 1 if a.quick else a.repeats, a.threads or 2, log_dir=a.out / "peer-logs")
     if "lora-overhead" in scenarios:

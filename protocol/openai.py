@@ -1,5 +1,7 @@
 """OpenAI request bodies -> (prompt, SamplingParams); CompletionOutput -> OpenAI response shapes.
 
+Flask-free (tests/test_layering.py): the HTTP service and the batch job (`ortllm batch`) share it.
+
 Every type and range problem is raised here as a 400 naming the field (`param`), before the engine sees it;
 the engine's own validation (SamplingParams.validate, token ids, context) is the second line and maps to the
 same envelope."""
@@ -9,24 +11,17 @@ import json
 import math
 from dataclasses import dataclass
 
-from flask import Request
-
 from ortllm.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
-from .errors import APIError, bad_request
+from .errors import bad_request
 
 MAX_STOP = 4            # OpenAI's limit on stop strings
 MAX_TOP_LOGPROBS = 5    # OpenAI's limit on completions' `logprobs` / chat's `top_logprobs`
 assert MAX_TOP_LOGPROBS <= MAX_LOGPROBS
 
 
-def read_json_object(request: Request) -> dict:
-    """The body as a JSON object, or a 4xx saying what is wrong with it."""
-    mimetype = request.mimetype or ""
-    if mimetype != "application/json":
-        raise APIError(415, f"send the body as JSON with Content-Type: application/json; got {mimetype or 'none'!r}",
-                       code="unsupported_media_type")
-    raw = request.get_data(cache=False)
+def parse_json_object(raw: bytes) -> dict:
+    """A request body (bytes) as a JSON object, or a 400 saying what is wrong with it."""
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object", code="empty_body")
     try:
@@ -35,20 +30,22 @@ def read_json_object(request: Request) -> dict:
         raise bad_request(f"the request body is not valid UTF-8 (byte {e.start}); send UTF-8 JSON",
                           code="invalid_utf8") from None
     try:
-        body = json.loads(text, parse_constant=_no_constant)
+        body = json.loads(text, parse_constant=reject_constant)
     except (ValueError, RecursionError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object; got a JSON {_json_type(body)}",
+        raise bad_request(f"the request body must be a JSON object; got a JSON {json_type(body)}",
                           code="invalid_json")
     return body
 
 
-def _no_constant(name: str):
+def reject_constant(name: str):
+    """json.loads(parse_constant=...): NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _json_type(v) -> str:
+def json_type(v) -> str:
+    """The JSON name of a parsed value's type, for messages."""
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(v), "number")
 

@@ -1,8 +1,8 @@
 """A llama-architecture GGUF of a transformers Llama directory (the peers' hf/), for the llama.cpp peer.
 
 Runs inside .venv-peers (ci/install_peers.sh runs it for every model that ships no GGUF; SmolLM2 ships one):
-  .venv-peers/bin/python ortllm/bench/peers/gguf_export.py HF_DIR OUT.gguf --type f32     (or f16)
-  .venv-peers/bin/python ortllm/bench/peers/gguf_export.py --quantize IN.gguf OUT.gguf --type q4_1
+  .venv-peers/bin/python bench/peers/gguf_export.py HF_DIR OUT.gguf --type f32     (or f16)
+  .venv-peers/bin/python bench/peers/gguf_export.py --quantize IN.gguf OUT.gguf --type q4_1
 Writing needs the standard library, numpy, gguf (gguf-py) and safetensors only; --quantize needs llama_cpp.
 
 Tensors get llama.cpp's names (token_embd, blk.N.attn_q, ...) and the metadata its llama loader reads.

@@ -1,7 +1,7 @@
 """onnxruntime-genai peer: Generator with batch_size B (static batching), greedy, EOS held off by min_length.
 
-Runs inside .venv-peers (standalone: run by path or with -m from the repo root):
-  .venv-peers/bin/python ortllm/bench/peers/genai_driver.py --model DIR --scenario decode --batch 4
+Runs inside .venv-peers (standalone: run by path from the repo root):
+  .venv-peers/bin/python bench/peers/genai_driver.py --model DIR --scenario decode --batch 4
 prints one JSON line {ok, scenario, batch, metric, unit, samples, ...}. DIR is the output of
 `python -m onnxruntime_genai.models.builder -p int4 -e cpu` (block_size 32; see ci/install_peers.sh).
 """
@@ -11,13 +11,8 @@ import json
 import os
 import sys
 
-try:
-    from ._common import Clock, main, prompts
-except ImportError:  # run by path
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _common import Clock, main, prompts
-
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # run by path: no package here
+from _common import Clock, main, prompts  # noqa: E402
 
 
 class GenaiDriver:

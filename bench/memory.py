@@ -5,7 +5,7 @@ bench process loaded before counts; the child reads its own VmHWM (peak resident
   kv_bytes_per_token     bytes of KV pool per cached token, all layers (bytes_per_block / block_size)   batch 1
   peak_rss_at_load       VmHWM once Engine.from_artifact returned (session built, pool allocated, warmed) batch 0
   peak_rss_after_decode  VmHWM after a batch of B = 16 requests (64-token prompts, 128 new tokens)      batch 16
-Peers (--peers): each driver of ortllm.bench.peers in its own process; the bench reads the driver's VmHWM from
+Peers (--peers): each driver of bench/peers/ in its own process; the bench reads the driver's VmHWM from
 /proc/PID/status once it is ready (model loaded) and after one `decode` request at B = 16. Those figures
 include each peer's Python and libraries (torch for transformers), as ortllm's include its own.
 """
@@ -90,7 +90,7 @@ def measure(artifact: Path, batch: int = BATCH, new_tokens: int = NEW_TOKENS, th
 def _peer_rows(peers, artifact: Path, repeats: int, threads: int, new_tokens: int, log_dir: Path) -> list[dict]:
     """Each available peer driver on the weights of the artifact's recipe, one fresh process per repeat: VmHWM
     when ready and after decode at B = 16."""
-    from .peers.runner import PeerProcess, available, model_of
+    from .peer_runner import PeerProcess, available, model_of
 
     rows = []
     for spec in available(peers, model_of(artifact)):

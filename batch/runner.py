@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 from ortllm.runtime.engine import Engine, RequestHandle
 from ortllm.runtime.errors import Overloaded
-from ortllm.service.generation import token_text_of
+from ortllm.protocol.generation import token_text_of
 
 from .protocol import (LineItem, Prepared, api_error_line, as_api_error, finished_line, is_request_error,
                        max_prompt_chars, prepare, request_id)

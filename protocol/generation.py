@@ -9,7 +9,7 @@ from ortllm.runtime.engine import CompletionOutput, Engine
 from ortllm.runtime.errors import PromptTooLong
 from ortllm.runtime.tokenizer import TokenizerFilesError
 
-from . import protocol
+from . import openai as protocol
 from .errors import APIError, bad_request, model_not_found
 
 
@@ -88,3 +88,13 @@ def response_body(kind: str, out: CompletionOutput, *, request_id: str, model: s
     return {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model,
             "system_fingerprint": None, "choices": [choice],
             "usage": protocol.usage(out.prompt_tokens, len(out.token_ids))}
+
+
+def max_prompt_chars(engine: Engine) -> int:
+    """More characters than any prompt that fits the context can have: context x the longest vocabulary entry
+    (x 2 for safety). A raw BPE entry is at least as long as the text it decodes to (byte-level: a char per
+    byte; sentencepiece: "\u2581" per space; byte fallback "<0xE2>" longer still), so a prompt past this is
+    refused without tokenizing it: a 1 MB prompt costs seconds of tokenizer CPU otherwise."""
+    tok = engine.tokenizer
+    longest = max((len(tok.id_to_token(i) or "") for i in range(tok.vocab_size)), default=1)
+    return 2 * engine.context_length * max(longest, 1) + 1024

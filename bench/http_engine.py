@@ -1,6 +1,6 @@
 """HTTP overhead benchmark: 16 concurrent streams through the service vs the same engine driven in-process.
 
-    python -m ortllm.service.bench ARTIFACT [--streams 16] [--prompt-tokens 64] [--max-tokens 128]
+    python -m ortllm.bench.http_engine ARTIFACT [--streams 16] [--prompt-tokens 64] [--max-tokens 128]
                                             [--repeats 3] [--threads N] [--out DIR]
 
 One engine, one run, alternating: (a) in-process: `streams` requests submitted at once, each iterated for its
@@ -70,9 +70,9 @@ def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: 
     from ortllm.bench.results import row
     from ortllm.runtime.engine import Engine
 
-    from .app import create_app
-    from .config import ServiceConfig
-    from .server import HTTPServer
+    from ortllm.service.app import create_app
+    from ortllm.service.config import ServiceConfig
+    from ortllm.service.server import HTTPServer
 
     overrides = {"max_num_seqs": max(streams, 1)}
     if threads:
@@ -118,7 +118,7 @@ def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ortllm.service.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ortllm.bench.http_engine", description=__doc__.split("\n")[0])
     p.add_argument("artifact", type=Path)
     p.add_argument("--streams", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(a.artifact, a.streams, a.prompt_tokens, a.max_tokens, a.repeats, a.threads)
     print(markdown_table(rows))
     if a.out:
-        path = write_results(a.out, rows, command=" ".join(["python -m ortllm.service.bench", *sys.argv[1:]]))
+        path = write_results(a.out, rows, command=" ".join(["python -m ortllm.bench.http_engine", *sys.argv[1:]]))
         print(f"results written to {path}", file=sys.stderr)
     return 0
 

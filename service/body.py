@@ -1,0 +1,15 @@
+"""The JSON object of a Flask request, or a 4xx saying what is wrong with it."""
+from __future__ import annotations
+
+from flask import Request
+
+from ortllm.protocol.errors import APIError
+from ortllm.protocol.openai import parse_json_object
+
+
+def read_json_object(request: Request) -> dict:
+    mimetype = request.mimetype or ""
+    if mimetype != "application/json":
+        raise APIError(415, f"send the body as JSON with Content-Type: application/json; got {mimetype or 'none'!r}",
+                       code="unsupported_media_type")
+    return parse_json_object(request.get_data(cache=False))

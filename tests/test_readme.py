@@ -1,0 +1,74 @@
+"""The README's front door, run as a user would on the test model, so it cannot rot: the two-command quick
+start is what the README says, `ortllm --help`, a build of llama-tiny-random, generate, and the README's own
+curl request (its path and JSON body, read from the README) to a live `ortllm serve` on 127.0.0.1."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def _ortllm(*args, timeout=300) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("ortllm")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "ortllm"]
+    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def _blocks() -> list[str]:
+    return re.findall(r"```[a-z]*\n(.*?)```", README, re.S)
+
+
+def test_quick_start_is_the_two_make_commands():
+    assert "make serve\nmake test\n" in _blocks()
+
+
+def test_help_build_generate(tmp_path):
+    helped = _ortllm("--help")
+    assert helped.returncode == 0
+    for verb in ("build", "generate", "serve", "batch", "eval", "adapters", "bench"):
+        assert verb in helped.stdout and f"ortllm {verb}" in README
+    out = tmp_path / "tiny"
+    built = _ortllm("build", "llama-tiny-random", "--out", out)
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert (out / "manifest.json").is_file()
+    gen = _ortllm("generate", out, "--prompt", "Hello", "--max-tokens", "8")
+    assert gen.returncode == 0 and gen.stdout.strip(), gen.stderr[-2000:]
+
+
+def _readme_curl() -> tuple[str, dict]:
+    """The path and JSON body of the README's curl example."""
+    curl = next(b for b in _blocks() if b.startswith("curl "))
+    words = shlex.split(curl.replace("\\\n", " "))
+    url = next(w for w in words if "127.0.0.1:8000" in w)
+    return url.split("127.0.0.1:8000", 1)[1], json.loads(words[words.index("-d") + 1])
+
+
+def test_readme_request_to_a_live_server(tiny_engine):
+    path, body = _readme_curl()
+    proc = subprocess.Popen([sys.executable, "-m", "ortllm", "serve", str(tiny_engine), "--host", "127.0.0.1",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = None
+        for line in proc.stdout:
+            m = re.search(r"at (http://127\.0\.0\.1:\d+) ", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, proc.stderr.read()[-2000:] if proc.poll() is not None else "no URL printed"
+        r = requests.post(url + path, json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
