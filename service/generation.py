@@ -175,4 +175,4 @@ def response_body(kind: str, out: CompletionOutput, *, request_id: str, model: s
         obj = "text_completion"
     return {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model,
             "system_fingerprint": None, "choices": [choice],
-            "usage": protocol.usage(out.prompt_tokens, len(out.token_ids))}
+            "usage": protocol.usage(out.prompt_tokens, len(out.token_ids), out.cached_tokens)}
