@@ -10,6 +10,7 @@ from ortllm.runtime.errors import PromptTooLong
 from ortllm.runtime.tokenizer import TokenizerFilesError
 
 from . import openai as protocol
+from . import structured
 from .errors import APIError, bad_request, model_not_found
 
 
@@ -24,8 +25,12 @@ def resolve_adapter(engine: Engine, base_name: str, model: str | None) -> str | 
 
 def prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
     if req.messages is not None:
+        tok = engine.tokenizer
+        takes_tools = tok.template_takes_tools
+        messages = structured.render_messages(req.messages, req.tools, takes_tools)
+        tools = req.tools.tools if req.tools is not None and takes_tools else None
         try:
-            text = engine.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
         except TokenizerFilesError as e:
             raise bad_request(f"{e}; use /v1/completions", param="messages") from None
         except Exception as e:  # noqa: BLE001 - the template itself rejected the conversation (raise_exception)
@@ -34,9 +39,30 @@ def prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
     return engine.encode_prompt(req.prompt)
 
 
-def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max_prompt_chars: int) -> list[int]:
+def prepare_all(engine: Engine, req: protocol.GenerationRequest, base_name: str,
+                max_prompt_chars: int) -> list[list[int]]:
+    """prepare() for every prompt of the request (completions may send a list); their token ids, in order."""
+    if not req.prompts or len(req.prompts) == 1:
+        return [prepare(engine, req, base_name, max_prompt_chars, several=True)]
+    out = []
+    for p in req.prompts:
+        req.prompt = p
+        out.append(prepare(engine, req, base_name, max_prompt_chars, several=True))
+    req.prompt = req.prompts[0]
+    return out
+
+
+def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max_prompt_chars: int,
+            several: bool = False) -> list[int]:
     """Everything checked before submit: the model, the prompt's size, max_tokens against the context.
-    Sets req.params.adapter (and max_tokens when it was not given); returns the prompt's token ids."""
+    Sets req.params.adapter (and max_tokens when it was not given); returns the prompt's token ids.
+    several=False (one output per request, as `ortllm batch` answers): n, prompt lists, echo and tools refused."""
+    if not several:
+        for name, bad in (("n", req.n != 1), ("prompt", bool(req.prompts) and len(req.prompts) > 1),
+                          ("echo", req.echo), ("tools", req.tools is not None)):
+            if bad:
+                raise bad_request(f"{name} is not supported here (one completion per line); use the HTTP API",
+                                  param=name)
     req.params.adapter = resolve_adapter(engine, base_name, req.model)
     ctx = engine.context_length
     chars = len(req.prompt) if isinstance(req.prompt, str) else sum(len(m["content"]) for m in req.messages or ())
@@ -56,6 +82,11 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
         raise APIError(400, f"prompt has {len(ids)} tokens and max_tokens is {req.params.max_tokens}, but the "
                        f"model's context holds {ctx}; lower max_tokens to at most {ctx - len(ids)} or shorten "
                        "the prompt", param="max_tokens", code="context_length_exceeded")
+    if req.params.logit_bias:
+        bad = [t for t in req.params.logit_bias if t >= engine.runner.vocab_size]
+        if bad:
+            raise bad_request(f"logit_bias names token ids outside the vocabulary [0, {engine.runner.vocab_size}): "
+                              f"{bad[:5]}", param="logit_bias")
     return ids
 
 
@@ -68,6 +99,64 @@ def logprobs_of(kind: str, entries, logprobs: int | None, token_text: Callable[[
         return None
     return (protocol.chat_logprobs(entries, token_text) if kind == "chat"
             else protocol.completion_logprobs(entries, token_text))
+
+
+def choice_of(kind: str, index: int, out: CompletionOutput, req: protocol.GenerationRequest, request_id: str,
+              token_text: Callable[[int], str], prompt: tuple | None = None) -> dict:
+    """One entry of `choices` for a finished output (tool calls parsed, echo applied)."""
+    lp = logprobs_of(kind, out.logprobs or [], req.logprobs, token_text)
+    if kind == "chat":
+        msg = {"role": "assistant", "content": out.text}
+        finish = out.finish_reason
+        calls = structured.parse_tool_calls(out.text, req.tools) if req.tools and finish == "stop" else None
+        if calls:
+            msg = {"role": "assistant", "content": None,
+                   "tool_calls": structured.tool_call_items(calls, f"{request_id}_{index}")}
+            finish = "tool_calls"
+        return {"index": index, "message": msg, "logprobs": lp, "finish_reason": finish}
+    text = out.text
+    if req.echo:
+        text = prompt[0]() + ("" if req.echo_only else out.text)
+        if req.logprobs is not None:
+            lp = echo_logprobs(out, prompt[1], token_text, req.echo_only)
+    return {"index": index, "text": text, "logprobs": lp, "finish_reason": "length" if req.echo_only
+            else out.finish_reason}
+
+
+def echo_logprobs(out: CompletionOutput, prompt_ids: list[int], token_text: Callable[[int], str],
+                  prompt_only: bool) -> dict:
+    """Completions' logprobs over the prompt (the first token has none, as OpenAI) and then the completion."""
+    entries = list(out.prompt_logprobs or [])
+    lp = protocol.completion_logprobs([e for e in entries if e is not None], token_text)
+    if entries and entries[0] is None:
+        first = token_text(prompt_ids[0])
+        lp = {"tokens": [first] + lp["tokens"], "token_logprobs": [None] + lp["token_logprobs"],
+              "top_logprobs": [None] + lp["top_logprobs"],
+              "text_offset": [0] + [o + len(first) for o in lp["text_offset"]]}
+    if not prompt_only and out.logprobs:
+        start = sum(len(t) for t in lp["tokens"])
+        more = protocol.completion_logprobs(out.logprobs, token_text, start)
+        lp = {k: lp[k] + more[k] for k in lp}
+    return lp
+
+
+def usage_of(outs: list[CompletionOutput], n: int, echo_only: bool = False) -> dict:
+    """One prompt counted once per prompt (the first of its n), completions summed, cached tokens reported."""
+    firsts = outs[::n]
+    return protocol.usage(sum(o.prompt_tokens for o in firsts),
+                          0 if echo_only else sum(len(o.token_ids) for o in outs),
+                          sum(o.cached_tokens for o in firsts))
+
+
+def response_body_n(kind: str, outs: list[CompletionOutput], req: protocol.GenerationRequest, *, request_id: str,
+                    model: str, created: int, token_text: Callable[[int], str], prompts: list) -> dict:
+    """The non-streaming body for several outputs: prompt p's j-th completion is choice p * n + j.
+    prompts: per prompt, (a function giving its text, its token ids), for echo."""
+    choices = [choice_of(kind, i, o, req, request_id, token_text, prompts[i // req.n])
+               for i, o in enumerate(outs)]
+    return {"id": response_id(kind, request_id), "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": created, "model": model, "system_fingerprint": None, "choices": choices,
+            "usage": usage_of(outs, req.n, req.echo_only)}
 
 
 def response_id(kind: str, request_id: str) -> str:
@@ -87,7 +176,7 @@ def response_body(kind: str, out: CompletionOutput, *, request_id: str, model: s
         obj = "text_completion"
     return {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model,
             "system_fingerprint": None, "choices": [choice],
-            "usage": protocol.usage(out.prompt_tokens, len(out.token_ids))}
+            "usage": protocol.usage(out.prompt_tokens, len(out.token_ids), out.cached_tokens)}
 
 
 def max_prompt_chars(engine: Engine) -> int:

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 
 from ortllm.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
+from . import structured
 from .errors import bad_request
 
 MAX_STOP = 4            # OpenAI's limit on stop strings
+MAX_N = 8               # completions per prompt (n): one prefill, n continuations
+MAX_PROMPTS = 32        # prompts in one /v1/completions request
 MAX_TOP_LOGPROBS = 5    # OpenAI's limit on completions' `logprobs` / chat's `top_logprobs`
 assert MAX_TOP_LOGPROBS <= MAX_LOGPROBS
 
@@ -99,44 +102,63 @@ def _str(body: dict, name: str, default=None):
 @dataclass
 class GenerationRequest:
     model: str | None
-    prompt: str | list[int] | None        # completions
+    prompt: str | list[int] | None        # completions: the (first) prompt
     messages: list[dict] | None           # chat
     params: SamplingParams
     max_tokens_given: bool                # False: fill the context (chat default)
     stream: bool
     include_usage: bool
     logprobs: int | None                  # top-n per token; None: none
-    echo: bool = False
+    echo: bool = False                    # completions: the prompt (and its logprobs) before the completion
+    n: int = 1                            # completions per prompt
+    prompts: list | None = None           # completions: every prompt of the request (choice i*n + j)
+    tools: structured.ToolSpec | None = None
+    echo_only: bool = False               # echo with max_tokens 0: prompt logprobs, nothing generated
+
+
+def _one_prompt(prompt, where: str = "prompt"):
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request(f"{where} is empty; send at least one character", param="prompt", code="empty_prompt")
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        pass
+    else:
+        raise bad_request(f"{where} must be a non-empty string or a non-empty list of integer token ids",
+                          param="prompt")
+    return prompt
 
 
 def parse_completion(body: dict) -> GenerationRequest:
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]                               # a batch of one
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("prompt is empty; send at least one character", param="prompt", code="empty_prompt")
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        pass
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
-        raise bad_request("send one prompt per request (a batch of several prompts is not supported)",
-                          param="prompt")
-    elif prompt is None:
-        raise bad_request("prompt is required: a string or a list of token ids", param="prompt")
+    if prompt is None:
+        raise bad_request("prompt is required: a string, a list of token ids, or a list of those", param="prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise bad_request(f"send at most {MAX_PROMPTS} prompts per request; got {len(prompt)}", param="prompt")
+        prompts = [_one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
     else:
-        raise bad_request("prompt must be a non-empty string or a non-empty list of integer token ids",
-                          param="prompt")
+        prompts = [_one_prompt(prompt)]
     logprobs = _int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     echo = _bool(body, "echo", False)
-    if echo:
-        raise bad_request("echo is not supported; leave it false", param="echo")
     if _str(body, "suffix"):
         raise bad_request("suffix is not supported; leave it null", param="suffix")
-    if _int(body, "best_of", 1, lo=1) != 1:
-        raise bad_request("best_of must be 1 (only n=1 is supported)", param="best_of")
+    n = _int(body, "n", 1, lo=1, hi=MAX_N)
+    if _int(body, "best_of", n, lo=1) != n:
+        raise bad_request("best_of must equal n (ranking several candidates is not supported)", param="best_of")
+    echo_only = echo and body.get("max_tokens") == 0     # lm-eval's loglikelihood: score the prompt only
+    if echo_only:
+        body = {**body, "max_tokens": 1}
     params, given = _sampling(body, default_max_tokens=16, logprobs=logprobs)
+    params.guide = structured.guided_fields(body)
     stream, usage = _stream(body)
-    return GenerationRequest(_model(body), prompt, None, params, given, stream, usage, logprobs)
+    if echo and stream:
+        raise bad_request("echo cannot be combined with stream; send stream: false", param="echo")
+    if echo and logprobs is not None:
+        params.prompt_logprobs = True
+    if len(prompts) * n > 64:
+        raise bad_request(f"{len(prompts)} prompts x n={n} is more than 64 completions; send fewer", param="n")
+    return GenerationRequest(_model(body), prompts[0], None, params, given, stream, usage, logprobs, echo, n,
+                             prompts, echo_only=echo_only)
 
 
 def parse_chat(body: dict) -> GenerationRequest:
@@ -163,7 +185,10 @@ def parse_chat(body: dict) -> GenerationRequest:
             content = ""
         if not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string or a list of text parts", param="messages")
-        clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+        msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _message_tool_calls(m["tool_calls"], i)
+        clean.append(msg)
     want_lp = _bool(body, "logprobs", False)
     top = _int(body, "top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     if top is not None and not want_lp:
@@ -171,14 +196,41 @@ def parse_chat(body: dict) -> GenerationRequest:
     logprobs = (top or 0) if want_lp else None
     if "max_completion_tokens" in body and body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise bad_request("response_format other than {type: text} is not supported", param="response_format")
-    if body.get("tools"):
-        raise bad_request("tools are not supported", param="tools")
+    guide = structured.response_format_guide(body.get("response_format"))
+    extra = structured.guided_fields(body)
+    if guide is not None and extra is not None:
+        raise bad_request(f"send response_format or {extra.param}, not both", param=extra.param)
+    guide = guide or extra
+    tools = structured.parse_tools(body)
+    if tools is not None and tools.choice != "auto":
+        if guide is not None:
+            raise bad_request(f"tool_choice {tools.choice!r} forces a function call; it cannot be combined with "
+                              f"{guide.param}", param="tool_choice")
+        guide = tools.guide()
     params, given = _sampling(body, default_max_tokens=None, logprobs=logprobs)
+    params.guide = guide
+    n = _int(body, "n", 1, lo=1, hi=MAX_N)
     stream, usage = _stream(body)
-    return GenerationRequest(_model(body), None, clean, params, given, stream, usage, logprobs)
+    return GenerationRequest(_model(body), None, clean, params, given, stream, usage, logprobs, n=n, tools=tools)
+
+
+def _message_tool_calls(calls, i: int) -> list[dict]:
+    """An assistant message's tool_calls sent back: [{id, type, function: {name, arguments: JSON text}}]."""
+    out = []
+    if not isinstance(calls, list):
+        raise bad_request(f"messages[{i}].tool_calls must be a list", param="messages")
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"messages[{i}].tool_calls[] must be {{id, type: function, function: {{name, "
+                              "arguments}}}}", param="messages")
+        args = fn.get("arguments", "{}")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            raise bad_request(f"messages[{i}].tool_calls[].function.arguments must be JSON text", param="messages")
+        out.append({"name": fn["name"], "arguments": args})
+    return out
 
 
 def _model(body: dict) -> str | None:
@@ -195,10 +247,6 @@ def _stream(body: dict) -> tuple[bool, bool]:
 
 
 def _sampling(body: dict, default_max_tokens: int | None, logprobs: int | None) -> tuple[SamplingParams, bool]:
-    if _int(body, "n", 1, lo=1) != 1:
-        raise bad_request("n must be 1; send several requests for several completions", param="n")
-    if body.get("logit_bias"):
-        raise bad_request("logit_bias is not supported", param="logit_bias")
     max_tokens = _int(body, "max_tokens", None, lo=1)
     stop = body.get("stop")
     if stop is None:
@@ -225,15 +273,39 @@ def _sampling(body: dict, default_max_tokens: int | None, logprobs: int | None) 
         seed=_int(body, "seed", None, lo=0, hi=2**63 - 1),
         stop=stop, stop_token_ids=stop_ids, ignore_eos=_bool(body, "ignore_eos", False),
         logprobs=logprobs, priority=_int(body, "priority", 0, lo=-1000, hi=1000),
+        logit_bias=_logit_bias(body),
     )
     return params, max_tokens is not None or default_max_tokens is not None
 
 
+def _logit_bias(body: dict) -> dict[int, float] | None:
+    """{"token id": bias in [-100, 100]} (JSON keys are strings) -> {int: float}."""
+    lb = body.get("logit_bias")
+    if lb is None or lb == {}:
+        return None
+    if not isinstance(lb, dict) or len(lb) > 300:
+        raise bad_request("logit_bias must be an object of at most 300 {\"token id\": bias}", param="logit_bias")
+    out = {}
+    for k, v in lb.items():
+        try:
+            t = int(k)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids; got {k!r}", param="logit_bias") from None
+        if t < 0 or isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise bad_request(f"logit_bias[{k!r}] must be a number in [-100, 100] for a token id >= 0; got {v!r}",
+                              param="logit_bias")
+        out[t] = float(v)
+    return out
+
+
 # ---------------------------------------------------------------- responses
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+         "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return u
 
 
 def completion_logprobs(entries, token_text, start_offset: int = 0) -> dict:

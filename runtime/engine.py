@@ -14,6 +14,7 @@ import itertools
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -24,9 +25,11 @@ from .adapters import AdapterRegistry
 from .artifact import load_artifact
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .errors import EngineDeadError, PromptTooLong
+from .contract import TOKENIZER as TOKENIZER_JSON
+from .errors import EngineDeadError, InvalidTokenIds, OrtllmError, PromptTooLong
+from .guided import GuidedDecoding, consume, unpack_mask
 from .model_runner import ModelRunner
-from .sampler import RowState, Sampler, TokenLogprobs, request_generator
+from .sampler import RowState, Sampler, TokenLogprobs, log_softmax, request_generator
 from .sampling_params import SamplingParams
 from .scheduler import ERROR, ModelRunnerOutput, Scheduler, SchedulerOutput
 from .tokenizer import Tokenizer
@@ -49,6 +52,8 @@ class CompletionOutput:
     prompt_tokens: int
     logprobs: list[TokenLogprobs] | None = None
     error: str | None = None
+    cached_tokens: int = 0                       # prompt tokens whose KV came from the prefix cache
+    prompt_logprobs: list[TokenLogprobs | None] | None = None   # params.prompt_logprobs: one per prompt token
 
 
 @dataclass
@@ -61,12 +66,15 @@ class RequestHandle:
     """What submit() returns: iterate for text deltas, or result() for the whole completion."""
 
     def __init__(self, engine: "Engine", req_id: str, prompt_ids: list[int], params: SamplingParams,
-                 detok: IncrementalDetokenizer, generator):
+                 detok: IncrementalDetokenizer, generator, matcher=None):
         self.engine, self.request_id, self.params = engine, req_id, params
         self.prompt_ids = prompt_ids
         self.detok = detok
         self.generator = generator
+        self.matcher = matcher                        # llguidance LLMatcher (params.guide), else None
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = [None] if params.prompt_logprobs else None
+        self.cached_tokens = 0
         self.submitted = time.monotonic()
         self.scheduled_time: float | None = None      # first step that ran it (queue time = this - submitted)
         self.first_token_time: float | None = None
@@ -89,7 +97,8 @@ class RequestHandle:
             return
         tail = self.detok.flush() if reason != ERROR else ""
         self._output = CompletionOutput(self.request_id, self.detok.text, list(self.detok.output_token_ids), reason,
-                                        len(self.prompt_ids), self.logprobs, error)
+                                        len(self.prompt_ids), self.logprobs, error, self.cached_tokens,
+                                        self.prompt_logprobs)
         self._events.put(_Event(tail, reason))
         self._done.set()
 
@@ -139,6 +148,9 @@ class Engine:
                                    is_resident=self.adapters.is_resident,
                                    adapter_key=self.adapters.content_key)
         self.sampler = Sampler()
+        self.guided = GuidedDecoding(self.artifact.path / TOKENIZER_JSON, self.runner.vocab_size, self.eos_token_ids)
+        self._masker = ThreadPoolExecutor(1, thread_name_prefix="ortllm-masks")   # masks while the model runs
+        self._forks: dict[str, list[RequestHandle]] = {}   # parent req_id -> n-1 siblings waiting for its prefill
         self._entropy = np.random.SeedSequence(config.seed)
         self._handles: dict[str, RequestHandle] = {}
         self._ids = itertools.count()
@@ -168,27 +180,62 @@ class Engine:
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None) -> RequestHandle:
         """Queue one request (text or token ids); thread-safe. Raises RequestError / Overloaded at once."""
+        return self.submit_n(prompt, params, 1, request_id)[0]
+
+    def submit_n(self, prompt: str | Sequence[int], params: SamplingParams | None = None, n: int = 1,
+                 request_id: str | None = None) -> list[RequestHandle]:
+        """n completions of one prompt (OpenAI's `n`): one prefill, then n continuations. The first runs at
+        once; the others join when its prompt is in the KV cache, so they take its blocks from the prefix
+        cache and compute only the last, partial block. Each has its own random stream: with a seed, the
+        first is the same as an n = 1 request with that seed and the i-th draws from (seed, i).
+        Ids: request_id, request_id-1, ..., request_id-(n-1)."""
         if self._dead is not None:
             raise EngineDeadError("the engine stopped after an internal error; restart it") from self._dead
         params = (params or SamplingParams()).validate()
         if params.adapter is not None:
             self.adapters.check(params.adapter)
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if t >= self.runner.vocab_size]
+            if bad:
+                raise InvalidTokenIds(f"logit_bias token ids must be in [0, {self.runner.vocab_size}); got {bad[:5]}")
         ids = self.encode_prompt(prompt)
         if len(ids) + params.max_tokens > self.context_length and len(ids) < self.context_length:
             params = SamplingParams(**{**params.__dict__, "max_tokens": self.context_length - len(ids)})
         elif len(ids) >= self.context_length:
             raise PromptTooLong(len(ids), self.context_length - 1, what="the model's context length")
-        req_id = request_id or f"req-{next(self._ids)}"
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-        detok = IncrementalDetokenizer(lambda t: self.tokenizer.decode(t, skip_special_tokens=True), ids,
-                                       stop=params.stop, stop_token_ids=stops)
-        gen = None if params.greedy else request_generator(params.seed, self._entropy)
-        handle = RequestHandle(self, req_id, ids, params, detok, gen)
+        base = request_id or f"req-{next(self._ids)}"
+        matcher = self.guided.compile(params.guide) if params.guide is not None else None   # InvalidGrammar: 400
+        handles = []
+        for i in range(n):
+            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+            detok = IncrementalDetokenizer(lambda t: self.tokenizer.decode(t, skip_special_tokens=True), ids,
+                                           stop=params.stop, stop_token_ids=stops)
+            if params.greedy:
+                gen = None
+            elif i and params.seed is not None:
+                gen = np.random.Generator(np.random.Philox(np.random.SeedSequence([params.seed, i])))
+            else:
+                gen = request_generator(params.seed, self._entropy)
+            m = None if matcher is None else (matcher if i == 0 else matcher.deep_copy())
+            handles.append(RequestHandle(self, base if i == 0 else f"{base}-{i}", ids, params, detok, gen, m))
         with self._cv:
-            self.scheduler.add_request(req_id, ids, params)
-            self._handles[req_id] = handle
+            self.scheduler.add_request(base, ids, params)
+            self._handles[base] = handles[0]
+            if n > 1:
+                self._forks[base] = handles[1:]
             self._cv.notify()
-        return handle
+        return handles
+
+    def _release_forks(self, parent_id: str) -> None:
+        """The parent's prompt is computed (or the parent ended): queue its waiting siblings."""
+        with self._cv:
+            for h in self._forks.pop(parent_id, []):
+                try:
+                    self.scheduler.add_request(h.request_id, h.prompt_ids, h.params)
+                except OrtllmError as e:
+                    h._finish(ERROR, str(e))
+                    continue
+                self._handles[h.request_id] = h
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
@@ -214,6 +261,13 @@ class Engine:
             self._cv.notify()
 
     def cancel(self, request_id: str) -> None:
+        with self._cv:
+            for kids in self._forks.values():     # a sibling still waiting for its parent's prefill
+                for h in kids:
+                    if h.request_id == request_id:
+                        kids.remove(h)
+                        h._finish("cancelled")
+                        return
         self.scheduler.finish_requests(request_id, "cancelled")
         with self._cv:
             self._cv.notify()
@@ -244,6 +298,7 @@ class Engine:
             self._stop = True
             self._cv.notify()
         self._thread.join(timeout=30)
+        self._masker.shutdown(wait=False)
         self.adapters.close()
 
     def __enter__(self):
@@ -272,9 +327,11 @@ class Engine:
                 self._step(out, t0)
         except BaseException as e:  # noqa: BLE001 - fatal: fail everyone, refuse new work
             self._dead = e
-            for h in list(self._handles.values()):
+            waiting = [h for kids in self._forks.values() for h in kids]
+            for h in list(self._handles.values()) + waiting:
                 h._finish(ERROR, f"engine stopped: {type(e).__name__}: {e}")
             self._handles.clear()
+            self._forks.clear()
 
     def _step(self, out: SchedulerOutput, t0: float) -> None:
         """t0: when schedule() began; the step's Python share is everything but session.run."""
@@ -291,18 +348,31 @@ class Engine:
             h = self._handles.get(s.req_id)
             if h is not None and h.scheduled_time is None:
                 h.scheduled_time = now
+                h.cached_tokens = s.start_pos          # admitted with this many prompt tokens from the cache
+        rows = [s for s in out.seqs if s.needs_logits]
+        states = [self._row_state(s.req_id) for s in rows]
+        guided = [i for i, st in enumerate(states) if self._handles[rows[i].req_id].matcher is not None]
+        masks = (self._masker.submit(self.guided.fill_masks, [self._handles[rows[i].req_id].matcher for i in guided])
+                 if guided else None)
+        scored = [s for s in out.seqs if self._wants_prompt_logprobs(s)]
         t_run = time.perf_counter()
         try:
-            logits = self.runner.execute(out.seqs, adapter_slots=slots)
+            logits = self.runner.execute(out.seqs, adapter_slots=slots, all_logits=bool(scored))
         except Exception as e:  # noqa: BLE001 - this step's requests fail; the engine goes on
+            if masks is not None:
+                masks.result()
             self._failed_steps += 1
             self._last_step_error = (time.monotonic(), f"{type(e).__name__}: {e}")
             reason = f"model run failed: {e}"      # bound now: `e` is unbound once the except block ends
             self._fail([s.req_id for s in out.seqs], lambda rid: reason)
             return
         t1 = time.perf_counter()
-        rows = [s for s in out.seqs if s.needs_logits]
-        sampled = self.sampler.sample(logits, [self._row_state(s.req_id) for s in rows])
+        if scored:
+            logits = self._record_prompt_logprobs(out.seqs, logits)
+        if masks is not None:
+            for i, words in zip(guided, masks.result()):
+                states[i].mask = unpack_mask(words, logits.shape[1])
+        sampled = self.sampler.sample(logits, states)
         with self._cv:
             updates = self.scheduler.update_from_output(
                 out, ModelRunnerOutput({s.req_id: int(t) for s, t in zip(rows, sampled.token_ids)}))
@@ -315,11 +385,17 @@ class Engine:
             if h.logprobs is not None and lp.get(u.req_id) is not None:
                 h.logprobs.append(lp[u.req_id])
             h._push(h.detok.step(u.new_token_ids), len(u.new_token_ids))
-            if h.detok.finished and u.finish_reason is None:   # a stop string matched
+            more = True
+            if h.matcher is not None and u.finish_reason is None:
+                more = all(consume(h.matcher, t) for t in u.new_token_ids)
+            if (h.detok.finished or not more) and u.finish_reason is None:   # a stop string or the grammar ended
                 self.scheduler.finish_requests(u.req_id, "stop")
-                self._handles.pop(u.req_id)._finish("stop")
+                err = h.matcher.get_error() if h.matcher is not None and h.matcher.is_error() else None
+                self._handles.pop(u.req_id)._finish(ERROR if err else "stop", err and f"grammar: {err}")
             elif u.finish_reason is not None:
                 self._handles.pop(u.req_id)._finish(u.finish_reason)
+            if u.req_id in self._forks:
+                self._release_forks(u.req_id)
         self._steps += 1
         self._run_time += t1 - t_run
         self._step_time += time.perf_counter() - t0
@@ -331,6 +407,33 @@ class Engine:
             if rid in self._handles:
                 msg = message(rid)
                 self._handles.pop(rid)._finish(ERROR, msg)
+            if rid in self._forks:
+                self._release_forks(rid)
+
+    def _wants_prompt_logprobs(self, s) -> bool:
+        h = self._handles.get(s.req_id)
+        # the length check skips a prompt recomputed after preemption: its logprobs are already recorded
+        return (h is not None and h.prompt_logprobs is not None and s.start_pos < len(h.prompt_ids) - 1
+                and len(h.prompt_logprobs) == s.start_pos + 1)
+
+    def _record_prompt_logprobs(self, seqs, logits: np.ndarray) -> np.ndarray:
+        """logits: [T, V], every row of the step. Appends the prompt tokens' logprobs (row j of a prefill chunk
+        predicts the token after it) to the requests that asked; returns the [K, V] rows to sample from."""
+        ends, start = [], 0
+        for s in seqs:
+            if self._wants_prompt_logprobs(s):
+                h = self._handles[s.req_id]
+                upto = min(s.num_tokens, len(h.prompt_ids) - 1 - s.start_pos)   # rows predicting prompt tokens
+                lp = log_softmax(np.asarray(logits[start:start + upto], dtype=np.float32))
+                n = h.params.logprobs or 0
+                for j in range(upto):
+                    tid = h.prompt_ids[s.start_pos + j + 1]
+                    top = np.argsort(-lp[j], kind="stable")[:n] if n else np.zeros(0, np.int64)
+                    h.prompt_logprobs.append(TokenLogprobs(tid, float(lp[j, tid]), top.tolist(), lp[j, top].tolist()))
+            start += s.num_tokens
+            if s.needs_logits:
+                ends.append(start - 1)
+        return logits[np.asarray(ends, dtype=np.int64)]
 
     def _row_state(self, req_id: str) -> RowState:
         h = self._handles[req_id]
@@ -342,3 +445,5 @@ class Engine:
             h = self._handles.pop(rid, None)
             if h is not None:
                 h._finish(reason)
+            if rid in self._forks:
+                self._release_forks(rid)

@@ -7,7 +7,8 @@
     │   ├── InvalidSamplingParams
     │   ├── UnknownAdapter
     │   ├── InvalidTokenIds
-    │   └── EmptyPrompt
+    │   ├── EmptyPrompt
+    │   └── InvalidGrammar             a response format / schema / regex the grammar compiler refused
     ├── Overloaded                     queue full; raised at submit at once, retry later (HTTP 429/503)
     └── EngineDeadError                fatal; the engine stopped and every pending request fails with it
 
@@ -62,6 +63,15 @@ class InvalidTokenIds(RequestError):
 class EmptyPrompt(RequestError):
     def __init__(self, msg: str = "prompt is empty; send at least one token"):
         super().__init__(msg)
+
+
+class InvalidGrammar(RequestError):
+    """A structured-output constraint (JSON schema, regex, choice list) cannot be compiled; `param` names the
+    request field it came from."""
+
+    def __init__(self, message: str, param: str | None = None):
+        self.param = param
+        super().__init__(message)
 
 
 class Overloaded(OrtllmError):

@@ -2,7 +2,8 @@
 
 Pipeline for one step, logits: [B, V] float32, one row per sequence that needs a token:
 
-    penalties (repetition / frequency / presence)
+    logit_bias (added) and the structured-output mask (disallowed tokens -> -inf)
+      -> penalties (repetition / frequency / presence)
       -> greedy rows: argmax                                   (all-greedy batch: nothing else runs)
       -> sampled rows: temperature -> top-k -> top-p -> min-p -> probs -> one uniform draw per row
     logprobs: log_softmax of the processed logits (after penalties, temperature and the masks: the
@@ -150,6 +151,7 @@ class RowState:
     generator: np.random.Generator | None = None         # required unless params are greedy
     output_token_ids: Sequence[int] = ()                  # generated so far (frequency/presence/repetition)
     prompt_token_ids: Sequence[int] = ()                  # for the repetition penalty
+    mask: np.ndarray | None = None                        # [V] bool, True = allowed (structured output)
 
 
 @dataclass
@@ -166,6 +168,19 @@ class SampleOutput:
     logprobs: list[TokenLogprobs | None]                  # [B]; None where the request asked for none
 
 
+def apply_bias_and_masks(logits: np.ndarray, rows: Sequence[RowState]) -> None:
+    """In place on logits [B, V]: + each row's logit_bias, -inf where its mask forbids. A mask that allows
+    nothing (cannot happen with a consistent grammar) is ignored rather than sampling from all -inf."""
+    for b, r in enumerate(rows):
+        bias = r.params.logit_bias
+        if bias:
+            ids = np.fromiter(bias.keys(), np.int64, len(bias))
+            ok = ids < logits.shape[1]
+            logits[b, ids[ok]] += np.fromiter(bias.values(), np.float32, len(bias))[ok]
+        if r.mask is not None and r.mask.any():
+            logits[b, ~r.mask[:logits.shape[1]]] = NEG_INF
+
+
 def _has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
@@ -178,12 +193,15 @@ class Sampler:
             raise ValueError(f"logits must be [B, V] with B = len(rows) = {len(rows)}; got {logits.shape}")
         params = [r.params for r in rows]
         want_logprobs = any(p.logprobs is not None for p in params)
-        if all(p.greedy and not _has_penalty(p) for p in params) and not want_logprobs:
+        biased = any(r.mask is not None or r.params.logit_bias for r in rows)
+        if all(p.greedy and not _has_penalty(p) for p in params) and not want_logprobs and not biased:
             return SampleOutput(np.argmax(logits, axis=1).astype(np.int64), [None] * len(rows))
 
-        # written to only for penalties and logprobs; everything else works on fancy-indexed copies
-        writes = want_logprobs or any(_has_penalty(p) for p in params)
+        # written to only for bias/masks, penalties and logprobs; everything else works on fancy-indexed copies
+        writes = want_logprobs or biased or any(_has_penalty(p) for p in params)
         x = np.array(logits, dtype=np.float32, copy=True) if writes else np.asarray(logits, dtype=np.float32)
+        if biased:
+            apply_bias_and_masks(x, rows)
         self._penalize(x, rows)
         greedy = np.array([p.greedy for p in params])
         tokens = np.empty(len(rows), dtype=np.int64)

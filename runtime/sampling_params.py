@@ -10,6 +10,20 @@ from .errors import InvalidSamplingParams
 # Temperatures below this are greedy.
 SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+GUIDE_KINDS = ("json_schema", "json_object", "regex", "choice", "lark")
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A structured-output constraint, compiled into per-step token masks (runtime/guided.py).
+
+    kind: json_schema (spec: the schema, a dict) | json_object (any JSON object; spec None) | regex (a str) |
+    choice (a list of str) | lark (an llguidance Lark grammar, str). param: the request field it came from,
+    named in the error if it does not compile."""
+    kind: str
+    spec: object = None
+    param: str | None = None
 
 
 @dataclass
@@ -30,6 +44,9 @@ class SamplingParams:
     adapter: str | None = None          # LoRA adapter name; None: base model
     priority: int = 0                   # higher is scheduled first
     deadline_s: float | None = None     # still queued (no token out) this long after submission: "deadline"
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling (OpenAI)
+    guide: Guide | None = None          # structured output: only tokens the grammar allows are sampled
+    prompt_logprobs: bool = False       # logprob of every prompt token after the first (echo; no prefix cache)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +86,17 @@ class SamplingParams:
         if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
             raise InvalidSamplingParams(f"adapter must be a non-empty name or null; got {self.adapter!r}")
         _int("priority", self.priority)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise InvalidSamplingParams(f"logit_bias must map token ids to numbers; got {self.logit_bias!r}")
+            lo, hi = LOGIT_BIAS_RANGE
+            for t, b in self.logit_bias.items():
+                _int("logit_bias token id", t, lo=0)
+                _float(f"logit_bias[{t}]", b, f"in [{lo:g}, {hi:g}]", lambda v: lo <= v <= hi)
+        if self.guide is not None and (not isinstance(self.guide, Guide) or self.guide.kind not in GUIDE_KINDS):
+            raise InvalidSamplingParams(f"guide must be a Guide of kind {', '.join(GUIDE_KINDS)}; got {self.guide!r}")
+        if not isinstance(self.prompt_logprobs, bool):
+            raise InvalidSamplingParams(f"prompt_logprobs must be true or false; got {self.prompt_logprobs!r}")
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, "> 0 (seconds) or null", lambda v: v > 0)
         return self

@@ -345,7 +345,8 @@ class Scheduler(SchedulerInterface):
                     break       # hold later requests back so running adapters drain and this one gets a slot
                 continue
             hits: list[int] = []
-            if self.pool.enable_prefix_cache:   # the last token is always recomputed so logits exist
+            # the last token is always recomputed so logits exist; prompt_logprobs needs every prompt row
+            if self.pool.enable_prefix_cache and not req.params.prompt_logprobs:
                 hits = self.pool.match_prefix(req.block_hashes[:(req.num_tokens - 1) // self.block_size])
             computed = len(hits) * self.block_size
             n = min(req.num_tokens - computed, budget(), chunk)

@@ -128,14 +128,21 @@ class Tokenizer:
             raise TokenizerFilesError("this tokenizer has no chat template; send plain prompts (no --chat)")
         return _compile_template(self.chat_template)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for a conversation, as transformers' apply_chat_template(tokenize=False)."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """The prompt text for a conversation, as transformers' apply_chat_template(tokenize=False).
+        tools: OpenAI tool definitions, for templates that render them (see template_takes_tools)."""
         additional = self._config.get("additional_special_tokens") or []
         return self._template.render(
-            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+            messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
             additional_special_tokens=[token_content(t) for t in additional],
             **{k: v for k, v in self._special_tokens.items() if v is not None},
         )
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """The chat template renders a `tools` list itself (else the service describes them in a system message)."""
+        return bool(self.chat_template) and "tools" in self.chat_template
 
     # ------------------------------------------------------------------------------------- vocabulary
 

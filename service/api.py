@@ -1,9 +1,10 @@
 """The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (plain or SSE), /v1/models,
 and /v1/adapters (load / unload LoRA adapters at run time; needs the server's API key).
 
-One request = one engine handle. Non-streaming handlers wait on the handle in short slices so a client that
-hangs up (waitress' client_disconnected) or the per-request timeout cancels the generation; a stream's
-generator cancels it when waitress closes it (client gone) and in its finally."""
+One request = one engine handle per choice (n per prompt). Non-streaming handlers wait on the handles in short
+slices so a client that hangs up (waitress' client_disconnected) or the per-request timeout cancels the
+generation; a stream checks the client between chunks too and cancels when waitress closes it (client gone)
+and in its finally. The Ollama API (ollama.py) drives the same `start` / `Call`."""
 from __future__ import annotations
 
 import json
@@ -18,11 +19,12 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
 
 from ortllm.protocol import openai as protocol
-from ortllm.protocol.generation import (logprobs_of, prepare, resolve_adapter, response_body, response_id,
-                                        token_text_of)
+from ortllm.protocol import structured
+from ortllm.protocol.generation import (logprobs_of, prepare_all, resolve_adapter, response_body_n, response_id,
+                                        token_text_of, usage_of)
 
-from .body import read_json_object
 from .auth import require_api_key
+from .body import read_json_object
 from .errors import APIError, ClientGone, bad_request, model_not_found, unavailable
 from .metrics import current_metrics
 from .resources import EngineResource, current_resources
@@ -117,33 +119,47 @@ def chat_completions():
 # ---------------------------------------------------------------- one generation
 
 def _generate(kind: str, req: protocol.GenerationRequest):
-    res = current_resources()
-    engine = res.require_engine()
-    ids = prepare(engine, req, res.model_name, res.max_prompt_chars)
-    timeout = res.config.request_timeout_s
-    handle = engine.submit(ids, req.params, request_id=g.request_id)
-    res.begin()
-    call = _Call(kind, req, res, engine, handle, g.request_id, g.t_start, g.t_start + timeout,
-                 request.environ.get("waitress.client_disconnected"))
+    call = start(kind, req)
     if req.stream:
         resp = Response(call.sse(), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         resp.call_on_close(call.close)
         return resp
     try:
-        out = call.wait()
+        outs = call.wait()
     finally:
         call.close()
-    return jsonify(call.body(out))
+    return jsonify(call.body(outs))
 
 
-class _Call:
-    """One engine request seen from HTTP: waiting or streaming, cleanup once, metrics and the log line."""
+def start(kind: str, req: protocol.GenerationRequest) -> "Call":
+    """Check and submit one request (every prompt, n each); the Call that waits for or streams it."""
+    res = current_resources()
+    engine = res.require_engine()
+    prompts = prepare_all(engine, req, res.model_name, res.max_prompt_chars)
+    handles: list[RequestHandle] = []
+    try:
+        for p, ids in enumerate(prompts):
+            rid = g.request_id if p == 0 else f"{g.request_id}-p{p}"
+            handles += engine.submit_n(ids, req.params, req.n, request_id=rid)
+    except BaseException:
+        for h in handles:
+            h.cancel()
+        raise
+    res.begin()
+    return Call(kind, req, res, engine, handles, prompts, g.request_id, g.t_start,
+                g.t_start + res.config.request_timeout_s, request.environ.get("waitress.client_disconnected"))
+
+
+class Call:
+    """One HTTP request's engine handles (choice i = handles[i]): waiting or streaming, cleanup once, metrics
+    and the log line."""
 
     def __init__(self, kind: str, req: protocol.GenerationRequest, res: EngineResource, engine: Engine,
-                 handle: RequestHandle, request_id: str, t_arrival: float, deadline: float,
-                 disconnected: Callable[[], bool] | None):
-        self.kind, self.req, self.res, self.engine, self.handle = kind, req, res, engine, handle
+                 handles: list[RequestHandle], prompts: list[list[int]], request_id: str, t_arrival: float,
+                 deadline: float, disconnected: Callable[[], bool] | None):
+        self.kind, self.req, self.res, self.engine, self.handles = kind, req, res, engine, handles
+        self.prompts = prompts
         self.request_id, self.t_arrival, self.deadline = request_id, t_arrival, deadline
         self.disconnected = disconnected or (lambda: False)
         self.metrics = current_metrics()
@@ -152,42 +168,51 @@ class _Call:
         self.token_text = token_text_of(engine)
         self.model = req.params.adapter or res.model_name     # what answered: an adapter or the base model
         self._closed = False
-        self._finished: CompletionOutput | None = None
-        self._lp_sent = 0
+        self._recorded: set[int] = set()
+        self._lp_sent = [0] * len(handles)
         self.metrics.in_flight.inc()
 
     # ------------------------------------------------ waiting (non-streaming)
-    def wait(self) -> CompletionOutput:
-        while True:
-            try:
-                return self._finish(self.handle.result(timeout=_POLL_S))
-            except TimeoutError:
-                self._check_alive()
+    def wait(self) -> list[CompletionOutput]:
+        outs = []
+        for i, h in enumerate(self.handles):
+            while True:
+                try:
+                    outs.append(self._finish(i, h.result(timeout=_POLL_S)))
+                    break
+                except TimeoutError:
+                    self.check_alive()
+        return outs
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         if time.perf_counter() > self.deadline:
-            self.handle.cancel()
+            self.cancel_all()
             raise APIError(504, f"the generation did not finish within the server's request timeout "
                            f"({self.res.config.request_timeout_s:g} s); lower max_tokens", type="timeout_error",
                            code="request_timeout")
         if self.disconnected():
-            self.handle.cancel()
+            self.cancel_all()
             raise ClientGone()
 
-    def _finish(self, out: CompletionOutput) -> CompletionOutput:
+    def cancel_all(self) -> None:
+        for h in self.handles:
+            if not h.done:
+                h.cancel()
+
+    def _finish(self, i: int, out: CompletionOutput) -> CompletionOutput:
         """Record a finished output once; raise the APIError for one that failed."""
-        if self._finished is None:
-            self._finished = out
+        if i not in self._recorded:
+            self._recorded.add(i)
+            h = self.handles[i]
             t_end = time.perf_counter()
-            first = self.handle.first_token_time
             # handle times are time.monotonic(); convert to the perf_counter clock of t_arrival
             shift = time.perf_counter() - time.monotonic()
-            sched = self.handle.scheduled_time
+            first, sched = h.first_token_time, h.scheduled_time
             self.metrics.observe_finished(self.model, self.kind, out, self.t_arrival, t_end,
-                                          None if first is None else first + shift, self.handle.submitted + shift,
+                                          None if first is None else first + shift, h.submitted + shift,
                                           None if sched is None else sched + shift)
             log.info("generation finished", extra={
-                "request_id": self.request_id, "endpoint": self.kind, "finish_reason": out.finish_reason,
+                "request_id": h.request_id, "endpoint": self.kind, "finish_reason": out.finish_reason,
                 "prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids),
                 "stream": self.req.stream, "duration_s": round(t_end - self.t_arrival, 4),
                 **({"error": out.error} if out.error else {})})
@@ -203,66 +228,66 @@ class _Call:
         if self._closed:
             return
         self._closed = True
-        if not self.handle.done:
-            self.handle.cancel()
+        if not all(h.done for h in self.handles):
+            self.cancel_all()
             self.metrics.requests.labels(self.model, self.kind, "cancelled").inc()
             log.info("generation cancelled", extra={"request_id": self.request_id, "endpoint": self.kind,
                                                     "after_s": round(time.perf_counter() - self.t_arrival, 4)})
         self.metrics.in_flight.dec()
         self.res.end()
 
+    def prompt_text(self, p: int) -> str:
+        prompt = self.req.prompts[p] if self.req.prompts else self.req.prompt
+        return prompt if isinstance(prompt, str) else self.engine.tokenizer.decode(prompt, skip_special_tokens=False)
+
     # ------------------------------------------------ bodies
-    def _logprobs(self, entries):
-        return logprobs_of(self.kind, entries, self.req.logprobs, self.token_text)
+    def body(self, outs: list[CompletionOutput]) -> dict:
+        prompts = [(lambda p=p: self.prompt_text(p), ids) for p, ids in enumerate(self.prompts)]
+        return response_body_n(self.kind, outs, self.req, request_id=self.request_id, model=self.model,
+                               created=self.created, token_text=self.token_text, prompts=prompts)
 
-    def body(self, out: CompletionOutput) -> dict:
-        return response_body(self.kind, out, request_id=self.request_id, model=self.model, created=self.created,
-                             logprobs=self.req.logprobs, token_text=self.token_text)
+    def _new_logprobs(self, i: int):
+        h = self.handles[i]
+        if self.req.logprobs is None or h.logprobs is None:
+            return None
+        n = len(h.logprobs)
+        entries, self._lp_sent[i] = h.logprobs[self._lp_sent[i]:n], n
+        return logprobs_of(self.kind, entries, self.req.logprobs, self.token_text) if entries else None
 
-    def _chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
-        entries = []
-        if self.req.logprobs is not None and self.handle.logprobs is not None:
-            n = len(self.handle.logprobs)
-            entries, self._lp_sent = self.handle.logprobs[self._lp_sent:n], n
-        lp = self._logprobs(entries) if entries else None
+    def _chunk(self, i: int, delta: dict | str | None, finish: str | None = None, lp=None) -> dict:
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": text or ""} if first else (
-                {"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            choice = {"index": i, "delta": delta or {}, "logprobs": lp, "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            choice = {"index": i, "text": delta or "", "logprobs": lp, "finish_reason": finish}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": [choice]}
 
     # ------------------------------------------------ streaming
-    def _deltas(self) -> Iterator[str]:
-        """Text deltas as the engine produces them, checking the timeout and the client between them."""
-        while True:
-            try:
-                delta, finish = self.handle.next_delta(timeout=_POLL_S)
-            except TimeoutError:
-                self._check_alive()
-                continue
-            if delta:
-                yield delta
-            if finish is not None:
-                return
+    def events(self) -> Iterator[tuple[int, str, str | None]]:
+        """(choice, text delta, finish_reason or None) as the engine produces them, across every choice,
+        checking the timeout and the client between them."""
+        open_ = list(range(len(self.handles)))
+        while open_:
+            got = False
+            for i in list(open_):
+                wait = _POLL_S if len(open_) == 1 else 0
+                try:
+                    delta, finish = self.handles[i].next_delta(timeout=wait)
+                except TimeoutError:
+                    continue
+                got = True
+                if finish is not None:
+                    open_.remove(i)
+                yield i, delta, finish
+            self.check_alive()
+            if not got and len(open_) > 1:
+                time.sleep(0.01)
 
     def sse(self) -> Iterator[bytes]:
         try:
-            if self.kind == "chat":
-                yield _sse(self._chunk("", first=True))
-            for delta in self._deltas():
-                yield _sse(self._chunk(delta))
-            out = self._finish(self.handle.result(timeout=5))
-            final = self._chunk(None if self.kind == "chat" else "", finish=out.finish_reason)
-            final["usage"] = protocol.usage(out.prompt_tokens, len(out.token_ids))
-            yield _sse(final)
-            if self.req.include_usage:
-                yield _sse({"id": self.id, "object": final["object"], "created": self.created,
-                            "model": self.model, "choices": [], "usage": final["usage"]})
+            yield from self._sse_events()
         except ClientGone:
             return
         except APIError as e:
@@ -274,6 +299,42 @@ class _Call:
         finally:
             self.close()
         yield b"data: [DONE]\n\n"
+
+    def _sse_events(self) -> Iterator[bytes]:
+        chat, tools = self.kind == "chat", self.req.tools
+        forced = tools is not None and tools.choice != "auto"
+        held = [tools is not None for _ in self.handles]    # text held back while it may be a tool call
+        text = [""] * len(self.handles)
+        outs: list[CompletionOutput | None] = [None] * len(self.handles)
+        if chat:
+            for i in range(len(self.handles)):
+                yield _sse(self._chunk(i, {"role": "assistant", "content": ""}))
+        for i, delta, finish in self.events():
+            text[i] += delta
+            lp = self._new_logprobs(i)
+            if held[i] and not forced and not structured.could_be_tool_call(text[i]):
+                held[i], delta = False, text[i]              # plain text after all: send what was held
+            if delta and not held[i]:
+                yield _sse(self._chunk(i, {"content": delta} if chat else delta, lp=lp))
+            if finish is None:
+                continue
+            out = outs[i] = self._finish(i, self.handles[i].result(timeout=5))
+            reason = out.finish_reason
+            if held[i]:
+                calls = structured.parse_tool_calls(out.text, tools) if reason == "stop" else None
+                if calls:
+                    items = structured.tool_call_items(calls, f"{self.request_id}_{i}")
+                    yield _sse(self._chunk(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(items)]}))
+                    reason = "tool_calls"
+                elif out.text:
+                    yield _sse(self._chunk(i, {"content": out.text}))
+            final = self._chunk(i, None if chat else "", finish=reason)
+            if all(o is not None for o in outs):               # the last choice to finish carries the usage
+                final["usage"] = usage_of(outs, self.req.n)
+            yield _sse(final)
+        if self.req.include_usage:
+            yield _sse({"id": self.id, "object": self._chunk(0, None)["object"], "created": self.created,
+                        "model": self.model, "choices": [], "usage": usage_of(outs, self.req.n)})
 
 
 def _sse(obj: dict) -> bytes:

@@ -16,6 +16,7 @@ from .api import bp as api_bp
 from .config import ServiceConfig
 from .errors import APIError, to_api_error
 from .logs import RequestIdFilter
+from .ollama import bp as ollama_bp
 from .ops import bp as ops_bp
 from .playground import bp as playground_bp
 
@@ -35,6 +36,7 @@ def create_app(config: ServiceConfig | None = None, engine: Engine | None = None
     res = resources.init_app(app, config, engine)
     m = metrics.init_app(app, res)
     app.register_blueprint(api_bp)
+    app.register_blueprint(ollama_bp)
     app.register_blueprint(ops_bp)
     app.register_blueprint(playground_bp)
 

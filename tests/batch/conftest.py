@@ -67,7 +67,7 @@ BAD = {
     101: ("empty prompt", 400, "empty_prompt"),
     113: ("max_tokens past the context", 400, "context_length_exceeded"),
     125: ("stream", 400, None),
-    137: ("n=2", 400, None),
+    137: ("n=9", 400, None),
 }
 
 
@@ -102,8 +102,8 @@ def mixed_lines(n: int = 200, seed: int = 0) -> list[str]:
             line["url"], line["body"] = "/v1/completions", {"prompt": "x", "max_tokens": 100_000, "temperature": 0}
         elif what == "stream":
             body["stream"] = True
-        elif what == "n=2":
-            body["n"] = 2
+        elif what == "n=9":
+            body["n"] = 9
         lines.append(json.dumps(line))
     return lines
 

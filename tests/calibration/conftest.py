@@ -6,7 +6,6 @@ the full-size figures are in docs/quality.md with their commands).
 """
 from __future__ import annotations
 
-import pytest
 
 # GATE_BUILDS, QUALITY_TOKENS and the session fixture `smollm2_quantized` live in tests/conftest.py (the
 # batch-invariance tests of tests/runtime use the same builds).

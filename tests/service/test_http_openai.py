@@ -39,7 +39,7 @@ def test_errors_map_to_openai_exceptions(tiny_live):
         c.completions.create(model=tiny_live.model, prompt="x", max_tokens=2, temperature=-1)
     assert e.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError):
-        c.chat.completions.create(model=tiny_live.model, messages=[{"role": "user", "content": "x"}], n=2)
+        c.chat.completions.create(model=tiny_live.model, messages=[{"role": "user", "content": "x"}], n=9)
 
 
 @pytest.mark.slow
@@ -81,7 +81,9 @@ def test_streamed_equals_non_streamed(tiny_live, path):
         got, events = _sse_text(r, chat)
     assert got == want and len(events) > 3
     assert events[-1]["choices"][0]["finish_reason"] == "length"
-    assert events[-1]["usage"] == whole["usage"]
+    # cached_tokens may differ: the second of the two requests finds the first one's prompt in the prefix cache
+    plain = lambda u: {k: v for k, v in u.items() if k != "prompt_tokens_details"}    # noqa: E731
+    assert plain(events[-1]["usage"]) == plain(whole["usage"])
 
 
 def test_identical_concurrent_greedy(tiny_live):

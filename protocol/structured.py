@@ -1,0 +1,221 @@
+"""Structured output and tool calls as the OpenAI API (and vLLM's extension fields) define them, apart from HTTP.
+
+    response_format {type: json_object | json_schema}  -> Guide (runtime/guided.py: llguidance token masks)
+    guided_json / guided_regex / guided_choice           -> Guide (completions and chat, vLLM's names)
+    tools + tool_choice                                  -> ToolSpec: the prompt describes the tools; "required"
+                                                            and a named function force a call through a Guide
+    the generated text                                   -> message.tool_calls (parse_tool_calls)
+
+A call is generated as one JSON object {"name": ..., "arguments": {...}} (the shape SmolLM2 and Hermes-style
+templates use inside <tool_call> tags); with tool_choice "auto" the model may also answer in text, and a reply
+that is such an object, bare or inside <tool_call></tool_call>, becomes tool_calls. Every problem is a 400
+naming the field.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from ortllm.runtime.sampling_params import Guide
+
+from .errors import bad_request
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_TOOLS = 128
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def check_schema(schema, param: str) -> dict:
+    """A JSON schema object that passes the JSON Schema meta-schema, or a 400 naming param."""
+    from jsonschema import exceptions, validators
+
+    if not isinstance(schema, dict):
+        raise bad_request(f"{param} must be a JSON schema object; got {json.dumps(schema)[:60]}", param=param)
+    try:
+        validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
+    except exceptions.SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise bad_request(f"{param} is not a valid JSON schema at {where}: {e.message}", param=param) from None
+    return schema
+
+
+def response_format_guide(rf) -> Guide | None:
+    """OpenAI's response_format: {type: text} | {type: json_object} | {type: json_schema, json_schema: {...}}."""
+    param = "response_format"
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_request("response_format must be {type: text}, {type: json_object} or "
+                          "{type: json_schema, json_schema: {name, schema}}", param=param)
+    if rf["type"] == "text":
+        return None
+    if rf["type"] == "json_object":
+        return Guide("json_object", None, param)
+    js = rf.get("json_schema")
+    if not isinstance(js, dict) or "schema" not in js:
+        raise bad_request("response_format.json_schema must be an object {name, schema, strict}", param=param)
+    if js.get("name") is not None and not (isinstance(js["name"], str) and _NAME.match(js["name"])):
+        raise bad_request("response_format.json_schema.name must be 1-64 letters, digits, _ or -", param=param)
+    return Guide("json_schema", check_schema(js["schema"], "response_format.json_schema.schema"), param)
+
+
+def guided_fields(body: dict) -> Guide | None:
+    """vLLM's extension fields: guided_json (schema or JSON text), guided_regex, guided_choice; at most one."""
+    given = [k for k in ("guided_json", "guided_regex", "guided_choice") if body.get(k) is not None]
+    if len(given) > 1:
+        raise bad_request(f"send one of guided_json, guided_regex, guided_choice; got {', '.join(given)}",
+                          param=given[1])
+    if not given:
+        return None
+    k, v = given[0], body[given[0]]
+    if k == "guided_json":
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError as e:
+                raise bad_request(f"guided_json is not valid JSON: {e}", param=k) from None
+        return Guide("json_schema", check_schema(v, k), k)
+    if k == "guided_regex":
+        if not isinstance(v, str) or not v:
+            raise bad_request("guided_regex must be a non-empty regular expression string", param=k)
+        return Guide("regex", v, k)
+    if not (isinstance(v, list) and v and all(isinstance(c, str) and c for c in v)):
+        raise bad_request("guided_choice must be a non-empty list of non-empty strings", param=k)
+    return Guide("choice", list(v), k)
+
+
+# ---------------------------------------------------------------- tools
+
+@dataclass
+class ToolSpec:
+    tools: list[dict]          # OpenAI tool definitions, as sent (parameters defaulted to an empty object)
+    choice: str                # "auto" | "required" | a function name (forced)
+
+    @property
+    def names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.tools]
+
+    def guide(self) -> Guide | None:
+        """A forced call (required / named): one JSON object naming a tool, with arguments per its schema."""
+        if self.choice == "auto":
+            return None
+        chosen = [t for t in self.tools if self.choice == "required" or t["function"]["name"] == self.choice]
+        # arguments without an explicit additionalProperties get only the declared ones (OpenAI's strict mode):
+        # a small model otherwise keeps inventing keys until max_tokens
+        options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                    "properties": {"name": {"const": t["function"]["name"]},
+                                   "arguments": {"additionalProperties": False, **t["function"]["parameters"]}}}
+                   for t in chosen]
+        return Guide("json_schema", options[0] if len(options) == 1 else {"anyOf": options}, "tools")
+
+    def system_prompt(self) -> str:
+        """The tools described for templates that do not render them (SmolLM2-135M's does not)."""
+        listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in self.tools)
+        return ("You can call functions. They are described in JSON Schema within <tools></tools>:\n"
+                f"<tools>\n{listing}\n</tools>\n"
+                "To call one, answer only with a JSON object "
+                '{"name": <function name>, "arguments": <arguments object>} within <tool_call></tool_call> tags. '
+                "A function's result comes back in a message from the tool.")
+
+
+def parse_tools(body: dict) -> ToolSpec | None:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice needs tools: send the functions in tools", param="tool_choice")
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise bad_request(f"tools must be a list of at most {MAX_TOOLS} {{type: function, function: {{...}}}}",
+                          param="tools")
+    clean, seen = [], set()
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise bad_request(f"tools[{i}] must be {{type: function, function: {{name, description, parameters}}}}",
+                              param="tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise bad_request(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -; got {name!r}",
+                              param="tools")
+        if name in seen:
+            raise bad_request(f"tools[{i}].function.name {name!r} is defined twice", param="tools")
+        seen.add(name)
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        check_schema(params, f"tools[{i}].function.parameters")
+        if params.get("type") != "object":
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema of type object (the "
+                              f"arguments are an object); got type {params.get('type')!r}", param="tools")
+        desc = fn.get("description")
+        if desc is not None and not isinstance(desc, str):
+            raise bad_request(f"tools[{i}].function.description must be a string", param="tools")
+        clean.append({"type": "function", "function": {"name": name, **({"description": desc} if desc else {}),
+                                                       "parameters": params}})
+    if choice is None or choice == "auto":
+        mode = "auto"
+    elif choice == "none":
+        return None
+    elif choice == "required":
+        mode = "required"
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        mode = choice["function"].get("name")
+        if mode not in seen:
+            raise bad_request(f"tool_choice names the function {mode!r}, which is not in tools "
+                              f"({', '.join(sorted(seen))})", param="tool_choice")
+    else:
+        raise bad_request('tool_choice must be "none", "auto", "required" or '
+                          '{type: function, function: {name}}', param="tool_choice")
+    return ToolSpec(clean, mode)
+
+
+def render_messages(messages: list[dict], tools: ToolSpec | None, template_takes_tools: bool) -> list[dict]:
+    """Messages for the chat template: assistant tool calls and tool results as text the model was trained on
+    (SmolLM2 / Hermes style), and the tool list as a system message unless the template renders it."""
+    out = []
+    for m in messages:
+        content = m.get("content") or ""
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(f"{TOOL_CALL_OPEN}\n{json.dumps(c, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
+                              for c in m["tool_calls"])
+            content = (content + "\n" if content else "") + calls
+        out.append({"role": m["role"], "content": content})
+    if tools is not None and not template_takes_tools:
+        sys = tools.system_prompt()
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + sys}
+        else:
+            out.insert(0, {"role": "system", "content": sys})
+    return out
+
+
+def parse_tool_calls(text: str, tools: ToolSpec) -> list[dict] | None:
+    """The calls in a reply: one JSON object {name, arguments}, bare or in <tool_call> tags; None if it is text."""
+    s = text.strip()
+    bodies = re.findall(re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_CLOSE), s, re.S)
+    if not bodies and s.startswith("{"):
+        bodies = [s]
+    calls = []
+    for b in bodies:
+        try:
+            obj = json.loads(b)
+        except ValueError:
+            return None
+        if not (isinstance(obj, dict) and obj.get("name") in tools.names and isinstance(obj.get("arguments"), dict)):
+            return None
+        calls.append(obj)
+    return calls or None
+
+
+def tool_call_items(calls: list[dict], call_id: str) -> list[dict]:
+    """OpenAI's message.tool_calls; arguments travel as a JSON string."""
+    return [{"id": f"call_{call_id}_{i}", "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+            for i, c in enumerate(calls)]
+
+
+def could_be_tool_call(text: str) -> bool:
+    """While streaming with tool_choice auto: hold text back as long as it may still turn into a call."""
+    s = text.lstrip()
+    return s.startswith("{") or s.startswith(TOOL_CALL_OPEN) or TOOL_CALL_OPEN.startswith(s)

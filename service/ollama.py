@@ -1,0 +1,220 @@
+"""Ollama's REST API over the same request path as the OpenAI one: /api/generate, /api/chat (NDJSON streaming,
+the default), /api/tags, /api/show, /api/ps, /api/version. Adapters are listed as models.
+
+An Ollama body is translated into the OpenAI body it means (options -> sampling fields, format -> response_format)
+and goes through protocol.parse_chat / parse_completion and api.start: one validation and one generation path.
+
+    options.num_predict -> max_tokens        options.repeat_penalty -> repetition_penalty
+    options.temperature/top_p/top_k/min_p/seed/stop/presence_penalty/frequency_penalty -> the same names
+    format "json" -> response_format json_object;  format {schema} -> response_format json_schema
+    /api/generate: template applied (a chat of system + prompt) unless raw: true (a plain completion)
+"""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from typing import Iterator
+
+from flask import Blueprint, Response, jsonify, request
+
+from ortllm.protocol import openai as protocol
+from ortllm.protocol.generation import resolve_adapter
+
+from .api import Call, start
+from .auth import require_api_key
+from .body import read_json_object
+from .errors import bad_request
+from .resources import current_resources
+
+bp = Blueprint("ollama", __name__, url_prefix="/api")
+bp.before_request(require_api_key)
+
+_OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+            "min_p": "min_p", "seed": "seed", "stop": "stop", "repeat_penalty": "repetition_penalty",
+            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+# options Ollama defines that do not change sampling here (memory and threading are the server's)
+_IGNORED = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa", "num_keep",
+            "low_vram", "vocab_only", "repeat_last_n", "typical_p", "penalize_newline", "mirostat", "mirostat_tau",
+            "mirostat_eta", "tfs_z"}
+
+
+def _openai_body(body: dict) -> dict:
+    """The sampling part of an Ollama body as OpenAI fields; unknown options are a 400 naming them."""
+    opts = body.get("options") or {}
+    if not isinstance(opts, dict):
+        raise bad_request("options must be an object", param="options")
+    out = {"model": body.get("model"), "stream": body.get("stream", True)}
+    for k, v in opts.items():
+        if k in _OPTIONS:
+            if k == "num_predict" and v is not None and v < 0:      # Ollama's -1: until the context is full
+                continue
+            out[_OPTIONS[k]] = v
+        elif k not in _IGNORED:
+            raise bad_request(f"options.{k} is not supported; supported: {', '.join(sorted(_OPTIONS))}",
+                              param=f"options.{k}")
+    fmt = body.get("format")
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise bad_request('format must be "json" or a JSON schema object', param="format")
+    return out
+
+
+def _check_model(body: dict) -> None:
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise bad_request("model is required (GET /api/tags lists them)", param="model")
+    res = current_resources()
+    resolve_adapter(res.require_engine(), res.model_name, body["model"])
+
+
+@bp.post("/generate")
+def generate():
+    body = read_json_object(request)
+    _check_model(body)
+    oa = _openai_body(body)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise bad_request("prompt must be a string", param="prompt")
+    if body.get("raw"):
+        req = protocol.parse_completion({**oa, "prompt": prompt, "max_tokens": oa.get("max_tokens", 128)})
+        kind = "completions"
+    else:
+        msgs = ([{"role": "system", "content": body["system"]}] if isinstance(body.get("system"), str) else [])
+        req = protocol.parse_chat({**oa, "messages": msgs + [{"role": "user", "content": prompt}]})
+        kind = "chat"
+    return _answer(start(kind, req), "response")
+
+
+@bp.post("/chat")
+def chat():
+    body = read_json_object(request)
+    _check_model(body)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
+        raise bad_request("messages must be a list of {role, content}", param="messages")
+    extra = {"tools": body["tools"]} if body.get("tools") else {}
+    req = protocol.parse_chat({**_openai_body(body), "messages": msgs, **extra})
+    return _answer(start("chat", req), "message")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _payload(call: Call, field: str, text: str) -> dict:
+    return {"model": call.model, "created_at": _now(),
+            field: {"role": "assistant", "content": text} if field == "message" else text}
+
+
+def _final(call: Call, field: str, out, text: str) -> dict:
+    ns = lambda s: int(s * 1e9)          # noqa: E731
+    h = call.handles[0]
+    line = {**_payload(call, field, text), "done": True, "done_reason": out.finish_reason,
+            "total_duration": ns(time.perf_counter() - call.t_arrival), "prompt_eval_count": out.prompt_tokens,
+            "eval_count": len(out.token_ids)}
+    if h.first_token_time is not None:
+        line["prompt_eval_duration"] = ns(h.first_token_time - h.submitted)
+        line["eval_duration"] = ns(max(0.0, time.monotonic() - h.first_token_time))
+    if field == "message" and call.req.tools:
+        from ortllm.protocol.structured import parse_tool_calls
+        calls = parse_tool_calls(out.text, call.req.tools) if out.finish_reason == "stop" else None
+        if calls:
+            line["message"] = {"role": "assistant", "content": "",
+                               "tool_calls": [{"function": c} for c in calls]}
+    return line
+
+
+def _answer(call: Call, field: str):
+    if not call.req.stream:
+        try:
+            out = call.wait()[0]
+        finally:
+            call.close()
+        return jsonify(_final(call, field, out, out.text))
+    resp = Response(_ndjson(call, field), mimetype="application/x-ndjson")
+    resp.call_on_close(call.close)
+    return resp
+
+
+def _ndjson(call: Call, field: str) -> Iterator[bytes]:
+    line = lambda o: json.dumps(o, separators=(",", ":")).encode() + b"\n"    # noqa: E731
+    try:
+        for _, delta, finish in call.events():
+            if delta and not call.req.tools:
+                yield line(_payload(call, field, delta))
+            if finish is not None:
+                out = call._finish(0, call.handles[0].result(timeout=5))
+                yield line(_final(call, field, out, out.text if call.req.tools else ""))
+    except Exception as e:  # noqa: BLE001 - the status line has gone out: say it in the stream, as Ollama does
+        from .errors import ClientGone, to_api_error
+        if isinstance(e, ClientGone):
+            return
+        err = to_api_error(e)
+        yield line({"error": err.message if err else f"internal error ({type(e).__name__})"})
+    finally:
+        call.close()
+
+
+# ---------------------------------------------------------------- models
+
+def _ortllm_version() -> str:
+    try:
+        return version("ortllm")
+    except PackageNotFoundError:
+        return "0"
+
+
+def _models() -> list[dict]:
+    res = current_resources()
+    engine = res.require_engine()
+    manifest = engine.artifact.manifest
+    digest = manifest.get("source", {}).get("sha256", "") if isinstance(manifest.get("source"), dict) else ""
+    size = sum(f.get("size", 0) for f in manifest.get("files", {}).values()) if isinstance(
+        manifest.get("files"), dict) else 0
+    quant = manifest.get("build", {}).get("quant", "")
+    modified = datetime.fromtimestamp(res.created, timezone.utc).isoformat().replace("+00:00", "Z")
+    details = {"format": "onnx", "family": "llama", "families": ["llama"], "parameter_size": "",
+               "quantization_level": str(quant), "parent_model": ""}
+    out = [{"name": res.model_name, "model": res.model_name, "modified_at": modified, "size": size,
+            "digest": digest, "details": details}]
+    for a in engine.adapters.names():
+        out.append({"name": a, "model": a, "modified_at": modified, "size": size, "digest": digest,
+                    "details": {**details, "parent_model": res.model_name}})
+    return out
+
+
+@bp.get("/tags")
+def tags():
+    return jsonify({"models": _models()})
+
+
+@bp.get("/ps")
+def ps():
+    engine = current_resources().require_engine()
+    return jsonify({"models": [{**m, "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
+                                "context_length": engine.context_length} for m in _models()]})
+
+
+@bp.post("/show")
+def show():
+    body = read_json_object(request)
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str):
+        raise bad_request("model is required (GET /api/tags lists them)", param="model")
+    _check_model({"model": name})
+    engine = current_resources().require_engine()
+    m = next(m for m in _models() if m["name"] == name)
+    return jsonify({"modelfile": "", "parameters": "", "template": engine.tokenizer.chat_template or "",
+                    "details": m["details"], "modified_at": m["modified_at"],
+                    "model_info": {"llama.context_length": engine.context_length,
+                                   "general.architecture": "llama"},
+                    "capabilities": ["completion", "tools"]})
+
+
+@bp.get("/version")
+def api_version():
+    return jsonify({"version": _ortllm_version()})
