@@ -17,6 +17,13 @@ def _add_build(sub) -> None:
     p = sub.add_parser("build", help="build an artifact from a recipe, a GGUF file or a HF directory")
     p.add_argument("model", metavar="RECIPE|PATH")
     p.add_argument("--out", required=True, type=Path, help="artifact directory to write")
+    _add_build_options(p)
+    p.add_argument("--force", action="store_true", help="replace whatever --out holds")
+    p.set_defaults(run=_run_build)
+
+
+def _add_build_options(p) -> None:
+    """The build options `ortllm build` and `ortllm pull` share."""
     p.add_argument("--source", help="weights for recipes that take a local path (e.g. tinyllama-1.1b-chat)")
     p.add_argument("--quant", default=None, help="fp32|int8|int4 (default: the recipe's)")
     p.add_argument("--block-size", type=int, default=None,
@@ -41,24 +48,27 @@ def _add_build(sub) -> None:
     p.add_argument("--graph", default="engine",
                    help="engine (paged KV, multi-LoRA; needs the ops library) | portable (stock ONNX Runtime)")
     p.add_argument("--exporter", default="native", help="native|optimum (optimum also writes optimum/)")
-    p.add_argument("--force", action="store_true", help="replace whatever --out holds")
-    p.set_defaults(run=_run_build)
 
 
 def _run_build(a) -> int:
-    from ortllm.pipeline.build import BuildOptions, build
+    from ortllm.pipeline.build import build
+
+    build(a.model, a.out, _build_options(a), source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
+    return 0
+
+
+def _build_options(a):
+    from ortllm.pipeline.build import BuildOptions
     from ortllm.pipeline.recipes import known_recipes
 
     defaults = known_recipes()[a.model].build if a.model in known_recipes() else {}
-    opts = BuildOptions(
+    return BuildOptions(
         quant=a.quant or defaults.get("quant", "fp32"),
         block_size=a.block_size or defaults.get("block_size", 32),
         algo=a.algo, lm_head=a.lm_head, kv=a.kv or defaults.get("kv", "fp32"),
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
         calib_tokens=a.calib_tokens, smooth=a.smooth)
-    build(a.model, a.out, opts, source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
-    return 0
 
 
 # ---------------------------------------------------------------- eval
@@ -386,12 +396,16 @@ def make_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_serve(sub)
     _add_batch(sub)
+    from ortllm.store.cli import add_store_verbs
+    add_store_verbs(sub, _add_build_options, _build_options)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
+        from ortllm.store.cli import resolve_artifact_args
+        resolve_artifact_args(args)      # store names (NAME:TAG) -> their artifact directories
         return args.run(args)
     except KeyboardInterrupt:
         print("ortllm: interrupted", file=sys.stderr)
