@@ -327,8 +327,10 @@ def _bench_plots(out: Path, rows: list[dict]) -> list[str]:
 # ---------------------------------------------------------------- serve
 
 def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="serve an engine artifact over an OpenAI-compatible HTTP API")
-    p.add_argument("artifact", type=Path, metavar="ARTIFACT")
+    p = sub.add_parser("serve", help="serve engine artifacts (directories or store names) over an OpenAI-compatible "
+                                     "HTTP API")
+    p.add_argument("artifact", type=Path, nargs="+", metavar="ARTIFACT",
+                   help="one model, loaded at start; or several, each loaded on its first request")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed when ready)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on the API")
@@ -338,6 +340,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
+                   help="with several models: unload one after this long without requests")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+                   help="with several models: GiB their weights and KV pools may take (default: 80%% of RAM); "
+                        "least recently used idle models are unloaded to make room")
     p.set_defaults(run=_run_serve)
 
 
@@ -347,9 +354,14 @@ def _run_serve(a) -> int:
     from ortllm.service.server import serve
 
     overrides = {k: v for k, v in (("max_queued", a.max_queued), ("threads", a.threads)) if v is not None}
-    config = ServiceConfig(artifact=a.artifact, host=a.host, port=a.port, api_key=a.api_key,
-                           model_name=a.model_name, http_threads=a.http_threads, request_timeout_s=a.request_timeout,
-                           drain_timeout_s=a.drain_timeout, engine_overrides=overrides)
+    from ortllm.store.cli import served_models
+    models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
+    config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,
+                           api_key=a.api_key, model_name=a.model_name or (models[0][0] if len(models) == 1 else None),
+                           http_threads=a.http_threads, request_timeout_s=a.request_timeout,
+                           drain_timeout_s=a.drain_timeout, engine_overrides=overrides,
+                           models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
+                           memory_budget_bytes=int(a.memory_budget * 2**30) if a.memory_budget else None)
     logs.configure()
     return serve(config)
 

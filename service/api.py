@@ -33,7 +33,10 @@ _POLL_S = 0.25     # how often a waiting handler checks for a hung-up client and
 
 @bp.get("/models")
 def list_models():
-    res = current_resources()
+    pool = current_resources()
+    if pool.lazy:       # several models: each with its adapters (as ADAPTER and MODEL:ADAPTER), loaded or not
+        return jsonify({"object": "list", "data": [card for res in pool.models for card in _pool_cards(res)]})
+    res = pool.default
     engine = res.require_engine()
     names = [None, *engine.adapters.names()]
     return jsonify({"object": "list", "data": [_model_card(res, engine, a) for a in names]})
@@ -41,7 +44,9 @@ def list_models():
 
 @bp.get("/models/<path:model>")
 def get_model(model: str):
-    res = current_resources()
+    res, model = current_resources().route(model)
+    if res.pool is not None:
+        return jsonify(next(c for c in _pool_cards(res) if c["id"] in (model, f"{res.model_name}:{model}")))
     engine = res.require_engine()
     return jsonify(_model_card(res, engine, resolve_adapter(engine, res.model_name, model)))
 
@@ -52,6 +57,17 @@ def _model_card(res: EngineResource, engine: Engine, adapter: str | None) -> dic
     if adapter is not None:
         card["parent"] = res.model_name
     return card
+
+
+def _pool_cards(res: EngineResource) -> list[dict]:
+    """A served model of a multi-model server, and its adapters, without loading it ("loaded" says if it is)."""
+    base = {"object": "model", "created": res.created, "owned_by": "ortllm", "root": res.model_name,
+            "loaded": res.engine is not None}
+    cards = [{**base, "id": res.model_name}]
+    for a in res.adapter_names():
+        cards += [{**base, "id": f"{res.model_name}:{a}", "parent": res.model_name},
+                  {**base, "id": a, "parent": res.model_name}]
+    return cards
 
 
 @bp.post("/adapters")
@@ -114,12 +130,16 @@ def chat_completions():
 # ---------------------------------------------------------------- one generation
 
 def _generate(kind: str, req: protocol.GenerationRequest):
-    res = current_resources()
-    engine = res.require_engine()
-    ids = prepare(engine, req, res.model_name, res.max_prompt_chars)
+    res, req.model = current_resources().route(req.model)     # which model (and adapter) answers
+    res.begin()              # holds the model (no unloading) until the call closes
+    try:
+        engine = res.require_engine()
+        ids = prepare(engine, req, res.model_name, res.max_prompt_chars)
+        handle = engine.submit(ids, req.params, request_id=g.request_id)
+    except BaseException:
+        res.end()
+        raise
     timeout = res.config.request_timeout_s
-    handle = engine.submit(ids, req.params, request_id=g.request_id)
-    res.begin()
     call = _Call(kind, req, res, engine, handle, g.request_id, g.t_start, g.t_start + timeout,
                  request.environ.get("waitress.client_disconnected"))
     if req.stream:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ortllm.runtime.errors import OrtllmError
 from ortllm.runtime.store import ModelRef, Store, StoreError, looks_like_name
 
 ARTIFACT_ARGS = ("artifact", "reference")
@@ -65,6 +66,7 @@ def resolve_artifact_args(args: argparse.Namespace) -> None:
     if getattr(args, "verify", False) and args.verb != "show":
         os.environ["ORTLLM_VERIFY"] = "1"           # every load in this process (and its workers) re-hashes
     store = None
+    args.store_names = {}                             # artifact directory -> the store name it was given as
     for attr in ARTIFACT_ARGS:
         value = getattr(args, attr, None)
         if value is None:
@@ -79,9 +81,28 @@ def resolve_artifact_args(args: argparse.Namespace) -> None:
                                      f"{args.adapters_verb} DIR ...`) and put it back with `ortllm pull DIR --name "
                                      f"{v} --force`")
                 store = store or Store()
-                v = store.path(str(v))
+                name = str(store.resolve(str(v)))
+                v = store.path(name)
+                args.store_names[Path(v)] = name
             out.append(Path(v))
         setattr(args, attr, out if isinstance(value, list) else out[0])
+
+
+def served_models(args: argparse.Namespace) -> tuple[tuple[str | None, Path], ...]:
+    """`ortllm serve A B ...`: (name clients send as `model`, artifact dir) per model: the store name it was given
+    as, else the artifact's recipe (or directory name)."""
+    from ortllm.runtime.artifact import read_manifest
+
+    out = []
+    for path in args.artifact:
+        name = args.store_names.get(Path(path))
+        if name is None:
+            try:
+                name = read_manifest(path).get("recipe") or Path(path).name
+            except OrtllmError:
+                name = Path(path).name if len(args.artifact) > 1 else None   # one model: its load says what is wrong
+        out.append((name, Path(path)))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- verbs
