@@ -208,7 +208,7 @@ class Store:
             return self._make_view(entry)
 
     def _make_view(self, entry: dict) -> Path:
-        """views/<digest>/: a hard link per artifact file (a symlink where the file system refuses links)."""
+        """views/<digest>/: a hard link per artifact file (a copy where the file system refuses links)."""
         digest = entry["artifact"].removeprefix("sha256-")
         view = self.views / digest
         if (view / C.MANIFEST).is_file():
@@ -226,8 +226,8 @@ class Store:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     os.link(self.blob(sha), dst)
-                except OSError:
-                    os.symlink(self.blob(sha), dst)
+                except OSError:      # no hard links here: a copy (ORT refuses external data behind a symlink)
+                    shutil.copyfile(self.blob(sha), dst)
             try:
                 tmp.rename(view)
             except OSError:           # another process made it first
