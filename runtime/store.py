@@ -84,7 +84,8 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists (leftovers of dead builds and pulls, stale server states)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -371,7 +372,7 @@ class Store:
         freed = 0
         for work in (self.home / "tmp").glob("pull-*-*"):      # build directories of killed pulls
             pid = work.name.split("-")[1]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(work, ignore_errors=True)
         if self.views.is_dir():
             for v in self.views.iterdir():
@@ -414,7 +415,7 @@ class Store:
                 state = json.loads(p.read_text())
             except (OSError, ValueError):
                 continue
-            if _pid_alive(int(state.get("pid", 0))):
+            if pid_alive(int(state.get("pid", 0))):
                 out.append(state)
             else:
                 p.unlink(missing_ok=True)      # a server that died without cleaning up
