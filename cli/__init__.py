@@ -17,6 +17,13 @@ def _add_build(sub) -> None:
     p = sub.add_parser("build", help="build an artifact from a recipe, a GGUF file or a HF directory")
     p.add_argument("model", metavar="RECIPE|PATH")
     p.add_argument("--out", required=True, type=Path, help="artifact directory to write")
+    _add_build_options(p)
+    p.add_argument("--force", action="store_true", help="replace whatever --out holds")
+    p.set_defaults(run=_run_build)
+
+
+def _add_build_options(p) -> None:
+    """The build options `ortllm build` and `ortllm pull` share."""
     p.add_argument("--source", help="weights for recipes that take a local path (e.g. tinyllama-1.1b-chat)")
     p.add_argument("--quant", default=None, help="fp32|int8|int4 (default: the recipe's)")
     p.add_argument("--block-size", type=int, default=None,
@@ -42,26 +49,28 @@ def _add_build(sub) -> None:
     p.add_argument("--graph", default="engine",
                    help="engine (paged KV, multi-LoRA; needs the ops library) | portable (stock ONNX Runtime)")
     p.add_argument("--exporter", default="native", help="native|optimum (optimum also writes optimum/)")
-    p.add_argument("--force", action="store_true", help="replace whatever --out holds")
-    p.set_defaults(run=_run_build)
 
 
 def _run_build(a) -> int:
-    from ortllm.pipeline.build import BuildOptions
-
     from .build import build_artifact
+
+    build_artifact(a.model, a.out, _build_options(a), source=a.source, force=a.force,
+                   log=lambda m: print(m, file=sys.stderr))
+    return 0
+
+
+def _build_options(a):
+    from ortllm.pipeline.build import BuildOptions
     from ortllm.pipeline.recipes import known_recipes
 
     defaults = known_recipes()[a.model].build if a.model in known_recipes() else {}
-    opts = BuildOptions(
+    return BuildOptions(
         quant=a.quant or defaults.get("quant", "fp32"),
         block_size=a.block_size or defaults.get("block_size", 32),
         algo=a.algo, lm_head=a.lm_head, kv=a.kv or defaults.get("kv", "fp32"),
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
         calib_tokens=a.calib_tokens, smooth=a.smooth)
-    build_artifact(a.model, a.out, opts, source=a.source, force=a.force, log=lambda m: print(m, file=sys.stderr))
-    return 0
 
 
 # ---------------------------------------------------------------- eval
@@ -324,8 +333,10 @@ def _bench_plots(out: Path, rows: list[dict]) -> list[str]:
 # ---------------------------------------------------------------- serve
 
 def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="serve an engine artifact over an OpenAI-compatible HTTP API")
-    p.add_argument("artifact", type=Path, metavar="ARTIFACT")
+    p = sub.add_parser("serve", help="serve engine artifacts (directories or store names) over an OpenAI-compatible "
+                                     "HTTP API")
+    p.add_argument("artifact", type=Path, nargs="+", metavar="ARTIFACT",
+                   help="one model, loaded at start; or several, each loaded on its first request")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed when ready)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on the API")
@@ -335,6 +346,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
+                   help="with several models: unload one after this long without requests")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+                   help="with several models: GiB their weights and KV pools may take (default: 80%% of RAM); "
+                        "least recently used idle models are unloaded to make room")
     p.set_defaults(run=_run_serve)
 
 
@@ -344,9 +360,14 @@ def _run_serve(a) -> int:
     from ortllm.service.server import serve
 
     overrides = {k: v for k, v in (("max_queued", a.max_queued), ("threads", a.threads)) if v is not None}
-    config = ServiceConfig(artifact=a.artifact, host=a.host, port=a.port, api_key=a.api_key,
-                           model_name=a.model_name, http_threads=a.http_threads, request_timeout_s=a.request_timeout,
-                           drain_timeout_s=a.drain_timeout, engine_overrides=overrides)
+    from ortllm.store.cli import served_models
+    models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
+    config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,
+                           api_key=a.api_key, model_name=a.model_name or (models[0][0] if len(models) == 1 else None),
+                           http_threads=a.http_threads, request_timeout_s=a.request_timeout,
+                           drain_timeout_s=a.drain_timeout, engine_overrides=overrides,
+                           models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
+                           memory_budget_bytes=int(a.memory_budget * 2**30) if a.memory_budget else None)
     logs.configure()
     return serve(config)
 
@@ -393,12 +414,16 @@ def make_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_serve(sub)
     _add_batch(sub)
+    from ortllm.store.cli import add_store_verbs
+    add_store_verbs(sub, _add_build_options, _build_options)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
+        from ortllm.store.cli import resolve_artifact_args
+        resolve_artifact_args(args)      # store names (NAME:TAG) -> their artifact directories
         return args.run(args)
     except KeyboardInterrupt:
         print("ortllm: interrupted", file=sys.stderr)

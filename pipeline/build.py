@@ -16,6 +16,7 @@ from typing import Callable
 
 from ortllm.runtime import contract as C
 from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
+from ortllm.runtime.store import pid_alive as _pid_alive
 
 from .errors import BuildError
 from .quantize import QuantPlan, check_block_size, parse_keep
@@ -263,16 +264,6 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
         manifest["calibration"] = calibration     # GPTQ's / SmoothQuant's data: tokens, sha256 of text and ids
     (tmp / C.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _clear_dead_leftovers(out: Path) -> None:

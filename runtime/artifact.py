@@ -5,25 +5,21 @@ options and the tool versions. Loading checks all of it and names the first file
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import contract as C
 from .errors import OrtllmError
+from .hash_cache import HashCache, full_verify_forced, sha256_of
 
 
 class ArtifactError(OrtllmError):
     """The artifact is missing, damaged or of another version; the message says what to rebuild."""
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+sha256_file = sha256_of      # one hashing function for the builder, the loader and the store
 
 
 def file_entry(path: Path) -> dict:
@@ -69,22 +65,38 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
-def load_artifact(path: Path, verify: bool = True) -> Artifact:
-    """Read and (by default) verify every file's size and sha256 against the manifest."""
+def load_artifact(path: Path, verify: bool = True, full: bool | None = None) -> Artifact:
+    """Read and (by default) verify every file's size and sha256 against the manifest.
+
+    A file hashed earlier whose (device, inode, size, mtime, ctime) are unchanged is taken from the hash cache
+    (hash_cache.py) instead of being read again; `full=True` or ORTLLM_VERIFY=1 re-hashes every file."""
     path = Path(path)
     manifest = read_manifest(path)
     if verify:
+        full = full_verify_forced() if full is None else full
+        cache = HashCache.default()
         for name, entry in manifest["files"].items():
             f = path / name
-            if not f.is_file():
-                raise ArtifactError(f"artifact file {name} is missing from {path}; rebuild with --force")
-            if f.stat().st_size != entry["size"]:
-                raise ArtifactError(f"artifact file {name} is {f.stat().st_size} bytes, the manifest says "
-                                    f"{entry['size']}: damaged or truncated; rebuild with --force")
-            if sha256_file(f) != entry["sha256"]:
-                raise ArtifactError(f"artifact file {name} does not match its sha256 in the manifest: damaged; "
-                                    "rebuild with --force")
+            try:
+                st = f.stat()
+            except FileNotFoundError:
+                st = None
+            if st is None or not f.is_file():
+                raise ArtifactError(f"artifact file {name} is missing from {path}; {repair_hint(path)}")
+            if st.st_size != entry["size"]:
+                raise ArtifactError(f"artifact file {name} is {st.st_size} bytes, the manifest says "
+                                    f"{entry['size']}: damaged or truncated ({f}); {repair_hint(path)}")
+            if cache.sha256(f, st, full=full) != entry["sha256"]:
+                raise ArtifactError(f"artifact file {name} does not match its sha256 in the manifest: damaged "
+                                    f"({os.path.realpath(f)}); {repair_hint(path)}")
+        cache.save()
     return Artifact(path, manifest)
+
+
+def repair_hint(path: Path) -> str:
+    """What to run to repair a damaged artifact: a store model is pulled again, a directory rebuilt."""
+    from .store import repair_hint_for_view
+    return repair_hint_for_view(Path(path)) or "rebuild with --force"
 
 
 

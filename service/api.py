@@ -38,7 +38,10 @@ _POLL_S = 0.25     # how often a waiting handler checks for a hung-up client and
 
 @bp.get("/models")
 def list_models():
-    res = current_resources()
+    pool = current_resources()
+    if pool.lazy:       # several models: each with its adapters (as ADAPTER and MODEL:ADAPTER), loaded or not
+        return jsonify({"object": "list", "data": [card for res in pool.models for card in _pool_cards(res)]})
+    res = pool.default
     engine = res.require_engine()
     names = [None, *engine.adapters.names()]
     return jsonify({"object": "list", "data": [_model_card(res, engine, a) for a in names]})
@@ -46,7 +49,9 @@ def list_models():
 
 @bp.get("/models/<path:model>")
 def get_model(model: str):
-    res = current_resources()
+    res, model = current_resources().route(model)
+    if res.pool is not None:
+        return jsonify(next(c for c in _pool_cards(res) if c["id"] in (model, f"{res.model_name}:{model}")))
     engine = res.require_engine()
     return jsonify(_model_card(res, engine, resolve_adapter(engine, res.model_name, model)))
 
@@ -57,6 +62,17 @@ def _model_card(res: EngineResource, engine: Engine, adapter: str | None) -> dic
     if adapter is not None:
         card["parent"] = res.model_name
     return card
+
+
+def _pool_cards(res: EngineResource) -> list[dict]:
+    """A served model of a multi-model server, and its adapters, without loading it ("loaded" says if it is)."""
+    base = {"object": "model", "created": res.created, "owned_by": "ortllm", "root": res.model_name,
+            "loaded": res.engine is not None}
+    cards = [{**base, "id": res.model_name}]
+    for a in res.adapter_names():
+        cards += [{**base, "id": f"{res.model_name}:{a}", "parent": res.model_name},
+                  {**base, "id": a, "parent": res.model_name}]
+    return cards
 
 
 @bp.post("/adapters")
@@ -134,19 +150,20 @@ def _generate(kind: str, req: protocol.GenerationRequest):
 
 def start(kind: str, req: protocol.GenerationRequest) -> "Call":
     """Check and submit one request (every prompt, n each); the Call that waits for or streams it."""
-    res = current_resources()
-    engine = res.require_engine()
-    prompts = prepare_all(engine, req, res.model_name, res.max_prompt_chars)
+    res, req.model = current_resources().route(req.model)     # which model (and adapter) answers
+    res.begin()              # holds the model (no unloading) until the call closes
     handles: list[RequestHandle] = []
     try:
+        engine = res.require_engine()
+        prompts = prepare_all(engine, req, res.model_name, res.max_prompt_chars)
         for p, ids in enumerate(prompts):
             rid = g.request_id if p == 0 else f"{g.request_id}-p{p}"
             handles += engine.submit_n(ids, req.params, req.n, request_id=rid)
     except BaseException:
         for h in handles:
             h.cancel()
+        res.end()
         raise
-    res.begin()
     return Call(kind, req, res, engine, handles, prompts, g.request_id, g.t_start,
                 g.t_start + res.config.request_timeout_s, request.environ.get("waitress.client_disconnected"))
 

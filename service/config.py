@@ -29,11 +29,24 @@ class ServiceConfig:
     health_error_window_s: float = 10.0      # /health says "degraded" this long after a failed model run
     load_in_background: bool = True          # create_app returns at once; /health is 503 "loading" until ready
     engine_overrides: dict = field(default_factory=dict)   # EngineConfig keys: max_queued, threads, num_blocks...
+    # Several models behind one server: ((served name, artifact dir), ...); each loads on its first request.
+    models: tuple = ()
+    memory_budget_bytes: int | None = None   # weights + KV pools of the loaded models; None: 80% of RAM
+    keep_alive_s: float = 300.0              # with several models: unload one after this long without requests
 
     def __post_init__(self) -> None:
         if self.artifact is not None:
             object.__setattr__(self, "artifact", Path(self.artifact))
         object.__setattr__(self, "engine_overrides", dict(self.engine_overrides))
+        object.__setattr__(self, "models", tuple((str(n), Path(p)) for n, p in self.models))
+        names = [n for n, _ in self.models]
+        _check(len(set(names)) == len(names), f"served model names must differ; got {', '.join(names)}: "
+               "give them store names (ortllm cp) or serve fewer")
+        _check(self.memory_budget_bytes is None or (isinstance(self.memory_budget_bytes, int)
+                                                    and self.memory_budget_bytes > 0),
+               f"memory_budget_bytes must be a positive integer or None; got {self.memory_budget_bytes!r}")
+        _check(isinstance(self.keep_alive_s, (int, float)) and self.keep_alive_s > 0,
+               f"keep_alive_s must be > 0 seconds; got {self.keep_alive_s!r}")
         _check(isinstance(self.port, int) and 0 <= self.port <= 65535, f"port must be in [0, 65535]; got {self.port!r}")
         _check(isinstance(self.http_threads, int) and self.http_threads >= 1,
                f"http_threads must be a positive integer (concurrent HTTP requests); got {self.http_threads!r}")

@@ -18,6 +18,7 @@ class _EngineCollector:
         self.resources = resources
 
     def collect(self):
+        yield from self._models()
         engine = self.resources.engine
         if engine is None:
             return
@@ -41,6 +42,23 @@ class _EngineCollector:
         yield steps
         yield gauge("ortllm_engine_python_overhead_ratio", "share of step time outside session.run",
                     s["python_overhead"])
+
+    def _models(self):
+        """Per served model: loaded or not, its reserved bytes, loads and unloads (idle / memory budget)."""
+        pool = self.resources
+        loaded = GaugeMetricFamily("ortllm_model_loaded", "1 if the served model is loaded", labels=["model"])
+        mem = GaugeMetricFamily("ortllm_model_memory_bytes", "weights + KV pool reserved by a loaded model",
+                                labels=["model"])
+        loads = CounterMetricFamily("ortllm_model_loads", "times a served model was loaded", labels=["model"])
+        unloads = CounterMetricFamily("ortllm_model_unloads", "times a served model was unloaded, by reason",
+                                      labels=["model", "reason"])
+        for m in pool.models:
+            loaded.add_metric([m.model_name or "model"], 1.0 if m.engine is not None else 0.0)
+            mem.add_metric([m.model_name or "model"], float(pool.manager.bytes_of(m.model_name)))
+            loads.add_metric([m.model_name or "model"], float(m.loads))
+            for reason, n in m.unloads.items():
+                unloads.add_metric([m.model_name or "model", reason], float(n))
+        yield from (loaded, mem, loads, unloads)
 
 
 class Metrics:

@@ -76,8 +76,10 @@ def serve(config: ServiceConfig, out=sys.stdout) -> int:
             raise res.load_error
         if not stop.is_set():
             from ortllm.runtime.artifact import quality_line
-            if line := quality_line(config.artifact):
-                print(f"ortllm: {line}", file=out, flush=True)
+            for m in res.models:
+                if line := quality_line(m.path):
+                    print(f"ortllm: {m.model_name}: {line}", file=out, flush=True)
+            res.register(server.url)
             print(f"ortllm: serving {res.model_name} at {server.url} (OpenAI API at {server.url}/v1, playground at "
                   f"{server.url}/); Ctrl-C to stop", file=out, flush=True)
         while not stop.wait(0.5):

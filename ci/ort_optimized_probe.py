@@ -1,0 +1,47 @@
+"""Session creation of a store model: ORT optimizing at load, vs loading a pre-optimized model file
+(optimized_model_filepath), vs no optimization (docs/benchmarks.md, Startup). Median of 5, seconds.
+
+    python ci/ort_optimized_probe.py NAME
+"""
+import os
+import statistics
+import sys
+import time
+
+import onnxruntime as ort
+
+from ortllm.runtime.ops_library import register_ops
+from ortllm.runtime.store import Store
+
+
+def session_seconds(path: str, level, out: str | None = None) -> float:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    register_ops(so)
+    so.graph_optimization_level = level
+    if out:
+        so.optimized_model_filepath = out
+    t = time.perf_counter()
+    ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    name = sys.argv[1]
+    model = str(Store().path(name) / "model.onnx")
+    work = "/tmp/st-opt-" + name.replace(":", "_")
+    os.makedirs(work, exist_ok=True)
+    if not os.path.exists(work + "/model.onnx.data"):
+        os.link(os.path.realpath(model + ".data"), work + "/model.onnx.data")
+    opt = work + "/opt.onnx"
+    level = ort.GraphOptimizationLevel
+    session_seconds(model, level.ORT_ENABLE_ALL, opt)
+    at_load = [session_seconds(model, level.ORT_ENABLE_ALL) for _ in range(5)]
+    pre = [session_seconds(opt, level.ORT_DISABLE_ALL) for _ in range(5)]
+    none = [session_seconds(model, level.ORT_DISABLE_ALL) for _ in range(5)]
+    print(name, "optimize at load", statistics.median(at_load), "pre-optimized file", statistics.median(pre),
+          "no optimization", statistics.median(none))
+
+
+if __name__ == "__main__":
+    main()

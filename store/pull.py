@@ -1,0 +1,150 @@
+"""`ortllm pull`: build (or take) an artifact and put it into the store under NAME:TAG.
+
+    RECIPE | GGUF | HF_DIR --build into $ORTLLM_HOME/tmp/pull-<pid>-*/--> artifact --Store.put--> blobs + manifest
+    ARTIFACT_DIR (has manifest.json) -------------------------------------------^
+
+One pull per name at a time (a file lock): a second pull of the same name waits, then finds the name there
+and stops, saying so. The build directory is removed whatever happens; a killed pull's is collected by the
+next `ortllm rm`. The name is written last, so nothing half-written is ever listed.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+from ortllm.runtime import contract as C
+from ortllm.runtime.store import ModelRef, Store
+
+
+def default_ref(spec: str, quant: str, manifest: dict | None = None) -> ModelRef:
+    """Recipe (or file/directory stem) as the name, the quantization as the tag: smollm2-135m-instruct:int4."""
+    if manifest is not None:
+        base = manifest.get("recipe") or Path(spec).resolve().name
+        quant = manifest["build"].get("quant", quant)
+    else:
+        base = spec if "/" not in spec and not Path(spec).exists() else Path(spec).resolve().name
+        base = re.sub(r"\.(gguf|safetensors)$", "", base)
+    name = re.sub(r"[^a-z0-9._-]+", "-", base.lower()).strip("-._") or "model"
+    return ModelRef(name[:100], quant)
+
+
+class _Progress:
+    """A tqdm line per build stage (the build's log messages), then a byte bar while blobs are written."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+
+    def stage(self, message: str) -> None:
+        self.close()
+        if not self.enabled:
+            print(message, file=sys.stderr)
+            return
+        from tqdm import tqdm
+        self.bar = tqdm(total=1, desc=message.rstrip(". "), file=sys.stderr, leave=True,
+                        bar_format="{desc}: {elapsed}")
+
+    def bytes(self, total: int, desc: str):
+        self.close()
+        if not self.enabled:
+            return None
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr)
+        return self.bar.update
+
+    def close(self) -> None:
+        if self.bar is not None:
+            if self.bar.total == 1 and self.bar.n == 0:
+                self.bar.update(1)
+            self.bar.close()
+            self.bar = None
+
+
+def pull(spec: str, opts, name: str | None = None, source: str | None = None, force: bool = False,
+         store: Store | None = None, progress: bool = True) -> tuple[ModelRef, dict, bool]:
+    """Returns (name, store manifest, whether this call wrote it). `opts`: pipeline BuildOptions."""
+    from ortllm.runtime.artifact import read_manifest
+
+    store = store or Store()
+    src_dir = Path(spec)
+    is_artifact = src_dir.is_dir() and (src_dir / C.MANIFEST).is_file()
+    manifest = read_manifest(src_dir) if is_artifact else None
+    ref = ModelRef.parse(name) if name else default_ref(spec, opts.quant, manifest)
+    bars = _Progress(progress)
+
+    def waiting() -> None:
+        print(f"ortllm: another pull of {ref} is running; waiting for it", file=sys.stderr, flush=True)
+
+    with store.pull_lock(ref, on_wait=waiting):
+        if store.has(ref) and not force:
+            print(f"ortllm: {ref} is in the store already (pass --force to rebuild it)", file=sys.stderr)
+            return ref, store.entry(ref), False
+        replaced = store.has(ref)
+        if is_artifact:
+            entry = _put(store, src_dir, ref, str(src_dir.resolve()), force, bars)
+        else:
+            entry = _build_and_put(store, spec, opts, ref, source, force, bars)
+    bars.close()
+    if replaced:
+        store.gc()          # the replaced artifact's files, unless another name holds them
+    return ref, entry, True
+
+
+def _put(store: Store, artifact: Path, ref: ModelRef, source: str, force: bool, bars: _Progress) -> dict:
+    from ortllm.runtime.artifact import read_manifest
+    files = read_manifest(artifact)["files"]
+    total = sum(e["size"] for e in files.values()) + (artifact / C.MANIFEST).stat().st_size
+    update = bars.bytes(total, f"verifying and storing {ref}")
+    entry = store.put(artifact, ref, source=source, force=force, progress=update)
+    bars.close()
+    return entry
+
+
+def _build_and_put(store: Store, spec: str, opts, ref: ModelRef, source: str | None, force: bool,
+                   bars: _Progress) -> dict:
+    from ortllm.cli.build import build_artifact as build     # the pipeline's build with the in-build quality check
+
+    work = store.home / "tmp" / f"pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    try:
+        out = work / ref.name
+        build(spec, out, opts, source=source, force=True, log=bars.stage)
+        bars.close()
+        how = spec if "/" not in spec and not Path(spec).exists() else str(Path(spec).resolve())
+        flags = _flags(opts)
+        if source:
+            flags = f"--source {source} {flags}".strip()
+        return _put(store, out, ref, f"{how} {flags}".strip(), force, bars)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _flags(opts) -> str:
+    """The build options as `ortllm pull` flags (for the repair command a damaged model's message gives)."""
+    from dataclasses import fields
+
+    from ortllm.pipeline.build import BuildOptions
+    default = BuildOptions()
+    out = []
+    for f in fields(opts):
+        v = getattr(opts, f.name)
+        if v == getattr(default, f.name):
+            continue
+        if f.name == "symmetric":
+            out.append("--symmetric")
+        elif f.name == "keep":
+            out += [f"--keep '{k}'" for k in v]
+        elif f.name in _FLAG:
+            out.append(f"{_FLAG[f.name]} {int(v) if isinstance(v, bool) else v}")
+    return " ".join(out)
+
+
+_FLAG = {"quant": "--quant", "block_size": "--block-size", "algo": "--algo", "lm_head": "--lm-head", "kv": "--kv",
+         "graph": "--graph", "exporter": "--exporter", "kv_block_size": "--kv-block-size",
+         "kv_rotate": "--kv-rotate", "smooth": "--smooth", "calib_tokens": "--calib-tokens",
+         "accuracy_level": "--accuracy-level"}
+
