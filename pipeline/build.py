@@ -16,7 +16,7 @@ from typing import Callable
 
 from ortllm.runtime import contract as C
 from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
-from ortllm.runtime.store import pid_alive as _pid_alive
+from ortllm.runtime.artifact import pid_alive as _pid_alive
 
 from .errors import BuildError
 from .quantize import QuantPlan, check_block_size, parse_keep

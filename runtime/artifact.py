@@ -113,3 +113,14 @@ def quality_line(path: Path) -> str | None:
     return (f"quality ({what}) vs fp32 over {fid['tokens']} tokens: PPL ratio {fid['ppl_ratio']:.4f} "
             f"± {fid['ppl_ratio_err']:.4f}, mean KLD {fid['kld_mean']:.5f}, top-1 {fid['top1_agreement']:.2%} "
             f"({C.QUALITY}; full-size figures: ortllm eval)")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists (leftovers of dead builds and pulls, stale server states)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

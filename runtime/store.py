@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import contract as C
+from .artifact import pid_alive
 from .errors import OrtllmError
 from .hash_cache import HashCache, ortllm_home
 
@@ -82,17 +83,6 @@ def _atomic_write(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process exists (leftovers of dead builds and pulls, stale server states)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Store:
