@@ -120,10 +120,12 @@ def read_output(path: Path) -> list[dict]:
 
 
 def comparable(line: dict) -> dict:
-    """An output line without what differs between runs (`created`)."""
+    """An output line without what differs between runs: `created`, and the prompt tokens served from the
+    prefix cache (`usage.prompt_tokens_details.cached_tokens`: each engine's cache history)."""
     line = json.loads(json.dumps(line))
     body = (line.get("response") or {}).get("body") or {}
     body.pop("created", None)
+    (body.get("usage") or {}).pop("prompt_tokens_details", None)
     return line
 
 

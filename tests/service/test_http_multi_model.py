@@ -29,7 +29,8 @@ OVERRIDES = {"num_blocks": 64}
 @pytest.fixture(scope="module")
 def two_models(tmp_path_factory, tiny_engine):
     """tiny:fp32 (with adapter `qv`) and tiny:int8 in a fresh store."""
-    from ortllm.pipeline.build import BuildOptions, build
+    from ortllm.cli.build import build_artifact as build
+    from ortllm.pipeline.build import BuildOptions
     from ortllm.pipeline.sources import load_model
 
     root = tmp_path_factory.mktemp("multi")
