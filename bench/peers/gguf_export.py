@@ -3,6 +3,7 @@
 Runs inside .venv-peers (ci/install_peers.sh runs it for every model that ships no GGUF; SmolLM2 ships one):
   .venv-peers/bin/python bench/peers/gguf_export.py HF_DIR OUT.gguf --type f32     (or f16)
   .venv-peers/bin/python bench/peers/gguf_export.py --quantize IN.gguf OUT.gguf --type q4_1
+  .venv-peers/bin/python bench/peers/gguf_export.py --quantize --allow-requantize Q4_1.gguf OUT.gguf --type q4_0
 Writing needs the standard library, numpy, gguf (gguf-py) and safetensors only; --quantize needs llama_cpp.
 
 Tensors get llama.cpp's names (token_embd, blk.N.attn_q, ...) and the metadata its llama loader reads.
@@ -189,8 +190,9 @@ def write_gguf(hf: Path, out: Path, dtype: str = "f32", name: str | None = None)
     return out
 
 
-def quantize(src: Path, dst: Path, qtype: str = "q4_1", threads: int = 0) -> Path:
-    """llama.cpp's quantizer on an F32/F16 GGUF (its default per-tensor type choice for `qtype`)."""
+def quantize(src: Path, dst: Path, qtype: str = "q4_1", threads: int = 0, allow_requantize: bool = False) -> Path:
+    """llama.cpp's quantizer on an F32/F16 GGUF (its default per-tensor type choice for `qtype`); with
+    allow_requantize, on an already quantized GGUF too (llama.cpp dequantizes it first)."""
     import ctypes
 
     import llama_cpp as L
@@ -201,6 +203,7 @@ def quantize(src: Path, dst: Path, qtype: str = "q4_1", threads: int = 0) -> Pat
     params = L.llama_model_quantize_default_params()
     params.ftype = QUANT_FTYPES[qtype]
     params.nthread = threads
+    params.allow_requantize = allow_requantize
     rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize({src} -> {dst}, {qtype}) returned {rc}")
@@ -224,10 +227,12 @@ def main(argv=None) -> int:
     p.add_argument("--type", default="f32", help="f32 or f16 when writing; q4_1 (q4_0, q8_0) with --quantize")
     p.add_argument("--quantize", action="store_true", help="quantize the GGUF `src` with llama.cpp")
     p.add_argument("--threads", type=int, default=0, help="quantizer threads (0: all cores)")
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="with --quantize: `src` may be quantized already (llama.cpp dequantizes it first)")
     p.add_argument("--name", default=None, help="general.name (default: the hf directory's parent's name)")
     a = p.parse_args(argv)
     if a.quantize:
-        quantize(a.src, a.out, a.type, a.threads)
+        quantize(a.src, a.out, a.type, a.threads, a.allow_requantize)
     else:
         write_gguf(a.src, a.out, a.type, a.name)
     types = ", ".join(f"{k} x{v}" for k, v in sorted(tensor_types(a.out).items()))
