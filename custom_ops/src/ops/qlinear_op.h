@@ -17,12 +17,21 @@
 //               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix;
 //               norm_eps (float, default 1e-5): the RMSNorm's epsilon, with norm_weight.
 #pragma once
+#include <map>
 #include <string>
+#include <vector>
 
 #include "../kernels/qlinear.h"
 #include "op_util.h"
 
 namespace ortllm {
+
+// An input as the kernel reads it: the value, its element type and shape.
+struct QLinearInput {
+  const OrtValue* value = nullptr;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+};
 
 struct QLinearKernel {
   QLinearKernel(const OrtApi& api, const OrtKernelInfo* info);
@@ -34,6 +43,7 @@ struct QLinearKernel {
   float norm_eps_ = 1e-5f;
   QLinearEpilogue epilogue_ = QLinearEpilogue::kNone;
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
+  std::map<size_t, QLinearInput> constant_;  // input index -> an initializer read once at creation
 };
 
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
