@@ -2,8 +2,8 @@
 
 Per layer, quantized (QLinear, pipeline/graph_qlinear.py):
 
-    x -> RMSNorm -> QLinear q|k|v (+LoRA) -> Split -> PagedAttention -> QLinear o (+LoRA, + x)
-      -> RMSNorm -> QLinear gate|up (+LoRA, SiLU * up) -> QLinear down (+LoRA, + x) -> next layer
+    x -> QLinear (RMSNorm, q|k|v, +LoRA; three outputs) -> PagedAttention -> QLinear o (+LoRA, + x)
+      -> QLinear (RMSNorm, gate|up, +LoRA, SiLU * up) -> QLinear down (+LoRA, + x) -> next layer
 
 fp32 projections (and groups QLinear cannot take: --keep splits, block size 16) use MatMul(NBits) with
 ortllm::MultiLoRA after each (adapter per token; the slot stacks are graph inputs, so adapters change
@@ -54,16 +54,14 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
     epilogue ("none": one output per path; "residual": residual + y; "swiglu": SiLU(gate) * up), as one
     QLinear where it can take them, else as plain ops and lora_projs:
 
-        QLinear:   x -> QLinear(norm, epilogue) [-> Split for q|k|v]
+        QLinear:   x -> QLinear(norm, epilogue) [-> q, k, v as its split outputs]
         otherwise: x [-> RMSNorm] -> lora_projs -> [Add(residual, y) | Mul(Mul(gate, Sigmoid(gate)), up)]
     """
     path = paths[0].rsplit("/", 1)[0]
     if qlinear_ready(quant, paths):
         y = qlinear(g, x, ws, paths, quant, lora={"layer": layer, "adapter": adapter}, epilogue=epilogue,
-                    residual=residual, norm=norm)
-        if epilogue != "none" or len(ws) == 1:
-            return [y]
-        return list(g.op("Split", [y, g.const([w.shape[0] for w in ws])], f"{path}/split", n_out=len(ws), axis=-1))
+                    residual=residual, norm=norm, split=epilogue == "none")
+        return list(y) if isinstance(y, list) else [y]
     if norm is not None:
         x = rms_norm(g, x, norm[0], norm[1], norm[2])
     ys = lora_projs(g, x, ws, paths, layer, adapter, quant)

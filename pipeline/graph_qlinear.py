@@ -31,8 +31,9 @@ def qlinear_ready(quant, paths: list[str]) -> bool:
 
 def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], quant, *, lora: dict | None = None,
             epilogue: str = "none", residual: str | None = None, norm: tuple[np.ndarray, float, str] | None = None,
-            path: str | None = None) -> str:
-    """x [T, K] -> y [T, sum(N_i)] ([T, N / 2] with "swiglu"; residual + x W^T with "residual").
+            split: bool = False, path: str | None = None) -> str | list[str]:
+    """x [T, K] -> y [T, sum(N_i)] ([T, N / 2] with "swiglu"; residual + x W^T with "residual"); split: one
+    output per weight, [T, N_i] each (q, k, v without a Split node).
 
         x [T, K] --> QLinear(codes, scales [, offsets] [, residual],
                              token_adapter, lora.scale, (A, B, rank) per target [, norm weight]) --> y
@@ -63,10 +64,12 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
         weight, eps, norm_path = norm
         ins[16] = g.weight(f"{norm_path}.weight", weight)
         attrs["norm_eps"] = float(eps)
+    if split and len(ws) > 1:
+        attrs["split"] = [int(w.shape[0]) for w in ws]
     while ins[-1] == "":
         ins.pop()
-    return g.op("QLinear", ins, path, domain=C.OPS_DOMAIN, K=q.k, N=q.n, bits=q.bits, block_size=q.block_size,
-                epilogue=epilogue, packed_a=1, **attrs)
+    return g.op("QLinear", ins, path, n_out=len(attrs.get("split", [0])), domain=C.OPS_DOMAIN, K=q.k, N=q.n,
+                bits=q.bits, block_size=q.block_size, epilogue=epilogue, packed_a=1, **attrs)
 
 EMBED_BLOCK = 32
 

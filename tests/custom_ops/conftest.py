@@ -103,13 +103,15 @@ QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, F16, F16, I32, F16, F16, I32,
 QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, 3, 3, 1, 3, 3, 1, 3, 3, 1, 1]
 
 
-def qlinear_model(present: list[str], **attrs) -> onnx.ModelProto:
-    """One QLinear node; `present` names the inputs fed (the others are left out as ONNX optional inputs)."""
+def qlinear_model(present: list[str], n_outputs: int = 1, **attrs) -> onnx.ModelProto:
+    """One QLinear node; `present` names the inputs fed (the others are left out as ONNX optional inputs);
+    n_outputs > 1: outputs y, y1, y2 (attribute split)."""
     names = [n if n in present else "" for n in QLINEAR_INPUTS]
     while names and not names[-1]:
         names.pop()
     inputs = [helper.make_tensor_value_info(n, t, [None] * r)
               for n, t, r in zip(QLINEAR_INPUTS, QLINEAR_TYPES, QLINEAR_RANKS) if n in present]
-    outputs = [helper.make_tensor_value_info("y", F32, [None, None])]
-    node = helper.make_node("QLinear", names, ["y"], domain="ortllm", **attrs)
+    out_names = ["y", "y1", "y2"][:n_outputs]
+    outputs = [helper.make_tensor_value_info(n, F32, [None, None]) for n in out_names]
+    node = helper.make_node("QLinear", names, out_names, domain="ortllm", **attrs)
     return _model(node, inputs, outputs)

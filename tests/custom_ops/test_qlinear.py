@@ -227,6 +227,32 @@ def test_fused_rms_norm(T):
     assert_close(y, ref, atol=3e-6 * mag + step + 1e-6, rtol=1e-6, what=f"norm T={T}")
 
 
+@pytest.mark.parametrize("T", [1, 7, 64])
+def test_split_outputs_are_the_columns_of_y(T):
+    """split = [576, 192, 192]: q, k and v come out as three outputs, bitwise the columns of the one output."""
+    rng = np.random.default_rng(T + 3)
+    x = rng.standard_normal((T, 576), dtype=np.float32)
+    w = weight(576, 960, "int4")
+    lora, _ = lora_case(rng, T, 576, [576, 192, 192], ranks=(8, 16), n_adapters=3)
+    feeds = feeds_for(w, x, norm_weight=rng.uniform(0.5, 1.5, 576).astype(np.float32), **lora)
+    attrs = dict(K=576, N=960, bits=4, block_size=32, packed_a=1)
+    (full,) = session(qlinear_model(sorted(feeds), **attrs), threads=2).run(None, feeds)
+    q, k, v = session(qlinear_model(sorted(feeds), n_outputs=3, split=[576, 192, 192], **attrs),
+                      threads=2).run(None, feeds)
+    np.testing.assert_array_equal(np.concatenate([q, k, v], axis=1), full)
+    assert "attribute split must be 1 to 3 positive widths summing to N = 960" in _bad_split([576, 192, 100])
+    assert 'attribute split needs epilogue "none"' in _bad_split([480, 480], epilogue="swiglu")
+
+
+def _bad_split(split, **attrs):
+    w = weight(576, 960, "int4")
+    feeds = feeds_for(w, np.ones((2, 576), np.float32))
+    a = dict(K=576, N=960, bits=4, block_size=32) | attrs
+    with pytest.raises(Exception) as e:
+        session(qlinear_model(sorted(feeds), n_outputs=len(split), split=split, **a)).run(None, feeds)
+    return str(e.value)
+
+
 # ---------------------------------------------------------------- batch invariance (bitwise)
 
 def _invariance_case(epilogue, form):

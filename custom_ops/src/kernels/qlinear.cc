@@ -181,6 +181,15 @@ void add_lora(const Ctx& c, int64_t ts, int nt, int64_t c0, float* v) {
   }
 }
 
+// v[0:cols] = columns c0.. of token t's y, written to the split outputs they belong to.
+void store_split(const QLinearArgs& a, int64_t t, int64_t c0, int cols, const float* v) {
+  for (int j = 0; j < a.n_outputs; ++j) {
+    const int64_t lo = std::max(c0, a.out_col0[j]), hi = std::min(c0 + cols, a.out_col0[j] + a.out_width[j]);
+    float* out = a.outputs[j] + t * a.out_width[j] - a.out_col0[j];
+    for (int64_t col = lo; col < hi; ++col) out[col] = v[col - c0];
+  }
+}
+
 QGroup group(const Ctx& c, int64_t g) {
   const QLinearArgs& a = *c.a;
   const int64_t kb8 = c.kb * 8;
@@ -222,6 +231,8 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
         if (d.epilogue == QLinearEpilogue::kResidual) {
           const float* res = a.residual + t * N + c0;
           for (int r = 0; r < cols; ++r) y[r] = res[r] + v[r];
+        } else if (a.n_outputs > 1) {
+          store_split(a, t, c0, cols, v);
         } else {
           for (int r = 0; r < cols; ++r) y[r] = v[r];
         }

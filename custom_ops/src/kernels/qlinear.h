@@ -39,6 +39,7 @@ namespace ortllm {
 enum class QLinearEpilogue { kNone, kResidual, kSwiGLU };
 
 constexpr int kQLinearMaxSegments = 3;  // LoRA targets sharing one fused weight (q|k|v)
+constexpr int kQLinearMaxOutputs = 3;   // epilogue "none": y split along N into up to 3 outputs (q, k, v)
 
 struct QLinearLoraSegment {
   const uint16_t* A;     // [n_slots, K, r_max] fp16 bits (packed_a: slot s holds [K, rank[s]] rows)
@@ -75,7 +76,10 @@ struct QLinearArgs {
   bool packed_a;
   int n_segments;
   QLinearLoraSegment seg[kQLinearMaxSegments];
-  float* y;                     // [T, y_cols]
+  float* y;                     // [T, y_cols], or with n_outputs > 1 (epilogue kNone only):
+  int n_outputs;                // outputs[j] [T, out_width[j]] = columns [out_col0[j], + out_width[j]) of y
+  float* outputs[kQLinearMaxOutputs];
+  int64_t out_col0[kQLinearMaxOutputs], out_width[kQLinearMaxOutputs];
 };
 
 void qlinear(const QLinearDims& dims, const QLinearArgs& args, const Parallel& par);

@@ -54,6 +54,18 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   block_size_ = attr_int(&api, info, "block_size", 0);
   packed_a_ = attr_int(&api, info, "packed_a", 0) != 0;
   norm_eps_ = attr_float(&api, info, "norm_eps", 1e-5f);
+  {
+    size_t n = 0;
+    if (OrtStatus* st = api.KernelInfoGetAttributeArray_int64(info, "split", nullptr, &n)) {
+      api.ReleaseStatus(st);
+    } else {
+      split_.resize(n);
+      if (OrtStatus* st2 = api.KernelInfoGetAttributeArray_int64(info, "split", split_.data(), &n)) {
+        api.ReleaseStatus(st2);
+        split_.clear();
+      }
+    }
+  }
   const std::string epi = attr_string(&api, info, "epilogue", "none");
   std::ostringstream err;
   if (K_ <= 0 || N_ <= 0) err << kOp << ": attributes K and N must be > 0; got K = " << K_ << ", N = " << N_;
@@ -66,6 +78,16 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   else err << kOp << ": attribute epilogue must be \"none\", \"residual\" or \"swiglu\"; got \"" << epi << "\"";
   if (err.str().empty() && epilogue_ == QLinearEpilogue::kSwiGLU && N_ % 16 != 0)
     err << kOp << ": epilogue \"swiglu\" needs N (gate|up) a multiple of 16; got N = " << N_;
+  if (err.str().empty() && !split_.empty()) {
+    int64_t sum = 0;
+    bool positive = true;
+    for (int64_t w : split_) sum += w, positive = positive && w > 0;
+    if (epilogue_ != QLinearEpilogue::kNone)
+      err << kOp << ": attribute split needs epilogue \"none\"";
+    else if (split_.size() > static_cast<size_t>(kQLinearMaxOutputs) || !positive || sum != N_)
+      err << kOp << ": attribute split must be 1 to " << kQLinearMaxOutputs << " positive widths summing to N = "
+          << N_ << "; got " << shape_str(split_);
+  }
   init_error_ = err.str();
   // The weight, its scales and offsets and the norm weight are initializers: read them (pointer, type, shape)
   // once here instead of on every call. Reading an input's type and shape costs about a microsecond, and a
@@ -185,8 +207,22 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         fail(kOp, ": the LoRA segments' output widths (B_j's last dims) sum to ", col, "; expected N = ", N_);
     }
 
-    float* y = ctx.GetOutput(0, {T, dims.y_cols()}).GetTensorMutableData<float>();
-    a.y = y;
+    if (split_.size() > 1) {
+      if (ctx.GetOutputCount() < split_.size())
+        fail(kOp, ": attribute split names ", split_.size(), " outputs; the node has ", ctx.GetOutputCount());
+      int64_t col = 0;
+      for (size_t j = 0; j < split_.size(); ++j) {
+        a.outputs[j] = ctx.GetOutput(j, {T, split_[j]}).GetTensorMutableData<float>();
+        a.out_col0[j] = col;
+        a.out_width[j] = split_[j];
+        col += split_[j];
+      }
+      a.n_outputs = static_cast<int>(split_.size());
+      a.y = a.outputs[0];
+    } else {
+      a.y = ctx.GetOutput(0, {T, dims.y_cols()}).GetTensorMutableData<float>();
+      a.n_outputs = 1;
+    }
     qlinear(dims, a, Parallel{ort_parallel_for, context});
     return nullptr;
   } catch (const OpError& e) {

@@ -11,11 +11,14 @@
 //                                           rank_j [n_slots] i32; segment j covers output columns
 //                                           [N_0 + .. + N_{j-1}, + N_j); present segments cover N exactly
 //            16 norm_weight [K] f32     optional: y is computed from RMSNorm(x) * norm_weight (eps: norm_eps)
-//   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:])
+//   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:]);
+//            with attribute split = [N_0, N_1(, N_2)] (epilogue "none"): y_j [T, N_j] = columns N_0 + .. of y,
+//            outputs 1 and 2 optional (q, k, v straight out of the fused q|k|v projection, no Split node)
 //   attributes: K, N, bits (4 | 8), block_size (a multiple of 32) -- int, required;
 //               epilogue (string "none" | "residual" | "swiglu", default "none");
 //               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix;
-//               norm_eps (float, default 1e-5): the RMSNorm's epsilon, with norm_weight.
+//               norm_eps (float, default 1e-5): the RMSNorm's epsilon, with norm_weight;
+//               split (ints, optional): the outputs' widths, summing to N.
 #pragma once
 #include <map>
 #include <string>
@@ -41,6 +44,7 @@ struct QLinearKernel {
   int64_t K_ = 0, N_ = 0, bits_ = 0, block_size_ = 0;
   bool packed_a_ = false;
   float norm_eps_ = 1e-5f;
+  std::vector<int64_t> split_;
   QLinearEpilogue epilogue_ = QLinearEpilogue::kNone;
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
   std::map<size_t, QLinearInput> constant_;  // input index -> an initializer read once at creation
@@ -55,7 +59,11 @@ struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
   size_t GetInputTypeCount() const { return kInputs; }
   ONNXTensorElementDataType GetInputType(size_t i) const;
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const;
-  size_t GetOutputTypeCount() const { return 1; }
+  size_t GetOutputTypeCount() const { return kQLinearMaxOutputs; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i == 0 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+  }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 

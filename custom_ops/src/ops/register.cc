@@ -113,16 +113,39 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
     return nullptr;
   }
   const int64_t n = attr_int("N", -1);
-  dims[1] = n > 0 && std::string(epi) == "swiglu" ? n / 2 : n;
+  // widths of the outputs: attribute split (epilogue "none"), else one output of N (N / 2 with swiglu)
+  std::vector<int64_t> widths(ortllm::kQLinearMaxOutputs, 0);
+  {
+    const OrtOpAttr* attr = nullptr;
+    size_t size = 0;
+    if (OrtStatus* st = api.ShapeInferContext_GetAttribute(ctx, "split", &attr)) {
+      api.ReleaseStatus(st);
+      widths.clear();
+    } else if (OrtStatus* st2 = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, widths.data(),
+                                                widths.size() * sizeof(int64_t), &size)) {
+      api.ReleaseStatus(st2);
+      widths.clear();
+    } else {
+      widths.resize(size / sizeof(int64_t));
+    }
+  }
+  if (widths.empty()) widths = {n > 0 && std::string(epi) == "swiglu" ? n / 2 : n};
   const char* out_syms[2] = {syms[0] ? syms[0] : "", ""};
-  OrtTensorTypeAndShapeInfo* out = nullptr;
-  if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&out)) return st;
-  OrtStatus* st = api.SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
-  if (!st) st = api.SetDimensions(out, dims, 2);
-  if (!st) st = api.SetSymbolicDimensions(out, out_syms, 2);
-  if (!st) st = api.ShapeInferContext_SetOutputTypeShape(ctx, 0, out);
-  api.ReleaseTensorTypeAndShapeInfo(out);
-  return st;
+  for (size_t j = 0; j < widths.size(); ++j) {
+    dims[1] = widths[j];
+    OrtTensorTypeAndShapeInfo* out = nullptr;
+    if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&out)) return st;
+    OrtStatus* st = api.SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+    if (!st) st = api.SetDimensions(out, dims, 2);
+    if (!st) st = api.SetSymbolicDimensions(out, out_syms, 2);
+    if (!st) st = api.ShapeInferContext_SetOutputTypeShape(ctx, j, out);
+    api.ReleaseTensorTypeAndShapeInfo(out);
+    if (st) {  // e.g. a node wired with fewer outputs than split names: the kernel reports that
+      api.ReleaseStatus(st);
+      break;
+    }
+  }
+  return nullptr;
 }
 
 struct Ops {
