@@ -29,11 +29,13 @@ namespace ortllm {
 namespace avx2 {
 namespace {
 
+// ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)): the same tree as hsum4 below, so a score is the same
+// bits whichever path computes it (two rows x four keys, one row x four keys, or a tail key): which path a
+// key takes depends on how many rows and keys the tile has, i.e. on the batch and the prefill chunking.
 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  __m256 t = _mm256_hadd_ps(v, v);
+  t = _mm256_hadd_ps(t, t);
+  return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
 // [sum(a0), sum(a1), sum(a2), sum(a3)]
