@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ortllm.runtime import contract as C
+
 from .results import row
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +50,7 @@ def model_of(artifact) -> str | None:
     """The ortllm recipe an artifact was built from (manifest.json "recipe"): it names the peers' assets.
     None for an artifact built from a path (no recipe) or without a readable manifest."""
     try:
-        return json.loads((Path(artifact) / "manifest.json").read_text()).get("recipe")
+        return json.loads((Path(artifact) / C.MANIFEST).read_text()).get("recipe")
     except (OSError, ValueError):
         return None
 
