@@ -1,5 +1,5 @@
 """Session creation of a store model: ORT optimizing at load, vs loading a pre-optimized model file
-(optimized_model_filepath), vs no optimization (docs/benchmarks.md, Startup). Median of 5, seconds.
+(optimized_model_filepath), vs no optimization (docs/notes/benchmarks.md, Startup). Median of 5, seconds.
 
     python ci/ort_optimized_probe.py NAME
 """
