@@ -368,6 +368,7 @@ def main(argv=None) -> int:
     """python -m ortllm.bench.peer_runner [--artifact DIR | --model RECIPE] --peers llama.cpp,genai,transformers"""
     import argparse
 
+    from .provenance import command
     from .results import markdown_table, write_results
 
     p = argparse.ArgumentParser(description=main.__doc__)
@@ -395,8 +396,8 @@ def main(argv=None) -> int:
     for r in ratios(rows):
         print(f"ortllm vs {r['peer']}: {r['scenario']} B={r['batch']}: {r['ratio']:.2f}x")
     if a.out:
-        command = " ".join(["python -m ortllm.bench.peer_runner", *(argv or sys.argv[1:])])
-        print(f"results written to {write_results(a.out, rows, command)}", file=sys.stderr)
+        cmd = command("python -m ortllm.bench.peer_runner", argv)
+        print(f"results written to {write_results(a.out, rows, cmd)}", file=sys.stderr)
     return 0
 
 
