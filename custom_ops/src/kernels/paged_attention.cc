@@ -43,8 +43,8 @@ constexpr int64_t kSplitKeys = 512;  // at least this many keys per part
 struct WorkItem {
   int32_t seq, kv_head, t0, t1;  // query tokens [t0, t1) of the sequence (relative to cu_seqlens[seq])
   int64_t cost;
-  int64_t blk0 = 0, blk1 = -1;   // key blocks [blk0, blk1) of this item (-1: all it needs)
-  float* partial = nullptr;      // split items: [rows, D] unnormalized O | m [rows] | l [rows]
+  int64_t blk0 = 0, blk1 = -1;  // key blocks [blk0, blk1) of this item (-1: all it needs)
+  float* partial = nullptr;     // split items: [rows, D] unnormalized O | m [rows] | l [rows]
 };
 
 struct Ctx {
@@ -55,7 +55,6 @@ struct Ctx {
   const WorkItem* items;
   const VecOps* vec;
 };
-
 
 // Phase 1: one token: rope/rotate its queries into q_work, write its K/V rows into the cache.
 void write_token(void* usr, size_t ti) {
@@ -89,8 +88,8 @@ void write_token(void* usr, size_t ti) {
       std::memcpy(static_cast<float*>(a.key_cache) + slot * D, row.data(), sizeof(float) * D);
     } else {
       uint8_t* dst = static_cast<uint8_t*>(a.key_cache) + slot * D;
-      a.key_scales[slot] = d.kv_dtype == KvDtype::kInt8 ? quantize_int8(row.data(), D, dst)
-                                                        : quantize_e4m3(row.data(), D, dst);
+      a.key_scales[slot] =
+          d.kv_dtype == KvDtype::kInt8 ? quantize_int8(row.data(), D, dst) : quantize_e4m3(row.data(), D, dst);
     }
     // value (no rope, no rotation)
     const float* vsrc = a.v + t * Hkv * D + g * D;
@@ -98,8 +97,7 @@ void write_token(void* usr, size_t ti) {
       std::memcpy(static_cast<float*>(a.value_cache) + slot * D, vsrc, sizeof(float) * D);
     } else {
       uint8_t* dst = static_cast<uint8_t*>(a.value_cache) + slot * D;
-      a.value_scales[slot] = d.kv_dtype == KvDtype::kInt8 ? quantize_int8(vsrc, D, dst)
-                                                          : quantize_e4m3(vsrc, D, dst);
+      a.value_scales[slot] = d.kv_dtype == KvDtype::kInt8 ? quantize_int8(vsrc, D, dst) : quantize_e4m3(vsrc, D, dst);
     }
   }
 }
@@ -176,8 +174,8 @@ struct Span {
 };
 
 // Loads the span's blocks and writes their scores S [rows, span] = scale * Qb . K.
-void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks,
-                ItemScratch& w, Span& sp) {
+void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks, ItemScratch& w,
+                Span& sp) {
   const PagedAttentionDims& d = *c.d;
   const PagedAttentionArgs& a = *c.a;
   const VecOps& vec = *c.vec;
@@ -271,7 +269,6 @@ void attend_item(void* usr, size_t ii) {
   store_item(c, it, sh, w);
 }
 
-
 // A decode item split along its keys: its parts are items[first, first + count).
 struct Split {
   size_t first, count;
@@ -330,8 +327,7 @@ std::vector<Split> split_long_decodes(const PagedAttentionDims& d, const PagedAt
     partials.resize(parts.size() * part_floats);
     for (size_t k = 0; k < parts.size(); ++k) parts[k].partial = partials.data() + k * part_floats;
     for (Split& sp : splits) sp.first -= base;  // index into `parts`
-    items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }),
-                items.end());
+    items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }), items.end());
     const size_t offset = items.size();
     for (Split& sp : splits) sp.first += offset;
     items.insert(items.end(), parts.begin(), parts.end());
@@ -373,8 +369,7 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   std::vector<float> partials;
   const std::vector<Split> splits = split_long_decodes(d, a, items, partials);
   std::vector<WorkItem> order = items;  // run longest first; `items` keeps the split layout
-  std::stable_sort(order.begin(), order.end(),
-                   [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
+  std::stable_sort(order.begin(), order.end(), [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
   std::vector<float> q_work(static_cast<size_t>(T * d.num_heads * d.head_size));
   Ctx c{&d, &a, token_seq.data(), q_work.data(), order.data(), &vec()};
   par.run(static_cast<size_t>(T), write_token, &c);

@@ -36,12 +36,11 @@ struct Extents {
 
 // Every input's shape against the attributes; fills the extents.
 template <typename CacheT>
-void check_shapes(Extents& e, const F32& q, const F32& k, const F32& v, const I32& positions,
-                  const I32& cu_seqlens, const I32& context_lens, const I32& block_tables, const F32& cos_cache,
-                  const F32& sin_cache, const Ort::Custom::Tensor<CacheT>& key_cache,
-                  const Ort::Custom::Tensor<CacheT>& value_cache, std::optional<const F16*> key_scales,
-                  std::optional<const F16*> value_scales, std::optional<F16*> key_scales_out,
-                  std::optional<F16*> value_scales_out) {
+void check_shapes(Extents& e, const F32& q, const F32& k, const F32& v, const I32& positions, const I32& cu_seqlens,
+                  const I32& context_lens, const I32& block_tables, const F32& cos_cache, const F32& sin_cache,
+                  const Ort::Custom::Tensor<CacheT>& key_cache, const Ort::Custom::Tensor<CacheT>& value_cache,
+                  std::optional<const F16*> key_scales, std::optional<const F16*> value_scales,
+                  std::optional<F16*> key_scales_out, std::optional<F16*> value_scales_out) {
   const int64_t H = e.H, Hkv = e.Hkv, D = e.D, BS = e.BS;
   const auto& qs = q.Shape();
   if (qs.size() != 2) fail(kOp, ": input 'q' must be [T, num_heads*head_size]; got shape ", shape_str(qs));
@@ -68,17 +67,19 @@ void check_shapes(Extents& e, const F32& q, const F32& k, const F32& v, const I3
   const int64_t NB = kcs[0];
   expect_shape(kOp, "key_cache", kcs, {NB, Hkv, BS, D});
   expect_shape(kOp, "value_cache", value_cache.Shape(), {NB, Hkv, BS, D});
-  e.have_scales = key_scales.has_value() && value_scales.has_value() && *key_scales != nullptr &&
-                  *value_scales != nullptr;
+  e.have_scales =
+      key_scales.has_value() && value_scales.has_value() && *key_scales != nullptr && *value_scales != nullptr;
   e.have_scale_outs = key_scales_out.has_value() && value_scales_out.has_value() && *key_scales_out != nullptr &&
                       *value_scales_out != nullptr;
   if (e.eight_bit) {
     if (!e.have_scales)
-      fail(kOp, ": inputs 'key_scales' and 'value_scales' [num_blocks, kv_num_heads, block_size] "
-                "are required for kv_dtype int8/fp8_e4m3");
+      fail(kOp,
+           ": inputs 'key_scales' and 'value_scales' [num_blocks, kv_num_heads, block_size] "
+           "are required for kv_dtype int8/fp8_e4m3");
     if (!e.have_scale_outs)
-      fail(kOp, ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype "
-                "int8/fp8_e4m3");
+      fail(kOp,
+           ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype "
+           "int8/fp8_e4m3");
     expect_shape(kOp, "key_scales", (*key_scales)->Shape(), {NB, Hkv, BS});
     expect_shape(kOp, "value_scales", (*value_scales)->Shape(), {NB, Hkv, BS});
   }
@@ -91,8 +92,7 @@ void check_shapes(Extents& e, const F32& q, const F32& k, const F32& v, const I3
 
 // Every index the kernel will follow (cu_seqlens, positions, context_lens, block_tables), before anything
 // is written.
-void check_values(const Extents& e, const int32_t* cu, const int32_t* pos, const int32_t* ctxl,
-                  const int32_t* bt) {
+void check_values(const Extents& e, const int32_t* cu, const int32_t* pos, const int32_t* ctxl, const int32_t* bt) {
   const int64_t T = e.T, S = e.S, MB = e.MB, NB = e.NB, BS = e.BS, max_pos = e.max_pos;
   if (cu[0] != 0) fail(kOp, ": input 'cu_seqlens'[0] = ", cu[0], " must be 0");
   for (int64_t s = 0; s < S; ++s)
@@ -186,8 +186,8 @@ PagedAttentionOp<CacheT>::PagedAttentionOp(const OrtApi* api, const OrtKernelInf
     else if (block_size_ <= 0)
       err << kOp << ": attribute block_size = " << block_size_ << " must be positive";
     else if (float_cache == eight_bit)
-      err << kOp << ": attribute kv_dtype = '" << dt << "' needs "
-          << (eight_bit ? "uint8" : "float32") << " key_cache/value_cache tensors";
+      err << kOp << ": attribute kv_dtype = '" << dt << "' needs " << (eight_bit ? "uint8" : "float32")
+          << " key_cache/value_cache tensors";
     else if (interleaved != 0 && interleaved != 1)
       err << kOp << ": attribute rope_interleaved = " << interleaved << " must be 0 or 1";
   }
@@ -197,33 +197,44 @@ PagedAttentionOp<CacheT>::PagedAttentionOp(const OrtApi* api, const OrtKernelInf
 }
 
 template <typename CacheT>
-Ort::Status PagedAttentionOp<CacheT>::Compute(
-    OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v, const I32& positions,
-    const I32& cu_seqlens, const I32& context_lens, const I32& block_tables, const F32& cos_cache,
-    const F32& sin_cache, const Cache& key_cache, const Cache& value_cache,
-    std::optional<const F16*> key_scales, std::optional<const F16*> value_scales, F32& attn,
-    Cache& key_cache_out, Cache& value_cache_out, std::optional<F16*> key_scales_out,
-    std::optional<F16*> value_scales_out) {
+Ort::Status PagedAttentionOp<CacheT>::Compute(OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v,
+                                              const I32& positions, const I32& cu_seqlens, const I32& context_lens,
+                                              const I32& block_tables, const F32& cos_cache, const F32& sin_cache,
+                                              const Cache& key_cache, const Cache& value_cache,
+                                              std::optional<const F16*> key_scales,
+                                              std::optional<const F16*> value_scales, F32& attn, Cache& key_cache_out,
+                                              Cache& value_cache_out, std::optional<F16*> key_scales_out,
+                                              std::optional<F16*> value_scales_out) {
   try {
     if (!init_error_.empty()) throw OpError(init_error_);
     Extents e{num_heads_, kv_heads_, head_size_, block_size_, kv_dtype_ != KvDtype::kFloat32};
-    check_shapes<CacheT>(e, q, k, v, positions, cu_seqlens, context_lens, block_tables, cos_cache, sin_cache,
-                         key_cache, value_cache, key_scales, value_scales, key_scales_out, value_scales_out);
+    check_shapes<CacheT>(e, q, k, v, positions, cu_seqlens, context_lens, block_tables, cos_cache, sin_cache, key_cache,
+                         value_cache, key_scales, value_scales, key_scales_out, value_scales_out);
     check_values(e, cu_seqlens.Data(), positions.Data(), context_lens.Data(), block_tables.Data());
 
     float* out = attn.Allocate({e.T, e.H * e.D});
     CacheT* kc = nullptr;
     CacheT* vc = nullptr;
-    const auto [ks, vs] = allocate_outputs<CacheT>(e, key_cache, value_cache, key_scales, value_scales,
-                                                   key_cache_out, value_cache_out, key_scales_out,
-                                                   value_scales_out, kc, vc);
+    const auto [ks, vs] = allocate_outputs<CacheT>(e, key_cache, value_cache, key_scales, value_scales, key_cache_out,
+                                                   value_cache_out, key_scales_out, value_scales_out, kc, vc);
     if (e.T == 0) return Ort::Status{nullptr};
 
-    PagedAttentionDims dims{e.T, e.S, e.H, e.Hkv, e.D, e.BS, e.MB, e.NB, e.max_pos,
-                            kv_dtype_, rotate_, interleaved_, scale_};
-    PagedAttentionArgs args{q.Data(), k.Data(), v.Data(), positions.Data(), cu_seqlens.Data(),
-                            context_lens.Data(), block_tables.Data(), cos_cache.Data(), sin_cache.Data(),
-                            kc, vc, reinterpret_cast<uint16_t*>(ks), reinterpret_cast<uint16_t*>(vs), out};
+    PagedAttentionDims dims{e.T,  e.S,       e.H,       e.Hkv,   e.D,          e.BS,  e.MB,
+                            e.NB, e.max_pos, kv_dtype_, rotate_, interleaved_, scale_};
+    PagedAttentionArgs args{q.Data(),
+                            k.Data(),
+                            v.Data(),
+                            positions.Data(),
+                            cu_seqlens.Data(),
+                            context_lens.Data(),
+                            block_tables.Data(),
+                            cos_cache.Data(),
+                            sin_cache.Data(),
+                            kc,
+                            vc,
+                            reinterpret_cast<uint16_t*>(ks),
+                            reinterpret_cast<uint16_t*>(vs),
+                            out};
     Parallel par{ort_parallel_for, ctx};
     paged_attention(dims, args, par);
     return Ort::Status{nullptr};
