@@ -40,9 +40,11 @@ serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 test: $(STAMP) ops browser lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# ruff over the whole tree (rules and each exception: pyproject.toml [tool.ruff]).
+# ruff over the whole tree (rules and each exception: pyproject.toml [tool.ruff]), and clang-format over
+# custom_ops/src (custom_ops/.clang-format; its exclusions and why: ci/clang_format_check.sh).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	bash ci/clang_format_check.sh
 
 # Debian's headless Chromium + driver for the playground page test (skipped, saying why, if apt fails).
 browser:

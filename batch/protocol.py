@@ -141,7 +141,7 @@ def finished_line(p: Prepared, out: CompletionOutput, created: int, token_text: 
 
 def model_name_of(engine: Engine, override: str | None = None) -> str:
     """The base model's name as the service derives it (service/resources.py)."""
-    return override or engine.artifact.manifest.get("recipe") or engine.artifact.path.name
+    return override or engine.artifact.manifest.recipe or engine.artifact.path.name
 
 
 def is_request_error(e: Exception) -> bool:

@@ -15,10 +15,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from .errors import BenchError
+
 FIRST_TOKEN = 3      # ids below 3 are special tokens in SmolLM2's vocabulary (as in ortllm.bench.engine)
 
 
-class StreamError(RuntimeError):
+class StreamError(BenchError):
     """The server answered with an HTTP error or an error chunk."""
 
 

@@ -127,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
     p.add_argument("--out", type=Path, default=None, help="write results.json here")
     a = p.parse_args(argv)
+    from ortllm.bench.provenance import command
     from ortllm.bench.results import markdown_table, write_results
     rows = run(a.artifact, a.streams, a.prompt_tokens, a.max_tokens, a.repeats, a.threads)
     print(markdown_table(rows))
     if a.out:
-        path = write_results(a.out, rows, command=" ".join(["python -m ortllm.bench.http_engine", *sys.argv[1:]]))
+        path = write_results(a.out, rows, command("python -m ortllm.bench.http_engine", argv))
         print(f"results written to {path}", file=sys.stderr)
     return 0
 

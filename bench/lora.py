@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ortllm.pipeline.adapters import add_adapter
+from ortllm.runtime.artifact import read_manifest
+from ortllm.runtime.contract import ModelConfig
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
 from ortllm.runtime.scheduler import ScheduledSeq
@@ -34,7 +36,7 @@ from .results import row
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def write_peft_lora(out: Path, model: dict, rank: int, seed: int, targets=ATTN) -> Path:
+def write_peft_lora(out: Path, model: ModelConfig, rank: int, seed: int, targets=ATTN) -> Path:
     """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) with seeded random weights."""
     from safetensors.numpy import save_file
 
@@ -42,7 +44,7 @@ def write_peft_lora(out: Path, model: dict, rank: int, seed: int, targets=ATTN) 
 
     rng = np.random.default_rng(seed)
     shapes, tensors = target_shapes(model), {}
-    for i in range(model["num_layers"]):
+    for i in range(model.num_layers):
         for t in targets:
             n_in, n_out = shapes[t]
             kind = "self_attn" if t in ATTN else "mlp"
@@ -59,7 +61,7 @@ def write_peft_lora(out: Path, model: dict, rank: int, seed: int, targets=ATTN) 
 def _with_adapters(artifact: Path, work: Path, ranks: list[int]) -> tuple[Path, list[str]]:
     art = work / "artifact"
     shutil.copytree(artifact, art)
-    model = json.loads((art / "manifest.json").read_text())["model"]
+    model = read_manifest(art).model
     names = []
     for k, r in enumerate(ranks):
         add_adapter(art, write_peft_lora(work / f"peft{k}", model, r, seed=k), f"bench{k}")

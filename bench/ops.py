@@ -31,6 +31,9 @@ from onnx import TensorProto, helper
 from ortllm.runtime.config import CacheConfig
 from ortllm.runtime.ops_library import register_ops
 
+from .provenance import command
+from .results import row, write_results
+
 F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
 H, HKV, D, BS = 9, 3, 64, 16          # SmolLM2-135M attention
 HIDDEN = H * D                          # 576
@@ -107,10 +110,8 @@ def _compare(systems: dict, rounds: int, target_s: float) -> dict:
 
 
 def _row(scenario, system, batch, metric, values, unit, scale=1e6):
-    v = np.asarray(values, dtype=np.float64) * scale
-    return {"scenario": scenario, "system": system, "batch": batch, "metric": metric,
-            "median": round(float(np.median(v)), 3), "min": round(float(v.min()), 3),
-            "max": round(float(v.max()), 3), "unit": unit}
+    """Seconds -> microseconds, 3 decimals (results.row, the one row builder)."""
+    return row(scenario, system, batch, metric, values, unit, scale=scale, digits=3)
 
 
 def _ratio_row(scenario, system, batch, metric, num, den):
@@ -304,40 +305,9 @@ def nbits_runner(rng, T, K, N, threads, lora_adapters=0, rank=16, n_slots=8, cop
 
 # ---------------------------------------------------------------- driver
 
-def _machine() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import ctypes
-
-    from ortllm.runtime.ops_library import ops_library_path
-    try:
-        isa_fn = ctypes.CDLL(str(ops_library_path())).OrtllmOpsIsa
-        isa_fn.restype = ctypes.c_char_p
-        isa = isa_fn().decode()
-    except (OSError, AttributeError):
-        isa = "?"
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, onnxruntime {ort.__version__}, ops path {isa}"
-
-
-def _commit() -> str:
-    try:
-        root = Path(__file__).resolve().parents[1]
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
-        return rev + ("-dirty" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "uncommitted"
-
-
 def run(out_dir: Path, threads: int = 2, quick: bool = False, only: str | None = None) -> list[dict]:
-    """only="qlinear": just the QLinear comparison (the rest of the ops bench takes minutes)."""
+    """The rows; the caller writes results.json (results.write_results: `ortllm bench --scenario ops` or main).
+    only="qlinear": just the QLinear comparison (the rest of the ops bench takes minutes)."""
     rng = np.random.default_rng(0)
     rounds, target = (3, 0.02) if quick else (9, 0.08)
     rows: list[dict] = []
@@ -350,14 +320,6 @@ def run(out_dir: Path, threads: int = 2, quick: bool = False, only: str | None =
     # -- QLinear against MatMulNBits (and the engine's former MatMulNBits + MultiLoRA pair)
     from .qlinear import run as run_qlinear
     run_qlinear(rows, rng, threads, rounds, target, log, quick=quick)
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": _machine(), "commit": _commit(),
-           "command": f"python -m ortllm.bench.ops --out {out_dir} --threads {threads}" + (" --quick" if quick else "")
-           + (f" --only {only}" if only else ""),
-           "results": rows}
-    (out_dir / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
     return rows
 
 
@@ -468,7 +430,9 @@ def main(argv=None) -> int:
     if a.markdown:
         print(markdown(json.loads(a.markdown.read_text())), end="")
         return 0
-    run(a.out, a.threads, a.quick, a.only)
+    rows = run(a.out, a.threads, a.quick, a.only)
+    path = write_results(a.out, rows, command("python -m ortllm.bench.ops", argv))
+    print(f"results written to {path}", file=sys.stderr)
     return 0
 
 

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ortllm.runtime import contract as C
+
 from .results import row
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +54,7 @@ def model_of(artifact) -> str | None:
     """The ortllm recipe an artifact was built from (manifest.json "recipe"): it names the peers' assets.
     None for an artifact built from a path (no recipe) or without a readable manifest."""
     try:
-        return json.loads((Path(artifact) / "manifest.json").read_text()).get("recipe")
+        return json.loads((Path(artifact) / C.MANIFEST).read_text()).get("recipe")
     except (OSError, ValueError):
         return None
 
@@ -377,6 +379,7 @@ def main(argv=None) -> int:
     """python -m ortllm.bench.peer_runner [--artifact DIR | --model RECIPE] --peers llama.cpp,genai,transformers"""
     import argparse
 
+    from .provenance import command
     from .results import markdown_table, write_results
 
     p = argparse.ArgumentParser(description=main.__doc__)
@@ -404,8 +407,8 @@ def main(argv=None) -> int:
     for r in ratios(rows):
         print(f"ortllm vs {r['peer']}: {r['scenario']} B={r['batch']}: {r['ratio']:.2f}x")
     if a.out:
-        command = " ".join(["python -m ortllm.bench.peer_runner", *(argv or sys.argv[1:])])
-        print(f"results written to {write_results(a.out, rows, command)}", file=sys.stderr)
+        cmd = command("python -m ortllm.bench.peer_runner", argv)
+        print(f"results written to {write_results(a.out, rows, cmd)}", file=sys.stderr)
     return 0
 
 

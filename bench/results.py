@@ -1,53 +1,28 @@
 """results.json of `ortllm bench`: rows {scenario, system, batch, metric, median, min, max, unit} plus the
-machine, the commit and the command that made them (DESIGN.md, Interfaces)."""
+machine, the commit and the command that made them (DESIGN.md, Interfaces; bench/provenance.py). Every
+entry point writes it through write_results, once per run."""
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from .provenance import provenance
 
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    flags = ""
-    try:
-        text = open("/proc/cpuinfo").read()
-        flags = ", ".join(f for f in ("avx2", "fma", "avx512f") if f" {f}" in text)
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model} ({len(os.sched_getaffinity(0))} cores available; {flags}), {mem:.0f} GiB, {platform.platform()}"
+__all__ = ["row", "timed", "provenance", "write_results", "write_markdown", "markdown_table"]
 
 
-def commit() -> str:
-    repo = Path(__file__).resolve().parents[1]
-    try:
-        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return f"{rev}{'+dirty' if dirty else ''}" if rev else "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def row(scenario: str, system: str, batch: int, metric: str, samples: list[float], unit: str, **extra) -> dict:
+def row(scenario: str, system: str, batch: int, metric: str, samples, unit: str, scale: float = 1.0,
+        digits: int | None = None, **extra) -> dict:
+    """The one row builder: median, min and max of samples (each times scale, rounded to digits if given)."""
+    values = [float(x) * scale for x in samples]
+    stats = (statistics.median(values), min(values), max(values))
+    if digits is not None:
+        stats = tuple(round(v, digits) for v in stats)
     return {"scenario": scenario, "system": system, "batch": batch, "metric": metric,
-            "median": statistics.median(samples), "min": min(samples), "max": max(samples), "unit": unit,
-            "n": len(samples), **extra}
+            "median": stats[0], "min": stats[1], "max": stats[2], "unit": unit, "n": len(values), **extra}
 
 
 def timed(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -58,11 +33,6 @@ def timed(fn: Callable[[], object], repeats: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - t)
     return out
-
-
-def provenance(command: str | None = None) -> dict:
-    """{machine, commit, command}: what results.json and results.md say about how their rows were made."""
-    return {"machine": machine(), "commit": commit(), "command": command or " ".join(["ortllm", *sys.argv[1:]])}
 
 
 def _write(path: Path, text: str) -> Path:

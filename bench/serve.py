@@ -19,7 +19,6 @@ failed at that level over all repeats.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from ortllm.runtime.artifact import read_manifest
 
 from .client import StreamResult, random_prompts, stream_completion
 from .errors import BenchError
@@ -165,7 +166,7 @@ def run(artifact: Path, concurrency=CONCURRENCY, repeats: int = 3, threads: int 
     it (always). Rows {scenario "serve", system "ortllm", batch = concurrency, metric, median, min, max, unit}."""
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     artifact = Path(artifact)
-    vocab = json.loads((artifact / "manifest.json").read_text())["model"]["vocab_size"]
+    vocab = read_manifest(artifact).model.vocab_size
     rounds = QUICK_ROUNDS if quick else ROUNDS
     levels = sorted({int(c) for c in concurrency})
     samples: dict[tuple[int, str], list[float]] = {}

@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from ortllm.runtime import contract as C
 from ortllm.runtime.artifact import load_artifact
 from ortllm.runtime.errors import OrtllmError
 
@@ -55,12 +56,12 @@ class EvalOptions:
 
 def _same_model(cand, ref) -> None:
     a, b = cand.manifest, ref.manifest
-    if a.get("source", {}).get("sha256") != b.get("source", {}).get("sha256") or a.get("model") != b.get("model"):
-        raise EvalError(f"--reference {ref.path} is another model (source {b.get('recipe') or b['source'].get('desc')}"
-                        f") than {cand.path} ({a.get('recipe') or a['source'].get('desc')}); build the fp32 "
+    if a.source_sha256 != b.source_sha256 or a.model != b.model:
+        raise EvalError(f"--reference {ref.path} is another model (source {b.recipe or b.source.get('desc')}"
+                        f") than {cand.path} ({a.recipe or a.source.get('desc')}); build the fp32 "
                         "reference from the same recipe: ortllm build RECIPE --quant fp32 --kv fp32 --out REF")
-    build = b.get("build", {})
-    if build.get("quant", "fp32") != "fp32" or build.get("kv", "fp32") != "fp32" or build.get("lm_head") != "fp32":
+    build = b.build
+    if b.quant != "fp32" or b.kv != "fp32" or build.get("lm_head") != "fp32":
         raise EvalError(f"--reference {ref.path} is itself quantized ({build}); give an fp32 build "
                         "(--quant fp32 --lm-head fp32 --kv fp32)")
 
@@ -111,7 +112,7 @@ def run_humaneval(cand, ref, opts: EvalOptions) -> dict:
     if cand.graph == "engine":
         from ortllm.runtime.engine import Engine
         overrides = {"threads": opts.threads} if opts.threads else {}
-        block = cand.manifest["build"].get("kv_block_size", 16)
+        block = cand.manifest.kv_block_size
         # enough blocks for every problem at once, capped (the scheduler queues the rest)
         per_seq = -(-(ctx + opts.max_tokens) // block)
         blocks = 2 + max(per_seq, min(len(problems) * per_seq, 1024))
@@ -138,7 +139,7 @@ def run_adapters(cand, n: int = 100) -> dict:
 
     from .adapter_eval import task_accuracy
 
-    tasks = {name: e["task"] for name, e in cand.manifest.get("adapters", {}).items() if e.get("task")}
+    tasks = {name: e["task"] for name, e in cand.manifest.adapters.items() if e.get("task")}
     if not tasks:
         return {}
     out = {}
@@ -170,7 +171,7 @@ def evaluate_many(artifacts: list[Path], reference: Path, out_dir: Path, opts: E
         reports.append({
             "version": REPORT_VERSION,
             "artifact": str(cand.path), "reference": str(ref.path),
-            "build": cand.manifest.get("build"), "recipe": cand.manifest.get("recipe"),
+            "build": cand.manifest.build, "recipe": cand.manifest.recipe,
             "machine": f"{platform.machine()} {platform.processor() or ''} {platform.node()}".strip(),
             "commit": _commit(), "command": command,
             "options": {k: v for k, v in opts.__dict__.items() if k != "progress"},
@@ -186,7 +187,7 @@ def evaluate_many(artifacts: list[Path], reference: Path, out_dir: Path, opts: E
             r["adapters"] = run_adapters(cand)
         d = Path(out_dir) / cand.path.name if subdirs else Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
-        quality = cand.path / "quality.json"
+        quality = cand.path / C.QUALITY
         tensors = json.loads(quality.read_text()).get("tensors", {}) if quality.is_file() else {}
         r["plots"] = write_plots(d, st, tensors)
         (d / "report.json").write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ortllm.runtime.artifact import Artifact
+from ortllm.runtime.artifact import Artifact, Manifest
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -85,7 +85,7 @@ class EngineScorer:
             from ortllm.runtime.config import EngineConfig
             from ortllm.runtime.model_runner import ModelRunner
 
-            block = artifact.manifest["build"].get("kv_block_size", 16)
+            block = artifact.manifest.kv_block_size
             over = {"num_blocks": 2 + -(-ctx // block), "block_size": block}
             if threads:
                 over["threads"] = threads
@@ -122,7 +122,7 @@ def make_scorer(artifact: Artifact, ctx: int, threads: int | None = None):
 
 def draft_artifact(path: Path, manifest: dict) -> Artifact:
     """An Artifact over a directory still being built (its manifest not written yet)."""
-    return Artifact(Path(path), manifest)
+    return Artifact(Path(path), Manifest.from_dict(manifest))
 
 
 def score_pair(cand, ref, windows: list[list[int]], chunk: int = 512, progress=None) -> PairedStats:

@@ -1,5 +1,5 @@
 """Session creation of a store model: ORT optimizing at load, vs loading a pre-optimized model file
-(optimized_model_filepath), vs no optimization (docs/benchmarks.md, Startup). Median of 5, seconds.
+(optimized_model_filepath), vs no optimization (docs/notes/benchmarks.md, Startup). Median of 5, seconds.
 
     python ci/ort_optimized_probe.py NAME
 """
@@ -10,6 +10,7 @@ import time
 
 import onnxruntime as ort
 
+from ortllm.runtime import contract as C
 from ortllm.runtime.ops_library import register_ops
 from ortllm.runtime.store import Store
 
@@ -28,11 +29,11 @@ def session_seconds(path: str, level, out: str | None = None) -> float:
 
 def main() -> None:
     name = sys.argv[1]
-    model = str(Store().path(name) / "model.onnx")
+    model = str(Store().path(name) / C.MODEL)
     work = "/tmp/st-opt-" + name.replace(":", "_")
     os.makedirs(work, exist_ok=True)
-    if not os.path.exists(work + "/model.onnx.data"):
-        os.link(os.path.realpath(model + ".data"), work + "/model.onnx.data")
+    if not os.path.exists(f"{work}/{C.MODEL_DATA}"):
+        os.link(os.path.realpath(str(Store().path(name) / C.MODEL_DATA)), f"{work}/{C.MODEL_DATA}")
     opt = work + "/opt.onnx"
     level = ort.GraphOptimizationLevel
     session_seconds(model, level.ORT_ENABLE_ALL, opt)

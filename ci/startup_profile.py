@@ -1,4 +1,4 @@
-"""Where Engine.from_artifact's time goes, one fresh process per measurement (docs/benchmarks.md, Startup).
+"""Where Engine.from_artifact's time goes, one fresh process per measurement (docs/notes/benchmarks.md, Startup).
 
     python ci/startup_profile.py ARTIFACT_DIR_OR_STORE_NAME [--repeats 5]
 

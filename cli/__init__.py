@@ -10,6 +10,9 @@ import os
 import sys
 from pathlib import Path
 
+# the registry only (names, help, defaults): each scenario's code is imported when it runs
+from ortllm.bench.scenarios import DEFAULT_BATCHES, SCENARIOS, SERVE_CONCURRENCY
+
 
 # ---------------------------------------------------------------- build
 
@@ -217,26 +220,14 @@ def _run_adapters(a) -> int:
 
 # ---------------------------------------------------------------- bench
 
-BENCH_SCENARIOS = ("engine", "ops", "lora-overhead", "lora-trace", "decode", "prefill", "long-context", "serve",
-                   "memory")
-PEER_SCENARIOS = ("decode", "prefill", "long-context")
-ARTIFACT_SCENARIOS = ("engine", "lora-overhead", "lora-trace", "serve", "memory")
-DEFAULT_BATCHES, SERVE_CONCURRENCY = "1,4,8,16,32", "1,4,16"
-
-
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="measure throughput (figures for docs/benchmarks.md)")
     p.add_argument("artifact", type=Path, nargs="?", help="engine artifact (not needed for --scenario ops)")
     p.add_argument("--scenario", default="engine",
-                   help="comma-separated: engine (decode B=1..32, prefill 512), ops (custom ops), "
-                        "lora-overhead (16 sequences over 0/1/2/4 adapters of rank 8/16/32), "
-                        "lora-trace (Zipf over 4 and 16), "
-                        "decode, prefill, long-context (alternating with --peers), serve (HTTP load on `ortllm serve`: "
-                        "TTFT/TPOT/ITL p50/p90/p99, throughput, goodput), memory (KV bytes per token, peak RSS at "
-                        "load and after a B=16 decode, in a fresh process)")
+                   help="comma-separated: " + "; ".join(f"{n} ({sc.help})" for n, sc in SCENARIOS.items()))
     p.add_argument("--batches", default=None,
-                   help=f"batch sizes for the engine and peer scenarios (default {DEFAULT_BATCHES}); concurrent "
-                        f"streams for serve (default {SERVE_CONCURRENCY})")
+                   help=f"batch sizes for the engine and peer scenarios (default {_ints(DEFAULT_BATCHES)}); "
+                        f"concurrent streams for serve (default {_ints(SERVE_CONCURRENCY)})")
     p.add_argument("--peers", default=None,
                    help="comma-separated llama.cpp,onnxruntime-genai,transformers or 'all': alternate with them on "
                         "decode/prefill/long-context (all three unless some are named, or memory is) and measure "
@@ -264,56 +255,27 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
     return values
 
 
+def _ints(values) -> str:
+    return ",".join(map(str, values))
+
+
 def _run_bench(a) -> int:
     from ortllm.bench.results import markdown_table, write_markdown, write_results
+    from ortllm.bench.scenarios import BenchRun, run_scenarios, select
     from ortllm.pipeline.errors import BuildError
 
-    scenarios = [s.strip() for s in a.scenario.split(",") if s.strip()]
-    unknown = sorted(set(scenarios) - set(BENCH_SCENARIOS))
-    if unknown:
-        raise BuildError(f"unknown --scenario {', '.join(unknown)}; choose from {', '.join(BENCH_SCENARIOS)}")
-    batches = _int_list(a.batches or DEFAULT_BATCHES, "--batches")
-    concurrency = _int_list(a.batches or SERVE_CONCURRENCY, "--batches")
-    if not (a.slo_ttft > 0 and a.slo_tpot > 0):
-        raise BuildError(f"--slo-ttft and --slo-tpot must be > 0 ms; got {a.slo_ttft:g} and {a.slo_tpot:g}")
-    rows: list[dict] = []
-    if set(ARTIFACT_SCENARIOS) & set(scenarios) and a.artifact is None:
-        raise BuildError(f"--scenario {a.scenario} needs an ARTIFACT (an engine-graph artifact directory)")
-    peers_named = [s.strip() for s in (a.peers or "").split(",") if s.strip()]
+    peers = [s.strip() for s in (a.peers or "").split(",") if s.strip()]
     if a.peers == "all":
         from ortllm.bench.peer_runner import SYSTEMS
-        peers_named = list(SYSTEMS)
-    if "engine" in scenarios:
-        from ortllm.bench.engine import run as run_engine
-        rows += run_engine(a.artifact, batches=batches, repeats=1 if a.quick else a.repeats, threads=a.threads)
-    peer_scenarios = [s for s in scenarios if s in PEER_SCENARIOS]
-    if a.peers and not peer_scenarios and "memory" not in scenarios:
-        peer_scenarios = list(PEER_SCENARIOS)        # --peers alone: every scenario they share with ortllm
-    if peer_scenarios:
-        if a.artifact is None:
-            raise BuildError("--peers and the decode/prefill/long-context scenarios need an ARTIFACT")
-        from ortllm.bench.peer_runner import run_alternating
-        rows += run_alternating(a.artifact, peers_named, peer_scenarios, batches,
-                                1 if a.quick else a.repeats, a.threads or 2, log_dir=a.out / "peer-logs")
-    if "lora-overhead" in scenarios:
-        from ortllm.bench.lora import run_overhead
-        rows += run_overhead(a.artifact, repeats=1 if a.quick else a.repeats, threads=a.threads,
-                             step_pairs=10 if a.quick else 100)
-    if "lora-trace" in scenarios:
-        from ortllm.bench.lora import run_trace
-        for n in (4, 16):
-            rows += run_trace(a.artifact, n, requests=16 if a.quick else 64, threads=a.threads)
-    if "ops" in scenarios:
-        from ortllm.bench.ops import run as run_ops
-        rows += run_ops(a.out, threads=a.threads or 2, quick=a.quick)
-    if "serve" in scenarios:
-        from ortllm.bench.serve import run as run_serve
-        rows += run_serve(a.artifact, concurrency, repeats=1 if a.quick else a.repeats, threads=a.threads,
-                          quick=a.quick, slo_ttft_ms=a.slo_ttft, slo_tpot_ms=a.slo_tpot, log_dir=a.out / "serve-logs")
-    if "memory" in scenarios:
-        from ortllm.bench.memory import run as run_memory
-        rows += run_memory(a.artifact, repeats=1 if a.quick else a.repeats, threads=a.threads, quick=a.quick,
-                           peers=peers_named, log_dir=a.out / "peer-logs")
+        peers = list(SYSTEMS)
+    scenarios = select([s.strip() for s in a.scenario.split(",") if s.strip()], peers)
+    if not (a.slo_ttft > 0 and a.slo_tpot > 0):
+        raise BuildError(f"--slo-ttft and --slo-tpot must be > 0 ms; got {a.slo_ttft:g} and {a.slo_tpot:g}")
+    run = BenchRun(a.artifact, a.out, batches=_int_list(a.batches or _ints(DEFAULT_BATCHES), "--batches"),
+                   concurrency=_int_list(a.batches or _ints(SERVE_CONCURRENCY), "--batches"),
+                   repeats=1 if a.quick else a.repeats, threads=a.threads, quick=a.quick, peers=peers,
+                   slo_ttft_ms=a.slo_ttft, slo_tpot_ms=a.slo_tpot)
+    rows = run_scenarios(scenarios, run)
     path = write_results(a.out, rows)
     print(markdown_table(rows))
     plots = _bench_plots(a.out, rows)

@@ -40,11 +40,11 @@ def _base_weights(artifact: Path, base: str | None):
     from .sources import load_model
 
     manifest = read_manifest(artifact)
-    spec = base or manifest.get("recipe")
+    spec = base or manifest.recipe
     if not spec:
         raise BuildError(f"{artifact} was built from a path, not a recipe; pass --base PATH (the same source)")
     _, weights = load_model(spec)
-    if weights.source_sha256 != manifest["source"]["sha256"]:
+    if weights.source_sha256 != manifest.source_sha256:
         raise BuildError(f"--base {spec} is not the source this artifact was built from (sha256 differs)")
     return weights
 

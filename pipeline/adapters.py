@@ -18,6 +18,7 @@ import numpy as np
 
 from ortllm.runtime import contract as C
 from ortllm.runtime.artifact import file_entry, read_manifest
+from ortllm.runtime.contract import ModelConfig
 
 from .errors import BuildError
 
@@ -27,10 +28,10 @@ _F16_MAX = float(np.finfo(np.float16).max)
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 
 
-def target_shapes(model: dict) -> dict[str, tuple[int, int]]:
+def target_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
     """target -> (in, out) of the base projection."""
-    h, d, f = model["hidden_size"], model["head_dim"], model["intermediate_size"]
-    q, kv = model["num_heads"] * d, model["num_kv_heads"] * d
+    h, d, f = model.hidden_size, model.head_dim, model.intermediate_size
+    q, kv = model.num_heads * d, model.num_kv_heads * d
     return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
             "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
 
@@ -64,7 +65,7 @@ def _check_config(cfg: dict) -> None:
             raise BuildError(f"adapter_config.json: {msg}")
 
 
-def convert_peft(peft_dir: Path, model: dict) -> tuple[dict[str, np.ndarray], dict]:
+def convert_peft(peft_dir: Path, model: ModelConfig) -> tuple[dict[str, np.ndarray], dict]:
     """PEFT LoRA -> (tensors in MultiLoRA layout, info {rank, scale, targets, layers})."""
     cfg, weights = _read_peft(Path(peft_dir))
     _check_config(cfg)
@@ -84,7 +85,7 @@ def convert_peft(peft_dir: Path, model: dict) -> tuple[dict[str, np.ndarray], di
         layer, target, which = int(m.group(1)), m.group(3), m.group(4)
         if target not in shapes:
             raise BuildError(f"adapter tensor {key}: module {target} is not one of {', '.join(shapes)}")
-        if layer >= model["num_layers"]:
+        if layer >= model.num_layers:
             raise BuildError(f"adapter tensor {key}: layer {layer}, the base model has {model['num_layers']}")
         pairs.setdefault((layer, target), {})[which] = arr
     tensors, targets = {}, set()
@@ -120,12 +121,13 @@ def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False, 
     from safetensors.numpy import save_file
 
     artifact = Path(artifact)
-    manifest = read_manifest(artifact)
+    current = read_manifest(artifact)
     if not _NAME.match(name):
         raise BuildError(f"adapter name {name!r} must be 1-64 letters, digits, '.', '_' or '-' (no '/')")
-    if name in manifest.get("adapters", {}) and not force:
+    if name in current.adapters and not force:
         raise BuildError(f"the artifact already has an adapter named {name!r}; remove it first or pass --force")
-    tensors, info = convert_peft(Path(peft_dir), manifest["model"])
+    tensors, info = convert_peft(Path(peft_dir), current.model)
+    manifest = current.to_dict()
     rel = f"adapters/{name}.safetensors"
     (artifact / "adapters").mkdir(exist_ok=True)
     tmp = artifact / (rel + ".tmp")
@@ -140,7 +142,7 @@ def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False, 
 
 def remove_adapter(artifact: Path, name: str) -> None:
     artifact = Path(artifact)
-    manifest = read_manifest(artifact)
+    manifest = read_manifest(artifact).to_dict()
     entry = manifest.get("adapters", {}).pop(name, None)
     if entry is None:
         known = ", ".join(sorted(manifest.get("adapters", {}))) or "none"
@@ -151,4 +153,4 @@ def remove_adapter(artifact: Path, name: str) -> None:
 
 
 def list_adapters(artifact: Path) -> dict[str, dict]:
-    return read_manifest(Path(artifact)).get("adapters", {})
+    return read_manifest(Path(artifact)).adapters

@@ -19,14 +19,13 @@ from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
 from ortllm.runtime.artifact import pid_alive as _pid_alive
 
 from .errors import BuildError
-from .quantize import QuantPlan, check_block_size, parse_keep
+from .quantize import ALGOS, QuantPlan, check_block_size, parse_keep
 from .smooth import check_alpha, smooth_weights
 from .sources import load_model
 from .weights import ModelWeights
 
 QUANTS = ("fp32", "int8", "int4")
-ALGOS = ("rtn", "hqq", "gptq")
-KV_DTYPES = ("fp32", "int8", "fp8")
+KV_DTYPES = tuple(C.KV_DTYPES)     # the --kv options (runtime/contract.py's table)
 EXPORTERS = ("native", "optimum")
 KV_BLOCK_SIZES = (8, 16, 32, 64)
 # --lm-head when not given: int4 builds get an int8 head (QLinear; the int4 head's measured quality and speed
@@ -137,11 +136,11 @@ def _check_out_dir(out: Path, force: bool, recipe_name: str | None, source_sha: 
     except ArtifactError:
         raise BuildError(f"--out {out} already holds files that are not an ortllm artifact; choose an empty "
                          "directory or pass --force to replace it") from None
-    same = (old.get("recipe") == recipe_name and old.get("source", {}).get("sha256") == source_sha
-            and old.get("build") == json.loads(json.dumps(asdict(opts))))
+    same = (old.recipe == recipe_name and old.source_sha256 == source_sha
+            and old.build == json.loads(json.dumps(asdict(opts))))
     if not same:
-        raise BuildError(f"--out {out} holds a different artifact (recipe {old.get('recipe')}, build "
-                         f"{old.get('build')}); pass --force to replace it or choose another --out")
+        raise BuildError(f"--out {out} holds a different artifact (recipe {old.recipe}, build "
+                         f"{old.build}); pass --force to replace it or choose another --out")
 
 
 def write_graph(weights: ModelWeights, out: Path, opts: BuildOptions, plan: QuantPlan | None, meta: dict) -> None:

@@ -12,6 +12,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from ortllm.runtime import contract as C
+
 from .errors import BuildError
 from .weights import ModelWeights
 
@@ -36,7 +38,7 @@ def export_optimum(weights: ModelWeights, artifact_tmp: Path, out: Path) -> None
     with tempfile.TemporaryDirectory(prefix="ortllm-hf-") as hf:
         hf_dir = Path(hf)
         write_hf_dir(weights, hf_dir)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
+        for name in (C.TOKENIZER, C.TOKENIZER_CONFIG):
             if (artifact_tmp / name).is_file():
                 shutil.copy(artifact_tmp / name, hf_dir / name)
         try:

@@ -5,70 +5,15 @@ Tensor names follow transformers' LlamaForCausalLM (`model.layers.3.self_attn.q_
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ortllm.runtime.contract import ModelConfig
+
 from .errors import BuildError
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    tie_word_embeddings: bool = False
-    bos_token_id: int | None = 1
-    eos_token_ids: tuple[int, ...] = (2,)
-
-    def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise BuildError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.head_dim % 2:
-            raise BuildError(f"head_dim must be even for rotary embeddings; got {self.head_dim}")
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["eos_token_ids"] = list(self.eos_token_ids)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        d = dict(d)
-        d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
-        return cls(**d)
-
-    def to_hf_config(self) -> dict:
-        """config.json for transformers' LlamaForCausalLM (reference model, optimum export)."""
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "max_position_embeddings": self.max_position_embeddings,
-            "rope_theta": self.rope_theta,
-            "rms_norm_eps": self.rms_norm_eps,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0],
-            "torch_dtype": "float32",
-        }
+__all__ = ["ModelConfig", "ModelWeights", "expected_shapes", "layer_tensor_shapes"]
 
 
 def layer_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -8,6 +8,8 @@ Handlers raise; the service's `app.py` maps every exception to a response in one
     RequestError: EmptyPrompt, PromptTooLong, ...      -> 400 invalid_request_error (UnknownAdapter -> 404)
     Overloaded                                         -> 429 + Retry-After
     EngineDeadError                                    -> 503
+    any other OrtllmError (ArtifactError, StoreError,  -> 500 server_error with its message (a broken install
+      OpsLibraryError, MemoryBudgetExceeded, ...)          or model on the server side, not a bug; it says what to do)
     werkzeug HTTPException (404 route, 405, 413, ...)  -> its status
     anything else                                      -> 500, logged with the request id (a bug)
 """
@@ -15,10 +17,17 @@ from __future__ import annotations
 
 import re
 
-from ortllm.runtime.errors import EngineDeadError, Overloaded, RequestError, UnknownAdapter
+from ortllm.runtime.errors import EngineDeadError, OrtllmError, Overloaded, RequestError, UnknownAdapter
 
 
-class APIError(Exception):
+def _snake(name: str) -> str:
+    """InvalidTokenIds -> invalid_token_ids"""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class APIError(OrtllmError):
+    """An HTTP error with its OpenAI envelope; raised by the service and the batch job themselves."""
+
     def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict | None = None):
         super().__init__(message)
@@ -58,11 +67,13 @@ def to_api_error(e: BaseException) -> APIError | None:
         return APIError(404, str(e), param="model", code="model_not_found")
     if isinstance(e, RequestError):
         param = getattr(e, "param", None)
-        name = type(e).__name__    # InvalidTokenIds -> invalid_token_ids
-        code = "context_length_exceeded" if name == "PromptTooLong" else re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+        name = type(e).__name__
+        code = "context_length_exceeded" if name == "PromptTooLong" else _snake(name)
         return APIError(400, str(e), param=param, code=code)
     if isinstance(e, Overloaded):
         return APIError(429, str(e), type="rate_limit_error", code="overloaded", headers={"Retry-After": "1"})
     if isinstance(e, EngineDeadError):
         return unavailable(str(e), "engine_dead", retry_after=30)
+    if isinstance(e, OrtllmError):
+        return APIError(500, str(e), type="server_error", code=_snake(type(e).__name__))
     return None

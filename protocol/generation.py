@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ortllm.runtime.engine import CompletionOutput, Engine
-from ortllm.runtime.errors import PromptTooLong
+from ortllm.runtime.sampling_params import fit_max_tokens
 from ortllm.runtime.tokenizer import TokenizerFilesError
 
 from . import openai as protocol
@@ -71,17 +71,15 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
                        "hold; shorten it", param="messages" if req.messages else "prompt",
                        code="context_length_exceeded")
     ids = prompt_ids(engine, req)
-    if len(ids) >= ctx:
-        raise PromptTooLong(len(ids), ctx - 1, what="the model's context length")
-    if not req.max_tokens_given:     # chat without max_tokens: as much as the context and the KV pool hold
-        cfg = engine.config
-        room = min(ctx, engine.stats()["kv_blocks_total"] * cfg.cache.block_size,
-                   cfg.scheduler.max_model_len or ctx)
-        req.params.max_tokens = max(1, room - len(ids))
-    elif len(ids) + req.params.max_tokens > ctx:
-        raise APIError(400, f"prompt has {len(ids)} tokens and max_tokens is {req.params.max_tokens}, but the "
-                       f"model's context holds {ctx}; lower max_tokens to at most {ctx - len(ids)} or shorten "
-                       "the prompt", param="max_tokens", code="context_length_exceeded")
+    cfg = engine.config
+    room, what = ctx, "the model's context length"
+    for limit, name in ((cfg.scheduler.max_model_len, "max_model_len"),
+                        (engine.stats()["kv_blocks_total"] * cfg.cache.block_size, "the KV pool")):
+        if limit is not None and limit < room:
+            room, what = limit, name
+    # chat without max_tokens: as much as the room holds; a larger max_tokens is capped to it (fit_max_tokens)
+    req.params.max_tokens = fit_max_tokens(len(ids), req.params.max_tokens if req.max_tokens_given else None,
+                                           room, what)
     if req.params.logit_bias:
         bad = [t for t in req.params.logit_bias if t >= engine.runner.vocab_size]
         if bad:

@@ -29,7 +29,7 @@ class AdapterRegistry:
         self.config = config
         self.runner = runner
         self._lock = threading.Lock()
-        self.entries: dict[str, dict] = dict(artifact.manifest.get("adapters", {}))
+        self.entries: dict[str, dict] = dict(artifact.manifest.adapters)
         self._host: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()   # LRU, most recent last
         self._host_bytes = 0
         self._slot_of: dict[str, int] = {}

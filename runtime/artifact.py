@@ -5,9 +5,10 @@ options and the tool versions. Loading checks all of it and names the first file
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import contract as C
@@ -27,17 +28,85 @@ def file_entry(path: Path) -> dict:
 
 
 @dataclass(frozen=True)
+class Manifest:
+    """manifest.json as a typed object, read once per load (read_manifest) and handed to whoever needs it.
+
+    The pipeline writes it (pipeline/build.py write_artifact; pipeline/adapters.py adds and removes adapters
+    through to_dict()); every reader uses these fields."""
+    format_version: int
+    contract_version: int
+    graph: str                                  # C.GRAPH_KINDS
+    recipe: str | None                          # the models/ recipe it was built from; None for a path
+    source: dict                                # {"desc", "sha256"} of the weights it was built from
+    build: dict                                 # pipeline.build.BuildOptions as written (quant, kv, kv_block_size, ...)
+    model: C.ModelConfig
+    files: dict[str, dict]                      # relative path -> {"sha256", "size"}
+    adapters: dict[str, dict] = field(default_factory=dict)   # name -> {"file", "sha256", "rank", "task", ...}
+    raw: dict = field(default_factory=dict, repr=False, compare=False)   # the JSON as read
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Manifest":
+        return cls(format_version=d.get("format_version"), contract_version=d.get("contract_version"),
+                   graph=d.get("graph", "engine"), recipe=d.get("recipe"), source=dict(d.get("source") or {}),
+                   build=dict(d.get("build") or {}), model=C.ModelConfig.from_dict(d["model"]),
+                   files=dict(d.get("files") or {}), adapters=dict(d.get("adapters") or {}), raw=d)
+
+    def to_dict(self) -> dict:
+        """A deep copy of the JSON, for a writer that changes it and writes it back."""
+        return copy.deepcopy(self.raw)
+
+    @property
+    def source_sha256(self) -> str | None:
+        return self.source.get("sha256")
+
+    @property
+    def quant(self) -> str:
+        return self.build.get("quant", "fp32")
+
+    @property
+    def kv(self) -> str:
+        """The build option --kv (fp32 | int8 | fp8); C.KV_DTYPES[kv] is its dtype name."""
+        return self.build.get("kv", "fp32")
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.build.get("kv_block_size", 16)
+
+    @property
+    def context_length(self) -> int:
+        return self.model.max_position_embeddings
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of every file the manifest lists (manifest.json itself excluded)."""
+        return sum(e["size"] for e in self.files.values())
+
+    # Mapping access to the raw JSON, only for code not moved to the fields yet (runtime/engine.py
+    # engine_config and runtime/model_runner.py, which other changes own now). New code: use the fields.
+    def __getitem__(self, key: str):
+        return self.raw[key]
+
+    def get(self, key: str, default=None):
+        return self.raw.get(key, default)
+
+
+@dataclass(frozen=True)
 class Artifact:
     path: Path
-    manifest: dict
+    manifest: Manifest
 
     @property
     def graph(self) -> str:
-        return self.manifest["graph"]
+        return self.manifest.graph
+
+    @property
+    def model(self) -> C.ModelConfig:
+        return self.manifest.model
 
     @property
     def model_config(self) -> dict:
-        return self.manifest["model"]
+        """The model's config as the raw dict: only for runtime/model_runner.py until it moves to `model`."""
+        return self.manifest.raw["model"]
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -46,7 +115,7 @@ class Artifact:
         return json.loads((self.path / name).read_text())
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> Manifest:
     path = Path(path)
     if not path.is_dir():
         raise ArtifactError(f"{path} is not an artifact directory; build one with: ortllm build RECIPE --out {path}")
@@ -62,7 +131,10 @@ def read_manifest(path: Path) -> dict:
         if manifest.get(key) != want:
             raise ArtifactError(f"{path} has {key} {manifest.get(key)}, this ortllm reads {want}; "
                                 f"rebuild it with this version: ortllm build ... --out {path} --force")
-    return manifest
+    try:
+        return Manifest.from_dict(manifest)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{mf} is damaged ({type(e).__name__}: {e}); rebuild the artifact with --force") from None
 
 
 def load_artifact(path: Path, verify: bool = True, full: bool | None = None) -> Artifact:
@@ -75,7 +147,7 @@ def load_artifact(path: Path, verify: bool = True, full: bool | None = None) -> 
     if verify:
         full = full_verify_forced() if full is None else full
         cache = HashCache.default()
-        for name, entry in manifest["files"].items():
+        for name, entry in manifest.files.items():
             f = path / name
             try:
                 st = f.stat()

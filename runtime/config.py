@@ -18,11 +18,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .contract import KV_ALIASES, KV_DTYPE_NAMES, kv_element_bytes
 from .errors import ConfigError
 
-KV_DTYPES = ("float32", "int8", "fp8_e4m3")
-# Spellings used by the build CLI (`--kv fp32|int8|fp8`) accepted as aliases.
-_KV_ALIASES = {"fp32": "float32", "fp8": "fp8_e4m3", "float8_e4m3": "fp8_e4m3"}
 # Default KV budget when neither num_blocks nor memory_budget_bytes is set.
 DEFAULT_KV_BUDGET_BYTES = 512 << 20
 
@@ -118,8 +116,9 @@ class CacheConfig:
         if self.memory_budget_bytes is not None:
             _positive_int("memory_budget_bytes", self.memory_budget_bytes)
         if self.kv_dtype is not None:
-            dtype = _KV_ALIASES.get(self.kv_dtype, self.kv_dtype)
-            _require(dtype in KV_DTYPES, f"kv_dtype must be one of {', '.join(KV_DTYPES)}; got {self.kv_dtype!r}")
+            dtype = KV_ALIASES.get(self.kv_dtype, self.kv_dtype)
+            _require(dtype in KV_DTYPE_NAMES,
+                     f"kv_dtype must be one of {', '.join(KV_DTYPE_NAMES)}; got {self.kv_dtype!r}")
             object.__setattr__(self, "kv_dtype", dtype)
         _require(isinstance(self.enable_prefix_cache, bool),
                  f"enable_prefix_cache must be True or False; got {self.enable_prefix_cache!r}")
@@ -128,7 +127,7 @@ class CacheConfig:
         """K and V of one block over all layers: [2, layers, block_size, kv_heads, head_dim] elements, plus one
         fp16 scale per (token, head) for the 8-bit dtypes."""
         dtype = kv_dtype or self.kv_dtype or "float32"
-        per_elem, scale = (4, 0) if dtype == "float32" else (1, 2)
+        per_elem, scale = kv_element_bytes(dtype)
         per_token_head = head_dim * per_elem + scale
         return 2 * num_layers * self.block_size * num_kv_heads * per_token_head
 

@@ -3,6 +3,12 @@
 Imported by the graph builder and the runtime alike (STYLE.md 2). An artifact whose manifest carries
 another FORMAT_VERSION or CONTRACT_VERSION is refused at load, by name.
 """
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
 CONTRACT_VERSION = 5        # graph input/output names, shapes and semantics below
@@ -22,6 +28,67 @@ CONFIG = "config.json"      # the llama config (ModelConfig.to_dict)
 QUALITY = "quality.json"    # measured quality of a quantized build against its fp32 reference
 
 GRAPH_KINDS = ("engine", "portable")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The llama architecture: config.json and the manifest's "model", written by the pipeline, read by the runtime."""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = 1
+    eos_token_ids: tuple[int, ...] = (2,)
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for rotary embeddings; got {self.head_dim}")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        d = dict(d)
+        d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        return cls(**d)
+
+    def to_hf_config(self) -> dict:
+        """config.json for transformers' LlamaForCausalLM (reference model, optimum export)."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0],
+            "torch_dtype": "float32",
+        }
+
+
 
 # ---- the portable graph (stock ONNX ops, plain KV cache; any ONNX Runtime client can run it)
 # Same convention as optimum / onnxruntime-genai decoder exports:
@@ -84,9 +151,22 @@ LOGITS_INDICES = "logits_indices"
 TOKEN_ADAPTER = "token_adapter"
 LORA_SCALE = "lora.scale"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-OPS_DOMAIN = "ortllm"
-# build option --kv -> the KV dtype's name in PagedAttention's kv_dtype attribute and in CacheConfig
-KV_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}
+OPS_DOMAIN = "ortllm"          # the custom ops' domain (libortllm_ops.so registers its ops there)
+
+# ---- the KV cache dtypes: the one table (build option, op attribute, config name, storage)
+#   --kv option | PagedAttention kv_dtype / CacheConfig.kv_dtype | pool element | bytes | fp16 scale per (token, head)
+#   fp32        | float32                                        | float32      | 4     | no
+#   int8        | int8                                           | uint8        | 1     | yes
+#   fp8         | fp8_e4m3                                       | uint8        | 1     | yes
+KV_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}     # build option -> dtype name
+KV_STORAGE = {"fp32": "float32", "int8": "uint8", "fp8": "uint8"}      # build option -> numpy dtype of the pool
+KV_DTYPE_NAMES = tuple(KV_DTYPES.values())                             # what CacheConfig.kv_dtype accepts
+KV_ALIASES = {"fp32": "float32", "fp8": "fp8_e4m3", "float8_e4m3": "fp8_e4m3"}   # other spellings accepted
+
+
+def kv_element_bytes(dtype_name: str) -> tuple[int, int]:
+    """(bytes per element, bytes of scale per (token, head)) of a KV dtype name (float32 | int8 | fp8_e4m3)."""
+    return (4, 0) if dtype_name == "float32" else (1, 2)
 
 
 def cache_name(kind: str, layer: int, out: bool = False) -> str:

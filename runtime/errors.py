@@ -1,16 +1,33 @@
-"""Errors in layers (STYLE 12).
+"""Errors in layers (STYLE 12): every error a user can see is an OrtllmError, so the CLI prints any of them as
+one line (`ortllm: error: ...`, cli/__init__.py main) and the service answers any of them with its error
+envelope (protocol/errors.py to_api_error). tests/test_errors.py checks that no product module defines an
+exception outside this tree.
 
     OrtllmError
     ├── ConfigError(ValueError)        bad configuration; raised at construction, before anything runs
     ├── RequestError(ValueError)       one request is wrong; it fails, the engine goes on (HTTP 400)
-    │   ├── PromptTooLong
+    │   ├── PromptTooLong              the prompt leaves no room for a token (see fit_max_tokens)
     │   ├── InvalidSamplingParams
     │   ├── UnknownAdapter
     │   ├── InvalidTokenIds
     │   ├── EmptyPrompt
-    │   └── InvalidGrammar             a response format / schema / regex the grammar compiler refused
+    │   ├── InvalidGrammar             a response format / schema / regex the grammar compiler refused
+    │   └── AdapterLoadError           runtime/adapters.py
     ├── Overloaded                     queue full; raised at submit at once, retry later (HTTP 429/503)
-    └── EngineDeadError                fatal; the engine stopped and every pending request fails with it
+    ├── EngineDeadError                fatal; the engine stopped and every pending request fails with it
+    ├── ArtifactError                  runtime/artifact.py: missing, damaged or of another version
+    ├── OpsLibraryError                runtime/ops_library.py: libortllm_ops.so missing or stale (make ops)
+    ├── StoreError                     runtime/store.py: the local model store
+    ├── MemoryBudgetExceeded           runtime/session_manager.py
+    ├── TokenizerFilesError(ValueError)  runtime/tokenizer.py
+    ├── APIError                       protocol/errors.py: an HTTP error with its OpenAI envelope
+    │   └── ClientGone
+    ├── BuildError                     pipeline/errors.py: a build input or option is wrong
+    ├── TokenizerError(ValueError)     pipeline/tokenizer.py
+    ├── DataError, EvalError           calibration/data.py, calibration/eval.py
+    ├── BatchFileError                 batch/output.py
+    └── BenchError                     bench/errors.py: a scenario could not run
+        └── StreamError                bench/client.py: the server answered with an error
 
 Messages say what to do, not only what went wrong.
 """

@@ -7,11 +7,12 @@ from typing import Iterator
 
 import numpy as np
 
+from . import contract as C
 from .artifact import ArtifactError, load_artifact
 from .detokenizer import IncrementalDetokenizer
-from .errors import EmptyPrompt, PromptTooLong
+from .errors import EmptyPrompt
 from .sampler import RowState, Sampler, request_generator
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, fit_max_tokens
 
 
 def chat_messages(prompt: str, system: str | None) -> list[dict]:
@@ -47,9 +48,8 @@ def _portable_stream(artifact, tok, ids: list[int], params: SamplingParams, thre
     from .portable_model import PortableModel
 
     model = PortableModel.from_artifact(artifact, threads=threads)
-    if len(ids) >= model.context_length:
-        raise PromptTooLong(len(ids), model.context_length - 1, what="the model's context length")
-    eos = set(artifact.read_json("generation.json")["eos_token_ids"])
+    params.max_tokens = fit_max_tokens(len(ids), params.max_tokens, model.context_length)
+    eos = set(artifact.read_json(C.GENERATION)["eos_token_ids"])
     detok = IncrementalDetokenizer(lambda t: tok.decode(t, skip_special_tokens=True), ids, stop_token_ids=eos)
     row = RowState(params, None if params.greedy else request_generator(params.seed), detok.output_token_ids, ids)
     sampler = Sampler()

@@ -1,6 +1,6 @@
 """sha256 of files, remembered by what the file system says about them.
 
-Hashing every artifact file at each load costs ~0.7 s for SmolLM2 int4 (docs/benchmarks.md, Startup). A file
+Hashing every artifact file at each load costs ~0.7 s for SmolLM2 int4 (docs/notes/benchmarks.md, Startup). A file
 whose device, inode, size, mtime and ctime are all unchanged since it was hashed has the same bytes unless
 someone wrote it and then reset both clocks (ctime cannot be set from user space), so its hash is taken from
 this cache. Anything else — another inode (replaced), another size or time (written), a file never seen — is

@@ -19,7 +19,7 @@ from .errors import ConfigError
 from .ops_library import register_ops
 from .scheduler import ScheduledSeq
 
-_KV_NUMPY = {"fp32": np.float32, "int8": np.uint8, "fp8": np.uint8}
+_KV_NUMPY = C.KV_STORAGE
 
 
 def kv_pool_size(config: EngineConfig, artifact: Artifact) -> tuple[int, int]:
@@ -162,19 +162,6 @@ class ModelRunner:
         io.bind_output(C.LOGITS, "cpu")   # [K, V] changes every step: let ORT allocate it
         self.session.run_with_iobinding(io)
         return io.get_outputs()[0].numpy()
-
-    def score(self, token_ids: list[int], chunk: int = 512) -> np.ndarray:
-        """Logits [n, V] at every position of one sequence (row i predicts token i + 1), prefilled in chunks
-        through the paged KV cache (blocks 1.. of the pool; call only while the engine is idle)."""
-        n = len(token_ids)
-        blocks = list(range(1, 1 + -(-n // self.block_size)))
-        if blocks and blocks[-1] >= self.num_blocks:
-            raise ValueError(f"{n} tokens need {len(blocks)} KV blocks; the pool has {self.num_blocks - 1}")
-        out = []
-        for start in range(0, n, chunk):
-            ids = token_ids[start:start + chunk]
-            out.append(self.execute([ScheduledSeq("score", ids, start, blocks, True, None)], all_logits=True))
-        return np.concatenate(out)
 
     def kv_pool_bytes(self) -> int:
         return sum(a.nbytes for n, a in self._arrays.items() if "cache" in n or "scales" in n)

@@ -11,15 +11,16 @@ import ctypes
 import os
 from pathlib import Path
 
+from .errors import OrtllmError
+
 # Must equal ORTLLM_OPS_ABI_VERSION in custom_ops/src/ops/register.cc; bump both together whenever
 # an op's inputs, outputs or attributes change.
 OPS_ABI_VERSION = 5
-OPS_DOMAIN = "ortllm"
 ENV_OVERRIDE = "ORTLLM_OPS_LIBRARY"
 BUILD_COMMAND = "make ops"
 
 
-class OpsLibraryError(RuntimeError):
+class OpsLibraryError(OrtllmError, RuntimeError):
     """The custom-ops library is missing or stale; the message says how to build it."""
 
 

@@ -18,10 +18,10 @@ from .config import physical_cores
 class PortableModel:
     """A decoder graph with the optimum/genai I/O convention (ours, or optimum-onnx's export of it)."""
 
-    def __init__(self, model_path, model_config: dict, threads: int | None = None):
-        self.num_layers = model_config["num_layers"]
-        self.kv_shape = (model_config["num_kv_heads"], model_config["head_dim"])
-        self.context_length = model_config["max_position_embeddings"]
+    def __init__(self, model_path, model_config: C.ModelConfig, threads: int | None = None):
+        self.num_layers = model_config.num_layers
+        self.kv_shape = (model_config.num_kv_heads, model_config.head_dim)
+        self.context_length = model_config.max_position_embeddings
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads or physical_cores()
         so.inter_op_num_threads = 1
@@ -32,7 +32,7 @@ class PortableModel:
         if artifact.graph != "portable":
             raise ArtifactError(f"{artifact.path} holds a '{artifact.graph}' graph; the simple loop runs "
                                 "portable graphs (rebuild with --graph portable)")
-        return cls(artifact.file(C.MODEL), artifact.model_config, threads)
+        return cls(artifact.file(C.MODEL), artifact.model, threads)
 
     def empty_past(self, batch: int = 1) -> list[np.ndarray]:
         z = np.zeros((batch, *self.kv_shape[:1], 0, self.kv_shape[1]), np.float32)

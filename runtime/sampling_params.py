@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .errors import InvalidSamplingParams
+from .errors import InvalidSamplingParams, PromptTooLong
 
 # Temperatures below this are greedy.
 SAMPLING_EPS = 1e-5
@@ -100,6 +100,20 @@ class SamplingParams:
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, "> 0 (seconds) or null", lambda v: v > 0)
         return self
+
+
+def fit_max_tokens(prompt_len: int, max_tokens: int | None, room: int,
+                   what: str = "the model's context length") -> int:
+    """The one rule for a prompt and max_tokens past the context, at every entry point (what vLLM's and
+    llama.cpp's servers do): a prompt that leaves no room for one new token is refused (PromptTooLong; HTTP 400
+    context_length_exceeded); otherwise max_tokens is capped to the room left (None: all of it), and a
+    generation that reaches the end of the context finishes with finish_reason "length".
+
+    room: the most tokens a sequence may hold (the context length, or less: max_model_len, the KV pool)."""
+    if prompt_len >= room:
+        raise PromptTooLong(prompt_len, room - 1, what=what)
+    left = room - prompt_len
+    return left if max_tokens is None else min(max_tokens, left)
 
 
 def _int(name: str, v: object, lo: int | None = None, hi: int | None = None, note: str = "") -> None:

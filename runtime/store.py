@@ -172,17 +172,20 @@ class Store:
     def blob(self, digest: str) -> Path:
         return self.blobs / f"sha256-{digest}"
 
-    def artifact_manifest(self, entry: dict) -> dict:
+    def artifact_manifest(self, entry: dict):
+        """The artifact's manifest (an artifact.Manifest) from its blob."""
+        from .artifact import Manifest
+
         digest = entry["artifact"].removeprefix("sha256-")
         try:
-            return json.loads(self.blob(digest).read_text())
-        except (OSError, ValueError) as e:
+            return Manifest.from_dict(json.loads(self.blob(digest).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise StoreError(f"the artifact manifest blob sha256-{digest} of {entry.get('name')} is missing or "
                              f"damaged ({e}); pull it again with --force") from None
 
     def _files(self, entry: dict) -> dict[str, str]:
         """relative path -> sha256 of every file of an entry's artifact, manifest.json included."""
-        files = {name: e["sha256"] for name, e in self.artifact_manifest(entry)["files"].items()}
+        files = {name: e["sha256"] for name, e in self.artifact_manifest(entry).files.items()}
         files[C.MANIFEST] = entry["artifact"].removeprefix("sha256-")
         return files
 
@@ -239,10 +242,8 @@ class Store:
         entry = self.entry(ref)
         man = self.artifact_manifest(entry)
         files = self._files(entry)
-        size = sum(e["size"] for e in man["files"].values())
-        return {"name": str(ref), "entry": entry, "manifest": man, "size": size, "files": files,
-                "quant": man["build"].get("quant"), "kv": man["build"].get("kv"), "graph": man.get("graph"),
-                "adapters": sorted(man.get("adapters", {}))}
+        return {"name": str(ref), "entry": entry, "manifest": man, "size": man.size_bytes, "files": files,
+                "quant": man.quant, "kv": man.kv, "graph": man.graph, "adapters": sorted(man.adapters)}
 
     # ---------------------------------------------------------------- writing
     def put(self, src: str | os.PathLike, ref: ModelRef, source: str, force: bool = False,
@@ -261,7 +262,7 @@ class Store:
             if self.has(ref) and not force:
                 raise StoreError(f"{ref} is already in the store; pass --force to replace it, or choose another "
                                  "--name")
-            for name, e in sorted(man["files"].items()):
+            for name, e in sorted(man.files.items()):
                 self._put_blob(src / name, e["sha256"], e["size"], name, cache, progress)
             self._put_blob(src / C.MANIFEST, digest, len(manifest_bytes), C.MANIFEST, cache, progress)
             entry = {"schema": 1, "name": str(ref), "artifact": f"sha256-{digest}", "source": source,

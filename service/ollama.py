@@ -172,10 +172,7 @@ def _models() -> list[dict]:
     res = current_resources()
     engine = res.require_engine()
     manifest = engine.artifact.manifest
-    digest = manifest.get("source", {}).get("sha256", "") if isinstance(manifest.get("source"), dict) else ""
-    size = sum(f.get("size", 0) for f in manifest.get("files", {}).values()) if isinstance(
-        manifest.get("files"), dict) else 0
-    quant = manifest.get("build", {}).get("quant", "")
+    digest, size, quant = manifest.source_sha256 or "", manifest.size_bytes, manifest.quant
     modified = datetime.fromtimestamp(res.created, timezone.utc).isoformat().replace("+00:00", "Z")
     details = {"format": "onnx", "family": "llama", "families": ["llama"], "parameter_size": "",
                "quantization_level": str(quant), "parent_model": ""}

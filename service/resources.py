@@ -118,12 +118,12 @@ class EngineResource:
             return self.engine.adapters.names()
         from ortllm.runtime.artifact import read_manifest
         try:
-            return sorted(read_manifest(self.path).get("adapters", {}))
+            return sorted(read_manifest(self.path).adapters)
         except OrtllmError:
             return []
 
     def _on_loaded(self, engine: Engine) -> None:
-        self.model_name = (self.model_name or engine.artifact.manifest.get("recipe")
+        self.model_name = (self.model_name or engine.artifact.manifest.recipe
                            or engine.artifact.path.name)
         self.max_prompt_chars = max_prompt_chars(engine)
         self.engine = engine

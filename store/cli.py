@@ -98,7 +98,7 @@ def served_models(args: argparse.Namespace) -> tuple[tuple[str | None, Path], ..
         name = args.store_names.get(Path(path))
         if name is None:
             try:
-                name = read_manifest(path).get("recipe") or Path(path).name
+                name = read_manifest(path).recipe or Path(path).name
             except OrtllmError:
                 name = Path(path).name if len(args.artifact) > 1 else None   # one model: its load says what is wrong
         out.append((name, Path(path)))
@@ -174,20 +174,20 @@ def _run_show(a) -> int:
     others = [str(r) for r in store.refs() if r != ref and store.entry(r)["artifact"] == entry["artifact"]]
     print(f"name      {ref}" + (f" (also: {', '.join(others)})" if others else ""))
     print(f"id        {entry['artifact']}")
-    print(f"source    {entry.get('source')}  (built from {man['source'].get('desc')})")
+    print(f"source    {entry.get('source')}  (built from {man.source.get('desc')})")
     print(f"created   {entry.get('created')}")
-    print(f"graph     {man.get('graph')}, contract {man.get('contract_version')}")
-    b = man["build"]
-    print(f"build     quant {b.get('quant')}, block {b.get('block_size')}, algo {b.get('algo')}, LM head "
-          f"{b.get('lm_head')}, KV {b.get('kv')}")
-    m = man["model"]
-    print(f"model     {m.get('num_layers')} layers, hidden {m.get('hidden_size')}, vocab {m.get('vocab_size')}, "
-          f"context {m.get('max_position_embeddings')}")
+    print(f"graph     {man.graph}, contract {man.contract_version}")
+    b = man.build
+    print(f"build     quant {man.quant}, block {b.get('block_size')}, algo {b.get('algo')}, LM head "
+          f"{b.get('lm_head')}, KV {man.kv}")
+    m = man.model
+    print(f"model     {m.num_layers} layers, hidden {m.hidden_size}, vocab {m.vocab_size}, "
+          f"context {m.max_position_embeddings}")
     print(f"files     {len(i['files'])}, {_size(i['size'])}")
     path = store.path(str(ref))
     if line := quality_line(path):
         print(f"quality   {line}")
-    for name, e in sorted(man.get("adapters", {}).items()):
+    for name, e in sorted(man.adapters.items()):
         print(f"adapter   {name}: rank {e.get('rank')}, scale {e.get('scale', 0):g}, "
               f"targets {','.join(e.get('targets', []))}")
     if a.verify:

@@ -20,11 +20,11 @@ from ortllm.runtime import contract as C
 from ortllm.runtime.store import ModelRef, Store
 
 
-def default_ref(spec: str, quant: str, manifest: dict | None = None) -> ModelRef:
+def default_ref(spec: str, quant: str, manifest=None) -> ModelRef:
     """Recipe (or file/directory stem) as the name, the quantization as the tag: smollm2-135m-instruct:int4."""
     if manifest is not None:
-        base = manifest.get("recipe") or Path(spec).resolve().name
-        quant = manifest["build"].get("quant", quant)
+        base = manifest.recipe or Path(spec).resolve().name      # manifest: a runtime.artifact.Manifest
+        quant = manifest.quant
     else:
         base = spec if "/" not in spec and not Path(spec).exists() else Path(spec).resolve().name
         base = re.sub(r"\.(gguf|safetensors)$", "", base)
@@ -96,8 +96,7 @@ def pull(spec: str, opts, name: str | None = None, source: str | None = None, fo
 
 def _put(store: Store, artifact: Path, ref: ModelRef, source: str, force: bool, bars: _Progress) -> dict:
     from ortllm.runtime.artifact import read_manifest
-    files = read_manifest(artifact)["files"]
-    total = sum(e["size"] for e in files.values()) + (artifact / C.MANIFEST).stat().st_size
+    total = read_manifest(artifact).size_bytes + (artifact / C.MANIFEST).stat().st_size
     update = bars.bytes(total, f"verifying and storing {ref}")
     entry = store.put(artifact, ref, source=source, force=force, progress=update)
     bars.close()

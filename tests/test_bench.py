@@ -213,3 +213,28 @@ def test_gguf_export_matches_transformers(tmp_path):
     r = res["q4_1.gguf"]
     assert "Q4_1" in r["matrix_types"] and r["ok"] and r["vs_dequantized"]["corr"] >= 0.999, r
     assert r["vs_fp32"]["corr"] >= 0.97 and r["vs_fp32"]["top1_agreement"] >= 0.5, r    # seen: 0.985, 0.69
+
+
+def test_one_registry_one_provenance_one_writer():
+    """Issue 22: five entry points each with their own parsing, provenance spelled '+dirty' in one place and
+    '-dirty' in another, results.json written twice for `--scenario ops`. Now: the registry is what the CLI
+    offers, bench/provenance.py is the only provenance, bench/results.py the only writer of results.json."""
+    import re
+    from pathlib import Path
+
+    from ortllm.bench import provenance
+    from ortllm.bench.scenarios import SCENARIOS
+
+    helped = ortllm("bench", "--help")
+    assert helped.returncode == 0
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in SCENARIOS:
+        assert name in helped.stdout and name in readme, name
+    assert re.fullmatch(r"[0-9a-f]{4,}(\+dirty)?|unknown", provenance.commit())
+    repo = Path(__file__).resolve().parents[1]
+    for f in [*(repo / "bench").rglob("*.py"), *(repo / "batch").rglob("*.py"), *(repo / "cli").rglob("*.py")]:
+        text = f.read_text()
+        if f.name not in ("results.py", "provenance.py"):
+            assert "-dirty" not in text and "rev-parse" not in text, f
+        if f.name != "results.py":
+            assert '/ "results.json"' not in text, f

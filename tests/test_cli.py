@@ -1,6 +1,7 @@
 """Every bad input at the command line: one clear line, non-zero exit, never a traceback."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -132,3 +133,13 @@ def test_generate_prints_the_quality_of_a_quantized_artifact(tmp_path):
     p = ortllm("generate", art, "--prompt", "hi", "--max-tokens", "2")
     assert p.returncode == 0, p.stderr
     assert "quality (weights int4, LM head int8, KV fp32) vs fp32 over" in p.stderr and "PPL ratio" in p.stderr
+
+
+def test_missing_ops_library_is_one_line(tmp_path, tiny_engine):
+    """Regression (issue 22): OpsLibraryError sat outside the OrtllmError tree, so a missing libortllm_ops.so
+    printed "internal error ... please report it" instead of saying to run `make ops`."""
+    env = {**os.environ, "ORTLLM_OPS_LIBRARY": str(tmp_path / "absent.so")}
+    p = subprocess.run([sys.executable, "-m", "ortllm", "generate", str(tiny_engine), "--prompt", "hi"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert_user_error(p, "ops library not found", "make ops")
+    assert "internal error" not in p.stderr

@@ -65,10 +65,12 @@ BAD = {
     77: ("missing custom_id", None, "missing_custom_id"),
     89: ("body not an object", 400, "invalid_json"),
     101: ("empty prompt", 400, "empty_prompt"),
-    113: ("max_tokens past the context", 400, "context_length_exceeded"),
+    113: ("prompt past the context", 400, "context_length_exceeded"),
     125: ("stream", 400, None),
     137: ("n=9", 400, None),
 }
+# a good line whose max_tokens runs past the context: capped to the room left (runtime fit_max_tokens)
+PAST_CONTEXT = 149
 
 
 def mixed_lines(n: int = 200, seed: int = 0) -> list[str]:
@@ -98,8 +100,11 @@ def mixed_lines(n: int = 200, seed: int = 0) -> list[str]:
             line["body"] = ["not", "an", "object"]
         elif what == "empty prompt":
             line["url"], line["body"] = "/v1/completions", {"prompt": "", "max_tokens": 4}
-        elif what == "max_tokens past the context":
-            line["url"], line["body"] = "/v1/completions", {"prompt": "x", "max_tokens": 100_000, "temperature": 0}
+        elif what == "prompt past the context":
+            line["url"], line["body"] = "/v1/completions", {"prompt": "x" * 600, "max_tokens": 4, "temperature": 0}
+        elif i == PAST_CONTEXT:
+            line["url"], line["body"] = "/v1/completions", {"prompt": "x" * 500, "max_tokens": 100_000,
+                                                              "temperature": 0, "ignore_eos": True}
         elif what == "stream":
             body["stream"] = True
         elif what == "n=9":

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ortllm.batch import BatchOptions, run_batch
 from ortllm.service.config import ServiceConfig
-from tests.batch.conftest import BAD, assert_same, comparable, mixed_lines, read_output, write_lines
+from tests.batch.conftest import BAD, PAST_CONTEXT, assert_same, comparable, mixed_lines, read_output, write_lines
 from tests.service.conftest import start_live, stop_live
 
 
@@ -34,6 +34,11 @@ def test_200_mixed_lines_equal_the_service(batch_artifact, tmp_path):
         else:
             assert line["response"]["status_code"] == status, (what, line)
     assert by_id["batch_req_66"]["custom_id"] == "req-3" and by_id["batch_req_78"]["custom_id"] is None
+    # max_tokens 100000 past the context: capped to the room left (llama-tiny-random: 512), as the service does
+    capped = by_id[f"batch_req_{PAST_CONTEXT + 1}"]["response"]["body"]
+    usage = capped["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 512
+    assert capped["choices"][0]["finish_reason"] == "length"
 
     live = start_live(batch_artifact, ServiceConfig(health_error_window_s=1.0, http_threads=32))
     try:

@@ -11,7 +11,7 @@ fp8 e4m3 error grows ~20-25% with rotation (relative-precision format: outliers 
 What attention computes from those keys is also measured on SmolLM2 (real queries against the quantized
 keys, causal): the RMS error of the scores q.k/sqrt(D) and the mean KL of each query's attention
 distribution. There rotation helps fp8 too (KL ~8% lower), and int8 ~4x.
-The numbers are printed (run with -s) and recorded as test properties; docs/benchmarks.md quotes them.
+The numbers are printed (run with -s) and recorded as test properties; docs/notes/benchmarks.md quotes them.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def _ours(artifact_dir, prompt):
 
 def _optimum(artifact_dir, prompt):
     art = load_artifact(artifact_dir)
-    return PortableModel(art.file("optimum/model.onnx"), art.model_config).greedy_logits(prompt, STEPS)
+    return PortableModel(art.file("optimum/model.onnx"), art.model).greedy_logits(prompt, STEPS)
 
 
 def test_tiny_random_matches_transformers(tiny_artifact):

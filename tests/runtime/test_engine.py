@@ -9,7 +9,7 @@ import pytest
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import (EmptyPrompt, InvalidSamplingParams, InvalidTokenIds, PromptTooLong,
                                    UnknownAdapter)
-from ortllm.runtime.sampling_params import SamplingParams
+from ortllm.runtime.sampling_params import SamplingParams, fit_max_tokens
 from tests.reference.hf_llama import hf_greedy_logits
 
 GREEDY16 = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -78,6 +78,34 @@ def test_many_threads_identical_greedy(tiny_engine):
         for t in threads:
             t.join(60)
     assert len(results) == 6 and len(set(results)) == 1
+
+
+def test_fit_max_tokens_is_the_one_rule():
+    assert fit_max_tokens(10, 100, 64) == 54            # capped to the room left
+    assert fit_max_tokens(10, 8, 64) == 8               # fits: unchanged
+    assert fit_max_tokens(10, None, 64) == 54           # not given: all of the room
+    assert fit_max_tokens(63, 100, 64) == 1
+    with pytest.raises(PromptTooLong, match="prompt has 64 tokens but at most 63 fit .max_model_len."):
+        fit_max_tokens(64, 1, 64, "max_model_len")
+
+
+def test_max_tokens_past_the_context_is_capped(tiny_engine):
+    """The one rule (runtime.sampling_params.fit_max_tokens), as the service and the batch job apply it: max_tokens
+    past the context is capped to the room left; a prompt that leaves no room is PromptTooLong."""
+    with Engine.from_artifact(tiny_engine, num_blocks=64) as engine:
+        out = engine.generate([list(range(3, 503))], SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
+        assert len(out[0].token_ids) == 12 and out[0].finish_reason == "length"
+        with pytest.raises(PromptTooLong, match="512 tokens.*511"):
+            engine.submit(list(range(3, 515)), GREEDY16)
+
+
+@pytest.mark.xfail(strict=True, reason="Engine.submit caps max_tokens to the context length only, so a smaller "
+                   "max_model_len still reaches the scheduler's PromptTooLong; the fix is for Engine.submit to call "
+                   "fit_max_tokens with room = min(context, max_model_len) (runtime/engine.py: another change's file)")
+def test_max_tokens_past_max_model_len_is_capped(tiny_engine):
+    with Engine.from_artifact(tiny_engine, num_blocks=64, max_model_len=256) as engine:
+        out = engine.generate([list(range(3, 203))], SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
+        assert len(out[0].token_ids) == 56 and out[0].finish_reason == "length"
 
 
 def test_bad_requests_are_typed_errors_before_scheduling(tiny_engine):

@@ -45,7 +45,7 @@ CASES = [
     ("top_p-above-one", CMPL, _body(top_p=1.5), JSON, 400, "top_p"),
     ("max_tokens-zero", CMPL, _body(max_tokens=0), JSON, 400, "max_tokens"),
     ("max_tokens-negative", CMPL, _body(max_tokens=-3), JSON, 400, "max_tokens"),
-    ("max_tokens-past-context", CMPL, _body(max_tokens=100000), JSON, 400, "max_tokens"),
+    ("prompt-past-context", CMPL, _body(prompt="x" * 600), JSON, 400, None),   # max_tokens past it: capped (below)
     ("five-stop-strings", CMPL, _body(stop=["a", "b", "c", "d", "e"]), JSON, 400, "stop"),
     ("stop-empty-string", CMPL, _body(stop=[""]), JSON, 400, "stop"),
     ("token-ids-out-of-vocab", CMPL, _body(prompt=[1, 2, 99999]), JSON, 400, None),
@@ -81,6 +81,19 @@ def test_huge_bodies_and_prompts(tiny_live):
     r = tiny_live.post(CMPL, data=b'{"prompt": "' + b"a" * (3 << 20) + b'"}', headers=JSON)  # past max_body_bytes
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_entity_too_large"
     r = tiny_live.post(CMPL, json={"prompt": "go " * 600, "max_tokens": 4})                # past the context
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_max_tokens_past_the_context_is_capped(tiny_live):
+    """The one rule (runtime.sampling_params.fit_max_tokens): max_tokens past the context is capped to the room
+    left and the completion ends with finish_reason "length"; only a prompt that leaves no room is a 400."""
+    r = tiny_live.post(CMPL, json={"prompt": "x" * 500, "max_tokens": 100_000, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    usage = body["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 512, usage      # llama-tiny-random: 512 context
+    assert body["choices"][0]["finish_reason"] == "length"
+    r = tiny_live.post(CMPL, json={"prompt": "x" * 512, "max_tokens": 4})          # no room left for a token
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 

@@ -74,7 +74,7 @@ def test_deduplication_in_bytes_on_disk(home, tmp_path):
     fp32, int8 = store.info(store.resolve("tiny:fp32")), store.info(store.resolve("tiny:int8"))
     shared = {n: s for n, s in fp32["files"].items() if int8["files"].get(n) == s}
     assert "tokenizer.json" in shared
-    shared_bytes = sum(fp32["manifest"]["files"][n]["size"] for n in shared)
+    shared_bytes = sum(fp32["manifest"].files[n]["size"] for n in shared)
     grew = store.disk_bytes() - before
     assert grew <= int8["size"] - shared_bytes + 4096 * len(int8["files"]), (grew, int8["size"], shared_bytes)
     ok(ortllm(home, "rm", "tiny:int8", "tiny:alias"))
@@ -196,4 +196,4 @@ def test_pull_of_an_artifact_directory(tiny_engine, tmp_path):
     ok(ortllm(home, "pull", tiny_engine, "--name", "tiny:dir"))
     store = Store(home)
     src = json.loads((tiny_engine / "manifest.json").read_text())
-    assert store.info(store.resolve("tiny:dir"))["manifest"] == src
+    assert store.info(store.resolve("tiny:dir"))["manifest"].to_dict() == src

@@ -52,9 +52,9 @@ struct Ctx {
 void shrink(const Ctx& c, const Group& g, int64_t row0, int64_t n) {
   const MultiLoraDims& d = *c.d;
   const int rank = c.a->rank[g.slot];
-  c.vec->gemm_rows_f16b(static_cast<int>(n), rank, static_cast<int>(d.in_dim), 1.f,
-                        c.x_rows + g.begin + row0, c.a->A + g.slot * d.in_dim * d.max_rank,
-                        d.packed_a ? rank : static_cast<int>(d.max_rank), c.h_rows + g.begin + row0);
+  c.vec->gemm_rows_f16b(static_cast<int>(n), rank, static_cast<int>(d.in_dim), 1.f, c.x_rows + g.begin + row0,
+                        c.a->A + g.slot * d.in_dim * d.max_rank, d.packed_a ? rank : static_cast<int>(d.max_rank),
+                        c.h_rows + g.begin + row0);
 }
 
 void expand(const Ctx& c, const Group& g, int64_t col0, int64_t cols) {
@@ -64,10 +64,9 @@ void expand(const Ctx& c, const Group& g, int64_t col0, int64_t cols) {
   for (int64_t r0 = 0; r0 < n; r0 += kRowChunk * 64) {
     const int64_t m = std::min<int64_t>(kRowChunk * 64, n - r0);
     for (int64_t i = 0; i < m; ++i) y_cols[i] = c.y_rows[g.begin + r0 + i] + col0;
-    c.vec->gemm_rows_f16b(static_cast<int>(m), static_cast<int>(cols), c.a->rank[g.slot],
-                          c.a->scale[g.slot], c.h_rows + g.begin + r0,
-                          c.a->B + g.slot * d.max_rank * d.out_dim + col0, static_cast<int>(d.out_dim),
-                          y_cols);
+    c.vec->gemm_rows_f16b(static_cast<int>(m), static_cast<int>(cols), c.a->rank[g.slot], c.a->scale[g.slot],
+                          c.h_rows + g.begin + r0, c.a->B + g.slot * d.max_rank * d.out_dim + col0,
+                          static_cast<int>(d.out_dim), y_cols);
   }
 }
 
@@ -129,8 +128,7 @@ void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& 
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     for (int64_t r0 = 0; r0 < groups[gi].end - groups[gi].begin; r0 += kRowChunk)
       c.shrink_items.emplace_back(static_cast<int32_t>(gi), r0);
-    for (int64_t c0 = 0; c0 < d.out_dim; c0 += kColChunk)
-      c.expand_items.emplace_back(static_cast<int32_t>(gi), c0);
+    for (int64_t c0 = 0; c0 < d.out_dim; c0 += kColChunk) c.expand_items.emplace_back(static_cast<int32_t>(gi), c0);
   }
   par.run(c.shrink_items.size(), shrink_item, &c);
   par.run(c.expand_items.size(), expand_item, &c);

@@ -20,13 +20,13 @@ struct MultiLoraDims {
 };
 
 struct MultiLoraArgs {
-  const float* x;              // [T, in]
-  const uint16_t* A;           // [n_slots, in, r_max] fp16 bits (packed_a: see MultiLoraDims)
-  const uint16_t* B;           // [n_slots, r_max, out] fp16 bits
-  const float* scale;          // [n_slots]
-  const int32_t* rank;         // [n_slots], 0 <= rank <= r_max
-  const int32_t* token_adapter;// [T], -1 or a slot
-  float* y;                    // [T, out], holds base_y on entry
+  const float* x;                // [T, in]
+  const uint16_t* A;             // [n_slots, in, r_max] fp16 bits (packed_a: see MultiLoraDims)
+  const uint16_t* B;             // [n_slots, r_max, out] fp16 bits
+  const float* scale;            // [n_slots]
+  const int32_t* rank;           // [n_slots], 0 <= rank <= r_max
+  const int32_t* token_adapter;  // [T], -1 or a slot
+  float* y;                      // [T, out], holds base_y on entry
 };
 
 void multi_lora(const MultiLoraDims& dims, const MultiLoraArgs& args, const Parallel& par);

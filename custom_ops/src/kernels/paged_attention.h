@@ -10,40 +10,39 @@
 namespace ortllm {
 
 struct PagedAttentionDims {
-  int64_t num_tokens;   // T
-  int64_t num_seqs;     // S
-  int64_t num_heads;    // H
-  int64_t kv_heads;     // Hkv (H % Hkv == 0)
-  int64_t head_size;    // D (even; a power of two when rotate)
-  int64_t block_size;   // BS
-  int64_t max_blocks;   // columns of block_tables
-  int64_t num_blocks;   // NB, blocks in the pool
-  int64_t max_pos;      // rows of the rope cache
+  int64_t num_tokens;  // T
+  int64_t num_seqs;    // S
+  int64_t num_heads;   // H
+  int64_t kv_heads;    // Hkv (H % Hkv == 0)
+  int64_t head_size;   // D (even; a power of two when rotate)
+  int64_t block_size;  // BS
+  int64_t max_blocks;  // columns of block_tables
+  int64_t num_blocks;  // NB, blocks in the pool
+  int64_t max_pos;     // rows of the rope cache
   KvDtype kv_dtype;
-  bool rotate;          // Hadamard on Q and K (8-bit caches)
+  bool rotate;  // Hadamard on Q and K (8-bit caches)
   bool rope_interleaved;
-  float scale;          // softmax scale
+  float scale;  // softmax scale
 };
 
 struct PagedAttentionArgs {
-  const float* q;             // [T, H*D]
-  const float* k;             // [T, Hkv*D]
-  const float* v;             // [T, Hkv*D]
-  const int32_t* positions;   // [T]        rope position of each token
-  const int32_t* cu_seqlens;  // [S+1]      token t belongs to s iff cu[s] <= t < cu[s+1]
-  const int32_t* context_lens;// [S]        tokens already cached; token j of s goes to slot ctx[s]+j
-  const int32_t* block_tables;// [S, max_blocks]
-  const float* cos;           // [max_pos, D/2]
-  const float* sin;           // [max_pos, D/2]
-  void* key_cache;            // [NB, Hkv, BS, D] float or uint8 codes (output buffer, updated in place)
-  void* value_cache;          // [NB, Hkv, BS, D]
-  uint16_t* key_scales;       // [NB, Hkv, BS] fp16 bits (8-bit only)
-  uint16_t* value_scales;     // [NB, Hkv, BS] fp16 bits (8-bit only)
-  float* out;                 // [T, H*D]
+  const float* q;               // [T, H*D]
+  const float* k;               // [T, Hkv*D]
+  const float* v;               // [T, Hkv*D]
+  const int32_t* positions;     // [T]        rope position of each token
+  const int32_t* cu_seqlens;    // [S+1]      token t belongs to s iff cu[s] <= t < cu[s+1]
+  const int32_t* context_lens;  // [S]        tokens already cached; token j of s goes to slot ctx[s]+j
+  const int32_t* block_tables;  // [S, max_blocks]
+  const float* cos;             // [max_pos, D/2]
+  const float* sin;             // [max_pos, D/2]
+  void* key_cache;              // [NB, Hkv, BS, D] float or uint8 codes (output buffer, updated in place)
+  void* value_cache;            // [NB, Hkv, BS, D]
+  uint16_t* key_scales;         // [NB, Hkv, BS] fp16 bits (8-bit only)
+  uint16_t* value_scales;       // [NB, Hkv, BS] fp16 bits (8-bit only)
+  float* out;                   // [T, H*D]
 };
 
 // Writes the new K/V rows into the caches and the attention result into out.
-void paged_attention(const PagedAttentionDims& dims, const PagedAttentionArgs& args,
-                     const Parallel& par);
+void paged_attention(const PagedAttentionDims& dims, const PagedAttentionArgs& args, const Parallel& par);
 
 }  // namespace ortllm

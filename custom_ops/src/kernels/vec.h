@@ -17,8 +17,7 @@ struct VecOps {
   const char* name;
   // S[r * lds + j] = alpha * dot(Q[r * D ..], K[j * D ..]) for r < rows, j < nkeys.
   // Q: [rows, D], K: [nkeys, D] (row-major, contiguous rows), S: [rows, lds].
-  void (*scores)(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S,
-                 int lds);
+  void (*scores)(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds);
   // O[r * D ..] += sum_j P[r * ldp + j] * V[j * D ..]. P: [rows, ldp], V: [nkeys, D], O: [rows, D].
   void (*pv)(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O);
   // out[j * D + d] = scales[j] * code(j, d): int8 codes (two's complement bytes) / fp8 e4m3fn;
@@ -33,13 +32,12 @@ struct VecOps {
   void (*scal)(float* y, int n, float a);
   // C[i][0:N] += alpha * sum_k A[i][k] * B[k * ldb + 0:N] for i < M. Rows of A and C are given
   // as pointer arrays, so the LoRA kernel works on scattered token rows without gathering them.
-  void (*gemm_rows)(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
-                    float* const* C);
+  void (*gemm_rows)(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb, float* const* C);
   // The same with B in IEEE fp16 (bits), widened to fp32 as it is read; fp32 accumulation. For the
   // tables streamed from memory once per call, where their bytes are the cost: the LoRA slot stacks
   // (kernels/multi_lora.h) and the block-offsets term (kernels/block_offsets.h).
-  void (*gemm_rows_f16b)(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B,
-                         int ldb, float* const* C);
+  void (*gemm_rows_f16b)(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B, int ldb,
+                         float* const* C);
 };
 
 const VecOps& vec_scalar_ops();

@@ -53,8 +53,7 @@ float dot_tail(const float* a, const float* b, int from, int D) {
 }
 
 // Two query rows x four keys per step: 8 accumulators, 6 loads per 8 FMAs (D % 8 == 0).
-void scores_2x4(const float* q0, const float* q1, const float* K, int nkeys, int D, float alpha,
-                float* s0, float* s1) {
+void scores_2x4(const float* q0, const float* q1, const float* K, int nkeys, int D, float alpha, float* s0, float* s1) {
   const __m256 al = _mm256_set1_ps(alpha);
   int j = 0;
   for (; j + 4 <= nkeys; j += 4) {
@@ -62,9 +61,8 @@ void scores_2x4(const float* q0, const float* q1, const float* K, int nkeys, int
     const float* k1 = k0 + D;
     const float* k2 = k1 + D;
     const float* k3 = k2 + D;
-    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(), a02 = _mm256_setzero_ps(),
-           a03 = _mm256_setzero_ps(), a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps(),
-           a12 = _mm256_setzero_ps(), a13 = _mm256_setzero_ps();
+    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(), a02 = _mm256_setzero_ps(), a03 = _mm256_setzero_ps(),
+           a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps(), a12 = _mm256_setzero_ps(), a13 = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8) {
       const __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
       __m256 kv = _mm256_loadu_ps(k0 + d);
@@ -96,14 +94,13 @@ void scores_2x4(const float* q0, const float* q1, const float* K, int nkeys, int
   }
 }
 
-void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S,
-            int lds) {
+void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds) {
   const int D8 = D & ~7;
   int r0 = 0;
   if (D8 == D) {
     for (; r0 + 2 <= rows; r0 += 2)
-      scores_2x4(Q + static_cast<size_t>(r0) * D, Q + static_cast<size_t>(r0 + 1) * D, K, nkeys, D,
-                 alpha, S + static_cast<size_t>(r0) * lds, S + static_cast<size_t>(r0 + 1) * lds);
+      scores_2x4(Q + static_cast<size_t>(r0) * D, Q + static_cast<size_t>(r0 + 1) * D, K, nkeys, D, alpha,
+                 S + static_cast<size_t>(r0) * lds, S + static_cast<size_t>(r0 + 1) * lds);
   }
   for (int r = r0; r < rows; ++r) {
     const float* q = Q + static_cast<size_t>(r) * D;
@@ -125,16 +122,15 @@ void scores(const float* Q, int rows, const float* K, int nkeys, int D, float al
       }
       __m128 r4 = hsum4(a0, a1, a2, a3);
       if (D8 != D) {
-        r4 = _mm_add_ps(r4, _mm_setr_ps(dot_tail(q, k0, D8, D), dot_tail(q, k1, D8, D),
-                                        dot_tail(q, k2, D8, D), dot_tail(q, k3, D8, D)));
+        r4 = _mm_add_ps(r4, _mm_setr_ps(dot_tail(q, k0, D8, D), dot_tail(q, k1, D8, D), dot_tail(q, k2, D8, D),
+                                        dot_tail(q, k3, D8, D)));
       }
       _mm_storeu_ps(s + j, _mm_mul_ps(r4, _mm_set1_ps(alpha)));
     }
     for (; j < nkeys; ++j) {
       const float* k0 = K + static_cast<size_t>(j) * D;
       __m256 a0 = _mm256_setzero_ps();
-      for (int d = 0; d < D8; d += 8)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k0 + d), a0);
+      for (int d = 0; d < D8; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k0 + d), a0);
       s[j] = alpha * (hsum(a0) + dot_tail(q, k0, D8, D));
     }
   }
@@ -261,8 +257,7 @@ void dequant_e4m3(const uint8_t* codes, const uint16_t* scales, int nrows, int D
       __m256i x = _mm256_slli_epi32(_mm256_and_si256(b, mag_mask), 20);
       __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(x, bias_norm));
       __m256 sub = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_add_epi32(x, bias_sub)), min_normal);
-      __m256 is_sub = _mm256_castsi256_ps(
-          _mm256_cmpeq_epi32(_mm256_and_si256(b, exp_mask), _mm256_setzero_si256()));
+      __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, exp_mask), _mm256_setzero_si256()));
       __m256 mag = _mm256_blendv_ps(normal, sub, is_sub);
       __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, sign_mask), 24));
       _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_or_ps(mag, sign), s));
@@ -312,18 +307,23 @@ void scal(float* y, int n, float a) {
 
 // Loads of 8 consecutive B entries as floats: fp32 as is, fp16 bits widened by F16C as they stream
 // (the conversion is one instruction per 8 values, shared by the MR rows that use them).
-inline __m256 load8(const float* b) { return _mm256_loadu_ps(b); }
+inline __m256 load8(const float* b) {
+  return _mm256_loadu_ps(b);
+}
 inline __m256 load8(const uint16_t* b) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
 }
-inline float load1(const float* b) { return *b; }
-inline float load1(const uint16_t* b) { return _cvtsh_ss(*b); }
+inline float load1(const float* b) {
+  return *b;
+}
+inline float load1(const uint16_t* b) {
+  return _cvtsh_ss(*b);
+}
 
 // C[i][n0:n0+16] += alpha * sum_k A[i][k] * B[k][n0:n0+16], i < MR (MR <= 4): 2*MR independent
 // accumulators starting at zero, alpha applied once at the end; A entries are memory broadcasts.
 template <int MR, class TB>
-inline void micro16(int K, float alpha, const float* const* A, const TB* B, int ldb,
-                    float* const* C, int n0) {
+inline void micro16(int K, float alpha, const float* const* A, const TB* B, int ldb, float* const* C, int n0) {
   __m256 c0[MR], c1[MR];
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
   for (int k = 0; k < K; ++k) {
@@ -345,8 +345,7 @@ inline void micro16(int K, float alpha, const float* const* A, const TB* B, int 
 }
 
 template <int MR, class TB>
-inline void micro8(int K, float alpha, const float* const* A, const TB* B, int ldb,
-                   float* const* C, int n0) {
+inline void micro8(int K, float alpha, const float* const* A, const TB* B, int ldb, float* const* C, int n0) {
   __m256 c0[MR];
   for (int i = 0; i < MR; ++i) c0[i] = _mm256_setzero_ps();
   for (int k = 0; k < K; ++k) {
@@ -354,13 +353,11 @@ inline void micro8(int K, float alpha, const float* const* A, const TB* B, int l
     for (int i = 0; i < MR; ++i) c0[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(A[i] + k), b0, c0[i]);
   }
   const __m256 al = _mm256_set1_ps(alpha);
-  for (int i = 0; i < MR; ++i)
-    _mm256_storeu_ps(C[i] + n0, _mm256_fmadd_ps(al, c0[i], _mm256_loadu_ps(C[i] + n0)));
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(C[i] + n0, _mm256_fmadd_ps(al, c0[i], _mm256_loadu_ps(C[i] + n0)));
 }
 
 template <int MR, class TB>
-void gemm_mr(int N, int K, float alpha, const float* const* A, const TB* B, int ldb,
-             float* const* C) {
+void gemm_mr(int N, int K, float alpha, const float* const* A, const TB* B, int ldb, float* const* C) {
   int n = 0;
   for (; n + 16 <= N; n += 16) micro16<MR>(K, alpha, A, B, ldb, C, n);
   for (; n + 8 <= N; n += 8) micro8<MR>(K, alpha, A, B, ldb, C, n);
@@ -374,25 +371,30 @@ void gemm_mr(int N, int K, float alpha, const float* const* A, const TB* B, int 
 }
 
 template <class TB>
-void gemm_rows_t(int M, int N, int K, float alpha, const float* const* A, const TB* B, int ldb,
-                 float* const* C) {
+void gemm_rows_t(int M, int N, int K, float alpha, const float* const* A, const TB* B, int ldb, float* const* C) {
   int m = 0;
   for (; m + 4 <= M; m += 4) gemm_mr<4>(N, K, alpha, A + m, B, ldb, C + m);
   switch (M - m) {
-    case 3: gemm_mr<3>(N, K, alpha, A + m, B, ldb, C + m); break;
-    case 2: gemm_mr<2>(N, K, alpha, A + m, B, ldb, C + m); break;
-    case 1: gemm_mr<1>(N, K, alpha, A + m, B, ldb, C + m); break;
-    default: break;
+    case 3:
+      gemm_mr<3>(N, K, alpha, A + m, B, ldb, C + m);
+      break;
+    case 2:
+      gemm_mr<2>(N, K, alpha, A + m, B, ldb, C + m);
+      break;
+    case 1:
+      gemm_mr<1>(N, K, alpha, A + m, B, ldb, C + m);
+      break;
+    default:
+      break;
   }
 }
 
-void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
-               float* const* C) {
+void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb, float* const* C) {
   gemm_rows_t(M, N, K, alpha, A, B, ldb, C);
 }
 
-void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B,
-                    int ldb, float* const* C) {
+void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B, int ldb,
+                    float* const* C) {
   gemm_rows_t(M, N, K, alpha, A, B, ldb, C);
 }
 
@@ -405,14 +407,15 @@ void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, con
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table, never runs AVX2 code itself.
 const VecOps* vec_avx2_ops() {
-  static const VecOps ops{"avx2",          avx2::scores,  avx2::pv,   avx2::dequant_i8,
-                          avx2::dequant_e4m3, avx2::exp_sum, avx2::vmax, avx2::scal, avx2::gemm_rows,
-                          avx2::gemm_rows_f16b};
+  static const VecOps ops{"avx2",        avx2::scores, avx2::pv,   avx2::dequant_i8, avx2::dequant_e4m3,
+                          avx2::exp_sum, avx2::vmax,   avx2::scal, avx2::gemm_rows,  avx2::gemm_rows_f16b};
   return &ops;
 }
 }  // namespace ortllm
 #else
 namespace ortllm {
-const VecOps* vec_avx2_ops() { return nullptr; }
+const VecOps* vec_avx2_ops() {
+  return nullptr;
+}
 }  // namespace ortllm
 #endif

@@ -15,7 +15,7 @@ float f16_to_float(uint16_t h) {
   const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
   float mag;
   if (exp == 0) {
-    mag = std::ldexp(static_cast<float>(man), -24);                  // zero and subnormals
+    mag = std::ldexp(static_cast<float>(man), -24);  // zero and subnormals
   } else if (exp == 31) {
     mag = man ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
   } else {
@@ -35,8 +35,8 @@ uint16_t f16_ceil(float v) {
   // Truncate to fp16 (toward zero), then step up one ulp if that lost anything: positive fp16
   // bit patterns are ordered like their values, so +1 is the next representable value.
   uint16_t h;
-  if (v < 6.103515625e-05f) {                                       // below 2^-14: subnormal grid 2^-24
-    h = static_cast<uint16_t>(std::ldexp(v, 24));                   // floor of v / 2^-24 (v > 0)
+  if (v < 6.103515625e-05f) {                      // below 2^-14: subnormal grid 2^-24
+    h = static_cast<uint16_t>(std::ldexp(v, 24));  // floor of v / 2^-24 (v > 0)
   } else {
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof bits);
@@ -50,15 +50,14 @@ float e4m3_to_float(uint8_t code) {
   // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no inf; 0x7f/0xff are NaN (never written).
   const int exp = (code >> 3) & 0xF;
   const int man = code & 0x7;
-  float mag = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
-                       : std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+  float mag =
+      exp == 0 ? std::ldexp(static_cast<float>(man), -9) : std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
   return (code & 0x80) ? -mag : mag;
 }
 
 namespace {
 
-void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S,
-            int lds) {
+void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds) {
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < nkeys; ++j) {
       float acc = 0.f;
@@ -82,8 +81,7 @@ void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, flo
 void dequant_i8(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
   for (int j = 0; j < nrows; ++j) {
     const float s = f16_to_float(scales[j]);
-    for (int d = 0; d < D; ++d)
-      out[j * D + d] = s * static_cast<float>(static_cast<int8_t>(codes[j * D + d]));
+    for (int d = 0; d < D; ++d) out[j * D + d] = s * static_cast<float>(static_cast<int8_t>(codes[j * D + d]));
   }
 }
 
@@ -119,8 +117,7 @@ void scal(float* y, int n, float a) {
   for (int i = 0; i < n; ++i) y[i] *= a;
 }
 
-void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb,
-               float* const* C) {
+void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const float* B, int ldb, float* const* C) {
   for (int m = 0; m < M; ++m) {
     float* c = C[m];
     for (int k = 0; k < K; ++k) {
@@ -132,8 +129,8 @@ void gemm_rows(int M, int N, int K, float alpha, const float* const* A, const fl
 }
 
 // Each row segment of B is widened once into `b` and used by all M rows (f16_to_float is not cheap).
-void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B,
-                    int ldb, float* const* C) {
+void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B, int ldb,
+                    float* const* C) {
   constexpr int kCols = 256;
   float b[kCols];
   for (int n0 = 0; n0 < N; n0 += kCols) {
@@ -153,7 +150,7 @@ void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, con
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar", scores, pv,        dequant_i8, dequant_e4m3,
+  static const VecOps ops{"scalar", scores, pv,   dequant_i8, dequant_e4m3,
                           exp_sum,  vmax,   scal, gemm_rows,  gemm_rows_f16b};
   return ops;
 }
@@ -163,8 +160,8 @@ const VecOps& vec() {
     const char* force = std::getenv("ORTLLM_OPS_ISA");
     if (force && std::strcmp(force, "scalar") == 0) return &vec_scalar_ops();
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c") && vec_avx2_ops())
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+        vec_avx2_ops())
       return vec_avx2_ops();
     return &vec_scalar_ops();
   }();

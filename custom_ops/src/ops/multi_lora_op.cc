@@ -16,10 +16,8 @@ MultiLoraOp::MultiLoraOp(const OrtApi* api, const OrtKernelInfo* info)
     : block_size_(attr_int(api, info, "block_size", 0)), packed_a_(attr_int(api, info, "packed_a", 0) != 0) {}
 
 Ort::Status MultiLoraOp::Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& x,
-                                 const Ort::Custom::Tensor<float>& base_y,
-                                 const Ort::Custom::Tensor<Ort::Float16_t>& A,
-                                 const Ort::Custom::Tensor<Ort::Float16_t>& B,
-                                 const Ort::Custom::Tensor<float>& scale,
+                                 const Ort::Custom::Tensor<float>& base_y, const Ort::Custom::Tensor<Ort::Float16_t>& A,
+                                 const Ort::Custom::Tensor<Ort::Float16_t>& B, const Ort::Custom::Tensor<float>& scale,
                                  const Ort::Custom::Tensor<int32_t>& rank,
                                  const Ort::Custom::Tensor<int32_t>& token_adapter,
                                  std::optional<const Ort::Custom::Tensor<Ort::Float16_t>*> offsets,
@@ -48,8 +46,7 @@ Ort::Status MultiLoraOp::Compute(OrtKernelContext* ctx, const Ort::Custom::Tenso
     const int32_t* ta = token_adapter.Data();
     for (int64_t t = 0; t < T; ++t)
       if (ta[t] < -1 || ta[t] >= n_slots)
-        fail(op, ": input 'token_adapter'[", t, "] = ", ta[t], " is not -1 or a slot in [0, ",
-             n_slots, ")");
+        fail(op, ": input 'token_adapter'[", t, "] = ", ta[t], " is not -1 or a slot in [0, ", n_slots, ")");
 
     const uint16_t* off = nullptr;
     if (offsets.has_value() && *offsets != nullptr) {
@@ -67,8 +64,13 @@ Ort::Status MultiLoraOp::Compute(OrtKernelContext* ctx, const Ort::Custom::Tenso
     Parallel par{ort_parallel_for, ctx};
     if (off != nullptr) add_block_offsets({T, in, out, block_size_}, x.Data(), off, yp, par);
     MultiLoraDims dims{T, in, out, n_slots, r_max, packed_a_};
-    MultiLoraArgs args{x.Data(), reinterpret_cast<const uint16_t*>(A.Data()),
-                       reinterpret_cast<const uint16_t*>(B.Data()), scale.Data(), rk, ta, yp};
+    MultiLoraArgs args{x.Data(),
+                       reinterpret_cast<const uint16_t*>(A.Data()),
+                       reinterpret_cast<const uint16_t*>(B.Data()),
+                       scale.Data(),
+                       rk,
+                       ta,
+                       yp};
     multi_lora(dims, args, par);
     return Ort::Status{nullptr};
   } catch (const OpError& e) {

@@ -20,14 +20,10 @@ namespace ortllm {
 struct MultiLoraOp {
   MultiLoraOp(const OrtApi* api, const OrtKernelInfo* info);
   Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& x,
-                      const Ort::Custom::Tensor<float>& base_y,
-                      const Ort::Custom::Tensor<Ort::Float16_t>& A,
-                      const Ort::Custom::Tensor<Ort::Float16_t>& B,
-                      const Ort::Custom::Tensor<float>& scale,
-                      const Ort::Custom::Tensor<int32_t>& rank,
-                      const Ort::Custom::Tensor<int32_t>& token_adapter,
-                      std::optional<const Ort::Custom::Tensor<Ort::Float16_t>*> offsets,
-                      Ort::Custom::Tensor<float>& y);
+                      const Ort::Custom::Tensor<float>& base_y, const Ort::Custom::Tensor<Ort::Float16_t>& A,
+                      const Ort::Custom::Tensor<Ort::Float16_t>& B, const Ort::Custom::Tensor<float>& scale,
+                      const Ort::Custom::Tensor<int32_t>& rank, const Ort::Custom::Tensor<int32_t>& token_adapter,
+                      std::optional<const Ort::Custom::Tensor<Ort::Float16_t>*> offsets, Ort::Custom::Tensor<float>& y);
 
  private:
   int64_t block_size_ = 0;

@@ -49,8 +49,7 @@ template <typename... Parts>
   throw OpError(o.str());
 }
 
-inline int64_t attr_int(const OrtApi* api, const OrtKernelInfo* info, const char* name,
-                        int64_t fallback) {
+inline int64_t attr_int(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
   int64_t v = fallback;
   if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, name, &v)) {
     api->ReleaseStatus(st);
@@ -59,8 +58,7 @@ inline int64_t attr_int(const OrtApi* api, const OrtKernelInfo* info, const char
   return v;
 }
 
-inline float attr_float(const OrtApi* api, const OrtKernelInfo* info, const char* name,
-                        float fallback) {
+inline float attr_float(const OrtApi* api, const OrtKernelInfo* info, const char* name, float fallback) {
   float v = fallback;
   if (OrtStatus* st = api->KernelInfoGetAttribute_float(info, name, &v)) {
     api->ReleaseStatus(st);

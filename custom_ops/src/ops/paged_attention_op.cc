@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "../kernels/paged_attention.h"
 
@@ -18,6 +20,135 @@ constexpr const char* kOp = "PagedAttention";
 template <typename T>
 void alias_or_copy(const T* in, T* out, int64_t n) {
   if (out != in && n > 0) std::memcpy(out, in, sizeof(T) * static_cast<size_t>(n));
+}
+
+using F32 = Ort::Custom::Tensor<float>;
+using I32 = Ort::Custom::Tensor<int32_t>;
+using F16 = Ort::Custom::Tensor<Ort::Float16_t>;
+
+// What the attributes fix and what the inputs' shapes give.
+struct Extents {
+  int64_t H, Hkv, D, BS;  // attributes
+  bool eight_bit;
+  int64_t T = 0, S = 0, MB = 0, max_pos = 0, NB = 0;  // tokens, sequences, block-table columns, rope rows, blocks
+  bool have_scales = false, have_scale_outs = false;
+};
+
+// Every input's shape against the attributes; fills the extents.
+template <typename CacheT>
+void check_shapes(Extents& e, const F32& q, const F32& k, const F32& v, const I32& positions, const I32& cu_seqlens,
+                  const I32& context_lens, const I32& block_tables, const F32& cos_cache, const F32& sin_cache,
+                  const Ort::Custom::Tensor<CacheT>& key_cache, const Ort::Custom::Tensor<CacheT>& value_cache,
+                  std::optional<const F16*> key_scales, std::optional<const F16*> value_scales,
+                  std::optional<F16*> key_scales_out, std::optional<F16*> value_scales_out) {
+  const int64_t H = e.H, Hkv = e.Hkv, D = e.D, BS = e.BS;
+  const auto& qs = q.Shape();
+  if (qs.size() != 2) fail(kOp, ": input 'q' must be [T, num_heads*head_size]; got shape ", shape_str(qs));
+  const int64_t T = qs[0];
+  expect_shape(kOp, "q", qs, {T, H * D});
+  expect_shape(kOp, "k", k.Shape(), {T, Hkv * D});
+  expect_shape(kOp, "v", v.Shape(), {T, Hkv * D});
+  expect_shape(kOp, "positions", positions.Shape(), {T});
+  const auto& cs = cu_seqlens.Shape();
+  if (cs.size() != 1 || cs[0] < 1)
+    fail(kOp, ": input 'cu_seqlens' must be [S+1] with S >= 0; got shape ", shape_str(cs));
+  const int64_t S = cs[0] - 1;
+  expect_shape(kOp, "context_lens", context_lens.Shape(), {S});
+  const auto& bts = block_tables.Shape();
+  expect_shape(kOp, "block_tables", bts, {S, -1});
+  const auto& cos_s = cos_cache.Shape();
+  expect_shape(kOp, "cos_cache", cos_s, {-1, D / 2});
+  const int64_t max_pos = cos_s[0];
+  expect_shape(kOp, "sin_cache", sin_cache.Shape(), {max_pos, D / 2});
+  const auto& kcs = key_cache.Shape();
+  if (kcs.size() != 4)
+    fail(kOp, ": input 'key_cache' must be [num_blocks, kv_num_heads, block_size, head_size]; got shape ",
+         shape_str(kcs));
+  const int64_t NB = kcs[0];
+  expect_shape(kOp, "key_cache", kcs, {NB, Hkv, BS, D});
+  expect_shape(kOp, "value_cache", value_cache.Shape(), {NB, Hkv, BS, D});
+  e.have_scales =
+      key_scales.has_value() && value_scales.has_value() && *key_scales != nullptr && *value_scales != nullptr;
+  e.have_scale_outs = key_scales_out.has_value() && value_scales_out.has_value() && *key_scales_out != nullptr &&
+                      *value_scales_out != nullptr;
+  if (e.eight_bit) {
+    if (!e.have_scales)
+      fail(kOp,
+           ": inputs 'key_scales' and 'value_scales' [num_blocks, kv_num_heads, block_size] "
+           "are required for kv_dtype int8/fp8_e4m3");
+    if (!e.have_scale_outs)
+      fail(kOp,
+           ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype "
+           "int8/fp8_e4m3");
+    expect_shape(kOp, "key_scales", (*key_scales)->Shape(), {NB, Hkv, BS});
+    expect_shape(kOp, "value_scales", (*value_scales)->Shape(), {NB, Hkv, BS});
+  }
+  e.T = T;
+  e.S = S;
+  e.MB = bts[1];
+  e.max_pos = max_pos;
+  e.NB = NB;
+}
+
+// Every index the kernel will follow (cu_seqlens, positions, context_lens, block_tables), before anything
+// is written.
+void check_values(const Extents& e, const int32_t* cu, const int32_t* pos, const int32_t* ctxl, const int32_t* bt) {
+  const int64_t T = e.T, S = e.S, MB = e.MB, NB = e.NB, BS = e.BS, max_pos = e.max_pos;
+  if (cu[0] != 0) fail(kOp, ": input 'cu_seqlens'[0] = ", cu[0], " must be 0");
+  for (int64_t s = 0; s < S; ++s)
+    if (cu[s + 1] < cu[s])
+      fail(kOp, ": input 'cu_seqlens'[", s + 1, "] = ", cu[s + 1], " is less than cu_seqlens[", s, "] = ", cu[s],
+           " (must be non-decreasing)");
+  if (cu[S] != T) fail(kOp, ": input 'cu_seqlens'[", S, "] = ", cu[S], " must equal the number of tokens T = ", T);
+  for (int64_t t = 0; t < T; ++t)
+    if (pos[t] < 0 || pos[t] >= max_pos)
+      fail(kOp, ": input 'positions'[", t, "] = ", pos[t], " is outside the rope cache [0, ", max_pos,
+           ") (cos_cache has ", max_pos, " rows)");
+  for (int64_t s = 0; s < S; ++s) {
+    if (ctxl[s] < 0) fail(kOp, ": input 'context_lens'[", s, "] = ", ctxl[s], " is negative");
+    const int64_t len = cu[s + 1] - cu[s];
+    if (len == 0) continue;
+    const int64_t need = (static_cast<int64_t>(ctxl[s]) + len + BS - 1) / BS;
+    if (need > MB)
+      fail(kOp, ": sequence ", s, " needs ", need, " blocks (context_lens[", s, "] = ", ctxl[s], " + ", len,
+           " new tokens, block_size ", BS, ") but 'block_tables' has ", MB, " columns");
+    for (int64_t b = 0; b < need; ++b) {
+      const int32_t id = bt[s * MB + b];
+      if (id < 0 || id >= NB)
+        fail(kOp, ": input 'block_tables'[", s, "][", b, "] = ", id, " is not a block id in [0, num_blocks = ", NB,
+             ")");
+    }
+  }
+}
+
+// The outputs. Aliasing: the engine binds the cache OrtValues as both input and output, so a copy happens only
+// when ORT gave a different buffer. Returns the scale outputs (null when there are none).
+template <typename CacheT>
+std::pair<Ort::Float16_t*, Ort::Float16_t*> allocate_outputs(
+    const Extents& e, const Ort::Custom::Tensor<CacheT>& key_cache, const Ort::Custom::Tensor<CacheT>& value_cache,
+    std::optional<const F16*> key_scales, std::optional<const F16*> value_scales,
+    Ort::Custom::Tensor<CacheT>& key_cache_out, Ort::Custom::Tensor<CacheT>& value_cache_out,
+    std::optional<F16*> key_scales_out, std::optional<F16*> value_scales_out, CacheT*& kc, CacheT*& vc) {
+  const int64_t cache_elems = e.NB * e.Hkv * e.BS * e.D;
+  const auto& kcs = key_cache.Shape();
+  kc = key_cache_out.Allocate(kcs);
+  vc = value_cache_out.Allocate(kcs);
+  alias_or_copy(key_cache.Data(), kc, cache_elems);
+  alias_or_copy(value_cache.Data(), vc, cache_elems);
+  Ort::Float16_t* ks = nullptr;
+  Ort::Float16_t* vs = nullptr;
+  if (e.have_scale_outs) {
+    // float32 caches: scales are unused; pass through whatever was given (or an empty tensor).
+    const std::vector<int64_t> ss = e.have_scales ? (*key_scales)->Shape() : std::vector<int64_t>{0};
+    const std::vector<int64_t> vss = e.have_scales ? (*value_scales)->Shape() : std::vector<int64_t>{0};
+    ks = (*key_scales_out)->Allocate(ss);
+    vs = (*value_scales_out)->Allocate(vss);
+    if (e.have_scales) {
+      alias_or_copy((*key_scales)->Data(), ks, (*key_scales)->NumberOfElement());
+      alias_or_copy((*value_scales)->Data(), vs, (*value_scales)->NumberOfElement());
+    }
+  }
+  return {ks, vs};
 }
 }  // namespace
 
@@ -55,8 +186,8 @@ PagedAttentionOp<CacheT>::PagedAttentionOp(const OrtApi* api, const OrtKernelInf
     else if (block_size_ <= 0)
       err << kOp << ": attribute block_size = " << block_size_ << " must be positive";
     else if (float_cache == eight_bit)
-      err << kOp << ": attribute kv_dtype = '" << dt << "' needs "
-          << (eight_bit ? "uint8" : "float32") << " key_cache/value_cache tensors";
+      err << kOp << ": attribute kv_dtype = '" << dt << "' needs " << (eight_bit ? "uint8" : "float32")
+          << " key_cache/value_cache tensors";
     else if (interleaved != 0 && interleaved != 1)
       err << kOp << ": attribute rope_interleaved = " << interleaved << " must be 0 or 1";
   }
@@ -66,120 +197,44 @@ PagedAttentionOp<CacheT>::PagedAttentionOp(const OrtApi* api, const OrtKernelInf
 }
 
 template <typename CacheT>
-Ort::Status PagedAttentionOp<CacheT>::Compute(
-    OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v, const I32& positions,
-    const I32& cu_seqlens, const I32& context_lens, const I32& block_tables, const F32& cos_cache,
-    const F32& sin_cache, const Cache& key_cache, const Cache& value_cache,
-    std::optional<const F16*> key_scales, std::optional<const F16*> value_scales, F32& attn,
-    Cache& key_cache_out, Cache& value_cache_out, std::optional<F16*> key_scales_out,
-    std::optional<F16*> value_scales_out) {
+Ort::Status PagedAttentionOp<CacheT>::Compute(OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v,
+                                              const I32& positions, const I32& cu_seqlens, const I32& context_lens,
+                                              const I32& block_tables, const F32& cos_cache, const F32& sin_cache,
+                                              const Cache& key_cache, const Cache& value_cache,
+                                              std::optional<const F16*> key_scales,
+                                              std::optional<const F16*> value_scales, F32& attn, Cache& key_cache_out,
+                                              Cache& value_cache_out, std::optional<F16*> key_scales_out,
+                                              std::optional<F16*> value_scales_out) {
   try {
     if (!init_error_.empty()) throw OpError(init_error_);
-    const int64_t H = num_heads_, Hkv = kv_heads_, D = head_size_, BS = block_size_;
-    const bool eight_bit = kv_dtype_ != KvDtype::kFloat32;
+    Extents e{num_heads_, kv_heads_, head_size_, block_size_, kv_dtype_ != KvDtype::kFloat32};
+    check_shapes<CacheT>(e, q, k, v, positions, cu_seqlens, context_lens, block_tables, cos_cache, sin_cache, key_cache,
+                         value_cache, key_scales, value_scales, key_scales_out, value_scales_out);
+    check_values(e, cu_seqlens.Data(), positions.Data(), context_lens.Data(), block_tables.Data());
 
-    // ---- shapes
-    const auto& qs = q.Shape();
-    if (qs.size() != 2) fail(kOp, ": input 'q' must be [T, num_heads*head_size]; got shape ", shape_str(qs));
-    const int64_t T = qs[0];
-    expect_shape(kOp, "q", qs, {T, H * D});
-    expect_shape(kOp, "k", k.Shape(), {T, Hkv * D});
-    expect_shape(kOp, "v", v.Shape(), {T, Hkv * D});
-    expect_shape(kOp, "positions", positions.Shape(), {T});
-    const auto& cs = cu_seqlens.Shape();
-    if (cs.size() != 1 || cs[0] < 1)
-      fail(kOp, ": input 'cu_seqlens' must be [S+1] with S >= 0; got shape ", shape_str(cs));
-    const int64_t S = cs[0] - 1;
-    expect_shape(kOp, "context_lens", context_lens.Shape(), {S});
-    const auto& bts = block_tables.Shape();
-    expect_shape(kOp, "block_tables", bts, {S, -1});
-    const int64_t MB = bts[1];
-    const auto& cos_s = cos_cache.Shape();
-    expect_shape(kOp, "cos_cache", cos_s, {-1, D / 2});
-    const int64_t max_pos = cos_s[0];
-    expect_shape(kOp, "sin_cache", sin_cache.Shape(), {max_pos, D / 2});
-    const auto& kcs = key_cache.Shape();
-    if (kcs.size() != 4)
-      fail(kOp, ": input 'key_cache' must be [num_blocks, kv_num_heads, block_size, head_size]; got shape ",
-           shape_str(kcs));
-    const int64_t NB = kcs[0];
-    expect_shape(kOp, "key_cache", kcs, {NB, Hkv, BS, D});
-    expect_shape(kOp, "value_cache", value_cache.Shape(), {NB, Hkv, BS, D});
-    const bool have_scales = key_scales.has_value() && value_scales.has_value() &&
-                             *key_scales != nullptr && *value_scales != nullptr;
-    const bool have_scale_outs = key_scales_out.has_value() && value_scales_out.has_value() &&
-                                 *key_scales_out != nullptr && *value_scales_out != nullptr;
-    if (eight_bit) {
-      if (!have_scales)
-        fail(kOp, ": inputs 'key_scales' and 'value_scales' [num_blocks, kv_num_heads, block_size] "
-                  "are required for kv_dtype int8/fp8_e4m3");
-      if (!have_scale_outs)
-        fail(kOp, ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype "
-                  "int8/fp8_e4m3");
-      expect_shape(kOp, "key_scales", (*key_scales)->Shape(), {NB, Hkv, BS});
-      expect_shape(kOp, "value_scales", (*value_scales)->Shape(), {NB, Hkv, BS});
-    }
+    float* out = attn.Allocate({e.T, e.H * e.D});
+    CacheT* kc = nullptr;
+    CacheT* vc = nullptr;
+    const auto [ks, vs] = allocate_outputs<CacheT>(e, key_cache, value_cache, key_scales, value_scales, key_cache_out,
+                                                   value_cache_out, key_scales_out, value_scales_out, kc, vc);
+    if (e.T == 0) return Ort::Status{nullptr};
 
-    // ---- values (before anything is written)
-    const int32_t* cu = cu_seqlens.Data();
-    if (cu[0] != 0) fail(kOp, ": input 'cu_seqlens'[0] = ", cu[0], " must be 0");
-    for (int64_t s = 0; s < S; ++s)
-      if (cu[s + 1] < cu[s])
-        fail(kOp, ": input 'cu_seqlens'[", s + 1, "] = ", cu[s + 1], " is less than cu_seqlens[", s,
-             "] = ", cu[s], " (must be non-decreasing)");
-    if (cu[S] != T)
-      fail(kOp, ": input 'cu_seqlens'[", S, "] = ", cu[S], " must equal the number of tokens T = ", T);
-    const int32_t* pos = positions.Data();
-    for (int64_t t = 0; t < T; ++t)
-      if (pos[t] < 0 || pos[t] >= max_pos)
-        fail(kOp, ": input 'positions'[", t, "] = ", pos[t], " is outside the rope cache [0, ",
-             max_pos, ") (cos_cache has ", max_pos, " rows)");
-    const int32_t* ctxl = context_lens.Data();
-    const int32_t* bt = block_tables.Data();
-    for (int64_t s = 0; s < S; ++s) {
-      if (ctxl[s] < 0) fail(kOp, ": input 'context_lens'[", s, "] = ", ctxl[s], " is negative");
-      const int64_t len = cu[s + 1] - cu[s];
-      if (len == 0) continue;
-      const int64_t need = (static_cast<int64_t>(ctxl[s]) + len + BS - 1) / BS;
-      if (need > MB)
-        fail(kOp, ": sequence ", s, " needs ", need, " blocks (context_lens[", s, "] = ", ctxl[s],
-             " + ", len, " new tokens, block_size ", BS, ") but 'block_tables' has ", MB, " columns");
-      for (int64_t b = 0; b < need; ++b) {
-        const int32_t id = bt[s * MB + b];
-        if (id < 0 || id >= NB)
-          fail(kOp, ": input 'block_tables'[", s, "][", b, "] = ", id,
-               " is not a block id in [0, num_blocks = ", NB, ")");
-      }
-    }
-
-    // ---- outputs (aliasing: the engine binds the cache OrtValues as both input and output)
-    float* out = attn.Allocate({T, H * D});
-    const int64_t cache_elems = NB * Hkv * BS * D;
-    CacheT* kc = key_cache_out.Allocate(kcs);
-    CacheT* vc = value_cache_out.Allocate(kcs);
-    alias_or_copy(key_cache.Data(), kc, cache_elems);
-    alias_or_copy(value_cache.Data(), vc, cache_elems);
-    Ort::Float16_t* ks = nullptr;
-    Ort::Float16_t* vs = nullptr;
-    if (have_scale_outs) {
-      // float32 caches: scales are unused; pass through whatever was given (or an empty tensor).
-      const std::vector<int64_t> ss =
-          have_scales ? (*key_scales)->Shape() : std::vector<int64_t>{0};
-      const std::vector<int64_t> vss =
-          have_scales ? (*value_scales)->Shape() : std::vector<int64_t>{0};
-      ks = (*key_scales_out)->Allocate(ss);
-      vs = (*value_scales_out)->Allocate(vss);
-      if (have_scales) {
-        alias_or_copy((*key_scales)->Data(), ks, (*key_scales)->NumberOfElement());
-        alias_or_copy((*value_scales)->Data(), vs, (*value_scales)->NumberOfElement());
-      }
-    }
-    if (T == 0) return Ort::Status{nullptr};
-
-    PagedAttentionDims dims{T, S, H, Hkv, D, BS, MB, NB, max_pos, kv_dtype_, rotate_, interleaved_, scale_};
-    PagedAttentionArgs args{q.Data(), k.Data(), v.Data(), pos, cu, ctxl, bt,
-                            cos_cache.Data(), sin_cache.Data(), kc, vc,
-                            reinterpret_cast<uint16_t*>(ks), reinterpret_cast<uint16_t*>(vs), out};
+    PagedAttentionDims dims{e.T,  e.S,       e.H,       e.Hkv,   e.D,          e.BS,  e.MB,
+                            e.NB, e.max_pos, kv_dtype_, rotate_, interleaved_, scale_};
+    PagedAttentionArgs args{q.Data(),
+                            k.Data(),
+                            v.Data(),
+                            positions.Data(),
+                            cu_seqlens.Data(),
+                            context_lens.Data(),
+                            block_tables.Data(),
+                            cos_cache.Data(),
+                            sin_cache.Data(),
+                            kc,
+                            vc,
+                            reinterpret_cast<uint16_t*>(ks),
+                            reinterpret_cast<uint16_t*>(vs),
+                            out};
     Parallel par{ort_parallel_for, ctx};
     paged_attention(dims, args, par);
     return Ort::Status{nullptr};

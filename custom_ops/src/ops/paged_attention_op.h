@@ -35,13 +35,12 @@ struct PagedAttentionOp {
   using Cache = Ort::Custom::Tensor<CacheT>;
 
   PagedAttentionOp(const OrtApi* api, const OrtKernelInfo* info);
-  Ort::Status Compute(OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v,
-                      const I32& positions, const I32& cu_seqlens, const I32& context_lens,
-                      const I32& block_tables, const F32& cos_cache, const F32& sin_cache,
-                      const Cache& key_cache, const Cache& value_cache,
-                      std::optional<const F16*> key_scales, std::optional<const F16*> value_scales,
-                      F32& attn, Cache& key_cache_out, Cache& value_cache_out,
-                      std::optional<F16*> key_scales_out, std::optional<F16*> value_scales_out);
+  Ort::Status Compute(OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v, const I32& positions,
+                      const I32& cu_seqlens, const I32& context_lens, const I32& block_tables, const F32& cos_cache,
+                      const F32& sin_cache, const Cache& key_cache, const Cache& value_cache,
+                      std::optional<const F16*> key_scales, std::optional<const F16*> value_scales, F32& attn,
+                      Cache& key_cache_out, Cache& value_cache_out, std::optional<F16*> key_scales_out,
+                      std::optional<F16*> value_scales_out);
 
  private:
   int64_t num_heads_, kv_heads_, head_size_, block_size_;

@@ -5,8 +5,8 @@
 // (the kernel then copies nothing). ORT's planner only does so when it knows both shapes are the
 // same, so MultiLoRA also infers its output shape (y has base_y's, symbolic dims included).
 #include <memory>
-#include <string>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "../kernels/vec.h"
@@ -33,8 +33,12 @@ size_t copy_pairs(const std::vector<std::pair<int, int>>& pairs, int** in, int**
 size_t ORT_API_CALL paged_attention_inplace(int** in, int** out) {
   return copy_pairs({{9, 1}, {10, 2}, {11, 3}, {12, 4}}, in, out);
 }
-size_t ORT_API_CALL multi_lora_inplace(int** in, int** out) { return copy_pairs({{1, 0}}, in, out); }
-size_t ORT_API_CALL qlinear_inplace(int** in, int** out) { return copy_pairs({{4, 0}}, in, out); }
+size_t ORT_API_CALL multi_lora_inplace(int** in, int** out) {
+  return copy_pairs({{1, 0}}, in, out);
+}
+size_t ORT_API_CALL qlinear_inplace(int** in, int** out) {
+  return copy_pairs({{4, 0}}, in, out);
+}
 void ORT_API_CALL release_inplace(int* in, int* out) {
   delete[] in;
   delete[] out;
@@ -156,12 +160,11 @@ struct Ops {
 Ops& ops() {
   static Ops o = [] {
     Ops x;
-    x.pa_f32.reset(Ort::Custom::CreateLiteCustomOp<ortllm::PagedAttentionOp<float>>(
-        "PagedAttention", "CPUExecutionProvider"));
-    x.pa_u8.reset(Ort::Custom::CreateLiteCustomOp<ortllm::PagedAttentionOp<uint8_t>>(
-        "PagedAttention", "CPUExecutionProvider"));
-    x.lora.reset(Ort::Custom::CreateLiteCustomOp<ortllm::MultiLoraOp>("MultiLoRA",
-                                                                      "CPUExecutionProvider"));
+    x.pa_f32.reset(
+        Ort::Custom::CreateLiteCustomOp<ortllm::PagedAttentionOp<float>>("PagedAttention", "CPUExecutionProvider"));
+    x.pa_u8.reset(
+        Ort::Custom::CreateLiteCustomOp<ortllm::PagedAttentionOp<uint8_t>>("PagedAttention", "CPUExecutionProvider"));
+    x.lora.reset(Ort::Custom::CreateLiteCustomOp<ortllm::MultiLoraOp>("MultiLoRA", "CPUExecutionProvider"));
     for (Ort::Custom::OrtLiteCustomOp* op : {x.pa_f32.get(), x.pa_u8.get()}) {
       op->GetMayInplace = paged_attention_inplace;
       op->ReleaseMayInplace = release_inplace;
@@ -189,19 +192,22 @@ void keep_domain(Ort::CustomOpDomain&& domain) {
 
 extern "C" {
 
-__attribute__((visibility("default"))) int OrtllmOpsAbiVersion() { return ORTLLM_OPS_ABI_VERSION; }
+__attribute__((visibility("default"))) int OrtllmOpsAbiVersion() {
+  return ORTLLM_OPS_ABI_VERSION;
+}
 
 // "avx2" or "scalar": the kernel path this CPU (and ORTLLM_OPS_ISA) selects.
-__attribute__((visibility("default"))) const char* OrtllmOpsIsa() { return ortllm::vec().name; }
+__attribute__((visibility("default"))) const char* OrtllmOpsIsa() {
+  return ortllm::vec().name;
+}
 
-__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
-RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                                 const OrtApiBase* api_base) {
   const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
   if (api == nullptr) {
     // Older runtime: use its oldest API only to report the problem.
     const OrtApi* old = api_base->GetApi(1);
-    return old->CreateStatus(ORT_FAIL,
-                             "libortllm_ops.so needs onnxruntime >= 1.21 (ORT API 21)");
+    return old->CreateStatus(ORT_FAIL, "libortllm_ops.so needs onnxruntime >= 1.21 (ORT API 21)");
   }
   Ort::InitApi(api);
   try {

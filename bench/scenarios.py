@@ -1,0 +1,123 @@
+"""The scenario registry behind `ortllm bench`: each scenario's name, what it needs and the function that makes
+its rows. The CLI parses the options into one BenchRun and calls run_scenarios; results.json is written once,
+by the caller (results.write_results).
+
+A scenario's runner takes (BenchRun, the names asked for in its group) and returns rows
+{scenario, system, batch, metric, median, min, max, unit, ...} (results.row). Scenarios of one group run in one
+call: decode, prefill and long-context alternate with the peers round by round (peer_runner.run_alternating).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import BenchError
+
+DEFAULT_BATCHES, SERVE_CONCURRENCY = (1, 4, 8, 16, 32), (1, 4, 16)
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """The options of one `ortllm bench` run, handed to every scenario."""
+    artifact: Path | None
+    out: Path
+    batches: tuple[int, ...] = DEFAULT_BATCHES        # batch sizes (engine, peers)
+    concurrency: tuple[int, ...] = SERVE_CONCURRENCY  # concurrent streams (serve)
+    repeats: int = 3                                  # 1 with quick
+    threads: int | None = None
+    quick: bool = False
+    peers: list[str] = field(default_factory=list)    # peer systems named with --peers
+    slo_ttft_ms: float = 1000.0
+    slo_tpot_ms: float = 100.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    help: str
+    run: Callable[[BenchRun, list[str]], list[dict]]
+    needs_artifact: bool = True
+    group: str | None = None          # scenarios of one group run together in one call
+
+
+def _engine(r: BenchRun, _) -> list[dict]:
+    from .engine import run
+    return run(r.artifact, batches=r.batches, repeats=r.repeats, threads=r.threads)
+
+
+def _peers(r: BenchRun, names: list[str]) -> list[dict]:
+    from .peer_runner import run_alternating
+    return run_alternating(r.artifact, r.peers, names, r.batches, r.repeats, r.threads or 2,
+                           log_dir=r.out / "peer-logs")
+
+
+def _lora_overhead(r: BenchRun, _) -> list[dict]:
+    from .lora import run_overhead
+    return run_overhead(r.artifact, repeats=r.repeats, threads=r.threads, step_pairs=10 if r.quick else 100)
+
+
+def _lora_trace(r: BenchRun, _) -> list[dict]:
+    from .lora import run_trace
+    return [row for n in (4, 16) for row in run_trace(r.artifact, n, requests=16 if r.quick else 64,
+                                                      threads=r.threads)]
+
+
+def _ops(r: BenchRun, _) -> list[dict]:
+    from .ops import run
+    return run(r.out, threads=r.threads or 2, quick=r.quick)
+
+
+def _serve(r: BenchRun, _) -> list[dict]:
+    from .serve import run
+    return run(r.artifact, r.concurrency, repeats=r.repeats, threads=r.threads, quick=r.quick,
+               slo_ttft_ms=r.slo_ttft_ms, slo_tpot_ms=r.slo_tpot_ms, log_dir=r.out / "serve-logs")
+
+
+def _memory(r: BenchRun, _) -> list[dict]:
+    from .memory import run
+    return run(r.artifact, repeats=r.repeats, threads=r.threads, quick=r.quick, peers=r.peers,
+               log_dir=r.out / "peer-logs")
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("engine", "decode B=1..32, prefill 512, in process", _engine),
+    Scenario("decode", "64-token prompts, 128 new tokens (alternating with --peers)", _peers, group="peers"),
+    Scenario("prefill", "a 512-token prompt (alternating with --peers)", _peers, group="peers"),
+    Scenario("long-context", "decode after a 1984-token prompt (alternating with --peers)", _peers,
+             group="peers"),
+    Scenario("lora-overhead", "16 sequences over 0/1/2/4 adapters of rank 8/16/32", _lora_overhead),
+    Scenario("lora-trace", "Zipf over 4 and 16 adapters", _lora_trace),
+    Scenario("ops", "the custom ops against ORT's stock kernels", _ops, needs_artifact=False),
+    Scenario("serve", "HTTP load on `ortllm serve`: TTFT/TPOT/ITL p50/p90/p99, throughput, goodput", _serve),
+    Scenario("memory", "KV bytes per token, peak RSS at load and after a B=16 decode, in a fresh process",
+             _memory),
+)}
+PEER_SCENARIOS = tuple(n for n, s in SCENARIOS.items() if s.group == "peers")
+
+
+def select(names: list[str], peers: list[str]) -> list[str]:
+    """The scenarios to run, checked; --peers alone (no peer scenario, no memory) means every peer scenario."""
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown:
+        raise BenchError(f"unknown --scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if peers and not set(names) & set(PEER_SCENARIOS) and "memory" not in names:
+        names = [*names, *PEER_SCENARIOS]
+    return names
+
+
+def run_scenarios(names: list[str], run: BenchRun) -> list[dict]:
+    """Rows of every named scenario, in registry order; a group's scenarios in one call."""
+    names = select(names, run.peers)
+    if run.artifact is None and any(SCENARIOS[n].needs_artifact for n in names):
+        raise BenchError(f"--scenario {','.join(names)} needs an ARTIFACT (an engine-graph artifact directory)")
+    rows: list[dict] = []
+    done: set[str] = set()
+    for name, sc in SCENARIOS.items():
+        if name not in names or (sc.group and sc.group in done):
+            continue
+        together = [n for n in SCENARIOS if n in names and SCENARIOS[n].group == sc.group] if sc.group else [name]
+        rows += sc.run(run, together)
+        if sc.group:
+            done.add(sc.group)
+    return rows
