@@ -22,9 +22,9 @@
 namespace ortllm {
 namespace {
 
-constexpr int64_t kTokenChunk = 64;        // tokens per work item (multiple of kQTile)
-constexpr int64_t kQuantizeChunk = 16;     // tokens per activation-quantization item
-constexpr int64_t kParallelBytes = 1 << 15;  // weight bytes x tokens below which one thread is faster
+constexpr int64_t kTokenChunk = 64;             // tokens per work item (multiple of kQTile)
+constexpr int64_t kQuantizeChunk = 16;          // tokens per activation-quantization item
+constexpr int64_t kParallelBytes = 1 << 15;     // weight bytes x tokens below which one thread is faster
 constexpr int64_t kParallelLoraMacs = 1 << 16;  // LoRA shrink multiply-adds worth waking the pool for
 
 struct Quad {
@@ -39,13 +39,13 @@ struct Ctx {
   const QLinearIsa* isa;
   int64_t kb, kpad, groups, out_groups, group_bytes;
   int64_t g_chunk, t_chunk, g_items;
-  std::vector<int8_t> q;       // [T, kpad]
-  std::vector<float> dx, sx;   // [T, kb]
-  std::vector<int32_t> zsum;   // [T, kb]
+  std::vector<int8_t> q;                      // [T, kpad]
+  std::vector<float> dx, sx;                  // [T, kb]
+  std::vector<int32_t> zsum;                  // [T, kb]
   std::vector<float> h[kQLinearMaxSegments];  // [T, r_max_j]
-  std::vector<Quad> quads;                     // the LoRA shrink's work (plan_shrink)
-  std::vector<float> normed;                   // [T, K] RMSNorm(x) * norm_weight, with a norm
-  const float* xin = nullptr;                  // what the projection multiplies: x, or normed
+  std::vector<Quad> quads;                    // the LoRA shrink's work (plan_shrink)
+  std::vector<float> normed;                  // [T, K] RMSNorm(x) * norm_weight, with a norm
+  const float* xin = nullptr;                 // what the projection multiplies: x, or normed
 };
 
 // ---- phase 1: activations
@@ -71,8 +71,8 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
     int32_t* qsum = c.zsum.data() + t * c.kb;
     float* dx = c.dx.data() + t * c.kb;
     if (c.a->norm_weight) rms_norm_row(c.a->x + t * K, K, c.a->norm_weight, c.a->norm_eps, c.normed.data() + t * K);
-    c.isa->quantize_row(c.xin + t * K, static_cast<int>(K),
-                        static_cast<int>(c.d->block_size), c.q.data() + t * c.kpad, dx, qsum);
+    c.isa->quantize_row(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size), c.q.data() + t * c.kpad,
+                        dx, qsum);
     for (int64_t b = 0; b < c.kb; ++b) {
       c.sx[t * c.kb + b] = dx[b] * static_cast<float>(qsum[b]);
       qsum[b] *= zp;  // now zp * qsum
@@ -193,7 +193,7 @@ void store_split(const QLinearArgs& a, int64_t t, int64_t c0, int cols, const fl
 QGroup group(const Ctx& c, int64_t g) {
   const QLinearArgs& a = *c.a;
   const int64_t kb8 = c.kb * 8;
-  return {a.codes + g * c.group_bytes, a.d + g * kb8, a.m ? a.m + g * kb8 : nullptr, static_cast<int>(c.kb),
+  return {a.codes + g * c.group_bytes,       a.d + g * kb8, a.m ? a.m + g * kb8 : nullptr, static_cast<int>(c.kb),
           static_cast<int>(c.d->block_size), c.d->bits};
 }
 

@@ -42,19 +42,19 @@ constexpr int kQLinearMaxSegments = 3;  // LoRA targets sharing one fused weight
 constexpr int kQLinearMaxOutputs = 3;   // epilogue "none": y split along N into up to 3 outputs (q, k, v)
 
 struct QLinearLoraSegment {
-  const uint16_t* A;     // [n_slots, K, r_max] fp16 bits (packed_a: slot s holds [K, rank[s]] rows)
-  const uint16_t* B;     // [n_slots, r_max, width] fp16 bits
-  const int32_t* rank;   // [n_slots], 0..r_max (0: the slot leaves this segment alone)
+  const uint16_t* A;    // [n_slots, K, r_max] fp16 bits (packed_a: slot s holds [K, rank[s]] rows)
+  const uint16_t* B;    // [n_slots, r_max, width] fp16 bits
+  const int32_t* rank;  // [n_slots], 0..r_max (0: the slot leaves this segment alone)
   int64_t r_max;
-  int64_t col0, width;   // the segment's output columns [col0, col0 + width)
+  int64_t col0, width;  // the segment's output columns [col0, col0 + width)
 };
 
 struct QLinearDims {
-  int64_t num_tokens;    // T
-  int64_t in_dim;        // K
-  int64_t out_dim;       // N (rows of W; the output has N, or N / 2 with SwiGLU)
-  int64_t block_size;    // bs, a multiple of 32
-  int bits;              // 4 or 8
+  int64_t num_tokens;  // T
+  int64_t in_dim;      // K
+  int64_t out_dim;     // N (rows of W; the output has N, or N / 2 with SwiGLU)
+  int64_t block_size;  // bs, a multiple of 32
+  int bits;            // 4 or 8
   QLinearEpilogue epilogue;
   int64_t groups() const { return (out_dim + 7) / 8; }
   int64_t k_blocks() const { return (in_dim + block_size - 1) / block_size; }
@@ -62,22 +62,22 @@ struct QLinearDims {
 };
 
 struct QLinearArgs {
-  const float* x;               // [T, K]
-  const float* norm_weight;     // [K] or nullptr: the projection multiplies RMSNorm(x) * norm_weight
+  const float* x;            // [T, K]
+  const float* norm_weight;  // [K] or nullptr: the projection multiplies RMSNorm(x) * norm_weight
   float norm_eps;
-  const uint8_t* codes;         // [G, kb, bs * bits]
-  const uint16_t* d;            // [G, kb, 8] fp16 bits
-  const uint16_t* m;            // [G, kb, 8] fp16 bits, or nullptr (no block offsets)
-  const float* residual;        // [T, N] with kResidual (may alias y), else nullptr
+  const uint8_t* codes;   // [G, kb, bs * bits]
+  const uint16_t* d;      // [G, kb, 8] fp16 bits
+  const uint16_t* m;      // [G, kb, 8] fp16 bits, or nullptr (no block offsets)
+  const float* residual;  // [T, N] with kResidual (may alias y), else nullptr
   // LoRA (token_adapter == nullptr: none)
-  const int32_t* token_adapter; // [T], -1 or a slot
-  const float* lora_scale;      // [n_slots]
+  const int32_t* token_adapter;  // [T], -1 or a slot
+  const float* lora_scale;       // [n_slots]
   int64_t n_slots;
   bool packed_a;
   int n_segments;
   QLinearLoraSegment seg[kQLinearMaxSegments];
-  float* y;                     // [T, y_cols], or with n_outputs > 1 (epilogue kNone only):
-  int n_outputs;                // outputs[j] [T, out_width[j]] = columns [out_col0[j], + out_width[j]) of y
+  float* y;       // [T, y_cols], or with n_outputs > 1 (epilogue kNone only):
+  int n_outputs;  // outputs[j] [T, out_width[j]] = columns [out_col0[j], + out_width[j]) of y
   float* outputs[kQLinearMaxOutputs];
   int64_t out_col0[kQLinearMaxOutputs], out_width[kQLinearMaxOutputs];
 };
@@ -97,10 +97,10 @@ struct QGroup {
 // nt consecutive quantized tokens: row t at q + t * q_stride, dx/zsum/sx + t * kb.
 struct QTokens {
   const int8_t* q;
-  int64_t q_stride;      // kb * bs
-  const float* dx;       // per (token, block) activation scale
-  const int32_t* zsum;   // zp * qsum
-  const float* sx;       // dx * qsum
+  int64_t q_stride;     // kb * bs
+  const float* dx;      // per (token, block) activation scale
+  const int32_t* zsum;  // zp * qsum
+  const float* sx;      // dx * qsum
 };
 
 constexpr int kQTile = 4;  // tokens per micro-kernel call (weights unpacked once for them)
@@ -113,8 +113,7 @@ struct QLinearIsa {
   void (*group_dot)(const QGroup& g, const QTokens& x, int nt, float* out);
   // For n <= kQTile tokens of one adapter (sharing each load of A / B):
   // h[t][r] = sum_k x[t][k] * A[k * lda + r] (an fma chain in k order), r < rank;
-  void (*lora_shrink)(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank,
-                      float* const* h);
+  void (*lora_shrink)(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank, float* const* h);
   // out[t][i] = fma(scale, sum_r h[t][r] * B[r * ldb + i] (an fma chain in r order), out[t][i]), i < 8.
   void (*lora_expand8)(const float* const* h, int n, int rank, const uint16_t* B, int64_t ldb, float scale,
                        float* const* out);

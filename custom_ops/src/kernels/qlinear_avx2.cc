@@ -152,10 +152,18 @@ void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
 template <int BITS>
 void group_dot_bits(const QGroup& g, const QTokens& x, int nt, float* out) {
   switch (nt) {
-    case 4: group_dot_t<4, BITS>(g, x, out); break;
-    case 3: group_dot_t<3, BITS>(g, x, out); break;
-    case 2: group_dot_t<2, BITS>(g, x, out); break;
-    default: group_dot_t<1, BITS>(g, x, out); break;
+    case 4:
+      group_dot_t<4, BITS>(g, x, out);
+      break;
+    case 3:
+      group_dot_t<3, BITS>(g, x, out);
+      break;
+    case 2:
+      group_dot_t<2, BITS>(g, x, out);
+      break;
+    default:
+      group_dot_t<1, BITS>(g, x, out);
+      break;
   }
 }
 
@@ -207,10 +215,18 @@ void shrink_t(const float* const* x, int K, const uint16_t* A, int lda, int rank
 
 void lora_shrink(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank, float* const* h) {
   switch (n) {
-    case 4: shrink_t<4>(x, K, A, lda, rank, h); break;
-    case 3: shrink_t<3>(x, K, A, lda, rank, h); break;
-    case 2: shrink_t<2>(x, K, A, lda, rank, h); break;
-    default: shrink_t<1>(x, K, A, lda, rank, h); break;
+    case 4:
+      shrink_t<4>(x, K, A, lda, rank, h);
+      break;
+    case 3:
+      shrink_t<3>(x, K, A, lda, rank, h);
+      break;
+    case 2:
+      shrink_t<2>(x, K, A, lda, rank, h);
+      break;
+    default:
+      shrink_t<1>(x, K, A, lda, rank, h);
+      break;
   }
 }
 
@@ -229,10 +245,18 @@ void expand_t(const float* const* h, int rank, const uint16_t* B, int64_t ldb, f
 void lora_expand8(const float* const* h, int n, int rank, const uint16_t* B, int64_t ldb, float scale,
                   float* const* out) {
   switch (n) {
-    case 4: expand_t<4>(h, rank, B, ldb, scale, out); break;
-    case 3: expand_t<3>(h, rank, B, ldb, scale, out); break;
-    case 2: expand_t<2>(h, rank, B, ldb, scale, out); break;
-    default: expand_t<1>(h, rank, B, ldb, scale, out); break;
+    case 4:
+      expand_t<4>(h, rank, B, ldb, scale, out);
+      break;
+    case 3:
+      expand_t<3>(h, rank, B, ldb, scale, out);
+      break;
+    case 2:
+      expand_t<2>(h, rank, B, ldb, scale, out);
+      break;
+    default:
+      expand_t<1>(h, rank, B, ldb, scale, out);
+      break;
   }
 }
 
@@ -254,13 +278,15 @@ void silu_mul8(const float* g, const float* u, float* out) {
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table.
 const QLinearIsa* qlinear_avx2_isa() {
-  static const QLinearIsa isa{"avx2", avx2::quantize_row, avx2::group_dot, avx2::lora_shrink,
-                              avx2::lora_expand8, avx2::silu_mul8};
+  static const QLinearIsa isa{
+      "avx2", avx2::quantize_row, avx2::group_dot, avx2::lora_shrink, avx2::lora_expand8, avx2::silu_mul8};
   return &isa;
 }
 }  // namespace ortllm
 #else
 namespace ortllm {
-const QLinearIsa* qlinear_avx2_isa() { return nullptr; }
+const QLinearIsa* qlinear_avx2_isa() {
+  return nullptr;
+}
 }  // namespace ortllm
 #endif

@@ -11,8 +11,17 @@ namespace ortllm {
 namespace {
 
 constexpr const char* kOp = "QLinear";
-enum Input { kX, kCodes, kScales, kOffsets, kResidual, kAdapter, kLoraScale, kSeg0,
-             kNormWeight = kSeg0 + 3 * kQLinearMaxSegments };
+enum Input {
+  kX,
+  kCodes,
+  kScales,
+  kOffsets,
+  kResidual,
+  kAdapter,
+  kLoraScale,
+  kSeg0,
+  kNormWeight = kSeg0 + 3 * kQLinearMaxSegments
+};
 
 OrtStatusPtr make_status(OrtErrorCode code, const std::string& msg) {
   return Ort::GetApi().CreateStatus(code, msg.c_str());
@@ -41,8 +50,9 @@ const T* data(const In& in) {
 }
 
 void expect_type(const char* name, const In& in, ONNXTensorElementDataType type, const char* type_name) {
-  if (in.type != type) fail(kOp, ": input '", name, "' must be ", type_name, " (ONNX element type ", type,
-                            "); got element type ", in.type);
+  if (in.type != type)
+    fail(kOp, ": input '", name, "' must be ", type_name, " (ONNX element type ", type, "); got element type ",
+         in.type);
 }
 
 }  // namespace
@@ -68,14 +78,20 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   }
   const std::string epi = attr_string(&api, info, "epilogue", "none");
   std::ostringstream err;
-  if (K_ <= 0 || N_ <= 0) err << kOp << ": attributes K and N must be > 0; got K = " << K_ << ", N = " << N_;
-  else if (bits_ != 4 && bits_ != 8) err << kOp << ": attribute bits must be 4 or 8; got " << bits_;
+  if (K_ <= 0 || N_ <= 0)
+    err << kOp << ": attributes K and N must be > 0; got K = " << K_ << ", N = " << N_;
+  else if (bits_ != 4 && bits_ != 8)
+    err << kOp << ": attribute bits must be 4 or 8; got " << bits_;
   else if (block_size_ <= 0 || block_size_ % 32 != 0)
     err << kOp << ": attribute block_size must be a positive multiple of 32 (32, 64, 128); got " << block_size_;
-  else if (epi == "none") epilogue_ = QLinearEpilogue::kNone;
-  else if (epi == "residual") epilogue_ = QLinearEpilogue::kResidual;
-  else if (epi == "swiglu") epilogue_ = QLinearEpilogue::kSwiGLU;
-  else err << kOp << ": attribute epilogue must be \"none\", \"residual\" or \"swiglu\"; got \"" << epi << "\"";
+  else if (epi == "none")
+    epilogue_ = QLinearEpilogue::kNone;
+  else if (epi == "residual")
+    epilogue_ = QLinearEpilogue::kResidual;
+  else if (epi == "swiglu")
+    epilogue_ = QLinearEpilogue::kSwiGLU;
+  else
+    err << kOp << ": attribute epilogue must be \"none\", \"residual\" or \"swiglu\"; got \"" << epi << "\"";
   if (err.str().empty() && epilogue_ == QLinearEpilogue::kSwiGLU && N_ % 16 != 0)
     err << kOp << ": epilogue \"swiglu\" needs N (gate|up) a multiple of 16; got N = " << N_;
   if (err.str().empty() && !split_.empty()) {
@@ -85,8 +101,8 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
     if (epilogue_ != QLinearEpilogue::kNone)
       err << kOp << ": attribute split needs epilogue \"none\"";
     else if (split_.size() > static_cast<size_t>(kQLinearMaxOutputs) || !positive || sum != N_)
-      err << kOp << ": attribute split must be 1 to " << kQLinearMaxOutputs << " positive widths summing to N = "
-          << N_ << "; got " << shape_str(split_);
+      err << kOp << ": attribute split must be 1 to " << kQLinearMaxOutputs << " positive widths summing to N = " << N_
+          << "; got " << shape_str(split_);
   }
   init_error_ = err.str();
   // The weight, its scales and offsets and the norm weight are initializers: read them (pointer, type, shape)
@@ -161,7 +177,8 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       const In lscale = input(ctx, kLoraScale);
       if (!lscale.value) fail(kOp, ": input 'token_adapter' needs input 'lora_scale' [n_slots]");
       expect_type("lora_scale", lscale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-      if (lscale.shape.size() != 1) fail(kOp, ": input 'lora_scale' must be [n_slots]; got shape ", shape_str(lscale.shape));
+      if (lscale.shape.size() != 1)
+        fail(kOp, ": input 'lora_scale' must be [n_slots]; got shape ", shape_str(lscale.shape));
       const int64_t slots = lscale.shape[0];
       a.token_adapter = data<int32_t>(adapter);
       a.lora_scale = data<float>(lscale);
@@ -170,7 +187,8 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       bool any = false;
       for (int64_t t = 0; t < T; ++t) {
         if (a.token_adapter[t] < -1 || a.token_adapter[t] >= slots)
-          fail(kOp, ": input 'token_adapter'[", t, "] = ", a.token_adapter[t], " is not -1 or a slot in [0, ", slots, ")");
+          fail(kOp, ": input 'token_adapter'[", t, "] = ", a.token_adapter[t], " is not -1 or a slot in [0, ", slots,
+               ")");
         any = any || a.token_adapter[t] >= 0;
       }
       // No token with an adapter (the common decode step): the stacks are neither read nor checked, which
@@ -187,10 +205,12 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         expect_type(an.c_str(), A, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
         expect_type(bn.c_str(), B, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
         expect_type(rn.c_str(), rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
-        if (A.shape.size() != 3) fail(kOp, ": input '", an, "' must be [n_slots, K, r_max]; got shape ", shape_str(A.shape));
+        if (A.shape.size() != 3)
+          fail(kOp, ": input '", an, "' must be [n_slots, K, r_max]; got shape ", shape_str(A.shape));
         const int64_t r_max = A.shape[2];
         expect_shape(kOp, an.c_str(), A.shape, {slots, K_, r_max});
-        if (B.shape.size() != 3) fail(kOp, ": input '", bn, "' must be [n_slots, r_max, N_j]; got shape ", shape_str(B.shape));
+        if (B.shape.size() != 3)
+          fail(kOp, ": input '", bn, "' must be [n_slots, r_max, N_j]; got shape ", shape_str(B.shape));
         expect_shape(kOp, bn.c_str(), B.shape, {slots, r_max, B.shape[2]});
         expect_shape(kOp, rn.c_str(), rank.shape, {slots});
         const int32_t* rk = data<int32_t>(rank);
@@ -199,10 +219,15 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
             fail(kOp, ": input '", rn, "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
         QLinearLoraSegment& sg = a.seg[a.n_segments++];
         sg = {reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(A)),
-              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(B)), rk, r_max, col, B.shape[2]};
+              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(B)),
+              rk,
+              r_max,
+              col,
+              B.shape[2]};
         col += B.shape[2];
       }
-      if (any && a.n_segments == 0) fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, B0, rank0)");
+      if (any && a.n_segments == 0)
+        fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, B0, rank0)");
       if (any && col != N_)
         fail(kOp, ": the LoRA segments' output widths (B_j's last dims) sum to ", col, "; expected N = ", N_);
     }
@@ -245,12 +270,21 @@ OrtStatusPtr QLinearOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* i
 
 ONNXTensorElementDataType QLinearOp::GetInputType(size_t i) const {
   switch (i) {
-    case kX: case kResidual: case kLoraScale: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    case kCodes: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
-    case kScales: case kOffsets: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    case kAdapter: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-    case kNormWeight: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    default: return (i - kSeg0) % 3 == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case kX:
+    case kResidual:
+    case kLoraScale:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case kCodes:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    case kScales:
+    case kOffsets:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case kAdapter:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    case kNormWeight:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    default:
+      return (i - kSeg0) % 3 == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
   }
 }
 

@@ -46,7 +46,7 @@ struct QLinearKernel {
   float norm_eps_ = 1e-5f;
   std::vector<int64_t> split_;
   QLinearEpilogue epilogue_ = QLinearEpilogue::kNone;
-  std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
+  std::string init_error_;                   // attribute problems, reported by every Compute (no throwing)
   std::map<size_t, QLinearInput> constant_;  // input index -> an initializer read once at creation
 };
 

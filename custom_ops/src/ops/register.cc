@@ -125,8 +125,8 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
     if (OrtStatus* st = api.ShapeInferContext_GetAttribute(ctx, "split", &attr)) {
       api.ReleaseStatus(st);
       widths.clear();
-    } else if (OrtStatus* st2 = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, widths.data(),
-                                                widths.size() * sizeof(int64_t), &size)) {
+    } else if (OrtStatus* st2 =
+                   api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, widths.data(), widths.size() * sizeof(int64_t), &size)) {
       api.ReleaseStatus(st2);
       widths.clear();
     } else {
