@@ -164,12 +164,15 @@ def test_capture_matches_a_numpy_first_layer(tmp_path):
 
 def test_gptq_tiny_build(tmp_path):
     """llama-tiny-random int4 GPTQ with an int4 LM head (GPTQ'd from the final norm output): every projection
-    MatMulNBits, each tensor reported at 4 bits with its calibration output error, the calibration identity
-    in the manifest and quality.json, no scratch directory left."""
+    MatMulNBits, each tensor reported at 4 bits with its calibration output error (and the embedding's int8 gather
+    copy, RTN: a quantized head means no fp32 table stays resident), the calibration identity in the manifest
+    and quality.json, no scratch directory left."""
     out = tmp_path / "tiny-gptq"
     opts = BuildOptions(quant="int4", algo="gptq", block_size=16, lm_head="int4", quality_tokens=64, calib_tokens=512)
     manifest = build("llama-tiny-random", out, opts, log=lambda m: None)
     q = json.loads((out / "quality.json").read_text())
+    embed = q["tensors"].pop("model.embed_tokens.weight")
+    assert embed["bits"] == 8 and embed["algo"] == "rtn"
     assert len(q["tensors"]) == 7 * 2 + 1
     assert all(v["bits"] == 4 and v["algo"] == "gptq" and 0 < v["out_rel"] < 0.2 for v in q["tensors"].values())
     assert q["fidelity"]["tokens"] == 63 and q["fidelity"]["top1_agreement"] > 0.5
