@@ -218,9 +218,9 @@ def _run_adapters(a) -> int:
 # ---------------------------------------------------------------- bench
 
 BENCH_SCENARIOS = ("engine", "ops", "lora-overhead", "lora-trace", "decode", "prefill", "long-context", "serve",
-                   "memory")
+                   "memory", "speculative")
 PEER_SCENARIOS = ("decode", "prefill", "long-context")
-ARTIFACT_SCENARIOS = ("engine", "lora-overhead", "lora-trace", "serve", "memory")
+ARTIFACT_SCENARIOS = ("engine", "lora-overhead", "lora-trace", "serve", "memory", "speculative")
 DEFAULT_BATCHES, SERVE_CONCURRENCY = "1,4,8,16,32", "1,4,16"
 
 
@@ -233,7 +233,8 @@ def _add_bench(sub) -> None:
                         "lora-trace (Zipf over 4 and 16), "
                         "decode, prefill, long-context (alternating with --peers), serve (HTTP load on `ortllm serve`: "
                         "TTFT/TPOT/ITL p50/p90/p99, throughput, goodput), memory (KV bytes per token, peak RSS at "
-                        "load and after a B=16 decode, in a fresh process)")
+                        "load and after a B=16 decode, in a fresh process), speculative (prompt-lookup drafts "
+                        "on vs off, alternating, on input-grounded and open-ended chat prompts at B=1 and 8)")
     p.add_argument("--batches", default=None,
                    help=f"batch sizes for the engine and peer scenarios (default {DEFAULT_BATCHES}); concurrent "
                         f"streams for serve (default {SERVE_CONCURRENCY})")
@@ -295,6 +296,10 @@ def _run_bench(a) -> int:
         from ortllm.bench.peer_runner import run_alternating
         rows += run_alternating(a.artifact, peers_named, peer_scenarios, batches,
                                 1 if a.quick else a.repeats, a.threads or 2, log_dir=a.out / "peer-logs")
+    if "speculative" in scenarios:
+        from ortllm.bench.speculative import run as run_speculative
+        rows += run_speculative(a.artifact, batches=_int_list(a.batches or "1,8", "--batches"),
+                                repeats=1 if a.quick else a.repeats, threads=a.threads)
     if "lora-overhead" in scenarios:
         from ortllm.bench.lora import run_overhead
         rows += run_overhead(a.artifact, repeats=1 if a.quick else a.repeats, threads=a.threads,
@@ -343,6 +348,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-queued", type=int, default=None, help="queued requests before 429 (default: engine's)")
     p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
     p.add_argument("--http-threads", type=int, default=64, help="concurrent HTTP requests (streams included)")
+    p.add_argument("--no-speculative", action="store_true",
+                   help="turn prompt-lookup speculative decoding off for every request (same tokens either way)")
     p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
@@ -360,6 +367,8 @@ def _run_serve(a) -> int:
     from ortllm.service.server import serve
 
     overrides = {k: v for k, v in (("max_queued", a.max_queued), ("threads", a.threads)) if v is not None}
+    if a.no_speculative:
+        overrides["spec_max_tokens"] = 0
     from ortllm.store.cli import served_models
     models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
     config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,

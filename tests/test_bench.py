@@ -213,3 +213,17 @@ def test_gguf_export_matches_transformers(tmp_path):
     r = res["q4_1.gguf"]
     assert "Q4_1" in r["matrix_types"] and r["ok"] and r["vs_dequantized"]["corr"] >= 0.999, r
     assert r["vs_fp32"]["corr"] >= 0.97 and r["vs_fp32"]["top1_agreement"] >= 0.5, r    # seen: 0.985, 0.69
+
+
+def test_speculative_rows(tiny_engine, tmp_path):
+    """Plumbing only (a random 2-layer model): on/off rates, their ratio, acceptance and tokens per row step."""
+    p = ortllm("bench", tiny_engine, "--scenario", "speculative", "--batches", "1,2", "--quick", "--threads", "1",
+               "--out", tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    metrics = {(r["system"], r["batch"], r["metric"]) for r in rows}
+    for s in ("grounded", "open"):
+        for b in (1, 2):
+            assert {("ortllm spec off", b, f"{s}_decode_tokens_per_s"),
+                    ("ortllm spec on", b, f"{s}_decode_tokens_per_s"), ("ortllm spec on", b, f"{s}_acceptance_rate"),
+                    ("ortllm spec on", b, f"{s}_tokens_per_row_step"), ("ortllm on/off", b, f"{s}_speedup")} <= metrics
