@@ -15,7 +15,9 @@ EOS = 0
 
 
 def make(max_batch_tokens=64, max_num_seqs=8, num_blocks=64, block_size=4, prefix=True, **kw):
+    """A scheduler with speculative drafts on (spec_max_tokens=8) unless kw says otherwise."""
     extra = {k: kw.pop(k) for k in ("is_resident", "clock") if k in kw}
+    kw.setdefault("spec_max_tokens", 8)
     cfg = SchedulerConfig(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, **kw)
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_cache=prefix)
     return Scheduler(cfg, cache, eos_token_ids=[EOS], vocab_size=100_000, **extra)

@@ -34,7 +34,7 @@ def artifact(request, smollm2_engine, smollm2_quantized):
 
 @pytest.mark.slow
 def test_greedy_tokens_equal_plain_decoding(artifact):
-    with Engine.from_artifact(artifact, max_num_seqs=8) as engine:
+    with Engine.from_artifact(artifact, max_num_seqs=8, spec_max_tokens=8) as engine:
         prompts = [_chat(engine, t) for t in GROUNDED + OPEN]
         plain = [engine.generate([p], _greedy(speculative=False))[0] for p in prompts]
         assert engine.stats()["spec_drafted"] == 0, "speculative=False still drafted"
@@ -52,7 +52,7 @@ def test_greedy_tokens_equal_plain_decoding(artifact):
 @pytest.mark.slow
 def test_sampled_tokens_equal_with_the_same_seed(smollm2_engine):
     params = dict(max_tokens=64, temperature=0.8, top_p=0.95, seed=11, logprobs=2, frequency_penalty=0.3)
-    with Engine.from_artifact(smollm2_engine) as engine:
+    with Engine.from_artifact(smollm2_engine, spec_max_tokens=8) as engine:
         prompts = [_chat(engine, t) for t in GROUNDED[:3]]
         off = engine.generate(prompts, SamplingParams(**params, speculative=False))
         on = engine.generate(prompts, SamplingParams(**params))
@@ -78,7 +78,7 @@ def test_drafted_rows_draw_like_plain_rows():
 
 @pytest.mark.slow
 def test_stop_strings_max_tokens_logprobs_streaming_n(smollm2_engine):
-    with Engine.from_artifact(smollm2_engine) as engine:
+    with Engine.from_artifact(smollm2_engine, spec_max_tokens=8) as engine:
         prompt = _chat(engine, GROUNDED[2])
         full = engine.generate([prompt], _greedy(speculative=False))[0].text
         stop = full[len(full) // 2:len(full) // 2 + 6]
@@ -113,7 +113,7 @@ def test_adapter_and_guided_rows(smollm2_engine, tmp_path):
     add_adapter(art, tmp_path / "lora", "ad")
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "rooms": {"type": "integer"}},
               "required": ["name", "rooms"]}
-    with Engine.from_artifact(art) as engine:
+    with Engine.from_artifact(art, spec_max_tokens=8) as engine:
         prompts = [_chat(engine, t) for t in GROUNDED[:2]]
         for kw in ({"adapter": "ad"}, {"guide": Guide("json_schema", schema)}):
             off = engine.generate(prompts, _greedy(64, speculative=False, **kw))
