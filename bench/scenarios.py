@@ -80,6 +80,12 @@ def _memory(r: BenchRun, _) -> list[dict]:
                log_dir=r.out / "peer-logs")
 
 
+def _speculative(r: BenchRun, _) -> list[dict]:
+    from .speculative import run
+    batches = (1, 8) if r.batches == DEFAULT_BATCHES else r.batches
+    return run(r.artifact, batches=list(batches), repeats=r.repeats, threads=r.threads)
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("engine", "decode B=1..32, prefill 512, in process", _engine),
     Scenario("decode", "64-token prompts, 128 new tokens (alternating with --peers)", _peers, group="peers"),
@@ -89,6 +95,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("lora-overhead", "16 sequences over 0/1/2/4 adapters of rank 8/16/32", _lora_overhead),
     Scenario("lora-trace", "Zipf over 4 and 16 adapters", _lora_trace),
     Scenario("ops", "the custom ops against ORT's stock kernels", _ops, needs_artifact=False),
+    Scenario("speculative", "prompt-lookup drafts on vs off, alternating, on input-grounded and open-ended chat "
+             "prompts (B=1 and 8 unless --batches)", _speculative),
     Scenario("serve", "HTTP load on `ortllm serve`: TTFT/TPOT/ITL p50/p90/p99, throughput, goodput", _serve),
     Scenario("memory", "KV bytes per token, peak RSS at load and after a B=16 decode, in a fresh process",
              _memory),

@@ -305,6 +305,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-queued", type=int, default=None, help="queued requests before 429 (default: engine's)")
     p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
     p.add_argument("--http-threads", type=int, default=64, help="concurrent HTTP requests (streams included)")
+    p.add_argument("--spec-max-tokens", type=int, default=None, metavar="K",
+                   help="prompt-lookup speculative decoding: up to K drafted tokens per decode row (default 0: off; "
+                        "see docs/benchmarks.md before turning it on)")
     p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
@@ -322,6 +325,8 @@ def _run_serve(a) -> int:
     from ortllm.service.server import serve
 
     overrides = {k: v for k, v in (("max_queued", a.max_queued), ("threads", a.threads)) if v is not None}
+    if a.spec_max_tokens is not None:
+        overrides["spec_max_tokens"] = a.spec_max_tokens
     from ortllm.store.cli import served_models
     models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
     config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,

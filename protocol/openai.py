@@ -274,6 +274,7 @@ def _sampling(body: dict, default_max_tokens: int | None, logprobs: int | None) 
         stop=stop, stop_token_ids=stop_ids, ignore_eos=_bool(body, "ignore_eos", False),
         logprobs=logprobs, priority=_int(body, "priority", 0, lo=-1000, hi=1000),
         logit_bias=_logit_bias(body),
+        speculative=_bool(body, "speculative", True),      # extension: false turns prompt-lookup drafts off
     )
     return params, max_tokens is not None or default_max_tokens is not None
 

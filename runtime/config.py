@@ -75,10 +75,23 @@ class SchedulerConfig:
     long_prefill_chunk: int | None = None  # max prefill tokens of one sequence per step; None: max_batch_tokens
     aging_steps: int = 16              # steps a waiting request may be bypassed before it goes first
     max_model_len: int | None = None   # prompt + max_tokens cap; None: only the KV pool limits it
+    # speculative decoding (runtime/speculative.py): prompt-lookup drafts verified in the decode row
+    # drafted tokens per decode row at most; 0: speculative decoding off. Off by default until the engine
+    # graph gives a sequence's k + 1 query rows bitwise the logits of k + 1 decode steps: measured not to
+    # (int4: up to 0.5 in a logit, fp32: ~2e-5; docs/benchmarks.md), so drafts can change greedy tokens.
+    spec_max_tokens: int = 0
+    spec_ngram_min: int = 2            # shortest suffix n-gram looked up in the sequence's own tokens
+    spec_ngram_max: int = 4            # longest (tried first)
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "max_num_seqs", "max_queued", "max_adapters_per_batch", "aging_steps"):
+        for name in ("max_batch_tokens", "max_num_seqs", "max_queued", "max_adapters_per_batch", "aging_steps",
+                     "spec_ngram_min", "spec_ngram_max"):
             _positive_int(name, getattr(self, name))
+        _require(_is_int(self.spec_max_tokens) and self.spec_max_tokens >= 0,
+                 f"spec_max_tokens must be an integer >= 0 (0 turns speculative decoding off); "
+                 f"got {self.spec_max_tokens!r}")
+        _require(self.spec_ngram_min <= self.spec_ngram_max,
+                 f"spec_ngram_min ({self.spec_ngram_min}) must be <= spec_ngram_max ({self.spec_ngram_max})")
         _require(self.max_num_seqs <= self.max_batch_tokens,
                  f"max_num_seqs ({self.max_num_seqs}) must be <= max_batch_tokens ({self.max_batch_tokens}) "
                  "so every running sequence can decode each step; lower max_num_seqs or raise max_batch_tokens")

@@ -128,7 +128,9 @@ def present_value(layer: int) -> str:
 #   cu_seqlens      [S + 1]             int32   token offsets of the sequences in the batch
 #   context_lens    [S]                 int32   tokens already cached per sequence
 #   block_tables    [S, max_blocks]     int32   KV block ids of each sequence
-#   logits_indices  [S]                 int64   rows of the batch that get logits (never prefill rows)
+#   logits_indices  [R]                 int64   rows of the batch that get logits (never prefill rows): one
+#                                               per sampling sequence, several for a row with drafts
+#                                               (speculative decoding); the graph gathers any R rows
 #   token_adapter   [T]                 int32   adapter slot of each token, -1 = base model
 #   key_cache.{i} / value_cache.{i}     [num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
 #   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float16 (8-bit caches only)
@@ -140,7 +142,7 @@ def present_value(layer: int) -> str:
 #   lora.rank.{target} [slots] int32   the slot's adapter rank on that target, 0 where the adapter does not
 #       adapt it: MultiLoRA then skips the slot there instead of streaming its zero stacks
 # ->
-#   logits          [S, vocab]          float32
+#   logits          [R, vocab]          float32
 #   key_cache_out.{i} ... (alias the inputs through IO binding: the pool is written in place)
 ENGINE_INPUT_IDS = "input_ids"
 POSITIONS = "positions"

@@ -28,8 +28,9 @@ from .detokenizer import IncrementalDetokenizer
 from .contract import TOKENIZER as TOKENIZER_JSON
 from .errors import EngineDeadError, InvalidTokenIds, OrtllmError, PromptTooLong
 from .guided import GuidedDecoding, consume, unpack_mask
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, logits_rows
 from .sampler import RowState, Sampler, TokenLogprobs, log_softmax, request_generator
+from .speculative import accept
 from .sampling_params import SamplingParams
 from .scheduler import ERROR, ModelRunnerOutput, Scheduler, SchedulerOutput
 from .tokenizer import Tokenizer
@@ -284,6 +285,10 @@ class Engine:
             "python_overhead": (1 - self._run_time / self._step_time) if self._step_time else 0.0,
             "step_time_s": self._step_time, "run_time_s": self._run_time,
             "failed_steps": self._failed_steps,
+            # speculative decoding: draft tokens verified / accepted, decode rows that carried drafts
+            "spec_drafted": s.spec_drafted, "spec_accepted": s.spec_accepted, "spec_rows": s.spec_rows,
+            "spec_acceptance_rate": s.spec_acceptance_rate, "spec_propose_time_s": s.spec_propose_time_s,
+            "tokens_per_step": self._tokens_out / self._steps if self._steps else 0.0,
             "last_step_error": self._last_step_error[1] if self._last_step_error else None,
             "last_step_error_age_s": (time.monotonic() - self._last_step_error[0]) if self._last_step_error else None,
         }
@@ -350,8 +355,12 @@ class Engine:
                 h.scheduled_time = now
                 h.cached_tokens = s.start_pos          # admitted with this many prompt tokens from the cache
         rows = [s for s in out.seqs if s.needs_logits]
-        states = [self._row_state(s.req_id) for s in rows]
-        guided = [i for i, st in enumerate(states) if self._handles[rows[i].req_id].matcher is not None]
+        states, first = [], []            # one state per logits row; first[i]: rows[i]'s first state
+        for s in rows:
+            first.append(len(states))
+            states += self._row_states(s)
+        # guided requests are never drafted (Scheduler.add_request): one state each, masked as usual
+        guided = [i for i, s in enumerate(rows) if self._handles[s.req_id].matcher is not None]
         masks = (self._masker.submit(self.guided.fill_masks, [self._handles[rows[i].req_id].matcher for i in guided])
                  if guided else None)
         scored = [s for s in out.seqs if self._wants_prompt_logprobs(s)]
@@ -371,20 +380,24 @@ class Engine:
             logits = self._record_prompt_logprobs(out.seqs, logits)
         if masks is not None:
             for i, words in zip(guided, masks.result()):
-                states[i].mask = unpack_mask(words, logits.shape[1])
+                states[first[i]].mask = unpack_mask(words, logits.shape[1])
         sampled = self.sampler.sample(logits, states)
+        tokens = {s.req_id: accept(s.spec_token_ids, sampled.token_ids[o:o + 1 + len(s.spec_token_ids)])
+                  for s, o in zip(rows, first)}
         with self._cv:
-            updates = self.scheduler.update_from_output(
-                out, ModelRunnerOutput({s.req_id: int(t) for s, t in zip(rows, sampled.token_ids)}))
-        lp = {s.req_id: row_lp for s, row_lp in zip(rows, sampled.logprobs)}
+            updates = self.scheduler.update_from_output(out, ModelRunnerOutput(tokens))
+        lp = {s.req_id: sampled.logprobs[o:o + len(tokens[s.req_id])] for s, o in zip(rows, first)}
         for u in updates:
             h = self._handles.get(u.req_id)
             if h is None:
                 continue
             self._tokens_out += len(u.new_token_ids)
-            if h.logprobs is not None and lp.get(u.req_id) is not None:
-                h.logprobs.append(lp[u.req_id])
+            before = len(h.detok.output_token_ids)
             h._push(h.detok.step(u.new_token_ids), len(u.new_token_ids))
+            if h.logprobs is not None:
+                # the tokens the detokenizer took: up to a stop string or stop token id among several
+                used = len(h.detok.output_token_ids) - before + isinstance(h.detok.stop_reason, int)
+                h.logprobs += [x for x in lp[u.req_id][:max(1, used)] if x is not None]
             more = True
             if h.matcher is not None and u.finish_reason is None:
                 more = all(consume(h.matcher, t) for t in u.new_token_ids)
@@ -418,8 +431,8 @@ class Engine:
 
     def _record_prompt_logprobs(self, seqs, logits: np.ndarray) -> np.ndarray:
         """logits: [T, V], every row of the step. Appends the prompt tokens' logprobs (row j of a prefill chunk
-        predicts the token after it) to the requests that asked; returns the [K, V] rows to sample from."""
-        ends, start = [], 0
+        predicts the token after it) to the requests that asked; returns the [R, V] rows to sample from."""
+        start = 0
         for s in seqs:
             if self._wants_prompt_logprobs(s):
                 h = self._handles[s.req_id]
@@ -431,14 +444,16 @@ class Engine:
                     top = np.argsort(-lp[j], kind="stable")[:n] if n else np.zeros(0, np.int64)
                     h.prompt_logprobs.append(TokenLogprobs(tid, float(lp[j, tid]), top.tolist(), lp[j, top].tolist()))
             start += s.num_tokens
-            if s.needs_logits:
-                ends.append(start - 1)
-        return logits[np.asarray(ends, dtype=np.int64)]
+        return logits[logits_rows(seqs)]
 
-    def _row_state(self, req_id: str) -> RowState:
-        h = self._handles[req_id]
-        req = self.scheduler.get_request(req_id)
-        return RowState(h.params, h.generator, req.output_token_ids if req else (), h.prompt_ids)
+    def _row_states(self, s) -> list[RowState]:
+        """The sampler rows of one scheduled seq: one, or with k drafts k + 1 (row j sees drafts[:j] as output)."""
+        h = self._handles[s.req_id]
+        req = self.scheduler.get_request(s.req_id)
+        out = req.output_token_ids if req else []
+        d = s.spec_token_ids
+        return [RowState(h.params, h.generator, out + d[:j] if j else out, h.prompt_ids,
+                         draft=d[j] if j < len(d) else -1) for j in range(len(d) + 1)]
 
     def _finish(self, finished: dict[str, str]) -> None:
         for rid, reason in finished.items():

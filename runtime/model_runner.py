@@ -30,6 +30,17 @@ def kv_pool_size(config: EngineConfig, artifact: Artifact) -> tuple[int, int]:
     return per_block, config.cache.resolve_num_blocks(per_block)
 
 
+def logits_rows(seqs: list[ScheduledSeq]) -> np.ndarray:
+    """[R] int64 rows of the flattened batch that get logits: for each seq with needs_logits its last row,
+    and with k drafts its last k + 1 rows (the last verified token's and each draft's)."""
+    rows, end = [], 0
+    for s in seqs:
+        end += s.num_tokens
+        if s.needs_logits:
+            rows.extend(range(end - 1 - len(s.spec_token_ids), end))
+    return np.asarray(rows, dtype=np.int64)
+
+
 class ModelRunner:
     def __init__(self, artifact: Artifact, config: EngineConfig):
         if artifact.graph != "engine":
@@ -134,7 +145,7 @@ class ModelRunner:
     # ---- per step
     def execute(self, seqs: list[ScheduledSeq], adapter_slots: dict[str | None, int] | None = None,
                 all_logits: bool = False) -> np.ndarray:
-        """Run one flattened step; returns logits [K, V] for the seqs with needs_logits, in order
+        """Run one flattened step; returns logits [R, V] for the rows of logits_rows(seqs), in order
         (all_logits: [T, V], every row of the step, for scoring/eval)."""
         lens = np.fromiter((s.num_tokens for s in seqs), np.int32, len(seqs))
         cu = np.zeros(len(seqs) + 1, np.int32)
@@ -146,8 +157,7 @@ class ModelRunner:
         tables = np.zeros((len(seqs), width), np.int32)
         for r, s in enumerate(seqs):
             tables[r, :len(s.block_ids)] = s.block_ids
-        rows = (np.arange(cu[-1], dtype=np.int64) if all_logits else
-                np.fromiter((cu[r + 1] - 1 for r, s in enumerate(seqs) if s.needs_logits), np.int64))
+        rows = np.arange(cu[-1], dtype=np.int64) if all_logits else logits_rows(seqs)
         slots = adapter_slots or {}
         adapter = np.repeat(np.fromiter((slots.get(s.adapter, -1) for s in seqs), np.int32, len(seqs)), lens)
 

@@ -10,7 +10,10 @@ Pipeline for one step, logits: [B, V] float32, one row per sequence that needs a
     distribution that was actually sampled), chosen token + top-n.
 
 Each row draws from its own np.random.Generator exactly once per step, so a seeded request gets the same
-tokens whatever else is in the batch and in whatever order.
+tokens whatever else is in the batch and in whatever order. Speculative decoding gives a sequence several
+consecutive rows, one per drafted position (RowState.draft): they draw in order and stop drawing at the
+first row whose token differs from its draft, so the generator advances once per token kept, as in plain
+decoding (runtime/speculative.py: this is the rejection rule for a point-mass draft).
 """
 
 from __future__ import annotations
@@ -131,14 +134,23 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
-def sample_from_probs(probs: np.ndarray, generators: Sequence[np.random.Generator]) -> np.ndarray:
+def sample_from_probs(probs: np.ndarray, generators: Sequence[np.random.Generator],
+                      drafts: Sequence[int] | None = None) -> np.ndarray:
     """Inverse-CDF sampling, one uniform per row from that row's generator. probs: [B, V] non-negative
-    weights (need not sum to 1) -> [B] int64."""
+    weights (need not sum to 1) -> [B] int64. drafts[b] >= 0: row b + 1 continues row b's sequence and is
+    drawn only if row b's token equals drafts[b]; rows not drawn get -1 and consume no randomness."""
     out = np.empty(len(probs), dtype=np.int64)
+    skip = False
     for b, gen in enumerate(generators):
+        d = -1 if drafts is None else drafts[b]
+        if skip:
+            out[b] = -1
+            skip = d >= 0
+            continue
         cdf = np.cumsum(probs[b], dtype=np.float64)
         u = gen.random() * cdf[-1]
         out[b] = min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)
+        skip = d >= 0 and out[b] != d
     return out
 
 
@@ -152,6 +164,8 @@ class RowState:
     output_token_ids: Sequence[int] = ()                  # generated so far (frequency/presence/repetition)
     prompt_token_ids: Sequence[int] = ()                  # for the repetition penalty
     mask: np.ndarray | None = None                        # [V] bool, True = allowed (structured output)
+    draft: int = -1                                       # >= 0: the next row is this sequence's next drafted
+                                                          # position, valid only if this row samples `draft`
 
 
 @dataclass
@@ -222,7 +236,7 @@ class Sampler:
                 gens.append(rows[i].generator)
             if want_logprobs:
                 x[sampled] = sub
-            tokens[sampled] = sample_from_probs(_shifted_exp(sub), gens)
+            tokens[sampled] = sample_from_probs(_shifted_exp(sub), gens, [rows[i].draft for i in sampled])
         return SampleOutput(tokens, self._logprobs(x, tokens, params) if want_logprobs else [None] * len(rows))
 
     @staticmethod
@@ -244,6 +258,8 @@ class Sampler:
         idx = [i for i, p in enumerate(params) if p.logprobs is not None]
         lp = log_softmax(x[idx])
         for j, i in enumerate(idx):
+            if tokens[i] < 0:           # a drafted row after a rejection: not drawn, not reported
+                continue
             n = params[i].logprobs
             row = lp[j]
             top = np.argpartition(-row, n)[:n] if 0 < n < row.size else np.arange(row.size if n else 0)

@@ -47,6 +47,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling (OpenAI)
     guide: Guide | None = None          # structured output: only tokens the grammar allows are sampled
     prompt_logprobs: bool = False       # logprob of every prompt token after the first (echo; no prefix cache)
+    speculative: bool = True            # prompt-lookup drafts when the engine has them on (same tokens either way)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -97,6 +98,8 @@ class SamplingParams:
             raise InvalidSamplingParams(f"guide must be a Guide of kind {', '.join(GUIDE_KINDS)}; got {self.guide!r}")
         if not isinstance(self.prompt_logprobs, bool):
             raise InvalidSamplingParams(f"prompt_logprobs must be true or false; got {self.prompt_logprobs!r}")
+        if not isinstance(self.speculative, bool):
+            raise InvalidSamplingParams(f"speculative must be true or false; got {self.speculative!r}")
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, "> 0 (seconds) or null", lambda v: v > 0)
         return self

@@ -11,6 +11,16 @@ is decoding, then the next chunk of running sequences that are still in prefill,
 requests admitted from the queue while budget, sequence slots, KV blocks and the adapter cap allow. Long
 prompts are cut into chunks, so decodes never wait behind a prefill.
 
+Speculative decoding (runtime/speculative.py; SchedulerConfig.spec_max_tokens > 0): last, with the budget
+and free KV blocks left after every decode, prefill chunk and admission, a decoding sequence may get draft
+tokens proposed from its own prompt and output (its `spec` state; none for guided or speculative=False
+requests) as extra query tokens of its row: ScheduledSeq.spec_token_ids, with logits for every row from the
+last verified token on. Drafts never take budget or blocks that a prefill or another sequence's token would
+use, and never preempt. update_from_output takes the accepted drafts plus the target's next token, rolls
+num_computed_tokens back past the rejected ones and frees the blocks only they used (the block table is
+truncated, nothing is copied). Drafts never enter token_ids, so the prefix cache only ever hashes verified
+tokens.
+
 Finish reasons: "stop" (EOS / stop token id here; stop strings are found by the detokenizer and reported
 by the engine through finish_requests), "length" (max_tokens), "cancelled", "error" (engine-reported),
 "deadline" (still queued, no token out, deadline_s after submission).
@@ -27,10 +37,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Container, Iterable, Sequence
 
+import numpy as np
+
 from .block_pool import BlockPool, extend_block_hashes
 from .config import CacheConfig, SchedulerConfig
 from .errors import ConfigError, EmptyPrompt, InvalidTokenIds, Overloaded, PromptTooLong, RequestError
 from .sampling_params import SamplingParams
+from .speculative import SpecState
 
 STOP, LENGTH, CANCELLED, ERROR, DEADLINE = "stop", "length", "cancelled", "error", "deadline"
 FINISH_REASONS = (STOP, LENGTH, CANCELLED, ERROR, DEADLINE)
@@ -47,6 +60,8 @@ class ScheduledSeq:
     block_ids: list[int]       # block table covering start_pos + n tokens; pad with block 0 (null)
     needs_logits: bool         # last prefill chunk or decode: sample a token from this seq's last row
     adapter: str | None        # None: base model
+    spec_token_ids: list[int] = field(default_factory=list)   # [k] drafts: the last k of token_ids; logits
+                                                               # for the last k + 1 rows (needs_logits)
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +82,9 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    sampled_token_ids: dict[str, int]      # req_id -> token, for every scheduled seq with needs_logits
+    # req_id -> token, for every scheduled seq with needs_logits; a seq with drafts gets a list: the drafts
+    # the target accepted, then its own next token (speculative.accept)
+    sampled_token_ids: dict[str, int | list[int]]
 
 
 @dataclass
@@ -88,6 +105,14 @@ class SchedulerStats:
     num_cached_blocks: int
     prefix_cache_queries: int              # prompt tokens looked up at admission
     prefix_cache_hits: int                 # of those, found cached
+    spec_rows: int = 0                     # decode rows that carried drafts
+    spec_drafted: int = 0                  # draft tokens verified
+    spec_accepted: int = 0                 # of those, accepted
+    spec_propose_time_s: float = 0.0       # spent proposing drafts (inside schedule())
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -123,6 +148,7 @@ class Request:
     skipped_steps: int = 0                 # steps a later request was admitted instead (aging)
     finish_reason: str | None = None
     adapter_key: str | None = None         # the adapter's content key (prefix-cache hashes), fixed at arrival
+    spec: SpecState | None = None          # drafting state; None: never drafted
 
     @property
     def num_tokens(self) -> int:
@@ -164,7 +190,9 @@ class SchedulerInterface(abc.ABC):
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[RequestUpdate]:
         """Record a finished step: advance computed tokens, cache blocks that filled, append sampled
-        tokens, finish on EOS / stop token ids / max_tokens (their KV freed at once).
+        tokens, finish on EOS / stop token ids / max_tokens (their KV freed at once). A row with drafts
+        takes its accepted drafts plus one token; computed tokens and the block table roll back past the
+        rejected ones; a stop among the accepted tokens drops those after it.
 
         Returns one update per sequence that got a token. Sequences finished through finish_requests
         after schedule() are skipped.
@@ -231,6 +259,8 @@ class Scheduler(SchedulerInterface):
         self._admissions = 0
         self.num_preemptions = 0
         self._watermark = self.pool.num_usable // 100   # blocks kept back from admissions for decodes
+        self.spec_rows = self.spec_drafted = self.spec_accepted = 0
+        self.spec_propose_time = 0.0
 
     # ---- requests in ----
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int],
@@ -259,6 +289,9 @@ class Scheduler(SchedulerInterface):
         key = None if params.adapter is None else self._adapter_key(params.adapter)
         req = Request(req_id, params, prompt, len(prompt), self.clock(), self._arrivals, adapter_key=key)
         self._arrivals += 1
+        c = self.config
+        if c.spec_max_tokens and params.speculative and params.guide is None:
+            req.spec = SpecState.create(c.spec_ngram_min, c.spec_ngram_max, c.spec_max_tokens)
         if self.pool.enable_prefix_cache:
             extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, key)
         self.requests[req_id] = req
@@ -313,7 +346,8 @@ class Scheduler(SchedulerInterface):
 
         if not preempted:   # memory is tight: admitting now would only thrash (as vLLM v1)
             self._admit(sched, chunk, budget)
-        seqs = [self._scheduled_seq(self.requests[rid], n) for rid, n in sched.items()]
+        drafts = self._draft(sched, budget) if self.config.spec_max_tokens else {}
+        seqs = [self._scheduled_seq(self.requests[rid], n, drafts.get(rid, [])) for rid, n in sched.items()]
         adapters = sorted({s.adapter for s in seqs if s.adapter is not None})
         return SchedulerOutput(self._step, seqs, dict(sched), sum(sched.values()), adapters, preempted, finished)
 
@@ -373,6 +407,29 @@ class Scheduler(SchedulerInterface):
             if any(a.arrival_seq > w.arrival_seq and a.params.priority <= w.params.priority for a in admitted):
                 w.skipped_steps += 1
 
+    def _draft(self, sched: dict[str, int], budget: Callable[[], int]) -> dict[str, list[int]]:
+        """Drafts for the decode rows of this step, from what budget and free blocks are left (added to sched)."""
+        drafts: dict[str, list[int]] = {}
+        t0 = time.perf_counter()
+        for rid, n in list(sched.items()):
+            req = self.requests[rid]
+            if req.spec is None or n != 1 or req.num_tokens - req.num_computed_tokens != 1:
+                continue
+            start = req.num_computed_tokens
+            room = (len(req.block_ids) + self.pool.num_free) * self.block_size - start - 1
+            # the accepted drafts and the bonus token must fit max_tokens
+            left = req.params.max_tokens - (req.num_tokens - req.num_prompt_tokens) - 1
+            d = req.spec.propose(req.token_ids, min(budget(), left, room))
+            if not d:
+                continue
+            need = _cdiv(start + 1 + len(d), self.block_size) - len(req.block_ids)
+            if need > 0:
+                req.block_ids += self.pool.allocate(need)
+            sched[rid] = 1 + len(d)
+            drafts[rid] = d
+        self.spec_propose_time += time.perf_counter() - t0
+        return drafts
+
     def _waiting_key(self, req: Request) -> tuple:
         """Priority first; then preempted, aged, resident adapter; then arrival."""
         aged = req.skipped_steps >= self.config.aging_steps
@@ -380,10 +437,10 @@ class Scheduler(SchedulerInterface):
         resident = name is None or self._is_resident(name)
         return (-req.params.priority, not req.preempted, not aged, not resident, req.arrival_seq)
 
-    def _scheduled_seq(self, req: Request, n: int) -> ScheduledSeq:
-        start = req.num_computed_tokens
-        return ScheduledSeq(req.req_id, req.token_ids[start:start + n], start, list(req.block_ids),
-                            start + n == req.num_tokens, req.params.adapter)
+    def _scheduled_seq(self, req: Request, n: int, drafts: list[int]) -> ScheduledSeq:
+        start, n = req.num_computed_tokens, n - len(drafts)
+        return ScheduledSeq(req.req_id, req.token_ids[start:start + n] + drafts, start, list(req.block_ids),
+                            start + n == req.num_tokens, req.params.adapter, drafts)
 
     # ---- step results ----
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -396,26 +453,58 @@ class Scheduler(SchedulerInterface):
             if req is None or req.status is not RequestStatus.RUNNING or s.req_id in pending:
                 continue
             req.num_computed_tokens += s.num_tokens
-            self._cache_full_blocks(req)
             if not s.needs_logits:
+                self._cache_full_blocks(req)
                 continue
-            try:
-                tok = int(runner_output.sampled_token_ids[s.req_id])
-            except KeyError:
-                raise ValueError(f"runner output has no sampled token for {s.req_id!r}, which needed logits") from None
-            req.token_ids.append(tok)
+            toks = self._sampled(s, runner_output)
+            if s.spec_token_ids:
+                self._roll_back(req, s, len(toks) - 1)
+            reason, new = None, []
+            for tok in toks:            # a stop inside the accepted drafts drops the tokens after it
+                req.token_ids.append(tok)
+                new.append(tok)
+                reason = self._check_stop(req, tok)
+                if reason is not None:
+                    break
             if self.pool.enable_prefix_cache:
                 extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, req.adapter_key)
-            reason = self._check_stop(req, tok)
+            self._cache_full_blocks(req)
             if reason is not None:
                 self._finish(req, reason)
-            updates.append(RequestUpdate(s.req_id, [tok], reason))
+            updates.append(RequestUpdate(s.req_id, new, reason))
         return updates
+
+    @staticmethod
+    def _sampled(s: ScheduledSeq, runner_output: ModelRunnerOutput) -> list[int]:
+        try:
+            got = runner_output.sampled_token_ids[s.req_id]
+        except KeyError:
+            raise ValueError(f"runner output has no sampled token for {s.req_id!r}, which needed logits") from None
+        toks = [int(got)] if isinstance(got, (int, np.integer)) else [int(t) for t in got]
+        k = len(s.spec_token_ids)
+        if not 1 <= len(toks) <= k + 1 or toks[:-1] != s.spec_token_ids[:len(toks) - 1]:
+            raise ValueError(f"runner output for {s.req_id!r} must be its accepted drafts (of {s.spec_token_ids}) "
+                             f"then one token; got {toks}")
+        return toks
+
+    def _roll_back(self, req: Request, s: ScheduledSeq, accepted: int) -> None:
+        """Forget the KV of the rejected drafts: computed tokens end after the last accepted one; blocks past
+        the one the next token goes into are freed (tail first)."""
+        k = len(s.spec_token_ids)
+        req.num_computed_tokens -= k - accepted
+        keep = _cdiv(req.num_computed_tokens + 1, self.block_size)
+        if len(req.block_ids) > keep:
+            self.pool.free(reversed(req.block_ids[keep:]))
+            del req.block_ids[keep:]
+        req.spec.record(k, accepted)
+        self.spec_rows += 1
+        self.spec_drafted += k
+        self.spec_accepted += accepted
 
     def _cache_full_blocks(self, req: Request) -> None:
         if not self.pool.enable_prefix_cache:
             return
-        full = req.num_computed_tokens // self.block_size
+        full = min(req.num_computed_tokens, req.num_tokens) // self.block_size   # (a stop inside accepted drafts)
         for i in range(req.num_cached_blocks, full):
             self.pool.register(req.block_ids[i], req.block_hashes[i])
         req.num_cached_blocks = max(req.num_cached_blocks, full)
@@ -476,4 +565,5 @@ class Scheduler(SchedulerInterface):
     def stats(self) -> SchedulerStats:
         return SchedulerStats(self._step, len(self.running), len(self.waiting), self.num_preemptions,
                               self.pool.num_free, self.pool.num_usable, self.pool.num_cached,
-                              self.pool.queries, self.pool.hits)
+                              self.pool.queries, self.pool.hits, self.spec_rows, self.spec_drafted,
+                              self.spec_accepted, self.spec_propose_time)

@@ -42,6 +42,13 @@ class _EngineCollector:
         yield steps
         yield gauge("ortllm_engine_python_overhead_ratio", "share of step time outside session.run",
                     s["python_overhead"])
+        for key, name, doc in (("spec_drafted", "ortllm_spec_draft_tokens", "speculative draft tokens verified"),
+                               ("spec_accepted", "ortllm_spec_accepted_tokens", "speculative draft tokens accepted")):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(s[key]))
+            yield c
+        yield gauge("ortllm_spec_acceptance_ratio", "accepted / verified draft tokens since start",
+                    s["spec_acceptance_rate"])
 
     def _models(self):
         """Per served model: loaded or not, its reserved bytes, loads and unloads (idle / memory budget)."""

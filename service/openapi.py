@@ -46,6 +46,8 @@ def build_spec(model: str, context_length: int, max_logprobs: int = 5) -> dict:
                                               "items": {"type": "string", "minLength": 1}}]},
         "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
         "ignore_eos": {"type": "boolean"},
+        "speculative": {"type": "boolean", "description": "ortllm extension: false turns prompt-lookup "
+                        "speculative decoding off for this request (the tokens are the same either way)"},
         "n": {"type": "integer", "enum": [1], "description": "only 1 is supported"},
         "stream": {"type": "boolean", "nullable": True},
         "stream_options": {"type": "object", "nullable": True,

@@ -238,3 +238,17 @@ def test_one_registry_one_provenance_one_writer():
             assert "-dirty" not in text and "rev-parse" not in text, f
         if f.name != "results.py":
             assert '/ "results.json"' not in text, f
+
+
+def test_speculative_rows(tiny_engine, tmp_path):
+    """Plumbing only (a random 2-layer model): on/off rates, their ratio, acceptance and tokens per row step."""
+    p = ortllm("bench", tiny_engine, "--scenario", "speculative", "--batches", "1,2", "--quick", "--threads", "1",
+               "--out", tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    metrics = {(r["system"], r["batch"], r["metric"]) for r in rows}
+    for s in ("grounded", "open"):
+        for b in (1, 2):
+            assert {("ortllm spec off", b, f"{s}_decode_tokens_per_s"),
+                    ("ortllm spec on", b, f"{s}_decode_tokens_per_s"), ("ortllm spec on", b, f"{s}_acceptance_rate"),
+                    ("ortllm spec on", b, f"{s}_tokens_per_row_step"), ("ortllm on/off", b, f"{s}_speedup")} <= metrics

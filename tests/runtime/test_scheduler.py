@@ -9,12 +9,15 @@ from ortllm.runtime.errors import (EmptyPrompt, InvalidSamplingParams, InvalidTo
                                    PromptTooLong, RequestError)
 from ortllm.runtime.sampling_params import SamplingParams
 from ortllm.runtime.scheduler import ModelRunnerOutput, RequestStatus, Scheduler
+from ortllm.runtime.speculative import accept
 
 EOS = 0
 
 
 def make(max_batch_tokens=64, max_num_seqs=8, num_blocks=64, block_size=4, prefix=True, **kw):
+    """A scheduler with speculative drafts on (spec_max_tokens=8) unless kw says otherwise."""
     extra = {k: kw.pop(k) for k in ("is_resident", "clock") if k in kw}
+    kw.setdefault("spec_max_tokens", 8)
     cfg = SchedulerConfig(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, **kw)
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_cache=prefix)
     return Scheduler(cfg, cache, eos_token_ids=[EOS], vocab_size=100_000, **extra)
@@ -26,8 +29,14 @@ def token_for(req_id, pos):
 
 
 def fake_runner(out, token=token_for):
-    return ModelRunnerOutput({s.req_id: token(s.req_id, s.start_pos + s.num_tokens)
-                              for s in out.seqs if s.needs_logits})
+    """The model's token after each logits row: one per seq, or for k drafts the k + 1 rows' tokens, accepted
+    as the engine does (the drafts while they agree, then the model's own token)."""
+    res = {}
+    for s in out.seqs:
+        if s.needs_logits:
+            k, end = len(s.spec_token_ids), s.start_pos + s.num_tokens
+            res[s.req_id] = accept(s.spec_token_ids, [token(s.req_id, end - k + j) for j in range(k + 1)])
+    return ModelRunnerOutput(res)
 
 
 def check_step(sched, out, decoding_before):
@@ -39,15 +48,23 @@ def check_step(sched, out, decoding_before):
     assert len(out.adapters) <= cfg.max_adapters_per_batch
     # all running sequences together stay under the cap, so pinning their adapters needs <= cap slots
     assert len({r.params.adapter for r in sched.running} - {None}) <= cfg.max_adapters_per_batch
+    drafted = any(s.spec_token_ids for s in out.seqs)
     for s in out.seqs:
         req = sched.requests[s.req_id]
+        k, fed = len(s.spec_token_ids), s.num_tokens - len(s.spec_token_ids)   # drafts, verified tokens fed
         assert req.status is RequestStatus.RUNNING and s.start_pos == req.num_computed_tokens
         assert s.num_tokens >= 1 and len(s.block_ids) * bs >= s.start_pos + s.num_tokens
         assert 0 not in s.block_ids and s.block_ids == req.block_ids
-        assert s.needs_logits == (s.start_pos + s.num_tokens == req.num_tokens)
-        assert s.token_ids == req.token_ids[s.start_pos:s.start_pos + s.num_tokens]
+        assert s.needs_logits == (s.start_pos + fed == req.num_tokens)
+        assert s.token_ids[:fed] == req.token_ids[s.start_pos:s.start_pos + fed]
+        if k:   # drafts: only on a decode row, within max_tokens (with the target's own token), never guided
+            assert fed == 1 and s.needs_logits and req.spec is not None and req.params.guide is None
+            assert req.num_tokens - req.num_prompt_tokens + k + 1 <= req.params.max_tokens
+        elif drafted and s.req_id not in decoding_before:
+            # drafts only take what is left: no prefill chunk in a step with drafts was cut by the budget
+            assert s.num_tokens == min(req.num_tokens - s.start_pos, cfg.prefill_chunk)
     # decodes first, and never stalled: every sequence that was decoding is scheduled unless preempted
-    kinds = [s.num_tokens == 1 and s.req_id in decoding_before for s in out.seqs]
+    kinds = [s.num_tokens - len(s.spec_token_ids) == 1 and s.req_id in decoding_before for s in out.seqs]
     assert kinds == sorted(kinds, reverse=True)
     scheduled = {s.req_id for s in out.seqs}
     for rid in decoding_before:
@@ -312,7 +329,20 @@ def test_prefix_cache_off():
 @given(st.data())
 def test_random_workloads_finish_without_leaks(data):
     """Random add / cancel / step events under random budgets and pool sizes: every block comes back,
-    the budget holds every step, refcounts stay >= 0, every request ends with the right token count."""
+    the budget holds every step, refcounts stay >= 0, every request ends with the right token count and
+    exactly the model's tokens. The 'periodic' model repeats itself with occasional detours, so prompt-lookup
+    drafts are proposed, accepted, partly rejected (rolled back) and cut by EOS; 'counting' never repeats."""
+    periodic = data.draw(st.booleans())
+    period = data.draw(st.integers(2, 7))
+
+    def model(rid, pos):
+        h = sum(map(ord, rid))
+        if (h * 7 + pos) % 23 == 0:
+            return EOS
+        if not periodic:
+            return 1 + pos
+        return 60 + pos % 3 if (h + pos * 7) % 13 == 0 else 1 + pos % period
+
     bs = data.draw(st.sampled_from([2, 4, 8]))
     max_seqs = data.draw(st.integers(1, 6))
     budget = data.draw(st.integers(max(bs, max_seqs), 48))
@@ -329,16 +359,15 @@ def test_random_workloads_finish_without_leaks(data):
         decoding = {r.req_id for r in s.running if r.num_tokens - r.num_computed_tokens == 1}
         out = s.schedule()
         check_step(s, out, decoding)
-        eos = lambda rid, pos: EOS if (sum(map(ord, rid)) * 7 + pos) % 23 == 0 else 1 + pos  # noqa: E731
-        s.update_from_output(out, fake_runner(out, eos))
+        s.update_from_output(out, fake_runner(out, model))
 
     for ev in events:
         if ev == "add":
             prompt = shared[:data.draw(st.integers(0, len(shared)))] + data.draw(
                 st.lists(st.integers(1, 9), min_size=1, max_size=20))
-            params = SamplingParams(max_tokens=data.draw(st.integers(1, 12)),
+            params = SamplingParams(max_tokens=data.draw(st.integers(1, 24)),
                                     adapter=data.draw(st.sampled_from([None, "a", "b", "c"])),
-                                    priority=data.draw(st.integers(0, 2)))
+                                    priority=data.draw(st.integers(0, 2)), speculative=data.draw(st.booleans()))
             try:
                 reqs.append(s.add_request(f"r{len(reqs)}", prompt, params))
             except PromptTooLong:
@@ -358,12 +387,96 @@ def test_random_workloads_finish_without_leaks(data):
     assert not s.has_unfinished_requests(), "requests left unfinished after 2000 steps"
     assert s.pool.num_free == s.pool.num_usable
     s.pool.check_invariants()
+    st_ = s.stats()
+    assert st_.spec_accepted <= st_.spec_drafted
     for r in reqs:
         assert r.status is RequestStatus.FINISHED
         out = r.output_token_ids
+        assert out == [model(r.req_id, r.num_prompt_tokens + i) for i in range(len(out))]
         if r.finish_reason == "length":
             assert len(out) == r.params.max_tokens and EOS not in out
         elif r.finish_reason == "stop":
             assert out[-1] == EOS and EOS not in out[:-1] and len(out) <= r.params.max_tokens
         else:
             assert r.finish_reason == "cancelled" and r.req_id in cancelled and len(out) < r.params.max_tokens
+
+
+# ---- speculative decoding (prompt-lookup drafts) ----
+
+def periodic(rid, pos, period=5):
+    """A 'model' that repeats itself, with a detour every 11th position: drafts are accepted and rejected."""
+    return 70 if pos % 11 == 0 else 1 + pos % period
+
+
+def test_drafts_are_verified_and_rolled_back():
+    s = make(max_batch_tokens=64, block_size=4, num_blocks=64)
+    a = s.add_request("a", [1, 2, 3, 4, 5, 1, 2], SamplingParams(max_tokens=40))
+    b = s.add_request("b", [1, 2, 3, 4, 5, 1, 2], SamplingParams(max_tokens=40, speculative=False))
+    outs = run(s, runner=lambda out: fake_runner(out, periodic))
+    st_ = s.stats()
+    assert 0 < st_.spec_accepted < st_.spec_drafted, "drafts were never accepted or never rejected"
+    assert any(len(sq.spec_token_ids) > 1 for o in outs for sq in o.seqs)
+    assert all(sq.req_id == "a" for o in outs for sq in o.seqs if sq.spec_token_ids)   # b: speculative=False
+    want = lambda r: [periodic(r.req_id, r.num_prompt_tokens + i) for i in range(40)]  # noqa: E731
+    assert a.output_token_ids == want(a) and b.output_token_ids == want(b)
+    assert len(outs) < 40 + 3, "speculation made no step produce more than one token"   # b alone takes 41
+
+
+def test_prefix_cache_only_hashes_verified_tokens():
+    from ortllm.runtime.block_pool import extend_block_hashes
+    s = make(max_batch_tokens=64, block_size=2, num_blocks=64)
+    reqs = [s.add_request(f"r{i}", [1, 2, 3, 4, 5, 1, 2, 9 + i], SamplingParams(max_tokens=30)) for i in range(3)]
+    run(s, runner=lambda out: fake_runner(out, periodic))
+    assert s.stats().spec_drafted > s.stats().spec_accepted > 0
+    verified = {h for r in reqs for h in extend_block_hashes([], r.token_ids, 2, None)}
+    assert set(s.pool._cached) <= verified
+
+
+def test_drafts_take_only_leftover_budget():
+    """A running decode with drafts available must not take budget from a prompt waiting for admission."""
+    s = make(max_batch_tokens=16, block_size=4, num_blocks=64)
+    s.add_request("a", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=30))
+    out = s.schedule()
+    s.update_from_output(out, fake_runner(out, lambda rid, pos: 1 + pos % 3))
+    s.add_request("b", list(range(10, 39)), SamplingParams(max_tokens=2))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 1, "b": 15} and not out.seqs[0].spec_token_ids
+    s.update_from_output(out, fake_runner(out, lambda rid, pos: 1 + pos % 3))
+    out = s.schedule()            # b has 14 prompt tokens left: 1 token of budget for a's drafts
+    assert out.num_scheduled_tokens == {"a": 2, "b": 14} and out.seqs[0].spec_token_ids
+
+
+def test_guided_and_off_requests_are_never_drafted():
+    from ortllm.runtime.sampling_params import Guide
+    s = make()
+    g = s.add_request("g", [1, 2, 1, 2, 1], SamplingParams(max_tokens=5, guide=Guide("regex", "a+")))
+    off = make(spec_max_tokens=0).add_request("o", [1, 2, 1, 2, 1], SamplingParams(max_tokens=5))
+    assert g.spec is None and off.spec is None
+
+
+def test_adaptive_k_pauses_after_failures_and_recovers():
+    from ortllm.runtime.speculative import MISSES_TO_PAUSE, PAUSE_STEPS, AdaptiveK
+    k = AdaptiveK(8)
+    assert k.current() == 4
+    k.record(4, 4)
+    assert k.current() == 6
+    k.record(6, 2)
+    assert k.current() == 3
+    for _ in range(MISSES_TO_PAUSE):
+        k.record(k.current(), 0)
+    assert [k.current() for _ in range(PAUSE_STEPS)] == [0] * PAUSE_STEPS and k.current() == 1
+    k.record(1, 0)                                    # the probe fails: a pause twice as long
+    assert [k.current() for _ in range(2 * PAUSE_STEPS)] == [0] * (2 * PAUSE_STEPS) and k.current() == 1
+    k.record(1, 1)
+    assert k.current() == 3 and k.next_pause == PAUSE_STEPS
+
+
+def test_ngram_index_proposes_what_followed_the_latest_longest_match():
+    from ortllm.runtime.speculative import NgramIndex, accept
+    idx = NgramIndex(2, 4)
+    toks = [5, 6, 7, 8, 9, 1, 6, 7, 2, 3, 5, 6, 7]
+    assert idx.propose(toks, 3) == [8, 9, 1]          # 3-gram 5 6 7 beats the later 2-gram 6 7
+    assert idx.propose(toks + [4], 3) == []
+    assert NgramIndex(2, 4).propose([1, 2, 1, 2], 5) == [1, 2]    # bounded by the tokens known
+    assert accept([4, 5, 6], [4, 5, 9, -1]) == [4, 5, 9] and accept([4], [4, 8]) == [4, 8]
+    assert accept([], [3]) == [3] and accept([4, 5], [1, -1, -1]) == [1]
