@@ -480,10 +480,12 @@ def serve_forever(config: ServiceConfig, opts: RayOptions, out=None) -> int:
     from ortllm.runtime.artifact import read_manifest
     out = out or sys.stdout
     stop_event = threading.Event()
-    old = {sig: signal.signal(sig, lambda *_: stop_event.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    old: dict = {}
     started = False
     try:
         url, started = start(config, opts)
+        # after ray.init, which installs its own SIGTERM handler (it exits without draining)
+        old = {sig: signal.signal(sig, lambda *_: stop_event.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         name = config.model_name or read_manifest(config.artifact).get("recipe") or config.artifact.name
         shape = (f"{opts.min_replicas}..{opts.max_replicas}" if opts.autoscaling else str(opts.replicas))
         print(f"ortllm: serving {name} at {url} (OpenAI API at {url}/v1) on Ray Serve: {shape} replicas x "

@@ -226,7 +226,7 @@ def test_cli_on_smollm2_equals_single_process_and_drains_on_sigterm(smollm2_engi
             if not line:
                 break
             lines.append(line)
-            if m := re.search(r"serving .* at (http://\S+) ", line):
+            if m := re.search(r"serving .*? at (http://\S+) ", line):
                 url = m.group(1)
         assert url, "".join(lines)
         ray_client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=TIMEOUT_S, max_retries=0)
