@@ -128,7 +128,13 @@ def test_zipf_trace_keeps_each_adapter_on_its_own_replica(ray_tiny):
         where.setdefault(name, set()).add(replica)
     assert all(len(r) == 1 for r in where.values()), where         # each adapter on one replica
     assert len(set().union(*where.values())) == 2, where            # both replicas used
-    resident = {r["replica"]: set(r.get("resident", ())) for r in health(ray_tiny)["replicas"]}
+    holders = {name: next(iter(r)) for name, r in where.items()}
+    end = time.monotonic() + 10          # residency arrives with the replicas' next routing stats (every 0.5 s)
+    while True:
+        resident = {r["replica"]: set(r.get("resident", ())) for r in health(ray_tiny)["replicas"]}
+        if all(name in resident.get(rid, ()) for name, rid in holders.items()) or time.monotonic() > end:
+            break
+        time.sleep(0.25)
     metrics = requests.get(ray_tiny + "/metrics", timeout=TIMEOUT_S).text
     hits = sum(float(v) for v in re.findall(r'^ortllm_adapter_locality_hits_total\{replica="[^"]+"\} (\S+)',
                                             metrics, re.M))
@@ -137,8 +143,8 @@ def test_zipf_trace_keeps_each_adapter_on_its_own_replica(ray_tiny):
     print(f"\nadapter locality: {hits:.0f}/{total:.0f} = {hits / total:.3f}; resident per replica: {resident}; "
           f"adapters per replica: {where}")
     assert total >= 48 and hits / total >= 0.85
-    for name, replicas in where.items():                              # the holder has it resident now
-        assert name in resident[next(iter(replicas))]
+    for name, rid in holders.items():                                 # the holder has it resident now
+        assert name in resident[rid], (name, resident)
 
 
 def test_metrics_and_health_cover_every_replica(ray_tiny):
@@ -178,7 +184,7 @@ def test_killing_a_replica_mid_load_hangs_nothing(ray_tiny):
         return r.status_code, b"\n".join(lines).decode()
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(8) as ex:
+    with ThreadPoolExecutor(6) as ex:
         futs = [ex.submit(one, i) for i in range(16)]
         time.sleep(0.5)
         os.kill(pids[victim], signal.SIGKILL)
@@ -195,7 +201,9 @@ def test_killing_a_replica_mid_load_hangs_nothing(ray_tiny):
             if '"error"' in text:
                 assert "replica_failed" in text
         else:
-            assert status == 200 or (status == 503 and "replica_failed" in text), (status, text)
+            # 429: the survivor alone was full (4 running + 4 queued), its own clear answer
+            assert status == 200 or (status == 503 and "replica_failed" in text) or \
+                (status == 429 and '"code":"overloaded"' in text), (status, text)
     print(f"\nafter the kill: {sum(s == 200 and 'error' not in t for s, t in results)}/16 completed whole")
     r = post(ray_tiny, "/v1/completions", {"prompt": "still there", "max_tokens": 4})
     assert r.status_code == 200
