@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint test-asan bench bench-peers bench-vs-peers soak adapters browser clean
+.PHONY: setup ops serve test lint test-asan bench bench-ray bench-peers bench-vs-peers soak adapters browser clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -58,6 +58,10 @@ test-asan: $(STAMP)
 # Figures for docs/benchmarks.md (minutes; never part of make test).
 bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,memory,ops --out $(BENCH_OUT)
+
+# `ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, alternating (docs/service.md).
+bench-ray: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
+	$(BIN)/python -m ortllm.bench.serve_ray $(DEFAULT_ARTIFACT) --out $(BENCH_OUT)/serve-ray
 
 # Train the task LoRAs (PEFT on the CPU, minutes each) into the default artifact; prints base vs adapter
 # accuracy on held-out prompts (figures: docs/adapters.md).

@@ -316,6 +316,17 @@ def _add_serve(sub) -> None:
     p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
                    help="with several models: GiB their weights and KV pools may take (default: 80%% of RAM); "
                         "least recently used idle models are unloaded to make room")
+    r = p.add_argument_group("scale-out on Ray Serve (pip install 'ortllm[ray]'; docs/service.md)")
+    r.add_argument("--ray", action="store_true", help="run engine replicas as a Ray Serve application, routed "
+                   "by adapter residency and prompt prefix")
+    r.add_argument("--address", default=None, help="cluster to join (e.g. auto, or ray://HEAD:10001); default: "
+                   "a local Ray instance")
+    r.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
+    r.add_argument("--min-replicas", type=int, default=None, help="autoscale between --min-replicas and "
+                   "--max-replicas instead of a fixed --replicas")
+    r.add_argument("--max-replicas", type=int, default=None)
+    r.add_argument("--threads-per-replica", type=int, default=1, help="each replica's engine threads = the CPUs "
+                   "Ray reserves for it (default 1)")
     p.set_defaults(run=_run_serve)
 
 
@@ -336,6 +347,16 @@ def _run_serve(a) -> int:
                            models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
                            memory_budget_bytes=int(a.memory_budget * 2**30) if a.memory_budget else None)
     logs.configure()
+    if a.ray:
+        from ortllm.runtime.errors import ConfigError
+        from ortllm.service.ray_serve import RayOptions, serve_forever
+        if len(models) != 1:
+            raise ConfigError("ortllm serve --ray: serve one model per Ray application")
+        if a.threads is not None:
+            raise ConfigError("ortllm serve --ray: give --threads-per-replica, not --threads")
+        return serve_forever(config, RayOptions(address=a.address, replicas=a.replicas, min_replicas=a.min_replicas,
+                                                max_replicas=a.max_replicas,
+                                                threads_per_replica=a.threads_per_replica))
     return serve(config)
 
 
