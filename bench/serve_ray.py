@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import re
 import socket
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from .client import random_prompts
+from .provenance import command, provenance
 from .serve import ServeProcess, run_load, summarize
 
 CONCURRENCY, REQUESTS, MAX_TOKENS, ROUNDS = 16, 48, 64, 3
@@ -54,12 +51,8 @@ def main(argv=None) -> int:
                 tok[name].append(s["output_tokens_per_s"])
                 print(json.dumps({"round": r, "system": name, "tok_s": round(s["output_tokens_per_s"], 1),
                                   "ttft_p50_ms": round(s["ttft_p50"], 1), "failed": failed}), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    cpu = next((re.sub(r".*: ", "", ln) for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
     med = {k: statistics.median(v) for k, v in tok.items()}
-    summary = {"machine": f"{cpu}, {os.cpu_count()} cores", "commit": commit,
-               "command": "python -m ortllm.bench.serve_ray " + " ".join(sys.argv[1:]),
+    summary = {**provenance(command("python -m ortllm.bench.serve_ray")),
                "concurrency": CONCURRENCY, "requests": REQUESTS, "max_tokens": MAX_TOKENS,
                **{f"{k} tok/s": f"{med[k]:.1f} (min {min(v):.1f}, max {max(v):.1f})" for k, v in tok.items()},
                "ratio ray/single": round(med["ray 2x1"] / med["single 1x2"], 3)}

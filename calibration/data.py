@@ -20,6 +20,8 @@ import importlib.metadata
 import inspect
 import json
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -130,10 +132,21 @@ def _docs_of(module_name: str) -> list[str]:
 
 @lru_cache(maxsize=1)
 def corpus_documents(seed: int = CORPUS_SEED) -> tuple[str, ...]:
-    """Docstrings of CORPUS_MODULES (module and public members), shuffled with `seed`."""
+    """Docstrings of CORPUS_MODULES (module and public members), shuffled with `seed`.
+
+    Read in a fresh interpreter: other libraries replace stdlib members at import (Ray patches
+    inspect.isgenerator), which dropped a docstring from the corpus in a process that had imported them, so
+    the fidelity stream (and the quality gates' figures) depended on the process's history."""
+    code = ("import json, sys; from ortllm.calibration.data import _fresh_corpus; "
+            f"json.dump(_fresh_corpus({int(seed)}), sys.stdout)")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
+    return tuple(json.loads(out.stdout))
+
+
+def _fresh_corpus(seed: int) -> list[str]:
     docs = [d for m in CORPUS_MODULES for d in _docs_of(m)]
     random.Random(seed).shuffle(docs)
-    return tuple(docs)
+    return docs
 
 
 # ---------------------------------------------------------------- token streams
