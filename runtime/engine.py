@@ -26,12 +26,12 @@ from .artifact import load_artifact
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .contract import TOKENIZER as TOKENIZER_JSON
-from .errors import EngineDeadError, InvalidTokenIds, OrtllmError, PromptTooLong
+from .errors import EngineDeadError, InvalidTokenIds, OrtllmError
 from .guided import GuidedDecoding, consume, unpack_mask
 from .model_runner import ModelRunner, logits_rows
 from .sampler import RowState, Sampler, TokenLogprobs, log_softmax, request_generator
 from .speculative import accept
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, fit_max_tokens
 from .scheduler import ERROR, ModelRunnerOutput, Scheduler, SchedulerOutput
 from .tokenizer import Tokenizer
 
@@ -200,10 +200,13 @@ class Engine:
             if bad:
                 raise InvalidTokenIds(f"logit_bias token ids must be in [0, {self.runner.vocab_size}); got {bad[:5]}")
         ids = self.encode_prompt(prompt)
-        if len(ids) + params.max_tokens > self.context_length and len(ids) < self.context_length:
-            params = SamplingParams(**{**params.__dict__, "max_tokens": self.context_length - len(ids)})
-        elif len(ids) >= self.context_length:
-            raise PromptTooLong(len(ids), self.context_length - 1, what="the model's context length")
+        room, what = self.context_length, "the model's context length"
+        mml = self.config.scheduler.max_model_len
+        if mml is not None and mml < room:
+            room, what = mml, "max_model_len"
+        max_tokens = fit_max_tokens(len(ids), params.max_tokens, room, what)   # the one context rule
+        if max_tokens != params.max_tokens:
+            params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens})
         base = request_id or f"req-{next(self._ids)}"
         matcher = self.guided.compile(params.guide) if params.guide is not None else None   # InvalidGrammar: 400
         handles = []

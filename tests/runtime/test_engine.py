@@ -99,10 +99,9 @@ def test_max_tokens_past_the_context_is_capped(tiny_engine):
             engine.submit(list(range(3, 515)), GREEDY16)
 
 
-@pytest.mark.xfail(strict=True, reason="Engine.submit caps max_tokens to the context length only, so a smaller "
-                   "max_model_len still reaches the scheduler's PromptTooLong; the fix is for Engine.submit to call "
-                   "fit_max_tokens with room = min(context, max_model_len) (runtime/engine.py: another change's file)")
 def test_max_tokens_past_max_model_len_is_capped(tiny_engine):
+    """Regression: Engine.submit capped max_tokens to the context length only, so a smaller max_model_len
+    reached the scheduler's PromptTooLong instead of the one context rule (fit_max_tokens)."""
     with Engine.from_artifact(tiny_engine, num_blocks=64, max_model_len=256) as engine:
         out = engine.generate([list(range(3, 203))], SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
         assert len(out[0].token_ids) == 56 and out[0].finish_reason == "length"
