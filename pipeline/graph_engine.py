@@ -19,7 +19,7 @@ from onnx import TensorProto
 from ortllm.runtime import contract as C
 
 from .graph_blocks import lm_head, project, rms_norm, rope_tables
-from .graph_qlinear import embedding, qlinear, qlinear_ready
+from .graph_qlinear import EMBED_TABLE, embedding, qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
@@ -154,12 +154,12 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     cos_t, sin_t = rope_tables(cfg)
     batch["cos"], batch["sin"] = g.weight("model.rope.cos", cos_t), g.weight("model.rope.sin", sin_t)
 
-    x = embedding(g, ids, w["model.embed_tokens.weight"], quant)                      # [T, H]
+    x = embedding(g, ids, w[EMBED_TABLE], quant)                      # [T, H]
     for i in range(cfg.num_layers):
         x = attention(g, cfg, x, w, i, batch, kv, block_size, quant, kv_rotate)
         x = mlp(g, cfg, x, w, i, batch["adapter"], quant)
 
     # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
     x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)
-    g.identity(head(g, x, weights, "model.embed_tokens.weight", quant), logits_out, "/lm_head/logits")
+    g.identity(head(g, x, weights, EMBED_TABLE, quant), logits_out, "/lm_head/logits")
     g.save(model_path, "ortllm_engine", doc="ortllm engine graph (paged KV, QLinear, multi-LoRA)", metadata=metadata)

@@ -72,6 +72,7 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
                 bits=q.bits, block_size=q.block_size, epilogue=epilogue, packed_a=1, **attrs)
 
 EMBED_BLOCK = 32
+EMBED_TABLE = "model.embed_tokens.weight"     # HF name, and the fp32 table's initializer a tied fp32 head reads
 
 
 def embedding(g: GraphBuilder, ids: str, table: np.ndarray, quant) -> str:
@@ -81,7 +82,7 @@ def embedding(g: GraphBuilder, ids: str, table: np.ndarray, quant) -> str:
 
         ids -> GatherBlockQuantized(codes [V, H] u8, scales [V, H / 32]) -> x [T, H]
     """
-    name = "model.embed_tokens.weight"
+    name = EMBED_TABLE
     if quant is None or quant.lm_head == "fp32" or table.shape[1] % EMBED_BLOCK:
         return g.op("Gather", [g.weight(name, table), ids], "/model/embed_tokens", axis=0)
     q = RTNQuantizer(8, EMBED_BLOCK, symmetric=True).quantize(table)
