@@ -262,7 +262,13 @@ class Ingress:
                           "replica would differ): add them to the artifact with `ortllm adapters add` and "
                           "redeploy", "not_supported_on_ray")
         body = await request.body()
-        return await self._forward(method, path, request.url.query.encode(), list(request.headers.items()), body)
+        try:
+            return await self._forward(method, path, request.url.query.encode(), list(request.headers.items()),
+                                       body)
+        except Exception as e:      # noqa: BLE001 — the client gets the error envelope, the log the traceback
+            log.exception("request failed in the ingress", extra={"path": path})
+            return _error(500, f"the request failed in the ingress ({type(e).__name__}); retry, and report it if "
+                          "it persists", "internal_error")
 
     # ------------------------------------------------ forwarding
     async def _forward(self, method, path, query, headers, body):
@@ -297,14 +303,15 @@ class Ingress:
         resp_headers = {k: v for k, v in start["headers"] if k.lower() not in ("content-length", "transfer-encoding")}
         resp_headers["X-Ortllm-Replica"] = start["replica"]
         if not resp_headers.get("Content-Type", "").startswith("text/event-stream"):
-            rest = b"".join([c async for c in gen])
-            return Response(b"".join(head) + rest, status_code=start["status"], headers=resp_headers)
+            return Response(b"".join(head), status_code=start["status"], headers=resp_headers)
         return StreamingResponse(self._stream(gen, head), status_code=start["status"], headers=resp_headers)
 
     @staticmethod
     async def _start(gen) -> tuple[dict, list[bytes]]:
-        """The replica's start item, and for a stream its chunks up to the first one past the chat role
-        chunk (no token has reached the client before this returns, so a failure here can be retried)."""
+        """The replica's start item and then, for a stream, its chunks up to the first one past the chat role
+        chunk; for any other response, its whole body. No byte has reached the client before this returns, so
+        a replica that dies during it is retried (a replica killed between its start item and a non-streamed
+        body used to surface as the proxy's bare 500)."""
         start = await gen.__anext__()
         head: list[bytes] = []
         if any(k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in start["headers"]):
@@ -312,6 +319,8 @@ class Ingress:
                 head.append(chunk)
                 if b'"delta":{"role":"assistant","content":""}' not in chunk:
                     break
+        else:
+            head = [c async for c in gen]
         return start, head
 
     async def _stream(self, gen, head: list[bytes]):
