@@ -144,8 +144,10 @@ def decoder_layers(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, attention
 
 
 def lm_head(g: GraphBuilder, x: str, weights, embed: str, quant=None) -> str:
-    """x [N, H] -> logits [N, V]: MatMulNBits on the [V, H] weight when the plan quantizes it (the embedding
-    stays fp32 for Gather), else Gemm(transB) on it, so a tied embedding is stored once."""
+    """x [N, H] -> logits [N, V] where QLinear does not run it (the portable graph; the engine graph's fp32
+    builds and the splits `--keep` holds back): MatMulNBits (+ the block-offset term) on the [V, H] weight when
+    the plan quantizes it, else Gemm(transB) on it, so a tied embedding is stored once. The engine graph's
+    quantized head is a QLinear (graph_engine.head)."""
     q_head = quant.quantize("lm_head.weight", weights.lm_head()) if quant is not None else None
     if q_head is not None:
         y = matmul_nbits(g, x, q_head, "/lm_head", quant.accuracy_level)

@@ -221,6 +221,10 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
       for (int i = 0; i < nt; ++i) {
         const int64_t t = ts + i;
         float* v = base + 8 * i;
+        if (a.n_outputs > 1) {  // split outputs: a.y is output 0 alone, [T, width_0], not [T, ycols]
+          store_split(a, t, c0, static_cast<int>(std::min<int64_t>(8, N - c0)), v);
+          continue;
+        }
         float* y = a.y + t * ycols + c0;
         if (swiglu) {
           c.isa->silu_mul8(v, up + 8 * i, act);
@@ -231,8 +235,6 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
         if (d.epilogue == QLinearEpilogue::kResidual) {
           const float* res = a.residual + t * N + c0;
           for (int r = 0; r < cols; ++r) y[r] = res[r] + v[r];
-        } else if (a.n_outputs > 1) {
-          store_split(a, t, c0, cols, v);
         } else {
           for (int r = 0; r < cols; ++r) y[r] = v[r];
         }
