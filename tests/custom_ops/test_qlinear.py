@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -293,30 +294,59 @@ def test_batch_invariance(epilogue, form):
     np.testing.assert_array_equal(got, full, err_msg="chunked slices")
 
 
-_SCALAR_SCRIPT = """
+_ISA_SCRIPT = """
 import json, sys, numpy as np
 sys.path.insert(0, {repo!r})
 from tests.custom_ops import test_qlinear as t
-out = {{}}
-for form in ("int4", "int8"):
-    for epi in ("none", "residual"):
-        w, x, extra = t._invariance_case(epi, form)
-        out[form + epi] = t.run(w, x, epi, **extra).tobytes().hex()
-print(json.dumps(out))
+print(json.dumps({{"isa": t.ops_isa(), "out": {{key: t.run(*t._isa_case(key)[:3], **t._isa_case(key)[3]).tobytes().hex()
+                                            for key in t.ISA_CASES}}}}))
 """
+ISA_CASES = [f"{form}-{epi}-b{bs}" for form in ("int4", "int8") for epi in ("none", "residual") for bs in (32, 64, 128)]
 
 
-def test_scalar_path_matches_avx2_bitwise():
-    """ORTLLM_OPS_ISA=scalar (the portable fallback) gives the same bits as the default path: the same float
-    operations in the same order (std::fma where the vector path fuses)."""
-    script = _SCALAR_SCRIPT.format(repo=str(REPO))
-    env = dict(os.environ, ORTLLM_OPS_ISA="scalar")
-    scalar = json.loads(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                                       check=True, cwd=REPO).stdout)
-    for form in ("int4", "int8"):
-        for epi in ("none", "residual"):
-            w, x, extra = _invariance_case(epi, form)
-            assert run(w, x, epi, **extra).tobytes().hex() == scalar[form + epi], (form, epi)
+@functools.lru_cache(maxsize=None)
+def _isa_case(key):
+    form, epi, bs = key.split("-")
+    w, x, extra = _invariance_case(epi, form)
+    return weight(w.k, w.n, form, bs=int(bs[1:]), seed=3), x, epi, extra
+
+
+def ops_isa() -> str:
+    import ctypes
+
+    from ortllm.runtime.ops_library import ops_library_path
+    f = ctypes.CDLL(str(ops_library_path())).OrtllmOpsIsa
+    f.restype = ctypes.c_char_p
+    return f().decode()
+
+
+def _cpu_has_vnni() -> bool:
+    flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    return {"avx2", "avx512f", "avx512vl", "avx512bw", "avx512_vnni"} <= set(flags.split())
+
+
+@pytest.mark.parametrize("forced", ["scalar", "avx2"])
+def test_every_isa_gives_the_same_bits(forced):
+    """ORTLLM_OPS_ISA=scalar (the portable fallback) and =avx2 (no VNNI) give the same bits as the default path
+    (AVX-512 VNNI where the CPU has it): the integer dots are exact in any order, and the float operations are
+    the same in the same order (std::fma where the vector path fuses). int4 and int8, blocks of 32, 64 and 128
+    (several sub-blocks per block: the VNNI path's accumulator chains)."""
+    script = _ISA_SCRIPT.format(repo=str(REPO))
+    env = dict(os.environ, ORTLLM_OPS_ISA=forced)
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    other = json.loads(res.stdout)
+    assert other["isa"] == forced or (forced == "avx2" and other["isa"] == "scalar"), other["isa"]
+    for key in ISA_CASES:
+        w, x, epi, extra = _isa_case(key)
+        assert run(w, x, epi, **extra).tobytes().hex() == other["out"][key], (forced, key, ops_isa())
+
+
+def test_vnni_path_is_taken_where_the_cpu_has_it():
+    """On a CPU with AVX-512 VNNI (+VL, BW) QLinear's integer dots run on it; elsewhere the AVX2 path."""
+    if os.environ.get("ORTLLM_OPS_ISA"):
+        pytest.skip(f"ORTLLM_OPS_ISA={os.environ['ORTLLM_OPS_ISA']} forces a path")
+    assert ops_isa() == ("avx512vnni" if _cpu_has_vnni() else "avx2")
 
 
 # ---------------------------------------------------------------- bad input

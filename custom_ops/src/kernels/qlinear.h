@@ -123,6 +123,9 @@ struct QLinearIsa {
 
 const QLinearIsa& qlinear_scalar_isa();
 const QLinearIsa* qlinear_avx2_isa();  // nullptr without an AVX2 build
-const QLinearIsa& qlinear_isa();       // follows vec(): AVX2 where vec() chose it, else scalar
+const QLinearIsa* qlinear_vnni_isa();  // nullptr without an AVX2 build or a CPU with AVX-512 VNNI (+VL, BW)
+// Follows vec() (scalar where it chose scalar); on AVX2, the VNNI table where the CPU has it unless
+// ORTLLM_OPS_ISA=avx2. Every table gives the same bits (tests compare them).
+const QLinearIsa& qlinear_isa();
 
 }  // namespace ortllm

@@ -25,15 +25,7 @@ namespace ortllm {
 namespace avx2 {
 namespace {
 
-inline __m256i bcast_word(const int8_t* p) {
-  int32_t w;
-  std::memcpy(&w, p, 4);
-  return _mm256_set1_epi32(w);
-}
-
-inline __m256 load_f16x8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+#include "qlinear_group_dot.h"
 
 // Rounds to nearest even like std::nearbyint in the default mode.
 void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
@@ -75,104 +67,54 @@ void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* 
   }
 }
 
-// isum[t] += the 8 rows' integer dots with token t over one int4 sub-block (128 bytes).
-template <int NT>
-inline void sub_dot4(const uint8_t* sub, const int8_t* const* qs, __m256i* isum) {
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256i lo[4], hi[4];
-  for (int j = 0; j < 4; ++j) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * j));
-    lo[j] = _mm256_and_si256(w, low);
-    hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-  }
-  for (int t = 0; t < NT; ++t) {
-    const int8_t* x = qs[t];
-    __m256i p = _mm256_maddubs_epi16(lo[0], bcast_word(x));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[0], bcast_word(x + 4)));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[1], bcast_word(x + 8)));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[1], bcast_word(x + 12)));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[2], bcast_word(x + 16)));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[2], bcast_word(x + 20)));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[3], bcast_word(x + 24)));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[3], bcast_word(x + 28)));
-    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
-  }
-}
-
-// The same over one int8 sub-block (256 bytes): |w| x sign(x, w), widened per chunk (a pair of
-// products reaches 2 * 128 * 127, so int16 sums would overflow).
-template <int NT>
-inline void sub_dot8(const uint8_t* sub, const int8_t* const* qs, __m256i* isum) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int i = 0; i < 8; ++i) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * i));
-    const __m256i aw = _mm256_abs_epi8(w);
+// Integer dots by _mm256_maddubs_epi16: int4 sums a sub-block's 8 products per row pair in int16 (each lane
+// at most 16 * 15 * 127 = 30480, no overflow) and widens once by _mm256_madd_epi16; int8 uses
+// |w| x sign(x, w) and widens each product pair (2 * 128 * 127 would overflow an int16 sum).
+struct Dots {
+  template <int NT>
+  static void sub4(const uint8_t* sub, const int8_t* const* qs, __m256i* isum) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i v[8];
+    unpack4(sub, v);
     for (int t = 0; t < NT; ++t) {
-      const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast_word(qs[t] + 4 * i), w));
+      const int8_t* x = qs[t];
+      __m256i p = _mm256_maddubs_epi16(v[0], bcast_word(x));
+      for (int j = 1; j < 8; ++j) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(v[j], bcast_word(x + 4 * j)));
       isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
     }
   }
-}
 
-template <int NT, int BITS>
-void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
-  const int sub_blocks = g.bs / 32, sub_bytes = 32 * BITS;
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  const uint8_t* codes = g.codes;
-  for (int b = 0; b < g.kb; ++b) {
-    __m256i isum[NT];
-    const int8_t* qs[NT];
-    for (int t = 0; t < NT; ++t) {
-      isum[t] = _mm256_setzero_si256();
-      qs[t] = x.q + t * x.q_stride + b * g.bs;
-    }
-    for (int s = 0; s < sub_blocks; ++s, codes += sub_bytes) {
-      if (BITS == 4) {
-        sub_dot4<NT>(codes, qs, isum);
-      } else {
-        sub_dot8<NT>(codes, qs, isum);
+  template <int NT>
+  static void sub8(const uint8_t* sub, const int8_t* const* qs, __m256i* isum) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < 8; ++i) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * i));
+      const __m256i aw = _mm256_abs_epi8(w);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast_word(qs[t] + 4 * i), w));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
       }
-      for (int t = 0; t < NT; ++t) qs[t] += 32;
-    }
-    const __m256 d = load_f16x8(g.d + b * 8);
-    for (int t = 0; t < NT; ++t) {
-      const int tb = t * g.kb + b;
-      const __m256i v = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(x.zsum[tb]));
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.dx[tb])), _mm256_cvtepi32_ps(v), acc[t]);
-    }
-    if (g.m) {
-      const __m256 m = load_f16x8(g.m + b * 8);
-      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sx[t * g.kb + b]), acc[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + 8 * t, acc[t]);
-}
 
-template <int BITS>
-void group_dot_bits(const QGroup& g, const QTokens& x, int nt, float* out) {
-  switch (nt) {
-    case 4:
-      group_dot_t<4, BITS>(g, x, out);
-      break;
-    case 3:
-      group_dot_t<3, BITS>(g, x, out);
-      break;
-    case 2:
-      group_dot_t<2, BITS>(g, x, out);
-      break;
-    default:
-      group_dot_t<1, BITS>(g, x, out);
-      break;
+  template <int NT, int BITS>
+  static const uint8_t* block(const uint8_t* codes, int sub_blocks, const int8_t* const* qs, __m256i* isum) {
+    const int8_t* q[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256(), q[t] = qs[t];
+    for (int s = 0; s < sub_blocks; ++s, codes += 32 * BITS) {
+      if (BITS == 4) {
+        sub4<NT>(codes, q, isum);
+      } else {
+        sub8<NT>(codes, q, isum);
+      }
+      for (int t = 0; t < NT; ++t) q[t] += 32;
+    }
+    return codes;
   }
-}
+};
 
 void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
-  if (g.bits == 4) {
-    group_dot_bits<4>(g, x, nt, out);
-  } else {
-    group_dot_bits<8>(g, x, nt, out);
-  }
+  group_dot_any<Dots>(g, x, nt, out);
 }
 
 template <int NT>

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string_view>
 
 #include "qlinear.h"
@@ -103,7 +104,10 @@ const QLinearIsa& qlinear_scalar_isa() {
 const QLinearIsa& qlinear_isa() {
   static const QLinearIsa* chosen = [] {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
-    return (avx2 && vec().name == std::string_view("avx2")) ? avx2 : &qlinear_scalar_isa();
+    if (avx2 == nullptr || vec().name != std::string_view("avx2")) return &qlinear_scalar_isa();
+    const char* force = std::getenv("ORTLLM_OPS_ISA");
+    const QLinearIsa* vnni = force && std::string_view(force) == "avx2" ? nullptr : qlinear_vnni_isa();
+    return vnni ? vnni : avx2;
   }();
   return *chosen;
 }

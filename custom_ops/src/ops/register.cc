@@ -196,9 +196,10 @@ __attribute__((visibility("default"))) int OrtllmOpsAbiVersion() {
   return ORTLLM_OPS_ABI_VERSION;
 }
 
-// "avx2" or "scalar": the kernel path this CPU (and ORTLLM_OPS_ISA) selects.
+// The kernel path this CPU (and ORTLLM_OPS_ISA=scalar|avx2) selects: "scalar", "avx2", or "avx512vnni"
+// (AVX2 kernels, with QLinear's integer dots on AVX-512 VNNI).
 __attribute__((visibility("default"))) const char* OrtllmOpsIsa() {
-  return ortllm::vec().name;
+  return ortllm::qlinear_isa().name;
 }
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,

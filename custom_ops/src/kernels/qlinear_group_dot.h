@@ -1,0 +1,87 @@
+// The QLinear group micro-kernel's outer loop, shared by the AVX2 and the AVX-512 VNNI translation
+// units. Include it only inside an anonymous namespace of such a unit, after its
+// `#pragma GCC target(...)` and every system header: each unit then compiles its own internal copy
+// for its own ISA (an inline function with external linkage could be merged across units by the
+// linker, and an AVX2-only machine would run the AVX-512 copy).
+//
+// Each unit defines a `struct Dots` with
+//   template <int NT, int BITS> static const uint8_t* block(const uint8_t* codes, int sub_blocks,
+//                                                            const int8_t* const* qs, __m256i* isum);
+// which sets isum[t] (t < NT) to the 8 rows' exact integer dots with token t over one block of
+// `sub_blocks` sub-blocks of 32 codes and returns the codes past the block, and its group_dot as
+// group_dot_any<Dots>. Integer sums are exact in
+// any order, so every ISA gives the same isum; the float epilogue below is one sequence of operations
+// per output, the same in every unit and for every NT: the same bits whatever the ISA or the batch.
+
+inline __m256i bcast_word(const int8_t* p) {
+  int32_t w;
+  std::memcpy(&w, p, 4);
+  return _mm256_set1_epi32(w);
+}
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The 8 rows' int4 codes of one sub-block (128 bytes) as 8 vectors of 32 unsigned bytes: vector 2j
+// holds, in each 32-bit lane (one row), the codes of elements 8j..8j+3, vector 2j + 1 those of 8j+4..8j+7.
+inline void unpack4(const uint8_t* sub, __m256i* v) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * j));
+    v[2 * j] = _mm256_and_si256(w, low);
+    v[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+  }
+}
+
+template <class Dots, int NT, int BITS>
+void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
+  const int sub_blocks = g.bs / 32;
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  const uint8_t* codes = g.codes;
+  for (int b = 0; b < g.kb; ++b) {
+    __m256i isum[NT];
+    const int8_t* qs[NT];
+    for (int t = 0; t < NT; ++t) qs[t] = x.q + t * x.q_stride + b * g.bs;
+    codes = Dots::template block<NT, BITS>(codes, sub_blocks, qs, isum);
+    const __m256 d = load_f16x8(g.d + b * 8);
+    for (int t = 0; t < NT; ++t) {
+      const int tb = t * g.kb + b;
+      const __m256i v = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(x.zsum[tb]));
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.dx[tb])), _mm256_cvtepi32_ps(v), acc[t]);
+    }
+    if (g.m) {
+      const __m256 m = load_f16x8(g.m + b * 8);
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sx[t * g.kb + b]), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+template <class Dots, int BITS>
+void group_dot_bits(const QGroup& g, const QTokens& x, int nt, float* out) {
+  switch (nt) {
+    case 4:
+      group_dot_t<Dots, 4, BITS>(g, x, out);
+      break;
+    case 3:
+      group_dot_t<Dots, 3, BITS>(g, x, out);
+      break;
+    case 2:
+      group_dot_t<Dots, 2, BITS>(g, x, out);
+      break;
+    default:
+      group_dot_t<Dots, 1, BITS>(g, x, out);
+      break;
+  }
+}
+
+template <class Dots>
+void group_dot_any(const QGroup& g, const QTokens& x, int nt, float* out) {
+  if (g.bits == 4) {
+    group_dot_bits<Dots, 4>(g, x, nt, out);
+  } else {
+    group_dot_bits<Dots, 8>(g, x, nt, out);
+  }
+}
