@@ -67,6 +67,9 @@ class ModelRunner:
         if os.environ.get("ORTLLM_ORT_PROFILE"):      # ORT's per-node profile (ci/profile_step.py reads it)
             so.enable_profiling = True
             so.profile_file_prefix = os.environ["ORTLLM_ORT_PROFILE"]
+        for entry in filter(None, os.environ.get("ORTLLM_ORT_CONFIG", "").split(",")):
+            key, _, value = entry.partition("=")      # ORT session config entries to try (ci/ort_settings.py)
+            so.add_session_config_entry(key.strip(), value.strip())
         register_ops(so)
         self.session = ort.InferenceSession(str(artifact.file(C.MODEL)), so, providers=["CPUExecutionProvider"])
         self.io = self.session.io_binding()
