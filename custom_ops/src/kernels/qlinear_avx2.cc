@@ -98,9 +98,10 @@ struct Dots {
   }
 
   template <int NT, int BITS>
-  static const uint8_t* block(const uint8_t* codes, int sub_blocks, const int8_t* const* qs, __m256i* isum) {
+  static const uint8_t* block(const uint8_t* codes, int sub_blocks, const int8_t* const* qs, const int32_t* zs,
+                              __m256i* isum) {
     const int8_t* q[NT];
-    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256(), q[t] = qs[t];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_set1_epi32(-zs[t]), q[t] = qs[t];
     for (int s = 0; s < sub_blocks; ++s, codes += 32 * BITS) {
       if (BITS == 4) {
         sub4<NT>(codes, q, isum);

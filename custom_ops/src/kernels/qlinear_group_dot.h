@@ -6,9 +6,11 @@
 //
 // Each unit defines a `struct Dots` with
 //   template <int NT, int BITS> static const uint8_t* block(const uint8_t* codes, int sub_blocks,
-//                                                            const int8_t* const* qs, __m256i* isum);
+//                                                            const int8_t* const* qs, const int32_t* zs,
+//                                                            __m256i* isum);
 // which sets isum[t] (t < NT) to the 8 rows' exact integer dots with token t over one block of
-// `sub_blocks` sub-blocks of 32 codes and returns the codes past the block, and its group_dot as
+// `sub_blocks` sub-blocks of 32 codes, minus zs[t] (the token's zero-point term zp * sum(x), which seeds
+// the accumulators), and returns the codes past the block, and its group_dot as
 // group_dot_any<Dots>. Integer sums are exact in
 // any order, so every ISA gives the same isum; the float epilogue below is one sequence of operations
 // per output, the same in every unit and for every NT: the same bits whatever the ISA or the batch.
@@ -43,13 +45,13 @@ void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
   for (int b = 0; b < g.kb; ++b) {
     __m256i isum[NT];
     const int8_t* qs[NT];
-    for (int t = 0; t < NT; ++t) qs[t] = x.q + t * x.q_stride + b * g.bs;
-    codes = Dots::template block<NT, BITS>(codes, sub_blocks, qs, isum);
+    int32_t zs[NT];
+    for (int t = 0; t < NT; ++t) qs[t] = x.q + t * x.q_stride + b * g.bs, zs[t] = x.zsum[t * g.kb + b];
+    codes = Dots::template block<NT, BITS>(codes, sub_blocks, qs, zs, isum);
     const __m256 d = load_f16x8(g.d + b * 8);
     for (int t = 0; t < NT; ++t) {
       const int tb = t * g.kb + b;
-      const __m256i v = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(x.zsum[tb]));
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.dx[tb])), _mm256_cvtepi32_ps(v), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.dx[tb])), _mm256_cvtepi32_ps(isum[t]), acc[t]);
     }
     if (g.m) {
       const __m256 m = load_f16x8(g.m + b * 8);

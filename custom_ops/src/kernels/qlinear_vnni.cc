@@ -24,13 +24,15 @@ namespace {
 #include "qlinear_group_dot.h"
 
 struct Dots {
-  static constexpr int kChains = 4;  // accumulators per token and block (rotated per 4-byte word)
-
   template <int NT, int BITS>
-  static const uint8_t* block(const uint8_t* codes, int sub_blocks, const int8_t* const* qs, __m256i* isum) {
+  static const uint8_t* block(const uint8_t* codes, int sub_blocks, const int8_t* const* qs, const int32_t* zs,
+                              __m256i* isum) {
+    constexpr int kChains = NT == 1 ? 4 : 2;  // accumulators per token (rotated per 4-byte word): >= 8 in all
     __m256i a[NT][kChains];
-    for (int t = 0; t < NT; ++t)
-      for (int c = 0; c < kChains; ++c) a[t][c] = _mm256_setzero_si256();
+    for (int t = 0; t < NT; ++t) {
+      a[t][0] = _mm256_set1_epi32(-zs[t]);
+      for (int c = 1; c < kChains; ++c) a[t][c] = _mm256_setzero_si256();
+    }
     for (int s = 0; s < sub_blocks; ++s, codes += 32 * BITS) {
       if (BITS == 4) {
         __m256i v[8];
@@ -43,13 +45,15 @@ struct Dots {
           const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * j));
           const __m256i aw = _mm256_abs_epi8(w);
           for (int t = 0; t < NT; ++t)
-            a[t][j % kChains] = _mm256_dpbusd_epi32(a[t][j % kChains], aw,
-                                                    _mm256_sign_epi8(bcast_word(qs[t] + 32 * s + 4 * j), w));
+            a[t][j % kChains] =
+                _mm256_dpbusd_epi32(a[t][j % kChains], aw, _mm256_sign_epi8(bcast_word(qs[t] + 32 * s + 4 * j), w));
         }
       }
     }
-    for (int t = 0; t < NT; ++t)
-      isum[t] = _mm256_add_epi32(_mm256_add_epi32(a[t][0], a[t][1]), _mm256_add_epi32(a[t][2], a[t][3]));
+    for (int t = 0; t < NT; ++t) {
+      isum[t] = _mm256_add_epi32(a[t][0], a[t][1]);
+      if (kChains == 4) isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(a[t][2 % kChains], a[t][3 % kChains]));
+    }
     return codes;
   }
 };
@@ -73,8 +77,8 @@ const QLinearIsa* qlinear_vnni_isa() {
     if (avx2 == nullptr || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vl") ||
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vnni"))
       return nullptr;
-    static const QLinearIsa table{"avx512vnni",         avx2->quantize_row, vnni::group_dot, avx2->lora_shrink,
-                                  avx2->lora_expand8, avx2->silu_mul8};
+    static const QLinearIsa table{"avx512vnni",      avx2->quantize_row, vnni::group_dot,
+                                  avx2->lora_shrink, avx2->lora_expand8, avx2->silu_mul8};
     return &table;
   }();
   return isa;
