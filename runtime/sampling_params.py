@@ -47,7 +47,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling (OpenAI)
     guide: Guide | None = None          # structured output: only tokens the grammar allows are sampled
     prompt_logprobs: bool = False       # logprob of every prompt token after the first (echo; no prefix cache)
-    speculative: bool = True            # prompt-lookup drafts when the engine has them on (same tokens either way)
+    speculative: bool = True            # drafts: prompt lookup when the engine has it on, a guide's forced tokens
+                                        # (the same tokens either way; False: one step per token)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
