@@ -4,7 +4,8 @@
     guided_json / guided_regex / guided_choice           -> Guide (completions and chat, vLLM's names)
     tools + tool_choice                                  -> ToolSpec: the prompt describes the tools; "required"
                                                             and a named function force a call through a Guide
-    the generated text                                   -> message.tool_calls (parse_tool_calls)
+    the generated text                                   -> message.tool_calls (tool_calls.ToolCallParser,
+                                                            streamed as OpenAI streams them)
 
 A call is generated as one JSON object {"name": ..., "arguments": {...}} (the shape SmolLM2 and Hermes-style
 templates use inside <tool_call> tags); with tool_choice "auto" the model may also answer in text, and a reply
@@ -20,10 +21,12 @@ from dataclasses import dataclass
 from ortllm.runtime.sampling_params import Guide
 
 from .errors import bad_request
+from .tool_calls import CLOSE as TOOL_CALL_CLOSE
+from .tool_calls import OPEN as TOOL_CALL_OPEN
+from .tool_calls import ToolCallParser
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 128
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 def check_schema(schema, param: str) -> dict:
@@ -109,6 +112,10 @@ class ToolSpec:
                    for t in chosen]
         return Guide("json_schema", options[0] if len(options) == 1 else {"anyOf": options}, "tools")
 
+    def reader(self, call_id: str) -> ToolCallParser:
+        """A parser for one reply (call ids call_{call_id}_{k})."""
+        return ToolCallParser(self.names, call_id)
+
     def system_prompt(self) -> str:
         """The tools described for templates that do not render them (SmolLM2-135M's does not)."""
         listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in self.tools)
@@ -188,34 +195,3 @@ def render_messages(messages: list[dict], tools: ToolSpec | None, template_takes
         else:
             out.insert(0, {"role": "system", "content": sys})
     return out
-
-
-def parse_tool_calls(text: str, tools: ToolSpec) -> list[dict] | None:
-    """The calls in a reply: one JSON object {name, arguments}, bare or in <tool_call> tags; None if it is text."""
-    s = text.strip()
-    bodies = re.findall(re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_CLOSE), s, re.S)
-    if not bodies and s.startswith("{"):
-        bodies = [s]
-    calls = []
-    for b in bodies:
-        try:
-            obj = json.loads(b)
-        except ValueError:
-            return None
-        if not (isinstance(obj, dict) and obj.get("name") in tools.names and isinstance(obj.get("arguments"), dict)):
-            return None
-        calls.append(obj)
-    return calls or None
-
-
-def tool_call_items(calls: list[dict], call_id: str) -> list[dict]:
-    """OpenAI's message.tool_calls; arguments travel as a JSON string."""
-    return [{"id": f"call_{call_id}_{i}", "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-            for i, c in enumerate(calls)]
-
-
-def could_be_tool_call(text: str) -> bool:
-    """While streaming with tool_choice auto: hold text back as long as it may still turn into a call."""
-    s = text.lstrip()
-    return s.startswith("{") or s.startswith(TOOL_CALL_OPEN) or TOOL_CALL_OPEN.startswith(s)

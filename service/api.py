@@ -19,7 +19,6 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
 
 from ortllm.protocol import openai as protocol
-from ortllm.protocol import structured
 from ortllm.protocol.generation import (logprobs_of, prepare_all, resolve_adapter, response_body_n, response_id,
                                         token_text_of, usage_of)
 
@@ -319,33 +318,24 @@ class Call:
 
     def _sse_events(self) -> Iterator[bytes]:
         chat, tools = self.kind == "chat", self.req.tools
-        forced = tools is not None and tools.choice != "auto"
-        held = [tools is not None for _ in self.handles]    # text held back while it may be a tool call
-        text = [""] * len(self.handles)
+        # with tools, each reply goes through the parser the non-streamed answer uses (tool_calls.py)
+        readers = [tools.reader(f"{self.request_id}_{i}") if tools else None for i in range(len(self.handles))]
         outs: list[CompletionOutput | None] = [None] * len(self.handles)
         if chat:
             for i in range(len(self.handles)):
                 yield _sse(self._chunk(i, {"role": "assistant", "content": ""}))
         for i, delta, finish in self.events():
-            text[i] += delta
-            lp = self._new_logprobs(i)
-            if held[i] and not forced and not structured.could_be_tool_call(text[i]):
-                held[i], delta = False, text[i]              # plain text after all: send what was held
-            if delta and not held[i]:
-                yield _sse(self._chunk(i, {"content": delta} if chat else delta, lp=lp))
+            if readers[i] is None:
+                deltas = [{"content": delta} if chat else delta] if delta else []
+            else:
+                deltas = readers[i].feed(delta) + (readers[i].finish() if finish is not None else [])
+            for d in deltas:          # a delta's logprobs go with its first chunk (held text: with the next)
+                yield _sse(self._chunk(i, d, lp=self._new_logprobs(i)))
             if finish is None:
                 continue
             out = outs[i] = self._finish(i, self.handles[i].result(timeout=5))
-            reason = out.finish_reason
-            if held[i]:
-                calls = structured.parse_tool_calls(out.text, tools) if reason == "stop" else None
-                if calls:
-                    items = structured.tool_call_items(calls, f"{self.request_id}_{i}")
-                    yield _sse(self._chunk(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(items)]}))
-                    reason = "tool_calls"
-                elif out.text:
-                    yield _sse(self._chunk(i, {"content": out.text}))
-            final = self._chunk(i, None if chat else "", finish=reason)
+            reason = out.finish_reason if readers[i] is None else readers[i].finish_reason(out.finish_reason)
+            final = self._chunk(i, None if chat else "", finish=reason, lp=self._new_logprobs(i))   # any left
             if all(o is not None for o in outs):               # the last choice to finish carries the usage
                 final["usage"] = usage_of(outs, self.req.n)
             yield _sse(final)

@@ -119,12 +119,17 @@ def _final(call: Call, field: str, out, text: str) -> dict:
     if h.first_token_time is not None:
         line["prompt_eval_duration"] = ns(h.first_token_time - h.submitted)
         line["eval_duration"] = ns(max(0.0, time.monotonic() - h.first_token_time))
-    if field == "message" and call.req.tools:
-        from ortllm.protocol.structured import parse_tool_calls
-        calls = parse_tool_calls(out.text, call.req.tools) if out.finish_reason == "stop" else None
+    if field == "message" and call.req.tools and out.finish_reason == "stop":
+        reader = call.req.tools.reader(call.request_id)          # the OpenAI path's parser; Ollama's arguments
+        reader.feed(out.text)                                   # are an object, not JSON text
+        reader.finish()
+        try:
+            calls = [{"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
+                     for c in reader.calls]
+        except ValueError:
+            calls = []
         if calls:
-            line["message"] = {"role": "assistant", "content": "",
-                               "tool_calls": [{"function": c} for c in calls]}
+            line["message"] = {"role": "assistant", "content": reader.content, "tool_calls": calls}
     return line
 
 
