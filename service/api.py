@@ -19,6 +19,7 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
 
 from ortllm.protocol import openai as protocol
+from ortllm.protocol.bodies import ADAPTER, CHAT, COMPLETION
 from ortllm.protocol.generation import (logprobs_of, prepare_all, resolve_adapter, response_body_n, response_id,
                                         token_text_of, usage_of)
 
@@ -26,6 +27,7 @@ from .auth import require_api_key
 from .body import read_json_object
 from .errors import APIError, ClientGone, bad_request, model_not_found, unavailable
 from .metrics import current_metrics
+from .openapi import GENERATE, READ, document, json_ok, streamed
 from .resources import EngineResource, current_resources
 
 log = logging.getLogger("ortllm.service")
@@ -36,17 +38,23 @@ _POLL_S = 0.25     # how often a waiting handler checks for a hung-up client and
 
 
 @bp.get("/models")
+@document("List the served models and their adapters", ok=json_ok("ModelList"), errors=READ)
 def list_models():
+    return jsonify({"object": "list", "data": model_cards()})
+
+
+def model_cards() -> list[dict]:
+    """Every name `model` may take, as model cards: each served model, then its adapters."""
     pool = current_resources()
     if pool.lazy:       # several models: each with its adapters (as ADAPTER and MODEL:ADAPTER), loaded or not
-        return jsonify({"object": "list", "data": [card for res in pool.models for card in _pool_cards(res)]})
+        return [card for res in pool.models for card in _pool_cards(res)]
     res = pool.default
     engine = res.require_engine()
-    names = [None, *engine.adapters.names()]
-    return jsonify({"object": "list", "data": [_model_card(res, engine, a) for a in names]})
+    return [_model_card(res, engine, a) for a in [None, *engine.adapters.names()]]
 
 
 @bp.get("/models/<path:model>")
+@document("One model or adapter", ok=json_ok("Model"), errors=(401, 404, 503), params={"model": "its id"})
 def get_model(model: str):
     res, model = current_resources().route(model)
     if res.pool is not None:
@@ -75,6 +83,8 @@ def _pool_cards(res: EngineResource) -> list[dict]:
 
 
 @bp.post("/adapters")
+@document("Load a LoRA adapter (PEFT directory on the server) and serve it as a model", body=ADAPTER,
+          ok=json_ok("Model", "the adapter's model card"), status=201, errors=(400, 401, 403, 409, 413, 415, 503))
 def load_adapter():
     """{"name": NAME, "path": PEFT_DIR on the server}: convert into the artifact and serve it as model NAME."""
     from ortllm.pipeline.adapters import add_adapter
@@ -83,10 +93,8 @@ def load_adapter():
     res = current_resources()
     engine = res.require_engine()
     _require_configured_key()
-    body = read_json_object(request)
-    name, path = body.get("name"), body.get("path")
-    if not isinstance(name, str) or not isinstance(path, str):
-        raise bad_request("send {\"name\": ADAPTER_NAME, \"path\": PEFT_DIRECTORY_ON_THE_SERVER}", param="name")
+    v = ADAPTER.read(read_json_object(request))
+    name, path = v["name"], v["path"]
     if name == res.model_name or name in engine.adapters.names():
         raise APIError(409, f"a model named {name!r} is already served; DELETE /v1/adapters/{name} first",
                        param="name", code="adapter_exists")
@@ -100,6 +108,8 @@ def load_adapter():
 
 
 @bp.delete("/adapters/<name>")
+@document("Unload an adapter: refused for new requests at once, running ones finish", ok=json_ok("ModelDeleted"),
+          errors=(401, 403, 404, 503), params={"name": "the adapter"})
 def unload_adapter(name: str):
     """Refused for new requests at once; requests already running finish; the file leaves the artifact."""
     from ortllm.pipeline.adapters import remove_adapter
@@ -122,11 +132,15 @@ def _require_configured_key() -> None:
 
 
 @bp.post("/completions")
+@document("Complete a prompt (stream: server-sent events)", body=COMPLETION, errors=GENERATE,
+          ok=streamed("Completion", "text/event-stream", "the completion"))
 def completions():
     return _generate("completions", protocol.parse_completion(read_json_object(request)))
 
 
 @bp.post("/chat/completions")
+@document("Answer a conversation, call tools (stream: server-sent events)", body=CHAT, errors=GENERATE,
+          ok=streamed("ChatCompletion", "text/event-stream", "the answer"))
 def chat_completions():
     return _generate("chat", protocol.parse_chat(read_json_object(request)))
 

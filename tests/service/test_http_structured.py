@@ -235,7 +235,7 @@ BAD = [
     ("schema-not-object", "chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                                                                                                "schema": 5}}},
      "response_format.json_schema.schema"),
-    ("response-format-type", "chat", {"response_format": {"type": "yaml"}}, "response_format"),
+    ("response-format-type", "chat", {"response_format": {"type": "yaml"}}, "response_format.type"),
     ("unknown-function", "chat", {"tools": [WEATHER], "tool_choice": {"type": "function",
                                                                       "function": {"name": "launch"}}}, "tool_choice"),
     ("non-object-parameters", "chat", {"tools": [{"type": "function", "function": {
