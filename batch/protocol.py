@@ -26,7 +26,7 @@ from ortllm.protocol import generation
 from ortllm.protocol import openai as http
 from ortllm.protocol.errors import APIError, bad_request, to_api_error, unavailable
 from ortllm.protocol.generation import max_prompt_chars
-from ortllm.protocol.openai import json_type, reject_constant
+from ortllm.protocol.openai import finite_float, json_type, reject_constant
 
 CHAT, COMPLETIONS = "chat", "completions"
 URLS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
@@ -64,7 +64,7 @@ def request_id(item: LineItem) -> str:
 def parse_line(line_no: int, text: str, seen: set[str]) -> LineItem | dict:
     """A LineItem, or the error line for a malformed batch line. Adds a good line's custom_id to `seen`."""
     try:
-        obj = json.loads(text, parse_constant=reject_constant)
+        obj = json.loads(text, parse_constant=reject_constant, parse_float=finite_float)
     except (ValueError, RecursionError) as e:
         return error_line(line_no, None, "invalid_json", f"line {line_no} is not valid JSON: {e}")
     if not isinstance(obj, dict):

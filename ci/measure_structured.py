@@ -1,7 +1,8 @@
-"""Figures for docs/service.md: the per-token cost of a structured-output mask, and the aggregate throughput of a
-16-client HTTP load with a JSON schema on every request against the same load without.
+"""Figures for docs/service.md: the per-token cost of a structured-output mask, the model steps a schema with long
+fixed keys takes with its forced tokens verified as drafts against one step per token, and the aggregate
+throughput of a 16-client HTTP load with a JSON schema on every request against the same load without.
 
-    .venv/bin/python ci/measure_structured.py ARTIFACT [--clients 16] [--requests 64] [--tokens 64]
+    .venv/bin/python ci/measure_structured.py ARTIFACT [--clients 16] [--requests 64] [--tokens 64] [--rounds 0]
 """
 from __future__ import annotations
 
@@ -35,6 +36,42 @@ def mask_cost(engine, steps: int = 200) -> float:
     return statistics.median(times)
 
 
+# long fixed keys and an enum (tests/runtime/test_guided.py uses the same shape)
+ORDER = {"type": "object", "additionalProperties": False,
+         "required": ["customer_full_name", "customer_shipping_address", "order_priority_level"],
+         "properties": {
+             "customer_full_name": {"type": "string", "maxLength": 20},
+             "customer_shipping_address": {
+                 "type": "object", "additionalProperties": False,
+                 "required": ["street_name_and_number", "postal_code_of_city"],
+                 "properties": {"street_name_and_number": {"type": "string", "maxLength": 30},
+                                "postal_code_of_city": {"type": "string", "maxLength": 8}}},
+             "order_priority_level": {"enum": ["standard_delivery", "express_delivery"]}}}
+
+
+def forced_steps(engine) -> dict:
+    """One request at a time: model steps and seconds with speculative=False (one step per token) and with the
+    grammar's forced tokens as drafts; the tokens must be the same."""
+    from ortllm.runtime.sampling_params import Guide, SamplingParams
+    tok = engine.tokenizer
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
+               for t in ("Make up an order as JSON.", "An express order for Ann, JSON.", "Order 3 as JSON.")]
+    out = {}
+    for name, sampling in (("greedy", {"temperature": 0.0}), ("sampled", {"temperature": 0.8, "seed": 1})):
+        row = {}
+        for on in (False, True):
+            p = SamplingParams(max_tokens=160, speculative=on, guide=Guide("json_schema", ORDER), **sampling)
+            s0, t0 = engine.stats()["steps"], time.perf_counter()
+            outs = [engine.generate([x], p)[0] for x in prompts]
+            row["on" if on else "off"] = (outs, engine.stats()["steps"] - s0, time.perf_counter() - t0)
+        (off, s_off, t_off), (on, s_on, t_on) = row["off"], row["on"]
+        assert [o.token_ids for o in off] == [o.token_ids for o in on], "forced drafts changed the tokens"
+        out[name] = {"tokens": sum(len(o.token_ids) for o in on), "steps_one_per_token": s_off,
+                     "steps_forced_drafts": s_on, "step_ratio": round(s_on / s_off, 3),
+                     "seconds_one_per_token": round(t_off, 2), "seconds_forced_drafts": round(t_on, 2)}
+    return out
+
+
 def load(live, clients: int, requests: int, tokens: int, schema: bool) -> float:
     import openai
     c = openai.OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0, timeout=600)
@@ -65,6 +102,9 @@ def main() -> None:
     live = start_live(a.artifact, ServiceConfig(http_threads=64), num_blocks=512)
     try:
         print(json.dumps({"mask_ms_per_token": round(mask_cost(live.engine), 4)}))
+        print(json.dumps({"forced_tokens": forced_steps(live.engine)}))
+        if not a.rounds:
+            return
         load(live, a.clients, a.clients, 8, False)           # warm up
         plain, guided = [], []
         for _ in range(a.rounds):                              # alternating, same run

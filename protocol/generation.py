@@ -104,14 +104,14 @@ def choice_of(kind: str, index: int, out: CompletionOutput, req: protocol.Genera
     """One entry of `choices` for a finished output (tool calls parsed, echo applied)."""
     lp = logprobs_of(kind, out.logprobs or [], req.logprobs, token_text)
     if kind == "chat":
-        msg = {"role": "assistant", "content": out.text}
-        finish = out.finish_reason
-        calls = structured.parse_tool_calls(out.text, req.tools) if req.tools and finish == "stop" else None
-        if calls:
-            msg = {"role": "assistant", "content": None,
-                   "tool_calls": structured.tool_call_items(calls, f"{request_id}_{index}")}
-            finish = "tool_calls"
-        return {"index": index, "message": msg, "logprobs": lp, "finish_reason": finish}
+        if req.tools is None:
+            return {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
+                    "finish_reason": out.finish_reason}
+        reader = req.tools.reader(f"{request_id}_{index}")      # the parser a stream of this reply uses
+        reader.feed(out.text)
+        reader.finish()
+        return {"index": index, "message": reader.message(), "logprobs": lp,
+                "finish_reason": reader.finish_reason(out.finish_reason)}
     text = out.text
     if req.echo:
         text = prompt[0]() + ("" if req.echo_only else out.text)

@@ -2,25 +2,21 @@
 
 Flask-free (tests/test_layering.py): the HTTP service and the batch job (`ortllm batch`) share it.
 
-Every type and range problem is raised here as a 400 naming the field (`param`), before the engine sees it;
-the engine's own validation (SamplingParams.validate, token ids, context) is the second line and maps to the
-same envelope."""
+The bodies are declared in bodies.py: read() checks every field against its schema (a 400 naming it), and
+what a schema cannot say (one field's meaning depending on another) is checked here, before the engine sees
+the request; the engine's own validation (SamplingParams.validate, token ids, context) is the second line and
+maps to the same envelope."""
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
 
-from ortllm.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
+from ortllm.runtime.sampling_params import SamplingParams
 
 from . import structured
+from .bodies import CHAT, COMPLETION
 from .errors import bad_request
-
-MAX_STOP = 4            # OpenAI's limit on stop strings
-MAX_N = 8               # completions per prompt (n): one prefill, n continuations
-MAX_PROMPTS = 32        # prompts in one /v1/completions request
-MAX_TOP_LOGPROBS = 5    # OpenAI's limit on completions' `logprobs` / chat's `top_logprobs`
-assert MAX_TOP_LOGPROBS <= MAX_LOGPROBS
 
 
 def parse_json_object(raw: bytes) -> dict:
@@ -33,7 +29,7 @@ def parse_json_object(raw: bytes) -> dict:
         raise bad_request(f"the request body is not valid UTF-8 (byte {e.start}); send UTF-8 JSON",
                           code="invalid_utf8") from None
     try:
-        body = json.loads(text, parse_constant=reject_constant)
+        body = json.loads(text, parse_constant=reject_constant, parse_float=finite_float)
     except (ValueError, RecursionError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -47,54 +43,18 @@ def reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def finite_float(text: str) -> float:
+    """json.loads(parse_float=...): a number too large for a double (1e999) is refused, not read as inf."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"the number {text[:30]} is out of range")
+    return v
+
+
 def json_type(v) -> str:
     """The JSON name of a parsed value's type, for messages."""
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(v), "number")
-
-
-# ---------------------------------------------------------------- typed field access
-
-def _int(body: dict, name: str, default=None, lo: int | None = None, hi: int | None = None):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        else:
-            raise bad_request(f"{name} must be an integer; got {json.dumps(v)[:60]}", param=name)
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise bad_request(f"{name} must be {rng}; got {v}", param=name)
-    return v
-
-
-def _num(body: dict, name: str, default, ok=None, allowed: str = ""):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise bad_request(f"{name} must be a number; got {json.dumps(v)[:60]}", param=name)
-    if ok is not None and not ok(v):
-        raise bad_request(f"{name} must be {allowed}; got {v}", param=name)
-    return float(v)
-
-
-def _bool(body: dict, name: str, default: bool) -> bool:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad_request(f"{name} must be true or false; got {json.dumps(v)[:60]}", param=name)
-    return v
-
-
-def _str(body: dict, name: str, default=None):
-    v = body.get(name, default)
-    if v is not None and not isinstance(v, str):
-        raise bad_request(f"{name} must be a string; got {json.dumps(v)[:60]}", param=name)
-    return v
 
 
 # ---------------------------------------------------------------- requests
@@ -116,187 +76,100 @@ class GenerationRequest:
     echo_only: bool = False               # echo with max_tokens 0: prompt logprobs, nothing generated
 
 
-def _one_prompt(prompt, where: str = "prompt"):
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request(f"{where} is empty; send at least one character", param="prompt", code="empty_prompt")
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        pass
-    else:
-        raise bad_request(f"{where} must be a non-empty string or a non-empty list of integer token ids",
-                          param="prompt")
-    return prompt
-
-
 def parse_completion(body: dict) -> GenerationRequest:
     prompt = body.get("prompt")
-    if prompt is None:
-        raise bad_request("prompt is required: a string, a list of token ids, or a list of those", param="prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
-        if len(prompt) > MAX_PROMPTS:
-            raise bad_request(f"send at most {MAX_PROMPTS} prompts per request; got {len(prompt)}", param="prompt")
-        prompts = [_one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
-    else:
-        prompts = [_one_prompt(prompt)]
-    logprobs = _int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
-    echo = _bool(body, "echo", False)
-    if _str(body, "suffix"):
-        raise bad_request("suffix is not supported; leave it null", param="suffix")
-    n = _int(body, "n", 1, lo=1, hi=MAX_N)
-    if _int(body, "best_of", n, lo=1) != n:
+    for i, p in enumerate(prompt if isinstance(prompt, list) else [prompt]):
+        if p == "":          # the schema refuses it too; this says so with OpenAI's code
+            raise bad_request("prompt" + (f"[{i}]" if isinstance(prompt, list) else "") + " is empty; send at "
+                              "least one character", param="prompt", code="empty_prompt")
+    v = COMPLETION.read(body)
+    several = isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt)
+    prompts = list(prompt) if several else [prompt]
+    echo, n, logprobs = v["echo"], v["n"], v["logprobs"]
+    if v["best_of"] not in (None, n):
         raise bad_request("best_of must equal n (ranking several candidates is not supported)", param="best_of")
-    echo_only = echo and body.get("max_tokens") == 0     # lm-eval's loglikelihood: score the prompt only
-    if echo_only:
-        body = {**body, "max_tokens": 1}
-    params, given = _sampling(body, default_max_tokens=16, logprobs=logprobs)
-    params.guide = structured.guided_fields(body)
-    stream, usage = _stream(body)
-    if echo and stream:
+    echo_only = echo and v["max_tokens"] == 0     # lm-eval's loglikelihood: score the prompt only
+    if v["max_tokens"] == 0 and not echo:
+        raise bad_request("max_tokens must be >= 1 (0 only with echo: true, to score the prompt); got 0",
+                          param="max_tokens")
+    params, given = _sampling(v, 1 if echo_only else v["max_tokens"], logprobs)
+    params.guide = structured.guided_fields(v)
+    if echo and v["stream"]:
         raise bad_request("echo cannot be combined with stream; send stream: false", param="echo")
     if echo and logprobs is not None:
         params.prompt_logprobs = True
     if len(prompts) * n > 64:
         raise bad_request(f"{len(prompts)} prompts x n={n} is more than 64 completions; send fewer", param="n")
-    return GenerationRequest(_model(body), prompts[0], None, params, given, stream, usage, logprobs, echo, n,
-                             prompts, echo_only=echo_only)
+    return GenerationRequest(v["model"], prompts[0], None, params, given, v["stream"], _include_usage(v), logprobs,
+                             echo, n, prompts, echo_only=echo_only)
 
 
 def parse_chat(body: dict) -> GenerationRequest:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list of {role, content} objects", param="messages")
+    v = CHAT.read(body)
     clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad_request(f"messages[{i}] must be an object with a string role", param="messages")
-        if m["role"] not in ("system", "user", "assistant", "developer", "tool"):
-            raise bad_request(f"messages[{i}].role must be system, user, assistant, developer or tool; "
-                              f"got {m['role']!r}", param="messages")
+    for i, m in enumerate(v["messages"]):
         content = m.get("content")
         if isinstance(content, list):     # [{"type": "text", "text": ...}, ...]
-            parts = []
-            for p in content:
-                if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                    raise bad_request(f"messages[{i}].content parts must be {{type: text, text: str}}; only text "
-                                      "is supported", param="messages")
-                parts.append(p["text"])
-            content = "".join(parts)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string or a list of text parts", param="messages")
-        msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+            content = "".join(p["text"] for p in content)
+        msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": content or ""}
         if m["role"] == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = _message_tool_calls(m["tool_calls"], i)
         clean.append(msg)
-    want_lp = _bool(body, "logprobs", False)
-    top = _int(body, "top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
-    if top is not None and not want_lp:
+    top = v["top_logprobs"]
+    if top is not None and not v["logprobs"]:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
-    logprobs = (top or 0) if want_lp else None
-    if "max_completion_tokens" in body and body.get("max_completion_tokens") is not None:
-        body = {**body, "max_tokens": body["max_completion_tokens"]}
-    guide = structured.response_format_guide(body.get("response_format"))
-    extra = structured.guided_fields(body)
+    logprobs = (top or 0) if v["logprobs"] else None
+    max_tokens = v["max_completion_tokens"] if v["max_completion_tokens"] is not None else v["max_tokens"]
+    guide = structured.response_format_guide(v["response_format"])
+    extra = structured.guided_fields(v)
     if guide is not None and extra is not None:
         raise bad_request(f"send response_format or {extra.param}, not both", param=extra.param)
     guide = guide or extra
-    tools = structured.parse_tools(body)
+    tools = structured.parse_tools(v["tools"], v["tool_choice"])
     if tools is not None and tools.choice != "auto":
         if guide is not None:
             raise bad_request(f"tool_choice {tools.choice!r} forces a function call; it cannot be combined with "
                               f"{guide.param}", param="tool_choice")
         guide = tools.guide()
-    params, given = _sampling(body, default_max_tokens=None, logprobs=logprobs)
+    params, given = _sampling(v, max_tokens, logprobs)
     params.guide = guide
-    n = _int(body, "n", 1, lo=1, hi=MAX_N)
-    stream, usage = _stream(body)
-    return GenerationRequest(_model(body), None, clean, params, given, stream, usage, logprobs, n=n, tools=tools)
+    return GenerationRequest(v["model"], None, clean, params, given, v["stream"], _include_usage(v), logprobs,
+                             n=v["n"], tools=tools)
 
 
-def _message_tool_calls(calls, i: int) -> list[dict]:
-    """An assistant message's tool_calls sent back: [{id, type, function: {name, arguments: JSON text}}]."""
+def _message_tool_calls(calls: list[dict], i: int) -> list[dict]:
+    """An assistant message's tool_calls sent back: {name, arguments} each, the arguments parsed."""
     out = []
-    if not isinstance(calls, list):
-        raise bad_request(f"messages[{i}].tool_calls must be a list", param="messages")
     for c in calls:
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad_request(f"messages[{i}].tool_calls[] must be {{id, type: function, function: {{name, "
-                              "arguments}}}}", param="messages")
-        args = fn.get("arguments", "{}")
+        args = c["function"].get("arguments", "{}")
         try:
             args = json.loads(args) if isinstance(args, str) else args
         except ValueError:
-            raise bad_request(f"messages[{i}].tool_calls[].function.arguments must be JSON text", param="messages")
-        out.append({"name": fn["name"], "arguments": args})
+            raise bad_request(f"messages[{i}].tool_calls[].function.arguments must be JSON text",
+                              param="messages") from None
+        out.append({"name": c["function"]["name"], "arguments": args})
     return out
 
 
-def _model(body: dict) -> str | None:
-    return _str(body, "model")
+def _include_usage(v: dict) -> bool:
+    return bool((v["stream_options"] or {}).get("include_usage"))
 
 
-def _stream(body: dict) -> tuple[bool, bool]:
-    stream = _bool(body, "stream", False)
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise bad_request("stream_options must be an object", param="stream_options")
-    usage = _bool(opts or {}, "include_usage", False)
-    return stream, usage
-
-
-def _sampling(body: dict, default_max_tokens: int | None, logprobs: int | None) -> tuple[SamplingParams, bool]:
-    max_tokens = _int(body, "max_tokens", None, lo=1)
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise bad_request("stop must be a non-empty string or a list of non-empty strings", param="stop")
-    if len(stop) > MAX_STOP:
-        raise bad_request(f"stop takes at most {MAX_STOP} strings; got {len(stop)}", param="stop")
-    stop_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                 for t in stop_ids):
-        raise bad_request("stop_token_ids must be a list of non-negative integers", param="stop_token_ids")
+def _sampling(v: dict, max_tokens: int | None, logprobs: int | None) -> tuple[SamplingParams, bool]:
+    """SamplingParams from read() values; also whether max_tokens was given (chat: else fill the context)."""
+    stop = v["stop"]
+    lb = v["logit_bias"]
     params = SamplingParams(
-        max_tokens=max_tokens or default_max_tokens or 1,
-        temperature=_num(body, "temperature", 1.0, lambda v: 0 <= v <= 2, "in [0, 2]"),
-        top_p=_num(body, "top_p", 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
-        top_k=_int(body, "top_k", 0, lo=0),
-        min_p=_num(body, "min_p", 0.0, lambda v: 0 <= v <= 1, "in [0, 1]"),
-        repetition_penalty=_num(body, "repetition_penalty", 1.0, lambda v: v > 0, "> 0"),
-        frequency_penalty=_num(body, "frequency_penalty", 0.0, lambda v: -2 <= v <= 2, "in [-2, 2]"),
-        presence_penalty=_num(body, "presence_penalty", 0.0, lambda v: -2 <= v <= 2, "in [-2, 2]"),
-        seed=_int(body, "seed", None, lo=0, hi=2**63 - 1),
-        stop=stop, stop_token_ids=stop_ids, ignore_eos=_bool(body, "ignore_eos", False),
-        logprobs=logprobs, priority=_int(body, "priority", 0, lo=-1000, hi=1000),
-        logit_bias=_logit_bias(body),
-        speculative=_bool(body, "speculative", True),      # extension: false turns prompt-lookup drafts off
+        max_tokens=max_tokens or 1,
+        temperature=float(v["temperature"]), top_p=float(v["top_p"]), top_k=v["top_k"], min_p=float(v["min_p"]),
+        repetition_penalty=float(v["repetition_penalty"]), frequency_penalty=float(v["frequency_penalty"]),
+        presence_penalty=float(v["presence_penalty"]), seed=v["seed"],
+        stop=[stop] if isinstance(stop, str) else list(stop or []), stop_token_ids=list(v["stop_token_ids"] or []),
+        ignore_eos=v["ignore_eos"], logprobs=logprobs, priority=v["priority"],
+        logit_bias={int(k): float(b) for k, b in lb.items()} if lb else None,
+        speculative=v["speculative"],
     )
-    return params, max_tokens is not None or default_max_tokens is not None
-
-
-def _logit_bias(body: dict) -> dict[int, float] | None:
-    """{"token id": bias in [-100, 100]} (JSON keys are strings) -> {int: float}."""
-    lb = body.get("logit_bias")
-    if lb is None or lb == {}:
-        return None
-    if not isinstance(lb, dict) or len(lb) > 300:
-        raise bad_request("logit_bias must be an object of at most 300 {\"token id\": bias}", param="logit_bias")
-    out = {}
-    for k, v in lb.items():
-        try:
-            t = int(k)
-        except ValueError:
-            raise bad_request(f"logit_bias keys must be token ids; got {k!r}", param="logit_bias") from None
-        if t < 0 or isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-            raise bad_request(f"logit_bias[{k!r}] must be a number in [-100, 100] for a token id >= 0; got {v!r}",
-                              param="logit_bias")
-        out[t] = float(v)
-    return out
+    return params, max_tokens is not None
 
 
 # ---------------------------------------------------------------- responses

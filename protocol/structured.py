@@ -4,7 +4,8 @@
     guided_json / guided_regex / guided_choice           -> Guide (completions and chat, vLLM's names)
     tools + tool_choice                                  -> ToolSpec: the prompt describes the tools; "required"
                                                             and a named function force a call through a Guide
-    the generated text                                   -> message.tool_calls (parse_tool_calls)
+    the generated text                                   -> message.tool_calls (tool_calls.ToolCallParser,
+                                                            streamed as OpenAI streams them)
 
 A call is generated as one JSON object {"name": ..., "arguments": {...}} (the shape SmolLM2 and Hermes-style
 templates use inside <tool_call> tags); with tool_choice "auto" the model may also answer in text, and a reply
@@ -14,16 +15,14 @@ naming the field.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 from ortllm.runtime.sampling_params import Guide
 
 from .errors import bad_request
-
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-MAX_TOOLS = 128
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+from .tool_calls import CLOSE as TOOL_CALL_CLOSE
+from .tool_calls import OPEN as TOOL_CALL_OPEN
+from .tool_calls import ToolCallParser
 
 
 def check_schema(schema, param: str) -> dict:
@@ -40,49 +39,37 @@ def check_schema(schema, param: str) -> dict:
     return schema
 
 
-def response_format_guide(rf) -> Guide | None:
-    """OpenAI's response_format: {type: text} | {type: json_object} | {type: json_schema, json_schema: {...}}."""
-    param = "response_format"
-    if rf is None:
-        return None
-    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
-        raise bad_request("response_format must be {type: text}, {type: json_object} or "
-                          "{type: json_schema, json_schema: {name, schema}}", param=param)
-    if rf["type"] == "text":
+def response_format_guide(rf: dict | None) -> Guide | None:
+    """OpenAI's response_format (its shape checked by bodies.RESPONSE_FORMAT): {type: text} | {type: json_object}
+    | {type: json_schema, json_schema: {name, schema, strict}}."""
+    if rf is None or rf["type"] == "text":
         return None
     if rf["type"] == "json_object":
-        return Guide("json_object", None, param)
-    js = rf.get("json_schema")
-    if not isinstance(js, dict) or "schema" not in js:
-        raise bad_request("response_format.json_schema must be an object {name, schema, strict}", param=param)
-    if js.get("name") is not None and not (isinstance(js["name"], str) and _NAME.match(js["name"])):
-        raise bad_request("response_format.json_schema.name must be 1-64 letters, digits, _ or -", param=param)
-    return Guide("json_schema", check_schema(js["schema"], "response_format.json_schema.schema"), param)
+        return Guide("json_object", None, "response_format")
+    schema = check_schema(rf["json_schema"]["schema"], "response_format.json_schema.schema")
+    return Guide("json_schema", schema, "response_format")
 
 
-def guided_fields(body: dict) -> Guide | None:
-    """vLLM's extension fields: guided_json (schema or JSON text), guided_regex, guided_choice; at most one."""
-    given = [k for k in ("guided_json", "guided_regex", "guided_choice") if body.get(k) is not None]
+def guided_fields(v: dict) -> Guide | None:
+    """vLLM's extension fields (read() values): guided_json (schema or JSON text), guided_regex, guided_choice;
+    at most one."""
+    given = [k for k in ("guided_json", "guided_regex", "guided_choice") if v.get(k) is not None]
     if len(given) > 1:
         raise bad_request(f"send one of guided_json, guided_regex, guided_choice; got {', '.join(given)}",
                           param=given[1])
     if not given:
         return None
-    k, v = given[0], body[given[0]]
+    k, spec = given[0], v[given[0]]
     if k == "guided_json":
-        if isinstance(v, str):
+        if isinstance(spec, str):
             try:
-                v = json.loads(v)
+                spec = json.loads(spec)
             except ValueError as e:
                 raise bad_request(f"guided_json is not valid JSON: {e}", param=k) from None
-        return Guide("json_schema", check_schema(v, k), k)
+        return Guide("json_schema", check_schema(spec, k), k)
     if k == "guided_regex":
-        if not isinstance(v, str) or not v:
-            raise bad_request("guided_regex must be a non-empty regular expression string", param=k)
-        return Guide("regex", v, k)
-    if not (isinstance(v, list) and v and all(isinstance(c, str) and c for c in v)):
-        raise bad_request("guided_choice must be a non-empty list of non-empty strings", param=k)
-    return Guide("choice", list(v), k)
+        return Guide("regex", spec, k)
+    return Guide("choice", list(spec), k)
 
 
 # ---------------------------------------------------------------- tools
@@ -109,6 +96,10 @@ class ToolSpec:
                    for t in chosen]
         return Guide("json_schema", options[0] if len(options) == 1 else {"anyOf": options}, "tools")
 
+    def reader(self, call_id: str) -> ToolCallParser:
+        """A parser for one reply (call ids call_{call_id}_{k})."""
+        return ToolCallParser(self.names, call_id)
+
     def system_prompt(self) -> str:
         """The tools described for templates that do not render them (SmolLM2-135M's does not)."""
         listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in self.tools)
@@ -119,25 +110,16 @@ class ToolSpec:
                 "A function's result comes back in a message from the tool.")
 
 
-def parse_tools(body: dict) -> ToolSpec | None:
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is None or tools == []:
+def parse_tools(tools: list | None, choice) -> ToolSpec | None:
+    """tools and tool_choice (their shapes checked by bodies.TOOLS / TOOL_CHOICE) -> ToolSpec; None: no tools."""
+    if not tools:
         if choice not in (None, "none", "auto"):
             raise bad_request("tool_choice needs tools: send the functions in tools", param="tool_choice")
         return None
-    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-        raise bad_request(f"tools must be a list of at most {MAX_TOOLS} {{type: function, function: {{...}}}}",
-                          param="tools")
     clean, seen = [], set()
     for i, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict):
-            raise bad_request(f"tools[{i}] must be {{type: function, function: {{name, description, parameters}}}}",
-                              param="tools")
-        name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise bad_request(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -; got {name!r}",
-                              param="tools")
+        fn = t["function"]
+        name = fn["name"]
         if name in seen:
             raise bad_request(f"tools[{i}].function.name {name!r} is defined twice", param="tools")
         seen.add(name)
@@ -145,28 +127,15 @@ def parse_tools(body: dict) -> ToolSpec | None:
         if params is None:
             params = {"type": "object", "properties": {}}
         check_schema(params, f"tools[{i}].function.parameters")
-        if params.get("type") != "object":
-            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema of type object (the "
-                              f"arguments are an object); got type {params.get('type')!r}", param="tools")
         desc = fn.get("description")
-        if desc is not None and not isinstance(desc, str):
-            raise bad_request(f"tools[{i}].function.description must be a string", param="tools")
         clean.append({"type": "function", "function": {"name": name, **({"description": desc} if desc else {}),
                                                        "parameters": params}})
-    if choice is None or choice == "auto":
-        mode = "auto"
-    elif choice == "none":
+    if choice == "none":
         return None
-    elif choice == "required":
-        mode = "required"
-    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        mode = choice["function"].get("name")
-        if mode not in seen:
-            raise bad_request(f"tool_choice names the function {mode!r}, which is not in tools "
-                              f"({', '.join(sorted(seen))})", param="tool_choice")
-    else:
-        raise bad_request('tool_choice must be "none", "auto", "required" or '
-                          '{type: function, function: {name}}', param="tool_choice")
+    mode = choice["function"]["name"] if isinstance(choice, dict) else choice or "auto"
+    if mode not in ("auto", "required") and mode not in seen:
+        raise bad_request(f"tool_choice names the function {mode!r}, which is not in tools "
+                          f"({', '.join(sorted(seen))})", param="tool_choice")
     return ToolSpec(clean, mode)
 
 
@@ -188,34 +157,3 @@ def render_messages(messages: list[dict], tools: ToolSpec | None, template_takes
         else:
             out.insert(0, {"role": "system", "content": sys})
     return out
-
-
-def parse_tool_calls(text: str, tools: ToolSpec) -> list[dict] | None:
-    """The calls in a reply: one JSON object {name, arguments}, bare or in <tool_call> tags; None if it is text."""
-    s = text.strip()
-    bodies = re.findall(re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_CLOSE), s, re.S)
-    if not bodies and s.startswith("{"):
-        bodies = [s]
-    calls = []
-    for b in bodies:
-        try:
-            obj = json.loads(b)
-        except ValueError:
-            return None
-        if not (isinstance(obj, dict) and obj.get("name") in tools.names and isinstance(obj.get("arguments"), dict)):
-            return None
-        calls.append(obj)
-    return calls or None
-
-
-def tool_call_items(calls: list[dict], call_id: str) -> list[dict]:
-    """OpenAI's message.tool_calls; arguments travel as a JSON string."""
-    return [{"id": f"call_{call_id}_{i}", "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-            for i, c in enumerate(calls)]
-
-
-def could_be_tool_call(text: str) -> bool:
-    """While streaming with tool_choice auto: hold text back as long as it may still turn into a call."""
-    s = text.lstrip()
-    return s.startswith("{") or s.startswith(TOOL_CALL_OPEN) or TOOL_CALL_OPEN.startswith(s)

@@ -27,7 +27,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .contract import TOKENIZER as TOKENIZER_JSON
 from .errors import EngineDeadError, InvalidTokenIds, OrtllmError
-from .guided import GuidedDecoding, consume, unpack_mask
+from .guided import GuidedDecoding, consume, forced_tokens, unpack_mask
 from .model_runner import ModelRunner, logits_rows
 from .sampler import RowState, Sampler, TokenLogprobs, log_softmax, request_generator
 from .speculative import accept
@@ -291,6 +291,8 @@ class Engine:
             # speculative decoding: draft tokens verified / accepted, decode rows that carried drafts
             "spec_drafted": s.spec_drafted, "spec_accepted": s.spec_accepted, "spec_rows": s.spec_rows,
             "spec_acceptance_rate": s.spec_acceptance_rate, "spec_propose_time_s": s.spec_propose_time_s,
+            # guided requests: tokens their grammar forced, verified as drafts / accepted (runtime/guided.py)
+            "forced_drafted": s.forced_drafted, "forced_accepted": s.forced_accepted,
             "tokens_per_step": self._tokens_out / self._steps if self._steps else 0.0,
             "last_step_error": self._last_step_error[1] if self._last_step_error else None,
             "last_step_error_age_s": (time.monotonic() - self._last_step_error[0]) if self._last_step_error else None,
@@ -362,10 +364,10 @@ class Engine:
         for s in rows:
             first.append(len(states))
             states += self._row_states(s)
-        # guided requests are never drafted (Scheduler.add_request): one state each, masked as usual
+        # guided rows: a mask per state (their drafts are the grammar's forced tokens)
         guided = [i for i, s in enumerate(rows) if self._handles[s.req_id].matcher is not None]
-        masks = (self._masker.submit(self.guided.fill_masks, [self._handles[rows[i].req_id].matcher for i in guided])
-                 if guided else None)
+        masks = (self._masker.submit(self.guided.fill_masks, [self._handles[rows[i].req_id].matcher for i in guided],
+                                     [rows[i].spec_token_ids for i in guided]) if guided else None)
         scored = [s for s in out.seqs if self._wants_prompt_logprobs(s)]
         t_run = time.perf_counter()
         try:
@@ -382,13 +384,18 @@ class Engine:
         if scored:
             logits = self._record_prompt_logprobs(out.seqs, logits)
         if masks is not None:
-            for i, words in zip(guided, masks.result()):
-                states[first[i]].mask = unpack_mask(words, logits.shape[1])
+            words = masks.result()
+            row = 0
+            for i in guided:
+                for j in range(1 + len(rows[i].spec_token_ids)):
+                    states[first[i] + j].mask = unpack_mask(words[row], logits.shape[1])
+                    row += 1
         sampled = self.sampler.sample(logits, states)
         tokens = {s.req_id: accept(s.spec_token_ids, sampled.token_ids[o:o + 1 + len(s.spec_token_ids)])
                   for s, o in zip(rows, first)}
+        alive, forced = self._advance_grammars([rows[i].req_id for i in guided], tokens)
         with self._cv:
-            updates = self.scheduler.update_from_output(out, ModelRunnerOutput(tokens))
+            updates = self.scheduler.update_from_output(out, ModelRunnerOutput(tokens, forced))
         lp = {s.req_id: sampled.logprobs[o:o + len(tokens[s.req_id])] for s, o in zip(rows, first)}
         for u in updates:
             h = self._handles.get(u.req_id)
@@ -401,9 +408,7 @@ class Engine:
                 # the tokens the detokenizer took: up to a stop string or stop token id among several
                 used = len(h.detok.output_token_ids) - before + isinstance(h.detok.stop_reason, int)
                 h.logprobs += [x for x in lp[u.req_id][:max(1, used)] if x is not None]
-            more = True
-            if h.matcher is not None and u.finish_reason is None:
-                more = all(consume(h.matcher, t) for t in u.new_token_ids)
+            more = alive.get(u.req_id, True)
             if (h.detok.finished or not more) and u.finish_reason is None:   # a stop string or the grammar ended
                 self.scheduler.finish_requests(u.req_id, "stop")
                 err = h.matcher.get_error() if h.matcher is not None and h.matcher.is_error() else None
@@ -415,6 +420,24 @@ class Engine:
         self._steps += 1
         self._run_time += t1 - t_run
         self._step_time += time.perf_counter() - t0
+
+    def _advance_grammars(self, req_ids: list[str], tokens: dict[str, list[int]]
+                          ) -> tuple[dict[str, bool], dict[str, list[int]]]:
+        """Consume each guided request's new tokens; those after the one that completes the grammar are dropped
+        from tokens[req_id] (a row verified after its last draft: plain decoding ends there). Returns req_id ->
+        whether more may follow (False: the grammar is complete or broken), and req_id -> the tokens its grammar
+        forces next (the scheduler's drafts for it; none for speculative=False)."""
+        alive, forced = {}, {}
+        for rid in req_ids:
+            h, toks = self._handles[rid], tokens[rid]
+            n, more = 0, True
+            while more and n < len(toks):
+                more = consume(h.matcher, toks[n])
+                n += 1
+            tokens[rid], alive[rid] = toks[:n], more
+            if more and h.params.speculative:
+                forced[rid] = forced_tokens(h.matcher)
+        return alive, forced
 
     def _fail(self, req_ids: list[str], message) -> None:
         """End these requests with "error" (their blocks are freed at the next schedule())."""

@@ -7,8 +7,15 @@ token is then consumed. The engine computes the masks of a step's constrained ro
 the model runs (both release the GIL), and the sampler sets the disallowed logits to -inf.
 
     Guide --compile()--> LLMatcher (a cached pristine copy per grammar, deep-copied per request)
-    per step: fill_masks(matchers) -> [B, W] int32 -> unpack_mask(row) -> bool [V] -> Sampler
+    per step: fill_masks(matchers, drafts) -> [rows, W] int32 -> unpack_mask(row) -> bool [V] -> Sampler
               consume(matcher, token) -> False: the grammar is complete (only EOS may follow)
+              forced_tokens(matcher) -> the tokens the grammar forces next (llguidance's fast-forward tokens)
+
+Forced tokens cost no model step of their own: the engine hands them to the scheduler, which feeds them in the
+next step as drafts of the row (speculative decoding's verification: extra query tokens, one logits row each,
+masked like any other row). A draft the model would not have sampled is rejected and rolled back, so the
+tokens are exactly those of one step per token. Along a JSON key the grammar's masks allow one token per
+position, so the drafts are accepted and a key of k tokens costs one step instead of k.
 
 JSON is generated compact (no free whitespace): a small model otherwise may pad with spaces until
 max_tokens and never close the object.
@@ -95,14 +102,23 @@ class GuidedDecoding:
                 self._compiled.popitem(last=False)
         return matcher
 
-    def fill_masks(self, matchers: Sequence) -> np.ndarray:
-        """[len(matchers), words] int32 masks for the next token of each matcher (in parallel, GIL released)."""
-        from llguidance.numpy import fill_next_token_bitmask_par
+    def fill_masks(self, matchers: Sequence, drafts: Sequence[Sequence[int]] = ()) -> np.ndarray:
+        """[sum(len(drafts[i]) + 1), words] int32: for each matcher in order, the mask for its next token and,
+        for each of its drafts, the mask after it (the matchers are left where they were). In parallel, GIL
+        released."""
+        from llguidance.numpy import fill_next_token_bitmask_par, fill_next_token_bitmask_par_with_draft_tokens
 
-        masks = np.zeros((len(matchers), self.words), dtype=np.int32)
+        drafts = list(drafts) or [()] * len(matchers)
+        starts = np.cumsum([0] + [len(d) + 1 for d in drafts])
+        masks = np.zeros((int(starts[-1]), self.words), dtype=np.int32)
         if matchers:
             self._tokenizer()
-            fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], masks)
+            plain = [(m, int(o)) for m, o, d in zip(matchers, starts, drafts) if not d]
+            drafted = [(m, int(o), list(d)) for m, o, d in zip(matchers, starts, drafts) if d]
+            if plain:
+                fill_next_token_bitmask_par(self._executor, plain, masks)
+            if drafted:      # (llguidance refuses an empty draft list, hence two calls)
+                fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, masks)
         return masks
 
 
@@ -115,3 +131,9 @@ def consume(matcher, token_id: int) -> bool:
     """Advance the matcher by the sampled token; True while more tokens may follow (False: complete or stuck)."""
     matcher.consume_token(int(token_id))
     return not (matcher.is_stopped() or matcher.is_error())
+
+
+def forced_tokens(matcher) -> list[int]:
+    """The tokens the grammar forces from here (llguidance's fast-forward tokens: it stops before a token that
+    what follows could still extend). The engine verifies them as drafts; see the module docstring."""
+    return list(matcher.compute_ff_tokens())

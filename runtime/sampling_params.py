@@ -11,6 +11,8 @@ from .errors import InvalidSamplingParams, PromptTooLong
 SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
+PENALTY_RANGE = (-2.0, 2.0)                  # frequency_penalty, presence_penalty
+REPETITION_PENALTY_RANGE = (0.01, 100.0)     # bounded: a penalty near 0 divides logits into inf, softmax into NaN
 GUIDE_KINDS = ("json_schema", "json_object", "regex", "choice", "lark")
 
 
@@ -47,7 +49,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling (OpenAI)
     guide: Guide | None = None          # structured output: only tokens the grammar allows are sampled
     prompt_logprobs: bool = False       # logprob of every prompt token after the first (echo; no prefix cache)
-    speculative: bool = True            # prompt-lookup drafts when the engine has them on (same tokens either way)
+    speculative: bool = True            # drafts: prompt lookup when the engine has it on, a guide's forced tokens
+                                        # (the same tokens either way; False: one step per token)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,10 +72,11 @@ class SamplingParams:
         _int("top_k", self.top_k, lo=0, note=" (0 = off)")
         _float("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
         _float("min_p", self.min_p, "in [0, 1]", lambda v: 0 <= v <= 1)
-        # bounded: a penalty near 0 divides logits into inf and the softmax into NaN
-        _float("repetition_penalty", self.repetition_penalty, "in [0.01, 100] (1 = off)", lambda v: 0.01 <= v <= 100)
-        _float("frequency_penalty", self.frequency_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
-        _float("presence_penalty", self.presence_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
+        (rlo, rhi), (plo, phi) = REPETITION_PENALTY_RANGE, PENALTY_RANGE
+        _float("repetition_penalty", self.repetition_penalty, f"in [{rlo:g}, {rhi:g}] (1 = off)",
+               lambda v: rlo <= v <= rhi)
+        _float("frequency_penalty", self.frequency_penalty, f"in [{plo:g}, {phi:g}]", lambda v: plo <= v <= phi)
+        _float("presence_penalty", self.presence_penalty, f"in [{plo:g}, {phi:g}]", lambda v: plo <= v <= phi)
         if self.seed is not None:
             _int("seed", self.seed, lo=0, hi=2**64 - 1)
         for s in self.stop:

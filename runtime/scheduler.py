@@ -15,11 +15,13 @@ Speculative decoding (runtime/speculative.py; SchedulerConfig.spec_max_tokens > 
 and free KV blocks left after every decode, prefill chunk and admission, a decoding sequence may get draft
 tokens proposed from its own prompt and output (its `spec` state; none for guided or speculative=False
 requests) as extra query tokens of its row: ScheduledSeq.spec_token_ids, with logits for every row from the
-last verified token on. Drafts never take budget or blocks that a prefill or another sequence's token would
-use, and never preempt. update_from_output takes the accepted drafts plus the target's next token, rolls
-num_computed_tokens back past the rejected ones and frees the blocks only they used (the block table is
-truncated, nothing is copied). Drafts never enter token_ids, so the prefix cache only ever hashes verified
-tokens.
+last verified token on. A guided request's drafts are the tokens its grammar forces next, which the engine
+reports with each step (ModelRunnerOutput.forced_token_ids; runtime/guided.py): they are verified the same
+way, whether or not prompt-lookup drafts are on. Drafts never take budget or blocks that a prefill or
+another sequence's token would use, and never preempt. update_from_output takes the accepted drafts plus
+the target's next token, rolls num_computed_tokens back past the rejected ones and frees the blocks only they
+used (the block table is truncated, nothing is copied). Drafts never enter token_ids, so the prefix cache
+only ever hashes verified tokens.
 
 Finish reasons: "stop" (EOS / stop token id here; stop strings are found by the detokenizer and reported
 by the engine through finish_requests), "length" (max_tokens), "cancelled", "error" (engine-reported),
@@ -85,6 +87,8 @@ class ModelRunnerOutput:
     # req_id -> token, for every scheduled seq with needs_logits; a seq with drafts gets a list: the drafts
     # the target accepted, then its own next token (speculative.accept)
     sampled_token_ids: dict[str, int | list[int]]
+    # req_id -> the tokens its grammar forces after those (guided requests): next step's drafts for it
+    forced_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,6 +113,8 @@ class SchedulerStats:
     spec_drafted: int = 0                  # draft tokens verified
     spec_accepted: int = 0                 # of those, accepted
     spec_propose_time_s: float = 0.0       # spent proposing drafts (inside schedule())
+    forced_drafted: int = 0                # grammar-forced draft tokens verified (guided requests)
+    forced_accepted: int = 0               # of those, accepted
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -148,7 +154,9 @@ class Request:
     skipped_steps: int = 0                 # steps a later request was admitted instead (aging)
     finish_reason: str | None = None
     adapter_key: str | None = None         # the adapter's content key (prefix-cache hashes), fixed at arrival
-    spec: SpecState | None = None          # drafting state; None: never drafted
+    spec: SpecState | None = None          # prompt-lookup drafting state; None: never drafted that way
+    forced_token_ids: list[int] = field(default_factory=list)   # what the grammar forces after token_ids:
+                                                                 # the next decode step's drafts
 
     @property
     def num_tokens(self) -> int:
@@ -192,7 +200,8 @@ class SchedulerInterface(abc.ABC):
         """Record a finished step: advance computed tokens, cache blocks that filled, append sampled
         tokens, finish on EOS / stop token ids / max_tokens (their KV freed at once). A row with drafts
         takes its accepted drafts plus one token; computed tokens and the block table roll back past the
-        rejected ones; a stop among the accepted tokens drops those after it.
+        rejected ones; a stop among the accepted tokens drops those after it. runner_output.forced_token_ids
+        become the sequence's drafts for its next decode step (replacing any it had).
 
         Returns one update per sequence that got a token. Sequences finished through finish_requests
         after schedule() are skipped.
@@ -260,6 +269,7 @@ class Scheduler(SchedulerInterface):
         self.num_preemptions = 0
         self._watermark = self.pool.num_usable // 100   # blocks kept back from admissions for decodes
         self.spec_rows = self.spec_drafted = self.spec_accepted = 0
+        self.forced_drafted = self.forced_accepted = 0
         self.spec_propose_time = 0.0
 
     # ---- requests in ----
@@ -346,7 +356,7 @@ class Scheduler(SchedulerInterface):
 
         if not preempted:   # memory is tight: admitting now would only thrash (as vLLM v1)
             self._admit(sched, chunk, budget)
-        drafts = self._draft(sched, budget) if self.config.spec_max_tokens else {}
+        drafts = self._draft(sched, budget)
         seqs = [self._scheduled_seq(self.requests[rid], n, drafts.get(rid, [])) for rid, n in sched.items()]
         adapters = sorted({s.adapter for s in seqs if s.adapter is not None})
         return SchedulerOutput(self._step, seqs, dict(sched), sum(sched.values()), adapters, preempted, finished)
@@ -408,18 +418,22 @@ class Scheduler(SchedulerInterface):
                 w.skipped_steps += 1
 
     def _draft(self, sched: dict[str, int], budget: Callable[[], int]) -> dict[str, list[int]]:
-        """Drafts for the decode rows of this step, from what budget and free blocks are left (added to sched)."""
+        """Drafts for the decode rows of this step, from what budget and free blocks are left (added to sched):
+        the grammar's forced tokens, else prompt-lookup proposals."""
         drafts: dict[str, list[int]] = {}
         t0 = time.perf_counter()
         for rid, n in list(sched.items()):
             req = self.requests[rid]
-            if req.spec is None or n != 1 or req.num_tokens - req.num_computed_tokens != 1:
+            if ((req.spec is None and not req.forced_token_ids) or n != 1
+                    or req.num_tokens - req.num_computed_tokens != 1):
                 continue
             start = req.num_computed_tokens
             room = (len(req.block_ids) + self.pool.num_free) * self.block_size - start - 1
             # the accepted drafts and the bonus token must fit max_tokens
             left = req.params.max_tokens - (req.num_tokens - req.num_prompt_tokens) - 1
-            d = req.spec.propose(req.token_ids, min(budget(), left, room))
+            limit = min(budget(), left, room)
+            d = (req.forced_token_ids[:max(limit, 0)] if req.forced_token_ids
+                 else req.spec.propose(req.token_ids, limit))
             if not d:
                 continue
             need = _cdiv(start + 1 + len(d), self.block_size) - len(req.block_ids)
@@ -459,6 +473,7 @@ class Scheduler(SchedulerInterface):
             toks = self._sampled(s, runner_output)
             if s.spec_token_ids:
                 self._roll_back(req, s, len(toks) - 1)
+            req.forced_token_ids = list(runner_output.forced_token_ids.get(s.req_id, ()))
             reason, new = None, []
             for tok in toks:            # a stop inside the accepted drafts drops the tokens after it
                 req.token_ids.append(tok)
@@ -496,6 +511,10 @@ class Scheduler(SchedulerInterface):
         if len(req.block_ids) > keep:
             self.pool.free(reversed(req.block_ids[keep:]))
             del req.block_ids[keep:]
+        if req.forced_token_ids:     # the drafts were the grammar's (still those of the step's schedule())
+            self.forced_drafted += k
+            self.forced_accepted += accepted
+            return
         req.spec.record(k, accepted)
         self.spec_rows += 1
         self.spec_drafted += k
@@ -566,4 +585,5 @@ class Scheduler(SchedulerInterface):
         return SchedulerStats(self._step, len(self.running), len(self.waiting), self.num_preemptions,
                               self.pool.num_free, self.pool.num_usable, self.pool.num_cached,
                               self.pool.queries, self.pool.hits, self.spec_rows, self.spec_drafted,
-                              self.spec_accepted, self.spec_propose_time)
+                              self.spec_accepted, self.spec_propose_time, self.forced_drafted,
+                              self.forced_accepted)

@@ -19,7 +19,7 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
 
 from ortllm.protocol import openai as protocol
-from ortllm.protocol import structured
+from ortllm.protocol.bodies import ADAPTER, CHAT, COMPLETION
 from ortllm.protocol.generation import (logprobs_of, prepare_all, resolve_adapter, response_body_n, response_id,
                                         token_text_of, usage_of)
 
@@ -27,6 +27,7 @@ from .auth import require_api_key
 from .body import read_json_object
 from .errors import APIError, ClientGone, bad_request, model_not_found, unavailable
 from .metrics import current_metrics
+from .openapi import GENERATE, READ, document, json_ok, streamed
 from .resources import EngineResource, current_resources
 
 log = logging.getLogger("ortllm.service")
@@ -37,17 +38,23 @@ _POLL_S = 0.25     # how often a waiting handler checks for a hung-up client and
 
 
 @bp.get("/models")
+@document("List the served models and their adapters", ok=json_ok("ModelList"), errors=READ)
 def list_models():
+    return jsonify({"object": "list", "data": model_cards()})
+
+
+def model_cards() -> list[dict]:
+    """Every name `model` may take, as model cards: each served model, then its adapters."""
     pool = current_resources()
     if pool.lazy:       # several models: each with its adapters (as ADAPTER and MODEL:ADAPTER), loaded or not
-        return jsonify({"object": "list", "data": [card for res in pool.models for card in _pool_cards(res)]})
+        return [card for res in pool.models for card in _pool_cards(res)]
     res = pool.default
     engine = res.require_engine()
-    names = [None, *engine.adapters.names()]
-    return jsonify({"object": "list", "data": [_model_card(res, engine, a) for a in names]})
+    return [_model_card(res, engine, a) for a in [None, *engine.adapters.names()]]
 
 
 @bp.get("/models/<path:model>")
+@document("One model or adapter", ok=json_ok("Model"), errors=(401, 404, 503), params={"model": "its id"})
 def get_model(model: str):
     res, model = current_resources().route(model)
     if res.pool is not None:
@@ -76,6 +83,8 @@ def _pool_cards(res: EngineResource) -> list[dict]:
 
 
 @bp.post("/adapters")
+@document("Load a LoRA adapter (PEFT directory on the server) and serve it as a model", body=ADAPTER,
+          ok=json_ok("Model", "the adapter's model card"), status=201, errors=(400, 401, 403, 409, 413, 415, 503))
 def load_adapter():
     """{"name": NAME, "path": PEFT_DIR on the server}: convert into the artifact and serve it as model NAME."""
     from ortllm.pipeline.adapters import add_adapter
@@ -84,10 +93,8 @@ def load_adapter():
     res = current_resources()
     engine = res.require_engine()
     _require_configured_key()
-    body = read_json_object(request)
-    name, path = body.get("name"), body.get("path")
-    if not isinstance(name, str) or not isinstance(path, str):
-        raise bad_request("send {\"name\": ADAPTER_NAME, \"path\": PEFT_DIRECTORY_ON_THE_SERVER}", param="name")
+    v = ADAPTER.read(read_json_object(request))
+    name, path = v["name"], v["path"]
     if name == res.model_name or name in engine.adapters.names():
         raise APIError(409, f"a model named {name!r} is already served; DELETE /v1/adapters/{name} first",
                        param="name", code="adapter_exists")
@@ -101,6 +108,8 @@ def load_adapter():
 
 
 @bp.delete("/adapters/<name>")
+@document("Unload an adapter: refused for new requests at once, running ones finish", ok=json_ok("ModelDeleted"),
+          errors=(401, 403, 404, 503), params={"name": "the adapter"})
 def unload_adapter(name: str):
     """Refused for new requests at once; requests already running finish; the file leaves the artifact."""
     from ortllm.pipeline.adapters import remove_adapter
@@ -123,11 +132,15 @@ def _require_configured_key() -> None:
 
 
 @bp.post("/completions")
+@document("Complete a prompt (stream: server-sent events)", body=COMPLETION, errors=GENERATE,
+          ok=streamed("Completion", "text/event-stream", "the completion"))
 def completions():
     return _generate("completions", protocol.parse_completion(read_json_object(request)))
 
 
 @bp.post("/chat/completions")
+@document("Answer a conversation, call tools (stream: server-sent events)", body=CHAT, errors=GENERATE,
+          ok=streamed("ChatCompletion", "text/event-stream", "the answer"))
 def chat_completions():
     return _generate("chat", protocol.parse_chat(read_json_object(request)))
 
@@ -319,33 +332,24 @@ class Call:
 
     def _sse_events(self) -> Iterator[bytes]:
         chat, tools = self.kind == "chat", self.req.tools
-        forced = tools is not None and tools.choice != "auto"
-        held = [tools is not None for _ in self.handles]    # text held back while it may be a tool call
-        text = [""] * len(self.handles)
+        # with tools, each reply goes through the parser the non-streamed answer uses (tool_calls.py)
+        readers = [tools.reader(f"{self.request_id}_{i}") if tools else None for i in range(len(self.handles))]
         outs: list[CompletionOutput | None] = [None] * len(self.handles)
         if chat:
             for i in range(len(self.handles)):
                 yield _sse(self._chunk(i, {"role": "assistant", "content": ""}))
         for i, delta, finish in self.events():
-            text[i] += delta
-            lp = self._new_logprobs(i)
-            if held[i] and not forced and not structured.could_be_tool_call(text[i]):
-                held[i], delta = False, text[i]              # plain text after all: send what was held
-            if delta and not held[i]:
-                yield _sse(self._chunk(i, {"content": delta} if chat else delta, lp=lp))
+            if readers[i] is None:
+                deltas = [{"content": delta} if chat else delta] if delta else []
+            else:
+                deltas = readers[i].feed(delta) + (readers[i].finish() if finish is not None else [])
+            for d in deltas:          # a delta's logprobs go with its first chunk (held text: with the next)
+                yield _sse(self._chunk(i, d, lp=self._new_logprobs(i)))
             if finish is None:
                 continue
             out = outs[i] = self._finish(i, self.handles[i].result(timeout=5))
-            reason = out.finish_reason
-            if held[i]:
-                calls = structured.parse_tool_calls(out.text, tools) if reason == "stop" else None
-                if calls:
-                    items = structured.tool_call_items(calls, f"{self.request_id}_{i}")
-                    yield _sse(self._chunk(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(items)]}))
-                    reason = "tool_calls"
-                elif out.text:
-                    yield _sse(self._chunk(i, {"content": out.text}))
-            final = self._chunk(i, None if chat else "", finish=reason)
+            reason = out.finish_reason if readers[i] is None else readers[i].finish_reason(out.finish_reason)
+            final = self._chunk(i, None if chat else "", finish=reason, lp=self._new_logprobs(i))   # any left
             if all(o is not None for o in outs):               # the last choice to finish carries the usage
                 final["usage"] = usage_of(outs, self.req.n)
             yield _sse(final)

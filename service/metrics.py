@@ -43,7 +43,10 @@ class _EngineCollector:
         yield gauge("ortllm_engine_python_overhead_ratio", "share of step time outside session.run",
                     s["python_overhead"])
         for key, name, doc in (("spec_drafted", "ortllm_spec_draft_tokens", "speculative draft tokens verified"),
-                               ("spec_accepted", "ortllm_spec_accepted_tokens", "speculative draft tokens accepted")):
+                               ("spec_accepted", "ortllm_spec_accepted_tokens", "speculative draft tokens accepted"),
+                               ("forced_drafted", "ortllm_forced_draft_tokens",
+                                "tokens a grammar forced, verified as drafts (structured output)"),
+                               ("forced_accepted", "ortllm_forced_accepted_tokens", "forced draft tokens accepted")):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(s[key]))
             yield c

@@ -1,8 +1,9 @@
 """Ollama's REST API over the same request path as the OpenAI one: /api/generate, /api/chat (NDJSON streaming,
 the default), /api/tags, /api/show, /api/ps, /api/version. Adapters are listed as models.
 
-An Ollama body is translated into the OpenAI body it means (options -> sampling fields, format -> response_format)
-and goes through protocol.parse_chat / parse_completion and api.start: one validation and one generation path.
+An Ollama body (declared in protocol/bodies.py: its options take the OpenAI fields' schemas) is translated into
+the OpenAI body it means (options -> sampling fields, format -> response_format) and goes through
+protocol.parse_chat / parse_completion and api.start: one validation and one generation path.
 
     options.num_predict -> max_tokens        options.repeat_penalty -> repetition_penalty
     options.temperature/top_p/top_k/min_p/seed/stop/presence_penalty/frequency_penalty -> the same names
@@ -20,84 +21,64 @@ from typing import Iterator
 from flask import Blueprint, Response, jsonify, request
 
 from ortllm.protocol import openai as protocol
+from ortllm.protocol.bodies import OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS, OLLAMA_SHOW
 from ortllm.protocol.generation import resolve_adapter
 
 from .api import Call, start
 from .auth import require_api_key
 from .body import read_json_object
-from .errors import bad_request
+from .openapi import GENERATE, POST, READ, document, json_ok, streamed
 from .resources import current_resources
 
 bp = Blueprint("ollama", __name__, url_prefix="/api")
 bp.before_request(require_api_key)
 
-_OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-            "min_p": "min_p", "seed": "seed", "stop": "stop", "repeat_penalty": "repetition_penalty",
-            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
-# options Ollama defines that do not change sampling here (memory and threading are the server's)
-_IGNORED = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa", "num_keep",
-            "low_vram", "vocab_only", "repeat_last_n", "typical_p", "penalize_newline", "mirostat", "mirostat_tau",
-            "mirostat_eta", "tfs_z"}
-
-
-def _openai_body(body: dict) -> dict:
-    """The sampling part of an Ollama body as OpenAI fields; unknown options are a 400 naming them."""
-    opts = body.get("options") or {}
-    if not isinstance(opts, dict):
-        raise bad_request("options must be an object", param="options")
-    out = {"model": body.get("model"), "stream": body.get("stream", True)}
-    for k, v in opts.items():
-        if k in _OPTIONS:
-            if k == "num_predict" and v is not None and v < 0:      # Ollama's -1: until the context is full
+def _openai_body(v: dict) -> dict:
+    """The sampling part of a read() Ollama body as OpenAI fields."""
+    out = {"model": v["model"], "stream": v["stream"]}
+    for k, value in (v["options"] or {}).items():
+        if k in OLLAMA_OPTIONS and value is not None:
+            if k == "num_predict" and value < 0:      # Ollama's -1 / -2: until the context is full
                 continue
-            out[_OPTIONS[k]] = v
-        elif k not in _IGNORED:
-            raise bad_request(f"options.{k} is not supported; supported: {', '.join(sorted(_OPTIONS))}",
-                              param=f"options.{k}")
-    fmt = body.get("format")
+            out[OLLAMA_OPTIONS[k].name] = value
+    fmt = v["format"]
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
     elif isinstance(fmt, dict):
         out["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
-    elif fmt not in (None, ""):
-        raise bad_request('format must be "json" or a JSON schema object', param="format")
     return out
 
 
-def _check_model(body: dict) -> None:
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise bad_request("model is required (GET /api/tags lists them)", param="model")
+def _check_model(model: str) -> None:
     res = current_resources()
-    resolve_adapter(res.require_engine(), res.model_name, body["model"])
+    resolve_adapter(res.require_engine(), res.model_name, model)
 
 
 @bp.post("/generate")
+@document("Ollama: complete a prompt (stream, the default: NDJSON)", body=OLLAMA_GENERATE, errors=GENERATE,
+          ok=streamed("OllamaGenerate", "application/x-ndjson", "the answer"))
 def generate():
-    body = read_json_object(request)
-    _check_model(body)
-    oa = _openai_body(body)
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str):
-        raise bad_request("prompt must be a string", param="prompt")
-    if body.get("raw"):
-        req = protocol.parse_completion({**oa, "prompt": prompt, "max_tokens": oa.get("max_tokens", 128)})
+    v = OLLAMA_GENERATE.read(read_json_object(request))
+    _check_model(v["model"])
+    oa = _openai_body(v)
+    if v["raw"]:
+        req = protocol.parse_completion({**oa, "prompt": v["prompt"], "max_tokens": oa.get("max_tokens", 128)})
         kind = "completions"
     else:
-        msgs = ([{"role": "system", "content": body["system"]}] if isinstance(body.get("system"), str) else [])
-        req = protocol.parse_chat({**oa, "messages": msgs + [{"role": "user", "content": prompt}]})
+        msgs = [{"role": "system", "content": v["system"]}] if v["system"] is not None else []
+        req = protocol.parse_chat({**oa, "messages": msgs + [{"role": "user", "content": v["prompt"]}]})
         kind = "chat"
     return _answer(start(kind, req), "response")
 
 
 @bp.post("/chat")
+@document("Ollama: answer a conversation (stream, the default: NDJSON)", body=OLLAMA_CHAT, errors=GENERATE,
+          ok=streamed("OllamaChat", "application/x-ndjson", "the answer"))
 def chat():
-    body = read_json_object(request)
-    _check_model(body)
-    msgs = body.get("messages")
-    if not isinstance(msgs, list):
-        raise bad_request("messages must be a list of {role, content}", param="messages")
-    extra = {"tools": body["tools"]} if body.get("tools") else {}
-    req = protocol.parse_chat({**_openai_body(body), "messages": msgs, **extra})
+    v = OLLAMA_CHAT.read(read_json_object(request))
+    _check_model(v["model"])
+    extra = {"tools": v["tools"]} if v["tools"] else {}
+    req = protocol.parse_chat({**_openai_body(v), "messages": v["messages"], **extra})
     return _answer(start("chat", req), "message")
 
 
@@ -119,12 +100,17 @@ def _final(call: Call, field: str, out, text: str) -> dict:
     if h.first_token_time is not None:
         line["prompt_eval_duration"] = ns(h.first_token_time - h.submitted)
         line["eval_duration"] = ns(max(0.0, time.monotonic() - h.first_token_time))
-    if field == "message" and call.req.tools:
-        from ortllm.protocol.structured import parse_tool_calls
-        calls = parse_tool_calls(out.text, call.req.tools) if out.finish_reason == "stop" else None
+    if field == "message" and call.req.tools and out.finish_reason == "stop":
+        reader = call.req.tools.reader(call.request_id)          # the OpenAI path's parser; Ollama's arguments
+        reader.feed(out.text)                                   # are an object, not JSON text
+        reader.finish()
+        try:
+            calls = [{"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
+                     for c in reader.calls]
+        except ValueError:
+            calls = []
         if calls:
-            line["message"] = {"role": "assistant", "content": "",
-                               "tool_calls": [{"function": c} for c in calls]}
+            line["message"] = {"role": "assistant", "content": reader.content, "tool_calls": calls}
     return line
 
 
@@ -185,11 +171,13 @@ def _models() -> list[dict]:
 
 
 @bp.get("/tags")
+@document("Ollama: the served models, adapters included", ok=json_ok("OllamaTags"), errors=READ)
 def tags():
     return jsonify({"models": _models()})
 
 
 @bp.get("/ps")
+@document("Ollama: the loaded models", ok=json_ok("OllamaPs"), errors=READ)
 def ps():
     engine = current_resources().require_engine()
     return jsonify({"models": [{**m, "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
@@ -197,12 +185,13 @@ def ps():
 
 
 @bp.post("/show")
+@document("Ollama: one model's details", body=OLLAMA_SHOW, ok=json_ok("OllamaShow"), errors=(*POST, 404))
 def show():
     body = read_json_object(request)
-    name = body.get("model") or body.get("name")
-    if not isinstance(name, str):
-        raise bad_request("model is required (GET /api/tags lists them)", param="model")
-    _check_model({"model": name})
+    if body.get("model") is None and body.get("name") is not None:      # older clients' name for it
+        body = {**body, "model": body["name"]}
+    name = OLLAMA_SHOW.read(body)["model"]
+    _check_model(name)
     engine = current_resources().require_engine()
     m = next(m for m in _models() if m["name"] == name)
     return jsonify({"modelfile": "", "parameters": "", "template": engine.tokenizer.chat_template or "",
@@ -213,5 +202,6 @@ def show():
 
 
 @bp.get("/version")
+@document("Ollama: the server's version", ok=json_ok("OllamaVersion"), errors=READ)
 def api_version():
     return jsonify({"version": _ortllm_version()})

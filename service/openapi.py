@@ -1,168 +1,171 @@
-"""GET /openapi.json: the API described by hand (OpenAPI 3.0.3). The model name and the context length are
-filled in from the loaded engine, so `model` is an enum of the one model and `max_tokens` is bounded."""
+"""GET /openapi.json, generated (OpenAPI 3.1): every route the app has, each request body from the declaration
+its parser validates with (ortllm.protocol.bodies), `model` an enum of the models and adapters served when the
+document is asked for.
+
+A view declares what it is with @document(summary, body=..., ok=..., errors=...); build_spec walks the app's
+URL map, so a route without @document fails the document (and its test) instead of going missing. The
+response shapes, which no parser reads, are declared here (RESPONSES)."""
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from flask import Flask
+
+from ortllm.protocol.fields import Body
+
+_ERRORS = {
+    400: "invalid request: `param` names the field (its type, range or combination with another), or the prompt "
+         "does not fit the context",
+    401: "missing or wrong API key (servers started with --api-key)",
+    403: "managing adapters needs a server started with --api-key",
+    404: "unknown model (`model_not_found`)",
+    409: "a model or adapter of that name is already served",
+    413: "request body too large",
+    415: "body is not application/json",
+    429: "overloaded: the request queue is full; retry after Retry-After seconds",
+    503: "loading, draining, engine stopped or the model run failed; retry after Retry-After seconds",
+    504: "the generation ran past the server's request timeout",
+}
+GENERATE = (400, 401, 404, 413, 415, 429, 503, 504)
+READ = (401, 503)
+POST = (400, 401, 413, 415, 503)
 
 
 def _ref(name: str) -> dict:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _json(schema: dict) -> dict:
-    return {"application/json": {"schema": schema}}
+def json_ok(name: str, description: str = "the answer") -> dict:
+    return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
 
 
-def _error(desc: str) -> dict:
-    return {"description": desc, "content": _json(_ref("Error"))}
+def streamed(name: str, stream_type: str, description: str) -> dict:
+    """A JSON answer, or with stream true a stream of `stream_type` (text/event-stream, application/x-ndjson)."""
+    return {"description": description, "content": {
+        "application/json": {"schema": _ref(name)},
+        stream_type: {"schema": {"type": "string", "description": "one event or line per delta"}}}}
 
 
-_GEN_ERRORS = {
-    "400": _error("invalid request (a field's type or range, prompt too long for the context)"),
-    "401": _error("missing or wrong API key"),
-    "404": _error("unknown model"),
-    "413": _error("request body too large"),
-    "415": _error("body is not application/json"),
-    "429": _error("overloaded: the request queue is full; retry after Retry-After seconds"),
-    "503": _error("loading, draining, engine stopped or the model run failed"),
-    "504": _error("the generation ran past the server's request timeout"),
-}
-_AUTH_ERRORS = {k: _GEN_ERRORS[k] for k in ("400", "401", "413", "415", "503")}
+@dataclass
+class Operation:
+    summary: str
+    body: Body | None
+    ok: dict
+    errors: tuple[int, ...]
+    status: int = 200
+    params: dict[str, str] = field(default_factory=dict)     # path parameter -> description
+    more: dict[int, dict] = field(default_factory=dict)      # other answers than errors in the envelope
 
 
-def build_spec(model: str, context_length: int, max_logprobs: int = 5) -> dict:
-    nullable_num = {"type": "number", "nullable": True}
-    sampling = {
-        "model": {"type": "string", "enum": [model], "description": "the served model (GET /v1/models)"},
-        "max_tokens": {"type": "integer", "minimum": 1, "maximum": context_length, "nullable": True},
-        "temperature": {**nullable_num, "minimum": 0, "maximum": 2},
-        "top_p": {**nullable_num, "exclusiveMinimum": True, "minimum": 0, "maximum": 1},
-        "top_k": {"type": "integer", "minimum": 0, "nullable": True, "description": "0 = off (extension)"},
-        "min_p": {**nullable_num, "minimum": 0, "maximum": 1},
-        "repetition_penalty": {**nullable_num, "exclusiveMinimum": True, "minimum": 0},
-        "frequency_penalty": {**nullable_num, "minimum": -2, "maximum": 2},
-        "presence_penalty": {**nullable_num, "minimum": -2, "maximum": 2},
-        "seed": {"type": "integer", "minimum": 0, "nullable": True},
-        "stop": {"nullable": True, "oneOf": [{"type": "string", "minLength": 1},
-                                             {"type": "array", "maxItems": 4,
-                                              "items": {"type": "string", "minLength": 1}}]},
-        "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        "ignore_eos": {"type": "boolean"},
-        "speculative": {"type": "boolean", "description": "ortllm extension: false turns prompt-lookup "
-                        "speculative decoding off for this request (the tokens are the same either way)"},
-        "n": {"type": "integer", "enum": [1], "description": "only 1 is supported"},
-        "stream": {"type": "boolean", "nullable": True},
-        "stream_options": {"type": "object", "nullable": True,
-                           "properties": {"include_usage": {"type": "boolean"}}},
-        "user": {"type": "string"},
-    }
-    usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-             "properties": {k: {"type": "integer", "minimum": 0}
-                            for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
-    finish = {"type": "string", "enum": ["stop", "length"]}
-    response_common = {"id": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"},
-                       "usage": _ref("Usage")}
-    sse = {"text/event-stream": {"schema": {"type": "string",
-                                            "description": "`data: {chunk}` events, then `data: [DONE]`"}}}
+def document(summary: str, *, body: Body | None = None, ok: dict, errors: tuple[int, ...] = (), status: int = 200,
+             params: dict[str, str] | None = None, more: dict[int, dict] | None = None) -> Callable:
+    """Describe a view for /openapi.json (apply it under the route decorator)."""
+    def deco(view):
+        view.openapi = Operation(summary, body, ok, tuple(errors), status, params or {}, more or {})
+        return view
+    return deco
+
+
+def build_spec(app: Flask, models: list[str]) -> dict:
+    """The document for this app; models: the names `model` may take (base models and adapters)."""
+    paths: dict[str, dict] = {}
+    schemas = dict(RESPONSES)
+    for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+        if rule.endpoint == "static":
+            continue
+        op = getattr(app.view_functions[rule.endpoint], "openapi", None)
+        if op is None:
+            raise RuntimeError(f"route {rule.rule} ({rule.endpoint}) has no @document: describe it "
+                               "(service/openapi.py) so /openapi.json lists it")
+        path = re.sub(r"<(?:[a-z]+:)?([A-Za-z_]+)>", r"{\1}", rule.rule)
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            item = {"summary": op.summary, "operationId": f"{rule.endpoint.replace('.', '_')}_{method.lower()}",
+                    "responses": {str(op.status): op.ok, **{str(s): _error(s) for s in op.errors},
+                                  **{str(s): r for s, r in op.more.items()}}}
+            if op.body is not None:
+                schemas[op.body.name] = op.body.schema({"model": {"enum": models}})
+                item["requestBody"] = {"required": True, "content": {"application/json": {"schema":
+                                                                                          _ref(op.body.name)}}}
+            if rule.arguments:
+                item["parameters"] = [
+                    {"name": a, "in": "path", "required": True, "description": op.params.get(a, ""),
+                     "schema": {"type": "string", **({"enum": models} if a == "model" else {})}}
+                    for a in sorted(rule.arguments)]
+            paths.setdefault(path, {})[method.lower()] = item
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": "ortllm", "version": "1",
-                 "description": "OpenAI-compatible completions and chat on an ortllm engine (CPU, ONNX Runtime)."},
-        "paths": {
-            "/v1/completions": {"post": {
-                "summary": "Complete a prompt (stream=true: server-sent events)",
-                "operationId": "createCompletion",
-                "requestBody": {"required": True, "content": _json(_ref("CompletionRequest"))},
-                "responses": {"200": {"description": "the completion",
-                                      "content": {**_json(_ref("Completion")), **sse}}, **_GEN_ERRORS}}},
-            "/v1/chat/completions": {"post": {
-                "summary": "Answer a conversation (stream=true: server-sent events)",
-                "operationId": "createChatCompletion",
-                "requestBody": {"required": True, "content": _json(_ref("ChatCompletionRequest"))},
-                "responses": {"200": {"description": "the answer",
-                                      "content": {**_json(_ref("ChatCompletion")), **sse}}, **_GEN_ERRORS}}},
-            "/v1/models": {"get": {
-                "summary": "List the served models", "operationId": "listModels",
-                "responses": {"200": {"description": "models", "content": _json(_ref("ModelList"))},
-                              "401": _GEN_ERRORS["401"], "503": _GEN_ERRORS["503"]}}},
-            "/v1/models/{model}": {"get": {
-                "summary": "One model", "operationId": "getModel",
-                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "the model", "content": _json(_ref("Model"))},
-                              "401": _GEN_ERRORS["401"], "404": _GEN_ERRORS["404"], "503": _GEN_ERRORS["503"]}}},
-            "/tokenize": {"post": {
-                "summary": "Token ids of a prompt or a conversation", "operationId": "tokenize",
-                "requestBody": {"required": True, "content": _json(_ref("TokenizeRequest"))},
-                "responses": {"200": {"description": "token ids", "content": _json({
-                    "type": "object", "required": ["tokens", "count", "max_model_len"],
-                    "properties": {"tokens": {"type": "array", "items": {"type": "integer"}},
-                                   "count": {"type": "integer"}, "max_model_len": {"type": "integer"}}})},
-                    **_AUTH_ERRORS}}},
-            "/detokenize": {"post": {
-                "summary": "Text of token ids", "operationId": "detokenize",
-                "requestBody": {"required": True, "content": _json({
-                    "type": "object", "required": ["tokens"],
-                    "properties": {"tokens": {"type": "array", "items": {"type": "integer"}}}})},
-                "responses": {"200": {"description": "text", "content": _json({
-                    "type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}})},
-                    **_AUTH_ERRORS}}},
-            "/health": {"get": {
-                "summary": "200 when serving; 503 while loading, draining, after a fatal engine error or while "
-                           "recent model runs failed", "operationId": "health",
-                "responses": {"200": {"description": "ok", "content": _json(_ref("Health"))},
-                              "503": {"description": "not healthy", "content": _json(_ref("Health"))}}}},
-            "/metrics": {"get": {
-                "summary": "Prometheus metrics", "operationId": "metrics",
-                "responses": {"200": {"description": "text exposition format",
-                                      "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-        },
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": {
-            "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                "type": "object", "required": ["message", "type", "param", "code"],
-                "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                               "param": {"type": "string", "nullable": True},
-                               "code": {"type": "string", "nullable": True}}}}},
-            "Usage": usage,
-            "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
-                "prompt": {"oneOf": [{"type": "string", "minLength": 1},
-                                     {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
-                "logprobs": {"type": "integer", "minimum": 0, "maximum": max_logprobs, "nullable": True},
-                "echo": {"type": "boolean", "enum": [False]},
-                **sampling}},
-            "ChatMessage": {"type": "object", "required": ["role", "content"], "properties": {
-                "role": {"type": "string", "enum": ["system", "user", "assistant"]},
-                "content": {"type": "string"}}},
-            "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
-                "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
-                "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": context_length,
-                                          "nullable": True},
-                "logprobs": {"type": "boolean", "nullable": True},
-                "top_logprobs": {"type": "integer", "minimum": 0, "maximum": max_logprobs, "nullable": True},
-                **sampling}},
-            "Completion": {"type": "object", "required": ["id", "object", "choices", "usage"], "properties": {
-                **response_common, "object": {"type": "string", "enum": ["text_completion"]},
-                "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text",
-                                                                                       "finish_reason"],
-                    "properties": {"index": {"type": "integer"}, "text": {"type": "string"},
-                                   "finish_reason": finish,
-                                   "logprobs": {"type": "object", "nullable": True}}}}}},
-            "ChatCompletion": {"type": "object", "required": ["id", "object", "choices", "usage"], "properties": {
-                **response_common, "object": {"type": "string", "enum": ["chat.completion"]},
-                "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message",
-                                                                                       "finish_reason"],
-                    "properties": {"index": {"type": "integer"}, "finish_reason": finish,
-                                   "message": {"type": "object", "required": ["role", "content"], "properties": {
-                                       "role": {"type": "string"}, "content": {"type": "string"}}},
-                                   "logprobs": {"type": "object", "nullable": True}}}}}},
-            "Model": {"type": "object", "required": ["id", "object", "owned_by"], "properties": {
-                "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
-                "owned_by": {"type": "string"}, "max_model_len": {"type": "integer"}}},
-            "ModelList": {"type": "object", "required": ["object", "data"], "properties": {
-                "object": {"type": "string"}, "data": {"type": "array", "items": _ref("Model")}}},
-            "TokenizeRequest": {"type": "object", "properties": {
-                "prompt": {"type": "string"}, "messages": {"type": "array", "items": _ref("ChatMessage")},
-                "add_special_tokens": {"type": "boolean"}}},
-            "Health": {"type": "object", "required": ["status"], "properties": {
-                "status": {"type": "string", "enum": ["ok", "loading", "failed", "dead", "draining", "degraded"]}}},
-        }},
+                 "description": "OpenAI- and Ollama-compatible generation on an ortllm engine (CPU, ONNX Runtime)."},
+        "paths": paths,
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": schemas},
         "security": [{"bearer": []}, {}],
         "x-security-note": "a key is needed only when the server was started with --api-key",
     }
+
+
+def _error(status: int) -> dict:
+    return {"description": _ERRORS[status], "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+# ---------------------------------------------------------------- response shapes
+
+_INT = {"type": "integer", "minimum": 0}
+_STR = {"type": "string"}
+
+
+def _obj(required: list[str], **props) -> dict:
+    return {"type": "object", "required": required, "properties": props}
+
+
+_USAGE = _obj(["prompt_tokens", "completion_tokens", "total_tokens"], prompt_tokens=_INT, completion_tokens=_INT,
+              total_tokens=_INT, prompt_tokens_details={"type": "object", "properties": {"cached_tokens": _INT}})
+_FINISH = {"enum": ["stop", "length", "tool_calls"]}
+_LOGPROBS = {"type": ["object", "null"]}
+_TOOL_CALL = _obj(["id", "type", "function"], id=_STR, type={"const": "function"},
+                  function=_obj(["name", "arguments"], name=_STR, arguments={**_STR, "description": "JSON text"}))
+_COMMON = {"id": _STR, "created": {"type": "integer"}, "model": _STR, "system_fingerprint": {"type": "null"},
+           "usage": _ref("Usage")}
+_OLLAMA_MODEL = _obj(["name", "model"], name=_STR, model=_STR, modified_at=_STR, size=_INT, digest=_STR,
+                     details={"type": "object"})
+_OLLAMA_ANSWER = {"model": _STR, "created_at": _STR, "done": {"type": "boolean"}, "done_reason": _STR,
+                  "total_duration": _INT, "prompt_eval_count": _INT, "eval_count": _INT,
+                  "prompt_eval_duration": _INT, "eval_duration": _INT}
+
+RESPONSES = {
+    "Error": _obj(["error"], error=_obj(["message", "type", "param", "code"], message=_STR, type=_STR,
+                                        param={"type": ["string", "null"]}, code={"type": ["string", "null"]})),
+    "Usage": _USAGE,
+    "Completion": _obj(["id", "object", "choices", "usage"], **_COMMON, object={"const": "text_completion"},
+                       choices={"type": "array", "items": _obj(["index", "text", "finish_reason"], index=_INT,
+                                                               text=_STR, finish_reason=_FINISH, logprobs=_LOGPROBS)}),
+    "ChatCompletion": _obj(["id", "object", "choices", "usage"], **_COMMON, object={"const": "chat.completion"},
+                           choices={"type": "array", "items": _obj(
+                               ["index", "message", "finish_reason"], index=_INT, finish_reason=_FINISH,
+                               logprobs=_LOGPROBS,
+                               message=_obj(["role", "content"], role={"const": "assistant"},
+                                            content={"type": ["string", "null"]},
+                                            tool_calls={"type": "array", "items": _TOOL_CALL}))}),
+    "Model": _obj(["id", "object", "owned_by"], id=_STR, object={"const": "model"}, created={"type": "integer"},
+                  owned_by=_STR, root=_STR, parent=_STR, max_model_len=_INT, loaded={"type": "boolean"}),
+    "ModelList": _obj(["object", "data"], object={"const": "list"}, data={"type": "array", "items": _ref("Model")}),
+    "ModelDeleted": _obj(["id", "object", "deleted"], id=_STR, object={"const": "model"}, deleted={"const": True}),
+    "Tokens": _obj(["tokens", "count", "max_model_len"], tokens={"type": "array", "items": {"type": "integer"}},
+                   count=_INT, max_model_len=_INT),
+    "Text": _obj(["prompt"], prompt=_STR),
+    "Health": _obj(["status"], status={"enum": ["ok", "loading", "failed", "dead", "draining", "degraded"]}),
+    "OllamaGenerate": _obj(["model", "created_at", "response", "done"], **_OLLAMA_ANSWER, response=_STR),
+    "OllamaChat": _obj(["model", "created_at", "message", "done"], **_OLLAMA_ANSWER, message=_obj(
+        ["role", "content"], role={"const": "assistant"}, content=_STR,
+        tool_calls={"type": "array", "items": _obj(["function"], function=_obj(
+            ["name", "arguments"], name=_STR, arguments={"type": "object"}))})),
+    "OllamaTags": _obj(["models"], models={"type": "array", "items": _OLLAMA_MODEL}),
+    "OllamaPs": _obj(["models"], models={"type": "array", "items": {**_OLLAMA_MODEL, "properties": {
+        **_OLLAMA_MODEL["properties"], "expires_at": _STR, "size_vram": _INT, "context_length": _INT}}}),
+    "OllamaShow": _obj(["details", "model_info"], modelfile=_STR, parameters=_STR, template=_STR,
+                       details={"type": "object"}, modified_at=_STR, model_info={"type": "object"},
+                       capabilities={"type": "array", "items": _STR}),
+    "OllamaVersion": _obj(["version"], version=_STR),
+    "OpenAPI": _obj(["openapi", "paths"], openapi=_STR, paths={"type": "object"}),
+}

@@ -1,68 +1,71 @@
 """Operational endpoints: /health, /metrics, /openapi.json, /tokenize, /detokenize."""
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ortllm.protocol import openai as protocol
+from ortllm.protocol.bodies import DETOKENIZE, TOKENIZE
 from ortllm.runtime.errors import InvalidTokenIds
 
+from .api import model_cards
 from .auth import require_api_key
 from .body import read_json_object
-from .errors import bad_request
+from .errors import APIError
 from .metrics import current_metrics
-from .openapi import build_spec
+from .openapi import POST, build_spec, document, json_ok
 from .resources import current_resources
 
 bp = Blueprint("ops", __name__)
 
 
 @bp.get("/health")
+@document("200 when serving; 503 while loading, draining, after a fatal engine error or while recent model runs "
+          "failed", ok=json_ok("Health", "ok"), more={503: json_ok("Health", "not healthy")})
 def health():
     status, body = current_resources().health()
     return jsonify(body), status
 
 
 @bp.get("/metrics")
+@document("Prometheus metrics", ok={"description": "text exposition format",
+                                    "content": {"text/plain": {"schema": {"type": "string"}}}})
 def metrics():
     return Response(generate_latest(current_metrics().registry), mimetype=CONTENT_TYPE_LATEST)
 
 
 @bp.get("/openapi.json")
+@document("This document (OpenAPI 3.1): `model` lists what is served now", ok=json_ok("OpenAPI"))
 def openapi():
-    res = current_resources()
-    engine = res.engine
-    return jsonify(build_spec(res.model_name or "model", engine.context_length if engine else 1 << 20))
+    try:
+        models = [c["id"] for c in model_cards()]
+    except APIError:                   # still loading: the names known without the engine
+        res = current_resources()
+        models = [res.model_name] if res.model_name else []
+    return jsonify(build_spec(current_app, models))
 
 
 @bp.post("/tokenize")
+@document("Token ids of a prompt or a conversation", body=TOKENIZE, ok=json_ok("Tokens"), errors=POST)
 def tokenize():
     require_api_key()
     engine = current_resources().require_engine()
-    body = read_json_object(request)
-    add_special = body.get("add_special_tokens", True)
-    if not isinstance(add_special, bool):
-        raise bad_request("add_special_tokens must be true or false", param="add_special_tokens")
-    if "messages" in body:
-        req = protocol.parse_chat({"messages": body["messages"]})
+    v = TOKENIZE.read(read_json_object(request))
+    if v["messages"] is not None:
+        req = protocol.parse_chat({"messages": v["messages"]})
         text = engine.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
         ids = engine.tokenizer.encode(text)
     else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str):
-            raise bad_request("send prompt (a string) or messages (a conversation)", param="prompt")
-        ids = engine.tokenizer.encode(prompt, add_special_tokens=add_special)
+        ids = engine.tokenizer.encode(v["prompt"], add_special_tokens=v["add_special_tokens"])
     return jsonify({"tokens": ids, "count": len(ids), "max_model_len": engine.context_length})
 
 
 @bp.post("/detokenize")
+@document("Text of token ids", body=DETOKENIZE, ok=json_ok("Text"), errors=POST)
 def detokenize():
     require_api_key()
     engine = current_resources().require_engine()
-    body = read_json_object(request)
-    tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        raise bad_request("tokens must be a list of integer token ids", param="tokens")
+    tokens = DETOKENIZE.read(read_json_object(request))["tokens"]
     vocab = engine.tokenizer.vocab_size
     bad = [t for t in tokens if not 0 <= t < vocab]
     if bad:

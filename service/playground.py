@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from .openapi import document
+
 bp = Blueprint("playground", __name__)
 
 
 @bp.get("/")
+@document("The playground page", ok={"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}})
 def page():
     return Response(PAGE, mimetype="text/html")
 

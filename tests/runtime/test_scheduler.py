@@ -57,8 +57,13 @@ def check_step(sched, out, decoding_before):
         assert 0 not in s.block_ids and s.block_ids == req.block_ids
         assert s.needs_logits == (s.start_pos + fed == req.num_tokens)
         assert s.token_ids[:fed] == req.token_ids[s.start_pos:s.start_pos + fed]
-        if k:   # drafts: only on a decode row, within max_tokens (with the target's own token), never guided
-            assert fed == 1 and s.needs_logits and req.spec is not None and req.params.guide is None
+        if k:   # drafts: only on a decode row, within max_tokens (with the target's own token); a guided row's
+            # are its grammar's forced tokens, never prompt lookup's
+            assert fed == 1 and s.needs_logits
+            if req.params.guide is None:
+                assert req.spec is not None and not req.forced_token_ids
+            else:
+                assert req.spec is None and s.spec_token_ids == req.forced_token_ids[:k]
             assert req.num_tokens - req.num_prompt_tokens + k + 1 <= req.params.max_tokens
         elif drafted and s.req_id not in decoding_before:
             # drafts only take what is left: no prefill chunk in a step with drafts was cut by the budget
@@ -452,6 +457,40 @@ def test_guided_and_off_requests_are_never_drafted():
     g = s.add_request("g", [1, 2, 1, 2, 1], SamplingParams(max_tokens=5, guide=Guide("regex", "a+")))
     off = make(spec_max_tokens=0).add_request("o", [1, 2, 1, 2, 1], SamplingParams(max_tokens=5))
     assert g.spec is None and off.spec is None
+
+
+def test_forced_tokens_are_next_steps_drafts():
+    """ModelRunnerOutput.forced_token_ids (a grammar's forced tokens) are verified as drafts in the next step,
+    with prompt-lookup drafts off too: right ones save steps, wrong ones are rolled back, the tokens are the
+    model's either way, the budget and max_tokens hold (check_step), nothing leaks (run)."""
+    from ortllm.runtime.sampling_params import Guide
+
+    def runner(out, wrong_every=7):
+        res = fake_runner(out)
+        forced = {}
+        for sq in out.seqs:
+            if sq.req_id in res.sampled_token_ids:     # the grammar forces the model's next 5 tokens, mostly
+                end = sq.start_pos + len(sq.token_ids) - len(sq.spec_token_ids) + len(res.sampled_token_ids[sq.req_id])
+                f = [token_for(sq.req_id, end + j) for j in range(5)]
+                if end % wrong_every == 0:
+                    f[2] += 1
+                forced[sq.req_id] = f
+        return ModelRunnerOutput(res.sampled_token_ids, forced)
+
+    s = make(spec_max_tokens=0, max_batch_tokens=32)
+    g = s.add_request("g", [1, 2, 3], SamplingParams(max_tokens=40, guide=Guide("regex", "a+")))
+    outs = run(s, runner=runner)
+    st_ = s.stats()
+    assert g.output_token_ids == expected_tokens(g) and g.finish_reason == "length"
+    assert 0 < st_.forced_accepted < st_.forced_drafted and st_.spec_drafted == 0
+    assert len(outs) < 40 // 2, "forced drafts did not save steps"
+    # a forced draft never takes budget a prefill needs: a 31-token prompt leaves one token for the drafts
+    s = make(spec_max_tokens=0, max_batch_tokens=32)
+    s.add_request("g", [1, 2, 3], SamplingParams(max_tokens=40, guide=Guide("regex", "a+")))
+    s.update_from_output(out := s.schedule(), runner(out))
+    s.add_request("b", list(range(10, 41)), SamplingParams(max_tokens=2))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"g": 1, "b": 31}
 
 
 def test_adaptive_k_pauses_after_failures_and_recovers():

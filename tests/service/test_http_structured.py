@@ -149,17 +149,39 @@ def test_tool_call_round_trip(smol_live):
 
 
 def test_streamed_named_tool_call(smol_live):
+    """Streamed as OpenAI streams a call: a first delta with index, id, type, name and empty arguments, then only
+    index + argument fragments as they are generated; the accumulated arguments validate against the tool's
+    schema and equal the non-streamed call's."""
     c = _client(smol_live)
-    stream = c.chat.completions.create(
-        model=smol_live.model, messages=[{"role": "user", "content": "Time in Tokyo?"}], tools=[WEATHER, TIME],
-        tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0, max_tokens=60,
-        stream=True, stream_options={"include_usage": True})
-    chunks = list(stream)
-    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].function.name == "get_time"
-    assert "zone" in json.loads(calls[0].function.arguments)
+    kw = dict(model=smol_live.model, messages=[{"role": "user", "content": "What is the weather in Tokyo?"}],
+              tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              temperature=0, max_tokens=60)
+    chunks = list(c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    first, rest = deltas[0], deltas[1:]
+    assert (first.index, first.type, first.function.name, first.function.arguments) == (0, "function",
+                                                                                         "get_weather", "")
+    assert first.id.startswith("call_")
+    assert len(rest) > 1, "the arguments came in one piece"
+    assert all(d.index == 0 and d.id is None and d.type is None and d.function.name is None
+               and d.function.arguments for d in rest)
+    args = "".join(d.function.arguments for d in rest)
+    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    assert not any(ch.choices[0].delta.content for ch in chunks if ch.choices)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    # the client's own stream helper accumulates the same call
+    with c.chat.completions.stream(**kw) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert events.count("tool_calls.function.arguments.delta") > 1
+    assert "tool_calls.function.arguments.done" in events
+    assert call.id.startswith("call_") and (call.function.name, call.function.arguments) == ("get_weather", args)
+    whole = c.chat.completions.create(**kw).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    assert (whole.message.tool_calls[0].function.name, whole.message.tool_calls[0].function.arguments) == (
+        "get_weather", args)
 
 
 def test_n_seeds_logit_bias_usage(smol_live):
@@ -213,7 +235,7 @@ BAD = [
     ("schema-not-object", "chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                                                                                                "schema": 5}}},
      "response_format.json_schema.schema"),
-    ("response-format-type", "chat", {"response_format": {"type": "yaml"}}, "response_format"),
+    ("response-format-type", "chat", {"response_format": {"type": "yaml"}}, "response_format.type"),
     ("unknown-function", "chat", {"tools": [WEATHER], "tool_choice": {"type": "function",
                                                                       "function": {"name": "launch"}}}, "tool_choice"),
     ("non-object-parameters", "chat", {"tools": [{"type": "function", "function": {

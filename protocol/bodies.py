@@ -1,0 +1,198 @@
+"""The request bodies of every route, declared once (fields.py): the parsers validate with these and
+/openapi.json publishes them.
+
+    COMPLETION, CHAT           /v1/completions, /v1/chat/completions (openai.py: parse_completion, parse_chat)
+    OLLAMA_GENERATE, _CHAT     /api/generate, /api/chat (service/ollama.py: translated into CHAT / COMPLETION)
+    OLLAMA_SHOW                /api/show
+    TOKENIZE, DETOKENIZE       /tokenize, /detokenize
+    ADAPTER                    POST /v1/adapters
+
+Ollama's `options` take the OpenAI sampling fields' schemas under Ollama's names (OLLAMA_OPTIONS), so a value
+is checked by the same schema whichever API it came through.
+"""
+from __future__ import annotations
+
+from ortllm.runtime.sampling_params import LOGIT_BIAS_RANGE, MAX_LOGPROBS, PENALTY_RANGE, REPETITION_PENALTY_RANGE
+
+from .fields import Body, Field, boolean, integer, number, string
+
+MAX_STOP = 4            # OpenAI's limit on stop strings
+MAX_N = 8               # completions per prompt (n): one prefill, n continuations
+MAX_PROMPTS = 32        # prompts in one /v1/completions request
+MAX_TOP_LOGPROBS = 5    # OpenAI's limit on completions' `logprobs` / chat's `top_logprobs`
+MAX_TOOLS = 128
+MAX_LOGIT_BIAS = 300
+NAME_PATTERN = "^[A-Za-z0-9_-]{1,64}$"   # function and json_schema names (OpenAI's rule)
+assert MAX_TOP_LOGPROBS <= MAX_LOGPROBS
+
+_JSON_SCHEMA = {"type": "object", "description": "a JSON Schema (checked against the JSON Schema meta-schema)"}
+_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+
+# ---------------------------------------------------------------- sampling (completions and chat)
+
+MODEL = string("model", description="the served model or adapter (GET /v1/models); default: the first served model")
+TEMPERATURE = number("temperature", 1.0, 0, 2, description="0: greedy")
+TOP_P = number("top_p", 1.0, 0, 1, lo_open=True)
+TOP_K = integer("top_k", 0, 0, 2**31 - 1, description="0: off (extension)")
+MIN_P = number("min_p", 0.0, 0, 1, description="extension")
+REPETITION_PENALTY = number("repetition_penalty", 1.0, *REPETITION_PENALTY_RANGE, description="extension; 1: off")
+FREQUENCY_PENALTY = number("frequency_penalty", 0.0, *PENALTY_RANGE)
+PRESENCE_PENALTY = number("presence_penalty", 0.0, *PENALTY_RANGE)
+SEED = integer("seed", None, 0, 2**63 - 1, description="the same seed gives the same text whatever the batch")
+STOP = Field("stop", {"anyOf": [{"type": "string", "minLength": 1},
+                                {"type": "array", "maxItems": MAX_STOP, "items": {"type": "string", "minLength": 1}}],
+                      "description": f"a non-empty string or a list of at most {MAX_STOP} non-empty strings"},
+             description="stop strings, left out of the text")
+MAX_TOKENS = integer("max_tokens", None, 1, description="capped to the room the context leaves")
+
+
+def _sampling(max_tokens: Field) -> list[Field]:
+    return [
+        MODEL, max_tokens, TEMPERATURE, TOP_P, TOP_K, MIN_P, REPETITION_PENALTY, FREQUENCY_PENALTY, PRESENCE_PENALTY,
+        SEED, STOP,
+        Field("stop_token_ids", {"type": "array", "items": {"type": "integer", "minimum": 0}},
+              description="extension: token ids that end the generation"),
+        boolean("ignore_eos", False, "extension: go on past the end-of-sequence token"),
+        integer("priority", 0, -1000, 1000, "extension: higher is scheduled first"),
+        Field("logit_bias", {"type": "object", "maxProperties": MAX_LOGIT_BIAS,
+                             "propertyNames": {"pattern": "^[0-9]+$"},
+                             "additionalProperties": {"type": "number", "minimum": LOGIT_BIAS_RANGE[0],
+                                                      "maximum": LOGIT_BIAS_RANGE[1]}},
+              description="token id (as a string) -> bias added to its logit before sampling",
+              hint=f"an object of at most {MAX_LOGIT_BIAS} \"token id\": bias in [{LOGIT_BIAS_RANGE[0]:g}, "
+                   f"{LOGIT_BIAS_RANGE[1]:g}]"),
+        boolean("speculative", True, "extension: false turns drafts off for this request (prompt lookup, a "
+                                     "grammar's forced tokens); the tokens are the same either way"),
+        boolean("stream", False, "server-sent events: data: {chunk} ... data: [DONE]"),
+        Field("stream_options", {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+              description="include_usage: one more chunk with the usage and no choices"),
+        string("user", description="accepted, not used"),
+        integer("n", 1, 1, MAX_N, f"completions per prompt (one prefill); at most {MAX_N}"),
+        Field("guided_json", {"anyOf": [{"type": "object"}, {"type": "string"}],
+                              "description": "a JSON Schema object or its JSON text"},
+              description="vLLM's extension: the output follows this JSON Schema"),
+        string("guided_regex", minLength=1, description="vLLM's extension: the output matches this regular expression"),
+        Field("guided_choice", {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+              description="vLLM's extension: the output is one of these strings"),
+    ]
+
+
+# ---------------------------------------------------------------- /v1/completions
+
+PROMPT = Field("prompt", {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
+                                    {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
+                                     "items": {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]}}]},
+               required=True, description=f"text, token ids, or a list of at most {MAX_PROMPTS} of either",
+               hint=f"a non-empty string, a non-empty list of token ids, or a list of at most {MAX_PROMPTS} of those")
+
+COMPLETION = Body("CompletionRequest", [
+    PROMPT, *_sampling(integer("max_tokens", 16, 0, description="capped to the room the context leaves; 0 only "
+                                                                "with echo (score the prompt)")),
+    integer("logprobs", None, 0, MAX_TOP_LOGPROBS, "the chosen token's logprob and the top n"),
+    boolean("echo", False, "the prompt before the completion (with logprobs: the prompt's too); not with stream"),
+    Field("suffix", {"type": "string", "maxLength": 0}, description="not supported (null or empty)",
+          hint="null or empty (suffix is not supported)"),
+    integer("best_of", None, 1, description="must equal n (ranking candidates is not supported)"),
+])
+
+# ---------------------------------------------------------------- /v1/chat/completions
+
+_TEXT_PARTS = {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"},
+                                                                         "text": {"type": "string"}},
+                                          "required": ["type", "text"]}}
+_CALLS = {"type": "array", "items": {
+    "type": "object", "required": ["function"],
+    "properties": {"id": {"type": "string"}, "type": {"const": "function"},
+                   "function": {"type": "object", "required": ["name"], "properties": {
+                       "name": {"type": "string"},
+                       "arguments": {"anyOf": [{"type": "string"}, {"type": "object"}],
+                                     "description": "JSON text (OpenAI) or an object (Ollama)"}}}}}}
+MESSAGES = Field("messages", {"type": "array", "minItems": 1, "items": {
+    "type": "object", "required": ["role"],
+    "properties": {"role": {"enum": ["system", "user", "assistant", "developer", "tool"]},
+                   "content": {"anyOf": [{"type": "string"}, _TEXT_PARTS, {"type": "null"}],
+                               "description": "a string or a list of {type: text, text} parts"},
+                   "tool_calls": _CALLS, "tool_call_id": {"type": "string"}, "name": {"type": "string"}}}},
+                 required=True, description="the conversation, rendered with the model's chat template "
+                                            "(developer is treated as system)")
+TOOLS = Field("tools", {"type": "array", "maxItems": MAX_TOOLS, "items": {
+    "type": "object", "required": ["function"],
+    "properties": {"type": {"const": "function"},
+                   "function": {"type": "object", "required": ["name"], "properties": {
+                       "name": {"type": "string", "pattern": NAME_PATTERN},
+                       "description": {"type": "string"},
+                       "parameters": {**_JSON_SCHEMA, "required": ["type"],
+                                      "properties": {"type": {"const": "object"}}},
+                       "strict": {"type": ["boolean", "null"]}}}}}},
+              description="functions the model may call: their parameters are a JSON Schema of type object")
+TOOL_CHOICE = Field("tool_choice", {"anyOf": [
+    {"enum": ["none", "auto", "required"]},
+    {"type": "object", "required": ["type", "function"],
+     "properties": {"type": {"const": "function"},
+                    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}],
+    "description": '"none", "auto", "required" or {type: function, function: {name}}'},
+    description="auto (default with tools): the model may call; required or a named function: it must")
+RESPONSE_FORMAT = Field("response_format", {
+    "type": "object", "required": ["type"],
+    "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                   "json_schema": {"type": "object", "required": ["schema"], "properties": {
+                       "name": {"type": "string", "pattern": NAME_PATTERN}, "description": {"type": "string"},
+                       "schema": _JSON_SCHEMA, "strict": {"type": ["boolean", "null"]}}}},
+    "if": {"properties": {"type": {"const": "json_schema"}}}, "then": {"required": ["json_schema"]}},
+    description="json_object: any JSON object; json_schema: one that validates against json_schema.schema")
+
+CHAT = Body("ChatCompletionRequest", [
+    MESSAGES, *_sampling(MAX_TOKENS),
+    integer("max_completion_tokens", None, 1, description="the same as max_tokens (OpenAI's newer name)"),
+    boolean("logprobs", False, "each chosen token's logprob"),
+    integer("top_logprobs", None, 0, MAX_TOP_LOGPROBS, "with logprobs: the top n too"),
+    RESPONSE_FORMAT, TOOLS, TOOL_CHOICE,
+])
+
+# ---------------------------------------------------------------- Ollama: /api/generate, /api/chat, /api/show
+
+# Ollama's option name -> the OpenAI field it sets (checked with that field's schema)
+OLLAMA_OPTIONS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "seed": SEED,
+                  "stop": STOP, "repeat_penalty": REPETITION_PENALTY, "presence_penalty": PRESENCE_PENALTY,
+                  "frequency_penalty": FREQUENCY_PENALTY,
+                  "num_predict": integer("max_tokens", None, description="a negative value: until the context is "
+                                                                         "full (Ollama's -1 and -2)")}
+# options Ollama defines that do not change sampling here (memory and threading are the server's)
+OLLAMA_IGNORED = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
+                  "num_keep", "low_vram", "vocab_only", "repeat_last_n", "typical_p", "penalize_newline", "mirostat",
+                  "mirostat_tau", "mirostat_eta", "tfs_z")
+_OPTIONS = Field("options", {
+    "type": "object", "additionalProperties": False,
+    "properties": {**{k: f.published() for k, f in OLLAMA_OPTIONS.items()},
+                   **{k: {"description": "accepted; no effect here"} for k in OLLAMA_IGNORED}}},
+    description="sampling: num_predict -> max_tokens, repeat_penalty -> repetition_penalty, the rest by name")
+OLLAMA_MODEL = string("model", required=True, minLength=1, description="a served model or adapter (GET /api/tags)")
+_FORMAT = Field("format", {"anyOf": [{"enum": ["json", ""]}, {"type": "object"}],
+                           "description": '"json" or a JSON Schema object'},
+                description='"json": any JSON object; a JSON Schema: an object that validates against it')
+_OLLAMA_STREAM = boolean("stream", True, "NDJSON lines, one per delta, the last with done: true")
+
+OLLAMA_GENERATE = Body("OllamaGenerateRequest", [
+    OLLAMA_MODEL, string("prompt", required=True), string("system", description="a system message (not with raw)"),
+    boolean("raw", False, "true: the prompt as is, no chat template"), _OLLAMA_STREAM, _FORMAT, _OPTIONS,
+])
+OLLAMA_CHAT = Body("OllamaChatRequest", [OLLAMA_MODEL, MESSAGES, TOOLS, _OLLAMA_STREAM, _FORMAT, _OPTIONS])
+OLLAMA_SHOW = Body("OllamaShowRequest", [OLLAMA_MODEL, string("name", deprecated=True,
+                                                               description="older clients' name for model")])
+
+# ---------------------------------------------------------------- tokenizer and adapters
+
+TOKENIZE = Body("TokenizeRequest", [
+    string("prompt", description="text, encoded as a completion prompt is"),
+    Field("messages", MESSAGES.schema, description="a conversation, rendered as chat renders it"),
+    boolean("add_special_tokens", True, "for prompt: add the tokenizer's special tokens (BOS)"),
+], alternatives=[["prompt"], ["messages"]])
+DETOKENIZE = Body("DetokenizeRequest", [Field("tokens", {"type": "array", "items": {"type": "integer"}},
+                                              required=True, description="token ids")])
+ADAPTER = Body("AdapterLoadRequest", [
+    string("name", required=True, minLength=1, description="the model name it is served as: 1-64 letters, "
+                                                            "digits, '.', '_' or '-' (checked when it is built)"),
+    string("path", required=True, minLength=1, description="a PEFT LoRA directory on the server"),
+])
+
+ALL = [COMPLETION, CHAT, OLLAMA_GENERATE, OLLAMA_CHAT, OLLAMA_SHOW, TOKENIZE, DETOKENIZE, ADAPTER]

@@ -1,0 +1,227 @@
+"""Request bodies declared once: each field's JSON Schema is what the parser validates the field with and what
+/openapi.json publishes (service/openapi.py), so the two cannot drift.
+
+    Field   name, schema of a present value (JSON Schema 2020-12, the dialect of OpenAPI 3.1), default,
+            required, description; null counts as absent for an optional field (OpenAI clients send nulls)
+    Body    the fields of one request body: read(body) validates each present field against its schema and
+            returns {name: value or default}; schema() is the body's JSON Schema for the API document
+
+A field that fails its schema is a 400 naming it (`param`): the field, dotted into nested objects
+(`response_format.json_schema.schema`, `options.temperature`); inside a list it stays the list's name
+(`messages`) and the message says where (`messages[0].role must be one of ...`). What a schema cannot say
+(one field's meaning depending on another, a JSON schema being a valid one) the parsers check after read(),
+with the same 400. Fields the body does not declare are ignored, as OpenAI's API does.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError
+
+from .errors import bad_request
+
+# "integer" is a JSON integer as Python parses it (1.0 is a float here): token ids, counts and seeds stay ints
+_Validator = validators.extend(Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool)))
+_TYPES = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+          "object": "an object", "array": "a list", "null": "null"}
+
+
+@dataclass
+class Field:
+    name: str
+    schema: dict                          # of a present, non-null value
+    default: Any = None
+    required: bool = False
+    description: str = ""
+    hint: str = ""                        # what the value must be, for messages where the schema is a union
+    _validator: Any = field(default=None, repr=False, compare=False)
+
+    def check(self, value) -> None:
+        """A 400 naming the field if value does not match its schema."""
+        if self._validator is None:
+            self._validator = _Validator(self.schema)
+        err = next(iter(self._validator.iter_errors(value)), None)
+        if err is not None:
+            raise bad_request(_message(self, err), param=_param(self.name, err))
+
+    def published(self, extra: dict | None = None) -> dict:
+        """The field's schema in the API document: with its description, default and (optional fields) null."""
+        s = {**self.schema, **(extra or {})}
+        if self.description:
+            s["description"] = self.description
+        if self.default is not None:
+            s["default"] = self.default
+        return s if self.required else _or_null(s)
+
+
+def integer(name: str, default=None, lo: int | None = None, hi: int | None = None, description: str = "",
+            required: bool = False) -> Field:
+    return Field(name, _bounded({"type": "integer"}, lo, hi), default, required, description)
+
+
+def number(name: str, default=None, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+           description: str = "") -> Field:
+    s = _bounded({"type": "number"}, None if lo_open else lo, hi)
+    if lo_open:
+        s["exclusiveMinimum"] = lo
+    return Field(name, s, default, False, description)
+
+
+def boolean(name: str, default=None, description: str = "") -> Field:
+    return Field(name, {"type": "boolean"}, default, False, description)
+
+
+def string(name: str, default=None, description: str = "", required: bool = False, **schema) -> Field:
+    return Field(name, {"type": "string", **schema}, default, required, description)
+
+
+def _bounded(s: dict, lo, hi) -> dict:
+    if lo is not None:
+        s["minimum"] = lo
+    if hi is not None:
+        s["maximum"] = hi
+    return s
+
+
+def _or_null(s: dict) -> dict:
+    if isinstance(s.get("type"), str) and "enum" not in s and "const" not in s:
+        return {**s, "type": [s["type"], "null"]}
+    if "anyOf" in s:
+        return {**s, "anyOf": [*s["anyOf"], {"type": "null"}]}
+    return {"anyOf": [s, {"type": "null"}]}
+
+
+class Body:
+    """One request body. alternatives: groups of which at least one must be sent (published as anyOf)."""
+
+    def __init__(self, name: str, fields: Sequence[Field], description: str = "",
+                 alternatives: Sequence[Sequence[str]] = ()):
+        self.name, self.description = name, description
+        self.fields = {f.name: f for f in fields}
+        assert len(self.fields) == len(fields), f"{name}: a field is declared twice"
+        self.alternatives = [list(a) for a in alternatives]
+
+    def read(self, body: dict) -> dict[str, Any]:
+        """{name: value} for every declared field (the default where absent or null), each checked."""
+        out = {}
+        for f in self.fields.values():
+            v = body.get(f.name)
+            if v is None:
+                if f.required:
+                    raise bad_request(f"{f.name} is required" + (f": {f.description}" if f.description else ""),
+                                      param=f.name)
+                out[f.name] = f.default
+                continue
+            f.check(v)
+            out[f.name] = v
+        if self.alternatives and not any(all(out[n] is not None for n in a) for a in self.alternatives):
+            names = " or ".join(", ".join(a) for a in self.alternatives)
+            raise bad_request(f"send {names}", param=self.alternatives[0][0])
+        return out
+
+    def schema(self, extra: dict[str, dict] | None = None) -> dict:
+        """The body's JSON Schema; extra: name -> keywords added to that field's schema (e.g. the served models
+        as the enum of `model`, known only at request time)."""
+        extra = extra or {}
+        s = {"type": "object", "properties": {n: f.published(extra.get(n)) for n, f in self.fields.items()}}
+        required = [n for n, f in self.fields.items() if f.required]
+        if required:
+            s["required"] = required
+        if self.alternatives:
+            s["anyOf"] = [{"required": a} for a in self.alternatives]
+        if self.description:
+            s["description"] = self.description
+        return s
+
+
+# ---------------------------------------------------------------- messages
+
+def _param(name: str, err: ValidationError) -> str:
+    """The field, dotted into declared properties of nested objects (and to an undeclared one sent to a closed
+    object); not into lists or maps."""
+    parts, path = [name], list(err.absolute_schema_path)[:-1]      # (the last is the keyword that failed)
+    for i, kw in enumerate(path):
+        if kw == "properties" and i + 1 < len(path):
+            parts.append(str(path[i + 1]))
+        elif i == 0 or path[i - 1] != "properties":
+            if kw in _DESCENDING:
+                return ".".join(parts)
+    if err.validator == "additionalProperties" and err.validator_value is False:
+        parts += sorted(set(err.instance) - set(err.schema.get("properties", {})))[:1]
+    return ".".join(parts)
+
+
+_DESCENDING = {"items", "prefixItems", "additionalProperties", "patternProperties", "propertyNames", "anyOf", "oneOf",
+               "allOf", "if", "then", "else", "contains", "not", "dependentSchemas"}
+
+
+def _where(name: str, err: ValidationError) -> str:
+    out = name
+    for p in err.absolute_path:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _show(v) -> str:
+    return json.dumps(v, ensure_ascii=False)[:60]
+
+
+def _branch(err: ValidationError) -> ValidationError | None:
+    """For an anyOf / oneOf failure: the error of the one alternative of the value's JSON type, if only one is."""
+    by_branch: dict[int, list[ValidationError]] = {}
+    for e in err.context or ():
+        by_branch.setdefault(e.relative_schema_path[0], []).append(e)
+    fits = [es for es in by_branch.values() if not any(e.validator == "type" and not e.relative_path for e in es)]
+    return fits[0][0] if len(fits) == 1 else None
+
+
+def _message(f: Field, err: ValidationError) -> str:
+    if err.validator in ("anyOf", "oneOf") and (one := _branch(err)) is not None:
+        return _message(f, one)
+    where, v, kw, s = _where(f.name, err), err.instance, err.validator, err.schema
+    if f.hint and not err.absolute_path:
+        return f"{where} must be {f.hint}; got {_show(v)}"
+    if kw == "type":
+        types = s["type"] if isinstance(s["type"], list) else [s["type"]]
+        return f"{where} must be {' or '.join(_TYPES.get(t, t) for t in types)}; got {_show(v)}"
+    if kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        lo = "[" if "minimum" in s else "(" if "exclusiveMinimum" in s else None
+        hi = "]" if "maximum" in s else ")" if "exclusiveMaximum" in s else None
+        lo_v, hi_v = s.get("minimum", s.get("exclusiveMinimum")), s.get("maximum", s.get("exclusiveMaximum"))
+        if lo and hi:
+            rng = f"in {lo}{lo_v}, {hi_v}{hi}"
+        elif lo:
+            rng = f"{'>=' if lo == '[' else '>'} {lo_v}"
+        else:
+            rng = f"{'<=' if hi == ']' else '<'} {hi_v}"
+        return f"{where} must be {rng}; got {_show(v)}"
+    if kw == "enum":
+        return f"{where} must be one of {', '.join(_show(x) for x in s['enum'])}; got {_show(v)}"
+    if kw == "const":
+        return f"{where} must be {_show(s['const'])}; got {_show(v)}"
+    if kw in ("minLength", "minItems", "minProperties") and err.validator_value == 1:
+        return f"{where} must not be empty"
+    if kw in ("minLength", "maxLength"):
+        most = "at least" if kw == "minLength" else "at most"
+        return f"{where} must have {most} {err.validator_value} characters; got {len(v)}"
+    if kw in ("minItems", "maxItems", "maxProperties"):
+        most = "at least" if kw == "minItems" else "at most"
+        return f"{where} takes {most} {err.validator_value} entries; got {len(v)}"
+    if kw == "required":
+        missing = [r for r in err.validator_value if r not in v]
+        return f"{where}.{missing[0]} is required"
+    if kw == "additionalProperties":
+        extra = sorted(set(v) - set(s.get("properties", {})))
+        known = ", ".join(s.get("properties", {}))
+        return f"{where} does not take {', '.join(extra)}" + (f"; it takes {known}" if known else "")
+    if kw == "pattern":
+        return f"{where} must match {err.validator_value}; got {_show(v)}"
+    if kw == "propertyNames":
+        return f"{where} keys must match {s['propertyNames'].get('pattern', 'the schema')}; got {err.message}"
+    if kw in ("anyOf", "oneOf") and s.get("description"):
+        return f"{where} must be {s['description']}; got {_show(v)}"
+    return f"{where}: {err.message}"
