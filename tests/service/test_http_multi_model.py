@@ -65,7 +65,7 @@ def test_ortllm_serve_two_store_models_through_openai_client(two_models):
     store = two_models
     env = {**os.environ, "ORTLLM_HOME": str(store.home)}
     proc = subprocess.Popen([sys.executable, "-m", "ortllm", "serve", "tiny:fp32", "tiny:int8", "--port", "0",
-                             "--keep-alive", "1.5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--keep-alive", "6"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         url = None
@@ -106,7 +106,9 @@ def test_ortllm_serve_two_store_models_through_openai_client(two_models):
                             text=True)
         assert rm.returncode == 1 and "served by a running server" in rm.stderr, rm.stderr
 
-        deadline = time.monotonic() + 20                                       # keep-alive 1.5 s: both go
+        # keep-alive 6 s: long enough that a slow load of one model (1.6 s seen on a loaded 2-core box) does not
+        # idle the other out between the requests above (it would load twice); then both go
+        deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
             if not any(m.model_extra["loaded"] for m in client.models.list().data):
                 break
