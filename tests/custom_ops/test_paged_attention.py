@@ -51,18 +51,24 @@ def test_paged_attention_fp32_parity(heads, BS, scenario):
     np.testing.assert_array_equal(vc, ref_vc)
 
 
-@pytest.mark.parametrize("seqs", [[(2047, 1), (700, 1)], [(2047, 1)], [(1500, 1), (3, 4)]],
-                         ids=["long+short", "single", "long+prefill"])
-def test_paged_attention_fp32_long_context_decode(seqs):
-    """Decode at context ~2048: online softmax across 128 blocks, and (few items) the key range split
-    into parts that are merged afterwards ("flash-decoding")."""
-    feeds, (attn, _, _), attrs = run_case(seqs, 9, 3, 16, "float32", seed=5)
+LONG_CASES = {"long+short": [(2047, 1), (700, 1)], "single": [(2047, 1)], "long+prefill": [(1500, 1), (3, 4)],
+              "long_chunk": [(1100, 21)], "batch_of_8": [(c, 1) for c in (2047, 37, 700, 1500, 64, 1030, 300, 513)]}
+
+
+@pytest.mark.parametrize("BS", [16, 32])
+@pytest.mark.parametrize("name", sorted(LONG_CASES))
+def test_paged_attention_fp32_long_context(name, BS):
+    """Long contexts: online softmax across up to 128 blocks, every row's keys in parts of 512 merged in
+    order, the parts run in parallel (few items) or one after another in their item (8+ items: batch_of_8;
+    a 21-token chunk's two tiles at context 1100)."""
+    feeds, (attn, _, _), attrs = run_case(LONG_CASES[name], 9, 3, BS, "float32", seed=5)
     ref_attn = paged_attention_ref(*ordered(feeds), **attrs)[0]
     assert_close(attn, ref_attn, atol=1e-5, rtol=1e-5, what="attn")
 
 
-def test_paged_attention_int8_long_context_single_sequence():
-    feeds, (attn, kc, vc, ks, vs), attrs = run_case([(2047, 1)], 9, 3, 32, "int8", seed=6)
+@pytest.mark.parametrize("name", ["single", "long_chunk", "batch_of_8"])
+def test_paged_attention_int8_long_context(name):
+    feeds, (attn, kc, vc, ks, vs), attrs = run_case(LONG_CASES[name], 9, 3, 32, "int8", seed=6)
     check_within_quantization_bound(feeds, attn, ks, vs, attrs, tight=False)
 
 

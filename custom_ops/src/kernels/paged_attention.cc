@@ -18,6 +18,11 @@
 //     rescaled accumulator O) in fp32, so no [T, context] score matrix is ever materialized, decode
 //     at context 2048 streams the cache once, and the per-row bookkeeping is amortized over 64 keys.
 //   - Keys inside a span are in position order, so the causal mask of a row is a prefix length.
+//   - Batch invariance: every row's keys are cut into the same parts of kPartKeys keys from key 0
+//     (part_blocks below), each part with its own online-softmax state, and the parts are merged in
+//     order by one function (merge_part), whether they ran one after another inside the row's item or
+//     as separate items in parallel (a call with few items splits its long items along the keys:
+//     "flash-decoding"). So a row gets the same bits alone, in any batch, and as any row of any tile.
 #include "paged_attention.h"
 
 #include <algorithm>
@@ -35,16 +40,27 @@ namespace {
 constexpr int64_t kTileTokens = 16;
 constexpr int64_t kSpanKeys = 64;  // keys per online-softmax step (<= 64 blocks of size >= 1)
 
-// Decode items over long contexts are split along the keys ("flash-decoding") when there are too
-// few items to keep the pool busy (B = 1: only Hkv items); the parts are merged afterwards.
+// Every row's keys are processed in parts of kPartKeys keys (whole spans, from key 0), merged in order.
+// Items over more than one part are split along the parts when a call has too few items to keep the
+// pool busy (B = 1: only Hkv items); the parts' states are merged after the parallel section.
 constexpr size_t kMinItems = 8;
-constexpr int64_t kSplitKeys = 512;  // at least this many keys per part
+constexpr int64_t kPartKeys = 512;
+
+// Cache blocks per span of keys and per part (a whole number of spans: kPartKeys keys when the block size
+// divides 64, else the nearest whole number of spans below it, at least one).
+int64_t span_blocks(int64_t BS) {
+  return std::max<int64_t>(1, kSpanKeys / BS);
+}
+int64_t part_blocks(int64_t BS) {
+  const int64_t nsub = span_blocks(BS);
+  return std::max<int64_t>(1, kPartKeys / (nsub * BS)) * nsub;
+}
 
 struct WorkItem {
   int32_t seq, kv_head, t0, t1;  // query tokens [t0, t1) of the sequence (relative to cu_seqlens[seq])
   int64_t cost;
-  int64_t blk0 = 0, blk1 = -1;  // key blocks [blk0, blk1) of this item (-1: all it needs)
-  float* partial = nullptr;     // split items: [rows, D] unnormalized O | m [rows] | l [rows]
+  int64_t part0 = 0, part1 = -1;  // parts [part0, part1) of the keys (-1: all the last row needs)
+  float* partial = nullptr;       // split items: per part, [rows, D] unnormalized O | m [rows] | l [rows]
 };
 
 struct Ctx {
@@ -112,6 +128,7 @@ struct ItemShape {
   int64_t kv_len;  // keys needed by the last row
   int64_t nsub;    // cache blocks per span of keys
   int64_t span;    // keys per span (nsub * BS)
+  int64_t part;    // cache blocks per part (whole spans)
   bool eight_bit;
 };
 
@@ -129,21 +146,22 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.kv_len = a.context_lens[it.seq] + it.t1;
   // Keys are processed kSpan at a time (several cache blocks), so the per-row softmax bookkeeping
   // (max, rescale of O) is amortized over kSpan keys, not block_size.
-  sh.nsub = std::max<int64_t>(1, kSpanKeys / sh.BS);
+  sh.nsub = span_blocks(sh.BS);
   sh.span = sh.nsub * sh.BS;
+  sh.part = part_blocks(sh.BS);
   sh.eight_bit = d.kv_dtype != KvDtype::kFloat32;
   return sh;
 }
 
 // scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [span, D]
-// (uninitialized: only O and l need zeros; S, Kb, Vb are written before they are read)
+//          | the merged parts: A [rows, D] | M [rows] | L [rows]
+// (uninitialized: load_queries and start_part set what is read before it is written)
 struct ItemScratch {
   std::unique_ptr<float[]> buf;
-  float *Qb, *O, *S, *m, *l, *Kb, *Vb;
+  float *Qb, *O, *S, *m, *l, *Kb, *Vb, *A, *M, *L;
 
   explicit ItemScratch(const ItemShape& sh)
-      : buf(new float[static_cast<size_t>(sh.rows * (2 * sh.D + sh.span + 2) +
-                                          (sh.eight_bit ? 2 * sh.span * sh.D : 0))]) {
+      : buf(new float[static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 4) + 2 * sh.span * sh.D)]) {
     Qb = buf.get();
     O = Qb + sh.rows * sh.D;
     S = O + sh.rows * sh.D;
@@ -151,14 +169,49 @@ struct ItemScratch {
     l = m + sh.rows;
     Kb = l + sh.rows;
     Vb = Kb + sh.span * sh.D;
+    A = Vb + sh.span * sh.D;
+    M = A + sh.rows * sh.D;
+    L = M + sh.rows;
   }
 };
 
-// Qb <- the tile's roped queries of the item's G heads; m = -inf, l = 0, O = 0.
+// The merge of a row's parts starts from M = -inf, L = 0, A = 0.
+void start_merge(int64_t rows, int64_t D, float* A, float* M, float* L) {
+  std::fill(M, M + rows, -std::numeric_limits<float>::infinity());
+  std::fill(L, L + rows, 0.f);
+  std::fill(A, A + rows * D, 0.f);
+}
+
+// Merges one part's state (O unnormalized, m, l) of one row into the running (A, M, L):
+//   M' = max(M, m), L = L e^(M - M') + l e^(m - M'), A = A e^(M - M') + O e^(m - M').
+// The one merge for every path (parts inside an item, parts of a split item after the parallel section),
+// in part order, so a row's bits do not depend on the plan. A part the row sees no key of (m = -inf,
+// l = 0, O = 0) leaves the state as it is. Plain baseline-ISA code: no fused multiply-add, whichever
+// caller it is inlined into.
+void merge_part(int64_t D, const float* O, float m, float l, float* A, float& M, float& L) {
+  const float mx = std::max(M, m);
+  if (mx == -std::numeric_limits<float>::infinity()) return;  // neither has seen a key yet
+  const float wa = std::exp(M - mx), wo = std::exp(m - mx);
+  L = L * wa + l * wo;
+  for (int64_t x = 0; x < D; ++x) A[x] = A[x] * wa + O[x] * wo;
+  M = mx;
+}
+
+// out row <- A / L (L >= 1: the row's own key is always valid).
+void finish_row(int64_t D, const float* A, float L, float* dst) {
+  const float inv = 1.f / L;
+  for (int64_t x = 0; x < D; ++x) dst[x] = A[x] * inv;
+}
+
+// Qb <- the tile's roped queries of the item's G heads.
 void load_queries(const Ctx& c, const WorkItem& it, const ItemShape& sh, ItemScratch& w) {
   for (int64_t tt = 0; tt < sh.ntok; ++tt)  // row r = tt * G + hh  <-  query head g * G + hh
     std::memcpy(w.Qb + tt * sh.G * sh.D, c.q_work + (sh.tok0 + tt) * sh.H * sh.D + it.kv_head * sh.G * sh.D,
                 sizeof(float) * sh.G * sh.D);
+}
+
+// A part's online softmax starts from m = -inf, l = 0, O = 0.
+void start_part(const ItemShape& sh, ItemScratch& w) {
   std::fill(w.m, w.m + sh.rows, -std::numeric_limits<float>::infinity());
   std::fill(w.l, w.l + sh.rows, 0.f);
   std::fill(w.O, w.O + sh.rows * sh.D, 0.f);
@@ -234,21 +287,32 @@ void accumulate_span(const VecOps& vec, const ItemShape& sh, const Span& sp, Ite
            static_cast<int>(sh.D), w.O);
 }
 
-// out <- O / l, or, for one part of a split decode item, the unnormalized state kept for the merge.
-void store_item(const Ctx& c, const WorkItem& it, const ItemShape& sh, const ItemScratch& w) {
+// Floats of one part's state in a split item's `partial`: O [rows, D] | m [rows] | l [rows].
+int64_t part_floats(int64_t rows, int64_t D) {
+  return rows * (D + 2);
+}
+
+// Part k of the item is done: keep its state for the merge after the parallel section (split items), or
+// merge it into the item's running state now.
+void end_part(const ItemShape& sh, const WorkItem& it, int64_t k, ItemScratch& w) {
   const int64_t rows = sh.rows, D = sh.D;
   if (it.partial) {
-    std::memcpy(it.partial, w.O, sizeof(float) * rows * D);
-    std::memcpy(it.partial + rows * D, w.m, sizeof(float) * rows);
-    std::memcpy(it.partial + rows * D + rows, w.l, sizeof(float) * rows);
+    float* dst = it.partial + k * part_floats(rows, D);
+    std::memcpy(dst, w.O, sizeof(float) * rows * D);
+    std::memcpy(dst + rows * D, w.m, sizeof(float) * rows);
+    std::memcpy(dst + rows * D + rows, w.l, sizeof(float) * rows);
     return;
   }
+  for (int64_t r = 0; r < rows; ++r) merge_part(D, w.O + r * D, w.m[r], w.l[r], w.A + r * D, w.M[r], w.L[r]);
+}
+
+// out <- A / L for every row of an item that was not split.
+void store_item(const Ctx& c, const WorkItem& it, const ItemShape& sh, const ItemScratch& w) {
+  const int64_t D = sh.D;
   for (int64_t tt = 0; tt < sh.ntok; ++tt) {
     for (int64_t hh = 0; hh < sh.G; ++hh) {
       const int64_t r = tt * sh.G + hh;
-      const float inv = 1.f / w.l[r];  // l >= 1: the row's own key is always valid
-      float* dst = c.a->out + (sh.tok0 + tt) * sh.H * D + (it.kv_head * sh.G + hh) * D;
-      for (int64_t x = 0; x < D; ++x) dst[x] = w.O[r * D + x] * inv;
+      finish_row(D, w.A + r * D, w.L[r], c.a->out + (sh.tok0 + tt) * sh.H * D + (it.kv_head * sh.G + hh) * D);
     }
   }
 }
@@ -259,20 +323,30 @@ void attend_item(void* usr, size_t ii) {
   const ItemShape sh = item_shape(*c.d, *c.a, it);
   ItemScratch w(sh);
   load_queries(c, it, sh, w);
-  const int64_t nblocks = it.blk1 >= 0 ? it.blk1 : (sh.kv_len + sh.BS - 1) / sh.BS;
+  if (!it.partial) start_merge(sh.rows, sh.D, w.A, w.M, w.L);
+  const int64_t nblocks = (sh.kv_len + sh.BS - 1) / sh.BS;
+  const int64_t nparts = (nblocks + sh.part - 1) / sh.part;
+  const int64_t p1 = it.part1 >= 0 ? it.part1 : nparts;
   Span sp;
-  for (int64_t b0 = it.blk0; b0 < nblocks; b0 += sh.nsub) {
-    score_span(c, it, sh, b0, nblocks, w, sp);
-    softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
-    accumulate_span(*c.vec, sh, sp, w);
+  for (int64_t p = it.part0; p < p1; ++p) {
+    start_part(sh, w);
+    const int64_t end = std::min(nblocks, (p + 1) * sh.part);
+    for (int64_t b0 = p * sh.part; b0 < end; b0 += sh.nsub) {
+      score_span(c, it, sh, b0, end, w, sp);
+      softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
+      accumulate_span(*c.vec, sh, sp, w);
+    }
+    end_part(sh, it, p - it.part0, w);
   }
-  store_item(c, it, sh, w);
+  if (!it.partial) store_item(c, it, sh, w);
 }
 
-// A decode item split along its keys: its parts are items[first, first + count).
+// An item split along its keys: its nparts parts' states are at `partial` (in part order), computed by
+// items of the parallel section that each cover a range of them.
 struct Split {
-  size_t first, count;
-  int32_t seq, kv_head;
+  int32_t seq, kv_head, t0, t1;
+  int64_t nparts;
+  float* partial;
 };
 
 // token_seq [T] <- the sequence of each token; one item per (sequence, kv head, tile of kTileTokens).
@@ -292,69 +366,63 @@ std::vector<WorkItem> plan_items(const PagedAttentionDims& d, const PagedAttenti
   return items;
 }
 
-// Splits long decode items into parts of whole spans when there are too few items for the pool (see
-// kMinItems); the parts go to the end of `items`, each with its slice of `partials`.
-std::vector<Split> split_long_decodes(const PagedAttentionDims& d, const PagedAttentionArgs& a,
-                                      std::vector<WorkItem>& items, std::vector<float>& partials) {
+// Splits items over several parts into pieces of whole parts when there are too few items for the pool
+// (see kMinItems); the pieces go to the end of `items`, each pointing at its parts' slots in `partials`.
+// The bits do not depend on this: a row's parts and their merge are the same either way.
+std::vector<Split> split_long_items(const PagedAttentionDims& d, const PagedAttentionArgs& a,
+                                    std::vector<WorkItem>& items, std::vector<float>& partials) {
   std::vector<Split> splits;
   if (items.size() >= kMinItems) return splits;
-  const int64_t G = d.num_heads / d.kv_heads, D = d.head_size, BS = d.block_size;
-  const int64_t nsub = std::max<int64_t>(1, kSpanKeys / BS);
-  const size_t part_floats = static_cast<size_t>(G * D + 2 * G);
+  const int64_t G = d.num_heads / d.kv_heads, D = d.head_size, BS = d.block_size, PB = part_blocks(BS);
   const size_t base = items.size();
-  std::vector<WorkItem> parts;
+  const int64_t want = static_cast<int64_t>((kMinItems + base - 1) / base);
+  auto parts_of = [&](const WorkItem& w) { return ((a.context_lens[w.seq] + w.t1 + BS - 1) / BS + PB - 1) / PB; };
+  size_t total = 0;  // floats of every split item's part states
+  for (size_t i = 0; i < base; ++i)
+    if (std::min(want, parts_of(items[i])) >= 2)
+      total += static_cast<size_t>(parts_of(items[i]) * part_floats((items[i].t1 - items[i].t0) * G, D));
+  if (total == 0) return splits;
+  partials.resize(total);
+  float* next = partials.data();
+  std::vector<WorkItem> pieces;
   for (size_t i = 0; i < base; ++i) {
     const WorkItem& w = items[i];
-    const int64_t kv_len = a.context_lens[w.seq] + w.t1;
-    const int64_t want = static_cast<int64_t>((kMinItems + base - 1) / base);
-    const int64_t n = std::min<int64_t>(want, kv_len / kSplitKeys);
-    if (w.t1 - w.t0 != 1 || n < 2) continue;
-    const int64_t nblocks = (kv_len + BS - 1) / BS;
-    const int64_t per = ((nblocks + n - 1) / n + nsub - 1) / nsub * nsub;  // whole spans
-    Split sp{base + parts.size(), 0, w.seq, w.kv_head};
-    for (int64_t b = 0; b < nblocks; b += per) {
-      WorkItem p = w;
-      p.blk0 = b;
-      p.blk1 = std::min(nblocks, b + per);
-      p.cost = (p.blk1 - p.blk0) * BS;
-      parts.push_back(p);
-      ++sp.count;
+    const int64_t nparts = parts_of(w), n = std::min(want, nparts);
+    if (n < 2) continue;
+    const int64_t per = (nparts + n - 1) / n;  // parts per piece
+    const int64_t kv_len = a.context_lens[w.seq] + w.t1, ntok = w.t1 - w.t0, floats = part_floats(ntok * G, D);
+    for (int64_t p = 0; p < nparts; p += per) {
+      WorkItem piece = w;
+      piece.part0 = p;
+      piece.part1 = std::min(nparts, p + per);
+      piece.cost = ntok * (std::min(kv_len, piece.part1 * PB * BS) - p * PB * BS);
+      piece.partial = next + p * floats;
+      pieces.push_back(piece);
     }
-    items[i].cost = -1;  // replaced by its parts
-    splits.push_back(sp);
+    splits.push_back({w.seq, w.kv_head, w.t0, w.t1, nparts, next});
+    next += nparts * floats;
+    items[i].cost = -1;  // replaced by its pieces
   }
-  if (!splits.empty()) {
-    partials.resize(parts.size() * part_floats);
-    for (size_t k = 0; k < parts.size(); ++k) parts[k].partial = partials.data() + k * part_floats;
-    for (Split& sp : splits) sp.first -= base;  // index into `parts`
-    items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }), items.end());
-    const size_t offset = items.size();
-    for (Split& sp : splits) sp.first += offset;
-    items.insert(items.end(), parts.begin(), parts.end());
-  }
+  items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }), items.end());
+  items.insert(items.end(), pieces.begin(), pieces.end());
   return splits;
 }
 
-// Merges the parts of split items: m = max m_p, l = sum l_p e^(m_p - m), O = sum O_p e^(m_p - m).
-void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, const std::vector<WorkItem>& items,
-                  const std::vector<Split>& splits) {
+// Merges the parts of split items, in part order, with the same merge_part as inside an item; out <- A / L.
+void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, const std::vector<Split>& splits) {
   const int64_t G = d.num_heads / d.kv_heads, D = d.head_size;
   for (const Split& sp : splits) {
-    const int64_t tok = a.cu_seqlens[sp.seq] + items[sp.first].t0;
-    for (int64_t r = 0; r < G; ++r) {
-      float mx = -std::numeric_limits<float>::infinity();
-      for (size_t k = 0; k < sp.count; ++k) mx = std::max(mx, items[sp.first + k].partial[G * D + r]);
-      float* dst = a.out + tok * d.num_heads * D + (sp.kv_head * G + r) * D;
-      std::fill(dst, dst + D, 0.f);
-      float lsum = 0.f;
-      for (size_t k = 0; k < sp.count; ++k) {
-        const float* part = items[sp.first + k].partial;
-        const float w = std::exp(part[G * D + r] - mx);
-        lsum += part[G * D + G + r] * w;
-        for (int64_t x = 0; x < D; ++x) dst[x] += w * part[r * D + x];
+    const int64_t rows = (sp.t1 - sp.t0) * G, stride = part_floats(rows, D);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t tok = a.cu_seqlens[sp.seq] + sp.t0 + r / G;
+      float* dst = a.out + tok * d.num_heads * D + (sp.kv_head * G + r % G) * D;
+      float M = -std::numeric_limits<float>::infinity(), L = 0.f;
+      std::fill(dst, dst + D, 0.f);  // the running A, normalized in place at the end
+      for (int64_t k = 0; k < sp.nparts; ++k) {
+        const float* part = sp.partial + k * stride;
+        merge_part(D, part + r * D, part[rows * D + r], part[rows * D + rows + r], dst, M, L);
       }
-      const float inv = 1.f / lsum;
-      for (int64_t x = 0; x < D; ++x) dst[x] *= inv;
+      finish_row(D, dst, L, dst);
     }
   }
 }
@@ -367,14 +435,14 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   std::vector<int32_t> token_seq(static_cast<size_t>(T));
   std::vector<WorkItem> items = plan_items(d, a, token_seq);
   std::vector<float> partials;
-  const std::vector<Split> splits = split_long_decodes(d, a, items, partials);
-  std::vector<WorkItem> order = items;  // run longest first; `items` keeps the split layout
-  std::stable_sort(order.begin(), order.end(), [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
+  const std::vector<Split> splits = split_long_items(d, a, items, partials);
+  // run longest first
+  std::stable_sort(items.begin(), items.end(), [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
   std::vector<float> q_work(static_cast<size_t>(T * d.num_heads * d.head_size));
-  Ctx c{&d, &a, token_seq.data(), q_work.data(), order.data(), &vec()};
+  Ctx c{&d, &a, token_seq.data(), q_work.data(), items.data(), &vec()};
   par.run(static_cast<size_t>(T), write_token, &c);
-  par.run(order.size(), attend_item, &c);
-  merge_splits(d, a, items, splits);
+  par.run(items.size(), attend_item, &c);
+  merge_splits(d, a, splits);
 }
 
 }  // namespace ortllm
