@@ -29,7 +29,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "vec.h"
@@ -45,6 +45,14 @@ constexpr int64_t kSpanKeys = 64;  // keys per online-softmax step (<= 64 blocks
 // pool busy (B = 1: only Hkv items); the parts' states are merged after the parallel section.
 constexpr size_t kMinItems = 8;
 constexpr int64_t kPartKeys = 512;
+
+// A call whose items see fewer than this many (query row, key) pairs in all runs on the calling thread:
+// B = 1 decode (9 query heads) up to context ~200. Waking the pool costs ~3 us on an idle machine and
+// far more on a busy one (measured: 34 us per call at context 64 on 2 threads vs 9 us on 1), while such a
+// call's attention is a few microseconds. Threads do not change the bits.
+constexpr int64_t kSerialWork = 2048;
+// Tokens from which writing the new K/V rows (RoPE, Hadamard, quantization) goes to the pool.
+constexpr int64_t kParallelTokens = 64;
 
 // Cache blocks per span of keys and per part (a whole number of spans: kPartKeys keys when the block size
 // divides 64, else the nearest whole number of spans below it, at least one).
@@ -62,6 +70,17 @@ struct WorkItem {
   int64_t part0 = 0, part1 = -1;  // parts [part0, part1) of the keys (-1: all the last row needs)
   float* partial = nullptr;       // split items: per part, [rows, D] unnormalized O | m [rows] | l [rows]
 };
+
+// Per-thread scratch, grown on demand and kept from call to call (the session's pool threads and the
+// calling thread live as long as the session): a decode call takes ~10 us, and its heap allocations were
+// a visible share of that. Contents are never carried over: every user writes before it reads.
+enum class ScratchUse { kRow, kItem, kCount };
+float* thread_scratch(ScratchUse use, size_t n) {
+  thread_local std::vector<float> bufs[static_cast<int>(ScratchUse::kCount)];
+  std::vector<float>& b = bufs[static_cast<int>(use)];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
 
 struct Ctx {
   const PagedAttentionDims* d;
@@ -93,19 +112,18 @@ void write_token(void* usr, size_t ti) {
   }
 
   const int64_t block = a.block_tables[s * d.max_blocks + p / BS];
-  std::vector<float> row(static_cast<size_t>(D));
+  float* row = thread_scratch(ScratchUse::kRow, static_cast<size_t>(D));
   for (int64_t g = 0; g < Hkv; ++g) {
     const int64_t slot = (block * Hkv + g) * BS + p % BS;  // row index into [NB*Hkv*BS]
     // key
-    std::memcpy(row.data(), a.k + t * Hkv * D + g * D, sizeof(float) * D);
-    apply_rope(row.data(), static_cast<int>(D), cs, sn, d.rope_interleaved);
-    if (d.rotate) fwht_normalized(row.data(), static_cast<int>(D));
+    std::memcpy(row, a.k + t * Hkv * D + g * D, sizeof(float) * D);
+    apply_rope(row, static_cast<int>(D), cs, sn, d.rope_interleaved);
+    if (d.rotate) fwht_normalized(row, static_cast<int>(D));
     if (!eight_bit) {
-      std::memcpy(static_cast<float*>(a.key_cache) + slot * D, row.data(), sizeof(float) * D);
+      std::memcpy(static_cast<float*>(a.key_cache) + slot * D, row, sizeof(float) * D);
     } else {
       uint8_t* dst = static_cast<uint8_t*>(a.key_cache) + slot * D;
-      a.key_scales[slot] =
-          d.kv_dtype == KvDtype::kInt8 ? quantize_int8(row.data(), D, dst) : quantize_e4m3(row.data(), D, dst);
+      a.key_scales[slot] = d.kv_dtype == KvDtype::kInt8 ? quantize_int8(row, D, dst) : quantize_e4m3(row, D, dst);
     }
     // value (no rope, no rotation)
     const float* vsrc = a.v + t * Hkv * D + g * D;
@@ -157,12 +175,11 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
 //          | the merged parts: A [rows, D] | M [rows] | L [rows]
 // (uninitialized: load_queries and start_part set what is read before it is written)
 struct ItemScratch {
-  std::unique_ptr<float[]> buf;
   float *Qb, *O, *S, *m, *l, *Kb, *Vb, *A, *M, *L;
 
-  explicit ItemScratch(const ItemShape& sh)
-      : buf(new float[static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 4) + 2 * sh.span * sh.D)]) {
-    Qb = buf.get();
+  explicit ItemScratch(const ItemShape& sh) {
+    Qb =
+        thread_scratch(ScratchUse::kItem, static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 4) + 2 * sh.span * sh.D));
     O = Qb + sh.rows * sh.D;
     S = O + sh.rows * sh.D;
     m = S + sh.rows * sh.span;
@@ -349,30 +366,42 @@ struct Split {
   float* partial;
 };
 
-// token_seq [T] <- the sequence of each token; one item per (sequence, kv head, tile of kTileTokens).
-std::vector<WorkItem> plan_items(const PagedAttentionDims& d, const PagedAttentionArgs& a,
-                                 std::vector<int32_t>& token_seq) {
+// A call's plan, kept per calling thread and reused (no heap allocation once it has grown).
+struct Plan {
+  std::vector<int32_t> token_seq;  // [T] the sequence of each token
   std::vector<WorkItem> items;
+  std::vector<Split> splits;
+  std::vector<float> q_work;    // [T, H*D] roped (and rotated) queries
+  std::vector<float> partials;  // split items' part states
+  int64_t work = 0;             // query rows x keys over all items
+};
+
+// token_seq <- the sequence of each token; one item per (sequence, kv head, tile of kTileTokens).
+void plan_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, Plan& plan) {
+  plan.token_seq.resize(static_cast<size_t>(d.num_tokens));
+  plan.items.clear();
+  plan.work = 0;
+  const int64_t G = d.num_heads / d.kv_heads;
   for (int64_t s = 0; s < d.num_seqs; ++s) {
     const int32_t len = a.cu_seqlens[s + 1] - a.cu_seqlens[s];
-    for (int32_t j = 0; j < len; ++j) token_seq[a.cu_seqlens[s] + j] = static_cast<int32_t>(s);
+    for (int32_t j = 0; j < len; ++j) plan.token_seq[a.cu_seqlens[s] + j] = static_cast<int32_t>(s);
     for (int32_t t0 = 0; t0 < len; t0 += static_cast<int32_t>(kTileTokens)) {
       const int32_t t1 = std::min<int32_t>(len, t0 + static_cast<int32_t>(kTileTokens));
       const int64_t cost = (t1 - t0) * (a.context_lens[s] + t1);
-      for (int64_t g = 0; g < d.kv_heads; ++g)
-        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(g), t0, t1, cost});
+      for (int64_t g = 0; g < d.kv_heads; ++g) {
+        plan.items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(g), t0, t1, cost});
+        plan.work += cost * G;
+      }
     }
   }
-  return items;
 }
 
 // Splits items over several parts into pieces of whole parts when there are too few items for the pool
-// (see kMinItems); the pieces go to the end of `items`, each pointing at its parts' slots in `partials`.
+// (see kMinItems); the pieces replace them in `items`, each pointing at its parts' slots in `partials`.
 // The bits do not depend on this: a row's parts and their merge are the same either way.
-std::vector<Split> split_long_items(const PagedAttentionDims& d, const PagedAttentionArgs& a,
-                                    std::vector<WorkItem>& items, std::vector<float>& partials) {
-  std::vector<Split> splits;
-  if (items.size() >= kMinItems) return splits;
+void split_long_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, Plan& plan) {
+  std::vector<WorkItem>& items = plan.items;
+  if (items.size() >= kMinItems) return;
   const int64_t G = d.num_heads / d.kv_heads, D = d.head_size, BS = d.block_size, PB = part_blocks(BS);
   const size_t base = items.size();
   const int64_t want = static_cast<int64_t>((kMinItems + base - 1) / base);
@@ -381,12 +410,11 @@ std::vector<Split> split_long_items(const PagedAttentionDims& d, const PagedAtte
   for (size_t i = 0; i < base; ++i)
     if (std::min(want, parts_of(items[i])) >= 2)
       total += static_cast<size_t>(parts_of(items[i]) * part_floats((items[i].t1 - items[i].t0) * G, D));
-  if (total == 0) return splits;
-  partials.resize(total);
-  float* next = partials.data();
-  std::vector<WorkItem> pieces;
+  if (total == 0) return;
+  plan.partials.resize(total);
+  float* next = plan.partials.data();
   for (size_t i = 0; i < base; ++i) {
-    const WorkItem& w = items[i];
+    const WorkItem w = items[i];
     const int64_t nparts = parts_of(w), n = std::min(want, nparts);
     if (n < 2) continue;
     const int64_t per = (nparts + n - 1) / n;  // parts per piece
@@ -397,15 +425,13 @@ std::vector<Split> split_long_items(const PagedAttentionDims& d, const PagedAtte
       piece.part1 = std::min(nparts, p + per);
       piece.cost = ntok * (std::min(kv_len, piece.part1 * PB * BS) - p * PB * BS);
       piece.partial = next + p * floats;
-      pieces.push_back(piece);
+      items.push_back(piece);
     }
-    splits.push_back({w.seq, w.kv_head, w.t0, w.t1, nparts, next});
+    plan.splits.push_back({w.seq, w.kv_head, w.t0, w.t1, nparts, next});
     next += nparts * floats;
     items[i].cost = -1;  // replaced by its pieces
   }
   items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }), items.end());
-  items.insert(items.end(), pieces.begin(), pieces.end());
-  return splits;
 }
 
 // Merges the parts of split items, in part order, with the same merge_part as inside an item; out <- A / L.
@@ -432,17 +458,26 @@ void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, cons
 void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, const Parallel& par) {
   const int64_t T = d.num_tokens;
   if (T == 0) return;
-  std::vector<int32_t> token_seq(static_cast<size_t>(T));
-  std::vector<WorkItem> items = plan_items(d, a, token_seq);
-  std::vector<float> partials;
-  const std::vector<Split> splits = split_long_items(d, a, items, partials);
-  // run longest first
-  std::stable_sort(items.begin(), items.end(), [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
-  std::vector<float> q_work(static_cast<size_t>(T * d.num_heads * d.head_size));
-  Ctx c{&d, &a, token_seq.data(), q_work.data(), items.data(), &vec()};
-  par.run(static_cast<size_t>(T), write_token, &c);
-  par.run(items.size(), attend_item, &c);
-  merge_splits(d, a, splits);
+  thread_local Plan plan;
+  plan_items(d, a, plan);
+  // Small calls run on the calling thread: waking the pool costs more than it saves (see kSerialWork).
+  const bool parallel = par.for_each != nullptr && plan.work >= kSerialWork;
+  const Parallel serial{};
+  const Parallel& pool = parallel ? par : serial;
+  plan.splits.clear();
+  if (parallel) split_long_items(d, a, plan);
+  // longest first (ties in plan order; std::sort, unlike stable_sort, allocates nothing)
+  std::sort(plan.items.begin(), plan.items.end(), [](const WorkItem& x, const WorkItem& y) {
+    if (x.cost != y.cost) return x.cost > y.cost;
+    return std::tie(x.seq, x.t0, x.kv_head, x.part0) < std::tie(y.seq, y.t0, y.kv_head, y.part0);
+  });
+  plan.q_work.resize(static_cast<size_t>(T * d.num_heads * d.head_size));
+  Ctx c{&d, &a, plan.token_seq.data(), plan.q_work.data(), plan.items.data(), &vec()};
+  // Writing a token's rows takes well under a microsecond: its own pool dispatch pays off only for long
+  // prefill chunks, so a decode step wakes the pool once (for the attention) or not at all.
+  (T >= kParallelTokens ? pool : serial).run(static_cast<size_t>(T), write_token, &c);
+  pool.run(plan.items.size(), attend_item, &c);
+  merge_splits(d, a, plan.splits);
 }
 
 }  // namespace ortllm
