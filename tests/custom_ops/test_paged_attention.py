@@ -8,6 +8,7 @@ of every new row (see `quantization_bound`), and the written codes are checked o
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -242,3 +243,26 @@ def test_fp16_scales_across_magnitudes(kv_dtype):
     np.testing.assert_array_equal(vs, ref_vs)
     assert ks.max() == vs.max() == 65504 and ks.min() > 0 and vs.min() > 0   # saturated; never 0
     assert (np.mean(kc == ref_kc) > 0.999) and (np.mean(vc == ref_vc) > 0.999)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+def test_rope_tables_as_initializers(kv_dtype):
+    """The engine graph stores cos/sin as initializers; the op reads them once, when the session is created:
+    same result as feeding them, and their shapes and the positions are still checked on every call."""
+    attrs = dict(num_heads=9, kv_num_heads=3, head_size=D, block_size=16, kv_dtype=kv_dtype)
+    feeds = make_case(np.random.default_rng(31), SCENARIOS["mixed"], **attrs)
+    fed = session(paged_attention_model(**attrs)).run(None, feeds)
+    model = paged_attention_model(**attrs)
+    for name in ("cos_cache", "sin_cache"):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(feeds[name], name))
+        model.graph.input.remove(next(i for i in model.graph.input if i.name == name))
+    sess = session(model, 2)
+    rest = {k: v for k, v in feeds.items() if k not in ("cos_cache", "sin_cache")}
+    for got, want in zip(sess.run(None, rest), fed):
+        np.testing.assert_array_equal(got, want)
+    rows = feeds["cos_cache"].shape[0]
+    with pytest.raises(Exception, match=rf"'positions'\[0\] = {rows} is outside the rope cache"):
+        sess.run(None, {**rest, "positions": np.full_like(feeds["positions"], rows)})
+    model.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(feeds["sin_cache"][:-1], "sin_cache"))
+    with pytest.raises(Exception, match=rf"input 'sin_cache' has shape \[{rows - 1}, 32\], expected \[{rows}, 32\]"):
+        session(model).run(None, rest)
