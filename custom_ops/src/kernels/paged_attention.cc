@@ -171,22 +171,21 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   return sh;
 }
 
-// scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [span, D]
+// scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [BS, D]
 //          | the merged parts: A [rows, D] | M [rows] | L [rows]
 // (uninitialized: load_queries and start_part set what is read before it is written)
 struct ItemScratch {
   float *Qb, *O, *S, *m, *l, *Kb, *Vb, *A, *M, *L;
 
   explicit ItemScratch(const ItemShape& sh) {
-    Qb =
-        thread_scratch(ScratchUse::kItem, static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 4) + 2 * sh.span * sh.D));
+    Qb = thread_scratch(ScratchUse::kItem, static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 4) + 2 * sh.BS * sh.D));
     O = Qb + sh.rows * sh.D;
     S = O + sh.rows * sh.D;
     m = S + sh.rows * sh.span;
     l = m + sh.rows;
     Kb = l + sh.rows;
-    Vb = Kb + sh.span * sh.D;
-    A = Vb + sh.span * sh.D;
+    Vb = Kb + sh.BS * sh.D;
+    A = Vb + sh.BS * sh.D;
     M = A + sh.rows * sh.D;
     L = M + sh.rows;
   }
@@ -234,22 +233,49 @@ void start_part(const ItemShape& sh, ItemScratch& w) {
   std::fill(w.O, w.O + sh.rows * sh.D, 0.f);
 }
 
-// The K/V rows of one span: nb cache blocks from key block b0 (dequantized into Kb/Vb for 8-bit caches).
+// The cache blocks of one span: nb blocks from key block b0.
 struct Span {
-  const float* Ks[64];
-  const float* Vs[64];
-  int nks[64];  // keys in each block
-  int64_t nb;   // blocks in the span
-  int nk;       // keys in the span
+  int64_t base[64];  // first cache row of each block (for the item's kv head)
+  int nks[64];       // keys in each block
+  int64_t nb;        // blocks in the span
+  int nk;            // keys in the span
 };
 
-// Loads the span's blocks and writes their scores S [rows, span] = scale * Qb . K.
+// Touches the start of every K/V chunk (one cache block of one kv head: BS rows, 1 KB int8 / 4 KB fp32
+// at BS 16, D 64) and its scales for the span at key block b0, a span before they are read. The chunks
+// lie wherever the block table puts them, so the hardware prefetcher cannot see the next one coming and
+// each began with a full memory latency; once a chunk's first lines are requested it streams the rest.
+// Measured (standalone kernel, 30 layers' caches from memory, context 2048, shared machine): int8 ~10%,
+// fp32 ~4% faster; prefetching whole chunks instead was no better (it fills the miss buffers).
+void prefetch_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks) {
+  constexpr int64_t kLines = 4;
+  const PagedAttentionDims& d = *c.d;
+  const PagedAttentionArgs& a = *c.a;
+  const int64_t row_bytes = sh.D * (sh.eight_bit ? 1 : 4), BS = sh.BS;
+  const int64_t nb = std::min(sh.nsub, nblocks - b0);
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    const int64_t base = (a.block_tables[it.seq * d.max_blocks + b0 + sb] * sh.Hkv + it.kv_head) * BS;
+    const int64_t bytes = std::min(kLines * 64, std::min(BS, sh.kv_len - (b0 + sb) * BS) * row_bytes);
+    const char* k = static_cast<const char*>(a.key_cache) + base * row_bytes;
+    const char* v = static_cast<const char*>(a.value_cache) + base * row_bytes;
+    for (int64_t off = 0; off < bytes; off += 64) {
+      __builtin_prefetch(k + off);
+      __builtin_prefetch(v + off);
+    }
+    if (sh.eight_bit) {
+      __builtin_prefetch(a.key_scales + base);
+      __builtin_prefetch(a.value_scales + base);
+    }
+  }
+}
+
+// Writes the span's scores S [rows, span] = scale * Qb . K, one cache block at a time (8-bit caches: the
+// block's keys dequantized into Kb first, so the scratch stays one block, in L1, however long the span).
 void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks, ItemScratch& w,
                 Span& sp) {
   const PagedAttentionDims& d = *c.d;
   const PagedAttentionArgs& a = *c.a;
   const VecOps& vec = *c.vec;
-  auto deq = d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3;
   const int64_t D = sh.D, BS = sh.BS;
   const int Di = static_cast<int>(D);
   sp.nb = std::min(sh.nsub, nblocks - b0);
@@ -257,20 +283,15 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
   for (int64_t sb = 0; sb < sp.nb; ++sb) {
     const int64_t block = a.block_tables[it.seq * d.max_blocks + b0 + sb];
     const int64_t base = (block * sh.Hkv + it.kv_head) * BS;  // first row of this block/head
+    sp.base[sb] = base;
     sp.nks[sb] = static_cast<int>(std::min(BS, sh.kv_len - (b0 + sb) * BS));
-    if (!sh.eight_bit) {
-      sp.Ks[sb] = static_cast<const float*>(a.key_cache) + base * D;
-      sp.Vs[sb] = static_cast<const float*>(a.value_cache) + base * D;
-    } else {
-      float* kb = w.Kb + sb * BS * D;
-      float* vb = w.Vb + sb * BS * D;
-      deq(static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, kb);
-      deq(static_cast<const uint8_t*>(a.value_cache) + base * D, a.value_scales + base, sp.nks[sb], Di, vb);
-      sp.Ks[sb] = kb;
-      sp.Vs[sb] = vb;
+    const float* K = static_cast<const float*>(a.key_cache) + base * D;
+    if (sh.eight_bit) {
+      (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
+          static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, w.Kb);
+      K = w.Kb;
     }
-    vec.scores(w.Qb, static_cast<int>(sh.rows), sp.Ks[sb], sp.nks[sb], Di, d.scale, w.S + sb * BS,
-               static_cast<int>(sh.span));
+    vec.scores(w.Qb, static_cast<int>(sh.rows), K, sp.nks[sb], Di, d.scale, w.S + sb * BS, static_cast<int>(sh.span));
     sp.nk += sp.nks[sb];
   }
 }
@@ -297,11 +318,23 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
   }
 }
 
-// O += P V over the span's blocks.
-void accumulate_span(const VecOps& vec, const ItemShape& sh, const Span& sp, ItemScratch& w) {
-  for (int64_t sb = 0; sb < sp.nb; ++sb)
-    vec.pv(w.S + sb * sh.BS, static_cast<int>(sh.span), static_cast<int>(sh.rows), sp.Vs[sb], sp.nks[sb],
-           static_cast<int>(sh.D), w.O);
+// O += P V over the span's blocks (8-bit caches: each block's values dequantized into Vb first).
+void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScratch& w) {
+  const PagedAttentionDims& d = *c.d;
+  const PagedAttentionArgs& a = *c.a;
+  const VecOps& vec = *c.vec;
+  const int64_t D = sh.D;
+  for (int64_t sb = 0; sb < sp.nb; ++sb) {
+    const float* V = static_cast<const float*>(a.value_cache) + sp.base[sb] * D;
+    if (sh.eight_bit) {
+      (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
+          static_cast<const uint8_t*>(a.value_cache) + sp.base[sb] * D, a.value_scales + sp.base[sb], sp.nks[sb],
+          static_cast<int>(D), w.Vb);
+      V = w.Vb;
+    }
+    vec.pv(w.S + sb * sh.BS, static_cast<int>(sh.span), static_cast<int>(sh.rows), V, sp.nks[sb], static_cast<int>(D),
+           w.O);
+  }
 }
 
 // Floats of one part's state in a split item's `partial`: O [rows, D] | m [rows] | l [rows].
@@ -344,14 +377,16 @@ void attend_item(void* usr, size_t ii) {
   const int64_t nblocks = (sh.kv_len + sh.BS - 1) / sh.BS;
   const int64_t nparts = (nblocks + sh.part - 1) / sh.part;
   const int64_t p1 = it.part1 >= 0 ? it.part1 : nparts;
+  const int64_t last = std::min(nblocks, p1 * sh.part);  // the item's key blocks end here
   Span sp;
   for (int64_t p = it.part0; p < p1; ++p) {
     start_part(sh, w);
     const int64_t end = std::min(nblocks, (p + 1) * sh.part);
     for (int64_t b0 = p * sh.part; b0 < end; b0 += sh.nsub) {
+      if (b0 + sh.nsub < last) prefetch_span(c, it, sh, b0 + sh.nsub, last);
       score_span(c, it, sh, b0, end, w, sp);
       softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
-      accumulate_span(*c.vec, sh, sp, w);
+      accumulate_span(c, sh, sp, w);
     }
     end_part(sh, it, p - it.part0, w);
   }
