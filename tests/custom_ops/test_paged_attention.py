@@ -7,13 +7,18 @@ of every new row (see `quantization_bound`), and the written codes are checked o
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, assert_close, paged_attention_model, session
+from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, REPO, assert_close, paged_attention_model, session
 from tests.custom_ops.pa_cases import SCENARIOS, make_case, ordered
 from tests.reference.hadamard import dequantize
 from tests.reference.paged_attention import paged_attention_ref
@@ -266,3 +271,29 @@ def test_rope_tables_as_initializers(kv_dtype):
     model.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(feeds["sin_cache"][:-1], "sin_cache"))
     with pytest.raises(Exception, match=rf"input 'sin_cache' has shape \[{rows - 1}, 32\], expected \[{rows}, 32\]"):
         session(model).run(None, rest)
+
+
+def _written_rows(kv_dtype: str) -> list[str]:
+    """The caches and scales one call writes (hex), k/v rows from 1e-12 to 3e7 with an inf and a NaN in them."""
+    attrs = dict(num_heads=9, kv_num_heads=3, head_size=D, block_size=16, kv_dtype=kv_dtype)
+    feeds = make_case(np.random.default_rng(7), SCENARIOS["mixed"], **attrs)
+    mags = np.geomspace(1e-12, 3e7, len(feeds["k"])).astype(np.float32)
+    feeds["k"] = (feeds["k"] * mags[:, None]).astype(np.float32)
+    feeds["v"] = (feeds["v"] * mags[::-1, None]).astype(np.float32)
+    feeds["k"][3, 5], feeds["v"][4, 70], feeds["k"][6, 130] = np.inf, np.nan, np.nan
+    res = session(paged_attention_model(**attrs)).run(None, feeds)
+    return [r.tobytes().hex() for r in res[1:]]
+
+
+def test_written_rows_same_bits_on_the_scalar_path():
+    """The Hadamard transform and the int8 rounding loop have AVX2 versions doing the scalar code's operations
+    (butterflies in the same order, the same division and rounding): the rows written into the caches and their
+    scales are the same bits with ORTLLM_OPS_ISA=scalar, for int8 and fp8 caches, extreme values included. (A wrong
+    butterfly or rounding shows as other codes; a last-bit difference before rounding would show only at ties.)"""
+    code = ("import json, sys; sys.path.insert(0, {repo!r}); from tests.custom_ops.test_paged_attention import "
+            "_written_rows as w; print(json.dumps({{k: w(k) for k in ('int8', 'fp8_e4m3')}}))").format(repo=str(REPO))
+    env = dict(os.environ, ORTLLM_OPS_ISA="scalar")
+    scalar = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                       check=True, cwd=REPO).stdout)
+    for kv_dtype in ("int8", "fp8_e4m3"):
+        assert _written_rows(kv_dtype) == scalar[kv_dtype], kv_dtype
