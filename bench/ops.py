@@ -7,7 +7,8 @@ Same run, same thread count, systems alternated round by round; medians with min
     for both systems (GQA's past/present share one buffer), so neither copies the past;
   - PagedAttention per call at a B = 1 decode step (`--only paged_attention`): 30 nodes in one graph (SmolLM2's
     layers, each with its own cache: at context 2048 the caches stream from memory as in the engine), context 64
-    (the per-call fixed cost) and 2048, float32 and int8 caches; `--baseline LIB` alternates another build of
+    (the per-call fixed cost) and 2048 (block tables shuffled, and in pool order), float32 and int8 caches;
+    `--baseline LIB` alternates another build of
     libortllm_ops.so in the same process (A/B, paired ratios); `--spinning`: ORT's default pool (the engine's
     setting; on a shared machine the spinning worker competes with the timed thread, so not the default here);
   - MultiLoRA vs the plain-ONNX equivalent (Gather + MatMul + MatMul + Add), 1/2/4 adapters, T = 16
@@ -140,10 +141,12 @@ def _rope(max_pos=MAX_POS):
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def _pa_layer(rng, B, ctx, new, kv_dtype, suffix=""):
+def _pa_layer(rng, B, ctx, new, kv_dtype, suffix="", ordered=False):
     """One layer's PagedAttention inputs (B sequences, `ctx` cached and `new` new tokens each): feeds, the
     node's input and output names, the output -> input aliases (in-place cache update) and the input types.
-    `suffix` names this layer's caches (several layers in one graph share q, k, v and the indices)."""
+    `suffix` names this layer's caches (several layers in one graph share q, k, v and the indices); ordered:
+    the block table lists the pool's blocks in order (what the engine's pool gives a fresh sequence), else
+    shuffled (a pool after much allocating and freeing)."""
     eight = kv_dtype != "float32"
     bps = -(-(ctx + new) // BS)
     nb = B * bps
@@ -158,7 +161,7 @@ def _pa_layer(rng, B, ctx, new, kv_dtype, suffix=""):
         "positions": np.tile(np.arange(ctx, ctx + new, dtype=np.int32), B),
         "cu_seqlens": (np.arange(B + 1) * new).astype(np.int32),
         "context_lens": np.full(B, ctx, np.int32),
-        "block_tables": rng.permutation(nb).astype(np.int32).reshape(B, bps),
+        "block_tables": (np.arange(nb) if ordered else rng.permutation(nb)).astype(np.int32).reshape(B, bps),
         "cos_cache": cos, "sin_cache": sin,
         "key_cache" + suffix: (rng.integers(0, 120, shape).astype(cache_t) if eight
                                else rng.standard_normal(shape, dtype=np.float32)),
@@ -193,14 +196,15 @@ def paged_attention_runner(rng, B, ctx, new, kv_dtype, threads):
     return Runner(_model([_pa_node(names, outs, kv_dtype)], inputs, outputs), feeds, threads, aliases)
 
 
-def paged_attention_layers_runner(rng, ctx, kv_dtype, threads, layers=LAYERS, library=None, spinning=False):
+def paged_attention_layers_runner(rng, ctx, kv_dtype, threads, layers=LAYERS, library=None, spinning=False,
+                                  ordered=False):
     """One decode token (B = 1) at context `ctx` through `layers` PagedAttention nodes, each with its own
     cache (as the engine's layers: at context 2048 the caches stream from memory), in one graph, so
     session.run's own cost is shared by `layers` calls; per call = a run / layers. library: another build of
     libortllm_ops.so (A/B against an older one in the same process); spinning: ORT's default (the engine's)."""
     feeds, inputs, outputs, nodes, aliases = {}, [], [], [], {}
     for i in range(layers):
-        f, names, outs, al, types = _pa_layer(rng, 1, ctx, 1, kv_dtype, suffix=f".{i}")
+        f, names, outs, al, types = _pa_layer(rng, 1, ctx, 1, kv_dtype, suffix=f".{i}", ordered=ordered)
         for n in names:
             if n not in feeds:
                 feeds[n] = f[n]
@@ -368,16 +372,17 @@ def run(out_dir: Path, threads: int = 2, quick: bool = False, only: str | None =
 
 def _paged_attention_calls(rows, rng, threads, rounds, target, log, quick, baseline, spinning):
     """PagedAttention per call at a B = 1 decode step (SmolLM2: 30 layers in one graph), context 64 (the fixed
-    cost: the work is a few microseconds) and 2048 (the caches stream from memory), float32 and int8 caches;
-    with a baseline library, old and new alternate round by round."""
-    for ctx in (64, 2048):
+    cost: the work is a few microseconds) and 2048 (the caches stream from memory; block tables shuffled, and in
+    pool order as a fresh sequence gets them), float32 and int8 caches; with a baseline library, old and new
+    alternate round by round."""
+    for ctx, ordered in ((64, False), (2048, False), (2048, True)):
         for kv in ("float32", "int8"):
-            scen = f"ops/attention/decode_per_call_ctx{ctx}_{kv}"
+            scen = f"ops/attention/decode_per_call_ctx{ctx}{'_ordered_blocks' if ordered else ''}_{kv}"
             built = {f"ortllm PagedAttention {kv}": paged_attention_layers_runner(rng, ctx, kv, threads,
-                                                                                  spinning=spinning)}
+                                                                                  spinning=spinning, ordered=ordered)}
             if baseline is not None:
                 built[f"baseline PagedAttention {kv}"] = paged_attention_layers_runner(
-                    rng, ctx, kv, threads, library=baseline, spinning=spinning)
+                    rng, ctx, kv, threads, library=baseline, spinning=spinning, ordered=ordered)
             samples = _compare({n: r.run for n, r in built.items()}, rounds * (1 if quick else 2), target)
             samples = {n: [v / LAYERS for v in vals] for n, vals in samples.items()}
             for name, vals in samples.items():

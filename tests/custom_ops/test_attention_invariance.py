@@ -52,14 +52,14 @@ def test_same_bits_whatever_the_chunking(kv_dtype):
 
 # ---- long contexts: one row, whatever else is in the call
 #
-# A row's keys are processed in fixed parts of 512 keys (aligned at key 0), each with its own online softmax,
+# A row's keys are processed in fixed parts of 256 keys (aligned at key 0), each with its own online softmax,
 # and the parts are merged in order by the same arithmetic, whether they ran as separate work items in parallel
 # (few items: a lone decode row, "flash-decoding") or one after another inside one item (a batch of 8+ rows, a
 # prefill or verify tile). Regression: the key range was split only when the call had fewer than 8 work items,
 # into as many parts as the pool wanted, so a long-context token decoded alone got other bits than in a batch
 # or as a row of a chunked-prefill / speculative-verify tile (greedy speculative text could then differ).
 
-LONG = [600, 1100, 2100]                  # keys the target row attends to: 2, 3 and 5 parts
+LONG = [600, 1100, 2100]                  # keys the target row attends to: 3, 5 and 9 parts of 256
 K_BEFORE = 20                             # tokens written just before the target (a chunk, then the target)
 
 
@@ -87,8 +87,8 @@ def _run(sess, feeds: dict, caches: dict, kv_dtype: str) -> tuple[np.ndarray, di
 def test_long_context_row_same_bits_alone_in_a_batch_and_in_a_tile(n_keys, BS, kv_dtype):
     """The token at position n_keys - 1 of sequence 0 (its 0..n_keys-1 keys: K_BEFORE written by a chunk just
     before, the rest already cached) gets bitwise the same attention
-      - decoded alone (3 work items: its keys split across the pool),
-      - decoded in a batch of 8 rows (24 work items: not split), in the middle of the batch,
+      - decoded alone (one work item, split into pieces along its keys for the pool),
+      - decoded in a batch of 8 rows (8 work items: none split), in the middle of the batch,
       - as the last row of a 21-token chunk (a 16-token tile + a 5-token tile), a 16-token chunk (the tile's
         last row) and a 5-token chunk (speculative verify of 4 drafts), each in one call, alone and next to
         the batch's decode rows."""

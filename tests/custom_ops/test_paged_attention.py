@@ -64,9 +64,9 @@ LONG_CASES = {"long+short": [(2047, 1), (700, 1)], "single": [(2047, 1)], "long+
 @pytest.mark.parametrize("BS", [16, 32])
 @pytest.mark.parametrize("name", sorted(LONG_CASES))
 def test_paged_attention_fp32_long_context(name, BS):
-    """Long contexts: online softmax across up to 128 blocks, every row's keys in parts of 512 merged in
-    order, the parts run in parallel (few items) or one after another in their item (8+ items: batch_of_8;
-    a 21-token chunk's two tiles at context 1100)."""
+    """Long contexts: online softmax across up to 128 blocks, every row's keys in parts of 256 merged in
+    order, the parts run in parallel (few items: single, long_chunk's two tiles at context 1100) or one after
+    another in their item (8+ items: batch_of_8)."""
     feeds, (attn, _, _), attrs = run_case(LONG_CASES[name], 9, 3, BS, "float32", seed=5)
     ref_attn = paged_attention_ref(*ordered(feeds), **attrs)[0]
     assert_close(attn, ref_attn, atol=1e-5, rtol=1e-5, what="attn")

@@ -9,11 +9,15 @@
 //        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal)
 //      read back from the cache (so new tokens see exactly what later steps will see).
 // Why this way:
-//   - Work item = (sequence, kv head, tile of up to kTileTokens query tokens). All G = H/Hkv query
-//     heads sharing a kv head and all tokens of the tile form the rows of one item, so every K/V
-//     block is loaded (and for 8-bit dequantized into a small scratch, on the fly) once per item and
-//     used by rows = tile * G queries: decode tokens get G rows, prefill tiles up to 16 * G (blocked
-//     prefill: [rows, D] x [D, span] score tiles). Items run on the session pool, longest first.
+//   - Work item = (sequence, tile of up to kTileTokens query tokens, a range of kv heads: all of them
+//     unless the call needs more items). The G = H/Hkv query heads sharing a kv head and all tokens of
+//     the tile are that head's rows, so every K/V block is loaded (and for 8-bit dequantized into a
+//     one-block scratch) once per item and used by tile * G queries: decode tokens get G rows per kv
+//     head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x [D, span] score tiles). One item
+//     reads all kv heads of a block together: a block's heads are contiguous in the cache
+//     ([NB, Hkv, BS, D]), so a sequence whose blocks are consecutive (the pool hands them out in order)
+//     streams its cache linearly, where one item per kv head read 4 KB pieces 12 KB apart (measured:
+//     half the read bandwidth). Items run on the session pool, longest first.
 //   - Online softmax over spans of kSpanKeys keys (several cache blocks; running max m, sum l,
 //     rescaled accumulator O) in fp32, so no [T, context] score matrix is ever materialized, decode
 //     at context 2048 streams the cache once, and the per-row bookkeeping is amortized over 64 keys.
@@ -41,16 +45,16 @@ constexpr int64_t kTileTokens = 16;
 constexpr int64_t kSpanKeys = 64;  // keys per online-softmax step (<= 64 blocks of size >= 1)
 
 // Every row's keys are processed in parts of kPartKeys keys (whole spans, from key 0), merged in order.
-// Items over more than one part are split along the parts when a call has too few items to keep the
-// pool busy (B = 1: only Hkv items); the parts' states are merged after the parallel section.
+// When a call has fewer than kMinItems items (B = 1: one), items are split along the parts and, if that
+// is not enough, along the kv heads; the parts' states are merged after the parallel section.
 constexpr size_t kMinItems = 8;
-constexpr int64_t kPartKeys = 512;
+constexpr int64_t kPartKeys = 256;
 
 // A call whose items see fewer than this many (query row, key) pairs in all runs on the calling thread:
-// B = 1 decode (9 query heads) up to context ~200. Waking the pool costs ~3 us on an idle machine and
-// far more on a busy one (measured: 34 us per call at context 64 on 2 threads vs 9 us on 1), while such a
-// call's attention is a few microseconds. Threads do not change the bits.
-constexpr int64_t kSerialWork = 2048;
+// B = 1 decode (9 query heads) up to context ~280, i.e. while its keys are one part. Waking the pool costs
+// ~3 us on an idle machine and far more on a busy one (measured: 34 us per call at context 64 on 2 threads
+// vs 9 us on 1), while such a call's attention is a few microseconds. Threads do not change the bits.
+constexpr int64_t kSerialWork = 2560;
 // Tokens from which writing the new K/V rows (RoPE, Hadamard, quantization) goes to the pool.
 constexpr int64_t kParallelTokens = 64;
 
@@ -65,10 +69,14 @@ int64_t part_blocks(int64_t BS) {
 }
 
 struct WorkItem {
-  int32_t seq, kv_head, t0, t1;  // query tokens [t0, t1) of the sequence (relative to cu_seqlens[seq])
-  int64_t cost;
+  int32_t seq, t0, t1;            // query tokens [t0, t1) of the sequence (relative to cu_seqlens[seq])
+  int32_t g0, g1;                 // kv heads [g0, g1)
+  int64_t cost;                   // query rows x keys
   int64_t part0 = 0, part1 = -1;  // parts [part0, part1) of the keys (-1: all the last row needs)
-  float* partial = nullptr;       // split items: per part, [rows, D] unnormalized O | m [rows] | l [rows]
+  // Pieces of a split item: the part states of the split item's rows, [nparts][rows][D + 2] (unnormalized O,
+  // m, l per row), of which this piece writes rows [row0, row0 + its rows) of parts [part0, part1).
+  float* partial = nullptr;
+  int64_t split_rows = 0, row0 = 0;
 };
 
 // Per-thread scratch, grown on demand and kept from call to call (the session's pool threads and the
@@ -136,17 +144,18 @@ void write_token(void* usr, size_t ti) {
   }
 }
 
-// Phase 2: one (sequence, kv head, query tile) item; see the file header. Its rows: r = tt * G + hh
-// (token tt of the tile, query head kv_head * G + hh).
+// Phase 2: one (sequence, query tile, kv heads [g0, g1)) item; see the file header. Its rows, head by head:
+// r = (g - g0) * hrows + tt * G + hh (kv head g, token tt of the tile, query head g * G + hh).
 struct ItemShape {
   int64_t D, H, Hkv, BS, G;
-  int64_t ntok, rows;
-  int64_t tok0;    // first global token of the tile
-  int64_t pos0;    // its cache position
-  int64_t kv_len;  // keys needed by the last row
-  int64_t nsub;    // cache blocks per span of keys
-  int64_t span;    // keys per span (nsub * BS)
-  int64_t part;    // cache blocks per part (whole spans)
+  int64_t g0, nh;             // kv heads [g0, g0 + nh)
+  int64_t ntok, hrows, rows;  // tokens, rows per kv head (ntok * G), rows (nh * hrows)
+  int64_t tok0;               // first global token of the tile
+  int64_t pos0;               // its cache position
+  int64_t kv_len;             // keys needed by the last row
+  int64_t nsub;               // cache blocks per span of keys
+  int64_t span;               // keys per span (nsub * BS)
+  int64_t part;               // cache blocks per part (whole spans)
   bool eight_bit;
 };
 
@@ -157,8 +166,11 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.Hkv = d.kv_heads;
   sh.BS = d.block_size;
   sh.G = sh.H / sh.Hkv;
+  sh.g0 = it.g0;
+  sh.nh = it.g1 - it.g0;
   sh.ntok = it.t1 - it.t0;
-  sh.rows = sh.ntok * sh.G;
+  sh.hrows = sh.ntok * sh.G;
+  sh.rows = sh.nh * sh.hrows;
   sh.tok0 = a.cu_seqlens[it.seq] + it.t0;
   sh.pos0 = a.context_lens[it.seq] + it.t0;
   sh.kv_len = a.context_lens[it.seq] + it.t1;
@@ -219,11 +231,16 @@ void finish_row(int64_t D, const float* A, float L, float* dst) {
   for (int64_t x = 0; x < D; ++x) dst[x] = A[x] * inv;
 }
 
-// Qb <- the tile's roped queries of the item's G heads.
-void load_queries(const Ctx& c, const WorkItem& it, const ItemShape& sh, ItemScratch& w) {
-  for (int64_t tt = 0; tt < sh.ntok; ++tt)  // row r = tt * G + hh  <-  query head g * G + hh
-    std::memcpy(w.Qb + tt * sh.G * sh.D, c.q_work + (sh.tok0 + tt) * sh.H * sh.D + it.kv_head * sh.G * sh.D,
-                sizeof(float) * sh.G * sh.D);
+// Where row r of the item goes in [T, H*D] (q_work, out).
+int64_t row_offset(const ItemShape& sh, int64_t r) {
+  const int64_t gi = r / sh.hrows, rem = r % sh.hrows;
+  return (sh.tok0 + rem / sh.G) * sh.H * sh.D + ((sh.g0 + gi) * sh.G + rem % sh.G) * sh.D;
+}
+
+// Qb <- the tile's roped queries of the item's rows (each kv head's G query heads are contiguous).
+void load_queries(const Ctx& c, const ItemShape& sh, ItemScratch& w) {
+  for (int64_t r = 0; r < sh.rows; r += sh.G)
+    std::memcpy(w.Qb + r * sh.D, c.q_work + row_offset(sh, r), sizeof(float) * sh.G * sh.D);
 }
 
 // A part's online softmax starts from m = -inf, l = 0, O = 0.
@@ -235,14 +252,14 @@ void start_part(const ItemShape& sh, ItemScratch& w) {
 
 // The cache blocks of one span: nb blocks from key block b0.
 struct Span {
-  int64_t base[64];  // first cache row of each block (for the item's kv head)
-  int nks[64];       // keys in each block
-  int64_t nb;        // blocks in the span
-  int nk;            // keys in the span
+  int64_t block[64];  // cache block of each
+  int nks[64];        // keys in each block
+  int64_t nb;         // blocks in the span
+  int nk;             // keys in the span
 };
 
 // Touches the start of every K/V chunk (one cache block of one kv head: BS rows, 1 KB int8 / 4 KB fp32
-// at BS 16, D 64) and its scales for the span at key block b0, a span before they are read. The chunks
+// at BS 16, D 64) and its scales for the span at key block b0, a span before they are read. The blocks
 // lie wherever the block table puts them, so the hardware prefetcher cannot see the next one coming and
 // each began with a full memory latency; once a chunk's first lines are requested it streams the rest.
 // Measured (standalone kernel, 30 layers' caches from memory, context 2048, shared machine): int8 ~10%,
@@ -254,23 +271,27 @@ void prefetch_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_
   const int64_t row_bytes = sh.D * (sh.eight_bit ? 1 : 4), BS = sh.BS;
   const int64_t nb = std::min(sh.nsub, nblocks - b0);
   for (int64_t sb = 0; sb < nb; ++sb) {
-    const int64_t base = (a.block_tables[it.seq * d.max_blocks + b0 + sb] * sh.Hkv + it.kv_head) * BS;
+    const int64_t block = a.block_tables[it.seq * d.max_blocks + b0 + sb];
     const int64_t bytes = std::min(kLines * 64, std::min(BS, sh.kv_len - (b0 + sb) * BS) * row_bytes);
-    const char* k = static_cast<const char*>(a.key_cache) + base * row_bytes;
-    const char* v = static_cast<const char*>(a.value_cache) + base * row_bytes;
-    for (int64_t off = 0; off < bytes; off += 64) {
-      __builtin_prefetch(k + off);
-      __builtin_prefetch(v + off);
-    }
-    if (sh.eight_bit) {
-      __builtin_prefetch(a.key_scales + base);
-      __builtin_prefetch(a.value_scales + base);
+    for (int64_t g = sh.g0; g < sh.g0 + sh.nh; ++g) {
+      const int64_t base = (block * sh.Hkv + g) * BS;
+      const char* k = static_cast<const char*>(a.key_cache) + base * row_bytes;
+      const char* v = static_cast<const char*>(a.value_cache) + base * row_bytes;
+      for (int64_t off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(k + off);
+        __builtin_prefetch(v + off);
+      }
+      if (sh.eight_bit) {
+        __builtin_prefetch(a.key_scales + base);
+        __builtin_prefetch(a.value_scales + base);
+      }
     }
   }
 }
 
-// Writes the span's scores S [rows, span] = scale * Qb . K, one cache block at a time (8-bit caches: the
-// block's keys dequantized into Kb first, so the scratch stays one block, in L1, however long the span).
+// Writes the span's scores S [rows, span] = scale * Qb . K, block by block and, in a block, kv head by kv
+// head (the order the cache holds them). 8-bit caches: each (block, head)'s keys are dequantized into Kb
+// first, so the scratch stays one block, in L1, however long the span.
 void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks, ItemScratch& w,
                 Span& sp) {
   const PagedAttentionDims& d = *c.d;
@@ -281,17 +302,19 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
   sp.nb = std::min(sh.nsub, nblocks - b0);
   sp.nk = 0;
   for (int64_t sb = 0; sb < sp.nb; ++sb) {
-    const int64_t block = a.block_tables[it.seq * d.max_blocks + b0 + sb];
-    const int64_t base = (block * sh.Hkv + it.kv_head) * BS;  // first row of this block/head
-    sp.base[sb] = base;
+    sp.block[sb] = a.block_tables[it.seq * d.max_blocks + b0 + sb];
     sp.nks[sb] = static_cast<int>(std::min(BS, sh.kv_len - (b0 + sb) * BS));
-    const float* K = static_cast<const float*>(a.key_cache) + base * D;
-    if (sh.eight_bit) {
-      (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
-          static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, w.Kb);
-      K = w.Kb;
+    for (int64_t gi = 0; gi < sh.nh; ++gi) {
+      const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * BS;  // first row of this block/head
+      const float* K = static_cast<const float*>(a.key_cache) + base * D;
+      if (sh.eight_bit) {
+        (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
+            static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, w.Kb);
+        K = w.Kb;
+      }
+      vec.scores(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows), K, sp.nks[sb], Di, d.scale,
+                 w.S + gi * sh.hrows * sh.span + sb * BS, static_cast<int>(sh.span));
     }
-    vec.scores(w.Qb, static_cast<int>(sh.rows), K, sp.nks[sb], Di, d.scale, w.S + sb * BS, static_cast<int>(sh.span));
     sp.nk += sp.nks[sb];
   }
 }
@@ -302,7 +325,7 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
   const int Di = static_cast<int>(sh.D);
   for (int64_t r = 0; r < sh.rows; ++r) {
     float* sr = w.S + r * sh.span;
-    const int64_t qpos = sh.pos0 + r / sh.G;
+    const int64_t qpos = sh.pos0 + (r % sh.hrows) / sh.G;
     const int nvalid = static_cast<int>(std::min<int64_t>(sp.nk, qpos - kstart + 1));
     if (nvalid <= 0) {
       std::fill(sr, sr + sp.nk, 0.f);
@@ -318,53 +341,53 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
   }
 }
 
-// O += P V over the span's blocks (8-bit caches: each block's values dequantized into Vb first).
+// O += P V over the span's blocks, kv head by kv head in a block (8-bit caches: each (block, head)'s values
+// dequantized into Vb first).
 void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScratch& w) {
   const PagedAttentionDims& d = *c.d;
   const PagedAttentionArgs& a = *c.a;
   const VecOps& vec = *c.vec;
   const int64_t D = sh.D;
   for (int64_t sb = 0; sb < sp.nb; ++sb) {
-    const float* V = static_cast<const float*>(a.value_cache) + sp.base[sb] * D;
-    if (sh.eight_bit) {
-      (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
-          static_cast<const uint8_t*>(a.value_cache) + sp.base[sb] * D, a.value_scales + sp.base[sb], sp.nks[sb],
-          static_cast<int>(D), w.Vb);
-      V = w.Vb;
+    for (int64_t gi = 0; gi < sh.nh; ++gi) {
+      const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
+      const float* V = static_cast<const float*>(a.value_cache) + base * D;
+      if (sh.eight_bit) {
+        (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
+            static_cast<const uint8_t*>(a.value_cache) + base * D, a.value_scales + base, sp.nks[sb],
+            static_cast<int>(D), w.Vb);
+        V = w.Vb;
+      }
+      vec.pv(w.S + gi * sh.hrows * sh.span + sb * sh.BS, static_cast<int>(sh.span), static_cast<int>(sh.hrows), V,
+             sp.nks[sb], static_cast<int>(D), w.O + gi * sh.hrows * D);
     }
-    vec.pv(w.S + sb * sh.BS, static_cast<int>(sh.span), static_cast<int>(sh.rows), V, sp.nks[sb], static_cast<int>(D),
-           w.O);
   }
 }
 
-// Floats of one part's state in a split item's `partial`: O [rows, D] | m [rows] | l [rows].
-int64_t part_floats(int64_t rows, int64_t D) {
-  return rows * (D + 2);
+// A row's state of one part in a split item's `partial`: unnormalized O [D] | m | l.
+float* part_state(const WorkItem& it, int64_t D, int64_t part, int64_t r) {
+  return it.partial + ((part * it.split_rows) + it.row0 + r) * (D + 2);
 }
 
-// Part k of the item is done: keep its state for the merge after the parallel section (split items), or
+// Part p of the item is done: keep its state for the merge after the parallel section (split items), or
 // merge it into the item's running state now.
-void end_part(const ItemShape& sh, const WorkItem& it, int64_t k, ItemScratch& w) {
-  const int64_t rows = sh.rows, D = sh.D;
-  if (it.partial) {
-    float* dst = it.partial + k * part_floats(rows, D);
-    std::memcpy(dst, w.O, sizeof(float) * rows * D);
-    std::memcpy(dst + rows * D, w.m, sizeof(float) * rows);
-    std::memcpy(dst + rows * D + rows, w.l, sizeof(float) * rows);
-    return;
+void end_part(const ItemShape& sh, const WorkItem& it, int64_t p, ItemScratch& w) {
+  const int64_t D = sh.D;
+  for (int64_t r = 0; r < sh.rows; ++r) {
+    if (it.partial) {
+      float* dst = part_state(it, D, p, r);
+      std::memcpy(dst, w.O + r * D, sizeof(float) * D);
+      dst[D] = w.m[r];
+      dst[D + 1] = w.l[r];
+    } else {
+      merge_part(D, w.O + r * D, w.m[r], w.l[r], w.A + r * D, w.M[r], w.L[r]);
+    }
   }
-  for (int64_t r = 0; r < rows; ++r) merge_part(D, w.O + r * D, w.m[r], w.l[r], w.A + r * D, w.M[r], w.L[r]);
 }
 
 // out <- A / L for every row of an item that was not split.
-void store_item(const Ctx& c, const WorkItem& it, const ItemShape& sh, const ItemScratch& w) {
-  const int64_t D = sh.D;
-  for (int64_t tt = 0; tt < sh.ntok; ++tt) {
-    for (int64_t hh = 0; hh < sh.G; ++hh) {
-      const int64_t r = tt * sh.G + hh;
-      finish_row(D, w.A + r * D, w.L[r], c.a->out + (sh.tok0 + tt) * sh.H * D + (it.kv_head * sh.G + hh) * D);
-    }
-  }
+void store_item(const Ctx& c, const ItemShape& sh, const ItemScratch& w) {
+  for (int64_t r = 0; r < sh.rows; ++r) finish_row(sh.D, w.A + r * sh.D, w.L[r], c.a->out + row_offset(sh, r));
 }
 
 void attend_item(void* usr, size_t ii) {
@@ -372,7 +395,7 @@ void attend_item(void* usr, size_t ii) {
   const WorkItem& it = c.items[ii];
   const ItemShape sh = item_shape(*c.d, *c.a, it);
   ItemScratch w(sh);
-  load_queries(c, it, sh, w);
+  load_queries(c, sh, w);
   if (!it.partial) start_merge(sh.rows, sh.D, w.A, w.M, w.L);
   const int64_t nblocks = (sh.kv_len + sh.BS - 1) / sh.BS;
   const int64_t nparts = (nblocks + sh.part - 1) / sh.part;
@@ -388,16 +411,16 @@ void attend_item(void* usr, size_t ii) {
       softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
       accumulate_span(c, sh, sp, w);
     }
-    end_part(sh, it, p - it.part0, w);
+    end_part(sh, it, p, w);
   }
-  if (!it.partial) store_item(c, it, sh, w);
+  if (!it.partial) store_item(c, sh, w);
 }
 
-// An item split along its keys: its nparts parts' states are at `partial` (in part order), computed by
-// items of the parallel section that each cover a range of them.
+// An item split into pieces: its rows' part states are at `partial` ([nparts][rows][D + 2], in part order),
+// written by the pieces in the parallel section.
 struct Split {
-  int32_t seq, kv_head, t0, t1;
-  int64_t nparts;
+  WorkItem item;  // the item as planned (all its parts and kv heads)
+  int64_t nparts, rows;
   float* partial;
 };
 
@@ -411,59 +434,64 @@ struct Plan {
   int64_t work = 0;             // query rows x keys over all items
 };
 
-// token_seq <- the sequence of each token; one item per (sequence, kv head, tile of kTileTokens).
+// token_seq <- the sequence of each token; one item per (sequence, tile of kTileTokens), all kv heads.
 void plan_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, Plan& plan) {
   plan.token_seq.resize(static_cast<size_t>(d.num_tokens));
   plan.items.clear();
   plan.work = 0;
-  const int64_t G = d.num_heads / d.kv_heads;
   for (int64_t s = 0; s < d.num_seqs; ++s) {
     const int32_t len = a.cu_seqlens[s + 1] - a.cu_seqlens[s];
     for (int32_t j = 0; j < len; ++j) plan.token_seq[a.cu_seqlens[s] + j] = static_cast<int32_t>(s);
     for (int32_t t0 = 0; t0 < len; t0 += static_cast<int32_t>(kTileTokens)) {
       const int32_t t1 = std::min<int32_t>(len, t0 + static_cast<int32_t>(kTileTokens));
-      const int64_t cost = (t1 - t0) * (a.context_lens[s] + t1);
-      for (int64_t g = 0; g < d.kv_heads; ++g) {
-        plan.items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(g), t0, t1, cost});
-        plan.work += cost * G;
-      }
+      const int64_t cost = (t1 - t0) * d.num_heads * (a.context_lens[s] + t1);
+      plan.items.push_back({static_cast<int32_t>(s), t0, t1, 0, static_cast<int32_t>(d.kv_heads), cost});
+      plan.work += cost;
     }
   }
 }
 
-// Splits items over several parts into pieces of whole parts when there are too few items for the pool
-// (see kMinItems); the pieces replace them in `items`, each pointing at its parts' slots in `partials`.
-// The bits do not depend on this: a row's parts and their merge are the same either way.
-void split_long_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, Plan& plan) {
+// With fewer than kMinItems items, each is cut into pieces along its parts (whole parts, so each piece still
+// reads whole blocks of all its kv heads, linearly when the blocks are consecutive), or, for an item of one
+// part only, along its kv heads.
+// The pieces replace the item, each pointing at its rows' slots in `partials`. The bits do not depend on
+// this: a row's parts and their merge are the same either way.
+void split_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, Plan& plan) {
   std::vector<WorkItem>& items = plan.items;
-  if (items.size() >= kMinItems) return;
+  if (items.empty() || items.size() >= kMinItems) return;
   const int64_t G = d.num_heads / d.kv_heads, D = d.head_size, BS = d.block_size, PB = part_blocks(BS);
   const size_t base = items.size();
-  const int64_t want = static_cast<int64_t>((kMinItems + base - 1) / base);
+  const int64_t want = static_cast<int64_t>((kMinItems + base - 1) / base);  // pieces per item
   auto parts_of = [&](const WorkItem& w) { return ((a.context_lens[w.seq] + w.t1 + BS - 1) / BS + PB - 1) / PB; };
   size_t total = 0;  // floats of every split item's part states
   for (size_t i = 0; i < base; ++i)
-    if (std::min(want, parts_of(items[i])) >= 2)
-      total += static_cast<size_t>(parts_of(items[i]) * part_floats((items[i].t1 - items[i].t0) * G, D));
-  if (total == 0) return;
+    total += static_cast<size_t>(parts_of(items[i]) * (items[i].t1 - items[i].t0) * d.num_heads * (D + 2));
   plan.partials.resize(total);
   float* next = plan.partials.data();
   for (size_t i = 0; i < base; ++i) {
     const WorkItem w = items[i];
-    const int64_t nparts = parts_of(w), n = std::min(want, nparts);
-    if (n < 2) continue;
-    const int64_t per = (nparts + n - 1) / n;  // parts per piece
-    const int64_t kv_len = a.context_lens[w.seq] + w.t1, ntok = w.t1 - w.t0, floats = part_floats(ntok * G, D);
-    for (int64_t p = 0; p < nparts; p += per) {
-      WorkItem piece = w;
-      piece.part0 = p;
-      piece.part1 = std::min(nparts, p + per);
-      piece.cost = ntok * (std::min(kv_len, piece.part1 * PB * BS) - p * PB * BS);
-      piece.partial = next + p * floats;
-      items.push_back(piece);
+    const int64_t nparts = parts_of(w), ntok = w.t1 - w.t0, kv_len = a.context_lens[w.seq] + w.t1;
+    const int64_t by_parts = std::min(want, nparts);
+    const int64_t by_heads = by_parts >= 2 ? 1 : std::min<int64_t>(d.kv_heads, want);
+    if (by_parts * by_heads < 2) continue;
+    const int64_t per_part = (nparts + by_parts - 1) / by_parts, per_head = (d.kv_heads + by_heads - 1) / by_heads;
+    const int64_t rows = ntok * d.num_heads;
+    for (int64_t p = 0; p < nparts; p += per_part) {
+      for (int64_t g = 0; g < d.kv_heads; g += per_head) {
+        WorkItem piece = w;
+        piece.part0 = p;
+        piece.part1 = std::min(nparts, p + per_part);
+        piece.g0 = static_cast<int32_t>(g);
+        piece.g1 = static_cast<int32_t>(std::min<int64_t>(d.kv_heads, g + per_head));
+        piece.cost = ntok * (piece.g1 - piece.g0) * G * (std::min(kv_len, piece.part1 * PB * BS) - p * PB * BS);
+        piece.partial = next;
+        piece.split_rows = rows;
+        piece.row0 = g * ntok * G;
+        items.push_back(piece);
+      }
     }
-    plan.splits.push_back({w.seq, w.kv_head, w.t0, w.t1, nparts, next});
-    next += nparts * floats;
+    plan.splits.push_back({w, nparts, rows, next});
+    next += nparts * rows * (D + 2);
     items[i].cost = -1;  // replaced by its pieces
   }
   items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }), items.end());
@@ -471,17 +499,20 @@ void split_long_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, 
 
 // Merges the parts of split items, in part order, with the same merge_part as inside an item; out <- A / L.
 void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, const std::vector<Split>& splits) {
-  const int64_t G = d.num_heads / d.kv_heads, D = d.head_size;
+  const int64_t D = d.head_size;
   for (const Split& sp : splits) {
-    const int64_t rows = (sp.t1 - sp.t0) * G, stride = part_floats(rows, D);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t tok = a.cu_seqlens[sp.seq] + sp.t0 + r / G;
-      float* dst = a.out + tok * d.num_heads * D + (sp.kv_head * G + r % G) * D;
+    const ItemShape sh = item_shape(d, a, sp.item);
+    WorkItem at = sp.item;  // addresses the states: row0 = 0, all rows
+    at.partial = sp.partial;
+    at.split_rows = sp.rows;
+    at.row0 = 0;
+    for (int64_t r = 0; r < sh.rows; ++r) {
+      float* dst = a.out + row_offset(sh, r);
       float M = -std::numeric_limits<float>::infinity(), L = 0.f;
       std::fill(dst, dst + D, 0.f);  // the running A, normalized in place at the end
-      for (int64_t k = 0; k < sp.nparts; ++k) {
-        const float* part = sp.partial + k * stride;
-        merge_part(D, part + r * D, part[rows * D + r], part[rows * D + rows + r], dst, M, L);
+      for (int64_t p = 0; p < sp.nparts; ++p) {
+        const float* st = part_state(at, D, p, r);
+        merge_part(D, st, st[D], st[D + 1], dst, M, L);
       }
       finish_row(D, dst, L, dst);
     }
@@ -500,11 +531,11 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   const Parallel serial{};
   const Parallel& pool = parallel ? par : serial;
   plan.splits.clear();
-  if (parallel) split_long_items(d, a, plan);
+  if (parallel) split_items(d, a, plan);
   // longest first (ties in plan order; std::sort, unlike stable_sort, allocates nothing)
   std::sort(plan.items.begin(), plan.items.end(), [](const WorkItem& x, const WorkItem& y) {
     if (x.cost != y.cost) return x.cost > y.cost;
-    return std::tie(x.seq, x.t0, x.kv_head, x.part0) < std::tie(y.seq, y.t0, y.kv_head, y.part0);
+    return std::tie(x.seq, x.t0, x.g0, x.part0) < std::tie(y.seq, y.t0, y.g0, y.part0);
   });
   plan.q_work.resize(static_cast<size_t>(T * d.num_heads * d.head_size));
   Ctx c{&d, &a, plan.token_seq.data(), plan.q_work.data(), plan.items.data(), &vec()};
