@@ -1,6 +1,6 @@
 """Batch invariance and speculative decoding at long context, end to end on the real SmolLM2.
 
-A grounded prompt of ~1300 tokens (five of PagedAttention's 256-key parts, and past the 1024 keys from which it
+A grounded prompt of ~1300 tokens (six of PagedAttention's 256-key parts, and past the 1024 keys from which it
 used to split a lone row's keys across the pool): its greedy tokens and their logprobs are the same with
 speculative decoding off and on (verified rows are rows of a multi-token tile), alone and in a batch of 8
 (a lone row's keys are split across the pool, a batch's are not), with the prompt prefilled in chunks of
