@@ -5,6 +5,12 @@ Same run, same thread count, systems alternated round by round; medians with min
     for one SmolLM2-135M layer (9 heads, 3 kv heads, head_dim 64, block 16): decode B = 1, 8, 16 at
     context 128 / 512 / 2048 and prefill 512. Caches are bound with IO binding, output = input buffer,
     for both systems (GQA's past/present share one buffer), so neither copies the past;
+  - PagedAttention per call at a B = 1 decode step (`--only paged_attention`): 30 nodes in one graph (SmolLM2's
+    layers, each with its own cache: at context 2048 the caches stream from memory as in the engine), context 64
+    (the per-call fixed cost) and 2048 (block tables shuffled, and in pool order), float32 and int8 caches;
+    `--baseline LIB` alternates another build of
+    libortllm_ops.so in the same process (A/B, paired ratios); `--spinning`: ORT's default pool (the engine's
+    setting; on a shared machine the spinning worker competes with the timed thread, so not the default here);
   - MultiLoRA vs the plain-ONNX equivalent (Gather + MatMul + MatMul + Add), 1/2/4 adapters, T = 16
     (MultiLoRA's A/B slot stacks in float16, as the engine binds them; the stock-ops graph's in float32);
   - MultiLoRA (4 adapters, rank 16) added to a MatMulNBits int4 projection (576->576, 576->1536,
@@ -38,6 +44,7 @@ F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, T
 H, HKV, D, BS = 9, 3, 64, 16          # SmolLM2-135M attention
 HIDDEN = H * D                          # 576
 MAX_POS = 4096
+LAYERS = 30                             # SmolLM2-135M
 
 
 # ---------------------------------------------------------------- plumbing
@@ -54,15 +61,17 @@ def _vi(name, dtype, rank):
     return helper.make_tensor_value_info(name, dtype, [None] * rank)
 
 
-def _session(model: bytes, threads: int) -> ort.InferenceSession:
+def _session(model: bytes, threads: int, library: Path | None = None, spinning: bool = False) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     # Several sessions live side by side here; spinning idle workers would steal the 2 cores from
-    # whichever session is being timed. Same setting for every system.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    register_ops(so)
+    # whichever session is being timed. Same setting for every system (spinning=True: ORT's default, the
+    # engine's setting, for the cases that measure a pool dispatch).
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    register_ops(so, library)
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
@@ -70,8 +79,9 @@ class Runner:
     """A session with every input and output pre-bound (IO binding); `aliases` maps an output name to
     the input whose OrtValue it shares (in-place cache update)."""
 
-    def __init__(self, model: bytes, feeds: dict, threads: int, aliases: dict | None = None):
-        self.sess = _session(model, threads)
+    def __init__(self, model: bytes, feeds: dict, threads: int, aliases: dict | None = None,
+                 library: Path | None = None, spinning: bool = False):
+        self.sess = _session(model, threads, library, spinning)
         self.values = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
         self.binding = self.sess.io_binding()
         for k, v in self.values.items():
@@ -131,8 +141,12 @@ def _rope(max_pos=MAX_POS):
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def paged_attention_runner(rng, B, ctx, new, kv_dtype, threads):
-    """B sequences with `ctx` cached tokens and `new` new tokens each, one layer."""
+def _pa_layer(rng, B, ctx, new, kv_dtype, suffix="", ordered=False):
+    """One layer's PagedAttention inputs (B sequences, `ctx` cached and `new` new tokens each): feeds, the
+    node's input and output names, the output -> input aliases (in-place cache update) and the input types.
+    `suffix` names this layer's caches (several layers in one graph share q, k, v and the indices); ordered:
+    the block table lists the pool's blocks in order (what the engine's pool gives a fresh sequence), else
+    shuffled (a pool after much allocating and freeing)."""
     eight = kv_dtype != "float32"
     bps = -(-(ctx + new) // BS)
     nb = B * bps
@@ -147,31 +161,58 @@ def paged_attention_runner(rng, B, ctx, new, kv_dtype, threads):
         "positions": np.tile(np.arange(ctx, ctx + new, dtype=np.int32), B),
         "cu_seqlens": (np.arange(B + 1) * new).astype(np.int32),
         "context_lens": np.full(B, ctx, np.int32),
-        "block_tables": rng.permutation(nb).astype(np.int32).reshape(B, bps),
+        "block_tables": (np.arange(nb) if ordered else rng.permutation(nb)).astype(np.int32).reshape(B, bps),
         "cos_cache": cos, "sin_cache": sin,
-        "key_cache": (rng.integers(0, 120, shape).astype(cache_t) if eight
-                      else rng.standard_normal(shape, dtype=np.float32)),
-        "value_cache": (rng.integers(0, 120, shape).astype(cache_t) if eight
-                        else rng.standard_normal(shape, dtype=np.float32)),
+        "key_cache" + suffix: (rng.integers(0, 120, shape).astype(cache_t) if eight
+                               else rng.standard_normal(shape, dtype=np.float32)),
+        "value_cache" + suffix: (rng.integers(0, 120, shape).astype(cache_t) if eight
+                                 else rng.standard_normal(shape, dtype=np.float32)),
     }
-    names = ["q", "k", "v", "positions", "cu_seqlens", "context_lens", "block_tables", "cos_cache",
-             "sin_cache", "key_cache", "value_cache"]
-    outs = ["attn", "key_cache_out", "value_cache_out"]
-    aliases = {"key_cache_out": "key_cache", "value_cache_out": "value_cache"}
+    kinds = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if eight else [])
     if eight:
-        feeds["key_scales"] = np.full(shape[:3], 0.01, np.float16)
-        feeds["value_scales"] = np.full(shape[:3], 0.01, np.float16)
-        names += ["key_scales", "value_scales"]
-        outs += ["key_scales_out", "value_scales_out"]
-        aliases.update(key_scales_out="key_scales", value_scales_out="value_scales")
-    types = {"positions": I32, "cu_seqlens": I32, "context_lens": I32, "block_tables": I32}
+        feeds["key_scales" + suffix] = np.full(shape[:3], 0.01, np.float16)
+        feeds["value_scales" + suffix] = np.full(shape[:3], 0.01, np.float16)
+    names = ["q", "k", "v", "positions", "cu_seqlens", "context_lens", "block_tables", "cos_cache",
+             "sin_cache"] + [kind + suffix for kind in kinds]
+    outs = ["attn" + suffix] + [kind.replace("_cache", "_cache_out").replace("_scales", "_scales_out") + suffix
+                                for kind in kinds]
+    aliases = dict(zip(outs[1:], names[9:]))
     ctype = U8 if eight else F32
-    types.update(key_cache=ctype, value_cache=ctype, key_scales=F16, value_scales=F16)
-    inputs = [_vi(n, types.get(n, F32), feeds[n].ndim) for n in names]
-    outputs = [_vi("attn", F32, 2)] + [_vi(o, types.get(aliases[o], F32), feeds[aliases[o]].ndim) for o in outs[1:]]
-    node = helper.make_node("PagedAttention", names, outs, domain="ortllm", num_heads=H, kv_num_heads=HKV,
+    types = {"positions": I32, "cu_seqlens": I32, "context_lens": I32, "block_tables": I32}
+    types.update({n: {"key_cache": ctype, "value_cache": ctype}.get(n.removesuffix(suffix), F16) for n in names[9:]})
+    return feeds, names, outs, aliases, types
+
+
+def _pa_node(names, outs, kv_dtype, name="PagedAttention"):
+    return helper.make_node("PagedAttention", names, outs, name=name, domain="ortllm", num_heads=H, kv_num_heads=HKV,
                             head_size=D, block_size=BS, kv_dtype=kv_dtype)
-    return Runner(_model([node], inputs, outputs), feeds, threads, aliases)
+
+
+def paged_attention_runner(rng, B, ctx, new, kv_dtype, threads):
+    """B sequences with `ctx` cached tokens and `new` new tokens each, one layer."""
+    feeds, names, outs, aliases, types = _pa_layer(rng, B, ctx, new, kv_dtype)
+    inputs = [_vi(n, types.get(n, F32), feeds[n].ndim) for n in names]
+    outputs = [_vi("attn", F32, 2)] + [_vi(o, types[aliases[o]], feeds[aliases[o]].ndim) for o in outs[1:]]
+    return Runner(_model([_pa_node(names, outs, kv_dtype)], inputs, outputs), feeds, threads, aliases)
+
+
+def paged_attention_layers_runner(rng, ctx, kv_dtype, threads, layers=LAYERS, library=None, spinning=False,
+                                  ordered=False):
+    """One decode token (B = 1) at context `ctx` through `layers` PagedAttention nodes, each with its own
+    cache (as the engine's layers: at context 2048 the caches stream from memory), in one graph, so
+    session.run's own cost is shared by `layers` calls; per call = a run / layers. library: another build of
+    libortllm_ops.so (A/B against an older one in the same process); spinning: ORT's default (the engine's)."""
+    feeds, inputs, outputs, nodes, aliases = {}, [], [], [], {}
+    for i in range(layers):
+        f, names, outs, al, types = _pa_layer(rng, 1, ctx, 1, kv_dtype, suffix=f".{i}", ordered=ordered)
+        for n in names:
+            if n not in feeds:
+                feeds[n] = f[n]
+                inputs.append(_vi(n, types.get(n, F32), f[n].ndim))
+        outputs += [_vi(outs[0], F32, 2)] + [_vi(o, types[al[o]], f[al[o]].ndim) for o in outs[1:]]
+        nodes.append(_pa_node(names, outs, kv_dtype, name=f"/model/layers.{i}/attn/PagedAttention"))
+        aliases.update(al)
+    return Runner(_model(nodes, inputs, outputs), feeds, threads, aliases, library=library, spinning=spinning)
 
 
 def gqa_runner(rng, B, ctx, new, threads):
@@ -305,9 +346,12 @@ def nbits_runner(rng, T, K, N, threads, lora_adapters=0, rank=16, n_slots=8, cop
 
 # ---------------------------------------------------------------- driver
 
-def run(out_dir: Path, threads: int = 2, quick: bool = False, only: str | None = None) -> list[dict]:
+def run(out_dir: Path, threads: int = 2, quick: bool = False, only: str | None = None,
+        baseline: Path | None = None, spinning: bool = False) -> list[dict]:
     """The rows; the caller writes results.json (results.write_results: `ortllm bench --scenario ops` or main).
-    only="qlinear": just the QLinear comparison (the rest of the ops bench takes minutes)."""
+    only="qlinear" / "paged_attention": just that part (the whole ops bench takes minutes); baseline: another
+    build of libortllm_ops.so that the PagedAttention per-call case alternates with (A/B in one process);
+    spinning: that case on ORT's default spinning pool."""
     rng = np.random.default_rng(0)
     rounds, target = (3, 0.02) if quick else (9, 0.08)
     rows: list[dict] = []
@@ -317,10 +361,39 @@ def run(out_dir: Path, threads: int = 2, quick: bool = False, only: str | None =
 
     if only is None:
         _attention_and_lora(rows, rng, threads, rounds, target, log, quick)
-    # -- QLinear against MatMulNBits (and the engine's former MatMulNBits + MultiLoRA pair)
-    from .qlinear import run as run_qlinear
-    run_qlinear(rows, rng, threads, rounds, target, log, quick=quick)
+    if only in (None, "paged_attention"):
+        _paged_attention_calls(rows, rng, threads, rounds, target, log, quick, baseline, spinning)
+    if only in (None, "qlinear"):
+        # -- QLinear against MatMulNBits (and the engine's former MatMulNBits + MultiLoRA pair)
+        from .qlinear import run as run_qlinear
+        run_qlinear(rows, rng, threads, rounds, target, log, quick=quick)
     return rows
+
+
+def _paged_attention_calls(rows, rng, threads, rounds, target, log, quick, baseline, spinning):
+    """PagedAttention per call at a B = 1 decode step (SmolLM2: 30 layers in one graph), context 64 (the fixed
+    cost: the work is a few microseconds) and 2048 (the caches stream from memory; block tables shuffled, and in
+    pool order as a fresh sequence gets them), float32 and int8 caches; with a baseline library, old and new
+    alternate round by round."""
+    for ctx, ordered in ((64, False), (2048, False), (2048, True)):
+        for kv in ("float32", "int8"):
+            scen = f"ops/attention/decode_per_call_ctx{ctx}{'_ordered_blocks' if ordered else ''}_{kv}"
+            built = {f"ortllm PagedAttention {kv}": paged_attention_layers_runner(rng, ctx, kv, threads,
+                                                                                  spinning=spinning, ordered=ordered)}
+            if baseline is not None:
+                built[f"baseline PagedAttention {kv}"] = paged_attention_layers_runner(
+                    rng, ctx, kv, threads, library=baseline, spinning=spinning, ordered=ordered)
+            samples = _compare({n: r.run for n, r in built.items()}, rounds * (1 if quick else 2), target)
+            samples = {n: [v / LAYERS for v in vals] for n, vals in samples.items()}
+            for name, vals in samples.items():
+                rows.append(_row(scen, name + " (per call)", 1, "latency", vals, "us"))
+            msg = ", ".join(f"{n.split()[0]} {np.median(v) * 1e6:.1f}us" for n, v in samples.items())
+            if baseline is not None:
+                new, old = samples[f"ortllm PagedAttention {kv}"], samples[f"baseline PagedAttention {kv}"]
+                rows.append(_ratio_row(scen, "ortllm vs baseline library", 1, "speedup", old, new))
+                paired = np.asarray(old) / np.asarray(new)   # round by round (the two ran back to back)
+                msg += f", speedup {np.median(old) / np.median(new):.2f}x (paired rounds {np.median(paired):.2f}x)"
+            log(f"{scen}: {msg} per call")
 
 
 def _attention_and_lora(rows, rng, threads, rounds, target, log, quick):
@@ -424,13 +497,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("out/bench-ops"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", choices=["qlinear"], help="run one part only")
+    p.add_argument("--only", choices=["qlinear", "paged_attention"], help="run one part only")
+    p.add_argument("--baseline", type=Path, metavar="LIBRARY",
+                   help="another libortllm_ops.so for the PagedAttention per-call case to alternate with (A/B)")
+    p.add_argument("--spinning", action="store_true",
+                   help="the PagedAttention per-call case on ORT's default spinning pool (the engine's setting)")
     p.add_argument("--markdown", type=Path, metavar="RESULTS_JSON", help="print the docs tables of a results.json")
     a = p.parse_args(argv)
     if a.markdown:
         print(markdown(json.loads(a.markdown.read_text())), end="")
         return 0
-    rows = run(a.out, a.threads, a.quick, a.only)
+    rows = run(a.out, a.threads, a.quick, a.only, a.baseline, a.spinning)
     path = write_results(a.out, rows, command("python -m ortllm.bench.ops", argv))
     print(f"results written to {path}", file=sys.stderr)
     return 0

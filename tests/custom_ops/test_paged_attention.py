@@ -7,12 +7,18 @@ of every new row (see `quantization_bound`), and the written codes are checked o
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, assert_close, paged_attention_model, session
+from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, REPO, assert_close, paged_attention_model, session
 from tests.custom_ops.pa_cases import SCENARIOS, make_case, ordered
 from tests.reference.hadamard import dequantize
 from tests.reference.paged_attention import paged_attention_ref
@@ -51,18 +57,24 @@ def test_paged_attention_fp32_parity(heads, BS, scenario):
     np.testing.assert_array_equal(vc, ref_vc)
 
 
-@pytest.mark.parametrize("seqs", [[(2047, 1), (700, 1)], [(2047, 1)], [(1500, 1), (3, 4)]],
-                         ids=["long+short", "single", "long+prefill"])
-def test_paged_attention_fp32_long_context_decode(seqs):
-    """Decode at context ~2048: online softmax across 128 blocks, and (few items) the key range split
-    into parts that are merged afterwards ("flash-decoding")."""
-    feeds, (attn, _, _), attrs = run_case(seqs, 9, 3, 16, "float32", seed=5)
+LONG_CASES = {"long+short": [(2047, 1), (700, 1)], "single": [(2047, 1)], "long+prefill": [(1500, 1), (3, 4)],
+              "long_chunk": [(1100, 21)], "batch_of_8": [(c, 1) for c in (2047, 37, 700, 1500, 64, 1030, 300, 513)]}
+
+
+@pytest.mark.parametrize("BS", [16, 32])
+@pytest.mark.parametrize("name", sorted(LONG_CASES))
+def test_paged_attention_fp32_long_context(name, BS):
+    """Long contexts: online softmax across up to 128 blocks, every row's keys in parts of 256 merged in
+    order, the parts run in parallel (few items: single, long_chunk's two tiles at context 1100) or one after
+    another in their item (8+ items: batch_of_8)."""
+    feeds, (attn, _, _), attrs = run_case(LONG_CASES[name], 9, 3, BS, "float32", seed=5)
     ref_attn = paged_attention_ref(*ordered(feeds), **attrs)[0]
     assert_close(attn, ref_attn, atol=1e-5, rtol=1e-5, what="attn")
 
 
-def test_paged_attention_int8_long_context_single_sequence():
-    feeds, (attn, kc, vc, ks, vs), attrs = run_case([(2047, 1)], 9, 3, 32, "int8", seed=6)
+@pytest.mark.parametrize("name", ["single", "long_chunk", "batch_of_8"])
+def test_paged_attention_int8_long_context(name):
+    feeds, (attn, kc, vc, ks, vs), attrs = run_case(LONG_CASES[name], 9, 3, 32, "int8", seed=6)
     check_within_quantization_bound(feeds, attn, ks, vs, attrs, tight=False)
 
 
@@ -236,3 +248,52 @@ def test_fp16_scales_across_magnitudes(kv_dtype):
     np.testing.assert_array_equal(vs, ref_vs)
     assert ks.max() == vs.max() == 65504 and ks.min() > 0 and vs.min() > 0   # saturated; never 0
     assert (np.mean(kc == ref_kc) > 0.999) and (np.mean(vc == ref_vc) > 0.999)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+def test_rope_tables_as_initializers(kv_dtype):
+    """The engine graph stores cos/sin as initializers; the op reads them once, when the session is created:
+    same result as feeding them, and their shapes and the positions are still checked on every call."""
+    attrs = dict(num_heads=9, kv_num_heads=3, head_size=D, block_size=16, kv_dtype=kv_dtype)
+    feeds = make_case(np.random.default_rng(31), SCENARIOS["mixed"], **attrs)
+    fed = session(paged_attention_model(**attrs)).run(None, feeds)
+    model = paged_attention_model(**attrs)
+    for name in ("cos_cache", "sin_cache"):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(feeds[name], name))
+        model.graph.input.remove(next(i for i in model.graph.input if i.name == name))
+    sess = session(model, 2)
+    rest = {k: v for k, v in feeds.items() if k not in ("cos_cache", "sin_cache")}
+    for got, want in zip(sess.run(None, rest), fed):
+        np.testing.assert_array_equal(got, want)
+    rows = feeds["cos_cache"].shape[0]
+    with pytest.raises(Exception, match=rf"'positions'\[0\] = {rows} is outside the rope cache"):
+        sess.run(None, {**rest, "positions": np.full_like(feeds["positions"], rows)})
+    model.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(feeds["sin_cache"][:-1], "sin_cache"))
+    with pytest.raises(Exception, match=rf"input 'sin_cache' has shape \[{rows - 1}, 32\], expected \[{rows}, 32\]"):
+        session(model).run(None, rest)
+
+
+def _written_rows(kv_dtype: str) -> list[str]:
+    """The caches and scales one call writes (hex), k/v rows from 1e-12 to 3e7 with an inf and a NaN in them."""
+    attrs = dict(num_heads=9, kv_num_heads=3, head_size=D, block_size=16, kv_dtype=kv_dtype)
+    feeds = make_case(np.random.default_rng(7), SCENARIOS["mixed"], **attrs)
+    mags = np.geomspace(1e-12, 3e7, len(feeds["k"])).astype(np.float32)
+    feeds["k"] = (feeds["k"] * mags[:, None]).astype(np.float32)
+    feeds["v"] = (feeds["v"] * mags[::-1, None]).astype(np.float32)
+    feeds["k"][3, 5], feeds["v"][4, 70], feeds["k"][6, 130] = np.inf, np.nan, np.nan
+    res = session(paged_attention_model(**attrs)).run(None, feeds)
+    return [r.tobytes().hex() for r in res[1:]]
+
+
+def test_written_rows_same_bits_on_the_scalar_path():
+    """The Hadamard transform and the int8 rounding loop have AVX2 versions doing the scalar code's operations
+    (butterflies in the same order, the same division and rounding): the rows written into the caches and their
+    scales are the same bits with ORTLLM_OPS_ISA=scalar, for int8 and fp8 caches, extreme values included. (A wrong
+    butterfly or rounding shows as other codes; a last-bit difference before rounding would show only at ties.)"""
+    code = ("import json, sys; sys.path.insert(0, {repo!r}); from tests.custom_ops.test_paged_attention import "
+            "_written_rows as w; print(json.dumps({{k: w(k) for k in ('int8', 'fp8_e4m3')}}))").format(repo=str(REPO))
+    env = dict(os.environ, ORTLLM_OPS_ISA="scalar")
+    scalar = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                       check=True, cwd=REPO).stdout)
+    for kv_dtype in ("int8", "fp8_e4m3"):
+        assert _written_rows(kv_dtype) == scalar[kv_dtype], kv_dtype

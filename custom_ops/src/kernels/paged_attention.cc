@@ -9,22 +9,31 @@
 //        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal)
 //      read back from the cache (so new tokens see exactly what later steps will see).
 // Why this way:
-//   - Work item = (sequence, kv head, tile of up to kTileTokens query tokens). All G = H/Hkv query
-//     heads sharing a kv head and all tokens of the tile form the rows of one item, so every K/V
-//     block is loaded (and for 8-bit dequantized into a small scratch, on the fly) once per item and
-//     used by rows = tile * G queries: decode tokens get G rows, prefill tiles up to 16 * G (blocked
-//     prefill: [rows, D] x [D, span] score tiles). Items run on the session pool, longest first.
+//   - Work item = (sequence, tile of up to kTileTokens query tokens, a range of kv heads: all of them
+//     unless the call needs more items). The G = H/Hkv query heads sharing a kv head and all tokens of
+//     the tile are that head's rows, so every K/V block is loaded (and for 8-bit dequantized into a
+//     one-block scratch) once per item and used by tile * G queries: decode tokens get G rows per kv
+//     head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x [D, span] score tiles). One item
+//     reads all kv heads of a block together: a block's heads are contiguous in the cache
+//     ([NB, Hkv, BS, D]), so a sequence whose blocks are consecutive (the pool hands them out in order)
+//     streams its cache linearly, where one item per kv head read 4 KB pieces 12 KB apart (measured:
+//     half the read bandwidth). Items run on the session pool, longest first.
 //   - Online softmax over spans of kSpanKeys keys (several cache blocks; running max m, sum l,
 //     rescaled accumulator O) in fp32, so no [T, context] score matrix is ever materialized, decode
 //     at context 2048 streams the cache once, and the per-row bookkeeping is amortized over 64 keys.
 //   - Keys inside a span are in position order, so the causal mask of a row is a prefix length.
+//   - Batch invariance: every row's keys are cut into the same parts of kPartKeys keys from key 0
+//     (part_blocks below), each part with its own online-softmax state, and the parts are merged in
+//     order by one function (merge_part), whether they ran one after another inside the row's item or
+//     as separate items in parallel (a call with few items splits its long items along the keys:
+//     "flash-decoding"). So a row gets the same bits alone, in any batch, and as any row of any tile.
 #include "paged_attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "vec.h"
@@ -33,19 +42,54 @@ namespace ortllm {
 namespace {
 
 constexpr int64_t kTileTokens = 16;
+constexpr int64_t kItemRows = 64;  // query rows an item takes by grouping kv heads (see plan_items)
 constexpr int64_t kSpanKeys = 64;  // keys per online-softmax step (<= 64 blocks of size >= 1)
 
-// Decode items over long contexts are split along the keys ("flash-decoding") when there are too
-// few items to keep the pool busy (B = 1: only Hkv items); the parts are merged afterwards.
+// Every row's keys are processed in parts of kPartKeys keys (whole spans, from key 0), merged in order.
+// When a call has fewer than kMinItems items (B = 1: one), items are split along the parts and, if that
+// is not enough, along the kv heads; the parts' states are merged after the parallel section.
 constexpr size_t kMinItems = 8;
-constexpr int64_t kSplitKeys = 512;  // at least this many keys per part
+constexpr int64_t kPartKeys = 256;
+
+// A call whose items see fewer than this many (query row, key) pairs in all runs on the calling thread:
+// B = 1 decode (9 query heads) up to context ~280, i.e. while its keys are one part. Waking the pool costs
+// ~3 us on an idle machine and far more on a busy one (measured: 34 us per call at context 64 on 2 threads
+// vs 9 us on 1), while such a call's attention is a few microseconds. Threads do not change the bits.
+constexpr int64_t kSerialWork = 2560;
+// Tokens from which writing the new K/V rows (RoPE, Hadamard, quantization) goes to the pool.
+constexpr int64_t kParallelTokens = 64;
+
+// Cache blocks per span of keys and per part (a whole number of spans: kPartKeys keys when the block size
+// divides 64, else the nearest whole number of spans below it, at least one).
+int64_t span_blocks(int64_t BS) {
+  return std::max<int64_t>(1, kSpanKeys / BS);
+}
+int64_t part_blocks(int64_t BS) {
+  const int64_t nsub = span_blocks(BS);
+  return std::max<int64_t>(1, kPartKeys / (nsub * BS)) * nsub;
+}
 
 struct WorkItem {
-  int32_t seq, kv_head, t0, t1;  // query tokens [t0, t1) of the sequence (relative to cu_seqlens[seq])
-  int64_t cost;
-  int64_t blk0 = 0, blk1 = -1;  // key blocks [blk0, blk1) of this item (-1: all it needs)
-  float* partial = nullptr;     // split items: [rows, D] unnormalized O | m [rows] | l [rows]
+  int32_t seq, t0, t1;            // query tokens [t0, t1) of the sequence (relative to cu_seqlens[seq])
+  int32_t g0, g1;                 // kv heads [g0, g1)
+  int64_t cost;                   // query rows x keys
+  int64_t part0 = 0, part1 = -1;  // parts [part0, part1) of the keys (-1: all the last row needs)
+  // Pieces of a split item: the part states of the split item's rows, [nparts][rows][D + 2] (unnormalized O,
+  // m, l per row), of which this piece writes rows [row0, row0 + its rows) of parts [part0, part1).
+  float* partial = nullptr;
+  int64_t split_rows = 0, row0 = 0;
 };
+
+// Per-thread scratch, grown on demand and kept from call to call (the session's pool threads and the
+// calling thread live as long as the session): a decode call takes ~10 us, and its heap allocations were
+// a visible share of that. Contents are never carried over: every user writes before it reads.
+enum class ScratchUse { kRow, kItem, kCount };
+float* thread_scratch(ScratchUse use, size_t n) {
+  thread_local std::vector<float> bufs[static_cast<int>(ScratchUse::kCount)];
+  std::vector<float>& b = bufs[static_cast<int>(use)];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
 
 struct Ctx {
   const PagedAttentionDims* d;
@@ -77,19 +121,18 @@ void write_token(void* usr, size_t ti) {
   }
 
   const int64_t block = a.block_tables[s * d.max_blocks + p / BS];
-  std::vector<float> row(static_cast<size_t>(D));
+  float* row = thread_scratch(ScratchUse::kRow, static_cast<size_t>(D));
   for (int64_t g = 0; g < Hkv; ++g) {
     const int64_t slot = (block * Hkv + g) * BS + p % BS;  // row index into [NB*Hkv*BS]
     // key
-    std::memcpy(row.data(), a.k + t * Hkv * D + g * D, sizeof(float) * D);
-    apply_rope(row.data(), static_cast<int>(D), cs, sn, d.rope_interleaved);
-    if (d.rotate) fwht_normalized(row.data(), static_cast<int>(D));
+    std::memcpy(row, a.k + t * Hkv * D + g * D, sizeof(float) * D);
+    apply_rope(row, static_cast<int>(D), cs, sn, d.rope_interleaved);
+    if (d.rotate) fwht_normalized(row, static_cast<int>(D));
     if (!eight_bit) {
-      std::memcpy(static_cast<float*>(a.key_cache) + slot * D, row.data(), sizeof(float) * D);
+      std::memcpy(static_cast<float*>(a.key_cache) + slot * D, row, sizeof(float) * D);
     } else {
       uint8_t* dst = static_cast<uint8_t*>(a.key_cache) + slot * D;
-      a.key_scales[slot] =
-          d.kv_dtype == KvDtype::kInt8 ? quantize_int8(row.data(), D, dst) : quantize_e4m3(row.data(), D, dst);
+      a.key_scales[slot] = d.kv_dtype == KvDtype::kInt8 ? quantize_int8(row, D, dst) : quantize_e4m3(row, D, dst);
     }
     // value (no rope, no rotation)
     const float* vsrc = a.v + t * Hkv * D + g * D;
@@ -102,16 +145,18 @@ void write_token(void* usr, size_t ti) {
   }
 }
 
-// Phase 2: one (sequence, kv head, query tile) item; see the file header. Its rows: r = tt * G + hh
-// (token tt of the tile, query head kv_head * G + hh).
+// Phase 2: one (sequence, query tile, kv heads [g0, g1)) item; see the file header. Its rows, head by head:
+// r = (g - g0) * hrows + tt * G + hh (kv head g, token tt of the tile, query head g * G + hh).
 struct ItemShape {
   int64_t D, H, Hkv, BS, G;
-  int64_t ntok, rows;
-  int64_t tok0;    // first global token of the tile
-  int64_t pos0;    // its cache position
-  int64_t kv_len;  // keys needed by the last row
-  int64_t nsub;    // cache blocks per span of keys
-  int64_t span;    // keys per span (nsub * BS)
+  int64_t g0, nh;             // kv heads [g0, g0 + nh)
+  int64_t ntok, hrows, rows;  // tokens, rows per kv head (ntok * G), rows (nh * hrows)
+  int64_t tok0;               // first global token of the tile
+  int64_t pos0;               // its cache position
+  int64_t kv_len;             // keys needed by the last row
+  int64_t nsub;               // cache blocks per span of keys
+  int64_t span;               // keys per span (nsub * BS)
+  int64_t part;               // cache blocks per part (whole spans)
   bool eight_bit;
 };
 
@@ -122,85 +167,155 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.Hkv = d.kv_heads;
   sh.BS = d.block_size;
   sh.G = sh.H / sh.Hkv;
+  sh.g0 = it.g0;
+  sh.nh = it.g1 - it.g0;
   sh.ntok = it.t1 - it.t0;
-  sh.rows = sh.ntok * sh.G;
+  sh.hrows = sh.ntok * sh.G;
+  sh.rows = sh.nh * sh.hrows;
   sh.tok0 = a.cu_seqlens[it.seq] + it.t0;
   sh.pos0 = a.context_lens[it.seq] + it.t0;
   sh.kv_len = a.context_lens[it.seq] + it.t1;
   // Keys are processed kSpan at a time (several cache blocks), so the per-row softmax bookkeeping
   // (max, rescale of O) is amortized over kSpan keys, not block_size.
-  sh.nsub = std::max<int64_t>(1, kSpanKeys / sh.BS);
+  sh.nsub = span_blocks(sh.BS);
   sh.span = sh.nsub * sh.BS;
+  sh.part = part_blocks(sh.BS);
   sh.eight_bit = d.kv_dtype != KvDtype::kFloat32;
   return sh;
 }
 
-// scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [span, D]
-// (uninitialized: only O and l need zeros; S, Kb, Vb are written before they are read)
+// scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [BS, D]
+//          | the merged parts: A [rows, D] | M [rows] | L [rows]
+// (uninitialized: load_queries and start_part set what is read before it is written)
 struct ItemScratch {
-  std::unique_ptr<float[]> buf;
-  float *Qb, *O, *S, *m, *l, *Kb, *Vb;
+  float *Qb, *O, *S, *m, *l, *Kb, *Vb, *A, *M, *L;
 
-  explicit ItemScratch(const ItemShape& sh)
-      : buf(new float[static_cast<size_t>(sh.rows * (2 * sh.D + sh.span + 2) +
-                                          (sh.eight_bit ? 2 * sh.span * sh.D : 0))]) {
-    Qb = buf.get();
+  explicit ItemScratch(const ItemShape& sh) {
+    Qb = thread_scratch(ScratchUse::kItem, static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 4) + 2 * sh.BS * sh.D));
     O = Qb + sh.rows * sh.D;
     S = O + sh.rows * sh.D;
     m = S + sh.rows * sh.span;
     l = m + sh.rows;
     Kb = l + sh.rows;
-    Vb = Kb + sh.span * sh.D;
+    Vb = Kb + sh.BS * sh.D;
+    A = Vb + sh.BS * sh.D;
+    M = A + sh.rows * sh.D;
+    L = M + sh.rows;
   }
 };
 
-// Qb <- the tile's roped queries of the item's G heads; m = -inf, l = 0, O = 0.
-void load_queries(const Ctx& c, const WorkItem& it, const ItemShape& sh, ItemScratch& w) {
-  for (int64_t tt = 0; tt < sh.ntok; ++tt)  // row r = tt * G + hh  <-  query head g * G + hh
-    std::memcpy(w.Qb + tt * sh.G * sh.D, c.q_work + (sh.tok0 + tt) * sh.H * sh.D + it.kv_head * sh.G * sh.D,
-                sizeof(float) * sh.G * sh.D);
+// The merge of a row's parts starts from M = -inf, L = 0, A = 0.
+void start_merge(int64_t rows, int64_t D, float* A, float* M, float* L) {
+  std::fill(M, M + rows, -std::numeric_limits<float>::infinity());
+  std::fill(L, L + rows, 0.f);
+  std::fill(A, A + rows * D, 0.f);
+}
+
+// Merges one part's state (O unnormalized, m, l) of one row into the running (A, M, L):
+//   M' = max(M, m), L = L e^(M - M') + l e^(m - M'), A = A e^(M - M') + O e^(m - M').
+// The one merge for every path (parts inside an item, parts of a split item after the parallel section),
+// in part order, so a row's bits do not depend on the plan. A part the row sees no key of (m = -inf,
+// l = 0, O = 0) leaves the state as it is. Plain baseline-ISA code: no fused multiply-add, whichever
+// caller it is inlined into.
+void merge_part(int64_t D, const float* O, float m, float l, float* A, float& M, float& L) {
+  const float mx = std::max(M, m);
+  if (mx == -std::numeric_limits<float>::infinity()) return;  // neither has seen a key yet
+  const float wa = std::exp(M - mx), wo = std::exp(m - mx);
+  L = L * wa + l * wo;
+  for (int64_t x = 0; x < D; ++x) A[x] = A[x] * wa + O[x] * wo;
+  M = mx;
+}
+
+// out row <- A / L (L >= 1: the row's own key is always valid).
+void finish_row(int64_t D, const float* A, float L, float* dst) {
+  const float inv = 1.f / L;
+  for (int64_t x = 0; x < D; ++x) dst[x] = A[x] * inv;
+}
+
+// Where row r of the item goes in [T, H*D] (q_work, out).
+int64_t row_offset(const ItemShape& sh, int64_t r) {
+  const int64_t gi = r / sh.hrows, rem = r % sh.hrows;
+  return (sh.tok0 + rem / sh.G) * sh.H * sh.D + ((sh.g0 + gi) * sh.G + rem % sh.G) * sh.D;
+}
+
+// Qb <- the tile's roped queries of the item's rows (each kv head's G query heads are contiguous).
+void load_queries(const Ctx& c, const ItemShape& sh, ItemScratch& w) {
+  for (int64_t r = 0; r < sh.rows; r += sh.G)
+    std::memcpy(w.Qb + r * sh.D, c.q_work + row_offset(sh, r), sizeof(float) * sh.G * sh.D);
+}
+
+// A part's online softmax starts from m = -inf, l = 0, O = 0.
+void start_part(const ItemShape& sh, ItemScratch& w) {
   std::fill(w.m, w.m + sh.rows, -std::numeric_limits<float>::infinity());
   std::fill(w.l, w.l + sh.rows, 0.f);
   std::fill(w.O, w.O + sh.rows * sh.D, 0.f);
 }
 
-// The K/V rows of one span: nb cache blocks from key block b0 (dequantized into Kb/Vb for 8-bit caches).
+// The cache blocks of one span: nb blocks from key block b0.
 struct Span {
-  const float* Ks[64];
-  const float* Vs[64];
-  int nks[64];  // keys in each block
-  int64_t nb;   // blocks in the span
-  int nk;       // keys in the span
+  int64_t block[64];  // cache block of each
+  int nks[64];        // keys in each block
+  int64_t nb;         // blocks in the span
+  int nk;             // keys in the span
 };
 
-// Loads the span's blocks and writes their scores S [rows, span] = scale * Qb . K.
+// Touches the start of every K/V chunk (one cache block of one kv head: BS rows, 1 KB int8 / 4 KB fp32
+// at BS 16, D 64) and its scales for the span at key block b0, a span before they are read. The blocks
+// lie wherever the block table puts them, so the hardware prefetcher cannot see the next one coming and
+// each began with a full memory latency; once a chunk's first lines are requested it streams the rest.
+// Measured (standalone kernel, 30 layers' caches from memory, context 2048, shared machine): int8 ~10%,
+// fp32 ~4% faster; prefetching whole chunks instead was no better (it fills the miss buffers).
+void prefetch_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks) {
+  constexpr int64_t kLines = 4;
+  const PagedAttentionDims& d = *c.d;
+  const PagedAttentionArgs& a = *c.a;
+  const int64_t row_bytes = sh.D * (sh.eight_bit ? 1 : 4), BS = sh.BS;
+  const int64_t nb = std::min(sh.nsub, nblocks - b0);
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    const int64_t block = a.block_tables[it.seq * d.max_blocks + b0 + sb];
+    const int64_t bytes = std::min(kLines * 64, std::min(BS, sh.kv_len - (b0 + sb) * BS) * row_bytes);
+    for (int64_t g = sh.g0; g < sh.g0 + sh.nh; ++g) {
+      const int64_t base = (block * sh.Hkv + g) * BS;
+      const char* k = static_cast<const char*>(a.key_cache) + base * row_bytes;
+      const char* v = static_cast<const char*>(a.value_cache) + base * row_bytes;
+      for (int64_t off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(k + off);
+        __builtin_prefetch(v + off);
+      }
+      if (sh.eight_bit) {
+        __builtin_prefetch(a.key_scales + base);
+        __builtin_prefetch(a.value_scales + base);
+      }
+    }
+  }
+}
+
+// Writes the span's scores S [rows, span] = scale * Qb . K, block by block and, in a block, kv head by kv
+// head (the order the cache holds them). 8-bit caches: each (block, head)'s keys are dequantized into Kb
+// first, so the scratch stays one block, in L1, however long the span.
 void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks, ItemScratch& w,
                 Span& sp) {
   const PagedAttentionDims& d = *c.d;
   const PagedAttentionArgs& a = *c.a;
   const VecOps& vec = *c.vec;
-  auto deq = d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3;
   const int64_t D = sh.D, BS = sh.BS;
   const int Di = static_cast<int>(D);
   sp.nb = std::min(sh.nsub, nblocks - b0);
   sp.nk = 0;
   for (int64_t sb = 0; sb < sp.nb; ++sb) {
-    const int64_t block = a.block_tables[it.seq * d.max_blocks + b0 + sb];
-    const int64_t base = (block * sh.Hkv + it.kv_head) * BS;  // first row of this block/head
+    sp.block[sb] = a.block_tables[it.seq * d.max_blocks + b0 + sb];
     sp.nks[sb] = static_cast<int>(std::min(BS, sh.kv_len - (b0 + sb) * BS));
-    if (!sh.eight_bit) {
-      sp.Ks[sb] = static_cast<const float*>(a.key_cache) + base * D;
-      sp.Vs[sb] = static_cast<const float*>(a.value_cache) + base * D;
-    } else {
-      float* kb = w.Kb + sb * BS * D;
-      float* vb = w.Vb + sb * BS * D;
-      deq(static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, kb);
-      deq(static_cast<const uint8_t*>(a.value_cache) + base * D, a.value_scales + base, sp.nks[sb], Di, vb);
-      sp.Ks[sb] = kb;
-      sp.Vs[sb] = vb;
+    for (int64_t gi = 0; gi < sh.nh; ++gi) {
+      const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * BS;  // first row of this block/head
+      const float* K = static_cast<const float*>(a.key_cache) + base * D;
+      if (sh.eight_bit) {
+        (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
+            static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, w.Kb);
+        K = w.Kb;
+      }
+      vec.scores(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows), K, sp.nks[sb], Di, d.scale,
+                 w.S + gi * sh.hrows * sh.span + sb * BS, static_cast<int>(sh.span));
     }
-    vec.scores(w.Qb, static_cast<int>(sh.rows), sp.Ks[sb], sp.nks[sb], Di, d.scale, w.S + sb * BS,
-               static_cast<int>(sh.span));
     sp.nk += sp.nks[sb];
   }
 }
@@ -211,7 +326,7 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
   const int Di = static_cast<int>(sh.D);
   for (int64_t r = 0; r < sh.rows; ++r) {
     float* sr = w.S + r * sh.span;
-    const int64_t qpos = sh.pos0 + r / sh.G;
+    const int64_t qpos = sh.pos0 + (r % sh.hrows) / sh.G;
     const int nvalid = static_cast<int>(std::min<int64_t>(sp.nk, qpos - kstart + 1));
     if (nvalid <= 0) {
       std::fill(sr, sr + sp.nk, 0.f);
@@ -227,30 +342,53 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
   }
 }
 
-// O += P V over the span's blocks.
-void accumulate_span(const VecOps& vec, const ItemShape& sh, const Span& sp, ItemScratch& w) {
-  for (int64_t sb = 0; sb < sp.nb; ++sb)
-    vec.pv(w.S + sb * sh.BS, static_cast<int>(sh.span), static_cast<int>(sh.rows), sp.Vs[sb], sp.nks[sb],
-           static_cast<int>(sh.D), w.O);
-}
-
-// out <- O / l, or, for one part of a split decode item, the unnormalized state kept for the merge.
-void store_item(const Ctx& c, const WorkItem& it, const ItemShape& sh, const ItemScratch& w) {
-  const int64_t rows = sh.rows, D = sh.D;
-  if (it.partial) {
-    std::memcpy(it.partial, w.O, sizeof(float) * rows * D);
-    std::memcpy(it.partial + rows * D, w.m, sizeof(float) * rows);
-    std::memcpy(it.partial + rows * D + rows, w.l, sizeof(float) * rows);
-    return;
-  }
-  for (int64_t tt = 0; tt < sh.ntok; ++tt) {
-    for (int64_t hh = 0; hh < sh.G; ++hh) {
-      const int64_t r = tt * sh.G + hh;
-      const float inv = 1.f / w.l[r];  // l >= 1: the row's own key is always valid
-      float* dst = c.a->out + (sh.tok0 + tt) * sh.H * D + (it.kv_head * sh.G + hh) * D;
-      for (int64_t x = 0; x < D; ++x) dst[x] = w.O[r * D + x] * inv;
+// O += P V over the span's blocks, kv head by kv head in a block (8-bit caches: each (block, head)'s values
+// dequantized into Vb first).
+void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScratch& w) {
+  const PagedAttentionDims& d = *c.d;
+  const PagedAttentionArgs& a = *c.a;
+  const VecOps& vec = *c.vec;
+  const int64_t D = sh.D;
+  for (int64_t sb = 0; sb < sp.nb; ++sb) {
+    for (int64_t gi = 0; gi < sh.nh; ++gi) {
+      const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
+      const float* V = static_cast<const float*>(a.value_cache) + base * D;
+      if (sh.eight_bit) {
+        (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
+            static_cast<const uint8_t*>(a.value_cache) + base * D, a.value_scales + base, sp.nks[sb],
+            static_cast<int>(D), w.Vb);
+        V = w.Vb;
+      }
+      vec.pv(w.S + gi * sh.hrows * sh.span + sb * sh.BS, static_cast<int>(sh.span), static_cast<int>(sh.hrows), V,
+             sp.nks[sb], static_cast<int>(D), w.O + gi * sh.hrows * D);
     }
   }
+}
+
+// A row's state of one part in a split item's `partial`: unnormalized O [D] | m | l.
+float* part_state(const WorkItem& it, int64_t D, int64_t part, int64_t r) {
+  return it.partial + ((part * it.split_rows) + it.row0 + r) * (D + 2);
+}
+
+// Part p of the item is done: keep its state for the merge after the parallel section (split items), or
+// merge it into the item's running state now.
+void end_part(const ItemShape& sh, const WorkItem& it, int64_t p, ItemScratch& w) {
+  const int64_t D = sh.D;
+  for (int64_t r = 0; r < sh.rows; ++r) {
+    if (it.partial) {
+      float* dst = part_state(it, D, p, r);
+      std::memcpy(dst, w.O + r * D, sizeof(float) * D);
+      dst[D] = w.m[r];
+      dst[D + 1] = w.l[r];
+    } else {
+      merge_part(D, w.O + r * D, w.m[r], w.l[r], w.A + r * D, w.M[r], w.L[r]);
+    }
+  }
+}
+
+// out <- A / L for every row of an item that was not split.
+void store_item(const Ctx& c, const ItemShape& sh, const ItemScratch& w) {
+  for (int64_t r = 0; r < sh.rows; ++r) finish_row(sh.D, w.A + r * sh.D, w.L[r], c.a->out + row_offset(sh, r));
 }
 
 void attend_item(void* usr, size_t ii) {
@@ -258,103 +396,135 @@ void attend_item(void* usr, size_t ii) {
   const WorkItem& it = c.items[ii];
   const ItemShape sh = item_shape(*c.d, *c.a, it);
   ItemScratch w(sh);
-  load_queries(c, it, sh, w);
-  const int64_t nblocks = it.blk1 >= 0 ? it.blk1 : (sh.kv_len + sh.BS - 1) / sh.BS;
+  load_queries(c, sh, w);
+  if (!it.partial) start_merge(sh.rows, sh.D, w.A, w.M, w.L);
+  const int64_t nblocks = (sh.kv_len + sh.BS - 1) / sh.BS;
+  const int64_t nparts = (nblocks + sh.part - 1) / sh.part;
+  const int64_t p1 = it.part1 >= 0 ? it.part1 : nparts;
+  const int64_t last = std::min(nblocks, p1 * sh.part);  // the item's key blocks end here
   Span sp;
-  for (int64_t b0 = it.blk0; b0 < nblocks; b0 += sh.nsub) {
-    score_span(c, it, sh, b0, nblocks, w, sp);
-    softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
-    accumulate_span(*c.vec, sh, sp, w);
+  for (int64_t p = it.part0; p < p1; ++p) {
+    start_part(sh, w);
+    const int64_t end = std::min(nblocks, (p + 1) * sh.part);
+    for (int64_t b0 = p * sh.part; b0 < end; b0 += sh.nsub) {
+      if (b0 + sh.nsub < last) prefetch_span(c, it, sh, b0 + sh.nsub, last);
+      score_span(c, it, sh, b0, end, w, sp);
+      softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
+      accumulate_span(c, sh, sp, w);
+    }
+    end_part(sh, it, p, w);
   }
-  store_item(c, it, sh, w);
+  if (!it.partial) store_item(c, sh, w);
 }
 
-// A decode item split along its keys: its parts are items[first, first + count).
+// An item split into pieces: its rows' part states are at `partial` ([nparts][rows][D + 2], in part order),
+// written by the pieces in the parallel section.
 struct Split {
-  size_t first, count;
-  int32_t seq, kv_head;
+  WorkItem item;  // the item as planned (all its parts and kv heads)
+  int64_t nparts, rows;
+  float* partial;
 };
 
-// token_seq [T] <- the sequence of each token; one item per (sequence, kv head, tile of kTileTokens).
-std::vector<WorkItem> plan_items(const PagedAttentionDims& d, const PagedAttentionArgs& a,
-                                 std::vector<int32_t>& token_seq) {
+// A call's plan, kept per calling thread and reused (no heap allocation once it has grown).
+struct Plan {
+  std::vector<int32_t> token_seq;  // [T] the sequence of each token
   std::vector<WorkItem> items;
+  std::vector<Split> splits;
+  std::vector<float> q_work;    // [T, H*D] roped (and rotated) queries
+  std::vector<float> partials;  // split items' part states
+  int64_t work = 0;             // query rows x keys over all items
+};
+
+// token_seq <- the sequence of each token; one item per (sequence, tile of kTileTokens, kv heads): as many
+// kv heads as keep the item within kItemRows query rows, at least one (decode and verify tiles: all of
+// them; a 16-token prefill tile of SmolLM2, 48 rows per kv head: one each, as its K/V blocks are reused by
+// many rows anyway and more rows only spill its scratch out of L1: prefill 512 measured 5% slower).
+void plan_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, Plan& plan) {
+  plan.token_seq.resize(static_cast<size_t>(d.num_tokens));
+  plan.items.clear();
+  plan.work = 0;
+  const int64_t G = d.num_heads / d.kv_heads;
   for (int64_t s = 0; s < d.num_seqs; ++s) {
     const int32_t len = a.cu_seqlens[s + 1] - a.cu_seqlens[s];
-    for (int32_t j = 0; j < len; ++j) token_seq[a.cu_seqlens[s] + j] = static_cast<int32_t>(s);
+    for (int32_t j = 0; j < len; ++j) plan.token_seq[a.cu_seqlens[s] + j] = static_cast<int32_t>(s);
     for (int32_t t0 = 0; t0 < len; t0 += static_cast<int32_t>(kTileTokens)) {
       const int32_t t1 = std::min<int32_t>(len, t0 + static_cast<int32_t>(kTileTokens));
-      const int64_t cost = (t1 - t0) * (a.context_lens[s] + t1);
-      for (int64_t g = 0; g < d.kv_heads; ++g)
-        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(g), t0, t1, cost});
-    }
-  }
-  return items;
-}
-
-// Splits long decode items into parts of whole spans when there are too few items for the pool (see
-// kMinItems); the parts go to the end of `items`, each with its slice of `partials`.
-std::vector<Split> split_long_decodes(const PagedAttentionDims& d, const PagedAttentionArgs& a,
-                                      std::vector<WorkItem>& items, std::vector<float>& partials) {
-  std::vector<Split> splits;
-  if (items.size() >= kMinItems) return splits;
-  const int64_t G = d.num_heads / d.kv_heads, D = d.head_size, BS = d.block_size;
-  const int64_t nsub = std::max<int64_t>(1, kSpanKeys / BS);
-  const size_t part_floats = static_cast<size_t>(G * D + 2 * G);
-  const size_t base = items.size();
-  std::vector<WorkItem> parts;
-  for (size_t i = 0; i < base; ++i) {
-    const WorkItem& w = items[i];
-    const int64_t kv_len = a.context_lens[w.seq] + w.t1;
-    const int64_t want = static_cast<int64_t>((kMinItems + base - 1) / base);
-    const int64_t n = std::min<int64_t>(want, kv_len / kSplitKeys);
-    if (w.t1 - w.t0 != 1 || n < 2) continue;
-    const int64_t nblocks = (kv_len + BS - 1) / BS;
-    const int64_t per = ((nblocks + n - 1) / n + nsub - 1) / nsub * nsub;  // whole spans
-    Split sp{base + parts.size(), 0, w.seq, w.kv_head};
-    for (int64_t b = 0; b < nblocks; b += per) {
-      WorkItem p = w;
-      p.blk0 = b;
-      p.blk1 = std::min(nblocks, b + per);
-      p.cost = (p.blk1 - p.blk0) * BS;
-      parts.push_back(p);
-      ++sp.count;
-    }
-    items[i].cost = -1;  // replaced by its parts
-    splits.push_back(sp);
-  }
-  if (!splits.empty()) {
-    partials.resize(parts.size() * part_floats);
-    for (size_t k = 0; k < parts.size(); ++k) parts[k].partial = partials.data() + k * part_floats;
-    for (Split& sp : splits) sp.first -= base;  // index into `parts`
-    items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }), items.end());
-    const size_t offset = items.size();
-    for (Split& sp : splits) sp.first += offset;
-    items.insert(items.end(), parts.begin(), parts.end());
-  }
-  return splits;
-}
-
-// Merges the parts of split items: m = max m_p, l = sum l_p e^(m_p - m), O = sum O_p e^(m_p - m).
-void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, const std::vector<WorkItem>& items,
-                  const std::vector<Split>& splits) {
-  const int64_t G = d.num_heads / d.kv_heads, D = d.head_size;
-  for (const Split& sp : splits) {
-    const int64_t tok = a.cu_seqlens[sp.seq] + items[sp.first].t0;
-    for (int64_t r = 0; r < G; ++r) {
-      float mx = -std::numeric_limits<float>::infinity();
-      for (size_t k = 0; k < sp.count; ++k) mx = std::max(mx, items[sp.first + k].partial[G * D + r]);
-      float* dst = a.out + tok * d.num_heads * D + (sp.kv_head * G + r) * D;
-      std::fill(dst, dst + D, 0.f);
-      float lsum = 0.f;
-      for (size_t k = 0; k < sp.count; ++k) {
-        const float* part = items[sp.first + k].partial;
-        const float w = std::exp(part[G * D + r] - mx);
-        lsum += part[G * D + G + r] * w;
-        for (int64_t x = 0; x < D; ++x) dst[x] += w * part[r * D + x];
+      const int64_t heads = std::clamp<int64_t>(kItemRows / ((t1 - t0) * G), 1, d.kv_heads);
+      for (int64_t g = 0; g < d.kv_heads; g += heads) {
+        const int32_t g1 = static_cast<int32_t>(std::min(d.kv_heads, g + heads));
+        const int64_t cost = (t1 - t0) * (g1 - g) * G * (a.context_lens[s] + t1);
+        plan.items.push_back({static_cast<int32_t>(s), t0, t1, static_cast<int32_t>(g), g1, cost});
+        plan.work += cost;
       }
-      const float inv = 1.f / lsum;
-      for (int64_t x = 0; x < D; ++x) dst[x] *= inv;
+    }
+  }
+}
+
+// With fewer than kMinItems items, each is cut into pieces along its parts (whole parts, so each piece still
+// reads whole blocks of all its kv heads, linearly when the blocks are consecutive), or, for an item of one
+// part only, along its kv heads.
+// The pieces replace the item, each pointing at its rows' slots in `partials`. The bits do not depend on
+// this: a row's parts and their merge are the same either way.
+void split_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, Plan& plan) {
+  std::vector<WorkItem>& items = plan.items;
+  if (items.empty() || items.size() >= kMinItems) return;
+  const int64_t G = d.num_heads / d.kv_heads, D = d.head_size, BS = d.block_size, PB = part_blocks(BS);
+  const size_t base = items.size();
+  const int64_t want = static_cast<int64_t>((kMinItems + base - 1) / base);  // pieces per item
+  auto parts_of = [&](const WorkItem& w) { return ((a.context_lens[w.seq] + w.t1 + BS - 1) / BS + PB - 1) / PB; };
+  auto rows_of = [&](const WorkItem& w) { return static_cast<int64_t>(w.t1 - w.t0) * (w.g1 - w.g0) * G; };
+  size_t total = 0;  // floats of every split item's part states
+  for (size_t i = 0; i < base; ++i) total += static_cast<size_t>(parts_of(items[i]) * rows_of(items[i]) * (D + 2));
+  plan.partials.resize(total);
+  float* next = plan.partials.data();
+  for (size_t i = 0; i < base; ++i) {
+    const WorkItem w = items[i];
+    const int64_t nparts = parts_of(w), ntok = w.t1 - w.t0, kv_len = a.context_lens[w.seq] + w.t1;
+    const int64_t by_parts = std::min(want, nparts);
+    const int64_t nh = w.g1 - w.g0;
+    const int64_t by_heads = by_parts >= 2 ? 1 : std::min<int64_t>(nh, want);
+    if (by_parts * by_heads < 2) continue;
+    const int64_t per_part = (nparts + by_parts - 1) / by_parts, per_head = (nh + by_heads - 1) / by_heads;
+    const int64_t rows = rows_of(w);
+    for (int64_t p = 0; p < nparts; p += per_part) {
+      for (int64_t g = w.g0; g < w.g1; g += per_head) {
+        WorkItem piece = w;
+        piece.part0 = p;
+        piece.part1 = std::min(nparts, p + per_part);
+        piece.g0 = static_cast<int32_t>(g);
+        piece.g1 = static_cast<int32_t>(std::min<int64_t>(w.g1, g + per_head));
+        piece.cost = ntok * (piece.g1 - piece.g0) * G * (std::min(kv_len, piece.part1 * PB * BS) - p * PB * BS);
+        piece.partial = next;
+        piece.split_rows = rows;
+        piece.row0 = (g - w.g0) * ntok * G;
+        items.push_back(piece);
+      }
+    }
+    plan.splits.push_back({w, nparts, rows, next});
+    next += nparts * rows * (D + 2);
+    items[i].cost = -1;  // replaced by its pieces
+  }
+  items.erase(std::remove_if(items.begin(), items.end(), [](const WorkItem& w) { return w.cost < 0; }), items.end());
+}
+
+// Merges the parts of split items, in part order, with the same merge_part as inside an item; out <- A / L.
+void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, const std::vector<Split>& splits) {
+  const int64_t D = d.head_size;
+  for (const Split& sp : splits) {
+    const ItemShape sh = item_shape(d, a, sp.item);
+    WorkItem at = sp.item;  // addresses the states: row0 = 0, all rows
+    at.partial = sp.partial;
+    at.split_rows = sp.rows;
+    at.row0 = 0;
+    for (int64_t r = 0; r < sh.rows; ++r) {
+      float* dst = a.out + row_offset(sh, r);
+      float M = -std::numeric_limits<float>::infinity(), L = 0.f;
+      std::fill(dst, dst + D, 0.f);  // the running A, normalized in place at the end
+      for (int64_t p = 0; p < sp.nparts; ++p) {
+        const float* st = part_state(at, D, p, r);
+        merge_part(D, st, st[D], st[D + 1], dst, M, L);
+      }
+      finish_row(D, dst, L, dst);
     }
   }
 }
@@ -364,17 +534,26 @@ void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, cons
 void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, const Parallel& par) {
   const int64_t T = d.num_tokens;
   if (T == 0) return;
-  std::vector<int32_t> token_seq(static_cast<size_t>(T));
-  std::vector<WorkItem> items = plan_items(d, a, token_seq);
-  std::vector<float> partials;
-  const std::vector<Split> splits = split_long_decodes(d, a, items, partials);
-  std::vector<WorkItem> order = items;  // run longest first; `items` keeps the split layout
-  std::stable_sort(order.begin(), order.end(), [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
-  std::vector<float> q_work(static_cast<size_t>(T * d.num_heads * d.head_size));
-  Ctx c{&d, &a, token_seq.data(), q_work.data(), order.data(), &vec()};
-  par.run(static_cast<size_t>(T), write_token, &c);
-  par.run(order.size(), attend_item, &c);
-  merge_splits(d, a, items, splits);
+  thread_local Plan plan;
+  plan_items(d, a, plan);
+  // Small calls run on the calling thread: waking the pool costs more than it saves (see kSerialWork).
+  const bool parallel = par.for_each != nullptr && plan.work >= kSerialWork;
+  const Parallel serial{};
+  const Parallel& pool = parallel ? par : serial;
+  plan.splits.clear();
+  if (parallel) split_items(d, a, plan);
+  // longest first (ties in plan order; std::sort, unlike stable_sort, allocates nothing)
+  std::sort(plan.items.begin(), plan.items.end(), [](const WorkItem& x, const WorkItem& y) {
+    if (x.cost != y.cost) return x.cost > y.cost;
+    return std::tie(x.seq, x.t0, x.g0, x.part0) < std::tie(y.seq, y.t0, y.g0, y.part0);
+  });
+  plan.q_work.resize(static_cast<size_t>(T * d.num_heads * d.head_size));
+  Ctx c{&d, &a, plan.token_seq.data(), plan.q_work.data(), plan.items.data(), &vec()};
+  // Writing a token's rows takes well under a microsecond: its own pool dispatch pays off only for long
+  // prefill chunks, so a decode step wakes the pool once (for the attention) or not at all.
+  (T >= kParallelTokens ? pool : serial).run(static_cast<size_t>(T), write_token, &c);
+  pool.run(plan.items.size(), attend_item, &c);
+  merge_splits(d, a, plan.splits);
 }
 
 }  // namespace ortllm

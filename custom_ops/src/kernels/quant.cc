@@ -2,8 +2,10 @@
 //
 // What: per (token, kv head) row of D floats: rope -> (8-bit only) normalized FWHT -> symmetric
 // quantization with one fp16 scale per row (rounded up; the codes use the stored scale).
-// Why this way: these run once per new token and head (O(T * H * D log D)), far off the hot path
-// (the attention reads every cached row per step), so they are kept scalar and simple. The
+// Why this way: these run once per new token and head (O(T * H * D log D)), off the long-context hot
+// path (the attention reads every cached row per step); but a decode step at short context is a few
+// microseconds of attention, of which the 12 Hadamard transforms and 6 quantizations of a SmolLM2 token
+// were a quarter, so those two inner loops are VecOps entries (AVX2: the same operations, same bits). The
 // Hadamard transform spreads the few outlier channels of llama keys over all D channels, so the
 // per-row absmax (hence the quantization step) shrinks; because H/sqrt(D) is orthonormal the
 // same rotation on Q leaves q.k unchanged. Rounding: int8 rounds half to even (nearbyint under
@@ -36,17 +38,7 @@ void apply_rope(float* x, int D, const float* cos, const float* sin, bool interl
 }
 
 void fwht_normalized(float* x, int D) {
-  for (int h = 1; h < D; h *= 2) {
-    for (int i = 0; i < D; i += 2 * h) {
-      for (int j = i; j < i + h; ++j) {
-        const float a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
-    }
-  }
-  const float norm = 1.0f / std::sqrt(static_cast<float>(D));
-  for (int i = 0; i < D; ++i) x[i] *= norm;
+  vec().fwht(x, D);
 }
 
 static float absmax(const float* x, int D) {
@@ -65,16 +57,7 @@ uint16_t quantize_int8(const float* x, int D, uint8_t* codes) {
     return 0;
   }
   const uint16_t s16 = f16_ceil(amax / 127.0f);
-  const float scale = f16_to_float(s16);
-  // Round half to even via the 1.5 * 2^23 trick (exact for |v| < 2^22 under the default rounding
-  // mode; here |v| <= 127): same result as nearbyint/np.rint, without a libm call per element.
-  constexpr float kMagic = 12582912.0f;
-  for (int i = 0; i < D; ++i) {
-    float q = (x[i] / scale + kMagic) - kMagic;  // no -ffast-math: not reassociated away
-    q = q > 127.f ? 127.f : (q < -127.f ? -127.f : q);
-    if (q != q) q = 0.f;  // NaN input: write 0 rather than an undefined conversion
-    codes[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
-  }
+  vec().quantize_i8_codes(x, D, f16_to_float(s16), codes);  // round half to even, clamp to +-127
   return s16;
 }
 

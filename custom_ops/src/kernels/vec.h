@@ -38,6 +38,12 @@ struct VecOps {
   // (kernels/multi_lora.h) and the block-offsets term (kernels/block_offsets.h).
   void (*gemm_rows_f16b)(int M, int N, int K, float alpha, const float* const* A, const uint16_t* B, int ldb,
                          float* const* C);
+  // x <- H_D x / sqrt(D) (normalized fast Walsh-Hadamard, D a power of two): the butterflies of stride 1,
+  // 2, 4, ... in that order, then one multiply; every table does exactly these operations (same bits).
+  void (*fwht)(float* x, int D);
+  // codes[i] = int8 byte of clamp(round_half_even(x[i] / scale), -127, 127), 0 for NaN (quant.h
+  // quantize_int8's loop); every table does exactly these operations (same bits).
+  void (*quantize_i8_codes)(const float* x, int D, float scale, uint8_t* codes);
 };
 
 const VecOps& vec_scalar_ops();

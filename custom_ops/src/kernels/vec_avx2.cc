@@ -398,6 +398,57 @@ void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, con
   gemm_rows_t(M, N, K, alpha, A, B, ldb, C);
 }
 
+// The scalar fwht's butterflies (stride 1, 2, 4 inside each 8-float vector by shuffles, then 8, 16, ...
+// across vectors) and its final multiply: each output of a stage is the same a + b or a - b, so the same bits.
+void fwht(float* x, int D) {
+  if (D < 8) return vec_scalar_ops().fwht(x, D);
+  for (int i = 0; i < D; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    // stride 1: lanes (0,1), (2,3), ...: [a+b, a-b]
+    __m256 a = _mm256_permute_ps(v, _MM_SHUFFLE(2, 2, 0, 0)), b = _mm256_permute_ps(v, _MM_SHUFFLE(3, 3, 1, 1));
+    v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xAA);
+    // stride 2: lanes (0,2), (1,3) of each half
+    a = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 1, 0));
+    b = _mm256_permute_ps(v, _MM_SHUFFLE(3, 2, 3, 2));
+    v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xCC);
+    // stride 4: lanes (0,4), (1,5), ...
+    a = _mm256_permute2f128_ps(v, v, 0x00);
+    b = _mm256_permute2f128_ps(v, v, 0x11);
+    v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xF0);
+    _mm256_storeu_ps(x + i, v);
+  }
+  for (int h = 8; h < D; h *= 2) {
+    for (int i = 0; i < D; i += 2 * h) {
+      for (int j = i; j < i + h; j += 8) {
+        const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+        _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+        _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+      }
+    }
+  }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(D));
+  const __m256 nv = _mm256_set1_ps(norm);
+  for (int i = 0; i < D; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), nv));
+}
+
+// The scalar loop's operations 8 at a time: x / scale, + 1.5 * 2^23 - 1.5 * 2^23 (round half to even),
+// clamp to +-127 (NaN passes the clamp as in the scalar ?:), NaN -> 0, then to bytes (exact: |q| <= 127).
+void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
+  const __m256 s = _mm256_set1_ps(scale), magic = _mm256_set1_ps(12582912.0f);
+  const __m256 hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  int i = 0;
+  for (; i + 8 <= D; i += 8) {
+    __m256 q = _mm256_sub_ps(_mm256_add_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), s), magic), magic);
+    q = _mm256_blendv_ps(q, hi, _mm256_cmp_ps(q, hi, _CMP_GT_OQ));
+    q = _mm256_blendv_ps(q, lo, _mm256_cmp_ps(q, lo, _CMP_LT_OQ));
+    q = _mm256_andnot_ps(_mm256_cmp_ps(q, q, _CMP_UNORD_Q), q);
+    const __m256i n = _mm256_cvtps_epi32(q);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(n), _mm256_extracti128_si256(n, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packs_epi16(w, w));
+  }
+  if (i < D) vec_scalar_ops().quantize_i8_codes(x + i, D - i, scale, codes + i);
+}
+
 }  // namespace
 }  // namespace avx2
 }  // namespace ortllm
@@ -407,8 +458,9 @@ void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, con
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table, never runs AVX2 code itself.
 const VecOps* vec_avx2_ops() {
-  static const VecOps ops{"avx2",        avx2::scores, avx2::pv,   avx2::dequant_i8, avx2::dequant_e4m3,
-                          avx2::exp_sum, avx2::vmax,   avx2::scal, avx2::gemm_rows,  avx2::gemm_rows_f16b};
+  static const VecOps ops{
+      "avx2",     avx2::scores, avx2::pv,        avx2::dequant_i8,     avx2::dequant_e4m3, avx2::exp_sum,
+      avx2::vmax, avx2::scal,   avx2::gemm_rows, avx2::gemm_rows_f16b, avx2::fwht,         avx2::quantize_i8_codes};
   return &ops;
 }
 }  // namespace ortllm

@@ -147,11 +147,37 @@ void gemm_rows_f16b(int M, int N, int K, float alpha, const float* const* A, con
   }
 }
 
+void fwht(float* x, int D) {
+  for (int h = 1; h < D; h *= 2) {
+    for (int i = 0; i < D; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int i = 0; i < D; ++i) x[i] *= norm;
+}
+
+void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
+  // Round half to even via the 1.5 * 2^23 trick (exact for |v| < 2^22 under the default rounding
+  // mode; here |v| <= 127 once clamped): same result as nearbyint/np.rint, without a libm call per element.
+  constexpr float kMagic = 12582912.0f;
+  for (int i = 0; i < D; ++i) {
+    float q = (x[i] / scale + kMagic) - kMagic;  // no -ffast-math: not reassociated away
+    q = q > 127.f ? 127.f : (q < -127.f ? -127.f : q);
+    if (q != q) q = 0.f;  // NaN input: write 0 rather than an undefined conversion
+    codes[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  }
+}
+
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar", scores, pv,   dequant_i8, dequant_e4m3,
-                          exp_sum,  vmax,   scal, gemm_rows,  gemm_rows_f16b};
+  static const VecOps ops{"scalar", scores, pv,        dequant_i8,     dequant_e4m3, exp_sum,
+                          vmax,     scal,   gemm_rows, gemm_rows_f16b, fwht,         quantize_i8_codes};
   return ops;
 }
 

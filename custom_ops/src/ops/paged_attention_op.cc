@@ -1,91 +1,155 @@
 // ORT-facing wrapper of PagedAttention: attributes, shape and index validation (each error names
 // the input and the bad value; nothing is written before validation passes, so a bad call never
 // touches memory out of bounds), cache aliasing (copy input -> output only when ORT gave a
-// different buffer), then the pure kernel on the session's intra-op pool.
+// different buffer), then the pure kernel on the session's intra-op pool. No exception leaves ComputeV2.
+// Inputs and outputs go through the C API directly: per input one type-and-shape query (none for the
+// rope tables when they are initializers), no heap allocation in the wrapper unless a shape is wrong.
 #include "paged_attention_op.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "../kernels/paged_attention.h"
 
 namespace ortllm {
 
-namespace {
-constexpr const char* kOp = "PagedAttention";
-
-template <typename T>
-void alias_or_copy(const T* in, T* out, int64_t n) {
-  if (out != in && n > 0) std::memcpy(out, in, sizeof(T) * static_cast<size_t>(n));
+std::vector<int64_t> PaInput::shape() const {
+  return std::vector<int64_t>(dims, dims + std::clamp(rank, 0, kMaxRank));
 }
 
-using F32 = Ort::Custom::Tensor<float>;
-using I32 = Ort::Custom::Tensor<int32_t>;
-using F16 = Ort::Custom::Tensor<Ort::Float16_t>;
+namespace {
+constexpr const char* kOp = "PagedAttention";
+enum Input {
+  kQ,
+  kK,
+  kV,
+  kPositions,
+  kCuSeqlens,
+  kContextLens,
+  kBlockTables,
+  kCos,
+  kSin,
+  kKeyCache,
+  kValueCache,
+  kKeyScales,
+  kValueScales
+};
+enum Output { kAttn, kKeyCacheOut, kValueCacheOut, kKeyScalesOut, kValueScalesOut };
+
+// An ORT status from the C API as an exception (its message kept), released.
+void check(const OrtApi& api, OrtStatus* st) {
+  if (st == nullptr) return;
+  const std::string msg = api.GetErrorMessage(st);
+  api.ReleaseStatus(st);
+  throw std::runtime_error(msg);
+}
+
+PaInput describe(const OrtApi& api, const OrtValue* value) {
+  PaInput in;
+  if (value == nullptr) return in;
+  in.value = value;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(api, api.GetTensorTypeAndShape(value, &info));
+  size_t rank = 0;
+  OrtStatus* st = api.GetDimensionsCount(info, &rank);
+  if (st == nullptr) {
+    in.rank = static_cast<int>(rank);
+    st = api.GetDimensions(info, in.dims, std::min<size_t>(rank, PaInput::kMaxRank));
+  }
+  api.ReleaseTensorTypeAndShapeInfo(info);
+  check(api, st);
+  void* data = nullptr;
+  check(api, api.GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  in.data = data;
+  return in;
+}
+
+PaInput input(const OrtApi& api, OrtKernelContext* ctx, size_t n_inputs, size_t i) {
+  if (i >= n_inputs) return PaInput{};
+  const OrtValue* value = nullptr;
+  check(api, api.KernelContext_GetInput(ctx, i, &value));
+  return describe(api, value);
+}
+
+// Output i's buffer (null when the node leaves that optional output out).
+template <typename T>
+T* output(const OrtApi& api, OrtKernelContext* ctx, size_t i, const int64_t* dims, size_t rank) {
+  OrtValue* value = nullptr;
+  check(api, api.KernelContext_GetOutput(ctx, i, dims, rank, &value));
+  if (value == nullptr) return nullptr;
+  void* data = nullptr;
+  check(api, api.GetTensorMutableData(value, &data));
+  return static_cast<T*>(data);
+}
+
+// in's shape must be `want` (-1: any extent); else the error names the input and both shapes.
+void expect(const char* name, const PaInput& in, std::initializer_list<int64_t> want) {
+  bool ok = in.rank == static_cast<int>(want.size());
+  int i = 0;
+  for (int64_t w : want) ok = ok && (w < 0 || in.dims[i++] == w);
+  if (!ok) expect_shape(kOp, name, in.shape(), std::vector<int64_t>(want));  // throws, naming both shapes
+}
+
+template <typename T>
+void alias_or_copy(const void* in, T* out, int64_t n) {
+  if (out != in && n > 0) std::memcpy(out, in, sizeof(T) * static_cast<size_t>(n));
+}
 
 // What the attributes fix and what the inputs' shapes give.
 struct Extents {
   int64_t H, Hkv, D, BS;  // attributes
   bool eight_bit;
   int64_t T = 0, S = 0, MB = 0, max_pos = 0, NB = 0;  // tokens, sequences, block-table columns, rope rows, blocks
-  bool have_scales = false, have_scale_outs = false;
+  bool have_scales = false;
 };
 
-// Every input's shape against the attributes; fills the extents.
-template <typename CacheT>
-void check_shapes(Extents& e, const F32& q, const F32& k, const F32& v, const I32& positions, const I32& cu_seqlens,
-                  const I32& context_lens, const I32& block_tables, const F32& cos_cache, const F32& sin_cache,
-                  const Ort::Custom::Tensor<CacheT>& key_cache, const Ort::Custom::Tensor<CacheT>& value_cache,
-                  std::optional<const F16*> key_scales, std::optional<const F16*> value_scales,
-                  std::optional<F16*> key_scales_out, std::optional<F16*> value_scales_out) {
+// Every input's shape against the attributes (in[i] = input i, absent optional inputs have rank -1);
+// fills the extents.
+void check_shapes(Extents& e, const PaInput* in, size_t n_outputs) {
   const int64_t H = e.H, Hkv = e.Hkv, D = e.D, BS = e.BS;
-  const auto& qs = q.Shape();
-  if (qs.size() != 2) fail(kOp, ": input 'q' must be [T, num_heads*head_size]; got shape ", shape_str(qs));
-  const int64_t T = qs[0];
-  expect_shape(kOp, "q", qs, {T, H * D});
-  expect_shape(kOp, "k", k.Shape(), {T, Hkv * D});
-  expect_shape(kOp, "v", v.Shape(), {T, Hkv * D});
-  expect_shape(kOp, "positions", positions.Shape(), {T});
-  const auto& cs = cu_seqlens.Shape();
-  if (cs.size() != 1 || cs[0] < 1)
-    fail(kOp, ": input 'cu_seqlens' must be [S+1] with S >= 0; got shape ", shape_str(cs));
-  const int64_t S = cs[0] - 1;
-  expect_shape(kOp, "context_lens", context_lens.Shape(), {S});
-  const auto& bts = block_tables.Shape();
-  expect_shape(kOp, "block_tables", bts, {S, -1});
-  const auto& cos_s = cos_cache.Shape();
-  expect_shape(kOp, "cos_cache", cos_s, {-1, D / 2});
-  const int64_t max_pos = cos_s[0];
-  expect_shape(kOp, "sin_cache", sin_cache.Shape(), {max_pos, D / 2});
-  const auto& kcs = key_cache.Shape();
-  if (kcs.size() != 4)
+  const PaInput& q = in[kQ];
+  if (q.rank != 2) fail(kOp, ": input 'q' must be [T, num_heads*head_size]; got shape ", shape_str(q.shape()));
+  const int64_t T = q.dims[0];
+  expect("q", q, {T, H * D});
+  expect("k", in[kK], {T, Hkv * D});
+  expect("v", in[kV], {T, Hkv * D});
+  expect("positions", in[kPositions], {T});
+  const PaInput& cu = in[kCuSeqlens];
+  if (cu.rank != 1 || cu.dims[0] < 1)
+    fail(kOp, ": input 'cu_seqlens' must be [S+1] with S >= 0; got shape ", shape_str(cu.shape()));
+  const int64_t S = cu.dims[0] - 1;
+  expect("context_lens", in[kContextLens], {S});
+  expect("block_tables", in[kBlockTables], {S, -1});
+  expect("cos_cache", in[kCos], {-1, D / 2});
+  const int64_t max_pos = in[kCos].dims[0];
+  expect("sin_cache", in[kSin], {max_pos, D / 2});
+  const PaInput& kc = in[kKeyCache];
+  if (kc.rank != 4)
     fail(kOp, ": input 'key_cache' must be [num_blocks, kv_num_heads, block_size, head_size]; got shape ",
-         shape_str(kcs));
-  const int64_t NB = kcs[0];
-  expect_shape(kOp, "key_cache", kcs, {NB, Hkv, BS, D});
-  expect_shape(kOp, "value_cache", value_cache.Shape(), {NB, Hkv, BS, D});
-  e.have_scales =
-      key_scales.has_value() && value_scales.has_value() && *key_scales != nullptr && *value_scales != nullptr;
-  e.have_scale_outs = key_scales_out.has_value() && value_scales_out.has_value() && *key_scales_out != nullptr &&
-                      *value_scales_out != nullptr;
+         shape_str(kc.shape()));
+  const int64_t NB = kc.dims[0];
+  expect("key_cache", kc, {NB, Hkv, BS, D});
+  expect("value_cache", in[kValueCache], {NB, Hkv, BS, D});
+  e.have_scales = in[kKeyScales].value != nullptr && in[kValueScales].value != nullptr;
   if (e.eight_bit) {
     if (!e.have_scales)
       fail(kOp,
            ": inputs 'key_scales' and 'value_scales' [num_blocks, kv_num_heads, block_size] "
            "are required for kv_dtype int8/fp8_e4m3");
-    if (!e.have_scale_outs)
+    if (n_outputs < 5)
       fail(kOp,
            ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype "
            "int8/fp8_e4m3");
-    expect_shape(kOp, "key_scales", (*key_scales)->Shape(), {NB, Hkv, BS});
-    expect_shape(kOp, "value_scales", (*value_scales)->Shape(), {NB, Hkv, BS});
+    expect("key_scales", in[kKeyScales], {NB, Hkv, BS});
+    expect("value_scales", in[kValueScales], {NB, Hkv, BS});
   }
   e.T = T;
   e.S = S;
-  e.MB = bts[1];
+  e.MB = in[kBlockTables].dims[1];
   e.max_pos = max_pos;
   e.NB = NB;
 }
@@ -121,45 +185,16 @@ void check_values(const Extents& e, const int32_t* cu, const int32_t* pos, const
   }
 }
 
-// The outputs. Aliasing: the engine binds the cache OrtValues as both input and output, so a copy happens only
-// when ORT gave a different buffer. Returns the scale outputs (null when there are none).
-template <typename CacheT>
-std::pair<Ort::Float16_t*, Ort::Float16_t*> allocate_outputs(
-    const Extents& e, const Ort::Custom::Tensor<CacheT>& key_cache, const Ort::Custom::Tensor<CacheT>& value_cache,
-    std::optional<const F16*> key_scales, std::optional<const F16*> value_scales,
-    Ort::Custom::Tensor<CacheT>& key_cache_out, Ort::Custom::Tensor<CacheT>& value_cache_out,
-    std::optional<F16*> key_scales_out, std::optional<F16*> value_scales_out, CacheT*& kc, CacheT*& vc) {
-  const int64_t cache_elems = e.NB * e.Hkv * e.BS * e.D;
-  const auto& kcs = key_cache.Shape();
-  kc = key_cache_out.Allocate(kcs);
-  vc = value_cache_out.Allocate(kcs);
-  alias_or_copy(key_cache.Data(), kc, cache_elems);
-  alias_or_copy(value_cache.Data(), vc, cache_elems);
-  Ort::Float16_t* ks = nullptr;
-  Ort::Float16_t* vs = nullptr;
-  if (e.have_scale_outs) {
-    // float32 caches: scales are unused; pass through whatever was given (or an empty tensor).
-    const std::vector<int64_t> ss = e.have_scales ? (*key_scales)->Shape() : std::vector<int64_t>{0};
-    const std::vector<int64_t> vss = e.have_scales ? (*value_scales)->Shape() : std::vector<int64_t>{0};
-    ks = (*key_scales_out)->Allocate(ss);
-    vs = (*value_scales_out)->Allocate(vss);
-    if (e.have_scales) {
-      alias_or_copy((*key_scales)->Data(), ks, (*key_scales)->NumberOfElement());
-      alias_or_copy((*value_scales)->Data(), vs, (*value_scales)->NumberOfElement());
-    }
-  }
-  return {ks, vs};
-}
 }  // namespace
 
 template <typename CacheT>
-PagedAttentionOp<CacheT>::PagedAttentionOp(const OrtApi* api, const OrtKernelInfo* info) {
-  num_heads_ = attr_int(api, info, "num_heads", 0);
-  kv_heads_ = attr_int(api, info, "kv_num_heads", 0);
-  head_size_ = attr_int(api, info, "head_size", 0);
-  block_size_ = attr_int(api, info, "block_size", 0);
-  const std::string dt = attr_string(api, info, "kv_dtype", "float32");
-  const int64_t interleaved = attr_int(api, info, "rope_interleaved", 0);
+PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtKernelInfo* info) : api_(api) {
+  num_heads_ = attr_int(&api, info, "num_heads", 0);
+  kv_heads_ = attr_int(&api, info, "kv_num_heads", 0);
+  head_size_ = attr_int(&api, info, "head_size", 0);
+  block_size_ = attr_int(&api, info, "block_size", 0);
+  const std::string dt = attr_string(&api, info, "kv_dtype", "float32");
+  const int64_t interleaved = attr_int(&api, info, "rope_interleaved", 0);
   interleaved_ = interleaved != 0;
   constexpr bool float_cache = std::is_same<CacheT, float>::value;
   std::ostringstream err;
@@ -173,7 +208,7 @@ PagedAttentionOp<CacheT>::PagedAttentionOp(const OrtApi* api, const OrtKernelInf
     err << kOp << ": attribute kv_dtype = '" << dt << "' is not float32, int8 or fp8_e4m3";
   }
   const bool eight_bit = kv_dtype_ != KvDtype::kFloat32;
-  rotate_ = attr_int(api, info, "rotate", eight_bit ? 1 : 0) != 0;
+  rotate_ = attr_int(&api, info, "rotate", eight_bit ? 1 : 0) != 0;
   if (err.tellp() == 0) {
     if (num_heads_ <= 0 || kv_heads_ <= 0 || num_heads_ % kv_heads_ != 0)
       err << kOp << ": attributes num_heads = " << num_heads_ << ", kv_num_heads = " << kv_heads_
@@ -192,61 +227,138 @@ PagedAttentionOp<CacheT>::PagedAttentionOp(const OrtApi* api, const OrtKernelInf
       err << kOp << ": attribute rope_interleaved = " << interleaved << " must be 0 or 1";
   }
   init_error_ = err.str();
-  scale_ = attr_float(api, info, "scale", 0.f);
+  scale_ = attr_float(&api, info, "scale", 0.f);
   if (scale_ == 0.f && head_size_ > 0) scale_ = 1.f / std::sqrt(static_cast<float>(head_size_));
-}
-
-template <typename CacheT>
-Ort::Status PagedAttentionOp<CacheT>::Compute(OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v,
-                                              const I32& positions, const I32& cu_seqlens, const I32& context_lens,
-                                              const I32& block_tables, const F32& cos_cache, const F32& sin_cache,
-                                              const Cache& key_cache, const Cache& value_cache,
-                                              std::optional<const F16*> key_scales,
-                                              std::optional<const F16*> value_scales, F32& attn, Cache& key_cache_out,
-                                              Cache& value_cache_out, std::optional<F16*> key_scales_out,
-                                              std::optional<F16*> value_scales_out) {
-  try {
-    if (!init_error_.empty()) throw OpError(init_error_);
-    Extents e{num_heads_, kv_heads_, head_size_, block_size_, kv_dtype_ != KvDtype::kFloat32};
-    check_shapes<CacheT>(e, q, k, v, positions, cu_seqlens, context_lens, block_tables, cos_cache, sin_cache, key_cache,
-                         value_cache, key_scales, value_scales, key_scales_out, value_scales_out);
-    check_values(e, cu_seqlens.Data(), positions.Data(), context_lens.Data(), block_tables.Data());
-
-    float* out = attn.Allocate({e.T, e.H * e.D});
-    CacheT* kc = nullptr;
-    CacheT* vc = nullptr;
-    const auto [ks, vs] = allocate_outputs<CacheT>(e, key_cache, value_cache, key_scales, value_scales, key_cache_out,
-                                                   value_cache_out, key_scales_out, value_scales_out, kc, vc);
-    if (e.T == 0) return Ort::Status{nullptr};
-
-    PagedAttentionDims dims{e.T,  e.S,       e.H,       e.Hkv,   e.D,          e.BS,  e.MB,
-                            e.NB, e.max_pos, kv_dtype_, rotate_, interleaved_, scale_};
-    PagedAttentionArgs args{q.Data(),
-                            k.Data(),
-                            v.Data(),
-                            positions.Data(),
-                            cu_seqlens.Data(),
-                            context_lens.Data(),
-                            block_tables.Data(),
-                            cos_cache.Data(),
-                            sin_cache.Data(),
-                            kc,
-                            vc,
-                            reinterpret_cast<uint16_t*>(ks),
-                            reinterpret_cast<uint16_t*>(vs),
-                            out};
-    Parallel par{ort_parallel_for, ctx};
-    paged_attention(dims, args, par);
-    return Ort::Status{nullptr};
-  } catch (const OpError& e) {
-    return Ort::Status(e.what(), ORT_INVALID_ARGUMENT);
-  } catch (const std::exception& e) {
-    return Ort::Status((std::string(kOp) + ": " + e.what()).c_str(), ORT_RUNTIME_EXCEPTION);
-  } catch (...) {
-    return Ort::Status("PagedAttention: unknown error", ORT_RUNTIME_EXCEPTION);
+  // The rope tables are initializers in the engine graph: their pointers and shapes are read once here
+  // (their shapes are still checked on every call, at no cost).
+  for (auto [i, dst] : {std::pair<size_t, PaInput*>{kCos, &cos_}, {kSin, &sin_}}) {
+    int is_constant = 0;
+    const OrtValue* value = nullptr;
+    if (OrtStatus* st = api.KernelInfoGetConstantInput_tensor(info, i, &is_constant, &value)) {
+      api.ReleaseStatus(st);
+      continue;
+    }
+    if (is_constant && value != nullptr) {
+      try {
+        *dst = describe(api, value);
+      } catch (const std::exception&) {
+        *dst = PaInput{};  // read on every call instead
+      }
+    }
   }
 }
 
+template <typename CacheT>
+OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) {
+  const OrtApi& api = api_;
+  try {
+    if (!init_error_.empty()) throw OpError(init_error_);
+    size_t n_inputs = 0, n_outputs = 0;
+    check(api, api.KernelContext_GetInputCount(context, &n_inputs));
+    check(api, api.KernelContext_GetOutputCount(context, &n_outputs));
+    PaInput in[PagedAttentionOp<CacheT>::kInputs];
+    for (size_t i = 0; i < PagedAttentionOp<CacheT>::kInputs; ++i) {
+      if (i == kCos && cos_.value) {
+        in[i] = cos_;
+      } else if (i == kSin && sin_.value) {
+        in[i] = sin_;
+      } else {
+        in[i] = input(api, context, n_inputs, i);
+      }
+    }
+    Extents e{num_heads_, kv_heads_, head_size_, block_size_, kv_dtype_ != KvDtype::kFloat32};
+    check_shapes(e, in, n_outputs);
+    const auto* cu = static_cast<const int32_t*>(in[kCuSeqlens].data);
+    const auto* pos = static_cast<const int32_t*>(in[kPositions].data);
+    const auto* ctxl = static_cast<const int32_t*>(in[kContextLens].data);
+    const auto* bt = static_cast<const int32_t*>(in[kBlockTables].data);
+    check_values(e, cu, pos, ctxl, bt);
+
+    // The outputs. Aliasing: the engine binds the cache OrtValues as both input and output, so a copy
+    // happens only when ORT gave a different buffer.
+    const int64_t attn_dims[2] = {e.T, e.H * e.D};
+    float* out = output<float>(api, context, kAttn, attn_dims, 2);
+    const int64_t cache_elems = e.NB * e.Hkv * e.BS * e.D;
+    CacheT* kc = output<CacheT>(api, context, kKeyCacheOut, in[kKeyCache].dims, 4);
+    CacheT* vc = output<CacheT>(api, context, kValueCacheOut, in[kKeyCache].dims, 4);
+    alias_or_copy(in[kKeyCache].data, kc, cache_elems);
+    alias_or_copy(in[kValueCache].data, vc, cache_elems);
+    uint16_t* ks = nullptr;
+    uint16_t* vs = nullptr;
+    if (n_outputs >= 5) {
+      // float32 caches: the scales are unused; passed through when given, else empty tensors.
+      const int64_t none = 0;
+      const bool have = e.have_scales;
+      ks = output<uint16_t>(api, context, kKeyScalesOut, have ? in[kKeyScales].dims : &none, have ? 3 : 1);
+      vs = output<uint16_t>(api, context, kValueScalesOut, have ? in[kValueScales].dims : &none, have ? 3 : 1);
+      if (have && ks && vs) {
+        alias_or_copy(in[kKeyScales].data, ks, e.NB * e.Hkv * e.BS);
+        alias_or_copy(in[kValueScales].data, vs, e.NB * e.Hkv * e.BS);
+      }
+    }
+    if (e.eight_bit && (ks == nullptr || vs == nullptr))
+      fail(kOp, ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype int8/fp8_e4m3");
+    if (e.T == 0) return nullptr;
+
+    PagedAttentionDims dims{e.T,  e.S,       e.H,       e.Hkv,   e.D,          e.BS,  e.MB,
+                            e.NB, e.max_pos, kv_dtype_, rotate_, interleaved_, scale_};
+    PagedAttentionArgs args{static_cast<const float*>(in[kQ].data),
+                            static_cast<const float*>(in[kK].data),
+                            static_cast<const float*>(in[kV].data),
+                            pos,
+                            cu,
+                            ctxl,
+                            bt,
+                            static_cast<const float*>(in[kCos].data),
+                            static_cast<const float*>(in[kSin].data),
+                            kc,
+                            vc,
+                            ks,
+                            vs,
+                            out};
+    paged_attention(dims, args, Parallel{ort_parallel_for, context});
+    return nullptr;
+  } catch (const OpError& e) {
+    return api.CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+  } catch (const std::exception& e) {
+    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kOp) + ": " + e.what()).c_str());
+  } catch (...) {
+    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, "PagedAttention: unknown error");
+  }
+}
+
+template <typename CacheT>
+OrtStatusPtr PagedAttentionOp<CacheT>::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info,
+                                                      void** kernel) const {
+  try {
+    *kernel = new PagedAttentionKernel<CacheT>(api, info);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return api.CreateStatus(ORT_FAIL, e.what());
+  }
+}
+
+template <typename CacheT>
+ONNXTensorElementDataType PagedAttentionOp<CacheT>::GetInputType(size_t i) const {
+  switch (i) {
+    case kPositions:
+    case kCuSeqlens:
+    case kContextLens:
+    case kBlockTables:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    case kKeyCache:
+    case kValueCache:
+      return kCacheType;
+    case kKeyScales:
+    case kValueScales:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    default:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+}
+
+template struct PagedAttentionKernel<float>;
+template struct PagedAttentionKernel<uint8_t>;
 template struct PagedAttentionOp<float>;
 template struct PagedAttentionOp<uint8_t>;
 

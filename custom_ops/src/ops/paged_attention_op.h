@@ -1,5 +1,5 @@
-// ORT wrapper of the PagedAttention kernel (Lite custom-op API), registered twice under the same
-// name: CacheT = float (kv_dtype "float32") and CacheT = uint8_t (kv_dtype "int8" / "fp8_e4m3").
+// ORT wrapper of the PagedAttention kernel, registered twice under the same name: CacheT = float
+// (kv_dtype "float32") and CacheT = uint8_t (kv_dtype "int8" / "fp8_e4m3").
 //   inputs : 0 q [T, H*D] f32, 1 k [T, Hkv*D] f32, 2 v [T, Hkv*D] f32 (k, q before RoPE),
 //            3 positions [T] i32, 4 cu_seqlens [S+1] i32, 5 context_lens [S] i32,
 //            6 block_tables [S, max_blocks] i32, 7 cos_cache [max_pos, D/2] f32,
@@ -14,40 +14,69 @@
 //            kv_dtype (string "float32" | "int8" | "fp8_e4m3", default "float32");
 //            rotate (int, default 1 for 8-bit, 0 for float32); scale (float, default 1/sqrt(D));
 //            rope_interleaved (int, default 0 = HF rotate_half pairs (i, i + D/2)).
+// On Ort::CustomOpBase with status returns, inputs read by index: a B = 1 decode call does a few
+// microseconds of attention, and the Lite API's per-call wrapping of 13 inputs and 5 outputs (a heap
+// object and a shape vector each) was a visible share of it. The rope tables (initializers in the engine
+// graph) are read once, when the kernel is created.
 #pragma once
-#include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "../kernels/quant.h"
 #include "op_util.h"
 
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_lite_custom_op.h>
-#undef ORT_API_MANUAL_INIT
-
 namespace ortllm {
 
-template <typename CacheT>
-struct PagedAttentionOp {
-  using F32 = Ort::Custom::Tensor<float>;
-  using I32 = Ort::Custom::Tensor<int32_t>;
-  using F16 = Ort::Custom::Tensor<Ort::Float16_t>;  // the 8-bit caches' per-row scales
-  using Cache = Ort::Custom::Tensor<CacheT>;
+// An input as the wrapper reads it: its value, data and shape (`rank` = -1: absent; dims past kMaxRank are
+// not kept, and such a rank is always an error).
+struct PaInput {
+  static constexpr int kMaxRank = 8;
+  const OrtValue* value = nullptr;
+  const void* data = nullptr;
+  int64_t dims[kMaxRank] = {};
+  int rank = -1;
+  std::vector<int64_t> shape() const;
+};
 
-  PagedAttentionOp(const OrtApi* api, const OrtKernelInfo* info);
-  Ort::Status Compute(OrtKernelContext* ctx, const F32& q, const F32& k, const F32& v, const I32& positions,
-                      const I32& cu_seqlens, const I32& context_lens, const I32& block_tables, const F32& cos_cache,
-                      const F32& sin_cache, const Cache& key_cache, const Cache& value_cache,
-                      std::optional<const F16*> key_scales, std::optional<const F16*> value_scales, F32& attn,
-                      Cache& key_cache_out, Cache& value_cache_out, std::optional<F16*> key_scales_out,
-                      std::optional<F16*> value_scales_out);
+template <typename CacheT>
+struct PagedAttentionKernel {
+  PagedAttentionKernel(const OrtApi& api, const OrtKernelInfo* info);
+  OrtStatusPtr ComputeV2(OrtKernelContext* context);
 
  private:
+  const OrtApi& api_;
   int64_t num_heads_, kv_heads_, head_size_, block_size_;
   KvDtype kv_dtype_ = KvDtype::kFloat32;
   bool rotate_ = false, interleaved_ = false;
   float scale_ = 0.f;
-  std::string init_error_;  // attribute problems, reported by the first Compute (no throwing)
+  std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
+  PaInput cos_, sin_;       // the rope tables when they are initializers (read once), else absent
+};
+
+template <typename CacheT>
+struct PagedAttentionOp : Ort::CustomOpBase<PagedAttentionOp<CacheT>, PagedAttentionKernel<CacheT>, true> {
+  static constexpr size_t kInputs = 13, kOutputs = 5;
+  static constexpr ONNXTensorElementDataType kCacheType =
+      std::is_same<CacheT, float>::value ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
+  const char* GetName() const { return "PagedAttention"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return kInputs; }
+  ONNXTensorElementDataType GetInputType(size_t i) const;
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i < 11 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+  }
+  size_t GetOutputTypeCount() const { return kOutputs; }
+  ONNXTensorElementDataType GetOutputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : i < 3 ? kCacheType : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i < 3 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                 : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+  }
 };
 
 }  // namespace ortllm

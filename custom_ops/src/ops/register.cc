@@ -153,19 +153,17 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
 }
 
 struct Ops {
-  std::unique_ptr<Ort::Custom::OrtLiteCustomOp> pa_f32, pa_u8, lora;
+  std::unique_ptr<Ort::Custom::OrtLiteCustomOp> lora;
+  ortllm::PagedAttentionOp<float> pa_f32;
+  ortllm::PagedAttentionOp<uint8_t> pa_u8;
   ortllm::QLinearOp qlinear;
 };
 
 Ops& ops() {
   static Ops o = [] {
     Ops x;
-    x.pa_f32.reset(
-        Ort::Custom::CreateLiteCustomOp<ortllm::PagedAttentionOp<float>>("PagedAttention", "CPUExecutionProvider"));
-    x.pa_u8.reset(
-        Ort::Custom::CreateLiteCustomOp<ortllm::PagedAttentionOp<uint8_t>>("PagedAttention", "CPUExecutionProvider"));
     x.lora.reset(Ort::Custom::CreateLiteCustomOp<ortllm::MultiLoraOp>("MultiLoRA", "CPUExecutionProvider"));
-    for (Ort::Custom::OrtLiteCustomOp* op : {x.pa_f32.get(), x.pa_u8.get()}) {
+    for (OrtCustomOp* op : {static_cast<OrtCustomOp*>(&x.pa_f32), static_cast<OrtCustomOp*>(&x.pa_u8)}) {
       op->GetMayInplace = paged_attention_inplace;
       op->ReleaseMayInplace = release_inplace;
       op->InferOutputShapeFn = paged_attention_shape;
@@ -214,8 +212,8 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   try {
     Ort::CustomOpDomain domain{"ortllm"};
     Ops& o = ops();
-    domain.Add(o.pa_f32.get());
-    domain.Add(o.pa_u8.get());
+    domain.Add(&o.pa_f32);
+    domain.Add(&o.pa_u8);
     domain.Add(o.lora.get());
     domain.Add(&o.qlinear);
     Ort::UnownedSessionOptions session_options(options);
