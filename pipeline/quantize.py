@@ -251,6 +251,7 @@ class QuantPlan:
     lm_head: str = "fp32"
     block_size: int = 32
     algo: str = "rtn"
+    lm_head_algo: str | None = None     # an int4 LM head's algorithm; None: --algo (an int8 head is always RTN)
     symmetric: bool = False
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL
     keep: tuple[tuple[str, str], ...] = ()
@@ -265,6 +266,10 @@ class QuantPlan:
                 raise BuildError(f"--{name.replace('_', '-')} must be one of {', '.join(WEIGHT_DTYPES)}; "
                                  f"got '{getattr(self, name)}'")
         make_quantizer(self.algo, 4, self.block_size, self.symmetric)   # validates algo / scheme
+        if self.lm_head_algo is not None:
+            if self.lm_head_algo not in ALGOS:
+                raise BuildError(f"--lm-head-algo must be one of {', '.join(ALGOS)}; got '{self.lm_head_algo}'")
+            make_quantizer(self.lm_head_algo, 4, self.block_size, self.symmetric)
         self._quantizers: dict[tuple[str, int, bool], object] = {}   # (algo, bits, symmetric)
 
     def dtype_for(self, name: str) -> str:
@@ -279,9 +284,22 @@ class QuantPlan:
         return self.quant != "fp32" or self.lm_head != "fp32"
 
     @property
+    def head_algo(self) -> str:
+        """The algorithm of an int4 LM head: --lm-head-algo, else --algo."""
+        return self.lm_head_algo or self.algo
+
+    @property
     def needs_calibration(self) -> bool:
         """GPTQ with some tensor it quantizes (an int8 LM head alone stays RTN)."""
-        return self.algo == "gptq" and (self.quant != "fp32" or self.lm_head == "int4")
+        return self.calibration_names != ()
+
+    @property
+    def calibration_names(self) -> tuple[str, ...] | None:
+        """The HF tensors GPTQ needs calibration inputs for: None for every projection (a GPTQ body), or only
+        the LM head's (the final norm output: one capture instead of every layer's), or () for none."""
+        if self.algo == "gptq" and self.quant != "fp32":
+            return None
+        return ("lm_head.weight",) if self.lm_head == "int4" and self.head_algo == "gptq" else ()
 
     def quantize(self, name: str, w: np.ndarray) -> QuantizedWeight | None:
         """The quantized weight, or None to keep it fp32; records the tensor's error in the report."""
@@ -290,10 +308,12 @@ class QuantPlan:
             return None
         # An int8 LM head is symmetric RTN: llama.cpp's Q8_0, exact on GGUF Q8_0 embeddings (SmolLM2's), and
         # MatMulNBits' fastest path with no offset term on the model's largest matmul. An int4 one follows
-        # --algo (GPTQ from the final norm's output).
-        int8_head = name == "lm_head.weight" and bits == 8
+        # --lm-head-algo, else --algo (GPTQ from the final norm's output).
+        is_head = name == "lm_head.weight"
+        int8_head = is_head and bits == 8
         symmetric = self.symmetric or int8_head
-        algo = "rtn" if int8_head or (symmetric and self.algo != "gptq") else self.algo
+        algo = self.head_algo if is_head else self.algo
+        algo = "rtn" if int8_head or (symmetric and algo != "gptq") else algo
         key = (algo, bits, symmetric)
         if key not in self._quantizers:
             self._quantizers[key] = make_quantizer(algo, bits, self.block_size, symmetric)

@@ -131,9 +131,29 @@ def test_plan_routes_gptq_and_keeps_an_int8_head_rtn():
     assert "\n" not in str(e.value)
 
 
+def test_plan_routes_the_head_algo_apart_from_the_body():
+    """--lm-head-algo gptq with an RTN body: only the head asks for (and captures) calibration inputs, so the body
+    keeps RTN (exact on SmolLM2's Q4_1 grid); an int8 head stays RTN whatever the head algo."""
+    w, x = _layer(4, n=48, k=64)
+    cal = _FakeCalibration(x)
+    plan = QuantPlan(quant="int4", lm_head="int4", algo="rtn", lm_head_algo="gptq", block_size=32, calibration=cal)
+    assert plan.calibration_names == ("lm_head.weight",)
+    plan.quantize("model.layers.0.mlp.up_proj.weight", w)
+    plan.quantize("lm_head.weight", w)
+    assert plan.report["model.layers.0.mlp.up_proj.weight"]["algo"] == "rtn"
+    assert plan.report["lm_head.weight"]["algo"] == "gptq" and "out_rel" in plan.report["lm_head.weight"]
+    assert cal.asked == ["lm_head.weight"]
+    assert QuantPlan(quant="int4", lm_head="int4", algo="gptq", lm_head_algo="rtn").calibration_names is None
+    assert not QuantPlan(quant="int4", lm_head="int8", lm_head_algo="gptq").needs_calibration
+    assert QuantPlan(quant="fp32", lm_head="int4", algo="gptq").calibration_names == ("lm_head.weight",)
+    with pytest.raises(BuildError, match="--lm-head-algo must be one of"):
+        QuantPlan(quant="int4", lm_head="int4", lm_head_algo="awq")
+
+
 def test_capture_matches_a_numpy_first_layer(tmp_path):
     """H of layer 0's q|k|v input is 2/n sum x x^T of RMSNorm(embedding) (a NumPy forward); capturing in one
-    pass or one input per pass (a tiny memory budget) gives the same Hessians."""
+    pass or one input per pass (a tiny memory budget) gives the same Hessians, and a capture restricted to the
+    head's input the same head Hessian."""
     _, weights = load_model("llama-tiny-random")
     cfg, t = weights.config, weights.tensors
     one = Calibration(weights, 300, tmp_path / "one", log=lambda m: None)
@@ -160,6 +180,14 @@ def test_capture_matches_a_numpy_first_layer(tmp_path):
         assert small.passes == 3
     finally:
         small.close()
+    head = Calibration(weights, 300, tmp_path / "head", log=lambda m: None, names=("lm_head.weight",))
+    try:       # a GPTQ head alone fetches and sums only the final norm's output
+        assert head.order == ["/lm_head/Gemm"] and head.groups == [["/lm_head/Gemm"]]
+        np.testing.assert_allclose(head.hessian("lm_head.weight"), full["lm_head.weight"], rtol=1e-6)
+        with pytest.raises(BuildError, match="no calibration input for tensor model.layers.0"):
+            head.hessian("model.layers.0.self_attn.o_proj.weight")
+    finally:
+        head.close()
 
 
 def test_gptq_tiny_build(tmp_path):
