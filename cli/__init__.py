@@ -43,7 +43,8 @@ def _add_build_options(p) -> None:
     p.add_argument("--lm-head", default=None,
                    help="fp32|int8|int4 (default: int8 for --quant int4, else fp32)")
     p.add_argument("--lm-head-algo", default=None,
-                   help="rtn|hqq|gptq: the quantizer of an int4 LM head (default: --algo)")
+                   help="rtn|hqq|gptq: the quantizer of an int4 LM head (default gptq, from the final norm's "
+                        "output with a searched grid; it needs --calib-tokens > 0)")
     p.add_argument("--keep", action="append", default=[], metavar="PATTERN=fp32|int8",
                    help="keep HF tensors matching the glob wider, e.g. 'model.layers.*.mlp.down_proj.weight=int8' "
                         "(repeatable; first match wins)")

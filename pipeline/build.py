@@ -40,7 +40,7 @@ class BuildOptions:
     block_size: int = 32
     algo: str = "rtn"
     lm_head: str | None = None    # None: DEFAULT_LM_HEAD[quant] (the fastest head that passes the quant's gate)
-    lm_head_algo: str | None = None   # an int4 head's quantizer (rtn|hqq|gptq); None: --algo
+    lm_head_algo: str | None = None   # an int4 head's quantizer (rtn|hqq|gptq); None: quantize.DEFAULT_HEAD_ALGO
     kv: str = "fp32"
     graph: str = "engine"
     exporter: str = "native"
@@ -183,6 +183,10 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
             plan.calibration = cal
             info["gptq"] = ("non-sequential (fp32 activations of every layer), damp 1% of mean diag(H), chunks of "
                             "max(128, block) columns, grid per block from error-updated weights")
+            if plan.calibration_names is not None:
+                info["gptq"] = "LM head only: " + info["gptq"]
+            if plan.lm_head == "int4" and plan.head_algo == "gptq" and not plan.symmetric:
+                info["gptq"] += "; the LM head's grid by a search weighted by diag(H)"
         write_graph(weights, tmp, opts, plan, meta)
         log(f"calibrated graph built in {time.perf_counter() - start:.0f} s (calibration passes {cal.seconds:.0f} s)")
         return {**cal.info, **info}

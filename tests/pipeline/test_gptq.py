@@ -132,17 +132,24 @@ def test_plan_routes_gptq_and_keeps_an_int8_head_rtn():
 
 
 def test_plan_routes_the_head_algo_apart_from_the_body():
-    """--lm-head-algo gptq with an RTN body: only the head asks for (and captures) calibration inputs, so the body
-    keeps RTN (exact on SmolLM2's Q4_1 grid); an int8 head stays RTN whatever the head algo."""
+    """An int4 head is GPTQ'd (searched grid) by default whatever the body's --algo: only the head asks for (and
+    captures) calibration inputs, so an RTN body stays RTN (exact on SmolLM2's Q4_1 grid); --lm-head-algo picks
+    another; an int8 head stays RTN whatever the head algo."""
     w, x = _layer(4, n=48, k=64)
-    cal = _FakeCalibration(x)
-    plan = QuantPlan(quant="int4", lm_head="int4", algo="rtn", lm_head_algo="gptq", block_size=32, calibration=cal)
-    assert plan.calibration_names == ("lm_head.weight",)
-    plan.quantize("model.layers.0.mlp.up_proj.weight", w)
-    plan.quantize("lm_head.weight", w)
-    assert plan.report["model.layers.0.mlp.up_proj.weight"]["algo"] == "rtn"
-    assert plan.report["lm_head.weight"]["algo"] == "gptq" and "out_rel" in plan.report["lm_head.weight"]
-    assert cal.asked == ["lm_head.weight"]
+    for algo in ("rtn", "hqq"):
+        cal = _FakeCalibration(x)
+        plan = QuantPlan(quant="int4", lm_head="int4", algo=algo, block_size=32, calibration=cal)
+        assert plan.calibration_names == ("lm_head.weight",)
+        plan.quantize("model.layers.0.mlp.up_proj.weight", w)
+        plan.quantize("lm_head.weight", w)
+        assert plan.report["model.layers.0.mlp.up_proj.weight"]["algo"] == algo
+        head = plan.report["lm_head.weight"]
+        assert head["algo"] == "gptq" and "out_rel" in head and head["grid"].startswith("weighted search")
+        assert cal.asked == ["lm_head.weight"]
+    rtn_head = QuantPlan(quant="int4", lm_head="int4", lm_head_algo="rtn")
+    assert not rtn_head.needs_calibration
+    rtn_head.quantize("lm_head.weight", w)
+    assert rtn_head.report["lm_head.weight"]["algo"] == "rtn" and "grid" not in rtn_head.report["lm_head.weight"]
     assert QuantPlan(quant="int4", lm_head="int4", algo="gptq", lm_head_algo="rtn").calibration_names is None
     assert not QuantPlan(quant="int4", lm_head="int8", lm_head_algo="gptq").needs_calibration
     assert QuantPlan(quant="fp32", lm_head="int4", algo="gptq").calibration_names == ("lm_head.weight",)
