@@ -113,7 +113,10 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bits: int, block_size: int, symm
     scales = np.empty((kb, n), np.float32)
     offsets = None if symmetric else np.empty((kb, n), np.float32)
     grid = None
-    importance = np.diag(h).astype(np.float32)           # E[x_k^2] up to a factor: the search's weights
+    # the search's weights: E[x_k^2] up to a factor; a dead input weighs as much as the dampening adds (it still
+    # counts a little; dampening every input measured a little worse on SmolLM2's head)
+    diag = np.diag(h)
+    importance = np.where(diag > 0, diag, damp * np.mean(diag)).astype(np.float32)
     for c0 in range(0, k, chunk):
         c1 = min(c0 + chunk, k)
         wc, uc = wt[c0:c1], u[c0:c1, c0:c1]

@@ -65,6 +65,23 @@ def test_weighted_grid_beats_min_max_on_the_real_head(smollm2_head):
     assert err.sum() <= 0.6 * err_rtn.sum()            # 0.48 measured
 
 
+def test_weighted_grid_edge_blocks():
+    """A constant block comes back exactly; a block whose weights are all zero keeps the min..max grid; a block
+    with an outlier gets less weighted error than from min..max."""
+    x = np.array([[0.25] * 32, np.linspace(-1, 1, 32), np.r_[np.linspace(-0.1, 0.1, 31), 1.0]], np.float32)
+    a = np.array([np.ones(32), np.zeros(32), np.r_[np.ones(31), 100.0]], np.float32)
+    scale, offset = weighted_grid(x, a, 4)
+    start = offset.astype(np.float32) - 8 * scale
+    w_hat = np.clip(np.rint((x - start[:, None]) / scale[:, None]), 0, 15) * scale[:, None] + start[:, None]
+    assert np.abs(w_hat[0] - 0.25).max() <= 1e-3 * 0.25       # the fp16 offset
+    assert scale[1] == np.float32(np.float16(2 / 15))
+    err = (a[2] * (x[2] - w_hat[2]) ** 2).sum()
+    minmax = np.float32(np.float16(1.1 / 15))
+    start_mm = np.float32(np.float16(-0.1 + 8 * minmax)) - 8 * minmax
+    w_mm = np.clip(np.rint((x[2] - start_mm) / minmax), 0, 15) * minmax + start_mm
+    assert err < (a[2] * (x[2] - w_mm) ** 2).sum()
+
+
 def test_head_quantizer_beats_rtn_on_the_output_error(smollm2_head):
     """The plan's int4 head (default: GPTQ, searched grid) on SmolLM2's head: its reported out_rel is the NumPy
     output error on the calibration inputs, which is well below RTN's and below GPTQ with min..max grids; on held-out
