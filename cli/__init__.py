@@ -42,6 +42,9 @@ def _add_build_options(p) -> None:
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
     p.add_argument("--lm-head", default=None,
                    help="fp32|int8|int4 (default: int8 for --quant int4, else fp32)")
+    p.add_argument("--lm-head-algo", default=None,
+                   help="rtn|hqq|gptq: the quantizer of an int4 LM head (default gptq, from the final norm's "
+                        "output with a searched grid; it needs --calib-tokens > 0)")
     p.add_argument("--keep", action="append", default=[], metavar="PATTERN=fp32|int8",
                    help="keep HF tensors matching the glob wider, e.g. 'model.layers.*.mlp.down_proj.weight=int8' "
                         "(repeatable; first match wins)")
@@ -70,7 +73,7 @@ def _build_options(a):
     return BuildOptions(
         quant=a.quant or defaults.get("quant", "fp32"),
         block_size=a.block_size or defaults.get("block_size", 32),
-        algo=a.algo, lm_head=a.lm_head, kv=a.kv or defaults.get("kv", "fp32"),
+        algo=a.algo, lm_head=a.lm_head, lm_head_algo=a.lm_head_algo, kv=a.kv or defaults.get("kv", "fp32"),
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
         calib_tokens=a.calib_tokens, smooth=a.smooth)

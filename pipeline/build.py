@@ -40,6 +40,7 @@ class BuildOptions:
     block_size: int = 32
     algo: str = "rtn"
     lm_head: str | None = None    # None: DEFAULT_LM_HEAD[quant] (the fastest head that passes the quant's gate)
+    lm_head_algo: str | None = None   # an int4 head's quantizer (rtn|hqq|gptq); None: quantize.DEFAULT_HEAD_ALGO
     kv: str = "fp32"
     graph: str = "engine"
     exporter: str = "native"
@@ -74,7 +75,7 @@ class BuildOptions:
             raise BuildError(f"quality_tokens must be an integer >= 16; got {self.quality_tokens!r}")
         if not isinstance(self.calib_tokens, int) or self.calib_tokens < 0:
             raise BuildError(f"--calib-tokens must be an integer >= 0; got {self.calib_tokens!r}")
-        self.quant_plan()       # validates algo, scheme and --keep
+        plan = self.quant_plan()       # validates algo, scheme and --keep
         if self.smooth is not None:
             check_alpha(self.smooth)
             if self.smooth and self.quant == "fp32":
@@ -82,7 +83,7 @@ class BuildOptions:
             if self.smooth and self.algo == "gptq":
                 raise BuildError("--smooth and --algo gptq do not combine (GPTQ's Hessians are of the unsmoothed "
                                  "inputs); use --smooth 0 with gptq, or --algo rtn|hqq with --smooth")
-        for flag, on, instead in (("--algo gptq", self.algo == "gptq", "use --algo rtn|hqq, which need none"),
+        for flag, on, instead in (("gptq", plan.needs_calibration, "use rtn|hqq (--algo, --lm-head-algo): no data"),
                                   ("--smooth", self.smooth_alpha, "turn it off with --smooth 0")):
             if on and self.calib_tokens < 16:
                 raise BuildError(f"{flag} needs calibration data: set --calib-tokens to at least 16 (default 8192; "
@@ -96,7 +97,8 @@ class BuildOptions:
     def quant_plan(self) -> QuantPlan:
         """A fresh plan for the graph builders (it collects each quantized tensor's error)."""
         return QuantPlan(quant=self.quant, lm_head=self.lm_head, block_size=self.block_size, algo=self.algo,
-                         symmetric=self.symmetric, accuracy_level=self.accuracy_level, keep=parse_keep(self.keep))
+                         lm_head_algo=self.lm_head_algo, symmetric=self.symmetric, accuracy_level=self.accuracy_level,
+                         keep=parse_keep(self.keep))
 
     @property
     def smooth_alpha(self) -> float:
@@ -169,7 +171,8 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
     start = time.perf_counter()
     cal = None
     try:
-        cal = Calibration(weights, opts.calib_tokens, scratch, log=log)
+        cal = Calibration(weights, opts.calib_tokens, scratch, log=log,
+                          names=None if alpha else plan.calibration_names)
         info = {}
         if alpha:
             weights, scales = smooth_weights(weights, alpha, cal.channel_rms)
@@ -180,6 +183,10 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
             plan.calibration = cal
             info["gptq"] = ("non-sequential (fp32 activations of every layer), damp 1% of mean diag(H), chunks of "
                             "max(128, block) columns, grid per block from error-updated weights")
+            if plan.calibration_names is not None:
+                info["gptq"] = "LM head only: " + info["gptq"]
+            if plan.lm_head == "int4" and plan.head_algo == "gptq" and not plan.symmetric:
+                info["gptq"] += "; the LM head's grid by a search weighted by diag(H)"
         write_graph(weights, tmp, opts, plan, meta)
         log(f"calibrated graph built in {time.perf_counter() - start:.0f} s (calibration passes {cal.seconds:.0f} s)")
         return {**cal.info, **info}

@@ -124,10 +124,11 @@ def _projection_inputs(weights: ModelWeights) -> tuple[list[str], dict[str, str]
 class Calibration:
     """hessian(hf_name) -> H = 2/n X^T X [K, K] float64 of that projection's input, captured on first use.
 
-    Owns `scratch` (the fp32 graph and the tokenizer files) until close()."""
+    Owns `scratch` (the fp32 graph and the tokenizer files) until close(). names: the HF tensors to serve
+    (None: every projection); the inputs of the others are neither fetched nor summed."""
 
     def __init__(self, weights: ModelWeights, tokens: int, scratch: Path, budget_bytes: int = MEMORY_BUDGET,
-                 log=print):
+                 log=print, names: tuple[str, ...] | None = None):
         import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper
@@ -150,6 +151,13 @@ class Calibration:
         model = onnx.load(str(model_path), load_external_data=False)
         consumers = {n.name: n.input[0] for n in model.graph.node}
         self.order, self.names, widths = _projection_inputs(weights)
+        if names is not None:
+            unknown = [n for n in names if n not in self.names]
+            if unknown:
+                raise BuildError(f"calibration: no projection input for tensor {unknown[0]}")
+            wanted = {self.names[n] for n in names}
+            self.order = [k for k in self.order if k in wanted]
+            self.names = {n: k for n, k in self.names.items() if k in wanted}
         missing = [k for k in self.order if k not in consumers]
         if missing:
             raise RuntimeError(f"calibration: the fp32 graph has no node {missing[0]} (graph_portable node paths "

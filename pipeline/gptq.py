@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import BuildError
-from .quantize import QuantizedWeight, _finish, dequantize
+from .quantize import QuantizedWeight, _finish, dequantize, weighted_grid
 
 DAMP = 0.01          # fraction of mean(diag H) added to the diagonal (the paper's percdamp)
 CHUNK = 128          # columns per lazy batch update (the paper's B)
@@ -64,15 +64,20 @@ def inverse_cholesky(h: np.ndarray, damp: float = DAMP) -> np.ndarray:
 
 
 class _Grid:
-    """The grid of one block for all N rows: symmetric absmax or asymmetric min..max + fp16 offset."""
+    """The grid of one block for all N rows: symmetric absmax, asymmetric min..max + fp16 offset, or (given
+    column weights) the asymmetric grid of least weighted error (quantize.weighted_grid)."""
 
-    def __init__(self, group: np.ndarray, bits: int, symmetric: bool):
-        # group: [bs', N] error-updated weights of the block's columns (bs' < bs for a last partial block)
+    def __init__(self, group: np.ndarray, bits: int, symmetric: bool, weights: np.ndarray | None = None):
+        # group: [bs', N] error-updated weights of the block's columns (bs' < bs for a last partial block);
+        # weights: [bs'] importance of those columns (diag H) or None
         self.mid, self.qmax = np.float32(1 << (bits - 1)), np.float32((1 << bits) - 1)
         if symmetric:
             scale = np.abs(group).max(0) / (self.mid - 1)
             self.scale = np.where(scale == 0, 1.0, scale).astype(np.float32)             # [N]
             self.offset = None
+        elif weights is not None:
+            self.scale, self.offset = weighted_grid(group.T, weights, bits)
+            self.lo = self.offset.astype(np.float32) - self.mid * self.scale
         else:
             lo, hi = group.min(0), group.max(0)
             scale = (hi - lo) / self.qmax
@@ -90,11 +95,12 @@ class _Grid:
 
 
 def gptq_quantize(w: np.ndarray, h: np.ndarray, bits: int, block_size: int, symmetric: bool,
-                  damp: float = DAMP, u: np.ndarray | None = None) -> QuantizedWeight:
+                  damp: float = DAMP, u: np.ndarray | None = None, search: bool = False) -> QuantizedWeight:
     """w [N, K] fp32, h [K, K] (any positive multiple of X^T X; not modified) -> QuantizedWeight in the
     symmetric or the offset form, with max_rel/rms_rel of the weight and out_rel, the relative output
     error on the calibration inputs: sqrt(tr(E H E^T) / tr(W H W^T)). u: inverse_cholesky(h, damp) when
-    the caller already has it (projections that share an input)."""
+    the caller already has it (projections that share an input). search (offset form): each block's grid is
+    the one of least error weighted by diag(H) (mean x_k^2, llama.cpp's imatrix) instead of min..max."""
     w = np.asarray(w, np.float32)
     n, k = w.shape
     if h.shape != (k, k):
@@ -107,6 +113,10 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bits: int, block_size: int, symm
     scales = np.empty((kb, n), np.float32)
     offsets = None if symmetric else np.empty((kb, n), np.float32)
     grid = None
+    # the search's weights: E[x_k^2] up to a factor; a dead input weighs as much as the dampening adds (it still
+    # counts a little; dampening every input measured a little worse on SmolLM2's head)
+    diag = np.diag(h)
+    importance = np.where(diag > 0, diag, damp * np.mean(diag)).astype(np.float32)
     for c0 in range(0, k, chunk):
         c1 = min(c0 + chunk, k)
         wc, uc = wt[c0:c1], u[c0:c1, c0:c1]
@@ -115,7 +125,8 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bits: int, block_size: int, symm
             col = c0 + i
             if col % block_size == 0:
                 b = col // block_size
-                grid = _Grid(wt[col:min(col + block_size, k)], bits, symmetric)
+                end = min(col + block_size, k)
+                grid = _Grid(wt[col:end], bits, symmetric, importance[col:end] if search else None)
                 scales[b] = grid.scale
                 if offsets is not None:
                     offsets[b] = grid.offset
@@ -144,13 +155,13 @@ class GPTQQuantizer:
     (pipeline/calib_activations.py). Same forms as RTNQuantizer: symmetric or the offset form."""
     needs_data = True
 
-    def __init__(self, bits: int, block_size: int, symmetric: bool, damp: float = DAMP):
-        self.bits, self.block_size, self.symmetric, self.damp = bits, block_size, symmetric, damp
+    def __init__(self, bits: int, block_size: int, symmetric: bool, damp: float = DAMP, search: bool = False):
+        self.bits, self.block_size, self.symmetric, self.damp, self.search = bits, block_size, symmetric, damp, search
         self._h = self._u = None        # the last Hessian and its factor: q|k|v and gate|up share one input
 
     def quantize(self, w: np.ndarray, hessian: np.ndarray) -> QuantizedWeight:
         if hessian is not self._h:
             self._h, self._u = hessian, inverse_cholesky(hessian, self.damp)
-        return gptq_quantize(w, hessian, self.bits, self.block_size, self.symmetric, self.damp, self._u)
+        return gptq_quantize(w, hessian, self.bits, self.block_size, self.symmetric, self.damp, self._u, self.search)
 
     dequantize = staticmethod(dequantize)

@@ -24,7 +24,9 @@ Algorithms: RTN (round to nearest on the block absmax, or on the block min..max 
 and HQQ (half-quadratic proximal optimisation of the zero point, Badri & Shaji 2023) need no data.
 GPTQ (pipeline/gptq.py) rounds column by column with error feedback through the inverse Hessian of
 each layer's calibration inputs (pipeline/calib_activations.py): same grid and forms, less output
-error for more weight error. An int8 LM head stays RTN under every algorithm (below).
+error for more weight error. An int8 LM head stays RTN under every algorithm (below); an int4 one is GPTQ'd
+by default whatever --algo says (--lm-head-algo to choose), each block's grid found by weighted_grid, a
+search for the least error weighted by the head input's mean x_k^2.
 
 Errors per tensor: max_rel = max|w - w_hat| / max|w|, rms_rel = ||w - w_hat||_2 / ||w||_2, and with
 GPTQ out_rel = ||X (w - w_hat)^T|| / ||X w^T|| on the calibration inputs X.
@@ -42,6 +44,10 @@ from .errors import BuildError
 ALGOS = ("rtn", "hqq", "gptq")
 WEIGHT_DTYPES = {"fp32": None, "int8": 8, "int4": 4}
 KEEP_DTYPES = ("fp32", "int8")
+# An int4 LM head's quantizer unless --lm-head-algo says otherwise: GPTQ on the final norm's output with each
+# block's grid searched (weighted_grid). On SmolLM2 an RTN int4 head fails the int4 gate and this one passes it
+# (docs/quality.md, "int4 LM head").
+DEFAULT_HEAD_ALGO = "gptq"
 DEFAULT_ACCURACY_LEVEL = 4      # int8 compute on CPU (activations quantized per block)
 FP16_MIN_SCALE, FP16_MAX = 2.0 ** -24, 65504.0   # smallest fp16 subnormal, largest finite fp16
 
@@ -127,6 +133,49 @@ def _finish(w: np.ndarray, bits: int, block_size: int, codes: np.ndarray, scales
     return q
 
 
+def weighted_grid(x: np.ndarray, a: np.ndarray, bits: int, steps: int = 20, spread: float = 1.0
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The asymmetric grid of each block that minimises the weighted error sum_k a_k (x_k - w_hat_k)^2, searched
+    as llama.cpp's make_qkx2_quants does: candidate inverse scales (qmax + t) / (max - min), t in [-spread, spread]
+    (steps + 1 values); codes by rounding from the block min; then the weighted least-squares scale and min for
+    those codes; each candidate judged on the stored grid (scale and offset rounded to fp16, codes rounded again).
+    The min/max grid (RTN's, fp16-rounded scale first) is the first candidate: the result is never worse than it.
+
+    x [..., bs] blocks, a [bs] (or broadcastable) weights >= 0 -> scale [...] (fp16-exact, > 0) and offset [...]
+    (fp16) of w_hat = (q - 2^(bits-1)) * scale + offset, q in 0..2^bits-1."""
+    x = np.asarray(x, np.float32)
+    a = np.broadcast_to(np.asarray(a, np.float32), x.shape)
+    qmax, mid = np.float32((1 << bits) - 1), np.float32(1 << (bits - 1))
+
+    def stored(scale, lo):
+        """fp16 scale and offset of a grid starting at `lo`, its weighted error and the grid's new start."""
+        scale = np.clip(scale, FP16_MIN_SCALE, FP16_MAX).astype(np.float16).astype(np.float32)
+        offset = (lo + mid * scale).astype(np.float16)
+        start = offset.astype(np.float32) - mid * scale
+        q = np.clip(np.rint((x - start[..., None]) / scale[..., None]), 0, qmax)
+        err = (a * np.square(x - q * scale[..., None] - start[..., None])).sum(-1)
+        return scale, offset, err
+
+    lo, hi = x.min(-1), x.max(-1)
+    span = hi - lo
+    best_scale, best_offset, best = stored(np.where(span > 0, span / qmax, 1.0), lo)
+    sw, swx = a.sum(-1), (a * x).sum(-1)
+    for t in np.linspace(-spread, spread, steps + 1):
+        q = np.clip(np.rint((x - lo[..., None]) * ((qmax + t) / np.where(span > 0, span, 1.0))[..., None]), 0, qmax)
+        swq, swq2, swxq = (a * q).sum(-1), (a * q * q).sum(-1), (a * q * x).sum(-1)
+        det = sw * swq2 - swq * swq
+        ok = det > 0
+        det = np.where(ok, det, 1.0)
+        scale = (sw * swxq - swx * swq) / det                 # least squares of x ~ scale * q + start
+        start = (swq2 * swx - swq * swxq) / det
+        ok &= scale > 0
+        scale, offset, err = stored(np.where(ok, scale, 1.0), start)
+        take = ok & (err < best)
+        best = np.where(take, err, best)
+        best_scale, best_offset = np.where(take, scale, best_scale), np.where(take, offset, best_offset)
+    return best_scale.astype(np.float32), best_offset.astype(np.float16)
+
+
 # ---------------------------------------------------------------- quantizers
 
 class RTNQuantizer:
@@ -201,14 +250,15 @@ class HQQQuantizer:
     dequantize = staticmethod(dequantize)
 
 
-def make_quantizer(algo: str, bits: int, block_size: int, symmetric: bool = False):
+def make_quantizer(algo: str, bits: int, block_size: int, symmetric: bool = False, search: bool = False):
+    """search: GPTQ picks each block's grid by weighted_grid (the int4 LM head's); ignored by rtn and hqq."""
     if algo == "rtn":
         return RTNQuantizer(bits, block_size, symmetric)
     if algo == "hqq":
         return HQQQuantizer(bits, block_size, symmetric)
     if algo == "gptq":
         from .gptq import GPTQQuantizer
-        return GPTQQuantizer(bits, block_size, symmetric)
+        return GPTQQuantizer(bits, block_size, symmetric, search=search)
     raise BuildError(f"--algo must be one of {', '.join(ALGOS)}; got '{algo}'")
 
 
@@ -251,6 +301,7 @@ class QuantPlan:
     lm_head: str = "fp32"
     block_size: int = 32
     algo: str = "rtn"
+    lm_head_algo: str | None = None     # an int4 LM head's algorithm; None: DEFAULT_HEAD_ALGO (an int8 head: RTN)
     symmetric: bool = False
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL
     keep: tuple[tuple[str, str], ...] = ()
@@ -265,7 +316,11 @@ class QuantPlan:
                 raise BuildError(f"--{name.replace('_', '-')} must be one of {', '.join(WEIGHT_DTYPES)}; "
                                  f"got '{getattr(self, name)}'")
         make_quantizer(self.algo, 4, self.block_size, self.symmetric)   # validates algo / scheme
-        self._quantizers: dict[tuple[str, int, bool], object] = {}   # (algo, bits, symmetric)
+        if self.lm_head_algo is not None:
+            if self.lm_head_algo not in ALGOS:
+                raise BuildError(f"--lm-head-algo must be one of {', '.join(ALGOS)}; got '{self.lm_head_algo}'")
+            make_quantizer(self.lm_head_algo, 4, self.block_size, self.symmetric)
+        self._quantizers: dict[tuple[str, int, bool, bool], object] = {}   # (algo, bits, symmetric, search)
 
     def dtype_for(self, name: str) -> str:
         """fp32 | int8 | int4 for one HF tensor name (--keep globs first, in order)."""
@@ -279,9 +334,22 @@ class QuantPlan:
         return self.quant != "fp32" or self.lm_head != "fp32"
 
     @property
+    def head_algo(self) -> str:
+        """The algorithm of an int4 LM head: --lm-head-algo, else DEFAULT_HEAD_ALGO (whatever --algo the body has)."""
+        return self.lm_head_algo or DEFAULT_HEAD_ALGO
+
+    @property
     def needs_calibration(self) -> bool:
         """GPTQ with some tensor it quantizes (an int8 LM head alone stays RTN)."""
-        return self.algo == "gptq" and (self.quant != "fp32" or self.lm_head == "int4")
+        return self.calibration_names != ()
+
+    @property
+    def calibration_names(self) -> tuple[str, ...] | None:
+        """The HF tensors GPTQ needs calibration inputs for: None for every projection (a GPTQ body), or only
+        the LM head's (the final norm output: one capture instead of every layer's), or () for none."""
+        if self.algo == "gptq" and self.quant != "fp32":
+            return None
+        return ("lm_head.weight",) if self.lm_head == "int4" and self.head_algo == "gptq" else ()
 
     def quantize(self, name: str, w: np.ndarray) -> QuantizedWeight | None:
         """The quantized weight, or None to keep it fp32; records the tensor's error in the report."""
@@ -290,13 +358,17 @@ class QuantPlan:
             return None
         # An int8 LM head is symmetric RTN: llama.cpp's Q8_0, exact on GGUF Q8_0 embeddings (SmolLM2's), and
         # MatMulNBits' fastest path with no offset term on the model's largest matmul. An int4 one follows
-        # --algo (GPTQ from the final norm's output).
-        int8_head = name == "lm_head.weight" and bits == 8
+        # --lm-head-algo, else GPTQ from the final norm's output with each block's grid searched for the least
+        # error weighted by that input's mean x_k^2 (the min..max grid measured 1.3x the KLD; docs/quality.md).
+        is_head = name == "lm_head.weight"
+        int8_head = is_head and bits == 8
         symmetric = self.symmetric or int8_head
-        algo = "rtn" if int8_head or (symmetric and self.algo != "gptq") else self.algo
-        key = (algo, bits, symmetric)
+        algo = self.head_algo if is_head else self.algo
+        algo = "rtn" if int8_head or (symmetric and algo != "gptq") else algo
+        search = is_head and algo == "gptq" and not symmetric
+        key = (algo, bits, symmetric, search)
         if key not in self._quantizers:
-            self._quantizers[key] = make_quantizer(algo, bits, self.block_size, symmetric)
+            self._quantizers[key] = make_quantizer(algo, bits, self.block_size, symmetric, search)
         quantizer = self._quantizers[key]
         if quantizer.needs_data:
             if self.calibration is None:
@@ -307,6 +379,8 @@ class QuantPlan:
             q = quantizer.quantize(w)
         self.report[name] = {"bits": bits, "block_size": self.block_size, "algo": algo, "max_rel": q.max_rel,
                              "rms_rel": q.rms_rel}
+        if search:
+            self.report[name]["grid"] = "weighted search (weights diag H)"
         if q.out_rel is not None:
             self.report[name]["out_rel"] = q.out_rel
         return q

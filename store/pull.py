@@ -142,7 +142,8 @@ def _flags(opts) -> str:
     return " ".join(out)
 
 
-_FLAG = {"quant": "--quant", "block_size": "--block-size", "algo": "--algo", "lm_head": "--lm-head", "kv": "--kv",
+_FLAG = {"quant": "--quant", "block_size": "--block-size", "algo": "--algo", "lm_head": "--lm-head",
+         "lm_head_algo": "--lm-head-algo", "kv": "--kv",
          "graph": "--graph", "exporter": "--exporter", "kv_block_size": "--kv-block-size",
          "kv_rotate": "--kv-rotate", "smooth": "--smooth", "calib_tokens": "--calib-tokens",
          "accuracy_level": "--accuracy-level"}

@@ -24,6 +24,7 @@ import pytest
 GATES = {   # name -> (max PPL ratio, max mean KLD, min top-1 agreement)
     "int8": (1.003, 0.003, 0.975),
     "int4-b32": (1.04, None, 0.91),
+    "int4-b32-head4": (1.04, None, 0.91),   # the int4 gate with an int4 LM head (an RTN head fails it)
     "kv-int8": (1.002, None, 0.985),
     "kv-fp8": (1.015, 0.008, 0.960),    # recalibrated (the issue's: 1.002, None, 0.985), see above
 }

@@ -88,18 +88,20 @@ def test_gptq_matches_the_plain_column_loop(symmetric):
     assert _out_err(x, w, got) == pytest.approx(_out_err(x, w, ref), rel=5e-3)
 
 
-def test_gptq_dead_inputs_and_a_partial_block():
-    """An input no calibration token excites keeps its weights (quantized on the grid, not zeroed), and
-    K = 200 (not a multiple of 64) packs like RTN: zero-padded last block."""
+@pytest.mark.parametrize("search", [False, True])
+def test_gptq_dead_inputs_and_a_partial_block(search):
+    """An input no calibration token excites keeps its weights (quantized on the grid, not zeroed; a searched grid,
+    which weighs it by the dampening alone, may clip it by up to one step), and K = 200 (not a multiple of 64)
+    packs like RTN: zero-padded last block."""
     w, x = _layer(11, n=16, k=200)
     x[:, [3, 150]] = 0
-    q = gptq_quantize(w, _hessian(x), 4, 64, False)
+    q = gptq_quantize(w, _hessian(x), 4, 64, False, search=search)
     w_hat = dequantize(q)
     assert w_hat.shape == w.shape and np.isfinite(w_hat).all()
     assert q.data.shape == (16, 4, 32)
     step = q.scales.reshape(16, 4)
     for col in (3, 150):
-        assert np.all(np.abs(w_hat[:, col] - w[:, col]) <= step[:, col // 64] * 0.5 + 1e-3)
+        assert np.all(np.abs(w_hat[:, col] - w[:, col]) <= step[:, col // 64] * (1.0 if search else 0.5) + 1e-3)
 
 
 class _FakeCalibration:
@@ -131,9 +133,36 @@ def test_plan_routes_gptq_and_keeps_an_int8_head_rtn():
     assert "\n" not in str(e.value)
 
 
+def test_plan_routes_the_head_algo_apart_from_the_body():
+    """An int4 head is GPTQ'd (searched grid) by default whatever the body's --algo: only the head asks for (and
+    captures) calibration inputs, so an RTN body stays RTN (exact on SmolLM2's Q4_1 grid); --lm-head-algo picks
+    another; an int8 head stays RTN whatever the head algo."""
+    w, x = _layer(4, n=48, k=64)
+    for algo in ("rtn", "hqq"):
+        cal = _FakeCalibration(x)
+        plan = QuantPlan(quant="int4", lm_head="int4", algo=algo, block_size=32, calibration=cal)
+        assert plan.calibration_names == ("lm_head.weight",)
+        plan.quantize("model.layers.0.mlp.up_proj.weight", w)
+        plan.quantize("lm_head.weight", w)
+        assert plan.report["model.layers.0.mlp.up_proj.weight"]["algo"] == algo
+        head = plan.report["lm_head.weight"]
+        assert head["algo"] == "gptq" and "out_rel" in head and head["grid"].startswith("weighted search")
+        assert cal.asked == ["lm_head.weight"]
+    rtn_head = QuantPlan(quant="int4", lm_head="int4", lm_head_algo="rtn")
+    assert not rtn_head.needs_calibration
+    rtn_head.quantize("lm_head.weight", w)
+    assert rtn_head.report["lm_head.weight"]["algo"] == "rtn" and "grid" not in rtn_head.report["lm_head.weight"]
+    assert QuantPlan(quant="int4", lm_head="int4", algo="gptq", lm_head_algo="rtn").calibration_names is None
+    assert not QuantPlan(quant="int4", lm_head="int8", lm_head_algo="gptq").needs_calibration
+    assert QuantPlan(quant="fp32", lm_head="int4", algo="gptq").calibration_names == ("lm_head.weight",)
+    with pytest.raises(BuildError, match="--lm-head-algo must be one of"):
+        QuantPlan(quant="int4", lm_head="int4", lm_head_algo="awq")
+
+
 def test_capture_matches_a_numpy_first_layer(tmp_path):
     """H of layer 0's q|k|v input is 2/n sum x x^T of RMSNorm(embedding) (a NumPy forward); capturing in one
-    pass or one input per pass (a tiny memory budget) gives the same Hessians."""
+    pass or one input per pass (a tiny memory budget) gives the same Hessians, and a capture restricted to the
+    head's input the same head Hessian."""
     _, weights = load_model("llama-tiny-random")
     cfg, t = weights.config, weights.tensors
     one = Calibration(weights, 300, tmp_path / "one", log=lambda m: None)
@@ -160,6 +189,14 @@ def test_capture_matches_a_numpy_first_layer(tmp_path):
         assert small.passes == 3
     finally:
         small.close()
+    head = Calibration(weights, 300, tmp_path / "head", log=lambda m: None, names=("lm_head.weight",))
+    try:       # a GPTQ head alone fetches and sums only the final norm's output
+        assert head.order == ["/lm_head/Gemm"] and head.groups == [["/lm_head/Gemm"]]
+        np.testing.assert_allclose(head.hessian("lm_head.weight"), full["lm_head.weight"], rtol=1e-6)
+        with pytest.raises(BuildError, match="no calibration input for tensor model.layers.0"):
+            head.hessian("model.layers.0.self_attn.o_proj.weight")
+    finally:
+        head.close()
 
 
 def test_gptq_tiny_build(tmp_path):
