@@ -76,9 +76,10 @@ class SchedulerConfig:
     aging_steps: int = 16              # steps a waiting request may be bypassed before it goes first
     max_model_len: int | None = None   # prompt + max_tokens cap; None: only the KV pool limits it
     # speculative decoding (runtime/speculative.py): prompt-lookup drafts verified in the decode row
-    # drafted tokens per decode row at most; 0: speculative decoding off. Off by default until the engine
-    # graph gives a sequence's k + 1 query rows bitwise the logits of k + 1 decode steps: measured not to
-    # (int4: up to 0.5 in a logit, fp32: ~2e-5; docs/benchmarks.md), so drafts can change greedy tokens.
+    # drafted tokens per decode row at most; 0: speculative decoding off. Verified rows give bitwise the
+    # logits of single decode steps at every context length (tests/runtime/test_long_context_invariance.py),
+    # so drafts never change the tokens; off by default until open-ended chat is measured to lose <= 3% on a
+    # quiet machine (docs/benchmarks.md, "Speculative decoding").
     spec_max_tokens: int = 0
     spec_ngram_min: int = 2            # shortest suffix n-gram looked up in the sequence's own tokens
     spec_ngram_max: int = 4            # longest (tried first)
