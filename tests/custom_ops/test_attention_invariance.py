@@ -39,12 +39,17 @@ def _attention(sess, case: dict, kv_dtype: str, chunks: list[int]) -> np.ndarray
     return np.concatenate(out)
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
-def test_same_bits_whatever_the_chunking(kv_dtype):
-    case = make_case(np.random.default_rng(3), [(0, N)], num_heads=H, kv_num_heads=HKV, head_size=D,
-                     block_size=BS, kv_dtype=kv_dtype)
-    sess = session(paged_attention_model(num_heads=H, kv_num_heads=HKV, head_size=D, block_size=BS,
-                                         kv_dtype=kv_dtype), threads=2)
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("heads,head_size,block_size", [((H, HKV), D, BS), ((6, 2), 128, 32), ((4, 2), 32, 8)],
+                         ids=["smollm2", "d128", "d32"])
+def test_same_bits_whatever_the_chunking(kv_dtype, heads, head_size, block_size):
+    """Also off SmolLM2's shapes (other head sizes take other inner loops), and for int8 caches, whose decode rows
+    (at most 3 per kv head) read the codes in the dot products directly while prefill tiles widen them into a
+    scratch first (vec.h scores_i8 / pv_i8: the same operations)."""
+    attrs = dict(num_heads=heads[0], kv_num_heads=heads[1], head_size=head_size, block_size=block_size,
+                 kv_dtype=kv_dtype)
+    case = make_case(np.random.default_rng(3), [(0, N)], **attrs)
+    sess = session(paged_attention_model(**attrs), threads=2)
     whole = _attention(sess, case, kv_dtype, [N])
     for chunks in ([23, 17], [5, 11, 13, 11], [N - 4, 1, 1, 1, 1], [1] * N):
         np.testing.assert_array_equal(_attention(sess, case, kv_dtype, chunks), whole, err_msg=str(chunks))

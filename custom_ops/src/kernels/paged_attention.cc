@@ -9,12 +9,12 @@
 //        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal)
 //      read back from the cache (so new tokens see exactly what later steps will see).
 // Why this way:
-//   - Work item = (sequence, tile of up to kTileTokens query tokens, a range of kv heads: all of them
-//     unless the call needs more items). The G = H/Hkv query heads sharing a kv head and all tokens of
-//     the tile are that head's rows, so every K/V block is loaded (and for 8-bit dequantized into a
-//     one-block scratch) once per item and used by tile * G queries: decode tokens get G rows per kv
-//     head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x [D, span] score tiles). One item
-//     reads all kv heads of a block together: a block's heads are contiguous in the cache
+//   - Work item = (sequence, tile of up to kTileTokens query tokens, a range of kv heads: as many as fit
+//     in kItemRows query rows). The G = H/Hkv query heads sharing a kv head and all tokens of the tile
+//     are that head's rows, so every K/V block is loaded (8-bit: widened to floats in registers for up
+//     to 3 rows, else into a one-block scratch) once per item and used by tile * G queries: decode
+//     tokens get G rows per kv head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x [D, span]
+//     score tiles). One item reads all its kv heads of a block together: a block's heads are contiguous in the cache
 //     ([NB, Hkv, BS, D]), so a sequence whose blocks are consecutive (the pool hands them out in order)
 //     streams its cache linearly, where one item per kv head read 4 KB pieces 12 KB apart (measured:
 //     half the read bandwidth). Items run on the session pool, longest first.
@@ -158,6 +158,7 @@ struct ItemShape {
   int64_t span;               // keys per span (nsub * BS)
   int64_t part;               // cache blocks per part (whole spans)
   bool eight_bit;
+  bool fused_i8;  // int8 cache, at most 3 rows per kv head: the codes are read in the dot products directly
 };
 
 ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, const WorkItem& it) {
@@ -181,6 +182,7 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.span = sh.nsub * sh.BS;
   sh.part = part_blocks(sh.BS);
   sh.eight_bit = d.kv_dtype != KvDtype::kFloat32;
+  sh.fused_i8 = d.kv_dtype == KvDtype::kInt8 && sh.hrows <= 3 && sh.D % 8 == 0;
   return sh;
 }
 
@@ -291,8 +293,10 @@ void prefetch_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_
 }
 
 // Writes the span's scores S [rows, span] = scale * Qb . K, block by block and, in a block, kv head by kv
-// head (the order the cache holds them). 8-bit caches: each (block, head)'s keys are dequantized into Kb
-// first, so the scratch stays one block, in L1, however long the span.
+// head (the order the cache holds them). 8-bit caches: the codes are widened to floats (unscaled) and the
+// score times the row's scale (vec.h scale_columns); int8 with at most 3 rows per kv head (decode) in
+// registers (scores_i8), else into Kb, one (block, head) at a time, so the scratch stays in L1. Both give the
+// same bits.
 void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks, ItemScratch& w,
                 Span& sp) {
   const PagedAttentionDims& d = *c.d;
@@ -307,14 +311,23 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
     sp.nks[sb] = static_cast<int>(std::min(BS, sh.kv_len - (b0 + sb) * BS));
     for (int64_t gi = 0; gi < sh.nh; ++gi) {
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * BS;  // first row of this block/head
+      float* S = w.S + gi * sh.hrows * sh.span + sb * BS;
+      if (sh.fused_i8) {
+        vec.scores_i8(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows),
+                      static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, d.scale,
+                      S, static_cast<int>(sh.span));
+        continue;
+      }
       const float* K = static_cast<const float*>(a.key_cache) + base * D;
       if (sh.eight_bit) {
-        (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
-            static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, w.Kb);
+        (d.kv_dtype == KvDtype::kInt8 ? vec.widen_i8 : vec.widen_e4m3)(
+            static_cast<const uint8_t*>(a.key_cache) + base * D, sp.nks[sb], Di, w.Kb);
         K = w.Kb;
       }
-      vec.scores(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows), K, sp.nks[sb], Di, d.scale,
-                 w.S + gi * sh.hrows * sh.span + sb * BS, static_cast<int>(sh.span));
+      vec.scores(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows), K, sp.nks[sb], Di, d.scale, S,
+                 static_cast<int>(sh.span));
+      if (sh.eight_bit)
+        vec.scale_columns(S, static_cast<int>(sh.hrows), static_cast<int>(sh.span), a.key_scales + base, sp.nks[sb]);
     }
     sp.nk += sp.nks[sb];
   }
@@ -342,8 +355,9 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
   }
 }
 
-// O += P V over the span's blocks, kv head by kv head in a block (8-bit caches: each (block, head)'s values
-// dequantized into Vb first).
+// O += P V over the span's blocks, kv head by kv head in a block (8-bit caches: the probabilities times the
+// values' scales, times the widened codes: in registers for int8 decode rows (pv_i8), else through Vb; the
+// same bits).
 void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScratch& w) {
   const PagedAttentionDims& d = *c.d;
   const PagedAttentionArgs& a = *c.a;
@@ -353,14 +367,21 @@ void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScra
     for (int64_t gi = 0; gi < sh.nh; ++gi) {
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
       const float* V = static_cast<const float*>(a.value_cache) + base * D;
-      if (sh.eight_bit) {
-        (d.kv_dtype == KvDtype::kInt8 ? vec.dequant_i8 : vec.dequant_e4m3)(
-            static_cast<const uint8_t*>(a.value_cache) + base * D, a.value_scales + base, sp.nks[sb],
-            static_cast<int>(D), w.Vb);
-        V = w.Vb;
+      float* P = w.S + gi * sh.hrows * sh.span + sb * sh.BS;
+      if (sh.fused_i8) {
+        vec.pv_i8(P, static_cast<int>(sh.span), static_cast<int>(sh.hrows),
+                  static_cast<const uint8_t*>(a.value_cache) + base * D, a.value_scales + base, sp.nks[sb],
+                  static_cast<int>(D), w.O + gi * sh.hrows * D);
+        continue;
       }
-      vec.pv(w.S + gi * sh.hrows * sh.span + sb * sh.BS, static_cast<int>(sh.span), static_cast<int>(sh.hrows), V,
-             sp.nks[sb], static_cast<int>(D), w.O + gi * sh.hrows * D);
+      if (sh.eight_bit) {
+        (d.kv_dtype == KvDtype::kInt8 ? vec.widen_i8 : vec.widen_e4m3)(
+            static_cast<const uint8_t*>(a.value_cache) + base * D, sp.nks[sb], static_cast<int>(D), w.Vb);
+        V = w.Vb;
+        vec.scale_columns(P, static_cast<int>(sh.hrows), static_cast<int>(sh.span), a.value_scales + base, sp.nks[sb]);
+      }
+      vec.pv(P, static_cast<int>(sh.span), static_cast<int>(sh.hrows), V, sp.nks[sb], static_cast<int>(D),
+             w.O + gi * sh.hrows * D);
     }
   }
 }

@@ -1,7 +1,7 @@
 // Vector primitives shared by the kernels, with run-time ISA dispatch.
 //
 // What: the few dense inner loops the ops spend their time in (row-block dot products, P@V
-// accumulation, 8-bit dequantization, exp-and-sum for the softmax, a small strided GEMM).
+// accumulation, 8-bit codes as floats, exp-and-sum for the softmax, a small strided GEMM).
 // Why this way: the library must run on any x86-64, so nothing is compiled with -mavx2 globally.
 // vec_avx2.cc compiles its bodies under `#pragma GCC target("avx2,fma")`; vec_scalar.cc is the
 // portable fallback. `vec()` picks one table once, with __builtin_cpu_supports. Each entry works on
@@ -20,10 +20,22 @@ struct VecOps {
   void (*scores)(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds);
   // O[r * D ..] += sum_j P[r * ldp + j] * V[j * D ..]. P: [rows, ldp], V: [nkeys, D], O: [rows, D].
   void (*pv)(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O);
-  // out[j * D + d] = scales[j] * code(j, d): int8 codes (two's complement bytes) / fp8 e4m3fn;
-  // scales are IEEE fp16 bits (one per row).
-  void (*dequant_i8)(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out);
-  void (*dequant_e4m3)(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out);
+  // 8-bit cache rows as floats, unscaled: out[j * D + d] = code(j, d) exactly, int8 codes (two's complement
+  // bytes) / fp8 e4m3fn. The rows' fp16 scales are applied to the scores and to the probabilities instead
+  // (scale_columns): once per (query row, key) rather than once per code.
+  void (*widen_i8)(const uint8_t* codes, int nrows, int D, float* out);
+  void (*widen_e4m3)(const uint8_t* codes, int nrows, int D, float* out);
+  // S[r * lds + j] *= scale_j (IEEE fp16 bits) for r < rows, j < n.
+  void (*scale_columns)(float* S, int rows, int lds, const uint16_t* scales, int n);
+  // int8 keys read as they are: S[r * lds + j] = (alpha * dot(Q[r], K[j])) * scale_j, the same bits as
+  // widen_i8, scores and scale_columns in turn when D is a multiple of 8 (no scratch: the codes are widened
+  // in registers, once for up to three rows).
+  void (*scores_i8)(const float* Q, int rows, const uint8_t* K, const uint16_t* scales, int nkeys, int D, float alpha,
+                    float* S, int lds);
+  // int8 values read as they are: O[r * D ..] += sum_j (P[r * ldp + j] * scale_j) * V[j * D ..], the same bits
+  // as scale_columns, widen_i8 and pv in turn when D is a multiple of 8.
+  void (*pv_i8)(const float* P, int ldp, int rows, const uint8_t* V, const uint16_t* scales, int nkeys, int D,
+                float* O);
   // x[i] = exp(x[i] - m); returns sum_i x[i].
   float (*exp_sum)(float* x, int n, float m);
   // max_i x[i], n >= 1.

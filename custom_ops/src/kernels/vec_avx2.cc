@@ -10,8 +10,12 @@
 //    over row-pointer arrays, templated on B's element type (fp32, or fp16 widened by F16C as it
 //    streams); the fp16 one serves the LoRA shrink ([n, in] @ [in, r]) and expand ([n, r] @ [r, out])
 //    and the block-offsets term ([T, k_blocks] @ [k_blocks, out]);
-//  - 8-bit dequantization is 8 lanes per step: int8 via sign-extend+convert, e4m3 via exponent
-//    re-biasing (subnormals by the "add 2^-6 then subtract" trick), so no lookup gathers.
+//  - 8-bit codes become floats 8 lanes per step: int8 via sign-extend+convert, e4m3 via exponent
+//    re-biasing (subnormals by the "add 2^-6 then subtract" trick), so no lookup gathers;
+//  - scores_i8 / pv_i8: up to three rows x four keys (x 32 dims) per step with the int8 codes widened in
+//    registers once for all three rows: a decode token's kv head has G = 3 query heads in SmolLM2, and
+//    writing the widened rows to a scratch first cost more than the dot products (the stores were a third
+//    of the int8 decode time).
 #include <immintrin.h>
 
 #include <cmath>
@@ -221,48 +225,153 @@ void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, flo
   }
 }
 
-void dequant_i8(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
-  const int D8 = D & ~7;
-  for (int j = 0; j < nrows; ++j) {
-    const uint8_t* c = codes + static_cast<size_t>(j) * D;
-    float* o = out + static_cast<size_t>(j) * D;
-    const float sj = _cvtsh_ss(scales[j]);
-    const __m256 s = _mm256_set1_ps(sj);
-    int d = 0;
-    for (; d < D8; d += 8) {
-      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + d));
-      __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-      _mm256_storeu_ps(o + d, _mm256_mul_ps(f, s));
-    }
-    for (; d < D; ++d) o[d] = sj * static_cast<float>(static_cast<int8_t>(c[d]));
-  }
+// codes -> floats without a scale; D % 8 == 0 here (else the scalar loop).
+void widen_i8(const uint8_t* codes, int nrows, int D, float* out) {
+  if (D % 8 != 0) return vec_scalar_ops().widen_i8(codes, nrows, D, out);
+  const size_t n = static_cast<size_t>(nrows) * D;
+  for (size_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtepi32_ps(
+                                  _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)))));
 }
 
-void dequant_e4m3(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
-  const int D8 = D & ~7;
+void widen_e4m3(const uint8_t* codes, int nrows, int D, float* out) {
+  if (D % 8 != 0) return vec_scalar_ops().widen_e4m3(codes, nrows, D, out);
   const __m256i mag_mask = _mm256_set1_epi32(0x7F);
   const __m256i exp_mask = _mm256_set1_epi32(0x78);
   const __m256i sign_mask = _mm256_set1_epi32(0x80);
   const __m256i bias_norm = _mm256_set1_epi32(120 << 23);
   const __m256i bias_sub = _mm256_set1_epi32(121 << 23);
   const __m256 min_normal = _mm256_set1_ps(0.015625f);  // 2^-6
-  for (int j = 0; j < nrows; ++j) {
-    const uint8_t* c = codes + static_cast<size_t>(j) * D;
-    float* o = out + static_cast<size_t>(j) * D;
-    const float sj = _cvtsh_ss(scales[j]);
-    const __m256 s = _mm256_set1_ps(sj);
-    int d = 0;
-    for (; d < D8; d += 8) {
-      __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + d)));
-      __m256i x = _mm256_slli_epi32(_mm256_and_si256(b, mag_mask), 20);
-      __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(x, bias_norm));
-      __m256 sub = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_add_epi32(x, bias_sub)), min_normal);
-      __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, exp_mask), _mm256_setzero_si256()));
-      __m256 mag = _mm256_blendv_ps(normal, sub, is_sub);
-      __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, sign_mask), 24));
-      _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_or_ps(mag, sign), s));
+  const size_t n = static_cast<size_t>(nrows) * D;
+  for (size_t i = 0; i < n; i += 8) {
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    __m256i x = _mm256_slli_epi32(_mm256_and_si256(b, mag_mask), 20);
+    __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(x, bias_norm));
+    __m256 sub = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_add_epi32(x, bias_sub)), min_normal);
+    __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, exp_mask), _mm256_setzero_si256()));
+    __m256 mag = _mm256_blendv_ps(normal, sub, is_sub);
+    __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, sign_mask), 24));
+    _mm256_storeu_ps(out + i, _mm256_or_ps(mag, sign));
+  }
+}
+
+void scale_columns(float* S, int rows, int lds, const uint16_t* scales, int n) {
+  alignas(32) float sc[64];
+  for (int j0 = 0; j0 < n; j0 += 64) {
+    const int m = n - j0 < 64 ? n - j0 : 64;
+    int j = 0;
+    for (; j + 8 <= m; j += 8)
+      _mm256_store_ps(sc + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + j0 + j))));
+    for (; j < m; ++j) sc[j] = _cvtsh_ss(scales[j0 + j]);
+    for (int r = 0; r < rows; ++r) {
+      float* s = S + static_cast<size_t>(r) * lds + j0;
+      j = 0;
+      for (; j + 8 <= m; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), _mm256_load_ps(sc + j)));
+      for (; j < m; ++j) s[j] *= sc[j];
     }
-    for (; d < D; ++d) o[d] = sj * e4m3_to_float(c[d]);
+  }
+}
+
+inline __m256 widen8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// R rows (R <= 3) x four keys per step, the keys' codes widened in registers once for the R rows; each score
+// is the FMA chain of `scores` over the widened codes, the same hsum tree, then * alpha, then * scale_j.
+template <int R>
+void scores_i8_rows(const float* Q, const uint8_t* K, const uint16_t* scales, int nkeys, int D, float alpha, float* S,
+                    int lds) {
+  const __m128 al = _mm_set1_ps(alpha);
+  int j = 0;
+  for (; j + 4 <= nkeys; j += 4) {
+    const uint8_t* k = K + static_cast<size_t>(j) * D;
+    __m256 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+      __m256 q[R];
+      for (int r = 0; r < R; ++r) q[r] = _mm256_loadu_ps(Q + static_cast<size_t>(r) * D + d);
+      for (int c = 0; c < 4; ++c) {
+        const __m256 kv = widen8(k + static_cast<size_t>(c) * D + d);
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(q[r], kv, acc[r][c]);
+      }
+    }
+    const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + j)));
+    for (int r = 0; r < R; ++r)
+      _mm_storeu_ps(S + static_cast<size_t>(r) * lds + j,
+                    _mm_mul_ps(_mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), al), s4));
+  }
+  for (; j < nkeys; ++j) {
+    const uint8_t* k = K + static_cast<size_t>(j) * D;
+    const float sj = _cvtsh_ss(scales[j]);
+    for (int r = 0; r < R; ++r) {
+      __m256 a = _mm256_setzero_ps();
+      for (int d = 0; d < D; d += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(Q + static_cast<size_t>(r) * D + d), widen8(k + d), a);
+      S[static_cast<size_t>(r) * lds + j] = (alpha * hsum(a)) * sj;
+    }
+  }
+}
+
+void scores_i8(const float* Q, int rows, const uint8_t* K, const uint16_t* scales, int nkeys, int D, float alpha,
+               float* S, int lds) {
+  if (D % 8 != 0) return vec_scalar_ops().scores_i8(Q, rows, K, scales, nkeys, D, alpha, S, lds);
+  int r = 0;
+  for (; r + 3 <= rows; r += 3)
+    scores_i8_rows<3>(Q + static_cast<size_t>(r) * D, K, scales, nkeys, D, alpha, S + static_cast<size_t>(r) * lds,
+                      lds);
+  if (rows - r == 2)
+    scores_i8_rows<2>(Q + static_cast<size_t>(r) * D, K, scales, nkeys, D, alpha, S + static_cast<size_t>(r) * lds,
+                      lds);
+  if (rows - r == 1)
+    scores_i8_rows<1>(Q + static_cast<size_t>(r) * D, K, scales, nkeys, D, alpha, S + static_cast<size_t>(r) * lds,
+                      lds);
+}
+
+// R rows (R <= 3) x 32 dims per pass (D = 64), the values' codes widened in registers once for the R rows;
+// each output is pv64's FMA chain over the keys with the weight P * scale_j.
+template <int R>
+void pv_i8_rows(const float* P, int ldp, const uint8_t* V, const uint16_t* scales, int nkeys, float* O) {
+  for (int h = 0; h < 64; h += 32) {
+    __m256 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_loadu_ps(O + static_cast<size_t>(r) * 64 + h + 8 * c);
+    for (int j = 0; j < nkeys; ++j) {
+      const float sj = _cvtsh_ss(scales[j]);
+      __m256 w[R];
+      for (int r = 0; r < R; ++r) w[r] = _mm256_set1_ps(P[static_cast<size_t>(r) * ldp + j] * sj);
+      const uint8_t* v = V + static_cast<size_t>(j) * 64 + h;
+      for (int c = 0; c < 4; ++c) {
+        const __m256 x = widen8(v + 8 * c);
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(w[r], x, acc[r][c]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(O + static_cast<size_t>(r) * 64 + h + 8 * c, acc[r][c]);
+  }
+}
+
+void pv_i8(const float* P, int ldp, int rows, const uint8_t* V, const uint16_t* scales, int nkeys, int D, float* O) {
+  if (D % 8 != 0) return vec_scalar_ops().pv_i8(P, ldp, rows, V, scales, nkeys, D, O);
+  if (D == 64) {
+    int r = 0;
+    for (; r + 3 <= rows; r += 3)
+      pv_i8_rows<3>(P + static_cast<size_t>(r) * ldp, ldp, V, scales, nkeys, O + static_cast<size_t>(r) * 64);
+    if (rows - r == 2)
+      pv_i8_rows<2>(P + static_cast<size_t>(r) * ldp, ldp, V, scales, nkeys, O + static_cast<size_t>(r) * 64);
+    if (rows - r == 1)
+      pv_i8_rows<1>(P + static_cast<size_t>(r) * ldp, ldp, V, scales, nkeys, O + static_cast<size_t>(r) * 64);
+    return;
+  }
+  for (int r = 0; r < rows; ++r) {  // pv's generic loop on the widened codes
+    float* o = O + static_cast<size_t>(r) * D;
+    for (int j = 0; j < nkeys; ++j) {
+      const float pj = P[static_cast<size_t>(r) * ldp + j] * _cvtsh_ss(scales[j]);
+      if (pj == 0.f) continue;
+      const __m256 w = _mm256_set1_ps(pj);
+      const uint8_t* v = V + static_cast<size_t>(j) * D;
+      for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, widen8(v + d), _mm256_loadu_ps(o + d)));
+    }
   }
 }
 
@@ -458,9 +567,21 @@ void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table, never runs AVX2 code itself.
 const VecOps* vec_avx2_ops() {
-  static const VecOps ops{
-      "avx2",     avx2::scores, avx2::pv,        avx2::dequant_i8,     avx2::dequant_e4m3, avx2::exp_sum,
-      avx2::vmax, avx2::scal,   avx2::gemm_rows, avx2::gemm_rows_f16b, avx2::fwht,         avx2::quantize_i8_codes};
+  static const VecOps ops{"avx2",
+                          avx2::scores,
+                          avx2::pv,
+                          avx2::widen_i8,
+                          avx2::widen_e4m3,
+                          avx2::scale_columns,
+                          avx2::scores_i8,
+                          avx2::pv_i8,
+                          avx2::exp_sum,
+                          avx2::vmax,
+                          avx2::scal,
+                          avx2::gemm_rows,
+                          avx2::gemm_rows_f16b,
+                          avx2::fwht,
+                          avx2::quantize_i8_codes};
   return &ops;
 }
 }  // namespace ortllm

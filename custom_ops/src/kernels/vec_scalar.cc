@@ -78,23 +78,46 @@ void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, flo
   }
 }
 
-void dequant_i8(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
-  for (int j = 0; j < nrows; ++j) {
-    const float s = f16_to_float(scales[j]);
-    for (int d = 0; d < D; ++d) out[j * D + d] = s * static_cast<float>(static_cast<int8_t>(codes[j * D + d]));
-  }
+void widen_i8(const uint8_t* codes, int nrows, int D, float* out) {
+  for (int j = 0; j < nrows * D; ++j) out[j] = static_cast<float>(static_cast<int8_t>(codes[j]));
 }
 
-void dequant_e4m3(const uint8_t* codes, const uint16_t* scales, int nrows, int D, float* out) {
+void widen_e4m3(const uint8_t* codes, int nrows, int D, float* out) {
   static float lut[256];
   static bool ready = [] {
     for (int c = 0; c < 256; ++c) lut[c] = e4m3_to_float(static_cast<uint8_t>(c));
     return true;
   }();
   (void)ready;
-  for (int j = 0; j < nrows; ++j) {
-    const float s = f16_to_float(scales[j]);
-    for (int d = 0; d < D; ++d) out[j * D + d] = s * lut[codes[j * D + d]];
+  for (int j = 0; j < nrows * D; ++j) out[j] = lut[codes[j]];
+}
+
+void scale_columns(float* S, int rows, int lds, const uint16_t* scales, int n) {
+  for (int j = 0; j < n; ++j) {
+    const float sj = f16_to_float(scales[j]);
+    for (int r = 0; r < rows; ++r) S[r * lds + j] *= sj;
+  }
+}
+
+void scores_i8(const float* Q, int rows, const uint8_t* K, const uint16_t* scales, int nkeys, int D, float alpha,
+               float* S, int lds) {
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < nkeys; ++j) {
+      float acc = 0.f;
+      for (int d = 0; d < D; ++d) acc += Q[r * D + d] * static_cast<float>(static_cast<int8_t>(K[j * D + d]));
+      S[r * lds + j] = (alpha * acc) * f16_to_float(scales[j]);
+    }
+  }
+}
+
+void pv_i8(const float* P, int ldp, int rows, const uint8_t* V, const uint16_t* scales, int nkeys, int D, float* O) {
+  for (int r = 0; r < rows; ++r) {
+    float* o = O + r * D;
+    for (int j = 0; j < nkeys; ++j) {
+      const float p = P[r * ldp + j] * f16_to_float(scales[j]);
+      if (p == 0.f) continue;
+      for (int d = 0; d < D; ++d) o[d] += p * static_cast<float>(static_cast<int8_t>(V[j * D + d]));
+    }
   }
 }
 
@@ -176,8 +199,8 @@ void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar", scores, pv,        dequant_i8,     dequant_e4m3, exp_sum,
-                          vmax,     scal,   gemm_rows, gemm_rows_f16b, fwht,         quantize_i8_codes};
+  static const VecOps ops{"scalar", scores, pv,   widen_i8,  widen_e4m3,     scale_columns, scores_i8,        pv_i8,
+                          exp_sum,  vmax,   scal, gemm_rows, gemm_rows_f16b, fwht,          quantize_i8_codes};
   return ops;
 }
 
