@@ -50,9 +50,9 @@ struct Dots {
         }
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      isum[t] = _mm256_add_epi32(a[t][0], a[t][1]);
-      if (kChains == 4) isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(a[t][2 % kChains], a[t][3 % kChains]));
+    for (int t = 0; t < NT; ++t) {  // exact integer sums: any order gives the same isum
+      isum[t] = a[t][0];
+      for (int c = 1; c < kChains; ++c) isum[t] = _mm256_add_epi32(isum[t], a[t][c]);
     }
     return codes;
   }
