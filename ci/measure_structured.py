@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "service"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))            # tests.runtime (the ORDER schema)
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "story"],
           "properties": {"name": {"type": "string", "maxLength": 20},
@@ -36,17 +37,8 @@ def mask_cost(engine, steps: int = 200) -> float:
     return statistics.median(times)
 
 
-# long fixed keys and an enum (tests/runtime/test_guided.py uses the same shape)
-ORDER = {"type": "object", "additionalProperties": False,
-         "required": ["customer_full_name", "customer_shipping_address", "order_priority_level"],
-         "properties": {
-             "customer_full_name": {"type": "string", "maxLength": 20},
-             "customer_shipping_address": {
-                 "type": "object", "additionalProperties": False,
-                 "required": ["street_name_and_number", "postal_code_of_city"],
-                 "properties": {"street_name_and_number": {"type": "string", "maxLength": 30},
-                                "postal_code_of_city": {"type": "string", "maxLength": 8}}},
-             "order_priority_level": {"enum": ["standard_delivery", "express_delivery"]}}}
+# long fixed keys and an enum: the schema tests/runtime/test_guided.py checks forced drafts with
+from tests.runtime.test_guided import ORDER  # noqa: E402
 
 
 def forced_steps(engine) -> dict:
