@@ -18,6 +18,10 @@ from ortllm.runtime.sampling_params import SamplingParams
 from .results import row
 
 PROMPT_LEN, NEW_TOKENS = 64, 128
+# Throughput scenarios measure plain decoding, one token per row per step, as the peers do: speculative
+# decoding (on by default) would draft from the repetitive text a model makes after a random prompt and
+# measure that instead. The `speculative` scenario (bench/speculative.py) measures drafts on vs off.
+PLAIN = {"spec_max_tokens": 0}
 
 
 def decode_rate(handles, end: float) -> float:
@@ -49,7 +53,7 @@ def run(artifact: Path, batches=(1, 4, 8, 16, 32), repeats: int = 3, threads: in
     rng = np.random.default_rng(0)
     rows = []
     overrides = {"threads": threads} if threads else {}
-    with Engine.from_artifact(artifact, max_num_seqs=max(batches), **overrides) as engine:
+    with Engine.from_artifact(artifact, max_num_seqs=max(batches), **PLAIN, **overrides) as engine:
         decode_run(engine, 1, rng)  # warm the allocator and caches
         for b in batches:
             tps, py = zip(*(decode_run(engine, b, rng) for _ in range(repeats)))

@@ -67,6 +67,7 @@ def _client_proc(url: str, prompts, max_tokens: int, go, results) -> None:
 def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: int = 128, repeats: int = 3,
         threads: int | None = None) -> list[dict]:
     from ortllm.bench.client import random_prompts
+    from ortllm.bench.engine import PLAIN
     from ortllm.bench.results import row
     from ortllm.runtime.engine import Engine
 
@@ -74,7 +75,7 @@ def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: 
     from ortllm.service.config import ServiceConfig
     from ortllm.service.server import HTTPServer
 
-    overrides = {"max_num_seqs": max(streams, 1)}
+    overrides = {"max_num_seqs": max(streams, 1), **PLAIN}
     if threads:
         overrides["threads"] = threads
     engine = Engine.from_artifact(artifact, **overrides)

@@ -29,7 +29,7 @@ from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
 from ortllm.runtime.scheduler import ScheduledSeq
 
-from .engine import decode_run
+from .engine import PLAIN, decode_run
 from .errors import BenchError
 from .results import row
 
@@ -124,7 +124,7 @@ def run_overhead(artifact: Path, ranks=(8, 16, 32), counts=(1, 2, 4), batch: int
         art, names = _with_adapters(Path(artifact), Path(tmp), [r for r in ranks for _ in range(max(counts))])
         by_rank = {r: names[k * max(counts):(k + 1) * max(counts)] for k, r in enumerate(ranks)}
         with Engine.from_artifact(art, max_num_seqs=batch, max_adapters_per_batch=max(counts),
-                                  enable_prefix_cache=False, **overrides) as engine:
+                                  enable_prefix_cache=False, **PLAIN, **overrides) as engine:
             decode_run(engine, batch, rng, new_tokens=8)                      # warm-up
             base: list[float] = []
             tps: dict[tuple, list[float]] = {c: [] for c in configs}
@@ -162,7 +162,7 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
     overrides = {"threads": threads} if threads else {}
     with tempfile.TemporaryDirectory(prefix="ortllm-lora-trace-") as tmp:
         art, names = _with_adapters(Path(artifact), Path(tmp), ranks)
-        with Engine.from_artifact(art, max_num_seqs=16, **overrides) as engine:
+        with Engine.from_artifact(art, max_num_seqs=16, **PLAIN, **overrides) as engine:
             vocab = engine.runner.vocab_size
             gaps = rng.gamma(2.0, 1.0 / (2.0 * rate), requests)
             picks = rng.choice(n_adapters, requests, p=zipf)

@@ -58,11 +58,11 @@ def child(artifact: Path, batch: int, new_tokens: int, threads: int | None) -> d
 
     from ortllm.runtime.engine import Engine
 
-    from .engine import decode_run
+    from .engine import PLAIN, decode_run
 
     after_imports = status_bytes("VmRSS")
     overrides = {"threads": threads} if threads else {}
-    with Engine.from_artifact(artifact, max_num_seqs=batch, **overrides) as engine:
+    with Engine.from_artifact(artifact, max_num_seqs=batch, **PLAIN, **overrides) as engine:
         at_load = peak_rss_bytes()
         decode_run(engine, batch, np.random.default_rng(0), new_tokens=new_tokens)
         after_decode = peak_rss_bytes()

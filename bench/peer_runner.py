@@ -274,13 +274,13 @@ class OrtllmSide:
     system = "ortllm"
 
     def __init__(self, artifact: Path, batches, threads: int, shapes: dict | None = None):
-        from ortllm.bench.engine import decode_rate
+        from ortllm.bench.engine import PLAIN, decode_rate
         from ortllm.runtime.engine import Engine
         from ortllm.runtime.sampling_params import SamplingParams
 
         self._params, self._decode_rate = SamplingParams, decode_rate
         self.engine = Engine.from_artifact(artifact, max_num_seqs=max(batches), threads=threads,
-                                           enable_prefix_cache=False)
+                                           enable_prefix_cache=False, **PLAIN)
         self.vocab = self.engine.runner.vocab_size
         self.shapes = shapes or {}
         self.python_overhead: dict[tuple, list[float]] = {}

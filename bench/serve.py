@@ -55,6 +55,7 @@ class ServeProcess:
         self.log_path, self.start_timeout, self.grace = Path(log_path), start_timeout, grace
         self.cmd = [sys.executable, "-m", "ortllm", "serve", str(artifact), "--host", "127.0.0.1", "--port", "0",
                     "--http-threads", str(http_threads), "--drain-timeout", "5",
+                    "--spec-max-tokens", "0",   # random prompts: plain decoding (bench/engine.py, PLAIN)
                     *(["--threads", str(threads)] if threads else [])]
         self.proc: subprocess.Popen | None = None
         self.url = ""

@@ -28,7 +28,7 @@ class RayServeProcess(ServeProcess):
             port = s.getsockname()[1]
         self.cmd = [sys.executable, "-m", "ortllm", "serve", str(artifact), "--ray", "--port", str(port),
                     "--replicas", str(replicas), "--threads-per-replica", str(threads_per_replica),
-                    "--drain-timeout", "5"]
+                    "--drain-timeout", "5", "--spec-max-tokens", "0"]   # as ServeProcess: plain decoding
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,7 @@ def _add_build_options(p) -> None:
     p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
     p.add_argument("--lm-head", default=None,
-                   help="fp32|int8|int4 (default: int8 for --quant int4, else fp32)")
+                   help="fp32|int8|int4 (default: int4 for --quant int4, else fp32)")
     p.add_argument("--lm-head-algo", default=None,
                    help="rtn|hqq|gptq: the quantizer of an int4 LM head (default gptq, from the final norm's "
                         "output with a searched grid; it needs --calib-tokens > 0)")
@@ -309,8 +309,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
     p.add_argument("--http-threads", type=int, default=64, help="concurrent HTTP requests (streams included)")
     p.add_argument("--spec-max-tokens", type=int, default=None, metavar="K",
-                   help="prompt-lookup speculative decoding: up to K drafted tokens per decode row (default 0: off; "
-                        "see docs/benchmarks.md before turning it on)")
+                   help="prompt-lookup speculative decoding: up to K drafted tokens per decode row in steps of at "
+                        "most 2 decode rows (default 8; 0: off)")
     p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")

@@ -78,15 +78,21 @@ class SchedulerConfig:
     # speculative decoding (runtime/speculative.py): prompt-lookup drafts verified in the decode row
     # drafted tokens per decode row at most; 0: speculative decoding off. Verified rows give bitwise the
     # logits of single decode steps at every context length (tests/runtime/test_long_context_invariance.py),
-    # so drafts never change the tokens; off by default until open-ended chat is measured to lose <= 3% on a
-    # quiet machine (docs/benchmarks.md, "Speculative decoding").
-    spec_max_tokens: int = 0
+    # so drafts never change the tokens. On by default: on a quiet machine it gains at B = 1 on both grounded
+    # and open-ended chat (docs/benchmarks.md, "Speculative decoding").
+    spec_max_tokens: int = 8
     spec_ngram_min: int = 2            # shortest suffix n-gram looked up in the sequence's own tokens
     spec_ngram_max: int = 4            # longest (tried first)
+    # prompt-lookup drafts only in steps with at most this many decode rows: a drafted token costs about what
+    # a decode row costs, so it pays while a step's fixed cost (streaming the weights, per-node overhead)
+    # dominates, not once the rows' own arithmetic is most of the step: open-ended chat measured 0.96x at
+    # B = 4 with drafts on, 1.00x at B = 2 (docs/benchmarks.md). Forced tokens of a grammar are drafted at any
+    # batch size (they are always accepted).
+    spec_max_batch: int = 2
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_num_seqs", "max_queued", "max_adapters_per_batch", "aging_steps",
-                     "spec_ngram_min", "spec_ngram_max"):
+                     "spec_ngram_min", "spec_ngram_max", "spec_max_batch"):
             _positive_int(name, getattr(self, name))
         _require(_is_int(self.spec_max_tokens) and self.spec_max_tokens >= 0,
                  f"spec_max_tokens must be an integer >= 0 (0 turns speculative decoding off); "

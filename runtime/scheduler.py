@@ -422,10 +422,12 @@ class Scheduler(SchedulerInterface):
         the grammar's forced tokens, else prompt-lookup proposals."""
         drafts: dict[str, list[int]] = {}
         t0 = time.perf_counter()
-        for rid, n in list(sched.items()):
+        decoding = [rid for rid, n in sched.items()
+                    if n == 1 and self.requests[rid].num_tokens - self.requests[rid].num_computed_tokens == 1]
+        lookup = len(decoding) <= self.config.spec_max_batch    # prompt-lookup drafts pay in small steps only
+        for rid in decoding:
             req = self.requests[rid]
-            if ((req.spec is None and not req.forced_token_ids) or n != 1
-                    or req.num_tokens - req.num_computed_tokens != 1):
+            if not req.forced_token_ids and (req.spec is None or not lookup):
                 continue
             start = req.num_computed_tokens
             room = (len(req.block_ids) + self.pool.num_free) * self.block_size - start - 1

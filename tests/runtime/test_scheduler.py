@@ -15,9 +15,10 @@ EOS = 0
 
 
 def make(max_batch_tokens=64, max_num_seqs=8, num_blocks=64, block_size=4, prefix=True, **kw):
-    """A scheduler with speculative drafts on (spec_max_tokens=8) unless kw says otherwise."""
+    """A scheduler with speculative drafts on (spec_max_tokens=8), at any batch size, unless kw says otherwise."""
     extra = {k: kw.pop(k) for k in ("is_resident", "clock") if k in kw}
     kw.setdefault("spec_max_tokens", 8)
+    kw.setdefault("spec_max_batch", max_num_seqs)
     cfg = SchedulerConfig(max_batch_tokens=max_batch_tokens, max_num_seqs=max_num_seqs, **kw)
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_cache=prefix)
     return Scheduler(cfg, cache, eos_token_ids=[EOS], vocab_size=100_000, **extra)
@@ -49,6 +50,9 @@ def check_step(sched, out, decoding_before):
     # all running sequences together stay under the cap, so pinning their adapters needs <= cap slots
     assert len({r.params.adapter for r in sched.running} - {None}) <= cfg.max_adapters_per_batch
     drafted = any(s.spec_token_ids for s in out.seqs)
+    decode_rows = sum(1 for s in out.seqs if s.num_tokens - len(s.spec_token_ids) == 1 and s.req_id in decoding_before)
+    if decode_rows > cfg.spec_max_batch:   # prompt-lookup drafts only in small steps; a grammar's at any size
+        assert all(sched.requests[s.req_id].params.guide is not None for s in out.seqs if s.spec_token_ids)
     for s in out.seqs:
         req = sched.requests[s.req_id]
         k, fed = len(s.spec_token_ids), s.num_tokens - len(s.spec_token_ids)   # drafts, verified tokens fed
@@ -425,6 +429,21 @@ def test_drafts_are_verified_and_rolled_back():
     want = lambda r: [periodic(r.req_id, r.num_prompt_tokens + i) for i in range(40)]  # noqa: E731
     assert a.output_token_ids == want(a) and b.output_token_ids == want(b)
     assert len(outs) < 40 + 3, "speculation made no step produce more than one token"   # b alone takes 41
+
+
+def test_prompt_lookup_drafts_stop_above_spec_max_batch():
+    """Three decoding sequences with spec_max_batch 2: no prompt-lookup drafts while all three run; once one
+    finishes, the other two draft again; the tokens are the model's either way."""
+    s = make(max_batch_tokens=64, block_size=4, num_blocks=64, spec_max_batch=2)
+    reqs = [s.add_request(f"r{i}", [1, 2, 3, 4, 5, 1, 2], SamplingParams(max_tokens=n))
+            for i, n in enumerate((12, 40, 40))]
+    outs = run(s, runner=lambda out: fake_runner(out, periodic))
+    three = [o for o in outs if sum(1 for sq in o.seqs if sq.num_tokens - len(sq.spec_token_ids) == 1) == 3]
+    assert three and not any(sq.spec_token_ids for o in three for sq in o.seqs)
+    assert any(sq.spec_token_ids for o in outs[outs.index(three[-1]) + 1:] for sq in o.seqs)
+    for r in reqs:
+        want = [periodic(r.req_id, r.num_prompt_tokens + i) for i in range(len(r.output_token_ids))]
+        assert r.output_token_ids == want
 
 
 def test_prefix_cache_only_hashes_verified_tokens():

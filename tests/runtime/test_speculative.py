@@ -34,7 +34,7 @@ def artifact(request, smollm2_engine, smollm2_quantized):
 
 @pytest.mark.slow
 def test_greedy_tokens_equal_plain_decoding(artifact):
-    with Engine.from_artifact(artifact, max_num_seqs=8, spec_max_tokens=8) as engine:
+    with Engine.from_artifact(artifact, max_num_seqs=8, spec_max_tokens=8, spec_max_batch=8) as engine:
         prompts = [_chat(engine, t) for t in GROUNDED + OPEN]
         plain = [engine.generate([p], _greedy(speculative=False))[0] for p in prompts]
         assert engine.stats()["spec_drafted"] == 0, "speculative=False still drafted"
