@@ -48,7 +48,8 @@ def _add_build_options(p) -> None:
     p.add_argument("--keep", action="append", default=[], metavar="PATTERN=fp32|int8",
                    help="keep HF tensors matching the glob wider, e.g. 'model.layers.*.mlp.down_proj.weight=int8' "
                         "(repeatable; first match wins)")
-    p.add_argument("--kv", default=None, help="KV cache dtype fp32|int8|fp8 (default: recipe's)")
+    p.add_argument("--kv", default=None, help="KV cache dtype fp32|int8|fp8 (default: int8 for --quant int4 on the "
+                                              "engine graph, else fp32)")
     p.add_argument("--kv-block-size", type=int, default=16, help="tokens per paged KV block (engine graph)")
     p.add_argument("--kv-rotate", type=int, choices=(0, 1), default=1,
                    help="Hadamard-rotate keys before an 8-bit KV cache (1, default) or not (0, for comparison)")
@@ -73,7 +74,7 @@ def _build_options(a):
     return BuildOptions(
         quant=a.quant or defaults.get("quant", "fp32"),
         block_size=a.block_size or defaults.get("block_size", 32),
-        algo=a.algo, lm_head=a.lm_head, lm_head_algo=a.lm_head_algo, kv=a.kv or defaults.get("kv", "fp32"),
+        algo=a.algo, lm_head=a.lm_head, lm_head_algo=a.lm_head_algo, kv=a.kv or defaults.get("kv"),
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
         calib_tokens=a.calib_tokens, smooth=a.smooth)

@@ -67,8 +67,9 @@ QUALITY_TOKENS = 1024
 
 GATE_BUILDS = {
     "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (smooth.py)
-    "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8"),
-    "int4-b32-head4": dict(quant="int4", block_size=32, lm_head="int4"),   # int4 head: GPTQ, searched grid (default)
+    "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8", kv="fp32"),   # the weights alone
+    "int4-b32-head4": dict(quant="int4", block_size=32),   # the default int4 build: int4 head (GPTQ, searched grid),
+                                                            # int8 KV
     "kv-int8": dict(kv="int8"),
     "kv-fp8": dict(kv="fp8"),
 }
