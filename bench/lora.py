@@ -100,7 +100,7 @@ def paired_steps(engine: Engine, adapters: list[str], batch: int = 16, context: 
         runner.execute(batch_seqs, adapter_slots=slots)
         return time.perf_counter() - t0
 
-    if np.array_equal(runner.execute(seqs(False), slots), runner.execute(seqs(True), slots)):
+    if np.array_equal(runner.execute(seqs(False), slots).copy(), runner.execute(seqs(True), slots)):
         raise RuntimeError(f"adapters {adapters} left the logits unchanged: the LoRA step would time a no-op")
     for _ in range(3):                    # warm-up: both variants
         step(False), step(True)
