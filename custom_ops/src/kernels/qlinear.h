@@ -111,6 +111,9 @@ struct QLinearIsa {
   void (*quantize_row)(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum);
   // out[t * 8 + r] (t < nt <= kQTile): the base projection of the group's 8 rows for nt tokens.
   void (*group_dot)(const QGroup& g, const QTokens& x, int nt, float* out);
+  // group_dot of two groups of one weight (same kb, bs, bits, offsets or none) at once, out0 and out1 as
+  // group_dot's out: the same bits as two group_dot calls. nullptr: the driver calls group_dot twice.
+  void (*group_dot2)(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1);
   // For n <= kQTile tokens of one adapter (sharing each load of A / B):
   // h[t][r] = sum_k x[t][k] * A[k * lda + r] (an fma chain in k order), r < rank;
   void (*lora_shrink)(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank, float* const* h);

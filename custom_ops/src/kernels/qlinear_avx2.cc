@@ -222,7 +222,7 @@ namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table.
 const QLinearIsa* qlinear_avx2_isa() {
   static const QLinearIsa isa{
-      "avx2", avx2::quantize_row, avx2::group_dot, avx2::lora_shrink, avx2::lora_expand8, avx2::silu_mul8};
+      "avx2", avx2::quantize_row, avx2::group_dot, nullptr, avx2::lora_shrink, avx2::lora_expand8, avx2::silu_mul8};
   return &isa;
 }
 }  // namespace ortllm

@@ -97,7 +97,7 @@ void silu_mul8(const float* g, const float* u, float* out) {
 }  // namespace
 
 const QLinearIsa& qlinear_scalar_isa() {
-  static const QLinearIsa isa{"scalar", quantize_row, group_dot, lora_shrink, lora_expand8, silu_mul8};
+  static const QLinearIsa isa{"scalar", quantize_row, group_dot, nullptr, lora_shrink, lora_expand8, silu_mul8};
   return isa;
 }
 

@@ -16,6 +16,10 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+// GCC 12's 512-bit intrinsics pass _mm512_undefined_*() as the unused merge source and then warn about it
+// (a known false positive); the vectors they build are fully defined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ortllm {
 namespace vnni {
@@ -62,6 +66,102 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   group_dot_any<Dots>(g, x, nt, out);
 }
 
+// ---- two groups in one 512-bit vector: lanes 0-7 group 0's rows, lanes 8-15 group 1's. Every broadcast word
+// of x and every dpbusd, cvt and fma then serves 16 rows; each lane's operations are group_dot_t's, so the
+// bits are those of two group_dot calls.
+
+inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {  // 32 bytes of each group's codes
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+inline __m512 load_f16_pair(const uint16_t* a, const uint16_t* b) {  // 8 fp16 of each group
+  return _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+
+// isum[t] for one int4 block of both groups (as Dots::block for 8 rows); returns the codes past it.
+template <int NT>
+void block4_pair(const uint8_t*& c0, const uint8_t*& c1, int sub_blocks, const int8_t* const* qs, const int32_t* zs,
+                 __m512i* isum) {
+  constexpr int kChains = NT == 1 ? 4 : 2;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512i a[NT][kChains];
+  for (int t = 0; t < NT; ++t) {
+    a[t][0] = _mm512_set1_epi32(-zs[t]);
+    for (int c = 1; c < kChains; ++c) a[t][c] = _mm512_setzero_si512();
+  }
+  for (int s = 0; s < sub_blocks; ++s, c0 += 128, c1 += 128) {
+    __m512i v[8];
+    for (int j = 0; j < 4; ++j) {
+      const __m512i w = load_pair(c0 + 32 * j, c1 + 32 * j);
+      v[2 * j] = _mm512_and_si512(w, low);
+      v[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+    }
+    for (int t = 0; t < NT; ++t)
+      for (int j = 0; j < 8; ++j) {
+        int32_t word;
+        std::memcpy(&word, qs[t] + 32 * s + 4 * j, 4);
+        a[t][j % kChains] = _mm512_dpbusd_epi32(a[t][j % kChains], v[j], _mm512_set1_epi32(word));
+      }
+  }
+  for (int t = 0; t < NT; ++t) {
+    isum[t] = a[t][0];
+    for (int c = 1; c < kChains; ++c) isum[t] = _mm512_add_epi32(isum[t], a[t][c]);
+  }
+}
+
+template <int NT>
+void group_dot2_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* out0, float* out1) {
+  const int sub_blocks = g0.bs / 32;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const uint8_t *c0 = g0.codes, *c1 = g1.codes;
+  for (int b = 0; b < g0.kb; ++b) {
+    __m512i isum[NT];
+    const int8_t* qs[NT];
+    int32_t zs[NT];
+    for (int t = 0; t < NT; ++t) qs[t] = x.q + t * x.q_stride + b * g0.bs, zs[t] = x.zsum[t * g0.kb + b];
+    block4_pair<NT>(c0, c1, sub_blocks, qs, zs, isum);
+    const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
+    for (int t = 0; t < NT; ++t) {
+      const int tb = t * g0.kb + b;
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[tb])), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+    }
+    if (g0.m) {
+      const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
+      for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * g0.kb + b]), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    _mm256_storeu_ps(out0 + 8 * t, _mm512_castps512_ps256(acc[t]));
+    _mm256_storeu_ps(out1 + 8 * t, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
+  }
+}
+
+void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  if (g0.bits != 4) {  // int8 codes: AVX-512BW has no sign_epi8; the 8-row path per group
+    group_dot(g0, x, nt, out0);
+    group_dot(g1, x, nt, out1);
+    return;
+  }
+  switch (nt) {
+    case 4:
+      group_dot2_t<4>(g0, g1, x, out0, out1);
+      break;
+    case 3:
+      group_dot2_t<3>(g0, g1, x, out0, out1);
+      break;
+    case 2:
+      group_dot2_t<2>(g0, g1, x, out0, out1);
+      break;
+    default:
+      group_dot2_t<1>(g0, g1, x, out0, out1);
+      break;
+  }
+}
+
 }  // namespace
 }  // namespace vnni
 }  // namespace ortllm
@@ -77,7 +177,7 @@ const QLinearIsa* qlinear_vnni_isa() {
     if (avx2 == nullptr || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vl") ||
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vnni"))
       return nullptr;
-    static const QLinearIsa table{"avx512vnni",      avx2->quantize_row, vnni::group_dot,
+    static const QLinearIsa table{"avx512vnni",      avx2->quantize_row, vnni::group_dot, vnni::group_dot2,
                                   avx2->lora_shrink, avx2->lora_expand8, avx2->silu_mul8};
     return &table;
   }();
