@@ -43,6 +43,13 @@ void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   const uint8_t* codes = g.codes;
   for (int b = 0; b < g.kb; ++b) {
+    if (NT == 1) {  // decode: each weight byte is read once per step. A non-temporal prefetch 512 bytes ahead
+      // keeps the stream from evicting what the rest of the step reuses (activations, KV, the engine's own
+      // Python): B = 1 decode 204 -> 235 tok/s (medians of 3, alternating; 256 and 1024 bytes ahead: less).
+      // Prefetches never fault, past the weights' end included.
+      for (int l = 0; l < g.bs * BITS; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(codes + 512 + l), _MM_HINT_NTA);
+    }
     __m256i isum[NT];
     const int8_t* qs[NT];
     int32_t zs[NT];
