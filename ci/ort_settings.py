@@ -25,9 +25,10 @@ SETTINGS = {
 def decode_rate(artifact: str, batch: int, threads: int, new_tokens: int, prompt_tokens: int, seed: int) -> float:
     import numpy as np
 
+    from ortllm.bench.engine import PLAIN
     from ortllm.runtime import Engine, SamplingParams
     rng = np.random.default_rng(seed)
-    with Engine.from_artifact(artifact, max_num_seqs=batch, threads=threads, spec_max_tokens=0) as engine:
+    with Engine.from_artifact(artifact, max_num_seqs=batch, threads=threads, **PLAIN) as engine:
         def prompts():
             return [rng.integers(100, engine.runner.vocab_size, prompt_tokens).tolist() for _ in range(batch)]
         first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
