@@ -44,8 +44,9 @@ def _attention(sess, case: dict, kv_dtype: str, chunks: list[int]) -> np.ndarray
                          ids=["smollm2", "d128", "d32"])
 def test_same_bits_whatever_the_chunking(kv_dtype, heads, head_size, block_size):
     """Also off SmolLM2's shapes (other head sizes take other inner loops), and for int8 caches, whose decode rows
-    (at most 3 per kv head) read the codes in the dot products directly while prefill tiles widen them into a
-    scratch first (vec.h scores_i8 / pv_i8: the same operations)."""
+    (at most 3 per kv head) read the value codes in registers while prefill tiles widen them into a scratch first
+    (vec.h pv_i8: the same operations), and whose scores are integer dots of query and key codes on every path
+    (vec.h scores_q8)."""
     attrs = dict(num_heads=heads[0], kv_num_heads=heads[1], head_size=head_size, block_size=block_size,
                  kv_dtype=kv_dtype)
     case = make_case(np.random.default_rng(3), [(0, N)], **attrs)

@@ -297,3 +297,30 @@ def test_written_rows_same_bits_on_the_scalar_path():
                                        check=True, cwd=REPO).stdout)
     for kv_dtype in ("int8", "fp8_e4m3"):
         assert _written_rows(kv_dtype) == scalar[kv_dtype], kv_dtype
+
+
+def _attention_bits() -> dict[str, str]:
+    """int8 caches: one call's attention output (hex) for decode, mixed and prefill batches, head sizes 64, 128
+    and 32 (the 512-bit, 256-bit and scalar inner loops of scores_q8), contexts up to 2047 keys (key tails)."""
+    out = {}
+    for name, seqs in [*SCENARIOS.items(), ("long", LONG_CASES["long+prefill"])]:
+        for heads, head_size, bs in [((9, 3), 64, 16), ((6, 2), 128, 32), ((4, 2), 32, 8)]:
+            attrs = dict(num_heads=heads[0], kv_num_heads=heads[1], head_size=head_size, block_size=bs,
+                         kv_dtype="int8")
+            feeds = make_case(np.random.default_rng(11), seqs, **attrs)
+            out[f"{name}/{head_size}"] = session(paged_attention_model(**attrs), 2).run(None, feeds)[0].tobytes().hex()
+    return out
+
+
+def test_int8_attention_same_bits_without_vnni():
+    """q . k on int8 caches is an exact integer dot of the codes (vec.h scores_q8: AVX-512 VNNI dpbusd on biased
+    codes where the CPU has it, else AVX2 int16 madd), and everything else in the call is AVX2's on both tables,
+    so the attention output is the same bits with ORTLLM_OPS_ISA=avx2 as on the default path. (The scalar table
+    is not compared: its P V and exp round differently, without FMA; it is checked against the reference.)"""
+    code = ("import json, sys; sys.path.insert(0, {repo!r}); from tests.custom_ops.test_paged_attention import "
+            "_attention_bits as a; print(json.dumps(a()))").format(repo=str(REPO))
+    env = dict(os.environ, ORTLLM_OPS_ISA="avx2")
+    forced = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                       check=True, cwd=REPO).stdout)
+    for case, bits in _attention_bits().items():
+        assert bits == forced[case], case

@@ -5,6 +5,8 @@ For every new token t of sequence s (j-th of its chunk):
     q_t, k_t = RoPE(q_t, k_t) at positions[t]     (rope_interleaved=0: HF rotate_half, pairs (i, i+D/2))
     8-bit caches with rotate=1: q_t, k_t = fwht(q_t), fwht(k_t) per head (V is never rotated)
     K/V rows written to the cache (float32 copied, 8-bit quantized per (token, head))
+    int8 caches: q_t is quantized per head like a key row (int8 codes, fp16 scale) and used dequantized,
+    i.e. q . k = scale_q * scale_k * (integer dot of the codes), as the op computes it
 Then for every new token and query head h (kv head h // (H // Hkv)):
     out[t, h] = softmax(scale * K[0..p] @ q) @ V[0..p]   (causal; float64 here)
 reading K/V back from the cache, i.e. new tokens attend to their own quantized rows.
@@ -77,7 +79,7 @@ def paged_attention_ref(
         vt = v[t].reshape(Hkv, D).astype(np.float64)
         if rotate:
             qt, kt = fwht(qt), fwht(kt)
-        q_rot[t] = qt
+        q_rot[t] = dequantize(*quantize(qt.astype(np.float32), kv_dtype), kv_dtype) if kv_dtype == "int8" else qt
         blk, off = block_tables[s][p // BS], p % BS
         is_new[blk, :, off] = True
         if not eight_bit:

@@ -8,13 +8,18 @@
 //   2. for every new token t and query head h (kv head g = h / (H / Hkv)):
 //        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal)
 //      read back from the cache (so new tokens see exactly what later steps will see).
+//      int8 caches: q_t,h is quantized like a key row (int8 codes, one fp16 scale per row) and
+//      q . k is an exact integer dot of the codes times the two scales (llama.cpp likewise quantizes
+//      q to the K cache's dot type): 4x the multiply-adds per instruction of fp32, and the same bits on
+//      every path, since an integer sum has no rounding order.
 // Why this way:
 //   - Work item = (sequence, tile of up to kTileTokens query tokens, a range of kv heads: as many as fit
 //     in kItemRows query rows). The G = H/Hkv query heads sharing a kv head and all tokens of the tile
-//     are that head's rows, so every K/V block is loaded (8-bit: widened to floats in registers for up
-//     to 3 rows, else into a one-block scratch) once per item and used by tile * G queries: decode
-//     tokens get G rows per kv head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x [D, span]
-//     score tiles). One item reads all its kv heads of a block together: a block's heads are contiguous in the cache
+//     are that head's rows, so every K/V block is loaded (int8 keys: read by integer dots; 8-bit
+//     values: widened to floats in registers for up to 3 rows, else into a one-block scratch) once per item and used by
+//     tile * G queries: decode tokens get G rows per kv head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x
+//     [D, span] score tiles). One item reads all its kv heads of a block together: a block's heads are contiguous in
+//     the cache
 //     ([NB, Hkv, BS, D]), so a sequence whose blocks are consecutive (the pool hands them out in order)
 //     streams its cache linearly, where one item per kv head read 4 KB pieces 12 KB apart (measured:
 //     half the read bandwidth). Items run on the session pool, longest first.
@@ -158,7 +163,8 @@ struct ItemShape {
   int64_t span;               // keys per span (nsub * BS)
   int64_t part;               // cache blocks per part (whole spans)
   bool eight_bit;
-  bool fused_i8;  // int8 cache, at most 3 rows per kv head: the codes are read in the dot products directly
+  bool int8;      // int8 cache: q . k as integer dots of the keys' codes with the queries' int8 codes
+  bool fused_i8;  // int8 cache, at most 3 rows per kv head: P V reads the value codes in registers directly
 };
 
 ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, const WorkItem& it) {
@@ -182,18 +188,23 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.span = sh.nsub * sh.BS;
   sh.part = part_blocks(sh.BS);
   sh.eight_bit = d.kv_dtype != KvDtype::kFloat32;
-  sh.fused_i8 = d.kv_dtype == KvDtype::kInt8 && sh.hrows <= 3 && sh.D % 8 == 0;
+  sh.int8 = d.kv_dtype == KvDtype::kInt8;
+  sh.fused_i8 = sh.int8 && sh.hrows <= 3 && sh.D % 8 == 0;
   return sh;
 }
 
 // scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [BS, D]
 //          | the merged parts: A [rows, D] | M [rows] | L [rows]
+//          | int8 caches: the queries' codes Qc [rows, D] int8 | qmul [rows]
 // (uninitialized: load_queries and start_part set what is read before it is written)
 struct ItemScratch {
-  float *Qb, *O, *S, *m, *l, *Kb, *Vb, *A, *M, *L;
+  float *Qb, *O, *S, *m, *l, *Kb, *Vb, *A, *M, *L, *qmul;
+  int8_t* Qc;
 
   explicit ItemScratch(const ItemShape& sh) {
-    Qb = thread_scratch(ScratchUse::kItem, static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 4) + 2 * sh.BS * sh.D));
+    const int64_t qc_floats = (sh.rows * sh.D + 3) / 4;
+    Qb = thread_scratch(ScratchUse::kItem,
+                        static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 5) + 2 * sh.BS * sh.D + qc_floats));
     O = Qb + sh.rows * sh.D;
     S = O + sh.rows * sh.D;
     m = S + sh.rows * sh.span;
@@ -203,6 +214,8 @@ struct ItemScratch {
     A = Vb + sh.BS * sh.D;
     M = A + sh.rows * sh.D;
     L = M + sh.rows;
+    qmul = L + sh.rows;
+    Qc = reinterpret_cast<int8_t*>(qmul + sh.rows);
   }
 };
 
@@ -241,9 +254,18 @@ int64_t row_offset(const ItemShape& sh, int64_t r) {
 }
 
 // Qb <- the tile's roped queries of the item's rows (each kv head's G query heads are contiguous).
+// int8 caches: also each row's int8 codes Qc (quantize_int8, the keys' own rounding: per row, fp16 scale
+// rounded up) and qmul = scale * that row's scale, for the integer q . k (vec.h scores_q8). A row's codes
+// depend only on the row, so it gets the same scores in any item, tile or batch.
 void load_queries(const Ctx& c, const ItemShape& sh, ItemScratch& w) {
   for (int64_t r = 0; r < sh.rows; r += sh.G)
     std::memcpy(w.Qb + r * sh.D, c.q_work + row_offset(sh, r), sizeof(float) * sh.G * sh.D);
+  if (!sh.int8) return;
+  for (int64_t r = 0; r < sh.rows; ++r) {
+    const uint16_t s16 =
+        quantize_int8(w.Qb + r * sh.D, static_cast<int>(sh.D), reinterpret_cast<uint8_t*>(w.Qc + r * sh.D));
+    w.qmul[r] = c.d->scale * f16_to_float(s16);
+  }
 }
 
 // A part's online softmax starts from m = -inf, l = 0, O = 0.
@@ -293,10 +315,10 @@ void prefetch_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_
 }
 
 // Writes the span's scores S [rows, span] = scale * Qb . K, block by block and, in a block, kv head by kv
-// head (the order the cache holds them). 8-bit caches: the codes are widened to floats (unscaled) and the
-// score times the row's scale (vec.h scale_columns); int8 with at most 3 rows per kv head (decode) in
-// registers (scores_i8), else into Kb, one (block, head) at a time, so the scratch stays in L1. Both give the
-// same bits.
+// head (the order the cache holds them). int8 caches: integer dots of the query codes with the key codes
+// (vec.h scores_q8), for any number of rows. fp8 caches: the codes are widened to floats (unscaled) into Kb,
+// one (block, head) at a time, so the scratch stays in L1, and the score times the row's scale
+// (vec.h scale_columns).
 void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks, ItemScratch& w,
                 Span& sp) {
   const PagedAttentionDims& d = *c.d;
@@ -312,16 +334,15 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
     for (int64_t gi = 0; gi < sh.nh; ++gi) {
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * BS;  // first row of this block/head
       float* S = w.S + gi * sh.hrows * sh.span + sb * BS;
-      if (sh.fused_i8) {
-        vec.scores_i8(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows),
-                      static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, d.scale,
-                      S, static_cast<int>(sh.span));
+      if (sh.int8) {
+        vec.scores_q8(w.Qc + gi * sh.hrows * D, w.qmul + gi * sh.hrows, static_cast<int>(sh.hrows),
+                      static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, S,
+                      static_cast<int>(sh.span));
         continue;
       }
       const float* K = static_cast<const float*>(a.key_cache) + base * D;
-      if (sh.eight_bit) {
-        (d.kv_dtype == KvDtype::kInt8 ? vec.widen_i8 : vec.widen_e4m3)(
-            static_cast<const uint8_t*>(a.key_cache) + base * D, sp.nks[sb], Di, w.Kb);
+      if (sh.eight_bit) {  // fp8 (int8 took the integer path above)
+        vec.widen_e4m3(static_cast<const uint8_t*>(a.key_cache) + base * D, sp.nks[sb], Di, w.Kb);
         K = w.Kb;
       }
       vec.scores(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows), K, sp.nks[sb], Di, d.scale, S,

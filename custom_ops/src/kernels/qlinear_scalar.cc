@@ -104,7 +104,7 @@ const QLinearIsa& qlinear_scalar_isa() {
 const QLinearIsa& qlinear_isa() {
   static const QLinearIsa* chosen = [] {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
-    if (avx2 == nullptr || vec().name != std::string_view("avx2")) return &qlinear_scalar_isa();
+    if (avx2 == nullptr || vec().name == std::string_view("scalar")) return &qlinear_scalar_isa();
     const char* force = std::getenv("ORTLLM_OPS_ISA");
     const QLinearIsa* vnni = force && std::string_view(force) == "avx2" ? nullptr : qlinear_vnni_isa();
     return vnni ? vnni : avx2;

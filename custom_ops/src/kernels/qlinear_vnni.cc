@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_features.h"
 #include "qlinear.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -173,10 +174,7 @@ namespace ortllm {
 const QLinearIsa* qlinear_vnni_isa() {
   static const QLinearIsa* isa = []() -> const QLinearIsa* {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
-    __builtin_cpu_init();
-    if (avx2 == nullptr || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vl") ||
-        !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vnni"))
-      return nullptr;
+    if (avx2 == nullptr || !cpu_has_avx512_vnni()) return nullptr;
     static const QLinearIsa table{"avx512vnni",      avx2->quantize_row, vnni::group_dot, vnni::group_dot2,
                                   avx2->lora_shrink, avx2->lora_expand8, avx2->silu_mul8};
     return &table;

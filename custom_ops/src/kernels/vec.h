@@ -27,11 +27,12 @@ struct VecOps {
   void (*widen_e4m3)(const uint8_t* codes, int nrows, int D, float* out);
   // S[r * lds + j] *= scale_j (IEEE fp16 bits) for r < rows, j < n.
   void (*scale_columns)(float* S, int rows, int lds, const uint16_t* scales, int n);
-  // int8 keys read as they are: S[r * lds + j] = (alpha * dot(Q[r], K[j])) * scale_j, the same bits as
-  // widen_i8, scores and scale_columns in turn when D is a multiple of 8 (no scratch: the codes are widened
-  // in registers, once for up to three rows).
-  void (*scores_i8)(const float* Q, int rows, const uint8_t* K, const uint16_t* scales, int nkeys, int D, float alpha,
-                    float* S, int lds);
+  // int8 keys against int8 queries: S[r * lds + j] = (float(sum_d Qc[r * D + d] * code(j, d)) * qmul[r]) * scale_j,
+  // where Qc holds a query row's int8 codes (quant.h quantize_int8 of the roped, rotated row) and qmul[r] is
+  // alpha times that row's scale. The integer dot is exact, so every table, every number of rows and every
+  // tail gives the same bits; |dot| <= D * 127 * 127 is exact in a float for D <= 1024.
+  void (*scores_q8)(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, const uint16_t* scales, int nkeys,
+                    int D, float* S, int lds);
   // int8 values read as they are: O[r * D ..] += sum_j (P[r * ldp + j] * scale_j) * V[j * D ..], the same bits
   // as scale_columns, widen_i8 and pv in turn when D is a multiple of 8.
   void (*pv_i8)(const float* P, int ldp, int rows, const uint8_t* V, const uint16_t* scales, int nkeys, int D,
@@ -60,8 +61,11 @@ struct VecOps {
 
 const VecOps& vec_scalar_ops();
 const VecOps* vec_avx2_ops();  // nullptr when the build has no AVX2 path
-// The table for this CPU: AVX2+FMA+F16C when the CPU has all three, else scalar.
-// ORTLLM_OPS_ISA=scalar forces the fallback (tests use it to cover that path).
+// AVX2's table with the int8 attention loops on 512-bit vectors (scores_q8 on VNNI dots, pv_i8);
+// nullptr when the build or the CPU lacks AVX-512 F/BW/VL/VNNI.
+const VecOps* vec_vnni_ops();
+// The table for this CPU: AVX-512 VNNI's, else AVX2's when the CPU has AVX2+FMA+F16C, else scalar.
+// ORTLLM_OPS_ISA=scalar forces the fallback, =avx2 the AVX2 table (tests use them to cover those paths).
 const VecOps& vec();
 
 // fp8 e4m3fn byte -> float (exact). Shared by both paths and the quantizer.

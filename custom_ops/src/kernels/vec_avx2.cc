@@ -12,7 +12,7 @@
 //    and the block-offsets term ([T, k_blocks] @ [k_blocks, out]);
 //  - 8-bit codes become floats 8 lanes per step: int8 via sign-extend+convert, e4m3 via exponent
 //    re-biasing (subnormals by the "add 2^-6 then subtract" trick), so no lookup gathers;
-//  - scores_i8 / pv_i8: up to three rows x four keys (x 32 dims) per step with the int8 codes widened in
+//  - scores_q8 / pv_i8: up to three rows x four keys (x 16 or 32 dims) per step with the int8 codes widened in
 //    registers once for all three rows: a decode token's kv head has G = 3 query heads in SmolLM2, and
 //    writing the widened rows to a scratch first cost more than the dot products (the stores were a third
 //    of the int8 decode time).
@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "row_triples.h"
 #include "vec.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -276,56 +277,65 @@ inline __m256 widen8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-// R rows (R <= 3) x four keys per step, the keys' codes widened in registers once for the R rows; each score
-// is the FMA chain of `scores` over the widened codes, the same hsum tree, then * alpha, then * scale_j.
-template <int R>
-void scores_i8_rows(const float* Q, const uint8_t* K, const uint16_t* scales, int nkeys, int D, float alpha, float* S,
+// [sum(a0), sum(a1), sum(a2), sum(a3)] of 32-bit integer lanes (exact: any order gives the same sums).
+inline __m128i hsum4_epi32(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+  const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+  return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+inline __m256i widen16(const void* p) {  // 16 int8 -> 16 int16
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+}
+
+// R rows (R <= 3) x four keys per step, 16 dims at a time as int16 pairs (madd: exact 32-bit sums); the
+// keys' codes widened once for the R rows. A compile-time D (64 or 128), so the accumulators stay in registers.
+template <int R, int D>
+void scores_q8_rows(const int8_t* Qc, const float* qmul, const uint8_t* K, const uint16_t* scales, int nkeys, float* S,
                     int lds) {
-  const __m128 al = _mm_set1_ps(alpha);
-  int j = 0;
-  for (; j + 4 <= nkeys; j += 4) {
-    const uint8_t* k = K + static_cast<size_t>(j) * D;
-    __m256 acc[R][4];
+  for (int j = 0; j < nkeys; j += 4) {
+    const int nk = nkeys - j < 4 ? nkeys - j : 4;
+    __m256i acc[R][4];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 8) {
-      __m256 q[R];
-      for (int r = 0; r < R; ++r) q[r] = _mm256_loadu_ps(Q + static_cast<size_t>(r) * D + d);
-      for (int c = 0; c < 4; ++c) {
-        const __m256 kv = widen8(k + static_cast<size_t>(c) * D + d);
-        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(q[r], kv, acc[r][c]);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
+    for (int d = 0; d < D; d += 16) {
+      __m256i q[R];
+      for (int r = 0; r < R; ++r) q[r] = widen16(Qc + static_cast<size_t>(r) * D + d);
+      for (int c = 0; c < 4; ++c) {  // past the last key (a tail): repeat it (no branch; never stored)
+        const __m256i kv = widen16(K + static_cast<size_t>(c < nk ? j + c : nkeys - 1) * D + d);
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(q[r], kv));
       }
     }
-    const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + j)));
-    for (int r = 0; r < R; ++r)
-      _mm_storeu_ps(S + static_cast<size_t>(r) * lds + j,
-                    _mm_mul_ps(_mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), al), s4));
-  }
-  for (; j < nkeys; ++j) {
-    const uint8_t* k = K + static_cast<size_t>(j) * D;
-    const float sj = _cvtsh_ss(scales[j]);
-    for (int r = 0; r < R; ++r) {
-      __m256 a = _mm256_setzero_ps();
-      for (int d = 0; d < D; d += 8)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(Q + static_cast<size_t>(r) * D + d), widen8(k + d), a);
-      S[static_cast<size_t>(r) * lds + j] = (alpha * hsum(a)) * sj;
+    if (nk == 4) {
+      const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + j)));
+      for (int r = 0; r < R; ++r) {
+        const __m128 dots = _mm_cvtepi32_ps(hsum4_epi32(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+        _mm_storeu_ps(S + static_cast<size_t>(r) * lds + j, _mm_mul_ps(_mm_mul_ps(dots, _mm_set1_ps(qmul[r])), s4));
+      }
+      continue;
+    }
+    for (int r = 0; r < R; ++r) {  // a tail of 1-3 keys
+      alignas(16) int32_t dots[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(dots), hsum4_epi32(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+      for (int c = 0; c < nk; ++c)
+        S[static_cast<size_t>(r) * lds + j + c] = (static_cast<float>(dots[c]) * qmul[r]) * _cvtsh_ss(scales[j + c]);
     }
   }
 }
 
-void scores_i8(const float* Q, int rows, const uint8_t* K, const uint16_t* scales, int nkeys, int D, float alpha,
-               float* S, int lds) {
-  if (D % 8 != 0) return vec_scalar_ops().scores_i8(Q, rows, K, scales, nkeys, D, alpha, S, lds);
-  int r = 0;
-  for (; r + 3 <= rows; r += 3)
-    scores_i8_rows<3>(Q + static_cast<size_t>(r) * D, K, scales, nkeys, D, alpha, S + static_cast<size_t>(r) * lds,
-                      lds);
-  if (rows - r == 2)
-    scores_i8_rows<2>(Q + static_cast<size_t>(r) * D, K, scales, nkeys, D, alpha, S + static_cast<size_t>(r) * lds,
-                      lds);
-  if (rows - r == 1)
-    scores_i8_rows<1>(Q + static_cast<size_t>(r) * D, K, scales, nkeys, D, alpha, S + static_cast<size_t>(r) * lds,
-                      lds);
+template <int D>
+void scores_q8_d(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, const uint16_t* scales, int nkeys,
+                 float* S, int lds) {
+  for_row_triples(rows, [&](auto R, int r) {
+    scores_q8_rows<R, D>(Qc + static_cast<size_t>(r) * D, qmul + r, K, scales, nkeys, S + static_cast<size_t>(r) * lds,
+                         lds);
+  });
+}
+
+void scores_q8(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, const uint16_t* scales, int nkeys,
+               int D, float* S, int lds) {
+  if (D == 64) return scores_q8_d<64>(Qc, qmul, rows, K, scales, nkeys, S, lds);
+  if (D == 128) return scores_q8_d<128>(Qc, qmul, rows, K, scales, nkeys, S, lds);
+  vec_scalar_ops().scores_q8(Qc, qmul, rows, K, scales, nkeys, D, S, lds);
 }
 
 // R rows (R <= 3) x 32 dims per pass (D = 64), the values' codes widened in registers once for the R rows;
@@ -354,13 +364,9 @@ void pv_i8_rows(const float* P, int ldp, const uint8_t* V, const uint16_t* scale
 void pv_i8(const float* P, int ldp, int rows, const uint8_t* V, const uint16_t* scales, int nkeys, int D, float* O) {
   if (D % 8 != 0) return vec_scalar_ops().pv_i8(P, ldp, rows, V, scales, nkeys, D, O);
   if (D == 64) {
-    int r = 0;
-    for (; r + 3 <= rows; r += 3)
-      pv_i8_rows<3>(P + static_cast<size_t>(r) * ldp, ldp, V, scales, nkeys, O + static_cast<size_t>(r) * 64);
-    if (rows - r == 2)
-      pv_i8_rows<2>(P + static_cast<size_t>(r) * ldp, ldp, V, scales, nkeys, O + static_cast<size_t>(r) * 64);
-    if (rows - r == 1)
-      pv_i8_rows<1>(P + static_cast<size_t>(r) * ldp, ldp, V, scales, nkeys, O + static_cast<size_t>(r) * 64);
+    for_row_triples(rows, [&](auto R, int r) {
+      pv_i8_rows<R>(P + static_cast<size_t>(r) * ldp, ldp, V, scales, nkeys, O + static_cast<size_t>(r) * 64);
+    });
     return;
   }
   for (int r = 0; r < rows; ++r) {  // pv's generic loop on the widened codes
@@ -573,7 +579,7 @@ const VecOps* vec_avx2_ops() {
                           avx2::widen_i8,
                           avx2::widen_e4m3,
                           avx2::scale_columns,
-                          avx2::scores_i8,
+                          avx2::scores_q8,
                           avx2::pv_i8,
                           avx2::exp_sum,
                           avx2::vmax,

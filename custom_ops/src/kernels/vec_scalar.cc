@@ -99,13 +99,13 @@ void scale_columns(float* S, int rows, int lds, const uint16_t* scales, int n) {
   }
 }
 
-void scores_i8(const float* Q, int rows, const uint8_t* K, const uint16_t* scales, int nkeys, int D, float alpha,
-               float* S, int lds) {
+void scores_q8(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, const uint16_t* scales, int nkeys,
+               int D, float* S, int lds) {
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < nkeys; ++j) {
-      float acc = 0.f;
-      for (int d = 0; d < D; ++d) acc += Q[r * D + d] * static_cast<float>(static_cast<int8_t>(K[j * D + d]));
-      S[r * lds + j] = (alpha * acc) * f16_to_float(scales[j]);
+      int32_t acc = 0;
+      for (int d = 0; d < D; ++d) acc += int32_t{Qc[r * D + d]} * int32_t{static_cast<int8_t>(K[j * D + d])};
+      S[r * lds + j] = (static_cast<float>(acc) * qmul[r]) * f16_to_float(scales[j]);
     }
   }
 }
@@ -199,7 +199,7 @@ void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar", scores, pv,   widen_i8,  widen_e4m3,     scale_columns, scores_i8,        pv_i8,
+  static const VecOps ops{"scalar", scores, pv,   widen_i8,  widen_e4m3,     scale_columns, scores_q8,        pv_i8,
                           exp_sum,  vmax,   scal, gemm_rows, gemm_rows_f16b, fwht,          quantize_i8_codes};
   return ops;
 }
@@ -209,10 +209,11 @@ const VecOps& vec() {
     const char* force = std::getenv("ORTLLM_OPS_ISA");
     if (force && std::strcmp(force, "scalar") == 0) return &vec_scalar_ops();
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
-        vec_avx2_ops())
-      return vec_avx2_ops();
-    return &vec_scalar_ops();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c") ||
+        vec_avx2_ops() == nullptr)
+      return &vec_scalar_ops();
+    const VecOps* vnni = force && std::strcmp(force, "avx2") == 0 ? nullptr : vec_vnni_ops();
+    return vnni ? vnni : vec_avx2_ops();
   }();
   return *chosen;
 }

@@ -195,7 +195,7 @@ __attribute__((visibility("default"))) int OrtllmOpsAbiVersion() {
 }
 
 // The kernel path this CPU (and ORTLLM_OPS_ISA=scalar|avx2) selects: "scalar", "avx2", or "avx512vnni"
-// (AVX2 kernels, with QLinear's integer dots on AVX-512 VNNI).
+// (AVX2 kernels, with QLinear's and attention's integer dots on AVX-512 VNNI).
 __attribute__((visibility("default"))) const char* OrtllmOpsIsa() {
   return ortllm::qlinear_isa().name;
 }
