@@ -10,13 +10,14 @@
 //      read back from the cache (so new tokens see exactly what later steps will see).
 //      int8 caches: q_t,h is quantized like a key row (int8 codes, one fp16 scale per row) and
 //      q . k is an exact integer dot of the codes times the two scales (llama.cpp likewise quantizes
-//      q to the K cache's dot type): 4x the multiply-adds per instruction of fp32, and the same bits on
-//      every path, since an integer sum has no rounding order.
+//      q to the K cache's dot type); P V likewise, with each row's weights P_j * scale_j quantized to int16
+//      per span of keys. 2-4x the multiply-adds per instruction of fp32, and the same bits on every path,
+//      since an integer sum has no rounding order.
 // Why this way:
 //   - Work item = (sequence, tile of up to kTileTokens query tokens, a range of kv heads: as many as fit
 //     in kItemRows query rows). The G = H/Hkv query heads sharing a kv head and all tokens of the tile
-//     are that head's rows, so every K/V block is loaded (int8 keys: read by integer dots; 8-bit
-//     values: widened to floats in registers for up to 3 rows, else into a one-block scratch) once per item and used by
+//     are that head's rows, so every K/V block is loaded (int8: read by integer dots; fp8: widened
+//     to floats into a one-block scratch) once per item and used by
 //     tile * G queries: decode tokens get G rows per kv head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x
 //     [D, span] score tiles). One item reads all its kv heads of a block together: a block's heads are contiguous in
 //     the cache
@@ -163,8 +164,7 @@ struct ItemShape {
   int64_t span;               // keys per span (nsub * BS)
   int64_t part;               // cache blocks per part (whole spans)
   bool eight_bit;
-  bool int8;      // int8 cache: q . k as integer dots of the keys' codes with the queries' int8 codes
-  bool fused_i8;  // int8 cache, at most 3 rows per kv head: P V reads the value codes in registers directly
+  bool int8;  // int8 cache: q . k and P V as integer dots (query codes . key codes, int16 weights . value codes)
 };
 
 ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, const WorkItem& it) {
@@ -189,22 +189,23 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.part = part_blocks(sh.BS);
   sh.eight_bit = d.kv_dtype != KvDtype::kFloat32;
   sh.int8 = d.kv_dtype == KvDtype::kInt8;
-  sh.fused_i8 = sh.int8 && sh.hrows <= 3 && sh.D % 8 == 0;
   return sh;
 }
 
 // scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [BS, D]
 //          | the merged parts: A [rows, D] | M [rows] | L [rows]
-//          | int8 caches: the queries' codes Qc [rows, D] int8 | qmul [rows]
+//          | int8 caches: qmul [rows] | wscale [rows] | the queries' codes Qc [rows, D] int8
+//            | the span's weights' codes Wc [rows, span] int16
 // (uninitialized: load_queries and start_part set what is read before it is written)
 struct ItemScratch {
-  float *Qb, *O, *S, *m, *l, *Kb, *Vb, *A, *M, *L, *qmul;
+  float *Qb, *O, *S, *m, *l, *Kb, *Vb, *A, *M, *L, *qmul, *wscale;
   int8_t* Qc;
+  int16_t* Wc;
 
   explicit ItemScratch(const ItemShape& sh) {
-    const int64_t qc_floats = (sh.rows * sh.D + 3) / 4;
-    Qb = thread_scratch(ScratchUse::kItem,
-                        static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 5) + 2 * sh.BS * sh.D + qc_floats));
+    const int64_t qc_floats = (sh.rows * sh.D + 3) / 4, wc_floats = (sh.rows * sh.span + 1) / 2;
+    Qb = thread_scratch(ScratchUse::kItem, static_cast<size_t>(sh.rows * (3 * sh.D + sh.span + 6) + 2 * sh.BS * sh.D +
+                                                               qc_floats + wc_floats));
     O = Qb + sh.rows * sh.D;
     S = O + sh.rows * sh.D;
     m = S + sh.rows * sh.span;
@@ -215,7 +216,9 @@ struct ItemScratch {
     M = A + sh.rows * sh.D;
     L = M + sh.rows;
     qmul = L + sh.rows;
-    Qc = reinterpret_cast<int8_t*>(qmul + sh.rows);
+    wscale = qmul + sh.rows;
+    Wc = reinterpret_cast<int16_t*>(wscale + sh.rows);
+    Qc = reinterpret_cast<int8_t*>(Wc + sh.rows * sh.span + (sh.rows * sh.span) % 2);
   }
 };
 
@@ -376,11 +379,34 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
   }
 }
 
-// O += P V over the span's blocks, kv head by kv head in a block (8-bit caches: the probabilities times the
-// values' scales, times the widened codes: in registers for int8 decode rows (pv_i8), else through Vb; the
-// same bits).
+// int8 caches: O += P V as integer dots. Each row's weights w_j = P_j * scale_j over the whole span are
+// quantized to int16 against the span's largest (vec.h weights_q16: half a step is 2^-16 of it, far below the
+// int8 values' own step), then every (block, kv head) adds W . codes (exact) times the row's weight scale
+// (vec.h pv_q16). Spans are the same keys for a row on every path, so the same bits alone or in any batch.
+void accumulate_span_int8(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScratch& w) {
+  const PagedAttentionArgs& a = *c.a;
+  const VecOps& vec = *c.vec;
+  const int64_t D = sh.D;
+  for (int64_t sb = 0; sb < sp.nb; ++sb)
+    for (int64_t gi = 0; gi < sh.nh; ++gi)
+      vec.scale_columns(w.S + gi * sh.hrows * sh.span + sb * sh.BS, static_cast<int>(sh.hrows),
+                        static_cast<int>(sh.span), a.value_scales + (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS,
+                        sp.nks[sb]);
+  for (int64_t r = 0; r < sh.rows; ++r) w.wscale[r] = vec.weights_q16(w.S + r * sh.span, sp.nk, w.Wc + r * sh.span);
+  for (int64_t sb = 0; sb < sp.nb; ++sb) {
+    for (int64_t gi = 0; gi < sh.nh; ++gi) {
+      const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
+      vec.pv_q16(w.Wc + gi * sh.hrows * sh.span + sb * sh.BS, static_cast<int>(sh.span), w.wscale + gi * sh.hrows,
+                 static_cast<int>(sh.hrows), static_cast<const uint8_t*>(a.value_cache) + base * D, sp.nks[sb],
+                 static_cast<int>(D), w.O + gi * sh.hrows * D);
+    }
+  }
+}
+
+// O += P V over the span's blocks, kv head by kv head in a block (fp8 caches: the probabilities times the
+// values' scales, times the codes widened into Vb).
 void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScratch& w) {
-  const PagedAttentionDims& d = *c.d;
+  if (sh.int8) return accumulate_span_int8(c, sh, sp, w);
   const PagedAttentionArgs& a = *c.a;
   const VecOps& vec = *c.vec;
   const int64_t D = sh.D;
@@ -389,15 +415,8 @@ void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScra
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
       const float* V = static_cast<const float*>(a.value_cache) + base * D;
       float* P = w.S + gi * sh.hrows * sh.span + sb * sh.BS;
-      if (sh.fused_i8) {
-        vec.pv_i8(P, static_cast<int>(sh.span), static_cast<int>(sh.hrows),
-                  static_cast<const uint8_t*>(a.value_cache) + base * D, a.value_scales + base, sp.nks[sb],
-                  static_cast<int>(D), w.O + gi * sh.hrows * D);
-        continue;
-      }
       if (sh.eight_bit) {
-        (d.kv_dtype == KvDtype::kInt8 ? vec.widen_i8 : vec.widen_e4m3)(
-            static_cast<const uint8_t*>(a.value_cache) + base * D, sp.nks[sb], static_cast<int>(D), w.Vb);
+        vec.widen_e4m3(static_cast<const uint8_t*>(a.value_cache) + base * D, sp.nks[sb], static_cast<int>(D), w.Vb);
         V = w.Vb;
         vec.scale_columns(P, static_cast<int>(sh.hrows), static_cast<int>(sh.span), a.value_scales + base, sp.nks[sb]);
       }

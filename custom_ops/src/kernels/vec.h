@@ -20,10 +20,9 @@ struct VecOps {
   void (*scores)(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds);
   // O[r * D ..] += sum_j P[r * ldp + j] * V[j * D ..]. P: [rows, ldp], V: [nkeys, D], O: [rows, D].
   void (*pv)(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O);
-  // 8-bit cache rows as floats, unscaled: out[j * D + d] = code(j, d) exactly, int8 codes (two's complement
-  // bytes) / fp8 e4m3fn. The rows' fp16 scales are applied to the scores and to the probabilities instead
-  // (scale_columns): once per (query row, key) rather than once per code.
-  void (*widen_i8)(const uint8_t* codes, int nrows, int D, float* out);
+  // fp8 e4m3fn cache rows as floats, unscaled: out[j * D + d] = code(j, d) exactly. The rows' fp16 scales are
+  // applied to the scores and to the probabilities instead (scale_columns): once per (query row, key) rather
+  // than once per code. (int8 caches never widen: their dots are integer, scores_q8 and pv_q16.)
   void (*widen_e4m3)(const uint8_t* codes, int nrows, int D, float* out);
   // S[r * lds + j] *= scale_j (IEEE fp16 bits) for r < rows, j < n.
   void (*scale_columns)(float* S, int rows, int lds, const uint16_t* scales, int n);
@@ -33,10 +32,14 @@ struct VecOps {
   // tail gives the same bits; |dot| <= D * 127 * 127 is exact in a float for D <= 1024.
   void (*scores_q8)(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, const uint16_t* scales, int nkeys,
                     int D, float* S, int lds);
-  // int8 values read as they are: O[r * D ..] += sum_j (P[r * ldp + j] * scale_j) * V[j * D ..], the same bits
-  // as scale_columns, widen_i8 and pv in turn when D is a multiple of 8.
-  void (*pv_i8)(const float* P, int ldp, int rows, const uint8_t* V, const uint16_t* scales, int nkeys, int D,
-                float* O);
+  // int8 values with 16-bit weights: O[r * D + d] = fma(float(sum_j W[r * ldw + j] * code(j, d)), wscale[r], O[..])
+  // (an exact integer sum, then one fused multiply-add per output: the same bits on every table). W: [rows, ldw]
+  // int16 codes of one row's weights P * scale_j (weights_q16), V: [nkeys, D] int8 codes.
+  void (*pv_q16)(const int16_t* W, int ldw, const float* wscale, int rows, const uint8_t* V, int nkeys, int D,
+                 float* O);
+  // codes[i] = round_half_even(w[i] * (32767 / max_i w[i])) for w[i] >= 0; returns max / 32767 (0 and all codes 0
+  // when the max is 0), so w[i] ~ codes[i] * the returned scale within half a step.
+  float (*weights_q16)(const float* w, int n, int16_t* codes);
   // x[i] = exp(x[i] - m); returns sum_i x[i].
   float (*exp_sum)(float* x, int n, float m);
   // max_i x[i], n >= 1.
@@ -61,7 +64,7 @@ struct VecOps {
 
 const VecOps& vec_scalar_ops();
 const VecOps* vec_avx2_ops();  // nullptr when the build has no AVX2 path
-// AVX2's table with the int8 attention loops on 512-bit vectors (scores_q8 on VNNI dots, pv_i8);
+// AVX2's table with the int8 attention loops on AVX-512 VNNI (scores_q8 on dpbusd, pv_q16 on dpwssd);
 // nullptr when the build or the CPU lacks AVX-512 F/BW/VL/VNNI.
 const VecOps* vec_vnni_ops();
 // The table for this CPU: AVX-512 VNNI's, else AVX2's when the CPU has AVX2+FMA+F16C, else scalar.

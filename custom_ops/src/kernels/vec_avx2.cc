@@ -12,9 +12,9 @@
 //    and the block-offsets term ([T, k_blocks] @ [k_blocks, out]);
 //  - 8-bit codes become floats 8 lanes per step: int8 via sign-extend+convert, e4m3 via exponent
 //    re-biasing (subnormals by the "add 2^-6 then subtract" trick), so no lookup gathers;
-//  - scores_q8 / pv_i8: up to three rows x four keys (x 16 or 32 dims) per step with the int8 codes widened in
-//    registers once for all three rows: a decode token's kv head has G = 3 query heads in SmolLM2, and
-//    writing the widened rows to a scratch first cost more than the dot products (the stores were a third
+//  - scores_q8 / pv_q16: up to three rows x four keys (x 16 dims) / two keys (x 32 dims) per step with the
+//    int8 codes widened in registers once for all three rows: a decode token's kv head has G = 3 query heads in
+//    SmolLM2, and writing the widened rows to a scratch first cost more than the dot products (the stores were a third
 //    of the int8 decode time).
 #include <immintrin.h>
 
@@ -226,15 +226,6 @@ void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, flo
   }
 }
 
-// codes -> floats without a scale; D % 8 == 0 here (else the scalar loop).
-void widen_i8(const uint8_t* codes, int nrows, int D, float* out) {
-  if (D % 8 != 0) return vec_scalar_ops().widen_i8(codes, nrows, D, out);
-  const size_t n = static_cast<size_t>(nrows) * D;
-  for (size_t i = 0; i < n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtepi32_ps(
-                                  _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)))));
-}
-
 void widen_e4m3(const uint8_t* codes, int nrows, int D, float* out) {
   if (D % 8 != 0) return vec_scalar_ops().widen_e4m3(codes, nrows, D, out);
   const __m256i mag_mask = _mm256_set1_epi32(0x7F);
@@ -271,10 +262,6 @@ void scale_columns(float* S, int rows, int lds, const uint16_t* scales, int n) {
       for (; j < m; ++j) s[j] *= sc[j];
     }
   }
-}
-
-inline __m256 widen8(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 // [sum(a0), sum(a1), sum(a2), sum(a3)] of 32-bit integer lanes (exact: any order gives the same sums).
@@ -338,47 +325,77 @@ void scores_q8(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, 
   vec_scalar_ops().scores_q8(Qc, qmul, rows, K, scales, nkeys, D, S, lds);
 }
 
-// R rows (R <= 3) x 32 dims per pass (D = 64), the values' codes widened in registers once for the R rows;
-// each output is pv64's FMA chain over the keys with the weight P * scale_j.
+// The 32-bit weight pair (W[j], W[j + 1]) of keys j and j + 1 (only W[j] for a last odd key: W[j + 1] may
+// lie past the row).
+inline int32_t weight_pair(const int16_t* w, int j, int nkeys) {
+  if (j + 1 >= nkeys) return static_cast<uint16_t>(w[j]);
+  int32_t p;
+  std::memcpy(&p, w + j, sizeof p);
+  return p;
+}
+
+// R rows (R <= 3) x 32 dims per pass, two keys per step: their codes interleaved byte by byte (key j, key j + 1)
+// and widened to int16 pairs, so one madd gives 8 dims' w_j v_j + w_j+1 v_j+1 (exact); D % 32 == 0.
 template <int R>
-void pv_i8_rows(const float* P, int ldp, const uint8_t* V, const uint16_t* scales, int nkeys, float* O) {
-  for (int h = 0; h < 64; h += 32) {
-    __m256 acc[R][4];
+void pv_q16_rows(const int16_t* W, int ldw, const float* wscale, const uint8_t* V, int nkeys, int D, float* O) {
+  for (int h = 0; h < D; h += 32) {
+    __m256i acc[R][4];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_loadu_ps(O + static_cast<size_t>(r) * 64 + h + 8 * c);
-    for (int j = 0; j < nkeys; ++j) {
-      const float sj = _cvtsh_ss(scales[j]);
-      __m256 w[R];
-      for (int r = 0; r < R; ++r) w[r] = _mm256_set1_ps(P[static_cast<size_t>(r) * ldp + j] * sj);
-      const uint8_t* v = V + static_cast<size_t>(j) * 64 + h;
-      for (int c = 0; c < 4; ++c) {
-        const __m256 x = widen8(v + 8 * c);
-        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(w[r], x, acc[r][c]);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
+    for (int j = 0; j < nkeys; j += 2) {
+      const uint8_t* v = V + static_cast<size_t>(j) * D + h;
+      const bool pair = j + 1 < nkeys;
+      __m256i x[4];
+      for (int half = 0; half < 2; ++half) {
+        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 16 * half));
+        const __m128i b =
+            pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + D + 16 * half)) : _mm_setzero_si128();
+        x[2 * half] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+        x[2 * half + 1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i wp = _mm256_set1_epi32(weight_pair(W + static_cast<size_t>(r) * ldw, j, nkeys));
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(x[c], wp));
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(O + static_cast<size_t>(r) * 64 + h + 8 * c, acc[r][c]);
+    for (int r = 0; r < R; ++r) {
+      const __m256 ws = _mm256_set1_ps(wscale[r]);
+      float* o = O + static_cast<size_t>(r) * D + h;
+      for (int c = 0; c < 4; ++c)
+        _mm256_storeu_ps(o + 8 * c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][c]), ws, _mm256_loadu_ps(o + 8 * c)));
+    }
   }
 }
 
-void pv_i8(const float* P, int ldp, int rows, const uint8_t* V, const uint16_t* scales, int nkeys, int D, float* O) {
-  if (D % 8 != 0) return vec_scalar_ops().pv_i8(P, ldp, rows, V, scales, nkeys, D, O);
-  if (D == 64) {
-    for_row_triples(rows, [&](auto R, int r) {
-      pv_i8_rows<R>(P + static_cast<size_t>(r) * ldp, ldp, V, scales, nkeys, O + static_cast<size_t>(r) * 64);
-    });
-    return;
+void pv_q16(const int16_t* W, int ldw, const float* wscale, int rows, const uint8_t* V, int nkeys, int D, float* O) {
+  if (D % 32 != 0) return vec_scalar_ops().pv_q16(W, ldw, wscale, rows, V, nkeys, D, O);
+  for_row_triples(rows, [&](auto R, int r) {
+    pv_q16_rows<R>(W + static_cast<size_t>(r) * ldw, ldw, wscale + r, V, nkeys, D, O + static_cast<size_t>(r) * D);
+  });
+}
+
+float weights_q16(const float* w, int n, int16_t* codes) {
+  __m256 m8 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(w + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m8);
+  float mx = 0.f;
+  for (float x : lanes) mx = x > mx ? x : mx;
+  for (; i < n; ++i) mx = w[i] > mx ? w[i] : mx;
+  if (!(mx > 0.f)) {
+    std::memset(codes, 0, sizeof(int16_t) * static_cast<size_t>(n));
+    return 0.f;
   }
-  for (int r = 0; r < rows; ++r) {  // pv's generic loop on the widened codes
-    float* o = O + static_cast<size_t>(r) * D;
-    for (int j = 0; j < nkeys; ++j) {
-      const float pj = P[static_cast<size_t>(r) * ldp + j] * _cvtsh_ss(scales[j]);
-      if (pj == 0.f) continue;
-      const __m256 w = _mm256_set1_ps(pj);
-      const uint8_t* v = V + static_cast<size_t>(j) * D;
-      for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, widen8(v + d), _mm256_loadu_ps(o + d)));
-    }
+  const float inv = 32767.f / mx;
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (i = 0; i + 8 <= n; i += 8) {  // round half to even (the default MXCSR mode), as nearbyint
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(w + i), iv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
+                     _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
   }
+  for (; i < n; ++i) codes[i] = static_cast<int16_t>(std::nearbyint(w[i] * inv));
+  return mx / 32767.f;
 }
 
 float exp_sum(float* x, int n, float m) {
@@ -576,11 +593,11 @@ const VecOps* vec_avx2_ops() {
   static const VecOps ops{"avx2",
                           avx2::scores,
                           avx2::pv,
-                          avx2::widen_i8,
                           avx2::widen_e4m3,
                           avx2::scale_columns,
                           avx2::scores_q8,
-                          avx2::pv_i8,
+                          avx2::pv_q16,
+                          avx2::weights_q16,
                           avx2::exp_sum,
                           avx2::vmax,
                           avx2::scal,

@@ -78,10 +78,6 @@ void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, flo
   }
 }
 
-void widen_i8(const uint8_t* codes, int nrows, int D, float* out) {
-  for (int j = 0; j < nrows * D; ++j) out[j] = static_cast<float>(static_cast<int8_t>(codes[j]));
-}
-
 void widen_e4m3(const uint8_t* codes, int nrows, int D, float* out) {
   static float lut[256];
   static bool ready = [] {
@@ -110,15 +106,26 @@ void scores_q8(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, 
   }
 }
 
-void pv_i8(const float* P, int ldp, int rows, const uint8_t* V, const uint16_t* scales, int nkeys, int D, float* O) {
+void pv_q16(const int16_t* W, int ldw, const float* wscale, int rows, const uint8_t* V, int nkeys, int D, float* O) {
   for (int r = 0; r < rows; ++r) {
-    float* o = O + r * D;
-    for (int j = 0; j < nkeys; ++j) {
-      const float p = P[r * ldp + j] * f16_to_float(scales[j]);
-      if (p == 0.f) continue;
-      for (int d = 0; d < D; ++d) o[d] += p * static_cast<float>(static_cast<int8_t>(V[j * D + d]));
+    for (int d = 0; d < D; ++d) {
+      int32_t acc = 0;
+      for (int j = 0; j < nkeys; ++j) acc += int32_t{W[r * ldw + j]} * int32_t{static_cast<int8_t>(V[j * D + d])};
+      O[r * D + d] = std::fma(static_cast<float>(acc), wscale[r], O[r * D + d]);  // as the SIMD tables
     }
   }
+}
+
+float weights_q16(const float* w, int n, int16_t* codes) {
+  float mx = 0.f;
+  for (int i = 0; i < n; ++i) mx = w[i] > mx ? w[i] : mx;
+  if (!(mx > 0.f)) {
+    for (int i = 0; i < n; ++i) codes[i] = 0;
+    return 0.f;
+  }
+  const float inv = 32767.f / mx;
+  for (int i = 0; i < n; ++i) codes[i] = static_cast<int16_t>(std::nearbyint(w[i] * inv));
+  return mx / 32767.f;
 }
 
 float exp_sum(float* x, int n, float m) {
@@ -199,8 +206,8 @@ void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar", scores, pv,   widen_i8,  widen_e4m3,     scale_columns, scores_q8,        pv_i8,
-                          exp_sum,  vmax,   scal, gemm_rows, gemm_rows_f16b, fwht,          quantize_i8_codes};
+  static const VecOps ops{"scalar", scores, pv,   widen_e4m3, scale_columns,  scores_q8, pv_q16,           weights_q16,
+                          exp_sum,  vmax,   scal, gemm_rows,  gemm_rows_f16b, fwht,      quantize_i8_codes};
   return ops;
 }
 

@@ -1,17 +1,21 @@
-// AVX-512 VNNI version of PagedAttention's integer q . k (scores_q8), picked at run time where the CPU has
-// AVX-512 F/BW/VL/VNNI (AMD Zen 4, Intel Ice Lake and later); every other VecOps entry is AVX2's.
+// AVX-512 VNNI versions of PagedAttention's two integer dots on int8 caches (scores_q8, pv_q16), picked at run
+// time where the CPU has AVX-512 F/BW/VL/VNNI (AMD Zen 4, Intel Ice Lake and later); every other VecOps entry
+// is AVX2's. Both are exact integer sums, so they give AVX2's and the scalar loop's bits.
 //
 // scores_q8: a key row of D = 64 int8 codes is one 512-bit load; _mm512_dpbusd_epi32 multiplies it with a
 // query row's 64 codes and leaves 16 partial sums, so 16 keys' vectors are reduced together by one
 // unpack/shuffle tree (45 operations per 16 keys and row instead of 16 full horizontal sums). dpbusd takes
 // one unsigned operand: the key codes are biased by 128 (xor 0x80, code + 128 in [1, 255]) and 128 * sum(q)
-// is subtracted again. The dot is an exact integer, so the bits are AVX2's and the scalar loop's.
-// Measured (one thread, 6144 keys x 3 rows from L2): 17.8 us against AVX2's int16 madd 54 us and the
-// earlier fp32 FMAs on widened codes ~35 us. pv_i8 on 512-bit vectors measured the same as AVX2's (33.5 vs
-// 34.5 us: Zen 4 runs a 512-bit FMA as two 256-bit halves), so it stays AVX2's.
+// is subtracted again.
+// pv_q16: _mm512_dpwssd_epi32 on two keys' value codes interleaved as int16 pairs against the rows' int16
+// weight pairs: 32 multiply-adds per instruction where fp32 FMAs on widened codes do 16 (and Zen 4 runs a
+// 512-bit FMA as two 256-bit halves, so 512-bit fp32 measured no faster than AVX2's).
+// Measured (one thread, 6144 keys x 3 rows from L2, D = 64): scores 16.5 us (AVX2 int16 madd 27 us; fp32
+// FMAs on widened codes, before, ~35 us); P V 16.7 us (AVX2 int16 madd 29 us; fp32 before 36 us).
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "cpu_features.h"
 #include "row_triples.h"
@@ -103,6 +107,57 @@ void scores_q8(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, 
   vec_avx2_ops()->scores_q8(Qc, qmul, rows, K, scales, nkeys, D, S, lds);
 }
 
+// R rows (R <= 3) x 64 dims per pass, two keys per step: 32 dims of each key interleaved byte by byte (in
+// 128-bit lanes) and widened to int16 pairs, so one dpwssd gives 16 dims' w_j v_j + w_j+1 v_j+1 (exact). The
+// lanes then hold dims [0..7, 16..23] and [8..15, 24..31] (and the same 32 higher): put back in order with
+// shuffle_f32x4 before the fused multiply-add into O. D % 64 == 0.
+template <int R>
+void pv_q16_rows(const int16_t* W, int ldw, const float* wscale, const uint8_t* V, int nkeys, int D, float* O) {
+  for (int h = 0; h < D; h += 64) {
+    __m512i acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_si512();
+    for (int j = 0; j < nkeys; j += 2) {
+      const uint8_t* v = V + static_cast<size_t>(j) * D + h;
+      const bool pair = j + 1 < nkeys;
+      __m512i x[4];
+      for (int half = 0; half < 2; ++half) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * half));
+        const __m256i b =
+            pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + D + 32 * half)) : _mm256_setzero_si256();
+        x[2 * half] = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(a, b));
+        x[2 * half + 1] = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(a, b));
+      }
+      for (int r = 0; r < R; ++r) {
+        const int16_t* w = W + static_cast<size_t>(r) * ldw;
+        int32_t wp = static_cast<uint16_t>(w[j]);  // (W[j], W[j + 1]); W[j + 1] may lie past the row
+        if (pair) std::memcpy(&wp, w + j, sizeof wp);
+        const __m512i wv = _mm512_set1_epi32(wp);
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_dpwssd_epi32(acc[r][c], x[c], wv);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 ws = _mm512_set1_ps(wscale[r]);
+      __m512 f[4];
+      for (int c = 0; c < 4; ++c) f[c] = _mm512_cvtepi32_ps(acc[r][c]);
+      const __m512 ordered[4] = {_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2)),
+                                 _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 2, 3, 2))};
+      float* o = O + static_cast<size_t>(r) * D + h;
+      for (int c = 0; c < 4; ++c)
+        _mm512_storeu_ps(o + 16 * c, _mm512_fmadd_ps(ordered[c], ws, _mm512_loadu_ps(o + 16 * c)));
+    }
+  }
+}
+
+void pv_q16(const int16_t* W, int ldw, const float* wscale, int rows, const uint8_t* V, int nkeys, int D, float* O) {
+  if (D % 64 != 0) return vec_avx2_ops()->pv_q16(W, ldw, wscale, rows, V, nkeys, D, O);
+  for_row_triples(rows, [&](auto R, int r) {
+    pv_q16_rows<R>(W + static_cast<size_t>(r) * ldw, ldw, wscale + r, V, nkeys, D, O + static_cast<size_t>(r) * D);
+  });
+}
+
 }  // namespace
 }  // namespace vnni
 }  // namespace ortllm
@@ -110,7 +165,7 @@ void scores_q8(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, 
 #pragma GCC pop_options
 
 namespace ortllm {
-// Compiled for the baseline ISA: checks the CPU and hands out the table (AVX2's, with this scores_q8).
+// Compiled for the baseline ISA: checks the CPU and hands out the table (AVX2's, with these scores_q8 and pv_q16).
 const VecOps* vec_vnni_ops() {
   static const VecOps* ops = []() -> const VecOps* {
     const VecOps* avx2 = vec_avx2_ops();
@@ -118,6 +173,7 @@ const VecOps* vec_vnni_ops() {
     static VecOps table = *avx2;
     table.name = "avx512vnni";
     table.scores_q8 = vnni::scores_q8;
+    table.pv_q16 = vnni::pv_q16;
     return &table;
   }();
   return ops;
