@@ -1,0 +1,73 @@
+"""PagedAttention alone, one decode token at context 2048 on SmolLM2's heads (9 query, 3 kv, D = 64, blocks of
+16) over an int8 cache, as the engine calls it: caches bound in place (IO binding), and each call reading another
+layer's 786 KB region of a pool sized for `--layers` layers, so with 30 the keys and values come from memory
+rather than from L2 (with 1 they stay in L2: the op's compute alone).
+
+    .venv/bin/python ci/attention_membench.py [--threads 2] [--layers 30]
+
+Prints microseconds per call (min and median of 15 rounds of 4 passes over the layers). Compare ops libraries
+with ORTLLM_OPS_LIBRARY=path, alternating. Dev tooling: includes the Python cost of one `run_with_iobinding`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, paged_attention_model, session  # noqa: E402
+from tests.custom_ops.pa_cases import make_case  # noqa: E402
+
+CONTEXT, BLOCK = 2047, 16          # cached keys before the new token; tokens per cache block
+BLOCKS = CONTEXT // BLOCK + 1      # 128 blocks per sequence
+CACHES = ["key_cache", "value_cache", "key_scales", "value_scales"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=30)
+    args = ap.parse_args(argv)
+    attrs = dict(num_heads=9, kv_num_heads=3, head_size=64, block_size=BLOCK, kv_dtype="int8")
+    stride = BLOCKS + 1               # blocks per layer's region
+    feeds = make_case(np.random.default_rng(0), [(CONTEXT, 1)], **attrs,
+                      spare_blocks=args.layers * stride - BLOCKS)
+    sess = session(paged_attention_model(**attrs), args.threads)
+    values = {n: ort.OrtValue.ortvalue_from_numpy(feeds[n]) for n in CACHES}
+    bindings = []
+    for layer in range(args.layers):  # one binding per layer: its own consecutive blocks, as the pool hands out
+        b = sess.io_binding()
+        table = feeds["block_tables"].copy()
+        table[0, :BLOCKS] = layer * stride + np.arange(BLOCKS)
+        for name in PA_INPUTS:
+            if name in values:
+                b.bind_ortvalue_input(name, values[name])
+            elif name == "block_tables":
+                b.bind_cpu_input(name, table)
+            elif name in feeds:
+                b.bind_cpu_input(name, feeds[name])
+        b.bind_output("attn")
+        for i, n in enumerate(CACHES):
+            b.bind_ortvalue_output(PA_OUTPUTS[1 + i], values[n])
+        bindings.append(b)
+    for _ in range(3):
+        for b in bindings:
+            sess.run_with_iobinding(b)
+    per_call = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        for _ in range(4):
+            for b in bindings:
+                sess.run_with_iobinding(b)
+        per_call.append((time.perf_counter() - t0) / (4 * args.layers) * 1e6)
+    print(f"threads {args.threads}, layers {args.layers}: per call min {min(per_call):.1f} us, "
+          f"median {np.median(per_call):.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
