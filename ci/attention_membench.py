@@ -19,8 +19,8 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, paged_attention_model, session  # noqa: E402
-from tests.custom_ops.pa_cases import make_case  # noqa: E402
+from tests.custom_ops.conftest import paged_attention_model, session  # noqa: E402
+from tests.custom_ops.pa_cases import bind_in_place, make_case  # noqa: E402
 
 CONTEXT, BLOCK = 2047, 16          # cached keys before the new token; tokens per cache block
 BLOCKS = CONTEXT // BLOCK + 1      # 128 blocks per sequence
@@ -40,20 +40,9 @@ def main(argv=None) -> int:
     values = {n: ort.OrtValue.ortvalue_from_numpy(feeds[n]) for n in CACHES}
     bindings = []
     for layer in range(args.layers):  # one binding per layer: its own consecutive blocks, as the pool hands out
-        b = sess.io_binding()
         table = feeds["block_tables"].copy()
         table[0, :BLOCKS] = layer * stride + np.arange(BLOCKS)
-        for name in PA_INPUTS:
-            if name in values:
-                b.bind_ortvalue_input(name, values[name])
-            elif name == "block_tables":
-                b.bind_cpu_input(name, table)
-            elif name in feeds:
-                b.bind_cpu_input(name, feeds[name])
-        b.bind_output("attn")
-        for i, n in enumerate(CACHES):
-            b.bind_ortvalue_output(PA_OUTPUTS[1 + i], values[n])
-        bindings.append(b)
+        bindings.append(bind_in_place(sess, {**feeds, "block_tables": table}, values))
     for _ in range(3):
         for b in bindings:
             sess.run_with_iobinding(b)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.custom_ops.conftest import PA_INPUTS
+from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS
 from tests.reference.hadamard import _E4M3
 from tests.reference.paged_attention import rope_cache
 
@@ -60,3 +60,19 @@ def make_case(rng, seqs, *, num_heads, kv_num_heads, head_size, block_size, kv_d
 
 def ordered(feeds):
     return [feeds[n] for n in PA_INPUTS if n in feeds]
+
+
+def bind_in_place(sess, feeds: dict, caches: dict):
+    """An IO binding as the engine makes it: each cache OrtValue in `caches` (name -> OrtValue, PA_INPUTS
+    order) bound as its input and as its output (updated in place), the other inputs from `feeds`, attn
+    allocated by ORT."""
+    binding = sess.io_binding()
+    for name in PA_INPUTS:
+        if name in caches:
+            binding.bind_ortvalue_input(name, caches[name])
+        elif name in feeds:
+            binding.bind_cpu_input(name, feeds[name])
+    binding.bind_output("attn")
+    for i, name in enumerate(caches):
+        binding.bind_ortvalue_output(PA_OUTPUTS[1 + i], caches[name])
+    return binding

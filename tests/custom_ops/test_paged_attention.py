@@ -18,8 +18,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, REPO, assert_close, paged_attention_model, session
-from tests.custom_ops.pa_cases import SCENARIOS, make_case, ordered
+from tests.custom_ops.conftest import PA_OUTPUTS, REPO, assert_close, paged_attention_model, session
+from tests.custom_ops.pa_cases import SCENARIOS, bind_in_place, make_case, ordered
 from tests.reference.hadamard import dequantize
 from tests.reference.paged_attention import paged_attention_ref
 
@@ -173,19 +173,11 @@ def test_paged_attention_io_binding_updates_cache_in_place(kv_dtype):
     attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
     ref = paged_attention_ref(*ordered(feeds), **attrs)
     sess = get_session(H, Hkv, BS, kv_dtype)
-    binding = sess.io_binding()
     cache_names = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if kv_dtype != "float32" else [])
     backing = {n: feeds[n].copy() for n in cache_names}
     values = {n: ort.OrtValue.ortvalue_from_numpy(backing[n]) for n in cache_names}
     ptrs = {n: values[n].data_ptr() for n in cache_names}
-    for name in PA_INPUTS:
-        if name in values:
-            binding.bind_ortvalue_input(name, values[name])
-        elif name in feeds:
-            binding.bind_cpu_input(name, feeds[name])
-    binding.bind_output("attn")
-    for i, n in enumerate(cache_names):
-        binding.bind_ortvalue_output(PA_OUTPUTS[1 + i], values[n])
+    binding = bind_in_place(sess, feeds, values)
     sess.run_with_iobinding(binding)
     attn = binding.copy_outputs_to_cpu()[0]
     if kv_dtype == "float32":

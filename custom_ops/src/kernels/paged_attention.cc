@@ -16,11 +16,10 @@
 // Why this way:
 //   - Work item = (sequence, tile of up to kTileTokens query tokens, a range of kv heads: as many as fit
 //     in kItemRows query rows). The G = H/Hkv query heads sharing a kv head and all tokens of the tile
-//     are that head's rows, so every K/V block is loaded (int8: read by integer dots; fp8: widened
-//     to floats into a one-block scratch) once per item and used by
-//     tile * G queries: decode tokens get G rows per kv head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x
-//     [D, span] score tiles). One item reads all its kv heads of a block together: a block's heads are contiguous in
-//     the cache
+//     are that head's rows, so every K/V block is loaded (int8: read by integer dots; fp8: widened to
+//     floats into a one-block scratch) once per item and used by tile * G queries: decode tokens get G
+//     rows per kv head, prefill tiles up to 16 * G (blocked prefill: [rows, D] x [D, span] score tiles).
+//     One item reads all its kv heads of a block together: a block's heads are contiguous in the cache
 //     ([NB, Hkv, BS, D]), so a sequence whose blocks are consecutive (the pool hands them out in order)
 //     streams its cache linearly, where one item per kv head read 4 KB pieces 12 KB apart (measured:
 //     half the read bandwidth). Items run on the session pool, longest first.
@@ -218,7 +217,7 @@ struct ItemScratch {
     qmul = L + sh.rows;
     wscale = qmul + sh.rows;
     Wc = reinterpret_cast<int16_t*>(wscale + sh.rows);
-    Qc = reinterpret_cast<int8_t*>(Wc + sh.rows * sh.span + (sh.rows * sh.span) % 2);
+    Qc = reinterpret_cast<int8_t*>(Wc + sh.rows * sh.span);
   }
 };
 

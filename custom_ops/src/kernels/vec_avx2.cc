@@ -10,19 +10,18 @@
 //    over row-pointer arrays, templated on B's element type (fp32, or fp16 widened by F16C as it
 //    streams); the fp16 one serves the LoRA shrink ([n, in] @ [in, r]) and expand ([n, r] @ [r, out])
 //    and the block-offsets term ([T, k_blocks] @ [k_blocks, out]);
-//  - 8-bit codes become floats 8 lanes per step: int8 via sign-extend+convert, e4m3 via exponent
-//    re-biasing (subnormals by the "add 2^-6 then subtract" trick), so no lookup gathers;
+//  - fp8 codes become floats 8 lanes per step via exponent re-biasing (subnormals by the "add 2^-6 then
+//    subtract" trick), so no lookup gathers;
 //  - scores_q8 / pv_q16: up to three rows x four keys (x 16 dims) / two keys (x 32 dims) per step with the
-//    int8 codes widened in registers once for all three rows: a decode token's kv head has G = 3 query heads in
-//    SmolLM2, and writing the widened rows to a scratch first cost more than the dot products (the stores were a third
-//    of the int8 decode time).
+//    int8 codes widened to int16 in registers once for all three rows (a decode token's kv head has G = 3
+//    query heads in SmolLM2), summed exactly by madd.
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#include "row_triples.h"
+#include "int8_attention_loops.h"
 #include "vec.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -323,15 +322,6 @@ void scores_q8(const int8_t* Qc, const float* qmul, int rows, const uint8_t* K, 
   if (D == 64) return scores_q8_d<64>(Qc, qmul, rows, K, scales, nkeys, S, lds);
   if (D == 128) return scores_q8_d<128>(Qc, qmul, rows, K, scales, nkeys, S, lds);
   vec_scalar_ops().scores_q8(Qc, qmul, rows, K, scales, nkeys, D, S, lds);
-}
-
-// The 32-bit weight pair (W[j], W[j + 1]) of keys j and j + 1 (only W[j] for a last odd key: W[j + 1] may
-// lie past the row).
-inline int32_t weight_pair(const int16_t* w, int j, int nkeys) {
-  if (j + 1 >= nkeys) return static_cast<uint16_t>(w[j]);
-  int32_t p;
-  std::memcpy(&p, w + j, sizeof p);
-  return p;
 }
 
 // R rows (R <= 3) x 32 dims per pass, two keys per step: their codes interleaved byte by byte (key j, key j + 1)

@@ -15,10 +15,9 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "cpu_features.h"
-#include "row_triples.h"
+#include "int8_attention_loops.h"
 #include "vec.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -129,10 +128,7 @@ void pv_q16_rows(const int16_t* W, int ldw, const float* wscale, const uint8_t* 
         x[2 * half + 1] = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(a, b));
       }
       for (int r = 0; r < R; ++r) {
-        const int16_t* w = W + static_cast<size_t>(r) * ldw;
-        int32_t wp = static_cast<uint16_t>(w[j]);  // (W[j], W[j + 1]); W[j + 1] may lie past the row
-        if (pair) std::memcpy(&wp, w + j, sizeof wp);
-        const __m512i wv = _mm512_set1_epi32(wp);
+        const __m512i wv = _mm512_set1_epi32(weight_pair(W + static_cast<size_t>(r) * ldw, j, nkeys));
         for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_dpwssd_epi32(acc[r][c], x[c], wv);
       }
     }
