@@ -48,11 +48,12 @@ def _add_build_options(p) -> None:
     p.add_argument("--keep", action="append", default=[], metavar="PATTERN=fp32|int8",
                    help="keep HF tensors matching the glob wider, e.g. 'model.layers.*.mlp.down_proj.weight=int8' "
                         "(repeatable; first match wins)")
-    p.add_argument("--kv", default=None, help="KV cache dtype fp32|int8|fp8 (default: int8 for --quant int4 on the "
-                                              "engine graph, else fp32)")
+    p.add_argument("--kv", default=None, help="KV cache dtype fp32|int8|fp8|int4 (default: int8 for --quant int4 on "
+                                              "the engine graph, else fp32)")
     p.add_argument("--kv-block-size", type=int, default=16, help="tokens per paged KV block (engine graph)")
     p.add_argument("--kv-rotate", type=int, choices=(0, 1), default=1,
-                   help="Hadamard-rotate keys before an 8-bit KV cache (1, default) or not (0, for comparison)")
+                   help="Hadamard-rotate keys (int4: and values) before a quantized KV cache (1, default) or not "
+                        "(0, for comparison)")
     p.add_argument("--graph", default="engine",
                    help="engine (paged KV, multi-LoRA; needs the ops library) | portable (stock ONNX Runtime)")
     p.add_argument("--exporter", default="native", help="native|optimum (optimum also writes optimum/)")

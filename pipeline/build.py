@@ -53,7 +53,7 @@ class BuildOptions:
     symmetric: bool = False       # int8/int4 zero point: implicit 2^(bits-1) (True) or per block (False)
     accuracy_level: int = 4       # MatMulNBits accuracy_level (4: int8 compute on CPU)
     keep: tuple = ()              # ("GLOB=fp32|int8", ...) on HF tensor names: sensitive layers kept wider
-    kv_rotate: bool = True        # Hadamard-rotate K (and Q) before an 8-bit KV cache
+    kv_rotate: bool = True        # Hadamard-rotate K and Q (int4: and V) before a quantized KV cache
     quality_tokens: int = 512     # tokens of the in-build fidelity check (quality.json) of quantized builds
     calib_tokens: int = 8192      # calibration tokens of --algo gptq and --smooth
                                   # (windows of 256; calib_activations.py)
@@ -96,9 +96,9 @@ class BuildOptions:
                 raise BuildError(f"{flag} needs calibration data: set --calib-tokens to at least 16 (default 8192; "
                                  f"got {self.calib_tokens}), or {instead}")
         if not self.kv_rotate and self.kv == "fp32":
-            raise BuildError("--kv-rotate 0 applies to 8-bit KV caches; add --kv int8|fp8 or drop it")
+            raise BuildError("--kv-rotate 0 applies to quantized KV caches; add --kv int8|fp8|int4 or drop it")
         if self.kv != "fp32" and self.graph != "engine":
-            raise BuildError(f"--kv {self.kv} needs the engine graph (paged 8-bit KV); add --graph engine "
+            raise BuildError(f"--kv {self.kv} needs the engine graph (paged quantized KV); add --graph engine "
                              "or use --kv fp32")
 
     def quant_plan(self) -> QuantPlan:

@@ -88,10 +88,10 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     norm = (w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps, f"/model/layers.{i}/input_layernorm")
     q, k, v = projections(g, x, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
                           batch["adapter"], quant, norm=norm)
-    eight_bit = kv != "fp32"
-    cache_type = U8 if eight_bit else F32
-    shape = ["num_blocks", cfg.num_kv_heads, block_size, cfg.head_dim]
-    kinds = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if eight_bit else [])
+    quantized = kv != "fp32"
+    cache_type = U8 if quantized else F32
+    shape = ["num_blocks", cfg.num_kv_heads, block_size, C.kv_row_elems(C.KV_DTYPES[kv], cfg.head_dim)]
+    kinds = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if quantized else [])
     ins, outs = [], []
     for kind in kinds:
         dtype, shp = (cache_type, shape) if kind.endswith("cache") else (F16, shape[:3])  # fp16 scales
@@ -102,7 +102,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
                [q, k, v, batch["positions"], batch["cu_seqlens"], batch["context_lens"], batch["block_tables"],
                 batch["cos"], batch["sin"], *ins], f"{path}/paged", n_out=1 + len(kinds), domain=C.OPS_DOMAIN,
                num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
-               block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(eight_bit and kv_rotate))
+               block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(quantized and kv_rotate))
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
     return projections(g, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant,

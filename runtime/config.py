@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contract import KV_ALIASES, KV_DTYPE_NAMES, kv_element_bytes
+from .contract import KV_ALIASES, KV_DTYPE_NAMES, kv_row_bytes
 from .errors import ConfigError
 
 # Default KV budget when neither num_blocks nor memory_budget_bytes is set.
@@ -144,12 +144,10 @@ class CacheConfig:
                  f"enable_prefix_cache must be True or False; got {self.enable_prefix_cache!r}")
 
     def bytes_per_block(self, num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str | None = None) -> int:
-        """K and V of one block over all layers: [2, layers, block_size, kv_heads, head_dim] elements, plus one
-        fp16 scale per (token, head) for the 8-bit dtypes."""
+        """K and V of one block over all layers: [2, layers, block_size, kv_heads] rows of head_dim elements (int4:
+        two a byte), plus one fp16 scale per (token, head) for the quantized dtypes."""
         dtype = kv_dtype or self.kv_dtype or "float32"
-        per_elem, scale = kv_element_bytes(dtype)
-        per_token_head = head_dim * per_elem + scale
-        return 2 * num_layers * self.block_size * num_kv_heads * per_token_head
+        return 2 * num_layers * self.block_size * num_kv_heads * kv_row_bytes(dtype, head_dim)
 
     def resolve_num_blocks(self, bytes_per_block: int) -> int:
         """num_blocks if set, else as many blocks as the byte budget holds (default DEFAULT_KV_BUDGET_BYTES)."""

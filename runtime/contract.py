@@ -133,7 +133,8 @@ def present_value(layer: int) -> str:
 #                                               (speculative decoding); the graph gathers any R rows
 #   token_adapter   [T]                 int32   adapter slot of each token, -1 = base model
 #   key_cache.{i} / value_cache.{i}     [num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
-#   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float16 (8-bit caches only)
+#                                       (int4: [..., head_dim / 2], two codes a byte)
+#   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float16 (quantized caches only)
 #   lora.{i}.{target}.a  [slots, in, r_max]   lora.{i}.{target}.b  [slots, r_max, out]   float16
 #       (the slot stacks; adapter files stay float32, converted when written into a slot). Slot s of .a
 #       holds a row-major [in, rank] matrix in its first in * rank elements (MultiLoRA packed_a = 1), so
@@ -156,19 +157,29 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 OPS_DOMAIN = "ortllm"          # the custom ops' domain (libortllm_ops.so registers its ops there)
 
 # ---- the KV cache dtypes: the one table (build option, op attribute, config name, storage)
-#   --kv option | PagedAttention kv_dtype / CacheConfig.kv_dtype | pool element | bytes | fp16 scale per (token, head)
-#   fp32        | float32                                        | float32      | 4     | no
-#   int8        | int8                                           | uint8        | 1     | yes
-#   fp8         | fp8_e4m3                                       | uint8        | 1     | yes
-KV_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3"}     # build option -> dtype name
-KV_STORAGE = {"fp32": "float32", "int8": "uint8", "fp8": "uint8"}      # build option -> numpy dtype of the pool
+#   --kv option | PagedAttention kv_dtype / CacheConfig.kv_dtype | pool element | bytes a code | fp16 scale a row
+#   fp32        | float32                                        | float32      | 4            | no
+#   int8        | int8                                           | uint8        | 1            | yes
+#   fp8         | fp8_e4m3                                       | uint8        | 1            | yes
+#   int4        | int4                                           | uint8        | 1/2 (packed) | yes
+# (a row: one (token, kv head) of head_dim elements)
+KV_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3", "int4": "int4"}   # build option -> dtype name
+KV_STORAGE = {"fp32": "float32", "int8": "uint8", "fp8": "uint8", "int4": "uint8"}   # build option -> pool numpy dtype
 KV_DTYPE_NAMES = tuple(KV_DTYPES.values())                             # what CacheConfig.kv_dtype accepts
 KV_ALIASES = {"fp32": "float32", "fp8": "fp8_e4m3", "float8_e4m3": "fp8_e4m3"}   # other spellings accepted
 
 
-def kv_element_bytes(dtype_name: str) -> tuple[int, int]:
-    """(bytes per element, bytes of scale per (token, head)) of a KV dtype name (float32 | int8 | fp8_e4m3)."""
-    return (4, 0) if dtype_name == "float32" else (1, 2)
+def kv_row_elems(dtype_name: str, head_dim: int) -> int:
+    """Elements of one cached (token, head) row in the pool, its last extent: head_dim, or head_dim / 2 for int4
+    (two codes a byte)."""
+    return head_dim // 2 if dtype_name == "int4" else head_dim
+
+
+def kv_row_bytes(dtype_name: str, head_dim: int) -> int:
+    """Bytes of one cached (token, head) row of a KV dtype name, its fp16 scale included for the quantized ones."""
+    if dtype_name == "float32":
+        return 4 * head_dim
+    return kv_row_elems(dtype_name, head_dim) + 2
 
 
 def cache_name(kind: str, layer: int, out: bool = False) -> str:

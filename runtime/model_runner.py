@@ -84,8 +84,10 @@ class ModelRunner:
 
     # ---- bound once
     def _bind_pool(self, cfg: dict) -> None:
-        """key/value cache [num_blocks, Hkv, block_size, D] per layer (+ fp16 scales [num_blocks, Hkv, block_size])."""
-        shape = (self.num_blocks, cfg["num_kv_heads"], self.block_size, cfg["head_dim"])
+        """key/value cache [num_blocks, Hkv, block_size, D] per layer (int4: D / 2, two codes a byte; + fp16 scales
+        [num_blocks, Hkv, block_size] for the quantized dtypes)."""
+        row = C.kv_row_elems(C.KV_DTYPES[self.kv], cfg["head_dim"])
+        shape = (self.num_blocks, cfg["num_kv_heads"], self.block_size, row)
         kinds = [("key_cache", shape, _KV_NUMPY[self.kv]), ("value_cache", shape, _KV_NUMPY[self.kv])]
         if self.kv != "fp32":
             kinds += [("key_scales", shape[:3], np.float16), ("value_scales", shape[:3], np.float16)]

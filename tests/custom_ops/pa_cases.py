@@ -49,6 +49,9 @@ def make_case(rng, seqs, *, num_heads, kv_num_heads, head_size, block_size, kv_d
     else:
         if kv_dtype == "int8":
             codes = lambda: rng.integers(-127, 128, shape).astype(np.int8).view(np.uint8)  # noqa: E731
+        elif kv_dtype == "int4":   # two codes a byte, each -7..7 stored as 1..15: [NB, Hkv, BS, D/2]
+            packed = shape[:3] + (D // 2,)
+            codes = lambda: (rng.integers(1, 16, packed) | rng.integers(1, 16, packed) << 4).astype(np.uint8)  # noqa: E731
         else:
             finite = np.flatnonzero(np.isfinite(_E4M3)).astype(np.uint8)
             codes = lambda: rng.choice(finite, shape)  # noqa: E731

@@ -39,7 +39,7 @@ def _attention(sess, case: dict, kv_dtype: str, chunks: list[int]) -> np.ndarray
     return np.concatenate(out)
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "fp8_e4m3", "int4"])
 @pytest.mark.parametrize("heads,head_size,block_size", [((H, HKV), D, BS), ((6, 2), 128, 32), ((4, 2), 32, 8)],
                          ids=["smollm2", "d128", "d32"])
 def test_same_bits_whatever_the_chunking(kv_dtype, heads, head_size, block_size):
@@ -87,7 +87,7 @@ def _run(sess, feeds: dict, caches: dict, kv_dtype: str) -> tuple[np.ndarray, di
     return res[0], dict(zip(names, res[1:]))
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "int4"])
 @pytest.mark.parametrize("BS", [16, 32])
 @pytest.mark.parametrize("n_keys", LONG)
 def test_long_context_row_same_bits_alone_in_a_batch_and_in_a_tile(n_keys, BS, kv_dtype):

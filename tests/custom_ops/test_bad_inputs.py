@@ -133,8 +133,15 @@ def test_unknown_kv_dtype():
     model = paged_attention_model(**ATTRS)
     for a in model.graph.node[0].attribute:
         if a.name == "kv_dtype":
-            a.s = b"int4"
-    expect_error(session(model), pa_feeds(), r"kv_dtype = 'int4' is not float32, int8 or fp8_e4m3")
+            a.s = b"int2"
+    expect_error(session(model), pa_feeds(), r"kv_dtype = 'int2' is not float32, int8, fp8_e4m3 or int4")
+
+
+def test_int4_cache_with_unpacked_rows():
+    """An int4 cache holds two codes a byte: [NB, Hkv, BS, D/2]; one shaped like an int8 cache is named."""
+    feeds = make_case(np.random.default_rng(0), SCENARIOS["mixed"], **ATTRS, kv_dtype="int8")
+    expect_error(session(paged_attention_model(**ATTRS, kv_dtype="int4")), feeds,
+                 r"input 'key_cache' has shape \[\d+, 3, 16, 64\], expected \[\d+, 3, 16, 32\]")
 
 
 def test_heads_not_divisible():

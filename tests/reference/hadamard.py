@@ -1,4 +1,4 @@
-"""Reference Hadamard rotation and 8-bit (int8, fp8 e4m3fn) symmetric quantization.
+"""Reference Hadamard rotation and per-row symmetric quantization of KV rows (int8, fp8 e4m3fn, int4).
 
 Written to be obviously correct rather than fast: the Hadamard matrix is built explicitly
 (Sylvester construction) and e4m3 rounding searches the table of all representable values.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 INT8_QMAX = 127.0
+INT4_QMAX = 7.0
 E4M3_MAX = 448.0
 
 
@@ -60,6 +61,29 @@ def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def dequantize_int8(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return codes.astype(np.int8).astype(np.float32) * scale[..., None].astype(np.float32)
+
+
+# ---- int4: scale = f16_ceil(absmax / 7), codes = round-half-even(x / scale) in [-7, 7], stored as code + 8,
+#      two to a byte: byte i holds code i (low nibble) and code i + D/2 (high nibble)
+
+def quantize_int4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row (last axis, D even) symmetric int4. Returns (packed uint8 [..., D/2], scale float16 [...])."""
+    x = x.astype(np.float32)
+    scale, safe = _row_scale(x, INT4_QMAX)
+    codes = np.clip(np.rint(x / safe), -7, 7)
+    codes = (np.where(scale[..., None] > 0, codes, 0) + 8).astype(np.uint8)
+    half = x.shape[-1] // 2
+    return (codes[..., :half] | (codes[..., half:] << 4)).astype(np.uint8), scale
+
+
+def unpack_int4(packed: np.ndarray) -> np.ndarray:
+    """[..., D/2] packed bytes -> int8 codes [..., D] in [-8, 7]."""
+    lo, hi = (packed & 15).astype(np.int8) - 8, (packed >> 4).astype(np.int8) - 8
+    return np.concatenate([lo, hi], axis=-1)
+
+
+def dequantize_int4(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return unpack_int4(packed).astype(np.float32) * scale[..., None].astype(np.float32)
 
 
 # ---- fp8 e4m3fn: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits, max 448, no infinities
@@ -112,6 +136,8 @@ def quantize(x: np.ndarray, kv_dtype: str) -> tuple[np.ndarray, np.ndarray]:
         return codes.view(np.uint8), scale
     if kv_dtype == "fp8_e4m3":
         return quantize_e4m3(x)
+    if kv_dtype == "int4":
+        return quantize_int4(x)
     raise ValueError(kv_dtype)
 
 
@@ -120,4 +146,6 @@ def dequantize(codes: np.ndarray, scale: np.ndarray, kv_dtype: str) -> np.ndarra
         return dequantize_int8(codes.view(np.int8), scale)
     if kv_dtype == "fp8_e4m3":
         return dequantize_e4m3(codes, scale)
+    if kv_dtype == "int4":
+        return dequantize_int4(codes, scale)
     raise ValueError(kv_dtype)

@@ -3,12 +3,13 @@
 For every new token t of sequence s (j-th of its chunk):
     cache slot p = context_lens[s] + j  -> block block_tables[s][p // block_size], offset p % block_size
     q_t, k_t = RoPE(q_t, k_t) at positions[t]     (rope_interleaved=0: HF rotate_half, pairs (i, i+D/2))
-    8-bit caches with rotate=1: q_t, k_t = fwht(q_t), fwht(k_t) per head (V is never rotated)
-    K/V rows written to the cache (float32 copied, 8-bit quantized per (token, head))
-    int8 caches: q_t is quantized per head like a key row (int8 codes, fp16 scale) and used dequantized,
-    i.e. q . k = scale_q * scale_k * (integer dot of the codes), as the op computes it
+    quantized caches with rotate=1: q_t, k_t = fwht(q_t), fwht(k_t) per head; int4 caches also v_t = fwht(v_t)
+    K/V rows written to the cache (float32 copied, int8 / fp8 / int4 quantized per (token, head))
+    int8 and int4 caches: q_t is quantized per head like an int8 key row (int8 codes, fp16 scale) and used
+    dequantized, i.e. q . k = scale_q * scale_k * (integer dot of the codes), as the op computes it
 Then for every new token and query head h (kv head h // (H // Hkv)):
     out[t, h] = softmax(scale * K[0..p] @ q) @ V[0..p]   (causal; float64 here)
+    (int4 with rotate=1: out[t, h] = fwht(that), the values' rotation undone; fwht is its own inverse)
 reading K/V back from the cache, i.e. new tokens attend to their own quantized rows.
 
 `quantize_new=False` keeps this call's new rows exact (float) while the pre-existing cache content is
@@ -54,7 +55,8 @@ def paged_attention_ref(
     """Returns (attn [T, H*D] f32, key_cache, value_cache, key_scales, value_scales[, details])."""
     H, Hkv, D, BS = num_heads, kv_num_heads, head_size, block_size
     G = H // Hkv
-    eight_bit = kv_dtype != "float32"
+    eight_bit = kv_dtype != "float32"   # any quantized cache (int8, fp8, int4)
+    int_dots = kv_dtype in ("int8", "int4")
     rotate = (1 if eight_bit else 0) if rotate is None else rotate
     scale = 1.0 / np.sqrt(D) if not scale else scale
     T, S = q.shape[0], len(context_lens)
@@ -79,7 +81,9 @@ def paged_attention_ref(
         vt = v[t].reshape(Hkv, D).astype(np.float64)
         if rotate:
             qt, kt = fwht(qt), fwht(kt)
-        q_rot[t] = dequantize(*quantize(qt.astype(np.float32), kv_dtype), kv_dtype) if kv_dtype == "int8" else qt
+        if rotate and kv_dtype == "int4":
+            vt = fwht(vt)
+        q_rot[t] = dequantize(*quantize(qt.astype(np.float32), "int8"), "int8") if int_dots else qt
         blk, off = block_tables[s][p // BS], p % BS
         is_new[blk, :, off] = True
         if not eight_bit:
@@ -114,7 +118,9 @@ def paged_attention_ref(
             e = np.exp(sc - sc.max())
             probs[h] = e / e.sum()
             out[t, h] = probs[h] @ V[h // G]
-        if details:
+        if rotate and kv_dtype == "int4":
+            out[t] = fwht(out[t])
+        if details:   # V as cached (int4 with rotate: rotated)
             info.append({"q": q_rot[t], "K": K, "V": V, "probs": probs,
                          "new": is_new[blk, 0, off], "blocks": blk, "offsets": off})
     result = (out.reshape(T, H * D).astype(np.float32), key_cache, value_cache, key_scales, value_scales)

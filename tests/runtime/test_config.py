@@ -39,8 +39,16 @@ def test_unknown_key_lists_valid_keys():
 def test_kv_dtype_aliases_and_check():
     assert CacheConfig(kv_dtype="fp8").kv_dtype == "fp8_e4m3"
     assert CacheConfig(kv_dtype="fp32").kv_dtype == "float32"
-    with pytest.raises(ConfigError, match="kv_dtype must be one of float32, int8, fp8_e4m3; got 'int4'"):
-        CacheConfig(kv_dtype="int4")
+    assert CacheConfig(kv_dtype="int4").kv_dtype == "int4"
+    with pytest.raises(ConfigError, match="kv_dtype must be one of float32, int8, fp8_e4m3, int4; got 'int2'"):
+        CacheConfig(kv_dtype="int2")
+
+
+def test_int4_kv_block_bytes():
+    """int4 rows are two codes a byte plus their fp16 scale: 64 dims -> 34 bytes a row, against 66 at int8."""
+    cfg = CacheConfig(block_size=16)
+    assert cfg.bytes_per_block(30, 3, 64, "int4") == 2 * 30 * 16 * 3 * 34
+    assert cfg.bytes_per_block(30, 3, 64, "int8") == 2 * 30 * 16 * 3 * 66
 
 
 @pytest.mark.parametrize("kwargs, msg", [

@@ -2,9 +2,10 @@
 //
 // What it computes, per call with T new tokens from S sequences:
 //   1. for every new token t of sequence s (slot p = context_lens[s] + t - cu_seqlens[s]):
-//        q_t, k_t <- RoPE at positions[t];  8-bit + rotate: q_t, k_t <- H q_t / sqrt(D) per head
+//        q_t, k_t <- RoPE at positions[t];  quantized + rotate: q_t, k_t <- H q_t / sqrt(D) per head
 //        K/V rows of every kv head -> cache block block_tables[s][p / BS], offset p % BS
-//        (fp32 copied; 8-bit quantized per (token, head) with one fp16 scale; V is never rotated)
+//        (fp32 copied; int8 / fp8 / int4 quantized per (token, head) with one fp16 scale; V rotated only in
+//        an int4 cache, where 4 bits need the outlier channels spread too, and rotated back in the output)
 //   2. for every new token t and query head h (kv head g = h / (H / Hkv)):
 //        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal)
 //      read back from the cache (so new tokens see exactly what later steps will see).
@@ -12,7 +13,8 @@
 //      q . k is an exact integer dot of the codes times the two scales (llama.cpp likewise quantizes
 //      q to the K cache's dot type); P V likewise, with each row's weights P_j * scale_j quantized to int16
 //      per span of keys. 2-4x the multiply-adds per instruction of fp32, and the same bits on every path,
-//      since an integer sum has no rounding order.
+//      since an integer sum has no rounding order. int4 caches: the same dots, on a block's codes unpacked
+//      to int8 in L1 (half the bytes of int8 from memory: decode at long context streams the cache).
 // Why this way:
 //   - Work item = (sequence, tile of up to kTileTokens query tokens, a range of kv heads: as many as fit
 //     in kItemRows query rows). The G = H/Hkv query heads sharing a kv head and all tokens of the tile
@@ -116,7 +118,27 @@ void write_token(void* usr, size_t ti) {
   const int64_t p = a.context_lens[s] + (t - a.cu_seqlens[s]);
   const float* cs = a.cos + static_cast<int64_t>(a.positions[t]) * (D / 2);
   const float* sn = a.sin + static_cast<int64_t>(a.positions[t]) * (D / 2);
-  const bool eight_bit = d.kv_dtype != KvDtype::kFloat32;
+  const bool int4 = d.kv_dtype == KvDtype::kInt4;
+  const int64_t row_bytes = kv_row_bytes(d.kv_dtype, D);
+  // One row into the cache: fp32 copied, else quantized with its fp16 scale.
+  auto store = [&](const float* src, void* cache, uint16_t* scales, int64_t slot) {
+    uint8_t* dst = static_cast<uint8_t*>(cache) + slot * row_bytes;
+    const int Di = static_cast<int>(D);
+    switch (d.kv_dtype) {
+      case KvDtype::kFloat32:
+        std::memcpy(dst, src, sizeof(float) * D);
+        break;
+      case KvDtype::kInt8:
+        scales[slot] = quantize_int8(src, Di, dst);
+        break;
+      case KvDtype::kFp8E4M3:
+        scales[slot] = quantize_e4m3(src, Di, dst);
+        break;
+      case KvDtype::kInt4:
+        scales[slot] = quantize_int4(src, Di, dst);
+        break;
+    }
+  };
 
   for (int64_t h = 0; h < H; ++h) {
     float* qr = c.q_work + t * H * D + h * D;
@@ -133,20 +155,15 @@ void write_token(void* usr, size_t ti) {
     std::memcpy(row, a.k + t * Hkv * D + g * D, sizeof(float) * D);
     apply_rope(row, static_cast<int>(D), cs, sn, d.rope_interleaved);
     if (d.rotate) fwht_normalized(row, static_cast<int>(D));
-    if (!eight_bit) {
-      std::memcpy(static_cast<float*>(a.key_cache) + slot * D, row, sizeof(float) * D);
-    } else {
-      uint8_t* dst = static_cast<uint8_t*>(a.key_cache) + slot * D;
-      a.key_scales[slot] = d.kv_dtype == KvDtype::kInt8 ? quantize_int8(row, D, dst) : quantize_e4m3(row, D, dst);
-    }
-    // value (no rope, no rotation)
+    store(row, a.key_cache, a.key_scales, slot);
+    // value: no rope; rotated only in an int4 cache (its outputs are rotated back, finish_row)
     const float* vsrc = a.v + t * Hkv * D + g * D;
-    if (!eight_bit) {
-      std::memcpy(static_cast<float*>(a.value_cache) + slot * D, vsrc, sizeof(float) * D);
-    } else {
-      uint8_t* dst = static_cast<uint8_t*>(a.value_cache) + slot * D;
-      a.value_scales[slot] = d.kv_dtype == KvDtype::kInt8 ? quantize_int8(vsrc, D, dst) : quantize_e4m3(vsrc, D, dst);
+    if (int4 && d.rotate) {
+      std::memcpy(row, vsrc, sizeof(float) * D);
+      fwht_normalized(row, static_cast<int>(D));
+      vsrc = row;
     }
+    store(vsrc, a.value_cache, a.value_scales, slot);
   }
 }
 
@@ -162,8 +179,12 @@ struct ItemShape {
   int64_t nsub;               // cache blocks per span of keys
   int64_t span;               // keys per span (nsub * BS)
   int64_t part;               // cache blocks per part (whole spans)
-  bool eight_bit;
-  bool int8;  // int8 cache: q . k and P V as integer dots (query codes . key codes, int16 weights . value codes)
+  bool quantized;             // codes with an fp16 scale per row (int8, fp8, int4)
+  bool int_dots;  // int8 and int4 caches: q . k and P V as integer dots (query codes . key codes, int16 weights .
+                  // value codes); int4 codes are unpacked to int8 a block at a time first (vec.h unpack_q4)
+  bool int4;
+  bool unrotate;      // int4 caches with rotate: the values are rotated too, so each output row is rotated back
+  int64_t row_bytes;  // bytes of one cached row (quant.h kv_row_bytes)
 };
 
 ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, const WorkItem& it) {
@@ -186,12 +207,16 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.nsub = span_blocks(sh.BS);
   sh.span = sh.nsub * sh.BS;
   sh.part = part_blocks(sh.BS);
-  sh.eight_bit = d.kv_dtype != KvDtype::kFloat32;
-  sh.int8 = d.kv_dtype == KvDtype::kInt8;
+  sh.quantized = d.kv_dtype != KvDtype::kFloat32;
+  sh.int4 = d.kv_dtype == KvDtype::kInt4;
+  sh.int_dots = sh.int4 || d.kv_dtype == KvDtype::kInt8;
+  sh.unrotate = sh.int4 && d.rotate;
+  sh.row_bytes = kv_row_bytes(d.kv_dtype, sh.D);
   return sh;
 }
 
-// scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [BS, D]
+// scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [BS, D] (fp8: widened
+//          floats; int4: unpacked int8 codes)
 //          | the merged parts: A [rows, D] | M [rows] | L [rows]
 //          | int8 caches: qmul [rows] | wscale [rows] | the queries' codes Qc [rows, D] int8
 //            | the span's weights' codes Wc [rows, span] int16
@@ -243,10 +268,13 @@ void merge_part(int64_t D, const float* O, float m, float l, float* A, float& M,
   M = mx;
 }
 
-// out row <- A / L (L >= 1: the row's own key is always valid).
-void finish_row(int64_t D, const float* A, float L, float* dst) {
+// out row <- A / L (L >= 1: the row's own key is always valid), then, when the values were cached rotated
+// (int4 with rotate), H / sqrt(D) once more: the transform is its own inverse, so sum_j p_j H v_j comes back
+// to sum_j p_j v_j.
+void finish_row(int64_t D, const float* A, float L, float* dst, bool unrotate) {
   const float inv = 1.f / L;
   for (int64_t x = 0; x < D; ++x) dst[x] = A[x] * inv;
+  if (unrotate) fwht_normalized(dst, static_cast<int>(D));
 }
 
 // Where row r of the item goes in [T, H*D] (q_work, out).
@@ -262,7 +290,7 @@ int64_t row_offset(const ItemShape& sh, int64_t r) {
 void load_queries(const Ctx& c, const ItemShape& sh, ItemScratch& w) {
   for (int64_t r = 0; r < sh.rows; r += sh.G)
     std::memcpy(w.Qb + r * sh.D, c.q_work + row_offset(sh, r), sizeof(float) * sh.G * sh.D);
-  if (!sh.int8) return;
+  if (!sh.int_dots) return;
   for (int64_t r = 0; r < sh.rows; ++r) {
     const uint16_t s16 =
         quantize_int8(w.Qb + r * sh.D, static_cast<int>(sh.D), reinterpret_cast<uint8_t*>(w.Qc + r * sh.D));
@@ -295,7 +323,7 @@ void prefetch_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_
   constexpr int64_t kLines = 4;
   const PagedAttentionDims& d = *c.d;
   const PagedAttentionArgs& a = *c.a;
-  const int64_t row_bytes = sh.D * (sh.eight_bit ? 1 : 4), BS = sh.BS;
+  const int64_t row_bytes = sh.row_bytes, BS = sh.BS;
   const int64_t nb = std::min(sh.nsub, nblocks - b0);
   for (int64_t sb = 0; sb < nb; ++sb) {
     const int64_t block = a.block_tables[it.seq * d.max_blocks + b0 + sb];
@@ -308,7 +336,7 @@ void prefetch_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_
         __builtin_prefetch(k + off);
         __builtin_prefetch(v + off);
       }
-      if (sh.eight_bit) {
+      if (sh.quantized) {
         __builtin_prefetch(a.key_scales + base);
         __builtin_prefetch(a.value_scales + base);
       }
@@ -336,20 +364,24 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
     for (int64_t gi = 0; gi < sh.nh; ++gi) {
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * BS;  // first row of this block/head
       float* S = w.S + gi * sh.hrows * sh.span + sb * BS;
-      if (sh.int8) {
-        vec.scores_q8(w.Qc + gi * sh.hrows * D, w.qmul + gi * sh.hrows, static_cast<int>(sh.hrows),
-                      static_cast<const uint8_t*>(a.key_cache) + base * D, a.key_scales + base, sp.nks[sb], Di, S,
-                      static_cast<int>(sh.span));
+      if (sh.int_dots) {
+        const uint8_t* K8 = static_cast<const uint8_t*>(a.key_cache) + base * sh.row_bytes;
+        if (sh.int4) {
+          vec.unpack_q4(K8, sp.nks[sb], Di, reinterpret_cast<uint8_t*>(w.Kb));
+          K8 = reinterpret_cast<const uint8_t*>(w.Kb);
+        }
+        vec.scores_q8(w.Qc + gi * sh.hrows * D, w.qmul + gi * sh.hrows, static_cast<int>(sh.hrows), K8,
+                      a.key_scales + base, sp.nks[sb], Di, S, static_cast<int>(sh.span));
         continue;
       }
       const float* K = static_cast<const float*>(a.key_cache) + base * D;
-      if (sh.eight_bit) {  // fp8 (int8 took the integer path above)
+      if (sh.quantized) {  // fp8 (int8 took the integer path above)
         vec.widen_e4m3(static_cast<const uint8_t*>(a.key_cache) + base * D, sp.nks[sb], Di, w.Kb);
         K = w.Kb;
       }
       vec.scores(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows), K, sp.nks[sb], Di, d.scale, S,
                  static_cast<int>(sh.span));
-      if (sh.eight_bit)
+      if (sh.quantized)
         vec.scale_columns(S, static_cast<int>(sh.hrows), static_cast<int>(sh.span), a.key_scales + base, sp.nks[sb]);
     }
     sp.nk += sp.nks[sb];
@@ -395,9 +427,13 @@ void accumulate_span_int8(const Ctx& c, const ItemShape& sh, const Span& sp, Ite
   for (int64_t sb = 0; sb < sp.nb; ++sb) {
     for (int64_t gi = 0; gi < sh.nh; ++gi) {
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
+      const uint8_t* V8 = static_cast<const uint8_t*>(a.value_cache) + base * sh.row_bytes;
+      if (sh.int4) {
+        vec.unpack_q4(V8, sp.nks[sb], static_cast<int>(D), reinterpret_cast<uint8_t*>(w.Vb));
+        V8 = reinterpret_cast<const uint8_t*>(w.Vb);
+      }
       vec.pv_q16(w.Wc + gi * sh.hrows * sh.span + sb * sh.BS, static_cast<int>(sh.span), w.wscale + gi * sh.hrows,
-                 static_cast<int>(sh.hrows), static_cast<const uint8_t*>(a.value_cache) + base * D, sp.nks[sb],
-                 static_cast<int>(D), w.O + gi * sh.hrows * D);
+                 static_cast<int>(sh.hrows), V8, sp.nks[sb], static_cast<int>(D), w.O + gi * sh.hrows * D);
     }
   }
 }
@@ -405,7 +441,7 @@ void accumulate_span_int8(const Ctx& c, const ItemShape& sh, const Span& sp, Ite
 // O += P V over the span's blocks, kv head by kv head in a block (fp8 caches: the probabilities times the
 // values' scales, times the codes widened into Vb).
 void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScratch& w) {
-  if (sh.int8) return accumulate_span_int8(c, sh, sp, w);
+  if (sh.int_dots) return accumulate_span_int8(c, sh, sp, w);
   const PagedAttentionArgs& a = *c.a;
   const VecOps& vec = *c.vec;
   const int64_t D = sh.D;
@@ -414,7 +450,7 @@ void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScra
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
       const float* V = static_cast<const float*>(a.value_cache) + base * D;
       float* P = w.S + gi * sh.hrows * sh.span + sb * sh.BS;
-      if (sh.eight_bit) {
+      if (sh.quantized) {
         vec.widen_e4m3(static_cast<const uint8_t*>(a.value_cache) + base * D, sp.nks[sb], static_cast<int>(D), w.Vb);
         V = w.Vb;
         vec.scale_columns(P, static_cast<int>(sh.hrows), static_cast<int>(sh.span), a.value_scales + base, sp.nks[sb]);
@@ -448,7 +484,8 @@ void end_part(const ItemShape& sh, const WorkItem& it, int64_t p, ItemScratch& w
 
 // out <- A / L for every row of an item that was not split.
 void store_item(const Ctx& c, const ItemShape& sh, const ItemScratch& w) {
-  for (int64_t r = 0; r < sh.rows; ++r) finish_row(sh.D, w.A + r * sh.D, w.L[r], c.a->out + row_offset(sh, r));
+  for (int64_t r = 0; r < sh.rows; ++r)
+    finish_row(sh.D, w.A + r * sh.D, w.L[r], c.a->out + row_offset(sh, r), sh.unrotate);
 }
 
 void attend_item(void* usr, size_t ii) {
@@ -584,7 +621,7 @@ void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, cons
         const float* st = part_state(at, D, p, r);
         merge_part(D, st, st[D], st[D + 1], dst, M, L);
       }
-      finish_row(D, dst, L, dst);
+      finish_row(D, dst, L, dst, sh.unrotate);
     }
   }
 }

@@ -1,4 +1,4 @@
-// Pure PagedAttention kernel: RoPE + (8-bit) Hadamard + quantize new K/V into a paged cache, then
+// Pure PagedAttention kernel: RoPE + (quantized caches) Hadamard + quantize new K/V into a paged cache, then
 // causal GQA attention of each new token over its sequence's cached and new tokens.
 // Plain pointers and sizes; the ORT wrapper validates every shape and index before calling.
 #pragma once
@@ -20,7 +20,7 @@ struct PagedAttentionDims {
   int64_t num_blocks;  // NB, blocks in the pool
   int64_t max_pos;     // rows of the rope cache
   KvDtype kv_dtype;
-  bool rotate;  // Hadamard on Q and K (8-bit caches)
+  bool rotate;  // Hadamard on Q and K (quantized caches), and on V for int4 (each output row rotated back)
   bool rope_interleaved;
   float scale;  // softmax scale
 };
@@ -35,10 +35,11 @@ struct PagedAttentionArgs {
   const int32_t* block_tables;  // [S, max_blocks]
   const float* cos;             // [max_pos, D/2]
   const float* sin;             // [max_pos, D/2]
-  void* key_cache;              // [NB, Hkv, BS, D] float or uint8 codes (output buffer, updated in place)
-  void* value_cache;            // [NB, Hkv, BS, D]
-  uint16_t* key_scales;         // [NB, Hkv, BS] fp16 bits (8-bit only)
-  uint16_t* value_scales;       // [NB, Hkv, BS] fp16 bits (8-bit only)
+  void* key_cache;              // [NB, Hkv, BS, D] float or uint8 codes, int4: [NB, Hkv, BS, D / 2] packed codes
+                                // (quant.h quantize_int4) (output buffer, updated in place)
+  void* value_cache;            // as key_cache
+  uint16_t* key_scales;         // [NB, Hkv, BS] fp16 bits (quantized caches only)
+  uint16_t* value_scales;       // [NB, Hkv, BS] fp16 bits (quantized caches only)
   float* out;                   // [T, H*D]
 };
 

@@ -1,6 +1,6 @@
 // RoPE, Hadamard rotation and 8-bit quantization for the rows written into the KV cache.
 //
-// What: per (token, kv head) row of D floats: rope -> (8-bit only) normalized FWHT -> symmetric
+// What: per (token, kv head) row of D floats: rope -> (quantized caches) normalized FWHT -> symmetric
 // quantization with one fp16 scale per row (rounded up; the codes use the stored scale).
 // Why this way: these run once per new token and head (O(T * H * D log D)), off the long-context hot
 // path (the attention reads every cached row per step); but a decode step at short context is a few
@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "vec.h"
 
@@ -58,6 +59,25 @@ uint16_t quantize_int8(const float* x, int D, uint8_t* codes) {
   }
   const uint16_t s16 = f16_ceil(amax / 127.0f);
   vec().quantize_i8_codes(x, D, f16_to_float(s16), codes);  // round half to even, clamp to +-127
+  return s16;
+}
+
+uint16_t quantize_int4(const float* x, int D, uint8_t* packed) {
+  const float amax = absmax(x, D);
+  const int half = D / 2;
+  if (!(amax > 0.f)) {
+    for (int i = 0; i < half; ++i) packed[i] = 0x88;  // code 0 in both nibbles
+    return 0;
+  }
+  const uint16_t s16 = f16_ceil(amax / 7.0f);
+  // |x / s| <= 7 with the rounded-up scale, so the int8 codes are the int4 codes (NaN: 0).
+  thread_local std::vector<uint8_t> codes;
+  codes.resize(static_cast<size_t>(D));
+  vec().quantize_i8_codes(x, D, f16_to_float(s16), codes.data());
+  for (int i = 0; i < half; ++i) {
+    const int lo = static_cast<int8_t>(codes[i]) + 8, hi = static_cast<int8_t>(codes[i + half]) + 8;
+    packed[i] = static_cast<uint8_t>(lo | (hi << 4));
+  }
   return s16;
 }
 

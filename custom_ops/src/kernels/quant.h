@@ -1,12 +1,17 @@
 // Per-row transforms applied to new tokens before they enter the KV cache: RoPE, the normalized
-// fast Walsh-Hadamard transform, and symmetric 8-bit quantization (int8 and fp8 e4m3fn).
+// fast Walsh-Hadamard transform, and symmetric quantization (int8, fp8 e4m3fn, int4).
 // Plain pointers and sizes only (no ORT types); see quant.cc for the why.
 #pragma once
 #include <cstdint>
 
 namespace ortllm {
 
-enum class KvDtype { kFloat32, kInt8, kFp8E4M3 };
+enum class KvDtype { kFloat32, kInt8, kFp8E4M3, kInt4 };
+
+// Bytes of one cached row of D elements (the last extent of the caches): fp32 4 D, int8 / fp8 D, int4 D / 2.
+inline int64_t kv_row_bytes(KvDtype t, int64_t D) {
+  return t == KvDtype::kFloat32 ? 4 * D : (t == KvDtype::kInt4 ? D / 2 : D);
+}
 
 // x: [D] rotated in place at one position. cos/sin: [D/2] rows of the rope cache.
 // interleaved = false: HF rotate_half, pairs (i, i + D/2); true: pairs (2i, 2i + 1).
@@ -23,6 +28,10 @@ void fwht_normalized(float* x, int D);
 // int8: s = f16_ceil(absmax / 127), code = round_half_even(x / s) in [-127, 127] (stored as a byte).
 // e4m3: s = f16_ceil(absmax / 448), code = e4m3fn byte nearest to x / s (ties to even mantissa).
 uint16_t quantize_int8(const float* x, int D, uint8_t* codes);
+// int4 (D even): s = f16_ceil(absmax / 7), c = round_half_even(x / s) in [-7, 7], stored biased (c + 8 in 1..15)
+// two to a byte: packed[i] = (c[i] + 8) | (c[i + D/2] + 8) << 4 for i < D / 2 (the low nibbles are the first
+// half of the row, the high nibbles the second: one 4-bit shift unpacks a whole half, vec.h unpack_q4).
+uint16_t quantize_int4(const float* x, int D, uint8_t* packed);
 uint16_t quantize_e4m3(const float* x, int D, uint8_t* codes);
 uint8_t float_to_e4m3(float v);  // |v| <= 448 expected; saturates at 448.
 

@@ -24,6 +24,11 @@ struct VecOps {
   // applied to the scores and to the probabilities instead (scale_columns): once per (query row, key) rather
   // than once per code. (int8 caches never widen: their dots are integer, scores_q8 and pv_q16.)
   void (*widen_e4m3)(const uint8_t* codes, int nrows, int D, float* out);
+  // int4 cache rows as int8 codes: codes[j * D + d] = the int8 byte of code(j, d) in [-7, 7], from packed
+  // [nrows, D / 2] (quant.h quantize_int4: nibble = code + 8, low nibbles the first half of a row). The int8
+  // dots then read them as an int8 cache's codes (scores_q8, pv_q16): a block at a time into L1, so the
+  // cache streams half the bytes of int8 from memory.
+  void (*unpack_q4)(const uint8_t* packed, int nrows, int D, uint8_t* codes);
   // S[r * lds + j] *= scale_j (IEEE fp16 bits) for r < rows, j < n.
   void (*scale_columns)(float* S, int rows, int lds, const uint16_t* scales, int n);
   // int8 keys against int8 queries: S[r * lds + j] = (float(sum_d Qc[r * D + d] * code(j, d)) * qmul[r]) * scale_j,

@@ -553,6 +553,33 @@ void fwht(float* x, int D) {
   for (int i = 0; i < D; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), nv));
 }
 
+// The scalar loop's nibbles 32 (then 16) at a time: low nibble - 8 to the first half, high nibble - 8 to the second.
+void unpack_q4(const uint8_t* packed, int nrows, int D, uint8_t* codes) {
+  const int half = D / 2;
+  const __m256i mask = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
+  for (int j = 0; j < nrows; ++j, packed += half, codes += D) {
+    int i = 0;
+    for (; i + 32 <= half; i += 32) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + i));
+      const __m256i lo = _mm256_sub_epi8(_mm256_and_si256(v, mask), eight);
+      const __m256i hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), eight);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + half + i), hi);
+    }
+    for (; i + 16 <= half; i += 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + i));
+      const __m128i m = _mm256_castsi256_si128(mask), e = _mm256_castsi256_si128(eight);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_sub_epi8(_mm_and_si128(v, m), e));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + half + i),
+                       _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), e));
+    }
+    for (; i < half; ++i) {
+      codes[i] = static_cast<uint8_t>((packed[i] & 15) - 8);
+      codes[i + half] = static_cast<uint8_t>((packed[i] >> 4) - 8);
+    }
+  }
+}
+
 // The scalar loop's operations 8 at a time: x / scale, + 1.5 * 2^23 - 1.5 * 2^23 (round half to even),
 // clamp to +-127 (NaN passes the clamp as in the scalar ?:), NaN -> 0, then to bytes (exact: |q| <= 127).
 void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
@@ -584,6 +611,7 @@ const VecOps* vec_avx2_ops() {
                           avx2::scores,
                           avx2::pv,
                           avx2::widen_e4m3,
+                          avx2::unpack_q4,
                           avx2::scale_columns,
                           avx2::scores_q8,
                           avx2::pv_q16,

@@ -191,6 +191,16 @@ void fwht(float* x, int D) {
   for (int i = 0; i < D; ++i) x[i] *= norm;
 }
 
+void unpack_q4(const uint8_t* packed, int nrows, int D, uint8_t* codes) {
+  const int half = D / 2;
+  for (int j = 0; j < nrows; ++j, packed += half, codes += D) {
+    for (int i = 0; i < half; ++i) {
+      codes[i] = static_cast<uint8_t>((packed[i] & 15) - 8);
+      codes[i + half] = static_cast<uint8_t>((packed[i] >> 4) - 8);
+    }
+  }
+}
+
 void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
   // Round half to even via the 1.5 * 2^23 trick (exact for |v| < 2^22 under the default rounding
   // mode; here |v| <= 127 once clamped): same result as nearbyint/np.rint, without a libm call per element.
@@ -206,8 +216,9 @@ void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar", scores, pv,   widen_e4m3, scale_columns,  scores_q8, pv_q16,           weights_q16,
-                          exp_sum,  vmax,   scal, gemm_rows,  gemm_rows_f16b, fwht,      quantize_i8_codes};
+  static const VecOps ops{"scalar",  scores,         pv,          widen_e4m3,       unpack_q4, scale_columns,
+                          scores_q8, pv_q16,         weights_q16, exp_sum,          vmax,      scal,
+                          gemm_rows, gemm_rows_f16b, fwht,        quantize_i8_codes};
   return ops;
 }
 

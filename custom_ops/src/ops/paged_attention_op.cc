@@ -102,7 +102,8 @@ void alias_or_copy(const void* in, T* out, int64_t n) {
 // What the attributes fix and what the inputs' shapes give.
 struct Extents {
   int64_t H, Hkv, D, BS;  // attributes
-  bool eight_bit;
+  bool quantized;         // int8, fp8 or int4: codes with fp16 scales
+  int64_t row;            // the caches' last extent: D (fp32, 8-bit) or D / 2 (int4: two codes a byte)
   int64_t T = 0, S = 0, MB = 0, max_pos = 0, NB = 0;  // tokens, sequences, block-table columns, rope rows, blocks
   bool have_scales = false;
 };
@@ -132,18 +133,18 @@ void check_shapes(Extents& e, const PaInput* in, size_t n_outputs) {
     fail(kOp, ": input 'key_cache' must be [num_blocks, kv_num_heads, block_size, head_size]; got shape ",
          shape_str(kc.shape()));
   const int64_t NB = kc.dims[0];
-  expect("key_cache", kc, {NB, Hkv, BS, D});
-  expect("value_cache", in[kValueCache], {NB, Hkv, BS, D});
+  expect("key_cache", kc, {NB, Hkv, BS, e.row});
+  expect("value_cache", in[kValueCache], {NB, Hkv, BS, e.row});
   e.have_scales = in[kKeyScales].value != nullptr && in[kValueScales].value != nullptr;
-  if (e.eight_bit) {
+  if (e.quantized) {
     if (!e.have_scales)
       fail(kOp,
            ": inputs 'key_scales' and 'value_scales' [num_blocks, kv_num_heads, block_size] "
-           "are required for kv_dtype int8/fp8_e4m3");
+           "are required for kv_dtype int8/fp8_e4m3/int4");
     if (n_outputs < 5)
       fail(kOp,
            ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype "
-           "int8/fp8_e4m3");
+           "int8/fp8_e4m3/int4");
     expect("key_scales", in[kKeyScales], {NB, Hkv, BS});
     expect("value_scales", in[kValueScales], {NB, Hkv, BS});
   }
@@ -204,11 +205,13 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
     kv_dtype_ = KvDtype::kInt8;
   } else if (dt == "fp8_e4m3") {
     kv_dtype_ = KvDtype::kFp8E4M3;
+  } else if (dt == "int4") {
+    kv_dtype_ = KvDtype::kInt4;
   } else {
-    err << kOp << ": attribute kv_dtype = '" << dt << "' is not float32, int8 or fp8_e4m3";
+    err << kOp << ": attribute kv_dtype = '" << dt << "' is not float32, int8, fp8_e4m3 or int4";
   }
-  const bool eight_bit = kv_dtype_ != KvDtype::kFloat32;
-  rotate_ = attr_int(&api, info, "rotate", eight_bit ? 1 : 0) != 0;
+  const bool quantized = kv_dtype_ != KvDtype::kFloat32;
+  rotate_ = attr_int(&api, info, "rotate", quantized ? 1 : 0) != 0;
   if (err.tellp() == 0) {
     if (num_heads_ <= 0 || kv_heads_ <= 0 || num_heads_ % kv_heads_ != 0)
       err << kOp << ": attributes num_heads = " << num_heads_ << ", kv_num_heads = " << kv_heads_
@@ -220,8 +223,8 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
           << " must be a power of two when rotate = 1 (Hadamard transform)";
     else if (block_size_ <= 0)
       err << kOp << ": attribute block_size = " << block_size_ << " must be positive";
-    else if (float_cache == eight_bit)
-      err << kOp << ": attribute kv_dtype = '" << dt << "' needs " << (eight_bit ? "uint8" : "float32")
+    else if (float_cache == quantized)
+      err << kOp << ": attribute kv_dtype = '" << dt << "' needs " << (quantized ? "uint8" : "float32")
           << " key_cache/value_cache tensors";
     else if (interleaved != 0 && interleaved != 1)
       err << kOp << ": attribute rope_interleaved = " << interleaved << " must be 0 or 1";
@@ -266,7 +269,12 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
         in[i] = input(api, context, n_inputs, i);
       }
     }
-    Extents e{num_heads_, kv_heads_, head_size_, block_size_, kv_dtype_ != KvDtype::kFloat32};
+    Extents e{num_heads_,
+              kv_heads_,
+              head_size_,
+              block_size_,
+              kv_dtype_ != KvDtype::kFloat32,
+              kv_row_bytes(kv_dtype_, head_size_) / static_cast<int64_t>(sizeof(CacheT))};
     check_shapes(e, in, n_outputs);
     const auto* cu = static_cast<const int32_t*>(in[kCuSeqlens].data);
     const auto* pos = static_cast<const int32_t*>(in[kPositions].data);
@@ -278,7 +286,7 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
     // happens only when ORT gave a different buffer.
     const int64_t attn_dims[2] = {e.T, e.H * e.D};
     float* out = output<float>(api, context, kAttn, attn_dims, 2);
-    const int64_t cache_elems = e.NB * e.Hkv * e.BS * e.D;
+    const int64_t cache_elems = e.NB * e.Hkv * e.BS * e.row;
     CacheT* kc = output<CacheT>(api, context, kKeyCacheOut, in[kKeyCache].dims, 4);
     CacheT* vc = output<CacheT>(api, context, kValueCacheOut, in[kKeyCache].dims, 4);
     alias_or_copy(in[kKeyCache].data, kc, cache_elems);
@@ -296,8 +304,8 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
         alias_or_copy(in[kValueScales].data, vs, e.NB * e.Hkv * e.BS);
       }
     }
-    if (e.eight_bit && (ks == nullptr || vs == nullptr))
-      fail(kOp, ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype int8/fp8_e4m3");
+    if (e.quantized && (ks == nullptr || vs == nullptr))
+      fail(kOp, ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype int8/fp8_e4m3/int4");
     if (e.T == 0) return nullptr;
 
     PagedAttentionDims dims{e.T,  e.S,       e.H,       e.Hkv,   e.D,          e.BS,  e.MB,

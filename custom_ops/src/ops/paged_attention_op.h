@@ -1,18 +1,19 @@
 // ORT wrapper of the PagedAttention kernel, registered twice under the same name: CacheT = float
-// (kv_dtype "float32") and CacheT = uint8_t (kv_dtype "int8" / "fp8_e4m3").
+// (kv_dtype "float32") and CacheT = uint8_t (kv_dtype "int8" / "fp8_e4m3" / "int4").
 //   inputs : 0 q [T, H*D] f32, 1 k [T, Hkv*D] f32, 2 v [T, Hkv*D] f32 (k, q before RoPE),
 //            3 positions [T] i32, 4 cu_seqlens [S+1] i32, 5 context_lens [S] i32,
 //            6 block_tables [S, max_blocks] i32, 7 cos_cache [max_pos, D/2] f32,
 //            8 sin_cache [max_pos, D/2] f32, 9 key_cache [NB, Hkv, BS, D] CacheT,
-//            10 value_cache [NB, Hkv, BS, D] CacheT,
-//            11 key_scales [NB, Hkv, BS] f16 (optional; required for 8-bit),
-//            12 value_scales [NB, Hkv, BS] f16 (optional; required for 8-bit)
+//            10 value_cache [NB, Hkv, BS, D] CacheT (int4: both caches [NB, Hkv, BS, D/2], two codes a byte),
+//            11 key_scales [NB, Hkv, BS] f16 (optional; required for quantized caches),
+//            12 value_scales [NB, Hkv, BS] f16 (optional; required for quantized caches)
 //   outputs: 0 attn [T, H*D] f32, 1 key_cache_out, 2 value_cache_out (same shape/type as inputs),
-//            3 key_scales_out, 4 value_scales_out (optional; required for 8-bit)
+//            3 key_scales_out, 4 value_scales_out (optional; required for quantized caches)
 //   Cache outputs alias cache inputs when bound to the same buffer (nothing copied then).
 //   attributes: num_heads, kv_num_heads, head_size, block_size (int, required);
-//            kv_dtype (string "float32" | "int8" | "fp8_e4m3", default "float32");
-//            rotate (int, default 1 for 8-bit, 0 for float32); scale (float, default 1/sqrt(D));
+//            kv_dtype (string "float32" | "int8" | "fp8_e4m3" | "int4", default "float32");
+//            rotate (int, default 1 for quantized caches, 0 for float32: Hadamard on q and k, and for int4 on v
+//            too, each output row rotated back); scale (float, default 1/sqrt(D));
 //            rope_interleaved (int, default 0 = HF rotate_half pairs (i, i + D/2)).
 // On Ort::CustomOpBase with status returns, inputs read by index: a B = 1 decode call does a few
 // microseconds of attention, and the Lite API's per-call wrapping of 13 inputs and 5 outputs (a heap
