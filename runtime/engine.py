@@ -213,7 +213,7 @@ class Engine:
         for i in range(n):
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
             detok = IncrementalDetokenizer(lambda t: self.tokenizer.decode(t, skip_special_tokens=True), ids,
-                                           stop=params.stop, stop_token_ids=stops)
+                                           stop=params.stop, stop_token_ids=stops, stream=self.tokenizer.decode_stream)
             if params.greedy:
                 gen = None
             elif i and params.seed is not None:

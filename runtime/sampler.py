@@ -199,17 +199,23 @@ def _has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
+def _plain_greedy(r: RowState) -> bool:
+    """Greedy with nothing that changes the logits or asks for more than the token: argmax of the raw row."""
+    p = r.params
+    return p.greedy and r.mask is None and not p.logit_bias and p.logprobs is None and not _has_penalty(p)
+
+
 class Sampler:
     """Stateless; `sample` takes the logits rows in the same order as `rows`."""
 
     def sample(self, logits: np.ndarray, rows: Sequence[RowState]) -> SampleOutput:
         if logits.ndim != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [B, V] with B = len(rows) = {len(rows)}; got {logits.shape}")
+        if all(_plain_greedy(r) for r in rows):   # the common decode step: one argmax, nothing copied
+            return SampleOutput(np.argmax(logits, axis=1), [None] * len(rows))
         params = [r.params for r in rows]
         want_logprobs = any(p.logprobs is not None for p in params)
         biased = any(r.mask is not None or r.params.logit_bias for r in rows)
-        if all(p.greedy and not _has_penalty(p) for p in params) and not want_logprobs and not biased:
-            return SampleOutput(np.argmax(logits, axis=1).astype(np.int64), [None] * len(rows))
 
         # written to only for bias/masks, penalties and logprobs; everything else works on fancy-indexed copies
         writes = want_logprobs or biased or any(_has_penalty(p) for p in params)

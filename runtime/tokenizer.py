@@ -19,6 +19,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers.decoders import DecodeStream
 
 from .contract import TOKENIZER as TOKENIZER_JSON
 from .contract import TOKENIZER_CONFIG
@@ -72,6 +73,16 @@ def read_chat_template(path: Path, config: dict) -> str | None:
     return template
 
 
+class RustDecodeStream:
+    """tokenizers' DecodeStream bound to its tokenizer, special tokens skipped as in Tokenizer.decode."""
+
+    def __init__(self, backend: _HFTokenizer, context_ids: list[int]):
+        self._tok, self._ds = backend, DecodeStream(ids=list(context_ids), skip_special_tokens=True)
+
+    def step(self, token_id: int) -> str | None:
+        return self._ds.step(self._tok, int(token_id))
+
+
 class Tokenizer:
     """Text <-> token ids for one artifact (thread-safe for encode/decode)."""
 
@@ -119,6 +130,11 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         text = self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
         return _clean_up_tokenization(text) if self._clean_up else text
+
+    def decode_stream(self, context_ids: list[int]):
+        """An incremental decoder of what decode gives, started after context_ids (detokenizer.TokenStream), or
+        None where decode cleans up spaces afterwards (not a per-token operation)."""
+        return None if self._clean_up else RustDecodeStream(self._tok, context_ids)
 
     # ---------------------------------------------------------------------------------- chat template
 
