@@ -313,37 +313,6 @@ struct Span {
   int nk;             // keys in the span
 };
 
-// Touches the start of every K/V chunk (one cache block of one kv head: BS rows, 1 KB int8 / 4 KB fp32
-// at BS 16, D 64) and its scales for the span at key block b0, a span before they are read. The blocks
-// lie wherever the block table puts them, so the hardware prefetcher cannot see the next one coming and
-// each began with a full memory latency; once a chunk's first lines are requested it streams the rest.
-// Measured (standalone kernel, 30 layers' caches from memory, context 2048, shared machine): int8 ~10%,
-// fp32 ~4% faster; prefetching whole chunks instead was no better (it fills the miss buffers).
-void prefetch_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks) {
-  constexpr int64_t kLines = 4;
-  const PagedAttentionDims& d = *c.d;
-  const PagedAttentionArgs& a = *c.a;
-  const int64_t row_bytes = sh.row_bytes, BS = sh.BS;
-  const int64_t nb = std::min(sh.nsub, nblocks - b0);
-  for (int64_t sb = 0; sb < nb; ++sb) {
-    const int64_t block = a.block_tables[it.seq * d.max_blocks + b0 + sb];
-    const int64_t bytes = std::min(kLines * 64, std::min(BS, sh.kv_len - (b0 + sb) * BS) * row_bytes);
-    for (int64_t g = sh.g0; g < sh.g0 + sh.nh; ++g) {
-      const int64_t base = (block * sh.Hkv + g) * BS;
-      const char* k = static_cast<const char*>(a.key_cache) + base * row_bytes;
-      const char* v = static_cast<const char*>(a.value_cache) + base * row_bytes;
-      for (int64_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(k + off);
-        __builtin_prefetch(v + off);
-      }
-      if (sh.quantized) {
-        __builtin_prefetch(a.key_scales + base);
-        __builtin_prefetch(a.value_scales + base);
-      }
-    }
-  }
-}
-
 // Writes the span's scores S [rows, span] = scale * Qb . K, block by block and, in a block, kv head by kv
 // head (the order the cache holds them). int8 caches: integer dots of the query codes with the key codes
 // (vec.h scores_q8), for any number of rows. fp8 caches: the codes are widened to floats (unscaled) into Kb,
@@ -498,13 +467,11 @@ void attend_item(void* usr, size_t ii) {
   const int64_t nblocks = (sh.kv_len + sh.BS - 1) / sh.BS;
   const int64_t nparts = (nblocks + sh.part - 1) / sh.part;
   const int64_t p1 = it.part1 >= 0 ? it.part1 : nparts;
-  const int64_t last = std::min(nblocks, p1 * sh.part);  // the item's key blocks end here
   Span sp;
   for (int64_t p = it.part0; p < p1; ++p) {
     start_part(sh, w);
     const int64_t end = std::min(nblocks, (p + 1) * sh.part);
     for (int64_t b0 = p * sh.part; b0 < end; b0 += sh.nsub) {
-      if (b0 + sh.nsub < last) prefetch_span(c, it, sh, b0 + sh.nsub, last);
       score_span(c, it, sh, b0, end, w, sp);
       softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
       accumulate_span(c, sh, sp, w);
