@@ -376,6 +376,8 @@ class Scheduler(SchedulerInterface):
         return True
 
     def _admit(self, sched: dict[str, int], chunk: int, budget: Callable[[], int]) -> None:
+        if not self.waiting:     # the common decode step: nothing to admit, no one to age
+            return
         adapters = {r.params.adapter for r in self.running if r.params.adapter is not None}
         cap = self.config.max_adapters_per_batch
         admitted: list[Request] = []
