@@ -1,9 +1,9 @@
 """PagedAttention alone, one decode token at context 2048 on SmolLM2's heads (9 query, 3 kv, D = 64, blocks of
-16) over an int8 cache, as the engine calls it: caches bound in place (IO binding), and each call reading another
-layer's 786 KB region of a pool sized for `--layers` layers, so with 30 the keys and values come from memory
-rather than from L2 (with 1 they stay in L2: the op's compute alone).
+16) over an int8 (or `--kv int4`) cache, as the engine calls it: caches bound in place (IO binding), and each
+call reading another layer's region (int8: 786 KB, int4: 405 KB) of a pool sized for `--layers` layers, so with
+30 the keys and values come from memory rather than from L2 (with 1 they stay in L2: the op's compute alone).
 
-    .venv/bin/python ci/attention_membench.py [--threads 2] [--layers 30]
+    .venv/bin/python ci/attention_membench.py [--threads 2] [--layers 30] [--kv int8|int4]
 
 Prints microseconds per call (min and median of 15 rounds of 4 passes over the layers). Compare ops libraries
 with ORTLLM_OPS_LIBRARY=path, alternating. Dev tooling: includes the Python cost of one `run_with_iobinding`.
@@ -31,8 +31,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--kv", choices=("int8", "int4"), default="int8")
     args = ap.parse_args(argv)
-    attrs = dict(num_heads=9, kv_num_heads=3, head_size=64, block_size=BLOCK, kv_dtype="int8")
+    attrs = dict(num_heads=9, kv_num_heads=3, head_size=64, block_size=BLOCK, kv_dtype=args.kv)
     stride = BLOCKS + 1               # blocks per layer's region
     feeds = make_case(np.random.default_rng(0), [(CONTEXT, 1)], **attrs,
                       spare_blocks=args.layers * stride - BLOCKS)
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
             for b in bindings:
                 sess.run_with_iobinding(b)
         per_call.append((time.perf_counter() - t0) / (4 * args.layers) * 1e6)
-    print(f"threads {args.threads}, layers {args.layers}: per call min {min(per_call):.1f} us, "
+    print(f"{args.kv}, threads {args.threads}, layers {args.layers}: per call min {min(per_call):.1f} us, "
           f"median {np.median(per_call):.1f} us")
     return 0
 
