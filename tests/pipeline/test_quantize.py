@@ -165,7 +165,7 @@ def test_keep_patterns_and_lm_head_choice():
     (dict(quant="int4", algo="hqq", symmetric=True), "hqq is asymmetric"),
     (dict(quant="int8", lm_head="int2"), "--lm-head must be one of"),
     (dict(kv="int8", kv_rotate=False, graph="portable"), "needs the engine graph"),
-    (dict(kv_rotate=False), "--kv-rotate 0 applies to 8-bit"),
+    (dict(kv_rotate=False), "--kv-rotate 0 applies to quantized"),
 ])
 def test_bad_options_are_one_line_errors(opts, match):
     with pytest.raises(BuildError, match=match) as e:
