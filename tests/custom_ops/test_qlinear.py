@@ -171,7 +171,7 @@ def test_within_the_activation_step_of_fp32():
     assert np.abs(dequantized_activations(x, 32)[:, :576] - x).max() <= dx.max() / 2 * 1.0001
 
 
-@pytest.mark.parametrize("ranks", [(8,), (16,), (64,), (0, 8, 16, 64), (1, 5, 13)])
+@pytest.mark.parametrize("ranks", [(8,), (16,), (64,), (0, 8, 16, 64), (1, 5, 13), (0,)])
 @pytest.mark.parametrize("n_adapters", [0, 1, 4, 8])
 @pytest.mark.parametrize("T", [1, 16, 64])
 def test_lora_parity_qkv(ranks, n_adapters, T):

@@ -165,23 +165,22 @@ void lora_quad(void* usr, size_t i) {
 }
 
 // The LoRA's work: per segment, the tokens with an adapter on it, sorted by slot (counting sort), in
-// groups of up to kQTile tokens of one slot. Returns the multiply-adds.
+// groups of up to kQTile tokens of one slot, and its buffers (none when no token has a rank > 0 here: an
+// adapter on q, k, v, o costs gate|up and down nothing). Returns the multiply-adds.
 int64_t plan_lora(Ctx& c) {
   const QLinearArgs& a = *c.a;
   const int64_t T = c.d->num_tokens;
-  c.lora.assign(static_cast<size_t>(c.groups * T * 8), 0.f);
-  c.lbuf = c.lora.data();
   std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(T));
   int64_t macs = 0;
   for (int j = 0; j < a.n_segments; ++j) {
-    c.h[j].resize(static_cast<size_t>(T * a.seg[j].r_max));
-    c.qh[j].assign(static_cast<size_t>(T * a.seg[j].r_max), 0);
-
     std::fill(count.begin(), count.end(), 0);
     for (int64_t t = 0; t < T; ++t)
       if (lora_rank(c, t, j) > 0) ++count[a.token_adapter[t] + 1];
     for (int64_t s = 0; s < a.n_slots; ++s) count[s + 1] += count[s];
     const int64_t n = count[a.n_slots];
+    if (n == 0) continue;
+    c.h[j].resize(static_cast<size_t>(T * a.seg[j].r_max));
+    c.qh[j].assign(static_cast<size_t>(T * a.seg[j].r_max), 0);
     for (int64_t t = 0; t < T; ++t)
       if (lora_rank(c, t, j) > 0) order[count[a.token_adapter[t]]++] = t;  // count[s] ends at slot s's end
     for (int64_t i = 0; i < n;) {
@@ -192,6 +191,10 @@ int64_t plan_lora(Ctx& c) {
       macs += q.n * lora_rank(c, q.t[0], j) * (c.d->in_dim + a.seg[j].width);
     }
   }
+  if (c.quads.empty()) return 0;
+  c.lora.assign(static_cast<size_t>(c.groups * T * 8), 0.f);
+  c.lbuf = c.lora.data();
+  c.qsum32.resize(static_cast<size_t>(T * c.kc));
   return macs;
 }
 
@@ -311,7 +314,7 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.zsum.resize(static_cast<size_t>(T * c.kb));
   if (a.norm_weight) c.normed.resize(static_cast<size_t>(T * d.in_dim));
   c.kc = (d.in_dim + kLoraChunk - 1) / kLoraChunk;
-  if (a.token_adapter != nullptr && a.n_segments > 0) c.qsum32.resize(static_cast<size_t>(T * c.kc));
+  const int64_t lora_macs = a.token_adapter != nullptr && a.n_segments > 0 ? plan_lora(c) : 0;
   c.xin = a.norm_weight ? c.normed.data() : a.x;
   if (parallel && T > kQuantizeChunk) {
     par.run(static_cast<size_t>((T + kQuantizeChunk - 1) / kQuantizeChunk), quantize_item, &c);
@@ -319,13 +322,10 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
     quantize_tokens(c, 0, T);
   }
 
-  if (a.token_adapter != nullptr && a.n_segments > 0) {
-    const int64_t macs = plan_lora(c);
-    if (macs >= kParallelLoraMacs && c.quads.size() > 1) {
-      par.run(c.quads.size(), lora_quad, &c);
-    } else {
-      for (size_t i = 0; i < c.quads.size(); ++i) lora_quad(&c, i);
-    }
+  if (lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
+    par.run(c.quads.size(), lora_quad, &c);
+  } else {
+    for (size_t i = 0; i < c.quads.size(); ++i) lora_quad(&c, i);
   }
 
   c.t_chunk = std::min(T, kTokenChunk);
