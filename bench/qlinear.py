@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
+from ortllm.runtime.lora_stacks import quantize_a, quantize_b
+
 from .ops import Runner, _compare, _ratio_row, _row
 
 F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
@@ -36,7 +38,8 @@ def _raw(name, dtype, arr):
 
 def _graph(nodes, inits, feeds, K, N_out, copies, domains):
     nodes.append(helper.make_node("Concat", [f"y{i}" for i in range(copies)], ["y"], axis=1))
-    types = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32}
+    types = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32,
+             np.dtype(np.int8): TensorProto.INT8}
     inputs = [helper.make_tensor_value_info("x", F32, ["T", K])]
     inputs += [helper.make_tensor_value_info(n, types[v.dtype], [None] * v.ndim) for n, v in feeds.items() if n != "x"]
     graph = helper.make_graph(nodes, "bench", inputs, [helper.make_tensor_value_info("y", F32, ["T", copies * N_out])],
@@ -74,12 +77,16 @@ def qlinear_runner(rng, T, K, N, threads, adapters: int = 0, rank: int = 16, slo
     feeds = {"x": rng.standard_normal((T, K), dtype=np.float32)}
     extra = []
     if adapters:
+        stacks = [(quantize_a(rng.standard_normal((K, rank), dtype=np.float32) * 0.05),
+                   quantize_b(rng.standard_normal((rank, N), dtype=np.float32) * 0.05)) for _ in range(slots)]
         feeds |= {"token_adapter": (np.arange(T) % adapters).astype(np.int32),
                   "lora_scale": np.ones(slots, np.float32),
-                  "A0": (rng.standard_normal((slots, K, rank)) * 0.05).astype(np.float16),
-                  "B0": (rng.standard_normal((slots, rank, N)) * 0.05).astype(np.float16),
+                  "A0": np.stack([a[0] for a, _ in stacks]).reshape(slots, K, rank),        # int8 stacks (lora_stacks)
+                  "A_scale0": np.stack([a[1] for a, _ in stacks]),
+                  "B0": np.stack([b[0] for _, b in stacks]).reshape(slots, rank, N),
+                  "B_scale0": np.stack([b[1] for _, b in stacks]),
                   "rank0": np.full(slots, rank, np.int32)}
-        extra = ["token_adapter", "lora_scale", "A0", "B0", "rank0"]
+        extra = ["token_adapter", "lora_scale", "A0", "A_scale0", "B0", "B_scale0", "rank0"]
     nodes, inits = [], []
     for i in range(copies):
         inits += [_raw(f"C{i}", U8, rng.integers(0, 256, (G, kb, BLOCK * 4), dtype=np.uint8)),

@@ -7,6 +7,8 @@ MatMul(NBits) + MultiLoRA form (fp32 artifacts, --keep splits, block size 16).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from onnx import TensorProto
 
@@ -17,7 +19,8 @@ from .onnx_builder import GraphBuilder
 from .qlinear_pack import pack
 from .quantize import QuantizedWeight, RTNQuantizer, hf_name
 
-F16 = TensorProto.FLOAT16
+F16, I8 = TensorProto.FLOAT16, TensorProto.INT8
+SEG0, SEG_INPUTS, NORM = 7, 5, 22   # the op's input positions (custom_ops/README.md): LoRA segments, norm weight
 EPILOGUES = ("none", "residual", "swiglu")
 
 
@@ -36,10 +39,12 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
     output per weight, [T, N_i] each (q, k, v without a Split node).
 
         x [T, K] --> QLinear(codes, scales [, offsets] [, residual],
-                             token_adapter, lora.scale, (A, B, rank) per target [, norm weight]) --> y
+                             token_adapter, lora.scale, (A, A_scale, B, B_scale, rank) per target
+                             [, norm weight]) --> y
 
     ws are HF [out, in] weights fused along out in order; `lora` = {"layer": i, "adapter": token_adapter
-    input} gives each path its LoRA segment (graph inputs lora.{i}.{target}.a|b and lora.rank.{target});
+    input} gives each path its LoRA segment (graph inputs lora.{i}.{target}.a|a_scale|b|b_scale, the int8 stacks,
+    and lora.rank.{target});
     `norm` = (weight [K], eps, path): the op projects RMSNorm(x) * weight (the norm before it, fused).
     """
     assert epilogue in EPILOGUES
@@ -47,7 +52,7 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
     qs = [quant.quantize(hf_name(p), w) for w, p in zip(ws, paths)]
     q = qs[0] if len(qs) == 1 else QuantizedWeight.concat(qs)
     p = pack(q)
-    ins = [""] * 17      # the op's inputs by position (custom_ops/README.md); "" = absent
+    ins = [""] * (NORM + 1)      # the op's inputs by position; "" = absent
     ins[:5] = [x, g.weight(f"{path}.qcodes{p.bits}", p.codes), g.weight(f"{path}.qscales", p.scales),
                g.weight(f"{path}.qoffsets", p.offsets) if p.offsets is not None else "", residual or ""]
     if lora is not None:
@@ -55,14 +60,18 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
         for j, (w, pth) in enumerate(zip(ws, paths)):
             target = pth.rsplit("/", 1)[1]
             out_dim, in_dim = w.shape
-            ins[7 + 3 * j:10 + 3 * j] = [
-                g.input(C.lora_name(lora["layer"], target, "a"), F16, ["lora_slots", in_dim, "lora_rank"]),
-                g.input(C.lora_name(lora["layer"], target, "b"), F16, ["lora_slots", "lora_rank", out_dim]),
+            name = functools.partial(C.lora_name, lora["layer"], target)
+            chunks = -(-in_dim // C.LORA_CHUNK)
+            ins[SEG0 + SEG_INPUTS * j:SEG0 + SEG_INPUTS * (j + 1)] = [
+                g.input(name("a"), I8, ["lora_slots", in_dim, "lora_rank"]),
+                g.input(name("a_scale"), F16, ["lora_slots", chunks, "lora_rank"]),
+                g.input(name("b"), I8, ["lora_slots", "lora_rank", out_dim]),
+                g.input(name("b_scale"), F16, ["lora_slots", out_dim]),
                 C.lora_rank_name(target)]
     attrs = {}
     if norm is not None:
         weight, eps, norm_path = norm
-        ins[16] = g.weight(f"{norm_path}.weight", weight)
+        ins[NORM] = g.weight(f"{norm_path}.weight", weight)
         attrs["norm_eps"] = float(eps)
     if split and len(ws) > 1:
         attrs["split"] = [int(w.shape[0]) for w in ws]

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 5        # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 6        # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
                             #  4: key_scales / value_scales float16 (ops ABI 4);
-                            #  5: quantized projections are ortllm::QLinear (ops ABI 5))
+                            #  5: quantized projections are ortllm::QLinear (ops ABI 5);
+                            #  6: QLinear's lora stacks int8 with fp16 scales (ops ABI 6))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -139,6 +140,12 @@ def present_value(layer: int) -> str:
 #       (the slot stacks; adapter files stay float32, converted when written into a slot). Slot s of .a
 #       holds a row-major [in, rank] matrix in its first in * rank elements (MultiLoRA packed_a = 1), so
 #       a rank below r_max streams only its own bytes; .b uses its first rank rows.
+#   QLinear projections (quantized artifacts) take int8 stacks instead (runtime/lora_stacks.py writes them):
+#   lora.{i}.{target}.a        [slots, in, r_max]         int8, slot s: [in, rank] codes in k-quads
+#   lora.{i}.{target}.a_scale  [slots, ceil(in / 32), r_max]  float16, slot s: [ceil(in / 32), rank]
+#   lora.{i}.{target}.b        [slots, r_max, out]        int8, slot s: [rank, out] codes in rank pairs
+#   lora.{i}.{target}.b_scale  [slots, out]               float16, per output column
+#       (layouts: custom_ops/src/kernels/qlinear.h; r_max even); the input's element type says which form.
 #   lora.scale [slots] float32
 #   lora.rank.{target} [slots] int32   the slot's adapter rank on that target, 0 where the adapter does not
 #       adapt it: MultiLoRA then skips the slot there instead of streaming its zero stacks
@@ -187,7 +194,11 @@ def cache_name(kind: str, layer: int, out: bool = False) -> str:
     return f"{kind}_out.{layer}" if out else f"{kind}.{layer}"
 
 
+LORA_CHUNK = 32    # elements of `in` per float16 scale of an int8 lora .a stack (QLinear's kLoraChunk)
+
+
 def lora_name(layer: int, target: str, which: str) -> str:
+    """which in a, b (and a_scale, b_scale for the int8 stacks of QLinear projections)."""
     return f"lora.{layer}.{target}.{which}"
 
 

@@ -7,6 +7,7 @@ nothing is copied per step), warm up (a prefill and a decode), then serve `execu
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -16,6 +17,7 @@ from . import contract as C
 from .artifact import Artifact, ArtifactError
 from .config import EngineConfig
 from .errors import ConfigError
+from .lora_stacks import quantize_a, quantize_b
 from .ops_library import register_ops
 from .scheduler import ScheduledSeq
 
@@ -79,6 +81,9 @@ class ModelRunner:
         self._inputs: dict[str, np.ndarray] = {}      # the step inputs bound now (memory shared with ORT)
         self._bind_pool(cfg)
         self._lora_shapes = {i.name: i.shape for i in self.session.get_inputs() if i.name.startswith("lora.")}
+        # int8 stacks (QLinear projections, with their scales) or float16 ones (MultiLoRA), per layer and target
+        self._lora_int8 = {i.name for i in self.session.get_inputs()
+                           if i.name.startswith("lora.") and i.type == "tensor(int8)"}
         self.resize_adapter_slots(1, 1)
         self._warm_up()
 
@@ -102,37 +107,54 @@ class ModelRunner:
     def resize_adapter_slots(self, slots: int, max_rank: int) -> None:
         """(Re)allocate the adapter slot stacks, zero-filled, and bind them; slot contents are lost.
 
-        Per layer and target: A [slots, in, max_rank], B [slots, max_rank, out] float16 (MultiLoRA streams
-        them once per step: half the bytes of fp32); lora.scale [slots] float32; per target lora.rank.{target}
-        [slots] int32.
+        Per layer and target, for QLinear projections (contract 6): A int8 [slots, in, r] with A_scale float16
+        [slots, ceil(in / 32), r], B int8 [slots, r, out] with B_scale float16 [slots, out] (r = max_rank rounded
+        up to even: B's rank pairs); for MultiLoRA ones (fp32 artifacts): A [slots, in, r], B [slots, r, out]
+        float16. lora.scale [slots] float32; per target lora.rank.{target} [slots] int32.
         """
         self.adapter_slots, self.adapter_rank = slots, max_rank
+        r = max_rank + max_rank % 2
         self._bind_static(C.LORA_SCALE, np.zeros(slots, np.float32))
         for target in C.LORA_TARGETS:
             self._bind_static(C.lora_rank_name(target), np.zeros(slots, np.int32))
         for i in range(self.num_layers):
             for target in C.LORA_TARGETS:
                 a, b = C.lora_name(i, target, "a"), C.lora_name(i, target, "b")
-                self._bind_static(a, np.zeros((slots, self._lora_shapes[a][1], max_rank), np.float16))
-                self._bind_static(b, np.zeros((slots, max_rank, self._lora_shapes[b][2]), np.float16))
+                k, n = self._lora_shapes[a][1], self._lora_shapes[b][2]
+                if a not in self._lora_int8:
+                    self._bind_static(a, np.zeros((slots, k, r), np.float16))
+                    self._bind_static(b, np.zeros((slots, r, n), np.float16))
+                    continue
+                self._bind_static(a, np.zeros((slots, k, r), np.int8))
+                self._bind_static(C.lora_name(i, target, "a_scale"), np.zeros((slots, -(-k // C.LORA_CHUNK), r),
+                                                                              np.float16))
+                self._bind_static(b, np.zeros((slots, r, n), np.int8))
+                self._bind_static(C.lora_name(i, target, "b_scale"), np.zeros((slots, n), np.float16))
 
     def write_adapter_slot(self, slot: int, tensors: dict[str, np.ndarray], rank: int, scale: float) -> None:
         """Copy one adapter (layers.{i}.{target}.a [in, r] / .b [r, out], float32 as stored) into `slot` of the
-        bound float16 stacks (numpy rounds to nearest on assignment): .a packed row-major [in, r] at the start
-        of the slot (contract: MultiLoRA packed_a), .b in its first r rows. Targets it does not adapt are zeroed
-        and get rank 0, so MultiLoRA skips the slot there. Writes the bound memory in place: no rebinding."""
+        bound stacks, packed at the start of the slot so a rank below the stack's streams only its own bytes:
+        int8 stacks get lora_stacks' codes and scales (QLinear's layouts); float16 ones .a row-major [in, r]
+        (MultiLoRA packed_a) and .b in its first r rows (numpy rounds to nearest on assignment). Targets it
+        does not adapt are zeroed and get rank 0, so the ops skip the slot there. Writes the bound memory in
+        place: no rebinding."""
         adapted = set()
         for i in range(self.num_layers):
             for target in C.LORA_TARGETS:
-                a = self._arrays[C.lora_name(i, target, "a")][slot]
-                b = self._arrays[C.lora_name(i, target, "b")][slot]
-                a.fill(0.0)
-                b.fill(0.0)
-                key = f"layers.{i}.{target}"
-                if key + ".a" in tensors:
-                    a.reshape(-1)[:a.shape[0] * rank] = tensors[key + ".a"].reshape(-1)   # packed [in, rank]
-                    b[:rank] = tensors[key + ".b"]
-                    adapted.add(target)
+                key, name = f"layers.{i}.{target}", functools.partial(C.lora_name, i, target)
+                int8 = name("a") in self._lora_int8
+                parts = [self._arrays[name(w)][slot] for w in (("a", "a_scale", "b", "b_scale") if int8 else "ab")]
+                for p in parts:
+                    p.fill(0)
+                if key + ".a" not in tensors:
+                    continue
+                adapted.add(target)
+                if int8:
+                    for dst, src in zip(parts, (*quantize_a(tensors[key + ".a"]), *quantize_b(tensors[key + ".b"]))):
+                        dst.reshape(-1)[:src.size] = src.reshape(-1)
+                else:
+                    parts[0].reshape(-1)[:parts[0].shape[0] * rank] = tensors[key + ".a"].reshape(-1)  # [in, rank]
+                    parts[1][:rank] = tensors[key + ".b"]
         for target in C.LORA_TARGETS:
             self._arrays[C.lora_rank_name(target)][slot] = rank if target in adapted else 0
         self._arrays[C.LORA_SCALE][slot] = scale

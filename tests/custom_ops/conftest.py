@@ -23,7 +23,8 @@ PA_INPUTS = ["q", "k", "v", "positions", "cu_seqlens", "context_lens", "block_ta
 PA_OUTPUTS = ["attn", "key_cache_out", "value_cache_out", "key_scales_out", "value_scales_out"]
 LORA_INPUTS = ["x", "base_y", "A", "B", "scale", "rank", "token_adapter"]
 
-F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
+F32, F16, I32, U8, I8 = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8,
+                        TensorProto.INT8)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -98,9 +99,9 @@ def assert_close(got, ref, *, atol, rtol, what=""):
 
 
 QLINEAR_INPUTS = ["x", "codes", "scales", "offsets", "residual", "token_adapter", "lora_scale",
-                  "A0", "B0", "rank0", "A1", "B1", "rank1", "A2", "B2", "rank2", "norm_weight"]
-QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, F16, F16, I32, F16, F16, I32, F16, F16, I32, F32]
-QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, 3, 3, 1, 3, 3, 1, 3, 3, 1, 1]
+                  *(f"{n}{j}" for j in range(3) for n in ("A", "A_scale", "B", "B_scale", "rank")), "norm_weight"]
+QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, *[I8, F16, I8, F16, I32] * 3, F32]
+QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, *[3, 3, 3, 2, 1] * 3, 1]
 
 
 def qlinear_model(present: list[str], n_outputs: int = 1, **attrs) -> onnx.ModelProto:

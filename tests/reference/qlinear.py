@@ -6,7 +6,10 @@ W_hat is the packed weight as pipeline/qlinear_pack.py unpacks it (w = d * (code
 quantized per (token, block) to int8 exactly as the kernel does it, in the same float32 operations
 (dx = absmax / 127, codes = rint(x * (1 / dx)), half to even), so the two differ only by the kernel's
 float32 accumulation; `magnitude` gives the scale of the terms that accumulation rounds, for tolerances.
-The LoRA sees the unquantized x (fp32), with A and B at their fp16 values.
+The LoRA runs on the same activation codes with the int8 stacks (codes and fp16 scales in the layouts of
+qlinear.h, decoded here from those formulas): per 32-chunk exact integer dots, h in float64, h quantized to
+int16 as the kernel does it in float32, then the expand's exact integer dots. Only h's float32 accumulation in
+the kernel can move one of its int16 codes by one (`lora_terms` bounds that).
 """
 from __future__ import annotations
 
@@ -37,21 +40,63 @@ def dequantized_activations(x: np.ndarray, block_size: int) -> np.ndarray:
     return (codes.reshape(t, dx.shape[1], block_size) * dx[..., None].astype(np.float64)).reshape(t, -1)
 
 
-def _lora(x, token_adapter, lora_scale, segments, packed_a, n):
-    """[T, N] float64: each token's adapter on each segment's columns; segments = [(A, B, rank), ...]."""
-    out = np.zeros((len(x), n))
+LORA_CHUNK = 32      # elements of K per scale of A (qlinear.h kLoraChunk)
+
+
+def lora_a(codes, scales, k: int, r: int, lda: int) -> tuple[np.ndarray, np.ndarray]:
+    """One slot of an int8 A stack (flat codes, flat scales) -> (codes int64 [K, r], scales float64 [kc, r]):
+    code (k, i) at ((k // 4) * lda + i) * 4 + k % 4, scale (c, i) at c * lda + i."""
+    kk, ii = np.meshgrid(np.arange(k), np.arange(r), indexing="ij")
+    kc = -(-k // LORA_CHUNK)
+    cc, jj = np.meshgrid(np.arange(kc), np.arange(r), indexing="ij")
+    return (codes.reshape(-1)[((kk // 4) * lda + ii) * 4 + kk % 4].astype(np.int64),
+            scales.reshape(-1)[cc * lda + jj].astype(np.float64))
+
+
+def lora_b(codes, r: int, n: int) -> np.ndarray:
+    """One slot of an int8 B stack (flat codes) -> codes int64 [r, N]: code (j, c) at ((j // 2) * N + c) * 2 + j % 2."""
+    jj, cc = np.meshgrid(np.arange(r), np.arange(n), indexing="ij")
+    return codes.reshape(-1)[((jj // 2) * n + cc) * 2 + jj % 2].astype(np.int64)
+
+
+def lora_h(codes_t, dx_t, block_size, qa, sa) -> np.ndarray:
+    """float64 [r]: the shrink of one token (activation codes [kb * bs], dx [kb]) on one slot's A."""
+    k = qa.shape[0]
+    h = np.zeros(qa.shape[1])
+    for c in range(sa.shape[0]):
+        k0, k1 = c * LORA_CHUNK, min(k, (c + 1) * LORA_CHUNK)
+        h += dx_t[k0 // block_size].astype(np.float64) * sa[c] * (codes_t[k0:k1].astype(np.int64) @ qa[k0:k1])
+    return h
+
+
+def quantize_h(h) -> tuple[np.ndarray, np.float32]:
+    """h [r] -> (int16 codes as int64, dh float32), in the kernel's float32 operations."""
+    h32 = h.astype(np.float32)
+    dh = np.float32(np.abs(h32).max(initial=0) / np.float32(32767))
+    inv = np.float32(1) / dh if dh != 0 else np.float32(0)
+    return np.rint(h32 * inv).astype(np.int64), dh
+
+
+def lora_terms(x, block_size, token_adapter, lora_scale, segments, packed_a, n):
+    """([T, N] float64 LoRA per token on each segment's columns, [T, N] bound of one int16 code of h off per rank);
+    segments = [(A, A_scale, B, B_scale, rank), ...] as the op takes them."""
+    codes, dx = quantize_activations(x, block_size)
+    out, step = np.zeros((len(x), n)), np.zeros((len(x), n))
     col = 0
-    for A, B, rank in segments:
-        width = B.shape[2]
+    for A, sA, B, sB, rank in segments:
+        k, width = A.shape[1], B.shape[2]
         for t, a in enumerate(token_adapter):
             r = int(rank[a]) if a >= 0 else 0
             if r == 0 or lora_scale[a] == 0:
                 continue
-            a_mat = A[a].reshape(-1)[:A.shape[1] * r].reshape(A.shape[1], r) if packed_a else A[a, :, :r]
-            h = x[t].astype(np.float64) @ a_mat.astype(np.float64)
-            out[t, col:col + width] += float(lora_scale[a]) * (h @ B[a, :r].astype(np.float64))
+            qa, sa = lora_a(A[a], sA[a], k, r, r if packed_a else A.shape[2])
+            qh, dh = quantize_h(lora_h(codes[t], dx[t], block_size, qa, sa))
+            qb = lora_b(B[a], r, width)
+            coef = np.float64(np.float32(lora_scale[a]) * dh)
+            out[t, col:col + width] += coef * sB[a].astype(np.float64) * (qh @ qb)
+            step[t, col:col + width] += coef * sB[a].astype(np.float64) * np.abs(qb).sum(0)
         col += width
-    return out
+    return out, step
 
 
 def rms_norm(x, weight, eps) -> np.ndarray:
@@ -68,7 +113,7 @@ def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_ada
     x_hat = dequantized_activations(x, w.block_size)
     y = x_hat @ dequantize_packed(w).astype(np.float64).T                         # [T, N]
     if token_adapter is not None:
-        y += _lora(x, token_adapter, lora_scale, segments, packed_a, w.n)
+        y += lora_terms(x, w.block_size, token_adapter, lora_scale, segments, packed_a, w.n)[0]
     if epilogue == "residual":
         y = residual.astype(np.float64) + y
     elif epilogue == "swiglu":

@@ -84,6 +84,62 @@ def test_mixed_batch_equals_alone(adapted):
     assert len({tuple(t) for t in alone}) > len(_prompts()), "adapters should change the outputs"
 
 
+@pytest.fixture(scope="module")
+def adapted_int4(tiny_weights, tmp_path_factory):
+    """The tiny model as an int4 engine artifact (its projections are QLinear: int8 LoRA stacks, contract 6) with
+    adapters of ranks 8, 5 (odd) and 32 on every target."""
+    from ortllm.cli.build import build_artifact
+    from ortllm.pipeline.build import BuildOptions
+    base = tmp_path_factory.mktemp("adapted-int4")
+    art = base / "art"
+    build_artifact("llama-tiny-random", art, BuildOptions(graph="engine", quant="int4", block_size=32),
+                   log=lambda m: None)
+    for k, r in enumerate((8, 5, 32)):
+        _peft(tiny_weights, base / f"q{k}", seed=30 + k, r=r, targets=TARGET_SETS[3])
+        add_adapter(art, base / f"q{k}", f"q{k}")
+    return art
+
+
+def test_int8_stacks_hold_each_adapter_within_half_a_step(adapted_int4):
+    """QLinear's slots hold the adapter's A and B as int8 codes with float16 scales (runtime/lora_stacks.py, layouts
+    decoded by the NumPy reference): every weight within half its scale, ranks per target, zeros elsewhere."""
+    from safetensors.numpy import load_file
+
+    from ortllm.runtime import contract as C
+    from tests.reference.qlinear import LORA_CHUNK, lora_a, lora_b
+    with Engine.from_artifact(adapted_int4, num_blocks=64) as engine:
+        slots, failed = engine.adapters.activate(["q1", "q2"])
+        assert not failed
+        arrays = engine.runner._arrays
+        for name in ("q1", "q2"):
+            tensors = load_file(str(adapted_int4 / "adapters" / f"{name}.safetensors"))
+            s = slots[name]
+            for i in range(2):
+                for target in C.LORA_TARGETS:
+                    a, b = tensors[f"layers.{i}.{target}.a"], tensors[f"layers.{i}.{target}.b"]
+                    (k, r), n = a.shape, b.shape[1]
+                    arr = {w: arrays[C.lora_name(i, target, w)][s] for w in ("a", "a_scale", "b", "b_scale")}
+                    assert arr["a"].dtype == np.int8 and int(arrays[C.lora_rank_name(target)][s]) == r
+                    qa, sa = lora_a(arr["a"], arr["a_scale"], k, r, r)
+                    step_a = np.repeat(sa, LORA_CHUNK, axis=0)[:k]
+                    assert (np.abs(qa * step_a - a) <= step_a / 2 * 1.001 + 1e-12).all(), (name, i, target, "a")
+                    step_b = arr["b_scale"].astype(np.float64)
+                    assert (np.abs(lora_b(arr["b"], r, n) * step_b - b) <= step_b / 2 * 1.001 + 1e-12).all()
+                    assert not arr["a"].reshape(-1)[k * r:].any() and not arr["b"][-(-r // 2) * 2:].any()
+
+
+def test_int8_stacks_mixed_batch_equals_alone(adapted_int4):
+    """On the QLinear artifact, each adapter's greedy tokens in a mixed batch (with base rows) equal its tokens
+    alone, and the adapters change them."""
+    names = [None, "q0", "q1", "q2"]
+    jobs = [(p, names[i % len(names)]) for i, p in enumerate(_prompts() * 2)]
+    with Engine.from_artifact(adapted_int4, num_blocks=128, max_adapters_per_batch=3) as engine:
+        alone = [engine.generate([p], _greedy(adapter=a))[0].token_ids for p, a in jobs]
+        mixed = engine.generate([p for p, _ in jobs], [_greedy(adapter=a) for _, a in jobs])
+    assert [m.token_ids for m in mixed] == alone
+    assert len({tuple(t) for t in alone}) > len(_prompts()), "adapters should change the outputs"
+
+
 def test_churn_through_two_slots_with_bad_requests(adapted, tmp_path):
     """10 adapters through 2 slots, 3 requests each; meanwhile 25 requests for unknown adapters and 5 for an
     adapter whose file was damaged after load are refused with typed errors, and the good ones all succeed."""

@@ -3,11 +3,12 @@
 // Three phases per call:
 //   1. each token's activations (RMSNorm'ed first when the op carries the norm) quantized once:
 //      q [T, kb * bs] int8, dx / sx / zsum [T, kb];
-//   2. the LoRA shrink h_j[t] = x[t] @ A_j[a] [rank] per (token, segment) with an adapter
-//      (fp32 x, fp16 A, fp32 accumulation; tokens without an adapter cost nothing);
+//   2. the LoRA per (segment, up to kQTile tokens of one slot): the shrink h = x @ A_j[a] as integer
+//      dots of phase 1's codes with the int8 A, h quantized to int16, the expand h @ B_j[a] as integer
+//      dots into lora [G, T, 8] (tokens without an adapter cost nothing);
 //   3. the projection over work items (8-row groups x token chunks): the group's weights are
-//      unpacked once per kQTile tokens and stay in L1 across the chunk; each output's epilogue
-//      (LoRA expand, residual or SiLU(gate) * up) runs right after its base value, in registers.
+//      unpacked once per kQTile tokens and stay in L1 across the chunk; the accumulators start from
+//      lora (0 without), and each output's epilogue (residual or SiLU(gate) * up) runs right after.
 // Which item computes an output never changes its value (qlinear.h), so the split is free to
 // follow the work: T = 1 splits the weight rows across the pool (each weight byte read once),
 // prefill splits rows x token chunks. Small calls run on the calling thread.
@@ -25,7 +26,7 @@ namespace {
 constexpr int64_t kTokenChunk = 64;             // tokens per work item (multiple of kQTile)
 constexpr int64_t kQuantizeChunk = 16;          // tokens per activation-quantization item
 constexpr int64_t kParallelBytes = 1 << 15;     // weight bytes x tokens below which one thread is faster
-constexpr int64_t kParallelLoraMacs = 1 << 16;  // LoRA shrink multiply-adds worth waking the pool for
+constexpr int64_t kParallelLoraMacs = 1 << 18;  // LoRA multiply-adds (integer) worth waking the pool for
 constexpr int64_t kPairTokens = 8;              // tokens of a work item from which group_dot2 pays (project)
 
 struct Quad {
@@ -40,13 +41,20 @@ struct Ctx {
   const QLinearIsa* isa;
   int64_t kb, kpad, groups, out_groups, group_bytes;
   int64_t g_chunk, t_chunk, g_items;
-  std::vector<int8_t> q;                      // [T, kpad]
-  std::vector<float> dx, sx;                  // [T, kb]
-  std::vector<int32_t> zsum;                  // [T, kb]
-  std::vector<float> h[kQLinearMaxSegments];  // [T, r_max_j]
-  std::vector<Quad> quads;                    // the LoRA shrink's work (plan_shrink)
-  std::vector<float> normed;                  // [T, K] RMSNorm(x) * norm_weight, with a norm
-  const float* xin = nullptr;                 // what the projection multiplies: x, or normed
+  std::vector<int8_t> q;                         // [T, kpad]
+  std::vector<float> dx, sx;                     // [T, kb]
+  std::vector<int32_t> zsum;                     // [T, kb]
+  int64_t kc = 0;                                // 32-chunks of K (the LoRA's A scales)
+  std::vector<int32_t> qsum32;                   // [T, kc] sums of the codes per chunk, with a LoRA
+  std::vector<float> h[kQLinearMaxSegments];     // [T, r_max_j]
+  std::vector<int16_t> qh[kQLinearMaxSegments];  // [T, r_max_j] h's int16 codes (0 past the rank)
+  // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
+  // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
+  std::vector<float> lora;
+  float* lbuf = nullptr;       // lora.data(), or nullptr without a LoRA
+  std::vector<Quad> quads;     // the LoRA's work (plan_lora)
+  std::vector<float> normed;   // [T, K] RMSNorm(x) * norm_weight, with a norm
+  const float* xin = nullptr;  // what the projection multiplies: x, or normed
 };
 
 // ---- phase 1: activations
@@ -78,6 +86,13 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
       c.sx[t * c.kb + b] = dx[b] * static_cast<float>(qsum[b]);
       qsum[b] *= zp;  // now zp * qsum
     }
+    if (c.qsum32.empty()) continue;
+    const int8_t* q = c.q.data() + t * c.kpad;
+    for (int64_t ch = 0; ch < c.kc; ++ch) {
+      int32_t s = 0;
+      for (int e = 0; e < kLoraChunk; ++e) s += q[ch * kLoraChunk + e];
+      c.qsum32[t * c.kc + ch] = s;
+    }
   }
 }
 
@@ -87,7 +102,7 @@ void quantize_item(void* usr, size_t i) {
   quantize_tokens(c, t0, std::min(c.d->num_tokens, t0 + kQuantizeChunk));
 }
 
-// ---- phase 2: LoRA shrink
+// ---- phase 2: LoRA
 
 int lora_rank(const Ctx& c, int64_t t, int j) {
   const QLinearArgs& a = *c.a;
@@ -96,38 +111,76 @@ int lora_rank(const Ctx& c, int64_t t, int j) {
   return a.seg[j].rank[s];
 }
 
-// Up to kQTile tokens of one adapter on one segment: one pass over A[slot] for all of them.
-void shrink_quad(void* usr, size_t i) {
+// h [rank] -> qh [rank] int16 codes (qh past the rank stays 0) and coef = lscale * dh, as quantize_row does it
+// (dh = absmax / 32767, qh = rint(h * (1 / dh)), half to even).
+void quantize_h(const float* h, int rank, float lscale, int16_t* qh, float* coef) {
+  float amax = 0.f;
+  for (int r = 0; r < rank; ++r) amax = std::max(amax, std::fabs(h[r]));
+  const float dh = amax / 32767.f;
+  const float inv = dh != 0.f ? 1.f / dh : 0.f;
+  for (int r = 0; r < rank; ++r) qh[r] = static_cast<int16_t>(std::nearbyint(h[r] * inv));
+  *coef = lscale * dh;
+}
+
+// Up to kQTile tokens of one adapter on one segment: one pass over A[slot] and one over B[slot] for all of them.
+void lora_quad(void* usr, size_t i) {
   Ctx& c = *static_cast<Ctx*>(usr);
   const Quad& q = c.quads[i];
   const QLinearArgs& a = *c.a;
   const QLinearLoraSegment& sg = a.seg[q.seg];
   const int64_t K = c.d->in_dim, slot = a.token_adapter[q.t[0]];
   const int rank = sg.rank[slot];
-  const float* x[kQTile];
+  QLoraToken x[kQTile];
   float* h[kQTile];
   for (int k = 0; k < q.n; ++k) {
-    x[k] = c.xin + q.t[k] * K;
-    h[k] = c.h[q.seg].data() + q.t[k] * sg.r_max;
+    const int64_t t = q.t[k];
+    x[k] = {c.q.data() + t * c.kpad, c.dx.data() + t * c.kb, c.qsum32.data() + t * c.kc};
+    h[k] = c.h[q.seg].data() + t * sg.r_max;
   }
-  c.isa->lora_shrink(x, q.n, static_cast<int>(K), sg.A + slot * K * sg.r_max,
-                     a.packed_a ? rank : static_cast<int>(sg.r_max), rank, h);
+  const int lda = a.packed_a ? rank : static_cast<int>(sg.r_max);
+  c.isa->lora_shrink(x, q.n, static_cast<int>(K), static_cast<int>(c.d->block_size), sg.A + slot * K * sg.r_max,
+                     sg.A_scale + slot * c.kc * sg.r_max, lda, rank, h);
+  const int16_t* qh[kQTile];
+  float coef[kQTile];
+  float* out[kQTile];
+  // column col of token t goes to lora[(col / 8 * T + t) * 8 + col % 8]: straight there when the segment starts
+  // on a group boundary, else through rows [n, width] (the same values)
+  const int64_t T = c.d->num_tokens, ostride = T * 8;
+  const bool direct = sg.col0 % 8 == 0;
+  std::vector<float> rows(direct ? 0 : static_cast<size_t>(q.n * sg.width));
+  for (int k = 0; k < q.n; ++k) {
+    int16_t* codes = c.qh[q.seg].data() + q.t[k] * sg.r_max;
+    quantize_h(h[k], rank, a.lora_scale[slot], codes, coef + k);
+    qh[k] = codes;
+    out[k] = direct ? c.lora.data() + (sg.col0 / 8 * T + q.t[k]) * 8 : rows.data() + k * sg.width;
+  }
+  c.isa->lora_expand(qh, coef, q.n, (rank + 1) / 2, sg.B + slot * sg.r_max * sg.width, sg.width,
+                     sg.B_scale + slot * sg.width, out, direct ? ostride : 8);
+  for (int k = 0; !direct && k < q.n; ++k) {
+    for (int64_t i = 0; i < sg.width; ++i) {
+      const int64_t col = sg.col0 + i;
+      c.lora[static_cast<size_t>((col / 8 * T + q.t[k]) * 8 + col % 8)] = out[k][i];
+    }
+  }
 }
 
-// The shrink work: per segment, the tokens with an adapter on it, sorted by slot (counting sort), in
-// groups of up to kQTile tokens of one slot. Returns the multiply-adds.
-int64_t plan_shrink(Ctx& c) {
+// The LoRA's work: per segment, the tokens with an adapter on it, sorted by slot (counting sort), in
+// groups of up to kQTile tokens of one slot, and its buffers (none when no token has a rank > 0 here: an
+// adapter on q, k, v, o costs gate|up and down nothing). Returns the multiply-adds.
+int64_t plan_lora(Ctx& c) {
   const QLinearArgs& a = *c.a;
   const int64_t T = c.d->num_tokens;
   std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(T));
   int64_t macs = 0;
   for (int j = 0; j < a.n_segments; ++j) {
-    c.h[j].assign(static_cast<size_t>(T * a.seg[j].r_max), 0.f);
     std::fill(count.begin(), count.end(), 0);
     for (int64_t t = 0; t < T; ++t)
       if (lora_rank(c, t, j) > 0) ++count[a.token_adapter[t] + 1];
     for (int64_t s = 0; s < a.n_slots; ++s) count[s + 1] += count[s];
     const int64_t n = count[a.n_slots];
+    if (n == 0) continue;
+    c.h[j].resize(static_cast<size_t>(T * a.seg[j].r_max));
+    c.qh[j].assign(static_cast<size_t>(T * a.seg[j].r_max), 0);
     for (int64_t t = 0; t < T; ++t)
       if (lora_rank(c, t, j) > 0) order[count[a.token_adapter[t]]++] = t;  // count[s] ends at slot s's end
     for (int64_t i = 0; i < n;) {
@@ -135,52 +188,17 @@ int64_t plan_shrink(Ctx& c) {
       const int32_t slot = a.token_adapter[order[i]];
       while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot) q.t[q.n++] = order[i++];
       c.quads.push_back(q);
-      macs += q.n * lora_rank(c, q.t[0], j) * c.d->in_dim;
+      macs += q.n * lora_rank(c, q.t[0], j) * (c.d->in_dim + a.seg[j].width);
     }
   }
+  if (c.quads.empty()) return 0;
+  c.lora.assign(static_cast<size_t>(c.groups * T * 8), 0.f);
+  c.lbuf = c.lora.data();
+  c.qsum32.resize(static_cast<size_t>(T * c.kc));
   return macs;
 }
 
 // ---- phase 3: projection + epilogue
-
-// v[t * 8 .. + 8] (output columns c0..c0+7 of tokens ts..ts+nt-1) += each token's LoRA on those columns;
-// tokens of one slot share each load of B.
-void add_lora(const Ctx& c, int64_t ts, int nt, int64_t c0, float* v) {
-  const QLinearArgs& a = *c.a;
-  for (int j = 0; j < a.n_segments; ++j) {
-    const QLinearLoraSegment& sg = a.seg[j];
-    const int64_t lo = std::max(c0, sg.col0), hi = std::min(c0 + 8, sg.col0 + sg.width);
-    if (lo >= hi) continue;
-    bool done[kQTile] = {false, false, false, false};
-    for (int i = 0; i < nt; ++i) {
-      const int rank = done[i] ? 0 : lora_rank(c, ts + i, j);
-      if (rank == 0) continue;
-      const int64_t slot = a.token_adapter[ts + i];
-      const float scale = a.lora_scale[slot];
-      const uint16_t* B = sg.B + slot * sg.r_max * sg.width - sg.col0;  // B[r * width + (col - col0)]
-      const float* h[kQTile];
-      float* out[kQTile];
-      int n = 0;
-      for (int k = i; k < nt; ++k) {
-        if (done[k] || a.token_adapter[ts + k] != slot) continue;
-        done[k] = true;
-        h[n] = c.h[j].data() + (ts + k) * sg.r_max;
-        out[n++] = v + 8 * k;
-      }
-      if (lo == c0 && hi == c0 + 8) {
-        c.isa->lora_expand8(h, n, rank, B + c0, sg.width, scale, out);
-        continue;
-      }
-      for (int k = 0; k < n; ++k) {  // a group straddling two segments: the same fma chains, per column
-        for (int64_t col = lo; col < hi; ++col) {
-          float acc = 0.f;
-          for (int r = 0; r < rank; ++r) acc = std::fma(h[k][r], f16_to_float(B[r * sg.width + col]), acc);
-          out[k][col - c0] = std::fma(scale, acc, out[k][col - c0]);
-        }
-      }
-    }
-  }
-}
 
 // v[0:cols] = columns c0.. of token t's y, written to the split outputs they belong to.
 void store_split(const QLinearArgs& a, int64_t t, int64_t c0, int cols, const float* v) {
@@ -198,18 +216,14 @@ QGroup group(const Ctx& c, int64_t g) {
           static_cast<int>(c.d->block_size), c.d->bits};
 }
 
-// Group g's outputs (columns 8g..8g+7) for tokens ts..ts+nt-1 from their base values v [nt, 8] (and up
-// [nt, 8], SwiGLU's up group): the LoRA, then the epilogue, stored.
+// Group g's outputs (columns 8g..8g+7) for tokens ts..ts+nt-1 from their values v [nt, 8] (and up [nt, 8],
+// SwiGLU's up group), LoRA included: the epilogue, stored.
 __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g, int64_t ts, int nt, float* v,
                                                         float* up) {
   const QLinearDims& d = *c.d;
   const QLinearArgs& a = *c.a;
   const bool swiglu = d.epilogue == QLinearEpilogue::kSwiGLU;
   const int64_t N = d.out_dim, ycols = d.y_cols(), c0 = g * 8;
-  if (a.token_adapter != nullptr && a.n_segments > 0) {
-    add_lora(c, ts, nt, c0, v);
-    if (swiglu) add_lora(c, ts, nt, (g + c.groups / 2) * 8, up);
-  }
   alignas(32) float act[8];
   for (int i = 0; i < nt; ++i) {
     const int64_t t = ts + i;
@@ -239,25 +253,33 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
 // Fewer tokens keep the 8-row kernel: paired, a B = 1 step with 1 or 2 drafts (T = 2, 3) measured 1.25x / 1.16x
 // slower and the int4 LM head at T = 1 up to 2x slower; from T = 8 on, pairing is faster (B = 16 decode 1.14x,
 // prefill 1.12-1.18x, one thread). Either way each output gets the same bits (qlinear.h).
+// The micro-kernels accumulate from their output's value: zeros, or with a LoRA the group's rows of c.lora (each
+// token's LoRA term, 0 for tokens without one), which they then overwrite with the outputs.
 void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   const bool swiglu = c.d->epilogue == QLinearEpilogue::kSwiGLU;
   const bool pair = c.isa->group_dot2 != nullptr && t1 - t0 >= kPairTokens;
-  alignas(32) float base[2][kQTile * 8], up[kQTile * 8];
+  const int64_t T = c.d->num_tokens;
+  alignas(32) float zeros[3][kQTile * 8];
   for (int64_t g = g0; g < g1;) {
     const int n = !swiglu && pair && g + 1 < g1 ? 2 : 1;  // groups finished by this pass
-    const QGroup wg = group(c, g);
-    const QGroup w2 = swiglu ? group(c, g + c.groups / 2) : n == 2 ? group(c, g + 1) : wg;
+    const int64_t g2 = swiglu ? g + c.groups / 2 : n == 2 ? g + 1 : g;
+    const QGroup wg = group(c, g), w2 = group(c, g2);
     for (int64_t ts = t0; ts < t1; ts += kQTile) {
       const int nt = static_cast<int>(std::min<int64_t>(kQTile, t1 - ts));
       const QTokens tok{c.q.data() + ts * c.kpad, c.kpad, c.dx.data() + ts * c.kb, c.zsum.data() + ts * c.kb,
                         c.sx.data() + ts * c.kb};
+      float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
+      float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
+      if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kQTile * 8, 0.f);
+      float* up = swiglu ? v1 : zeros[2];
       if (pair && (swiglu || n == 2)) {
-        c.isa->group_dot2(wg, w2, tok, nt, base[0], swiglu ? up : base[1]);
+        c.isa->group_dot2(wg, w2, tok, nt, v0, v1);
       } else {
-        c.isa->group_dot(wg, tok, nt, base[0]);
-        if (swiglu) c.isa->group_dot(w2, tok, nt, up);
+        c.isa->group_dot(wg, tok, nt, v0);
+        if (swiglu) c.isa->group_dot(w2, tok, nt, v1);
       }
-      for (int h = 0; h < n; ++h) finish_group(c, g + h, ts, nt, base[h], up);
+      finish_group(c, g, ts, nt, v0, up);
+      if (n == 2) finish_group(c, g + 1, ts, nt, v1, up);
     }
     g += n;
   }
@@ -275,7 +297,12 @@ void project_item(void* usr, size_t i) {
 void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   const int64_t T = d.num_tokens;
   if (T == 0 || d.out_dim == 0) return;
-  Ctx c{&d, &a, &qlinear_isa(), d.k_blocks(), 0, d.groups(), 0, 0, 0, 0, 0, {}, {}, {}, {}, {}, {}, {}, nullptr};
+  Ctx c{};
+  c.d = &d;
+  c.a = &a;
+  c.isa = &qlinear_isa();
+  c.kb = d.k_blocks();
+  c.groups = d.groups();
   c.kpad = c.kb * d.block_size;
   c.group_bytes = c.kb * d.block_size * d.bits;  // 8 rows x kb blocks x bs codes x bits / 8
   c.out_groups = d.epilogue == QLinearEpilogue::kSwiGLU ? c.groups / 2 : c.groups;
@@ -286,6 +313,8 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.sx.resize(static_cast<size_t>(T * c.kb));
   c.zsum.resize(static_cast<size_t>(T * c.kb));
   if (a.norm_weight) c.normed.resize(static_cast<size_t>(T * d.in_dim));
+  c.kc = (d.in_dim + kLoraChunk - 1) / kLoraChunk;
+  const int64_t lora_macs = a.token_adapter != nullptr && a.n_segments > 0 ? plan_lora(c) : 0;
   c.xin = a.norm_weight ? c.normed.data() : a.x;
   if (parallel && T > kQuantizeChunk) {
     par.run(static_cast<size_t>((T + kQuantizeChunk - 1) / kQuantizeChunk), quantize_item, &c);
@@ -293,13 +322,10 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
     quantize_tokens(c, 0, T);
   }
 
-  if (a.token_adapter != nullptr && a.n_segments > 0) {
-    const int64_t macs = plan_shrink(c);
-    if (macs >= kParallelLoraMacs && c.quads.size() > 1) {
-      par.run(c.quads.size(), shrink_quad, &c);
-    } else {
-      for (size_t i = 0; i < c.quads.size(); ++i) shrink_quad(&c, i);
-    }
+  if (lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
+    par.run(c.quads.size(), lora_quad, &c);
+  } else {
+    for (size_t i = 0; i < c.quads.size(); ++i) lora_quad(&c, i);
   }
 
   c.t_chunk = std::min(T, kTokenChunk);

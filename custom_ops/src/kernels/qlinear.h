@@ -2,9 +2,9 @@
 // epilogue fused in, batch-invariant by construction.
 //
 //   x <- RMSNorm(x) * norm_weight first when the op carries the norm (the layer's input norm, fused)
-//   y[t, n] = epilogue( sum_b d[n,b] * dx[t,b] * (isum_b(q_w[n], q_x[t]) - zp * qsum_b(q_x[t]))
-//                       + m[n,b] * sx[t,b]                                  (block offsets, optional)
-//                       + lscale[a] * (x[t] @ A_j[a]) @ B_j[a][:, n - n0_j] )  (LoRA, a = adapter[t])
+//   y[t, n] = epilogue( lora_j(t, n)                       (LoRA of segment j holding n, a = adapter[t])
+//                       + sum_b d[n,b] * dx[t,b] * (isum_b(q_w[n], q_x[t]) - zp * qsum_b(q_x[t]))
+//                       + m[n,b] * sx[t,b] )                                (block offsets, optional)
 //
 // W is [N, K] with K in blocks of bs (32, 64 or 128; K zero-padded to kb = ceil(K / bs) blocks):
 // int4 codes q_w in 0..15 with zero point zp = 8 (w = d * (q - 8) + m: Q4_0 without m, Q4_1 with
@@ -23,12 +23,30 @@
 // 8 rows with one broadcast word of x needs no horizontal reduction, and one fp16x8 load gives
 // the 8 rows' scales of a block.
 //
+// LoRA on int8 stacks, as integer dots on the activation codes above (rank r = rank_j[a], slot a):
+//   shrink  h[r] = sum_c fma chain over the 32-element chunks c of K, in order:
+//                  (dx[t, block of c] * sA[a, c, r]) * isum_c(q_x[t], qA[a][:, r])
+//   quantize h once per (token, segment) to int16: dh = absmax_r / 32767, qh = rint(h / dh) (0 past r)
+//   expand  lora_j(t, n) = ((lscale[a] * dh) * sB[a, n - n0_j]) * isum(qh, qB[a][:, n - n0_j]): the value
+//           the base's float accumulation starts from (0 without a LoRA)
+// qA int8 [K, r] with an fp16 scale per (32-chunk of K, column i), stored in k-quads: code (k, i) at byte
+// (k / 4 * r + i) * 4 + k % 4, so a 32-byte load holds 4 k of 8 ranks, one rank per 32-bit lane, and a
+// broadcast word of 4 activation codes feeds 8 ranks' dots as in the base (K a multiple of 4). qB int8
+// [r, N_j] with an fp16 scale per (slot, column), stored in rank pairs: code (r, n) at byte
+// (r / 2 * N_j + n) * 2 + r % 2, so 16 (32) bytes widened to int16 hold 2 ranks of 8 (16) columns and
+// one int16 madd with a broadcast pair of h codes gives their partial dots (r_max even). Shrink and
+// expand run together per (segment, up to kQTile tokens of one slot) before the projection, into a
+// [T, N_j] buffer the projection's epilogue adds: each load of A and B serves all the tokens. The integer
+// sums are exact (|isum_c| <= 32 * 127^2, |isum| <= r * 32767 * 127), so only the float steps above
+// order the result, the same on every path. Against the float LoRA (fp32 x, the adapter's float32 A and
+// B) the LoRA term is within ~0.9% rms: activation codes, A and B each ~0.5% (tests/custom_ops).
+//
 // Batch invariance: every output y[t, n] is computed by the same sequence of operations whatever
-// T, the token tile, the thread split or the caller's chunking: integer sums are exact, then per
-// block one fma(d * dx, isum', acc) and one fma(m, sx, acc) in block order, then the LoRA (its
-// own fma chains over K and over the rank, in order) and the epilogue. The scalar path uses
-// std::fma in the same order as the AVX2 path, so both ISAs give the same bits too (but for
-// the SiLU's exp).
+// T, the token tile, the thread split or the caller's chunking: integer sums are exact; the LoRA
+// term (its fma chain over the chunks of K, one quantization of h per token, two multiplies) seeds
+// the accumulator, then per block one fma(d * dx, isum', acc) and one fma(m, sx, acc) in block
+// order, then the epilogue. The scalar path uses std::fma in the same order as the AVX2 path, so
+// both ISAs give the same bits too (but for the SiLU's exp).
 #pragma once
 #include <cstdint>
 
@@ -41,12 +59,16 @@ enum class QLinearEpilogue { kNone, kResidual, kSwiGLU };
 constexpr int kQLinearMaxSegments = 3;  // LoRA targets sharing one fused weight (q|k|v)
 constexpr int kQLinearMaxOutputs = 3;   // epilogue "none": y split along N into up to 3 outputs (q, k, v)
 
+constexpr int kLoraChunk = 32;  // elements of K per fp16 scale of A
+
 struct QLinearLoraSegment {
-  const uint16_t* A;    // [n_slots, K, r_max] fp16 bits (packed_a: slot s holds [K, rank[s]] rows)
-  const uint16_t* B;    // [n_slots, r_max, width] fp16 bits
-  const int32_t* rank;  // [n_slots], 0..r_max (0: the slot leaves this segment alone)
-  int64_t r_max;
-  int64_t col0, width;  // the segment's output columns [col0, col0 + width)
+  const int8_t* A;          // [n_slots, K, r_max] codes in k-quads (packed_a: slot s holds [K, rank[s]])
+  const uint16_t* A_scale;  // [n_slots, ceil(K / 32), r_max] fp16 bits (packed_a: [kc, rank[s]] first)
+  const int8_t* B;          // [n_slots, r_max, width] codes in rank pairs
+  const uint16_t* B_scale;  // [n_slots, width] fp16 bits
+  const int32_t* rank;      // [n_slots], 0..r_max (0: the slot leaves this segment alone)
+  int64_t r_max;            // even
+  int64_t col0, width;      // the segment's output columns [col0, col0 + width)
 };
 
 struct QLinearDims {
@@ -94,6 +116,13 @@ struct QGroup {
   int kb, bs, bits;
 };
 
+// One token's activation codes as the LoRA shrink reads them.
+struct QLoraToken {
+  const int8_t* q;      // [kb * bs] codes
+  const float* dx;      // [kb] per-block scales
+  const int32_t* qsum;  // [ceil(K / 32)] sums of the codes per 32-chunk
+};
+
 // nt consecutive quantized tokens: row t at q + t * q_stride, dx/zsum/sx + t * kb.
 struct QTokens {
   const int8_t* q;
@@ -109,17 +138,21 @@ struct QLinearIsa {
   const char* name;
   // x[0:K] -> q[0:kb*bs] (zero past K), dx[kb], qsum[kb].
   void (*quantize_row)(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum);
-  // out[t * 8 + r] (t < nt <= kQTile): the base projection of the group's 8 rows for nt tokens.
+  // out[t * 8 + r] (t < nt <= kQTile): the base projection of the group's 8 rows for nt tokens, its float
+  // accumulation starting from out's value (0, or the token's LoRA term on those outputs).
   void (*group_dot)(const QGroup& g, const QTokens& x, int nt, float* out);
   // group_dot of two groups of one weight (same kb, bs, bits, offsets or none) at once, out0 and out1 as
   // group_dot's out: the same bits as two group_dot calls. nullptr: the driver calls group_dot twice.
   void (*group_dot2)(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1);
-  // For n <= kQTile tokens of one adapter (sharing each load of A / B):
-  // h[t][r] = sum_k x[t][k] * A[k * lda + r] (an fma chain in k order), r < rank;
-  void (*lora_shrink)(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank, float* const* h);
-  // out[t][i] = fma(scale, sum_r h[t][r] * B[r * ldb + i] (an fma chain in r order), out[t][i]), i < 8.
-  void (*lora_expand8)(const float* const* h, int n, int rank, const uint16_t* B, int64_t ldb, float scale,
-                       float* const* out);
+  // For n <= kQTile tokens of one adapter (sharing each load of A / B), r < rank:
+  // h[t][r] = the fma chain over chunks c of (dx[t][c * 32 / bs] * sA[c * lds + r]) * isum_c (qlinear.h),
+  // A in k-quads with lda ranks a quad (A[(k / 4 * lda + r) * 4 + k % 4]).
+  void (*lora_shrink)(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
+                      float* const* h);
+  // out[t][(i / 8) * ostride + i % 8] = (coef[t] * sB[i]) * float(sum_r qh[t][r] * B(r, i)), i < width, over the
+  // rank pairs p < pairs (qh[t] holds 2 * pairs codes), B in rank pairs (B(r, i) = B[(r / 2 * width + i) * 2 + r % 2]).
+  void (*lora_expand)(const int16_t* const* qh, const float* coef, int n, int pairs, const int8_t* B, int64_t width,
+                      const uint16_t* sB, float* const* out, int64_t ostride);
   // out[i] = silu(g[i]) * u[i], i < 8.
   void (*silu_mul8)(const float* g, const float* u, float* out);
 };

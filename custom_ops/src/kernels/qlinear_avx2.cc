@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "qlinear.h"
 
@@ -118,89 +119,96 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   group_dot_any<Dots>(g, x, nt, out);
 }
 
-template <int NT>
-void shrink_t(const float* const* x, int K, const uint16_t* A, int lda, int rank, float* const* h) {
-  int r = 0;
-  for (; r + 16 <= rank; r += 16) {  // 2 x NT accumulators: each pair of A loads feeds 2 * NT FMAs
-    __m256 a0[NT], a1[NT];
-    for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
-    for (int k = 0; k < K; ++k) {
-      const uint16_t* row = A + static_cast<int64_t>(k) * lda + r;
-      const __m256 w0 = load_f16x8(row), w1 = load_f16x8(row + 8);
-      for (int t = 0; t < NT; ++t) {
-        const __m256 xv = _mm256_set1_ps(x[t][k]);
-        a0[t] = _mm256_fmadd_ps(xv, w0, a0[t]);
-        a1[t] = _mm256_fmadd_ps(xv, w1, a1[t]);
-      }
-    }
-    for (int t = 0; t < NT; ++t) {
-      _mm256_storeu_ps(h[t] + r, a0[t]);
-      _mm256_storeu_ps(h[t] + r + 8, a1[t]);
-    }
-  }
-  for (; r + 8 <= rank; r += 8) {
-    __m256 a0[NT];
-    for (int t = 0; t < NT; ++t) a0[t] = _mm256_setzero_ps();
-    for (int k = 0; k < K; ++k) {
-      const __m256 w0 = load_f16x8(A + static_cast<int64_t>(k) * lda + r);
-      for (int t = 0; t < NT; ++t) a0[t] = _mm256_fmadd_ps(_mm256_set1_ps(x[t][k]), w0, a0[t]);
-    }
-    for (int t = 0; t < NT; ++t) _mm256_storeu_ps(h[t] + r, a0[t]);
-  }
-  for (; r < rank; ++r) {
-    for (int t = 0; t < NT; ++t) {
-      float acc = 0.f;
-      for (int k = 0; k < K; ++k) acc = std::fma(x[t][k], _cvtsh_ss(A[static_cast<int64_t>(k) * lda + r]), acc);
-      h[t][r] = acc;
-    }
-  }
+// Lanes r0..r0+7 of A's ranks (fewer than 8 left: the rest masked off, never read) for one k-quad.
+inline __m256i load_ranks(const int8_t* quad, int left) {
+  if (left >= 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quad));
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_epi32(reinterpret_cast<const int*>(quad), _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lane));
 }
 
-void lora_shrink(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank, float* const* h) {
-  switch (n) {
-    case 4:
-      shrink_t<4>(x, K, A, lda, rank, h);
-      break;
-    case 3:
-      shrink_t<3>(x, K, A, lda, rank, h);
-      break;
-    case 2:
-      shrink_t<2>(x, K, A, lda, rank, h);
-      break;
-    default:
-      shrink_t<1>(x, K, A, lda, rank, h);
-      break;
-  }
+inline __m256 load_f16_ranks(const uint16_t* p, int left) {
+  if (left >= 8) return load_f16x8(p);
+  alignas(16) uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::memcpy(v, p, sizeof(uint16_t) * left);
+  return load_f16x8(v);
 }
 
+// h[t][r0..r0+7] for NT tokens: per 32-chunk of K the exact integer dots |A| x sign(x, A) (maddubs, widened per
+// word), then fma(dx * sA, isum, acc) in chunk order.
 template <int NT>
-void expand_t(const float* const* h, int rank, const uint16_t* B, int64_t ldb, float scale, float* const* out) {
+void shrink_ranks(const QLoraToken* x, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int r0, int left,
+                  float* const* h) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int kc = (K + kLoraChunk - 1) / kLoraChunk;
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  for (int r = 0; r < rank; ++r) {
-    const __m256 b = load_f16x8(B + r * ldb);
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(h[t][r]), b, acc[t]);
+  for (int c = 0; c < kc; ++c) {
+    __m256i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+    const int w1 = (K < (c + 1) * kLoraChunk ? K : (c + 1) * kLoraChunk) / 4;
+    for (int w = c * kLoraChunk / 4; w < w1; ++w) {
+      const __m256i a = load_ranks(A + (static_cast<int64_t>(w) * lda + r0) * 4, left);
+      const __m256i aa = _mm256_abs_epi8(a);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i p = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(bcast_word(x[t].q + 4 * w), a));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+      }
+    }
+    const __m256 sa = load_f16_ranks(sA + static_cast<int64_t>(c) * lda + r0, left);
+    for (int t = 0; t < NT; ++t) {
+      const __m256 dsa = _mm256_mul_ps(_mm256_set1_ps(x[t].dx[c * kLoraChunk / bs]), sa);
+      acc[t] = _mm256_fmadd_ps(dsa, _mm256_cvtepi32_ps(isum[t]), acc[t]);
+    }
   }
-  const __m256 s = _mm256_set1_ps(scale);
-  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out[t], _mm256_fmadd_ps(s, acc[t], _mm256_loadu_ps(out[t])));
+  for (int t = 0; t < NT; ++t) {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc[t]);
+    std::memcpy(h[t] + r0, v, sizeof(float) * (left < 8 ? left : 8));
+  }
 }
 
-void lora_expand8(const float* const* h, int n, int rank, const uint16_t* B, int64_t ldb, float scale,
-                  float* const* out) {
-  switch (n) {
-    case 4:
-      expand_t<4>(h, rank, B, ldb, scale, out);
-      break;
-    case 3:
-      expand_t<3>(h, rank, B, ldb, scale, out);
-      break;
-    case 2:
-      expand_t<2>(h, rank, B, ldb, scale, out);
-      break;
-    default:
-      expand_t<1>(h, rank, B, ldb, scale, out);
-      break;
+void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
+                 float* const* h) {
+  with_tokens(n, [&](auto nt) {
+    for (int r = 0; r < rank; r += 8) shrink_ranks<decltype(nt)::value>(x, K, bs, A, sA, lda, r, rank - r, h);
+  });
+}
+
+// 8 columns at a time: per rank pair, 16 codes widened to int16 (shared by the tokens) and one madd per token;
+// the columns past the last multiple of 8 as the scalar path does them (the same operations).
+template <int NT>
+void expand_t(const int16_t* const* qh, const float* coef, int pairs, const int8_t* B, int64_t width,
+              const uint16_t* sB, float* const* out, int64_t ostride) {
+  int64_t i = 0;
+  for (; i + 8 <= width; i += 8) {
+    __m256i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+    for (int p = 0; p < pairs; ++p) {
+      const __m256i b =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + (p * width + i) * 2)));
+      for (int t = 0; t < NT; ++t) {
+        int32_t hw;
+        std::memcpy(&hw, qh[t] + 2 * p, 4);
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(b, _mm256_set1_epi32(hw)));
+      }
+    }
+    const __m256 sb = load_f16x8(sB + i);
+    for (int t = 0; t < NT; ++t)
+      _mm256_storeu_ps(out[t] + i / 8 * ostride,
+                       _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(coef[t]), sb), _mm256_cvtepi32_ps(isum[t])));
   }
+  for (; i < width; ++i) {
+    for (int t = 0; t < NT; ++t) {
+      int32_t isum = 0;
+      for (int r = 0; r < 2 * pairs; ++r) isum += qh[t][r] * B[(r / 2 * width + i) * 2 + r % 2];
+      out[t][i / 8 * ostride + i % 8] = (coef[t] * _cvtsh_ss(sB[i])) * static_cast<float>(isum);
+    }
+  }
+}
+
+void lora_expand(const int16_t* const* qh, const float* coef, int n, int pairs, const int8_t* B, int64_t width,
+                 const uint16_t* sB, float* const* out, int64_t ostride) {
+  with_tokens(n, [&](auto nt) { expand_t<decltype(nt)::value>(qh, coef, pairs, B, width, sB, out, ostride); });
 }
 
 void silu_mul8(const float* g, const float* u, float* out) {
@@ -222,7 +230,7 @@ namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table.
 const QLinearIsa* qlinear_avx2_isa() {
   static const QLinearIsa isa{
-      "avx2", avx2::quantize_row, avx2::group_dot, nullptr, avx2::lora_shrink, avx2::lora_expand8, avx2::silu_mul8};
+      "avx2", avx2::quantize_row, avx2::group_dot, nullptr, avx2::lora_shrink, avx2::lora_expand, avx2::silu_mul8};
   return &isa;
 }
 }  // namespace ortllm

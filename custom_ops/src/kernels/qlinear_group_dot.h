@@ -15,6 +15,25 @@
 // any order, so every ISA gives the same isum; the float epilogue below is one sequence of operations
 // per output, the same in every unit and for every NT: the same bits whatever the ISA or the batch.
 
+// f(std::integral_constant<int, n>{}) for n = 1..kQTile: a token count as a template argument of the kernels.
+template <class F>
+void with_tokens(int n, F&& f) {
+  switch (n) {
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    default:
+      f(std::integral_constant<int, 1>{});
+      break;
+  }
+}
+
 inline __m256i bcast_word(const int8_t* p) {
   int32_t w;
   std::memcpy(&w, p, 4);
@@ -40,7 +59,7 @@ template <class Dots, int NT, int BITS>
 void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
   const int sub_blocks = g.bs / 32;
   __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_loadu_ps(out + 8 * t);  // 0 or the LoRA term (qlinear.h)
   const uint8_t* codes = g.codes;
   for (int b = 0; b < g.kb; ++b) {
     if (NT == 1) {  // decode: each weight byte is read once per step. A non-temporal prefetch 512 bytes ahead

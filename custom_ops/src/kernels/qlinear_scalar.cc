@@ -46,7 +46,8 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   const int sub_blocks = g.bs / 32, sub_bytes = 32 * g.bits;  // 32 elements x 8 rows x bits / 8
   for (int t = 0; t < nt; ++t) {
     const int8_t* q = x.q + t * x.q_stride;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float acc[8];
+    for (int r = 0; r < 8; ++r) acc[r] = out[t * 8 + r];  // 0 or the LoRA term (qlinear.h)
     for (int b = 0; b < g.kb; ++b) {
       const float dxb = x.dx[t * g.kb + b];
       for (int r = 0; r < 8; ++r) {
@@ -65,23 +66,31 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   }
 }
 
-void lora_shrink(const float* const* x, int n, int K, const uint16_t* A, int lda, int rank, float* const* h) {
+void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
+                 float* const* h) {
+  const int kc = (K + kLoraChunk - 1) / kLoraChunk;
   for (int t = 0; t < n; ++t) {
     for (int r = 0; r < rank; ++r) {
       float acc = 0.f;
-      for (int k = 0; k < K; ++k) acc = std::fma(x[t][k], f16_to_float(A[static_cast<int64_t>(k) * lda + r]), acc);
+      for (int c = 0; c < kc; ++c) {
+        int32_t isum = 0;
+        for (int k = c * kLoraChunk; k < std::min(K, (c + 1) * kLoraChunk); ++k)
+          isum += x[t].q[k] * A[(static_cast<int64_t>(k / 4) * lda + r) * 4 + k % 4];
+        const float dsa = x[t].dx[c * kLoraChunk / bs] * f16_to_float(sA[static_cast<int64_t>(c) * lda + r]);
+        acc = std::fma(dsa, static_cast<float>(isum), acc);
+      }
       h[t][r] = acc;
     }
   }
 }
 
-void lora_expand8(const float* const* h, int n, int rank, const uint16_t* B, int64_t ldb, float scale,
-                  float* const* out) {
+void lora_expand(const int16_t* const* qh, const float* coef, int n, int pairs, const int8_t* B, int64_t width,
+                 const uint16_t* sB, float* const* out, int64_t ostride) {
   for (int t = 0; t < n; ++t) {
-    for (int i = 0; i < 8; ++i) {
-      float acc = 0.f;
-      for (int r = 0; r < rank; ++r) acc = std::fma(h[t][r], f16_to_float(B[r * ldb + i]), acc);
-      out[t][i] = std::fma(scale, acc, out[t][i]);
+    for (int64_t i = 0; i < width; ++i) {
+      int32_t isum = 0;
+      for (int r = 0; r < 2 * pairs; ++r) isum += qh[t][r] * B[(r / 2 * width + i) * 2 + r % 2];
+      out[t][i / 8 * ostride + i % 8] = (coef[t] * f16_to_float(sB[i])) * static_cast<float>(isum);
     }
   }
 }
@@ -97,7 +106,7 @@ void silu_mul8(const float* g, const float* u, float* out) {
 }  // namespace
 
 const QLinearIsa& qlinear_scalar_isa() {
-  static const QLinearIsa isa{"scalar", quantize_row, group_dot, nullptr, lora_shrink, lora_expand8, silu_mul8};
+  static const QLinearIsa isa{"scalar", quantize_row, group_dot, nullptr, lora_shrink, lora_expand, silu_mul8};
   return isa;
 }
 

@@ -1,5 +1,6 @@
-// AVX-512 VNNI QLinear group micro-kernel (256-bit vectors: AVX512VL + AVX512_VNNI), picked at run time
-// where the CPU has it (AMD Zen 4, Intel Ice Lake and later); everything else in the ISA table is AVX2's.
+// AVX-512 VNNI QLinear micro-kernels (AVX512VL + AVX512_VNNI), picked at run time where the CPU has it (AMD
+// Zen 4, Intel Ice Lake and later): the group dot, and the LoRA's integer shrink (dpbusd, 16 ranks a vector)
+// and expand (dpwssd, 16 columns a vector); quantize_row and SiLU are AVX2's.
 //
 // _mm256_dpbusd_epi32 multiplies 4 unsigned codes by 4 signed activation bytes and adds the 4 products
 // into a 32-bit lane in one instruction, where AVX2 needs maddubs + add (+ madd to widen). The sums are
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu_features.h"
 #include "qlinear.h"
@@ -117,7 +119,10 @@ template <int NT>
 void group_dot2_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* out0, float* out1) {
   const int sub_blocks = g0.bs / 32;
   __m512 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int t = 0; t < NT; ++t)  // 0 or the LoRA terms (qlinear.h)
+    acc[t] =
+        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(out0 + 8 * t))),
+                                            _mm256_castps_pd(_mm256_loadu_ps(out1 + 8 * t)), 1));
   const uint8_t *c0 = g0.codes, *c1 = g1.codes;
   for (int b = 0; b < g0.kb; ++b) {
     __m512i isum[NT];
@@ -163,6 +168,90 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
   }
 }
 
+// ---- the LoRA on int8 stacks (qlinear.h): the same integer sums and float steps as AVX2 and scalar.
+
+// h[t][r0..r0+15] for NT tokens, 16 ranks a 512-bit vector (fewer left: the rest masked off, never read). A's
+// codes are biased to unsigned (a ^ 0x80 = a + 128, once per load for all tokens) for dpbusd; each chunk's
+// accumulator is seeded with -128 * (the chunk's code sum), so it ends at the exact sum of a * x.
+template <int NT>
+void shrink_ranks(const QLoraToken* x, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int r0, int left,
+                  float* const* h) {
+  constexpr int kChains = NT == 1 ? 2 : 1;  // independent dpbusd chains per token
+  const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int kc = (K + kLoraChunk - 1) / kLoraChunk;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int c = 0; c < kc; ++c) {
+    __m512i isum[NT][kChains];
+    for (int t = 0; t < NT; ++t) {
+      isum[t][0] = _mm512_set1_epi32(-128 * x[t].qsum[c]);
+      for (int k = 1; k < kChains; ++k) isum[t][k] = _mm512_setzero_si512();
+    }
+    const int w0 = c * kLoraChunk / 4, w1 = (K < (c + 1) * kLoraChunk ? K : (c + 1) * kLoraChunk) / 4;
+    for (int w = w0; w < w1; ++w) {
+      const __m512i a =
+          _mm512_xor_si512(_mm512_maskz_loadu_epi32(mask, A + (static_cast<int64_t>(w) * lda + r0) * 4), bias);
+      for (int t = 0; t < NT; ++t) {
+        int32_t word;
+        std::memcpy(&word, x[t].q + 4 * w, 4);
+        __m512i& s = isum[t][(w - w0) % kChains];
+        s = _mm512_dpbusd_epi32(s, a, _mm512_set1_epi32(word));
+      }
+    }
+    const __m512 sa = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, sA + static_cast<int64_t>(c) * lda + r0));
+    for (int t = 0; t < NT; ++t) {
+      __m512i s = isum[t][0];
+      for (int k = 1; k < kChains; ++k) s = _mm512_add_epi32(s, isum[t][k]);
+      const __m512 dsa = _mm512_mul_ps(_mm512_set1_ps(x[t].dx[c * kLoraChunk / bs]), sa);
+      acc[t] = _mm512_fmadd_ps(dsa, _mm512_cvtepi32_ps(s), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(h[t] + r0, mask, acc[t]);
+}
+
+void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
+                 float* const* h) {
+  with_tokens(n, [&](auto nt) {
+    for (int r = 0; r < rank; r += 16) shrink_ranks<decltype(nt)::value>(x, K, bs, A, sA, lda, r, rank - r, h);
+  });
+}
+
+// 16 columns a 512-bit vector (fewer left: the rest masked off, never read or written): per rank pair, 32 codes
+// widened to int16 (shared by the tokens) and one dpwssd per token.
+template <int NT>
+void expand_t(const int16_t* const* qh, const float* coef, int pairs, const int8_t* B, int64_t width,
+              const uint16_t* sB, float* const* out, int64_t ostride) {
+  for (int64_t i = 0; i < width; i += 16) {
+    const int64_t left = width - i;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    __m512i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+    for (int p = 0; p < pairs; ++p) {
+      const __m512i b = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi16(mask, B + (p * width + i) * 2));
+      for (int t = 0; t < NT; ++t) {
+        int32_t hw;
+        std::memcpy(&hw, qh[t] + 2 * p, 4);
+        isum[t] = _mm512_dpwssd_epi32(isum[t], b, _mm512_set1_epi32(hw));
+      }
+    }
+    const __m512 sb = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, sB + i));
+    for (int t = 0; t < NT; ++t) {  // columns i..i+7 and i+8..i+15: two 8-column rows of the output
+      const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(coef[t]), sb), _mm512_cvtepi32_ps(isum[t]));
+      float* o = out[t] + i / 8 * ostride;
+      _mm256_mask_storeu_ps(o, static_cast<__mmask8>(mask), _mm512_castps512_ps256(v));
+      if (left > 8)
+        _mm256_mask_storeu_ps(o + ostride, static_cast<__mmask8>(mask >> 8),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    }
+  }
+}
+
+void lora_expand(const int16_t* const* qh, const float* coef, int n, int pairs, const int8_t* B, int64_t width,
+                 const uint16_t* sB, float* const* out, int64_t ostride) {
+  with_tokens(n, [&](auto nt) { expand_t<decltype(nt)::value>(qh, coef, pairs, B, width, sB, out, ostride); });
+}
+
 }  // namespace
 }  // namespace vnni
 }  // namespace ortllm
@@ -176,7 +265,7 @@ const QLinearIsa* qlinear_vnni_isa() {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
     if (avx2 == nullptr || !cpu_has_avx512_vnni()) return nullptr;
     static const QLinearIsa table{"avx512vnni",      avx2->quantize_row, vnni::group_dot, vnni::group_dot2,
-                                  avx2->lora_shrink, avx2->lora_expand8, avx2->silu_mul8};
+                                  vnni::lora_shrink, vnni::lora_expand,  avx2->silu_mul8};
     return &table;
   }();
   return isa;

@@ -11,6 +11,7 @@ namespace ortllm {
 namespace {
 
 constexpr const char* kOp = "QLinear";
+constexpr int kSegInputs = kQLinearSegInputs;
 enum Input {
   kX,
   kCodes,
@@ -20,7 +21,7 @@ enum Input {
   kAdapter,
   kLoraScale,
   kSeg0,
-  kNormWeight = kSeg0 + 3 * kQLinearMaxSegments
+  kNormWeight = kSeg0 + kSegInputs * kQLinearMaxSegments
 };
 
 OrtStatusPtr make_status(OrtErrorCode code, const std::string& msg) {
@@ -196,30 +197,41 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       if (!any) a.token_adapter = nullptr;
       int64_t col = 0;
       for (int j = 0; any && j < kQLinearMaxSegments; ++j) {
-        const size_t base = kSeg0 + 3 * j;
-        const In A = input(ctx, base), B = input(ctx, base + 1), rank = input(ctx, base + 2);
-        if (!A.value && !B.value && !rank.value) continue;
-        const std::string an = "A" + std::to_string(j), bn = "B" + std::to_string(j), rn = "rank" + std::to_string(j);
-        if (!A.value || !B.value || !rank.value)
-          fail(kOp, ": LoRA segment ", j, " needs all of inputs '", an, "', '", bn, "' and '", rn, "'");
-        expect_type(an.c_str(), A, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-        expect_type(bn.c_str(), B, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+        const size_t base = kSeg0 + kSegInputs * j;
+        const In A = input(ctx, base), sA = input(ctx, base + 1), B = input(ctx, base + 2), sB = input(ctx, base + 3),
+                 rank = input(ctx, base + 4);
+        if (!A.value && !sA.value && !B.value && !sB.value && !rank.value) continue;
+        const std::string js = std::to_string(j), an = "A" + js, san = "A_scale" + js, bn = "B" + js,
+                          sbn = "B_scale" + js, rn = "rank" + js;
+        if (!A.value || !sA.value || !B.value || !sB.value || !rank.value)
+          fail(kOp, ": LoRA segment ", j, " needs all of inputs '", an, "', '", san, "', '", bn, "', '", sbn, "' and '",
+               rn, "'");
+        expect_type(an.c_str(), A, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "int8");
+        expect_type(san.c_str(), sA, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+        expect_type(bn.c_str(), B, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "int8");
+        expect_type(sbn.c_str(), sB, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
         expect_type(rn.c_str(), rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+        if (K_ % 4 != 0) fail(kOp, ": a LoRA needs K a multiple of 4 (A's k-quads); got K = ", K_);
         if (A.shape.size() != 3)
           fail(kOp, ": input '", an, "' must be [n_slots, K, r_max]; got shape ", shape_str(A.shape));
         const int64_t r_max = A.shape[2];
         expect_shape(kOp, an.c_str(), A.shape, {slots, K_, r_max});
+        if (r_max % 2 != 0) fail(kOp, ": input '", an, "' needs an even r_max (B's rank pairs); got ", r_max);
+        expect_shape(kOp, san.c_str(), sA.shape, {slots, (K_ + kLoraChunk - 1) / kLoraChunk, r_max});
         if (B.shape.size() != 3)
           fail(kOp, ": input '", bn, "' must be [n_slots, r_max, N_j]; got shape ", shape_str(B.shape));
         expect_shape(kOp, bn.c_str(), B.shape, {slots, r_max, B.shape[2]});
+        expect_shape(kOp, sbn.c_str(), sB.shape, {slots, B.shape[2]});
         expect_shape(kOp, rn.c_str(), rank.shape, {slots});
         const int32_t* rk = data<int32_t>(rank);
         for (int64_t s = 0; s < slots; ++s)
           if (rk[s] < 0 || rk[s] > r_max)
             fail(kOp, ": input '", rn, "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
         QLinearLoraSegment& sg = a.seg[a.n_segments++];
-        sg = {reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(A)),
-              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(B)),
+        sg = {data<int8_t>(A),
+              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sA)),
+              data<int8_t>(B),
+              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sB)),
               rk,
               r_max,
               col,
@@ -227,7 +239,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         col += B.shape[2];
       }
       if (any && a.n_segments == 0)
-        fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, B0, rank0)");
+        fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, A_scale0, B0, B_scale0, rank0)");
       if (any && col != N_)
         fail(kOp, ": the LoRA segments' output widths (B_j's last dims) sum to ", col, "; expected N = ", N_);
     }
@@ -283,8 +295,16 @@ ONNXTensorElementDataType QLinearOp::GetInputType(size_t i) const {
       return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
     case kNormWeight:
       return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    default:
-      return (i - kSeg0) % 3 == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    default:  // A_j, A_scale_j, B_j, B_scale_j, rank_j
+      switch ((i - kSeg0) % kSegInputs) {
+        case 0:
+        case 2:
+          return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+        case 4:
+          return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+        default:
+          return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+      }
   }
 }
 

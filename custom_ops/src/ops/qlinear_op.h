@@ -50,8 +50,10 @@ struct QLinearKernel {
   std::map<size_t, QLinearInput> constant_;  // input index -> an initializer read once at creation
 };
 
+constexpr int kQLinearSegInputs = 5;  // per LoRA segment j: A_j, A_scale_j, B_j, B_scale_j, rank_j
+
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
-  static constexpr size_t kInputs = 8 + 3 * kQLinearMaxSegments;
+  static constexpr size_t kInputs = 8 + kQLinearSegInputs * kQLinearMaxSegments;
 
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "QLinear"; }
