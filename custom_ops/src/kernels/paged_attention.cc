@@ -313,6 +313,16 @@ struct Span {
   int nk;             // keys in the span
 };
 
+// The int8 codes of nk cached rows from row `base` of an int8 or int4 cache: the cache's own bytes (int8), or
+// the rows unpacked into `scratch` ([BS, D] floats' room: Kb or Vb) for int4 (vec.h unpack_q4).
+const uint8_t* int8_rows(const VecOps& vec, const ItemShape& sh, const void* cache, int64_t base, int nk,
+                         float* scratch) {
+  const uint8_t* rows = static_cast<const uint8_t*>(cache) + base * sh.row_bytes;
+  if (!sh.int4) return rows;
+  vec.unpack_q4(rows, nk, static_cast<int>(sh.D), reinterpret_cast<uint8_t*>(scratch));
+  return reinterpret_cast<const uint8_t*>(scratch);
+}
+
 // Writes the span's scores S [rows, span] = scale * Qb . K, block by block and, in a block, kv head by kv
 // head (the order the cache holds them). int8 caches: integer dots of the query codes with the key codes
 // (vec.h scores_q8), for any number of rows. fp8 caches: the codes are widened to floats (unscaled) into Kb,
@@ -334,13 +344,9 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * BS;  // first row of this block/head
       float* S = w.S + gi * sh.hrows * sh.span + sb * BS;
       if (sh.int_dots) {
-        const uint8_t* K8 = static_cast<const uint8_t*>(a.key_cache) + base * sh.row_bytes;
-        if (sh.int4) {
-          vec.unpack_q4(K8, sp.nks[sb], Di, reinterpret_cast<uint8_t*>(w.Kb));
-          K8 = reinterpret_cast<const uint8_t*>(w.Kb);
-        }
-        vec.scores_q8(w.Qc + gi * sh.hrows * D, w.qmul + gi * sh.hrows, static_cast<int>(sh.hrows), K8,
-                      a.key_scales + base, sp.nks[sb], Di, S, static_cast<int>(sh.span));
+        vec.scores_q8(w.Qc + gi * sh.hrows * D, w.qmul + gi * sh.hrows, static_cast<int>(sh.hrows),
+                      int8_rows(vec, sh, a.key_cache, base, sp.nks[sb], w.Kb), a.key_scales + base, sp.nks[sb], Di, S,
+                      static_cast<int>(sh.span));
         continue;
       }
       const float* K = static_cast<const float*>(a.key_cache) + base * D;
@@ -396,13 +402,9 @@ void accumulate_span_int8(const Ctx& c, const ItemShape& sh, const Span& sp, Ite
   for (int64_t sb = 0; sb < sp.nb; ++sb) {
     for (int64_t gi = 0; gi < sh.nh; ++gi) {
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
-      const uint8_t* V8 = static_cast<const uint8_t*>(a.value_cache) + base * sh.row_bytes;
-      if (sh.int4) {
-        vec.unpack_q4(V8, sp.nks[sb], static_cast<int>(D), reinterpret_cast<uint8_t*>(w.Vb));
-        V8 = reinterpret_cast<const uint8_t*>(w.Vb);
-      }
       vec.pv_q16(w.Wc + gi * sh.hrows * sh.span + sb * sh.BS, static_cast<int>(sh.span), w.wscale + gi * sh.hrows,
-                 static_cast<int>(sh.hrows), V8, sp.nks[sb], static_cast<int>(D), w.O + gi * sh.hrows * D);
+                 static_cast<int>(sh.hrows), int8_rows(vec, sh, a.value_cache, base, sp.nks[sb], w.Vb), sp.nks[sb],
+                 static_cast<int>(D), w.O + gi * sh.hrows * D);
     }
   }
 }

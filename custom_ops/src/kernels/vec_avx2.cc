@@ -554,7 +554,9 @@ void fwht(float* x, int D) {
 }
 
 // The scalar loop's nibbles 32 (then 16) at a time: low nibble - 8 to the first half, high nibble - 8 to the second.
+// D % 32 == 0 (half a whole number of 16-byte steps); other head sizes take the scalar loop.
 void unpack_q4(const uint8_t* packed, int nrows, int D, uint8_t* codes) {
+  if (D % 32 != 0) return vec_scalar_ops().unpack_q4(packed, nrows, D, codes);
   const int half = D / 2;
   const __m256i mask = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
   for (int j = 0; j < nrows; ++j, packed += half, codes += D) {
@@ -572,10 +574,6 @@ void unpack_q4(const uint8_t* packed, int nrows, int D, uint8_t* codes) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_sub_epi8(_mm_and_si128(v, m), e));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + half + i),
                        _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), e));
-    }
-    for (; i < half; ++i) {
-      codes[i] = static_cast<uint8_t>((packed[i] & 15) - 8);
-      codes[i + half] = static_cast<uint8_t>((packed[i] >> 4) - 8);
     }
   }
 }
