@@ -159,6 +159,8 @@ CONTEXT_LENS = "context_lens"
 BLOCK_TABLES = "block_tables"
 LOGITS_INDICES = "logits_indices"
 TOKEN_ADAPTER = "token_adapter"
+ENGINE_INPUT_DTYPES = {ENGINE_INPUT_IDS: "int64", POSITIONS: "int32", CU_SEQLENS: "int32", CONTEXT_LENS: "int32",
+                       BLOCK_TABLES: "int32", LOGITS_INDICES: "int64", TOKEN_ADAPTER: "int32"}   # the step inputs'
 LORA_SCALE = "lora.scale"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPS_DOMAIN = "ortllm"          # the custom ops' domain (libortllm_ops.so registers its ops there)

@@ -8,7 +8,9 @@ nothing is copied per step), warm up (a prefill and a decode), then serve `execu
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -79,6 +81,8 @@ class ModelRunner:
         self._arrays: dict[str, np.ndarray] = {}      # keeps the bound pool / adapter memory alive
         self._logits = np.empty((0, self.vocab_size), np.float32)   # [rows, V] reused by decode steps
         self._inputs: dict[str, np.ndarray] = {}      # the step inputs bound now (memory shared with ORT)
+        self._logits_bound: tuple[int, int] | None = None   # (address, rows) of the logits buffer bound now
+        self.run_time_s = 0.0                          # total time in session.run (the engine's Python share)
         self._bind_pool(cfg)
         self._lora_shapes = {i.name: i.shape for i in self.session.get_inputs() if i.name.startswith("lora.")}
         # int8 stacks (QLinear projections, with their scales) or float16 ones (MultiLoRA), per layer and target
@@ -177,48 +181,59 @@ class ModelRunner:
         """Run one flattened step; returns logits [R, V] for the rows of logits_rows(seqs), in order: a view of a
         buffer the next execute() overwrites (copy it to keep it). all_logits: [T, V], every row of the step
         (scoring/eval), a new array."""
-        lens = np.fromiter((s.num_tokens for s in seqs), np.int32, len(seqs))
-        cu = np.zeros(len(seqs) + 1, np.int32)
-        np.cumsum(lens, out=cu[1:])
-        ids = np.fromiter((t for s in seqs for t in s.token_ids), np.int64, int(cu[-1]))
-        starts = np.fromiter((s.start_pos for s in seqs), np.int32, len(seqs))
-        positions = np.repeat(starts - cu[:-1], lens) + np.arange(cu[-1], dtype=np.int32)
+        # Python lists, one pass per input: cheaper than numpy temporaries for a decode step's few rows, and the
+        # step's Python runs in caches cold after the weight stream
+        lens = [s.num_tokens for s in seqs]
+        starts = [s.start_pos for s in seqs]
+        ids = [t for s in seqs for t in s.token_ids]
+        if len(ids) == len(seqs):          # one token a seq (decode): a seq's position is its start
+            cu, positions = range(len(seqs) + 1), starts
+        else:
+            cu = [0, *itertools.accumulate(lens)]
+            positions = [p for s in seqs for p in range(s.start_pos, s.start_pos + s.num_tokens)]
         width = max(len(s.block_ids) for s in seqs)
-        tables = np.zeros((len(seqs), width), np.int32)
-        for r, s in enumerate(seqs):
-            tables[r, :len(s.block_ids)] = s.block_ids
-        rows = np.arange(cu[-1], dtype=np.int64) if all_logits else logits_rows(seqs)
+        tables = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]   # padded with the null block
+        rows = np.arange(len(ids), dtype=np.int64) if all_logits else logits_rows(seqs)
         slots = adapter_slots or {}
-        adapter = np.repeat(np.fromiter((slots.get(s.adapter, -1) for s in seqs), np.int32, len(seqs)), lens)
+        adapter = [slots.get(s.adapter, -1) for s in seqs for _ in range(s.num_tokens)]
 
         io = self.io
-        for name, value in ((C.ENGINE_INPUT_IDS, ids), (C.POSITIONS, positions.astype(np.int32)), (C.CU_SEQLENS, cu),
-                            (C.CONTEXT_LENS, starts), (C.BLOCK_TABLES, tables), (C.LOGITS_INDICES, rows),
-                            (C.TOKEN_ADAPTER, adapter)):
-            self._bind_step_input(name, value)
+        for name, value, shape in ((C.ENGINE_INPUT_IDS, ids, (len(ids),)), (C.POSITIONS, positions, (len(ids),)),
+                                   (C.CU_SEQLENS, cu, (len(seqs) + 1,)), (C.CONTEXT_LENS, starts, (len(seqs),)),
+                                   (C.BLOCK_TABLES, tables, (len(seqs), width)), (C.LOGITS_INDICES, rows, rows.shape),
+                                   (C.TOKEN_ADAPTER, adapter, (len(ids),))):
+            self._bind_step_input(name, value, shape)
         if all_logits:                     # [T, V], up to max_batch_tokens rows: ORT allocates it
             io.bind_output(C.LOGITS, "cpu")
-            self.session.run_with_iobinding(io)
+            self._logits_bound = None
+            self._run()
             return io.get_outputs()[0].numpy()
         # [R, V] into a reused buffer: io.get_outputs() would wrap every bound output, the 4 * layers cache
         # outputs too (~0.4 ms a step for SmolLM2's 121)
         if len(rows) > len(self._logits):
             self._logits = np.empty((max(len(rows), 2 * len(self._logits)), self.vocab_size), np.float32)
         out = self._logits[:len(rows)]
-        io.bind_output(C.LOGITS, "cpu", element_type=np.float32, shape=list(out.shape), buffer_ptr=out.ctypes.data)
-        self.session.run_with_iobinding(io)
+        if self._logits_bound != (out.ctypes.data, len(rows)):   # rebinding makes an OrtValue (~40 us in the step)
+            io.bind_output(C.LOGITS, "cpu", element_type=np.float32, shape=list(out.shape), buffer_ptr=out.ctypes.data)
+            self._logits_bound = (out.ctypes.data, len(rows))
+        self._run()
         return out
 
-    def _bind_step_input(self, name: str, value: np.ndarray) -> None:
-        """Bind a step input; while its shape stays (steady decode), the bound array is overwritten in place and
-        nothing is rebound (binding makes an OrtValue: ~10 us each, seven per step)."""
+    def _run(self) -> None:
+        t = time.perf_counter()
+        self.session.run_with_iobinding(self.io)
+        self.run_time_s += time.perf_counter() - t
+
+    def _bind_step_input(self, name: str, value, shape: tuple[int, ...]) -> None:
+        """Bind a step input (value: a list, nested for 2-D, a range or an array, of that shape); while the shape
+        stays (steady decode), the bound array is overwritten in place and nothing is rebound (binding makes an
+        OrtValue: ~10 us each, seven per step)."""
         bound = self._inputs.get(name)
-        if bound is not None and bound.shape == value.shape:
-            np.copyto(bound, value, casting="no")
-            return
-        bound = np.array(value, order="C")
-        self._inputs[name] = bound
-        self.io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(bound))   # shares bound's memory
+        if bound is None or bound.shape != shape:
+            bound = np.empty(shape, C.ENGINE_INPUT_DTYPES[name])
+            self._inputs[name] = bound
+            self.io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(bound))   # shares bound's memory
+        bound[...] = value
 
     def kv_pool_bytes(self) -> int:
         return sum(a.nbytes for n, a in self._arrays.items() if "cache" in n or "scales" in n)
