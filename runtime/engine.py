@@ -29,7 +29,7 @@ from .contract import TOKENIZER as TOKENIZER_JSON
 from .errors import EngineDeadError, InvalidTokenIds, OrtllmError
 from .guided import GuidedDecoding, consume, forced_tokens, unpack_mask
 from .model_runner import ModelRunner, logits_rows
-from .sampler import RowState, Sampler, TokenLogprobs, log_softmax, request_generator
+from .sampler import RowState, Sampler, TokenLogprobs, has_penalty, log_softmax, request_generator
 from .speculative import accept
 from .sampling_params import SamplingParams, fit_max_tokens
 from .scheduler import ERROR, ModelRunnerOutput, Scheduler, SchedulerOutput
@@ -391,12 +391,12 @@ class Engine:
                     states[first[i] + j].mask = unpack_mask(words[row], logits.shape[1])
                     row += 1
         sampled = self.sampler.sample(logits, states)
-        tokens = {s.req_id: accept(s.spec_token_ids, sampled.token_ids[o:o + 1 + len(s.spec_token_ids)])
-                  for s, o in zip(rows, first)}
+        ids = sampled.token_ids.tolist()
+        tokens = {s.req_id: accept(s.spec_token_ids, ids[o:o + 1 + len(s.spec_token_ids)]) for s, o in zip(rows, first)}
         alive, forced = self._advance_grammars([rows[i].req_id for i in guided], tokens)
         with self._cv:
             updates = self.scheduler.update_from_output(out, ModelRunnerOutput(tokens, forced))
-        lp = {s.req_id: sampled.logprobs[o:o + len(tokens[s.req_id])] for s, o in zip(rows, first)}
+        offset = {s.req_id: o for s, o in zip(rows, first)}   # the request's first row in `sampled`
         for u in updates:
             h = self._handles.get(u.req_id)
             if h is None:
@@ -407,7 +407,9 @@ class Engine:
             if h.logprobs is not None:
                 # the tokens the detokenizer took: up to a stop string or stop token id among several
                 used = len(h.detok.output_token_ids) - before + isinstance(h.detok.stop_reason, int)
-                h.logprobs += [x for x in lp[u.req_id][:max(1, used)] if x is not None]
+                o = offset[u.req_id]
+                h.logprobs += [x for x in sampled.logprobs[o:o + min(max(1, used), len(tokens[u.req_id]))]
+                               if x is not None]
             more = alive.get(u.req_id, True)
             if (h.detok.finished or not more) and u.finish_reason is None:   # a stop string or the grammar ended
                 self.scheduler.finish_requests(u.req_id, "stop")
@@ -475,9 +477,11 @@ class Engine:
     def _row_states(self, s) -> list[RowState]:
         """The sampler rows of one scheduled seq: one, or with k drafts k + 1 (row j sees drafts[:j] as output)."""
         h = self._handles[s.req_id]
+        d = s.spec_token_ids
+        if not has_penalty(h.params):   # the history only feeds penalties: not copied for the rest
+            return [RowState(h.params, h.generator, draft=d[j] if j < len(d) else -1) for j in range(len(d) + 1)]
         req = self.scheduler.get_request(s.req_id)
         out = req.output_token_ids if req else []
-        d = s.spec_token_ids
         return [RowState(h.params, h.generator, out + d[:j] if j else out, h.prompt_ids,
                          draft=d[j] if j < len(d) else -1) for j in range(len(d) + 1)]
 

@@ -195,14 +195,15 @@ def apply_bias_and_masks(logits: np.ndarray, rows: Sequence[RowState]) -> None:
             logits[b, ~r.mask[:logits.shape[1]]] = NEG_INF
 
 
-def _has_penalty(p: SamplingParams) -> bool:
+def has_penalty(p: SamplingParams) -> bool:
+    """The row needs its token history (repetition, frequency or presence penalty)."""
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
 def _plain_greedy(r: RowState) -> bool:
     """Greedy with nothing that changes the logits or asks for more than the token: argmax of the raw row."""
     p = r.params
-    return p.greedy and r.mask is None and not p.logit_bias and p.logprobs is None and not _has_penalty(p)
+    return p.greedy and r.mask is None and not p.logit_bias and p.logprobs is None and not has_penalty(p)
 
 
 class Sampler:
@@ -218,7 +219,7 @@ class Sampler:
         biased = any(r.mask is not None or r.params.logit_bias for r in rows)
 
         # written to only for bias/masks, penalties and logprobs; everything else works on fancy-indexed copies
-        writes = want_logprobs or biased or any(_has_penalty(p) for p in params)
+        writes = want_logprobs or biased or any(has_penalty(p) for p in params)
         x = np.array(logits, dtype=np.float32, copy=True) if writes else np.asarray(logits, dtype=np.float32)
         if biased:
             apply_bias_and_masks(x, rows)
@@ -247,7 +248,7 @@ class Sampler:
 
     @staticmethod
     def _penalize(x: np.ndarray, rows: Sequence[RowState]) -> None:
-        idx = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
+        idx = [i for i, r in enumerate(rows) if has_penalty(r.params)]
         if not idx:
             return
         sub = x[idx]
