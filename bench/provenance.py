@@ -37,12 +37,8 @@ def _runtime_versions() -> str:
     except ImportError:
         pass
     try:
-        import ctypes
-
-        from ortllm.runtime.ops_library import ops_library_path
-        isa = ctypes.CDLL(str(ops_library_path())).OrtllmOpsIsa
-        isa.restype = ctypes.c_char_p
-        parts.append(f"ops {isa().decode()}")
+        from ortllm.runtime.ops_library import ops_isa
+        parts.append(f"ops {ops_isa()}")
     except (OSError, AttributeError):
         pass
     return ", ".join(parts)

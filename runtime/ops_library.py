@@ -41,6 +41,15 @@ def ops_abi_version(path: Path) -> int:
     return int(fn())
 
 
+def ops_isa(path: Path | None = None) -> str:
+    """OrtllmOpsIsa() of the library (default: ops_library_path()): the kernel path this CPU takes, "scalar",
+    "avx2" or "avx512vnni"."""
+    fn = ctypes.CDLL(str(path or ops_library_path())).OrtllmOpsIsa
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    return fn().decode()
+
+
 def check_ops_library(path: Path | None = None) -> Path:
     """Return the library path after checking that it exists and matches OPS_ABI_VERSION."""
     path = Path(path) if path is not None else ops_library_path()

@@ -17,6 +17,7 @@ from ortllm.pipeline.qlinear_pack import dequantize_packed, pack, unpack_codes
 from ortllm.pipeline.quantize import RTNQuantizer, _unpack_bits
 from tests.custom_ops.conftest import REPO, assert_close, qlinear_model, session
 from ortllm.runtime.lora_stacks import quantize_a, quantize_b
+from ortllm.runtime.ops_library import ops_isa
 from tests.reference.qlinear import (dequantized_activations, lora_a, lora_b, lora_terms, magnitude, qlinear_ref,
                                      rms_norm)
 
@@ -348,15 +349,6 @@ def _isa_case(key):
     form, epi, bs = key.split("-")
     w, x, extra = _invariance_case(epi, form)
     return weight(w.k, w.n, form, bs=int(bs[1:]), seed=3), x, epi, extra
-
-
-def ops_isa() -> str:
-    import ctypes
-
-    from ortllm.runtime.ops_library import ops_library_path
-    f = ctypes.CDLL(str(ops_library_path())).OrtllmOpsIsa
-    f.restype = ctypes.c_char_p
-    return f().decode()
 
 
 def _cpu_has_vnni() -> bool:
