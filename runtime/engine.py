@@ -396,7 +396,7 @@ class Engine:
         alive, forced = self._advance_grammars([rows[i].req_id for i in guided], tokens)
         with self._cv:
             updates = self.scheduler.update_from_output(out, ModelRunnerOutput(tokens, forced))
-        offset = {s.req_id: o for s, o in zip(rows, first)}   # the request's first row in `sampled`
+        lp = {s.req_id: sampled.logprobs[o:o + len(tokens[s.req_id])] for s, o in zip(rows, first)}
         for u in updates:
             h = self._handles.get(u.req_id)
             if h is None:
@@ -407,9 +407,7 @@ class Engine:
             if h.logprobs is not None:
                 # the tokens the detokenizer took: up to a stop string or stop token id among several
                 used = len(h.detok.output_token_ids) - before + isinstance(h.detok.stop_reason, int)
-                o = offset[u.req_id]
-                h.logprobs += [x for x in sampled.logprobs[o:o + min(max(1, used), len(tokens[u.req_id]))]
-                               if x is not None]
+                h.logprobs += [x for x in lp[u.req_id][:max(1, used)] if x is not None]
             more = alive.get(u.req_id, True)
             if (h.detok.finished or not more) and u.finish_reason is None:   # a stop string or the grammar ended
                 self.scheduler.finish_requests(u.req_id, "stop")

@@ -325,8 +325,6 @@ class Scheduler(SchedulerInterface):
 
     def queued_adapters(self) -> list[str]:
         """Adapters of waiting requests, most wanted first: what to prefetch while the step runs."""
-        if not self.waiting:      # the common decode step
-            return []
         out: dict[str, None] = {}
         for r in sorted(self.waiting, key=self._waiting_key):
             if r.params.adapter is not None:
