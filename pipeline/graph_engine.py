@@ -9,7 +9,8 @@ fp32 projections (and groups QLinear cannot take: --keep splits, block size 16) 
 ortllm::MultiLoRA after each (adapter per token; the slot stacks are graph inputs, so adapters change
 without rebuilding the session) and the residual adds / SiLU * up as plain ops. PagedAttention does RoPE,
 the paged KV write and causal GQA over cached + new tokens. The LM head runs only on the
-`logits_indices` rows. Shapes: T tokens in the step, S sequences, H hidden, Hq/Hkv heads, D head_dim.
+`logits_indices` rows, and gives their argmax (logits_argmax) too. Shapes: T tokens in the step, S sequences,
+H hidden, Hq/Hkv heads, D head_dim.
 """
 from __future__ import annotations
 
@@ -123,14 +124,17 @@ def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str
                        "residual", x)[0]
 
 
-def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None) -> str:
-    """[S, H] -> final norm -> logits [S, V]: QLinear (norm fused) on a quantized head it can take, else RMSNorm
-    and graph_blocks.lm_head (embed: the fp32 table's initializer, which a tied fp32 head multiplies by)."""
+def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None) -> tuple[str, str]:
+    """[S, H] -> final norm -> logits [S, V] and their argmax [S] (each row's first maximum): QLinear (norm fused)
+    finding the argmax too on a quantized head it can take, else RMSNorm, graph_blocks.lm_head (embed: the fp32
+    table's initializer, which a tied fp32 head multiplies by) and ArgMax."""
     cfg = weights.config
     norm = (weights.tensors["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
     if qlinear_ready(quant, ["/lm_head"]):
-        return qlinear(g, x, [weights.lm_head()], ["/lm_head"], quant, norm=norm)
-    return lm_head(g, rms_norm(g, x, *norm), weights, embed, quant)
+        logits, argmax = qlinear(g, x, [weights.lm_head()], ["/lm_head"], quant, norm=norm, argmax=True)
+        return logits, argmax
+    logits = lm_head(g, rms_norm(g, x, *norm), weights, embed, quant)
+    return logits, g.op("ArgMax", [logits], "/lm_head", axis=1, keepdims=0)
 
 
 def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "fp32", block_size: int = 16,
@@ -151,6 +155,7 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     for target in C.LORA_TARGETS:      # per target: an adapter's rank is 0 on the targets it leaves alone
         g.input(C.lora_rank_name(target), I32, ["lora_slots"])
     logits_out = g.output(C.LOGITS, F32, ["S", cfg.vocab_size])
+    argmax_out = g.output(C.LOGITS_ARGMAX, I64, ["S"])
     cos_t, sin_t = rope_tables(cfg)
     batch["cos"], batch["sin"] = g.weight("model.rope.cos", cos_t), g.weight("model.rope.sin", sin_t)
 
@@ -161,5 +166,7 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
 
     # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
     x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)
-    g.identity(head(g, x, weights, EMBED_TABLE, quant), logits_out, "/lm_head/logits")
+    logits, argmax = head(g, x, weights, EMBED_TABLE, quant)
+    g.identity(logits, logits_out, "/lm_head/logits")
+    g.identity(argmax, argmax_out, "/lm_head/argmax")
     g.save(model_path, "ortllm_engine", doc="ortllm engine graph (paged KV, QLinear, multi-LoRA)", metadata=metadata)

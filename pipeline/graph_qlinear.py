@@ -21,6 +21,7 @@ from .quantize import QuantizedWeight, RTNQuantizer, hf_name
 
 F16, I8 = TensorProto.FLOAT16, TensorProto.INT8
 SEG0, SEG_INPUTS, NORM = 7, 5, 22   # the op's input positions (custom_ops/README.md): LoRA segments, norm weight
+ARGMAX_OUT = 3                      # the op's optional output: each row's first maximum (after y and the splits)
 EPILOGUES = ("none", "residual", "swiglu")
 
 
@@ -34,9 +35,10 @@ def qlinear_ready(quant, paths: list[str]) -> bool:
 
 def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], quant, *, lora: dict | None = None,
             epilogue: str = "none", residual: str | None = None, norm: tuple[np.ndarray, float, str] | None = None,
-            split: bool = False, path: str | None = None) -> str | list[str]:
+            split: bool = False, argmax: bool = False, path: str | None = None) -> str | list[str]:
     """x [T, K] -> y [T, sum(N_i)] ([T, N / 2] with "swiglu"; residual + x W^T with "residual"); split: one
-    output per weight, [T, N_i] each (q, k, v without a Split node).
+    output per weight, [T, N_i] each (q, k, v without a Split node); argmax: [y, argmax [T] int64], each row's
+    first maximum (the LM head's greedy tokens, found by the op on the columns it just wrote).
 
         x [T, K] --> QLinear(codes, scales [, offsets] [, residual],
                              token_adapter, lora.scale, (A, A_scale, B, B_scale, rank) per target
@@ -77,8 +79,12 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
         attrs["split"] = [int(w.shape[0]) for w in ws]
     while ins[-1] == "":
         ins.pop()
-    return g.op("QLinear", ins, path, n_out=len(attrs.get("split", [0])), domain=C.OPS_DOMAIN, K=q.k, N=q.n,
-                bits=q.bits, block_size=q.block_size, epilogue=epilogue, packed_a=1, **attrs)
+    assert not (argmax and (epilogue != "none" or "split" in attrs))
+    outs = {"n_out": ARGMAX_OUT + 1, "skip": tuple(range(1, ARGMAX_OUT))} if argmax else \
+        {"n_out": len(attrs.get("split", [0]))}
+    y = g.op("QLinear", ins, path, domain=C.OPS_DOMAIN, K=q.k, N=q.n, bits=q.bits, block_size=q.block_size,
+             epilogue=epilogue, packed_a=1, **outs, **attrs)
+    return [y[0], y[ARGMAX_OUT]] if argmax else y
 
 EMBED_BLOCK = 32
 EMBED_TABLE = "model.embed_tokens.weight"     # HF name, and the fp32 table's initializer a tied fp32 head reads

@@ -44,15 +44,17 @@ class GraphBuilder:
         return name
 
     # ---- nodes
-    def op(self, op_type: str, inputs: list[str], path: str, n_out: int = 1, domain: str = "", **attrs):
-        """Add a node named `path/OpType`; returns its output name (or names when n_out > 1)."""
+    def op(self, op_type: str, inputs: list[str], path: str, n_out: int = 1, domain: str = "",
+           skip: tuple[int, ...] = (), **attrs):
+        """Add a node named `path/OpType`; returns its output name (or names when n_out > 1). skip: positions of
+        optional outputs the node leaves out ("" in the node and in the returned names)."""
         name = f"{path}/{op_type}"
         base, k = name, 1
         while name in self._names:
             k += 1
             name = f"{base}_{k}"
         self._names.add(name)
-        outs = [f"{name}/output_{i}" for i in range(n_out)]
+        outs = ["" if i in skip else f"{name}/output_{i}" for i in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain, **attrs))
         return outs[0] if n_out == 1 else outs
 

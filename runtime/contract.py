@@ -151,6 +151,10 @@ def present_value(layer: int) -> str:
 #       adapt it: MultiLoRA then skips the slot there instead of streaming its zero stacks
 # ->
 #   logits          [R, vocab]          float32
+#   logits_argmax   [R]                 int64   each logits row's first maximum (the LM head's op finds it on
+#                                               the columns it just wrote: greedy rows need no pass over logits);
+#                                               optional: artifacts built before it lack it (the runtime then
+#                                               takes the argmax itself), so contract 6 still reads them
 #   key_cache_out.{i} ... (alias the inputs through IO binding: the pool is written in place)
 ENGINE_INPUT_IDS = "input_ids"
 POSITIONS = "positions"
@@ -158,6 +162,7 @@ CU_SEQLENS = "cu_seqlens"
 CONTEXT_LENS = "context_lens"
 BLOCK_TABLES = "block_tables"
 LOGITS_INDICES = "logits_indices"
+LOGITS_ARGMAX = "logits_argmax"
 TOKEN_ADAPTER = "token_adapter"
 ENGINE_INPUT_DTYPES = {ENGINE_INPUT_IDS: "int64", POSITIONS: "int32", CU_SEQLENS: "int32", CONTEXT_LENS: "int32",
                        BLOCK_TABLES: "int32", LOGITS_INDICES: "int64", TOKEN_ADAPTER: "int32"}   # the step inputs'

@@ -82,6 +82,10 @@ class ModelRunner:
         self._logits = np.empty((0, self.vocab_size), np.float32)   # [rows, V] reused by decode steps
         self._inputs: dict[str, np.ndarray] = {}      # the step inputs bound now (memory shared with ORT)
         self._logits_bound: tuple[int, int] | None = None   # (address, rows) of the logits buffer bound now
+        # logits_argmax [R] (contract: optional), bound beside the logits into a buffer that grows with them
+        self._has_argmax = C.LOGITS_ARGMAX in {o.name for o in self.session.get_outputs()}
+        self._argmax = np.empty(0, np.int64)
+        self.argmax: np.ndarray | None = None          # the last execute()'s logits_argmax rows (None: not given)
         self.run_time_s = 0.0                          # total time in session.run (the engine's Python share)
         self._bind_pool(cfg)
         self._lora_shapes = {i.name: i.shape for i in self.session.get_inputs() if i.name.startswith("lora.")}
@@ -179,8 +183,9 @@ class ModelRunner:
     def execute(self, seqs: list[ScheduledSeq], adapter_slots: dict[str | None, int] | None = None,
                 all_logits: bool = False) -> np.ndarray:
         """Run one flattened step; returns logits [R, V] for the rows of logits_rows(seqs), in order: a view of a
-        buffer the next execute() overwrites (copy it to keep it). all_logits: [T, V], every row of the step
-        (scoring/eval), a new array."""
+        buffer the next execute() overwrites (copy it to keep it), and sets self.argmax to their first maxima [R]
+        when the graph gives them (likewise a view; None otherwise). all_logits: [T, V], every row of the step
+        (scoring/eval), a new array (self.argmax None)."""
         # Python lists, one pass per input: cheaper than numpy temporaries for a decode step's few rows, and the
         # step's Python runs in caches cold after the weight stream
         lens = [s.num_tokens for s in seqs]
@@ -203,8 +208,11 @@ class ModelRunner:
                                    (C.BLOCK_TABLES, tables, (len(seqs), width)), (C.LOGITS_INDICES, rows, rows.shape),
                                    (C.TOKEN_ADAPTER, adapter, (len(ids),))):
             self._bind_step_input(name, value, shape)
+        self.argmax = None
         if all_logits:                     # [T, V], up to max_batch_tokens rows: ORT allocates it
             io.bind_output(C.LOGITS, "cpu")
+            if self._has_argmax:
+                io.bind_output(C.LOGITS_ARGMAX, "cpu")
             self._logits_bound = None
             self._run()
             return io.get_outputs()[0].numpy()
@@ -212,11 +220,16 @@ class ModelRunner:
         # outputs too (~0.4 ms a step for SmolLM2's 121)
         if len(rows) > len(self._logits):
             self._logits = np.empty((max(len(rows), 2 * len(self._logits)), self.vocab_size), np.float32)
-        out = self._logits[:len(rows)]
+            self._argmax = np.empty(len(self._logits), np.int64)
+        out, argmax = self._logits[:len(rows)], self._argmax[:len(rows)]
         if self._logits_bound != (out.ctypes.data, len(rows)):   # rebinding makes an OrtValue (~40 us in the step)
             io.bind_output(C.LOGITS, "cpu", element_type=np.float32, shape=list(out.shape), buffer_ptr=out.ctypes.data)
+            if self._has_argmax:           # moves with the logits (same growth, same rows)
+                io.bind_output(C.LOGITS_ARGMAX, "cpu", element_type=np.int64, shape=[len(rows)],
+                               buffer_ptr=argmax.ctypes.data)
             self._logits_bound = (out.ctypes.data, len(rows))
         self._run()
+        self.argmax = argmax if self._has_argmax else None
         return out
 
     def _run(self) -> None:

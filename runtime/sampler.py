@@ -209,11 +209,12 @@ def _plain_greedy(r: RowState) -> bool:
 class Sampler:
     """Stateless; `sample` takes the logits rows in the same order as `rows`."""
 
-    def sample(self, logits: np.ndarray, rows: Sequence[RowState]) -> SampleOutput:
+    def sample(self, logits: np.ndarray, rows: Sequence[RowState], argmax: np.ndarray | None = None) -> SampleOutput:
+        """argmax: np.argmax(logits, axis=1) when the caller has it already (the engine graph's logits_argmax)."""
         if logits.ndim != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [B, V] with B = len(rows) = {len(rows)}; got {logits.shape}")
         if all(_plain_greedy(r) for r in rows):   # the common decode step: one argmax, nothing copied
-            return SampleOutput(np.argmax(logits, axis=1), [None] * len(rows))
+            return SampleOutput(np.argmax(logits, axis=1) if argmax is None else argmax, [None] * len(rows))
         params = [r.params for r in rows]
         want_logprobs = any(p.logprobs is not None for p in params)
         biased = any(r.mask is not None or r.params.logit_bias for r in rows)

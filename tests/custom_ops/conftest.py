@@ -104,9 +104,9 @@ QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, *[I8, F16, I8, F16, I32] * 3,
 QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, *[3, 3, 3, 2, 1] * 3, 1]
 
 
-def qlinear_model(present: list[str], n_outputs: int = 1, **attrs) -> onnx.ModelProto:
+def qlinear_model(present: list[str], n_outputs: int = 1, argmax: bool = False, **attrs) -> onnx.ModelProto:
     """One QLinear node; `present` names the inputs fed (the others are left out as ONNX optional inputs);
-    n_outputs > 1: outputs y, y1, y2 (attribute split)."""
+    n_outputs > 1: outputs y, y1, y2 (attribute split); argmax: output 3, "argmax" [T] int64, after them."""
     names = [n if n in present else "" for n in QLINEAR_INPUTS]
     while names and not names[-1]:
         names.pop()
@@ -114,5 +114,8 @@ def qlinear_model(present: list[str], n_outputs: int = 1, **attrs) -> onnx.Model
               for n, t, r in zip(QLINEAR_INPUTS, QLINEAR_TYPES, QLINEAR_RANKS) if n in present]
     out_names = ["y", "y1", "y2"][:n_outputs]
     outputs = [helper.make_tensor_value_info(n, F32, [None, None]) for n in out_names]
+    if argmax:
+        out_names = out_names + [""] * (3 - n_outputs) + ["argmax"]
+        outputs.append(helper.make_tensor_value_info("argmax", onnx.TensorProto.INT64, [None]))
     node = helper.make_node("QLinear", names, out_names, domain="ortllm", **attrs)
     return _model(node, inputs, outputs)

@@ -284,6 +284,59 @@ def test_split_outputs_are_the_columns_of_y(T):
     assert 'attribute split needs epilogue "none"' in _bad_split([480, 480], epilogue="swiglu")
 
 
+def _argmax_case(T: int, k: int, n: int):
+    """(y without the argmax output, y with it, the argmax): T tokens, even ones aligned with two equal rows
+    far apart (a tie the first must win), odd ones random."""
+    rng = np.random.default_rng(T * n)
+    w = rng.standard_normal((n, k), dtype=np.float32) * 0.05
+    w[n - 2] = w[n // 3]
+    pw = pack(RTNQuantizer(4, 32, False).quantize(w))
+    x = rng.standard_normal((T, k), dtype=np.float32)
+    x[::2] += w[n // 3] * 40
+    feeds = feeds_for(pw, x, norm_weight=rng.uniform(0.5, 1.5, k).astype(np.float32))
+    attrs = dict(K=k, N=n, bits=4, block_size=32, packed_a=1)
+    (plain,) = session(qlinear_model(sorted(feeds), **attrs), threads=2).run(None, feeds)
+    return (plain, *session(qlinear_model(sorted(feeds), argmax=True, **attrs), threads=2).run(None, feeds))
+
+
+ARGMAX_CASES = [(T, k, n) for T in (1, 3, 16, 70) for k, n in ((576, 49152), (576, 20))]
+
+
+@pytest.mark.parametrize("T,k,n", ARGMAX_CASES)
+def test_argmax_output_is_numpys_argmax_of_y(T, k, n):
+    """Output 3 is np.argmax(y, axis=1), ties to the first column, across work items too (the LM head's 192
+    items at decode; one item for a small call), and y is bitwise the same with it as without."""
+    plain, y, am = _argmax_case(T, k, n)
+    np.testing.assert_array_equal(y, plain)
+    assert am.dtype == np.int64 and am.shape == (T,)
+    np.testing.assert_array_equal(am, np.argmax(y, axis=1))
+    assert (am[::2] == n // 3).all()                # the tie went to the first of the two rows
+
+
+@pytest.mark.parametrize("forced", ["scalar", "avx2"])
+def test_argmax_output_on_every_isa(forced):
+    """The scalar and AVX2 argmax loops (kernels/vec.h) find the same first maximum as numpy."""
+    script = (f"import sys, numpy as np; sys.path.insert(0, {str(REPO)!r})\n"
+              "from tests.custom_ops import test_qlinear as t\n"
+              "for case in t.ARGMAX_CASES:\n"
+              "    _, y, am = t._argmax_case(*case)\n"
+              "    assert (am == np.argmax(y, axis=1)).all(), case\n"
+              "print(t.ops_isa())")
+    res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ORTLLM_OPS_ISA=forced),
+                         capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() in (forced, "scalar")
+
+
+def test_argmax_output_needs_one_plain_output():
+    w = weight(576, 960, "int4")
+    x = np.ones((2, 576), np.float32)
+    feeds = feeds_for(w, x, residual=np.zeros((2, 960), np.float32))
+    with pytest.raises(Exception, match='output \'argmax\' needs epilogue "none" and one output y'):
+        session(qlinear_model(sorted(feeds), argmax=True, K=576, N=960, bits=4, block_size=32,
+                              epilogue="residual")).run(None, feeds)
+
+
 def _bad_split(split, **attrs):
     w = weight(576, 960, "int4")
     feeds = feeds_for(w, np.ones((2, 576), np.float32))

@@ -8,6 +8,7 @@ whatever the batch (custom_ops/src/kernels/qlinear.h).
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ortllm.runtime.engine import Engine
@@ -47,3 +48,24 @@ def test_same_tokens_alone_or_in_any_batch(artifact, overrides):
     assert all(s == alone[0] for s in same), "16 identical prompts do not all give the prompt's own tokens"
     assert stats["prefix_cache_hit_rate"] > 0, stats
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"], "blocks leaked"
+
+
+def test_the_graphs_argmax_is_numpys_argmax_of_the_logits(artifact, monkeypatch):
+    """Every engine graph gives logits_argmax (int8 / int4: found by the LM head's QLinear; fp32: an ArgMax node),
+    equal to np.argmax of the step's logits rows: what plain greedy rows take as their tokens."""
+    with Engine.from_artifact(artifact, max_num_seqs=4) as engine:
+        runner, seen = engine.runner, []
+        execute = runner.execute
+
+        def recording(*args, **kwargs):
+            logits = execute(*args, **kwargs)
+            seen.append((logits.copy(), None if runner.argmax is None else runner.argmax.copy()))
+            return logits
+
+        monkeypatch.setattr(runner, "execute", recording)
+        outs = engine.generate([_chat(engine, q) for q in QUESTIONS[:4]],
+                               SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert all(len(o.token_ids) == 8 for o in outs)
+    assert seen and all(am is not None for _, am in seen)
+    for logits, am in seen:
+        np.testing.assert_array_equal(am, np.argmax(logits, axis=1))

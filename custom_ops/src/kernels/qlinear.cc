@@ -8,7 +8,8 @@
 //      dots into lora [G, T, 8] (tokens without an adapter cost nothing);
 //   3. the projection over work items (8-row groups x token chunks): the group's weights are
 //      unpacked once per kQTile tokens and stay in L1 across the chunk; the accumulators start from
-//      lora (0 without), and each output's epilogue (residual or SiLU(gate) * up) runs right after.
+//      lora (0 without), and each output's epilogue (residual or SiLU(gate) * up) runs right after;
+//      with an argmax output, each item's first maximum per token, merged in column order after.
 // Which item computes an output never changes its value (qlinear.h), so the split is free to
 // follow the work: T = 1 splits the weight rows across the pool (each weight byte read once),
 // prefill splits rows x token chunks. Small calls run on the calling thread.
@@ -51,10 +52,12 @@ struct Ctx {
   // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
   std::vector<float> lora;
-  float* lbuf = nullptr;       // lora.data(), or nullptr without a LoRA
-  std::vector<Quad> quads;     // the LoRA's work (plan_lora)
-  std::vector<float> normed;   // [T, K] RMSNorm(x) * norm_weight, with a norm
-  const float* xin = nullptr;  // what the projection multiplies: x, or normed
+  float* lbuf = nullptr;         // lora.data(), or nullptr without a LoRA
+  std::vector<Quad> quads;       // the LoRA's work (plan_lora)
+  std::vector<float> normed;     // [T, K] RMSNorm(x) * norm_weight, with a norm
+  const float* xin = nullptr;    // what the projection multiplies: x, or normed
+  std::vector<float> best;       // [T, g_items] with an argmax output: each item's maximum per token
+  std::vector<int64_t> best_at;  // [T, g_items] its first column
 };
 
 // ---- phase 1: activations
@@ -285,11 +288,37 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   }
 }
 
+// Item gi's maximum of tokens [t0, t1) over the columns of groups [g0, g1) (the last group's padding left out),
+// and its first column: read back from y right after the item wrote it.
+void item_argmax(Ctx& c, int64_t gi, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  const int64_t N = c.d->out_dim, c0 = g0 * 8, n = std::min(N, g1 * 8) - c0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* y = c.a->y + t * N + c0;
+    const int i = vec().argmax(y, static_cast<int>(n));
+    c.best[t * c.g_items + gi] = y[i];
+    c.best_at[t * c.g_items + gi] = c0 + i;
+  }
+}
+
+// Row t's first maximum over all items, in column order: a later item wins only with a larger value.
+void merge_argmax(const Ctx& c) {
+  for (int64_t t = 0; t < c.d->num_tokens; ++t) {
+    const float* v = c.best.data() + t * c.g_items;
+    const int64_t* at = c.best_at.data() + t * c.g_items;
+    int64_t k = 0;
+    for (int64_t gi = 1; gi < c.g_items; ++gi)
+      if (v[gi] > v[k]) k = gi;
+    c.a->argmax[t] = at[k];
+  }
+}
+
 void project_item(void* usr, size_t i) {
-  const Ctx& c = *static_cast<const Ctx*>(usr);
+  Ctx& c = *static_cast<Ctx*>(usr);
   const int64_t gi = static_cast<int64_t>(i) % c.g_items, ti = static_cast<int64_t>(i) / c.g_items;
   const int64_t g0 = gi * c.g_chunk, t0 = ti * c.t_chunk;
-  project(c, g0, std::min(c.out_groups, g0 + c.g_chunk), t0, std::min(c.d->num_tokens, t0 + c.t_chunk));
+  const int64_t g1 = std::min(c.out_groups, g0 + c.g_chunk), t1 = std::min(c.d->num_tokens, t0 + c.t_chunk);
+  project(c, g0, g1, t0, t1);
+  if (c.a->argmax) item_argmax(c, gi, g0, g1, t0, t1);
 }
 
 }  // namespace
@@ -334,11 +363,16 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.g_chunk = std::max<int64_t>(1, std::min<int64_t>(32, c.out_groups / std::max<int64_t>(1, 16 / t_items)));
   if (t_items >= 16) c.g_chunk = std::max<int64_t>(1, std::min<int64_t>(c.g_chunk, 8));
   c.g_items = (c.out_groups + c.g_chunk - 1) / c.g_chunk;
+  if (a.argmax) {
+    c.best.resize(static_cast<size_t>(T * c.g_items));
+    c.best_at.resize(static_cast<size_t>(T * c.g_items));
+  }
   if (parallel) {
     par.run(static_cast<size_t>(c.g_items * t_items), project_item, &c);
   } else {
-    project(c, 0, c.out_groups, 0, T);
+    for (int64_t i = 0; i < c.g_items * t_items; ++i) project_item(&c, static_cast<size_t>(i));
   }
+  if (a.argmax) merge_argmax(c);
 }
 
 }  // namespace ortllm

@@ -56,8 +56,9 @@ namespace ortllm {
 
 enum class QLinearEpilogue { kNone, kResidual, kSwiGLU };
 
-constexpr int kQLinearMaxSegments = 3;  // LoRA targets sharing one fused weight (q|k|v)
-constexpr int kQLinearMaxOutputs = 3;   // epilogue "none": y split along N into up to 3 outputs (q, k, v)
+constexpr int kQLinearMaxSegments = 3;   // LoRA targets sharing one fused weight (q|k|v)
+constexpr int kQLinearMaxOutputs = 3;    // epilogue "none": y split along N into up to 3 outputs (q, k, v)
+constexpr int kQLinearArgmaxOutput = 3;  // the op's optional int64 output: each row's first maximum (QLinearArgs)
 
 constexpr int kLoraChunk = 32;  // elements of K per fp16 scale of A
 
@@ -102,6 +103,10 @@ struct QLinearArgs {
   int n_outputs;  // outputs[j] [T, out_width[j]] = columns [out_col0[j], + out_width[j]) of y
   float* outputs[kQLinearMaxOutputs];
   int64_t out_col0[kQLinearMaxOutputs], out_width[kQLinearMaxOutputs];
+  // [T] or nullptr (epilogue kNone, one output): argmax[t] = the column of y's first maximum in row t, found by
+  // each work item on the columns it just wrote (in L1) and merged in column order: the engine's greedy rows
+  // need no pass over the logits. Rows holding a NaN give an unspecified column.
+  int64_t* argmax;
 };
 
 void qlinear(const QLinearDims& dims, const QLinearArgs& args, const Parallel& par);

@@ -49,6 +49,8 @@ struct VecOps {
   float (*exp_sum)(float* x, int n, float m);
   // max_i x[i], n >= 1.
   float (*max)(const float* x, int n);
+  // The first i with x[i] = max_j x[j] (numpy's argmax), n >= 1; every table gives the same i (NaNs: any i).
+  int (*argmax)(const float* x, int n);
   // y[i] *= a.
   void (*scal)(float* y, int n, float a);
   // C[i][0:N] += alpha * sum_k A[i][k] * B[k * ldb + 0:N] for i < M. Rows of A and C are given

@@ -420,6 +420,34 @@ float vmax(const float* x, int n) {
   return m;
 }
 
+// Per lane: its largest value and the first index holding it (a later one only when strictly larger); then the
+// largest lane value at the smallest index, then the tail (strictly larger). The scalar loop's first maximum.
+int vargmax(const float* x, int n) {
+  int k = 0, i = 1;
+  if (n >= 16) {
+    __m256 best = _mm256_loadu_ps(x);
+    __m256i at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), idx = at;
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (i = 8; i + 8 <= n; i += 8) {
+      idx = _mm256_add_epi32(idx, eight);
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+      best = _mm256_blendv_ps(best, v, gt);
+      at = _mm256_blendv_epi8(at, idx, _mm256_castps_si256(gt));
+    }
+    alignas(32) float bv[8];
+    alignas(32) int32_t bi[8];
+    _mm256_store_ps(bv, best);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bi), at);
+    k = bi[0];
+    for (int l = 1; l < 8; ++l)
+      if (bv[l] > x[k] || (bv[l] == x[k] && bi[l] < k)) k = bi[l];
+  }
+  for (; i < n; ++i)
+    if (x[i] > x[k]) k = i;
+  return k;
+}
+
 void scal(float* y, int n, float a) {
   const __m256 av = _mm256_set1_ps(a);
   int i = 0;
@@ -616,6 +644,7 @@ const VecOps* vec_avx2_ops() {
                           avx2::weights_q16,
                           avx2::exp_sum,
                           avx2::vmax,
+                          avx2::vargmax,
                           avx2::scal,
                           avx2::gemm_rows,
                           avx2::gemm_rows_f16b,

@@ -143,6 +143,13 @@ float vmax(const float* x, int n) {
   return m;
 }
 
+int vargmax(const float* x, int n) {
+  int k = 0;
+  for (int i = 1; i < n; ++i)
+    if (x[i] > x[k]) k = i;
+  return k;
+}
+
 void scal(float* y, int n, float a) {
   for (int i = 0; i < n; ++i) y[i] *= a;
 }
@@ -216,9 +223,9 @@ void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar",  scores,         pv,          widen_e4m3,       unpack_q4, scale_columns,
-                          scores_q8, pv_q16,         weights_q16, exp_sum,          vmax,      scal,
-                          gemm_rows, gemm_rows_f16b, fwht,        quantize_i8_codes};
+  static const VecOps ops{"scalar",         scores,  pv,   widen_e4m3, unpack_q4, scale_columns, scores_q8,      pv_q16,
+                          weights_q16,      exp_sum, vmax, vargmax,    scal,      gemm_rows,     gemm_rows_f16b, fwht,
+                          quantize_i8_codes};
   return ops;
 }
 

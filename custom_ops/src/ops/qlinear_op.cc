@@ -260,6 +260,16 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       a.y = ctx.GetOutput(0, {T, dims.y_cols()}).GetTensorMutableData<float>();
       a.n_outputs = 1;
     }
+    if (ctx.GetOutputCount() > kQLinearArgmaxOutput) {  // optional int64 [T]; "" in the node: left out
+      const int64_t argmax_dims[1] = {T};
+      OrtValue* am = nullptr;
+      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetOutput(context, kQLinearArgmaxOutput, argmax_dims, 1, &am));
+      if (am != nullptr) {
+        if (epilogue_ != QLinearEpilogue::kNone || split_.size() > 1)
+          fail(kOp, ": output 'argmax' needs epilogue \"none\" and one output y (no split)");
+        a.argmax = Ort::UnownedValue(am).GetTensorMutableData<int64_t>();
+      }
+    }
     qlinear(dims, a, Parallel{ort_parallel_for, context});
     return nullptr;
   } catch (const OpError& e) {

@@ -14,6 +14,8 @@
 //   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:]);
 //            with attribute split = [N_0, N_1(, N_2)] (epilogue "none"): y_j [T, N_j] = columns N_0 + .. of y,
 //            outputs 1 and 2 optional (q, k, v straight out of the fused q|k|v projection, no Split node)
+//            3 argmax [T] i64 optional (epilogue "none", no split): each row's first maximum of y (the LM head's
+//            greedy token; outputs 1 and 2 are "" then)
 //   attributes: K, N, bits (4 | 8), block_size (a multiple of 32) -- int, required;
 //               epilogue (string "none" | "residual" | "swiglu", default "none");
 //               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix;
@@ -61,12 +63,14 @@ struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
   size_t GetInputTypeCount() const { return kInputs; }
   ONNXTensorElementDataType GetInputType(size_t i) const;
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const;
-  size_t GetOutputTypeCount() const { return kQLinearMaxOutputs; }
+  size_t GetOutputTypeCount() const { return kQLinearMaxOutputs + 1; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
     return i == 0 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
                   : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
   }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  ONNXTensorElementDataType GetOutputType(size_t i) const {
+    return i == kQLinearArgmaxOutput ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
 };
 
 }  // namespace ortllm

@@ -14,7 +14,7 @@
 #include "paged_attention_op.h"
 #include "qlinear_op.h"
 
-#define ORTLLM_OPS_ABI_VERSION 6  // bump on any change of op inputs, outputs or attributes
+#define ORTLLM_OPS_ABI_VERSION 7  // bump on any change of op inputs, outputs or attributes
 
 namespace {
 
@@ -148,6 +148,16 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
       api.ReleaseStatus(st);
       break;
     }
+  }
+  {  // the optional argmax [T] int64 (nothing to do when the node leaves it out)
+    OrtTensorTypeAndShapeInfo* out = nullptr;
+    if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&out)) return st;
+    OrtStatus* st = api.SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+    if (!st) st = api.SetDimensions(out, dims, 1);
+    if (!st) st = api.SetSymbolicDimensions(out, out_syms, 1);
+    if (!st) st = api.ShapeInferContext_SetOutputTypeShape(ctx, ortllm::kQLinearArgmaxOutput, out);
+    api.ReleaseTensorTypeAndShapeInfo(out);
+    if (st) api.ReleaseStatus(st);
   }
   return nullptr;
 }
