@@ -50,18 +50,18 @@ def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], 
 
 def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], layer: int, adapter: str,
                 quant=None, epilogue: str = "none", residual: str | None = None,
-                norm: tuple[np.ndarray, float, str] | None = None) -> list[str]:
+                norm: tuple[np.ndarray, float, str] | None = None, layers: int = 1) -> list[str]:
     """Projections of one input with their LoRA, the norm before them (norm = (weight, eps, path)) and an
     epilogue ("none": one output per path; "residual": residual + y; "swiglu": SiLU(gate) * up), as one
-    QLinear where it can take them, else as plain ops and lora_projs:
+    QLinear where it can take them (its LoRA stacks hold all `layers` layers), else as plain ops and lora_projs:
 
         QLinear:   x -> QLinear(norm, epilogue) [-> q, k, v as its split outputs]
         otherwise: x [-> RMSNorm] -> lora_projs -> [Add(residual, y) | Mul(Mul(gate, Sigmoid(gate)), up)]
     """
     path = paths[0].rsplit("/", 1)[0]
     if qlinear_ready(quant, paths):
-        y = qlinear(g, x, ws, paths, quant, lora={"layer": layer, "adapter": adapter}, epilogue=epilogue,
-                    residual=residual, norm=norm, split=epilogue == "none")
+        y = qlinear(g, x, ws, paths, quant, lora={"layer": layer, "layers": layers, "adapter": adapter},
+                    epilogue=epilogue, residual=residual, norm=norm, split=epilogue == "none")
         return list(y) if isinstance(y, list) else [y]
     if norm is not None:
         x = rms_norm(g, x, norm[0], norm[1], norm[2])
@@ -88,7 +88,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     targets = ("q_proj", "k_proj", "v_proj")
     norm = (w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps, f"/model/layers.{i}/input_layernorm")
     q, k, v = projections(g, x, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
-                          batch["adapter"], quant, norm=norm)
+                          batch["adapter"], quant, norm=norm, layers=cfg.num_layers)
     quantized = kv != "fp32"
     cache_type = U8 if quantized else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, C.kv_row_elems(C.KV_DTYPES[kv], cfg.head_dim)]
@@ -107,7 +107,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
     return projections(g, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant,
-                       "residual", x)[0]
+                       "residual", x, layers=cfg.num_layers)[0]
 
 
 def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str, quant=None) -> str:
@@ -119,9 +119,10 @@ def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str
     norm = (w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
             f"/model/layers.{i}/post_attention_layernorm")
     act = projections(g, x, [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]],
-                      [f"{path}/gate_proj", f"{path}/up_proj"], i, adapter, quant, "swiglu", norm=norm)[0]
+                      [f"{path}/gate_proj", f"{path}/up_proj"], i, adapter, quant, "swiglu", norm=norm,
+                      layers=cfg.num_layers)[0]
     return projections(g, act, [w[f"{p}.down_proj.weight"]], [f"{path}/down_proj"], i, adapter, quant,
-                       "residual", x)[0]
+                       "residual", x, layers=cfg.num_layers)[0]
 
 
 def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None) -> tuple[str, str]:

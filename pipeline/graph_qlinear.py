@@ -44,9 +44,9 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
                              token_adapter, lora.scale, (A, A_scale, B, B_scale, rank) per target
                              [, norm weight]) --> y
 
-    ws are HF [out, in] weights fused along out in order; `lora` = {"layer": i, "adapter": token_adapter
-    input} gives each path its LoRA segment (graph inputs lora.{i}.{target}.a|a_scale|b|b_scale, the int8 stacks,
-    and lora.rank.{target});
+    ws are HF [out, in] weights fused along out in order; `lora` = {"layer": i, "layers": n, "adapter":
+    token_adapter input} gives each path its LoRA segment (graph inputs lora.{target}.a|a_scale|b|b_scale, the int8
+    stacks of all n layers, read at layer i (attribute lora_layer), and lora.rank.{target});
     `norm` = (weight [K], eps, path): the op projects RMSNorm(x) * weight (the norm before it, fused).
     """
     assert epilogue in EPILOGUES
@@ -57,20 +57,21 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
     ins = [""] * (NORM + 1)      # the op's inputs by position; "" = absent
     ins[:5] = [x, g.weight(f"{path}.qcodes{p.bits}", p.codes), g.weight(f"{path}.qscales", p.scales),
                g.weight(f"{path}.qoffsets", p.offsets) if p.offsets is not None else "", residual or ""]
+    attrs = {}
     if lora is not None:
         ins[5:7] = [lora["adapter"], C.LORA_SCALE]
         for j, (w, pth) in enumerate(zip(ws, paths)):
             target = pth.rsplit("/", 1)[1]
             out_dim, in_dim = w.shape
-            name = functools.partial(C.lora_name, lora["layer"], target)
-            chunks = -(-in_dim // C.LORA_CHUNK)
+            name = functools.partial(C.lora_stack_name, target)
+            chunks, layers = -(-in_dim // C.LORA_CHUNK), lora["layers"]
             ins[SEG0 + SEG_INPUTS * j:SEG0 + SEG_INPUTS * (j + 1)] = [
-                g.input(name("a"), I8, ["lora_slots", in_dim, "lora_rank"]),
-                g.input(name("a_scale"), F16, ["lora_slots", chunks, "lora_rank"]),
-                g.input(name("b"), I8, ["lora_slots", "lora_rank", out_dim]),
-                g.input(name("b_scale"), F16, ["lora_slots", out_dim]),
+                g.input(name("a"), I8, [layers, "lora_slots", in_dim, "lora_rank"]),
+                g.input(name("a_scale"), F16, [layers, "lora_slots", chunks, "lora_rank"]),
+                g.input(name("b"), I8, [layers, "lora_slots", "lora_rank", out_dim]),
+                g.input(name("b_scale"), F16, [layers, "lora_slots", out_dim]),
                 C.lora_rank_name(target)]
-    attrs = {}
+        attrs["lora_layer"] = lora["layer"]
     if norm is not None:
         weight, eps, norm_path = norm
         ins[NORM] = g.weight(f"{norm_path}.weight", weight)

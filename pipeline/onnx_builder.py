@@ -36,7 +36,14 @@ class GraphBuilder:
 
     # ---- graph I/O
     def input(self, name: str, elem_type: int, shape: list) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        """Declare a graph input; declaring it again with the same type and shape returns it (a stack that
+        several nodes read)."""
+        info = helper.make_tensor_value_info(name, elem_type, shape)
+        same = [i for i in self.inputs if i.name == name]
+        if same:
+            assert same[0] == info, f"graph input {name} declared twice with different types or shapes"
+            return name
+        self.inputs.append(info)
         return name
 
     def output(self, name: str, elem_type: int, shape: list) -> str:

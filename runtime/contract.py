@@ -11,12 +11,15 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 6        # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 7        # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
                             #  4: key_scales / value_scales float16 (ops ABI 4);
                             #  5: quantized projections are ortllm::QLinear (ops ABI 5);
-                            #  6: QLinear's lora stacks int8 with fp16 scales (ops ABI 6))
+                            #  6: QLinear's lora stacks int8 with fp16 scales (ops ABI 6);
+                            #  7: QLinear's lora stacks one input per target and kind, all layers stacked
+                            #     (ORT's run cost ~0.6 us a bound input: 848 of them were ~0.5 ms of a
+                            #     ~4.6 ms decode step), and logits_argmax (ops ABI 8))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -140,21 +143,21 @@ def present_value(layer: int) -> str:
 #       (the slot stacks; adapter files stay float32, converted when written into a slot). Slot s of .a
 #       holds a row-major [in, rank] matrix in its first in * rank elements (MultiLoRA packed_a = 1), so
 #       a rank below r_max streams only its own bytes; .b uses its first rank rows.
-#   QLinear projections (quantized artifacts) take int8 stacks instead (runtime/lora_stacks.py writes them):
-#   lora.{i}.{target}.a        [slots, in, r_max]         int8, slot s: [in, rank] codes in k-quads
-#   lora.{i}.{target}.a_scale  [slots, ceil(in / 32), r_max]  float16, slot s: [ceil(in / 32), rank]
-#   lora.{i}.{target}.b        [slots, r_max, out]        int8, slot s: [rank, out] codes in rank pairs
-#   lora.{i}.{target}.b_scale  [slots, out]               float16, per output column
-#       (layouts: custom_ops/src/kernels/qlinear.h; r_max even); the input's element type says which form.
+#   QLinear projections (quantized artifacts) take int8 stacks instead (runtime/lora_stacks.py writes them), one
+#   input per target and kind holding every layer (QLinear's lora_layer attribute picks a node's layer):
+#   lora.{target}.a        [layers, slots, in, r_max]         int8, slot s: [in, rank] codes in k-quads
+#   lora.{target}.a_scale  [layers, slots, ceil(in / 32), r_max]  float16, slot s: [ceil(in / 32), rank]
+#   lora.{target}.b        [layers, slots, r_max, out]        int8, slot s: [rank, out] codes in rank pairs
+#   lora.{target}.b_scale  [layers, slots, out]               float16, per output column
+#       (layouts: custom_ops/src/kernels/qlinear.h; r_max even). A build may have both forms (`--keep` holds
+#       some projections back from QLinear); each layer's projection reads one of them.
 #   lora.scale [slots] float32
 #   lora.rank.{target} [slots] int32   the slot's adapter rank on that target, 0 where the adapter does not
 #       adapt it: MultiLoRA then skips the slot there instead of streaming its zero stacks
 # ->
 #   logits          [R, vocab]          float32
 #   logits_argmax   [R]                 int64   each logits row's first maximum (the LM head's op finds it on
-#                                               the columns it just wrote: greedy rows need no pass over logits);
-#                                               optional: artifacts built before it lack it (the runtime then
-#                                               takes the argmax itself), so contract 6 still reads them
+#                                               the columns it just wrote: greedy rows need no pass over logits)
 #   key_cache_out.{i} ... (alias the inputs through IO binding: the pool is written in place)
 ENGINE_INPUT_IDS = "input_ids"
 POSITIONS = "positions"
@@ -205,8 +208,13 @@ LORA_CHUNK = 32    # elements of `in` per float16 scale of an int8 lora .a stack
 
 
 def lora_name(layer: int, target: str, which: str) -> str:
-    """which in a, b (and a_scale, b_scale for the int8 stacks of QLinear projections)."""
+    """One layer's float16 stack of a MultiLoRA projection; which in a, b."""
     return f"lora.{layer}.{target}.{which}"
+
+
+def lora_stack_name(target: str, which: str) -> str:
+    """Every layer's int8 stack of QLinear projections, [layers, ...]; which in a, a_scale, b, b_scale."""
+    return f"lora.{target}.{which}"
 
 
 def lora_rank_name(target: str) -> str:

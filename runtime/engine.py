@@ -390,7 +390,7 @@ class Engine:
                 for j in range(1 + len(rows[i].spec_token_ids)):
                     states[first[i] + j].mask = unpack_mask(words[row], logits.shape[1])
                     row += 1
-        sampled = self.sampler.sample(logits, states, None if scored else self.runner.argmax)
+        sampled = self.sampler.sample(logits, states, self.runner.argmax)      # None after all_logits
         ids = sampled.token_ids.tolist()
         tokens = {s.req_id: accept(s.spec_token_ids, ids[o:o + 1 + len(s.spec_token_ids)]) for s, o in zip(rows, first)}
         alive, forced = self._advance_grammars([rows[i].req_id for i in guided], tokens)

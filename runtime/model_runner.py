@@ -82,16 +82,13 @@ class ModelRunner:
         self._logits = np.empty((0, self.vocab_size), np.float32)   # [rows, V] reused by decode steps
         self._inputs: dict[str, np.ndarray] = {}      # the step inputs bound now (memory shared with ORT)
         self._logits_bound: tuple[int, int] | None = None   # (address, rows) of the logits buffer bound now
-        # logits_argmax [R] (contract: optional), bound beside the logits into a buffer that grows with them
-        self._has_argmax = C.LOGITS_ARGMAX in {o.name for o in self.session.get_outputs()}
-        self._argmax = np.empty(0, np.int64)
-        self.argmax: np.ndarray | None = None          # the last execute()'s logits_argmax rows (None: not given)
+        self._argmax = np.empty(0, np.int64)          # logits_argmax [R], bound beside the logits, grows with them
+        self.argmax: np.ndarray | None = None          # the last execute()'s logits_argmax rows
         self.run_time_s = 0.0                          # total time in session.run (the engine's Python share)
         self._bind_pool(cfg)
+        # the stacks' shapes by input name: int8 ones of every layer per target (QLinear projections, with their
+        # scales) and float16 ones per layer and target (MultiLoRA); a build may have both (`--keep` splits)
         self._lora_shapes = {i.name: i.shape for i in self.session.get_inputs() if i.name.startswith("lora.")}
-        # int8 stacks (QLinear projections, with their scales) or float16 ones (MultiLoRA), per layer and target
-        self._lora_int8 = {i.name for i in self.session.get_inputs()
-                           if i.name.startswith("lora.") and i.type == "tensor(int8)"}
         self.resize_adapter_slots(1, 1)
         self._warm_up()
 
@@ -115,54 +112,57 @@ class ModelRunner:
     def resize_adapter_slots(self, slots: int, max_rank: int) -> None:
         """(Re)allocate the adapter slot stacks, zero-filled, and bind them; slot contents are lost.
 
-        Per layer and target, for QLinear projections (contract 6): A int8 [slots, in, r] with A_scale float16
-        [slots, ceil(in / 32), r], B int8 [slots, r, out] with B_scale float16 [slots, out] (r = max_rank rounded
-        up to even: B's rank pairs); for MultiLoRA ones (fp32 artifacts): A [slots, in, r], B [slots, r, out]
-        float16. lora.scale [slots] float32; per target lora.rank.{target} [slots] int32.
+        Per target, for QLinear projections (contract 7), every layer in one stack: A int8 [layers, slots, in, r]
+        with A_scale float16 [layers, slots, ceil(in / 32), r], B int8 [layers, slots, r, out] with B_scale float16
+        [layers, slots, out] (r = max_rank rounded up to even: B's rank pairs); per layer and target for MultiLoRA
+        ones (fp32 artifacts): A [slots, in, r], B [slots, r, out] float16. lora.scale [slots] float32; per target
+        lora.rank.{target} [slots] int32.
         """
         self.adapter_slots, self.adapter_rank = slots, max_rank
-        r = max_rank + max_rank % 2
+        r, L = max_rank + max_rank % 2, self.num_layers
         self._bind_static(C.LORA_SCALE, np.zeros(slots, np.float32))
         for target in C.LORA_TARGETS:
             self._bind_static(C.lora_rank_name(target), np.zeros(slots, np.int32))
-        for i in range(self.num_layers):
-            for target in C.LORA_TARGETS:
+            stack = functools.partial(C.lora_stack_name, target)
+            if stack("a") in self._lora_shapes:
+                k, n = self._lora_shapes[stack("a")][2], self._lora_shapes[stack("b")][3]
+                self._bind_static(stack("a"), np.zeros((L, slots, k, r), np.int8))
+                self._bind_static(stack("a_scale"), np.zeros((L, slots, -(-k // C.LORA_CHUNK), r), np.float16))
+                self._bind_static(stack("b"), np.zeros((L, slots, r, n), np.int8))
+                self._bind_static(stack("b_scale"), np.zeros((L, slots, n), np.float16))
+            for i in range(L):
                 a, b = C.lora_name(i, target, "a"), C.lora_name(i, target, "b")
-                k, n = self._lora_shapes[a][1], self._lora_shapes[b][2]
-                if a not in self._lora_int8:
+                if a in self._lora_shapes:
+                    k, n = self._lora_shapes[a][1], self._lora_shapes[b][2]
                     self._bind_static(a, np.zeros((slots, k, r), np.float16))
                     self._bind_static(b, np.zeros((slots, r, n), np.float16))
-                    continue
-                self._bind_static(a, np.zeros((slots, k, r), np.int8))
-                self._bind_static(C.lora_name(i, target, "a_scale"), np.zeros((slots, -(-k // C.LORA_CHUNK), r),
-                                                                              np.float16))
-                self._bind_static(b, np.zeros((slots, r, n), np.int8))
-                self._bind_static(C.lora_name(i, target, "b_scale"), np.zeros((slots, n), np.float16))
 
     def write_adapter_slot(self, slot: int, tensors: dict[str, np.ndarray], rank: int, scale: float) -> None:
         """Copy one adapter (layers.{i}.{target}.a [in, r] / .b [r, out], float32 as stored) into `slot` of the
         bound stacks, packed at the start of the slot so a rank below the stack's streams only its own bytes:
-        int8 stacks get lora_stacks' codes and scales (QLinear's layouts); float16 ones .a row-major [in, r]
-        (MultiLoRA packed_a) and .b in its first r rows (numpy rounds to nearest on assignment). Targets it
-        does not adapt are zeroed and get rank 0, so the ops skip the slot there. Writes the bound memory in
-        place: no rebinding."""
+        int8 stacks (at [layer, slot]) get lora_stacks' codes and scales (QLinear's layouts); float16 ones .a
+        row-major [in, r] (MultiLoRA packed_a) and .b in its first r rows (numpy rounds to nearest on assignment).
+        Targets it does not adapt are zeroed and get rank 0, so the ops skip the slot there. Writes the bound
+        memory in place: no rebinding."""
         adapted = set()
         for i in range(self.num_layers):
             for target in C.LORA_TARGETS:
-                key, name = f"layers.{i}.{target}", functools.partial(C.lora_name, i, target)
-                int8 = name("a") in self._lora_int8
-                parts = [self._arrays[name(w)][slot] for w in (("a", "a_scale", "b", "b_scale") if int8 else "ab")]
-                for p in parts:
+                key, stack, name = (f"layers.{i}.{target}", functools.partial(C.lora_stack_name, target),
+                                    functools.partial(C.lora_name, i, target))
+                int8 = [self._arrays[stack(w)][i, slot] for w in ("a", "a_scale", "b", "b_scale")
+                        if stack(w) in self._arrays]
+                f16 = [self._arrays[name(w)][slot] for w in "ab" if name(w) in self._arrays]
+                for p in int8 + f16:
                     p.fill(0)
                 if key + ".a" not in tensors:
                     continue
                 adapted.add(target)
                 if int8:
-                    for dst, src in zip(parts, (*quantize_a(tensors[key + ".a"]), *quantize_b(tensors[key + ".b"]))):
+                    for dst, src in zip(int8, (*quantize_a(tensors[key + ".a"]), *quantize_b(tensors[key + ".b"]))):
                         dst.reshape(-1)[:src.size] = src.reshape(-1)
-                else:
-                    parts[0].reshape(-1)[:parts[0].shape[0] * rank] = tensors[key + ".a"].reshape(-1)  # [in, rank]
-                    parts[1][:rank] = tensors[key + ".b"]
+                if f16:
+                    f16[0].reshape(-1)[:f16[0].shape[0] * rank] = tensors[key + ".a"].reshape(-1)  # [in, rank]
+                    f16[1][:rank] = tensors[key + ".b"]
         for target in C.LORA_TARGETS:
             self._arrays[C.lora_rank_name(target)][slot] = rank if target in adapted else 0
         self._arrays[C.LORA_SCALE][slot] = scale
@@ -184,8 +184,8 @@ class ModelRunner:
                 all_logits: bool = False) -> np.ndarray:
         """Run one flattened step; returns logits [R, V] for the rows of logits_rows(seqs), in order: a view of a
         buffer the next execute() overwrites (copy it to keep it), and sets self.argmax to their first maxima [R]
-        when the graph gives them (likewise a view; None otherwise). all_logits: [T, V], every row of the step
-        (scoring/eval), a new array (self.argmax None)."""
+        (logits_argmax; likewise a view). all_logits: [T, V], every row of the step (scoring/eval), a new array
+        (self.argmax None)."""
         # Python lists, one pass per input: cheaper than numpy temporaries for a decode step's few rows, and the
         # step's Python runs in caches cold after the weight stream
         lens = [s.num_tokens for s in seqs]
@@ -211,8 +211,7 @@ class ModelRunner:
         self.argmax = None
         if all_logits:                     # [T, V], up to max_batch_tokens rows: ORT allocates it
             io.bind_output(C.LOGITS, "cpu")
-            if self._has_argmax:
-                io.bind_output(C.LOGITS_ARGMAX, "cpu")
+            io.bind_output(C.LOGITS_ARGMAX, "cpu")
             self._logits_bound = None
             self._run()
             return io.get_outputs()[0].numpy()
@@ -224,12 +223,11 @@ class ModelRunner:
         out, argmax = self._logits[:len(rows)], self._argmax[:len(rows)]
         if self._logits_bound != (out.ctypes.data, len(rows)):   # rebinding makes an OrtValue (~40 us in the step)
             io.bind_output(C.LOGITS, "cpu", element_type=np.float32, shape=list(out.shape), buffer_ptr=out.ctypes.data)
-            if self._has_argmax:           # moves with the logits (same growth, same rows)
-                io.bind_output(C.LOGITS_ARGMAX, "cpu", element_type=np.int64, shape=[len(rows)],
-                               buffer_ptr=argmax.ctypes.data)
+            io.bind_output(C.LOGITS_ARGMAX, "cpu", element_type=np.int64, shape=[len(rows)],   # moves with them
+                           buffer_ptr=argmax.ctypes.data)
             self._logits_bound = (out.ctypes.data, len(rows))
         self._run()
-        self.argmax = argmax if self._has_argmax else None
+        self.argmax = argmax
         return out
 
     def _run(self) -> None:

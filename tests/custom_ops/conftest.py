@@ -106,11 +106,13 @@ QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, *[3, 3, 3, 2, 1] * 3, 1]
 
 def qlinear_model(present: list[str], n_outputs: int = 1, argmax: bool = False, **attrs) -> onnx.ModelProto:
     """One QLinear node; `present` names the inputs fed (the others are left out as ONNX optional inputs);
-    n_outputs > 1: outputs y, y1, y2 (attribute split); argmax: output 3, "argmax" [T] int64, after them."""
+    n_outputs > 1: outputs y, y1, y2 (attribute split); argmax: output 3, "argmax" [T] int64, after them. The
+    LoRA stacks' graph inputs have no declared rank (one layer's, or every layer's with attribute lora_layer)."""
     names = [n if n in present else "" for n in QLINEAR_INPUTS]
     while names and not names[-1]:
         names.pop()
-    inputs = [helper.make_tensor_value_info(n, t, [None] * r)
+    inputs = [helper.make_tensor_value_info(n, t, None if n.rstrip("012") in ("A", "A_scale", "B", "B_scale")
+                                            else [None] * r)
               for n, t, r in zip(QLINEAR_INPUTS, QLINEAR_TYPES, QLINEAR_RANKS) if n in present]
     out_names = ["y", "y1", "y2"][:n_outputs]
     outputs = [helper.make_tensor_value_info(n, F32, [None, None]) for n in out_names]

@@ -46,10 +46,10 @@ def feeds_for(w, x, **extra):
     return f | {k: v for k, v in extra.items() if v is not None}
 
 
-def run(w, x, epilogue="none", threads=2, packed_a=True, norm_eps=1e-5, **extra):
+def run(w, x, epilogue="none", threads=2, packed_a=True, norm_eps=1e-5, lora_layer=-1, **extra):
     feeds = feeds_for(w, x, **extra)
     s = sess_for(tuple(sorted(feeds)), threads, K=w.k, N=w.n, bits=w.bits, block_size=w.block_size,
-                 epilogue=epilogue, packed_a=int(packed_a), norm_eps=norm_eps)
+                 epilogue=epilogue, packed_a=int(packed_a), norm_eps=norm_eps, lora_layer=lora_layer)
     return s.run(None, feeds)[0]
 
 
@@ -185,6 +185,28 @@ def test_lora_parity_qkv(ranks, n_adapters, T):
     ref = qlinear_ref(x, w, token_adapter=lora["token_adapter"], lora_scale=lora["lora_scale"], segments=segs,
                       packed_a=True)
     check(y, ref, magnitude(x, w) + lora_magnitude(x, w, lora, segs), f"lora ranks={ranks} n={n_adapters} T={T}")
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_stacked_lora_reads_its_layer(layer):
+    """Contract 7's stacks: A_j, A_scale_j, B_j, B_scale_j as [n_layers, n_slots, ...] with attribute lora_layer give
+    bitwise what that layer's [n_slots, ...] slice gives unstacked; other layers' junk is never read; a layer past
+    the stack is refused by name."""
+    rng = np.random.default_rng(7 + layer)
+    T, x, w = 16, rng.standard_normal((16, 576), dtype=np.float32), weight(576, 960, "int4")
+    lora, _ = lora_case(rng, T, 576, [576, 192, 192], ranks=(8, 16), n_adapters=3)
+    stacked = dict(lora)
+    for name, arr in lora.items():
+        if name[:-1] in ("A", "A_scale", "B", "B_scale"):
+            junk = rng.integers(-128, 128, (3, *arr.shape)).astype(arr.dtype) if arr.dtype == np.int8 else \
+                np.full((3, *arr.shape), np.nan, arr.dtype)
+            junk[layer] = arr
+            stacked[name] = junk
+    np.testing.assert_array_equal(run(w, x, lora_layer=layer, **stacked), run(w, x, **lora))
+    with pytest.raises(Exception, match="attribute lora_layer = 3 is outside input 'A0''s 3 layers"):
+        run(w, x, lora_layer=3, **stacked)
+    with pytest.raises(Exception, match=r"input 'A0' must be \[n_slots, K, r_max\]"):
+        run(w, x, **stacked)
 
 
 @pytest.mark.parametrize("k, widths", [(576, [576, 192, 192]), (576, [1536, 1536]), (1536, [576])])

@@ -86,7 +86,7 @@ def test_mixed_batch_equals_alone(adapted):
 
 @pytest.fixture(scope="module")
 def adapted_int4(tiny_weights, tmp_path_factory):
-    """The tiny model as an int4 engine artifact (its projections are QLinear: int8 LoRA stacks, contract 6) with
+    """The tiny model as an int4 engine artifact (its projections are QLinear: int8 LoRA stacks, contract 7) with
     adapters of ranks 8, 5 (odd) and 32 on every target."""
     from ortllm.cli.build import build_artifact
     from ortllm.pipeline.build import BuildOptions
@@ -102,7 +102,8 @@ def adapted_int4(tiny_weights, tmp_path_factory):
 
 def test_int8_stacks_hold_each_adapter_within_half_a_step(adapted_int4):
     """QLinear's slots hold the adapter's A and B as int8 codes with float16 scales (runtime/lora_stacks.py, layouts
-    decoded by the NumPy reference): every weight within half its scale, ranks per target, zeros elsewhere."""
+    decoded by the NumPy reference) at [layer, slot] of each target's stack of every layer: every weight within half
+    its scale, ranks per target, zeros elsewhere."""
     from safetensors.numpy import load_file
 
     from ortllm.runtime import contract as C
@@ -118,7 +119,7 @@ def test_int8_stacks_hold_each_adapter_within_half_a_step(adapted_int4):
                 for target in C.LORA_TARGETS:
                     a, b = tensors[f"layers.{i}.{target}.a"], tensors[f"layers.{i}.{target}.b"]
                     (k, r), n = a.shape, b.shape[1]
-                    arr = {w: arrays[C.lora_name(i, target, w)][s] for w in ("a", "a_scale", "b", "b_scale")}
+                    arr = {w: arrays[C.lora_stack_name(target, w)][i, s] for w in ("a", "a_scale", "b", "b_scale")}
                     assert arr["a"].dtype == np.int8 and int(arrays[C.lora_rank_name(target)][s]) == r
                     qa, sa = lora_a(arr["a"], arr["a_scale"], k, r, r)
                     step_a = np.repeat(sa, LORA_CHUNK, axis=0)[:k]

@@ -65,6 +65,7 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   block_size_ = attr_int(&api, info, "block_size", 0);
   packed_a_ = attr_int(&api, info, "packed_a", 0) != 0;
   norm_eps_ = attr_float(&api, info, "norm_eps", 1e-5f);
+  lora_layer_ = attr_int(&api, info, "lora_layer", -1);
   {
     size_t n = 0;
     if (OrtStatus* st = api.KernelInfoGetAttributeArray_int64(info, "split", nullptr, &n)) {
@@ -212,31 +213,47 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         expect_type(sbn.c_str(), sB, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
         expect_type(rn.c_str(), rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
         if (K_ % 4 != 0) fail(kOp, ": a LoRA needs K a multiple of 4 (A's k-quads); got K = ", K_);
-        if (A.shape.size() != 3)
-          fail(kOp, ": input '", an, "' must be [n_slots, K, r_max]; got shape ", shape_str(A.shape));
-        const int64_t r_max = A.shape[2];
-        expect_shape(kOp, an.c_str(), A.shape, {slots, K_, r_max});
+        // Stacked [n_layers, ...] (attribute lora_layer picks this node's layer) or one layer's [n_slots, ...].
+        const bool stacked = lora_layer_ >= 0;
+        const size_t lead = stacked ? 1 : 0;
+        if (A.shape.size() != 3 + lead)
+          fail(kOp, ": input '", an, "' must be ",
+               stacked ? "[n_layers, n_slots, K, r_max] (attribute lora_layer)" : "[n_slots, K, r_max]", "; got shape ",
+               shape_str(A.shape));
+        const int64_t layers = stacked ? A.shape[0] : 1, r_max = A.shape[2 + lead];
+        if (stacked && lora_layer_ >= layers)
+          fail(kOp, ": attribute lora_layer = ", lora_layer_, " is outside input '", an, "''s ", layers, " layers");
+        auto dims = [&](std::vector<int64_t> d) {
+          if (stacked) d.insert(d.begin(), layers);
+          return d;
+        };
+        expect_shape(kOp, an.c_str(), A.shape, dims({slots, K_, r_max}));
         if (r_max % 2 != 0) fail(kOp, ": input '", an, "' needs an even r_max (B's rank pairs); got ", r_max);
-        expect_shape(kOp, san.c_str(), sA.shape, {slots, (K_ + kLoraChunk - 1) / kLoraChunk, r_max});
-        if (B.shape.size() != 3)
-          fail(kOp, ": input '", bn, "' must be [n_slots, r_max, N_j]; got shape ", shape_str(B.shape));
-        expect_shape(kOp, bn.c_str(), B.shape, {slots, r_max, B.shape[2]});
-        expect_shape(kOp, sbn.c_str(), sB.shape, {slots, B.shape[2]});
+        const int64_t kc = (K_ + kLoraChunk - 1) / kLoraChunk;
+        expect_shape(kOp, san.c_str(), sA.shape, dims({slots, kc, r_max}));
+        if (B.shape.size() != 3 + lead)
+          fail(kOp, ": input '", bn, "' must be ",
+               stacked ? "[n_layers, n_slots, r_max, N_j]" : "[n_slots, r_max, N_j]", "; got shape ",
+               shape_str(B.shape));
+        const int64_t width = B.shape[2 + lead];
+        expect_shape(kOp, bn.c_str(), B.shape, dims({slots, r_max, width}));
+        expect_shape(kOp, sbn.c_str(), sB.shape, dims({slots, width}));
         expect_shape(kOp, rn.c_str(), rank.shape, {slots});
         const int32_t* rk = data<int32_t>(rank);
         for (int64_t s = 0; s < slots; ++s)
           if (rk[s] < 0 || rk[s] > r_max)
             fail(kOp, ": input '", rn, "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
+        const int64_t l = stacked ? lora_layer_ : 0;  // this layer's [n_slots, ...] of each stack
         QLinearLoraSegment& sg = a.seg[a.n_segments++];
-        sg = {data<int8_t>(A),
-              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sA)),
-              data<int8_t>(B),
-              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sB)),
+        sg = {data<int8_t>(A) + l * slots * K_ * r_max,
+              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sA)) + l * slots * kc * r_max,
+              data<int8_t>(B) + l * slots * r_max * width,
+              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sB)) + l * slots * width,
               rk,
               r_max,
               col,
-              B.shape[2]};
-        col += B.shape[2];
+              width};
+        col += width;
       }
       if (any && a.n_segments == 0)
         fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, A_scale0, B0, B_scale0, rank0)");

@@ -1,5 +1,5 @@
 // ORT wrapper of the QLinear kernel (kernels/qlinear.h), on Ort::CustomOpBase with status returns
-// (its sixteen inputs, most optional, are read by index rather than through a Lite signature).
+// (its 23 inputs, most optional, are read by index rather than through a Lite signature).
 //   inputs : 0 x [T, K] f32
 //            1 codes [G, kb, bs * bits] u8  (G = ceil(N / 8), kb = ceil(K / bs); packed layout)
 //            2 scales [G, kb, 8] f16        (d per row and block)
@@ -7,10 +7,12 @@
 //            4 residual [T, N] f32          required with epilogue "residual" (y may take its buffer)
 //            5 token_adapter [T] i32        optional (-1 or a slot); with it, 6 and one or more segments
 //            6 lora_scale [n_slots] f32
-//            7 + 3j, 8 + 3j, 9 + 3j (j < 3): A_j [n_slots, K, r_max_j] f16, B_j [n_slots, r_max_j, N_j] f16,
-//                                           rank_j [n_slots] i32; segment j covers output columns
-//                                           [N_0 + .. + N_{j-1}, + N_j); present segments cover N exactly
-//            16 norm_weight [K] f32     optional: y is computed from RMSNorm(x) * norm_weight (eps: norm_eps)
+//            7 + 5j .. 11 + 5j (j < 3): A_j [n_slots, K, r_max_j] i8, A_scale_j [n_slots, ceil(K / 32), r_max_j]
+//                                      f16, B_j [n_slots, r_max_j, N_j] i8, B_scale_j [n_slots, N_j] f16,
+//                                      rank_j [n_slots] i32 (the first four [n_layers, ...] with lora_layer);
+//                                      segment j covers output columns [N_0 + .. + N_{j-1}, + N_j); present
+//                                      segments cover N exactly
+//            22 norm_weight [K] f32     optional: y is computed from RMSNorm(x) * norm_weight (eps: norm_eps)
 //   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:]);
 //            with attribute split = [N_0, N_1(, N_2)] (epilogue "none"): y_j [T, N_j] = columns N_0 + .. of y,
 //            outputs 1 and 2 optional (q, k, v straight out of the fused q|k|v projection, no Split node)
@@ -20,7 +22,10 @@
 //               epilogue (string "none" | "residual" | "swiglu", default "none");
 //               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix;
 //               norm_eps (float, default 1e-5): the RMSNorm's epsilon, with norm_weight;
-//               split (ints, optional): the outputs' widths, summing to N.
+//               split (ints, optional): the outputs' widths, summing to N;
+//               lora_layer (int, default -1): with it, A_j, A_scale_j, B_j, B_scale_j are stacks of every layer
+//               ([n_layers, n_slots, ...], contract 7: a few graph inputs instead of four per layer and target)
+//               and the node reads layer lora_layer of each.
 #pragma once
 #include <map>
 #include <string>
@@ -46,6 +51,7 @@ struct QLinearKernel {
   int64_t K_ = 0, N_ = 0, bits_ = 0, block_size_ = 0;
   bool packed_a_ = false;
   float norm_eps_ = 1e-5f;
+  int64_t lora_layer_ = -1;  // >= 0: the LoRA stacks are [n_layers, ...] and this node reads that layer
   std::vector<int64_t> split_;
   QLinearEpilogue epilogue_ = QLinearEpilogue::kNone;
   std::string init_error_;                   // attribute problems, reported by every Compute (no throwing)
