@@ -36,28 +36,76 @@ struct Quad {
   int64_t t[kQTile];  // tokens of one slot
 };
 
+// A call's buffers, kept per calling thread from call to call (the session's thread lives as long as the session):
+// a decode step makes ~120 QLinear calls, and allocating and freeing these on each was ~3% of a B = 1 step's CPU
+// samples (perf, malloc / free / consolidate). Sizes only grow; every user writes before it reads, except where a
+// call zero-fills (lora, qh).
+struct Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> dx, sx, normed, lora, best;
+  std::vector<int32_t> zsum, qsum32;
+  std::vector<float> h[kQLinearMaxSegments];
+  std::vector<int16_t> qh[kQLinearMaxSegments];
+  std::vector<Quad> quads;
+  std::vector<int64_t> best_at;
+};
+
+Scratch& thread_scratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
+// After a call: buffers a large prefill grew past kKeepBytes are given back, so a thread does not hold a long
+// prompt's LoRA buffer ([G, T, 8] floats: TinyLlama's gate|up at 2048 tokens is 92 MB) between calls.
+constexpr size_t kKeepBytes = size_t{4} << 20;
+template <class V>
+void trim(V& v) {
+  if (v.capacity() * sizeof(typename V::value_type) > kKeepBytes) V().swap(v);
+}
+void trim(Scratch& s) {
+  trim(s.q), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at), trim(s.zsum),
+      trim(s.qsum32);
+  for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
+}
+
 struct Ctx {
-  const QLinearDims* d;
-  const QLinearArgs* a;
-  const QLinearIsa* isa;
-  int64_t kb, kpad, groups, out_groups, group_bytes;
-  int64_t g_chunk, t_chunk, g_items;
-  std::vector<int8_t> q;                         // [T, kpad]
-  std::vector<float> dx, sx;                     // [T, kb]
-  std::vector<int32_t> zsum;                     // [T, kb]
-  int64_t kc = 0;                                // 32-chunks of K (the LoRA's A scales)
-  std::vector<int32_t> qsum32;                   // [T, kc] sums of the codes per chunk, with a LoRA
-  std::vector<float> h[kQLinearMaxSegments];     // [T, r_max_j]
-  std::vector<int16_t> qh[kQLinearMaxSegments];  // [T, r_max_j] h's int16 codes (0 past the rank)
+  explicit Ctx(Scratch& s)
+      : q(s.q),
+        dx(s.dx),
+        sx(s.sx),
+        zsum(s.zsum),
+        qsum32(s.qsum32),
+        h(s.h),
+        qh(s.qh),
+        lora(s.lora),
+        quads(s.quads),
+        normed(s.normed),
+        best(s.best),
+        best_at(s.best_at) {
+    quads.clear();
+  }
+  const QLinearDims* d = nullptr;
+  const QLinearArgs* a = nullptr;
+  const QLinearIsa* isa = nullptr;
+  int64_t kb = 0, kpad = 0, groups = 0, out_groups = 0, group_bytes = 0;
+  int64_t g_chunk = 0, t_chunk = 0, g_items = 0;
+  std::vector<int8_t>& q;                           // [T, kpad]
+  std::vector<float>&dx, &sx;                       // [T, kb]
+  std::vector<int32_t>& zsum;                       // [T, kb]
+  int64_t kc = 0;                                   // 32-chunks of K (the LoRA's A scales)
+  bool lora_sums = false;                           // qsum32 is wanted (a token has a LoRA here)
+  std::vector<int32_t>& qsum32;                     // [T, kc] sums of the codes per chunk, with a LoRA
+  std::vector<float> (&h)[kQLinearMaxSegments];     // [T, r_max_j]
+  std::vector<int16_t> (&qh)[kQLinearMaxSegments];  // [T, r_max_j] h's int16 codes (0 past the rank)
   // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
-  std::vector<float> lora;
-  float* lbuf = nullptr;         // lora.data(), or nullptr without a LoRA
-  std::vector<Quad> quads;       // the LoRA's work (plan_lora)
-  std::vector<float> normed;     // [T, K] RMSNorm(x) * norm_weight, with a norm
-  const float* xin = nullptr;    // what the projection multiplies: x, or normed
-  std::vector<float> best;       // [T, g_items] with an argmax output: each item's maximum per token
-  std::vector<int64_t> best_at;  // [T, g_items] its first column
+  std::vector<float>& lora;
+  float* lbuf = nullptr;          // lora.data(), or nullptr without a LoRA
+  std::vector<Quad>& quads;       // the LoRA's work (plan_lora)
+  std::vector<float>& normed;     // [T, K] RMSNorm(x) * norm_weight, with a norm
+  const float* xin = nullptr;     // what the projection multiplies: x, or normed
+  std::vector<float>& best;       // [T, g_items] with an argmax output: each item's maximum per token
+  std::vector<int64_t>& best_at;  // [T, g_items] its first column
 };
 
 // ---- phase 1: activations
@@ -89,7 +137,7 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
       c.sx[t * c.kb + b] = dx[b] * static_cast<float>(qsum[b]);
       qsum[b] *= zp;  // now zp * qsum
     }
-    if (c.qsum32.empty()) continue;
+    if (!c.lora_sums) continue;
     const int8_t* q = c.q.data() + t * c.kpad;
     for (int64_t ch = 0; ch < c.kc; ++ch) {
       int32_t s = 0;
@@ -198,6 +246,7 @@ int64_t plan_lora(Ctx& c) {
   c.lora.assign(static_cast<size_t>(c.groups * T * 8), 0.f);
   c.lbuf = c.lora.data();
   c.qsum32.resize(static_cast<size_t>(T * c.kc));
+  c.lora_sums = true;
   return macs;
 }
 
@@ -326,7 +375,7 @@ void project_item(void* usr, size_t i) {
 void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   const int64_t T = d.num_tokens;
   if (T == 0 || d.out_dim == 0) return;
-  Ctx c{};
+  Ctx c(thread_scratch());
   c.d = &d;
   c.a = &a;
   c.isa = &qlinear_isa();
@@ -373,6 +422,7 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
     for (int64_t i = 0; i < c.g_items * t_items; ++i) project_item(&c, static_cast<size_t>(i));
   }
   if (a.argmax) merge_argmax(c);
+  trim(thread_scratch());
 }
 
 }  // namespace ortllm
