@@ -81,7 +81,7 @@ class ModelRunner:
         self._arrays: dict[str, np.ndarray] = {}      # keeps the bound pool / adapter memory alive
         self._logits = np.empty((0, self.vocab_size), np.float32)   # [rows, V] reused by decode steps
         self._inputs: dict[str, np.ndarray] = {}      # the step inputs bound now (memory shared with ORT)
-        self._logits_bound: tuple[int, int] | None = None   # (address, rows) of the logits buffer bound now
+        self._logits_bound: tuple[int, int] | None = None   # (id of the buffers' array, rows) bound now
         self._argmax = np.empty(0, np.int64)          # logits_argmax [R], bound beside the logits, grows with them
         self.argmax: np.ndarray | None = None          # the last execute()'s logits_argmax rows
         self.run_time_s = 0.0                          # total time in session.run (the engine's Python share)
@@ -220,12 +220,15 @@ class ModelRunner:
         if len(rows) > len(self._logits):
             self._logits = np.empty((max(len(rows), 2 * len(self._logits)), self.vocab_size), np.float32)
             self._argmax = np.empty(len(self._logits), np.int64)
+            self._logits_bound = None      # a new array may reuse a freed one's id
         out, argmax = self._logits[:len(rows)], self._argmax[:len(rows)]
-        if self._logits_bound != (out.ctypes.data, len(rows)):   # rebinding makes an OrtValue (~40 us in the step)
+        # rebinding makes an OrtValue (~40 us in the step): only when the buffer or the rows change. The views start
+        # at their arrays' start, so the array's id says where they are (ndarray.ctypes builds an object per use)
+        if self._logits_bound != (id(self._logits), len(rows)):
             io.bind_output(C.LOGITS, "cpu", element_type=np.float32, shape=list(out.shape), buffer_ptr=out.ctypes.data)
             io.bind_output(C.LOGITS_ARGMAX, "cpu", element_type=np.int64, shape=[len(rows)],   # moves with them
                            buffer_ptr=argmax.ctypes.data)
-            self._logits_bound = (out.ctypes.data, len(rows))
+            self._logits_bound = (id(self._logits), len(rows))
         self._run()
         self.argmax = argmax
         return out
