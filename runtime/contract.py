@@ -17,9 +17,10 @@ CONTRACT_VERSION = 7        # graph input/output names, shapes and semantics bel
                             #  4: key_scales / value_scales float16 (ops ABI 4);
                             #  5: quantized projections are ortllm::QLinear (ops ABI 5);
                             #  6: QLinear's lora stacks int8 with fp16 scales (ops ABI 6);
-                            #  7: QLinear's lora stacks one input per target and kind, all layers stacked
-                            #     (ORT's run cost ~0.6 us a bound input: 848 of them were ~0.5 ms of a
-                            #     ~4.6 ms decode step), and logits_argmax (ops ABI 8))
+                            #  7: QLinear's lora stacks one input per target and kind and the KV caches
+                            #     one input per kind, all layers stacked (ORT's run costs ~0.6 us a bound
+                            #     input: 848 LoRA inputs were ~0.5 ms of a ~4.6 ms decode step), and
+                            #     logits_argmax (ops ABI 8))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -136,9 +137,10 @@ def present_value(layer: int) -> str:
 #                                               per sampling sequence, several for a row with drafts
 #                                               (speculative decoding); the graph gathers any R rows
 #   token_adapter   [T]                 int32   adapter slot of each token, -1 = base model
-#   key_cache.{i} / value_cache.{i}     [num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
-#                                       (int4: [..., head_dim / 2], two codes a byte)
-#   key_scales.{i} / value_scales.{i}   [num_blocks, kv_heads, block_size]  float16 (quantized caches only)
+#   key_cache / value_cache     [layers, num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
+#                               (int4: [..., head_dim / 2], two codes a byte); every layer in one input
+#                               (PagedAttention's layer attribute picks a node's slice)
+#   key_scales / value_scales   [layers, num_blocks, kv_heads, block_size]  float16 (quantized caches only)
 #   lora.{i}.{target}.a  [slots, in, r_max]   lora.{i}.{target}.b  [slots, r_max, out]   float16
 #       (the slot stacks; adapter files stay float32, converted when written into a slot). Slot s of .a
 #       holds a row-major [in, rank] matrix in its first in * rank elements (MultiLoRA packed_a = 1), so
@@ -158,7 +160,10 @@ def present_value(layer: int) -> str:
 #   logits          [R, vocab]          float32
 #   logits_argmax   [R]                 int64   each logits row's first maximum (the LM head's op finds it on
 #                                               the columns it just wrote: greedy rows need no pass over logits)
-#   key_cache_out.{i} ... (alias the inputs through IO binding: the pool is written in place)
+#   key_cache_out.{i} ...  one layer's [num_blocks, ...] per kind and layer: the runtime binds each to layer i's
+#                          slice of the input's buffer, so the pool is written in place (PagedAttention copies
+#                          only when given another buffer). Outputs stay per layer: bound outputs cost ORT's Run
+#                          next to nothing, bound inputs ~0.6 us each (contract 7 history above)
 ENGINE_INPUT_IDS = "input_ids"
 POSITIONS = "positions"
 CU_SEQLENS = "cu_seqlens"
@@ -199,9 +204,14 @@ def kv_row_bytes(dtype_name: str, head_dim: int) -> int:
     return kv_row_elems(dtype_name, head_dim) + 2
 
 
-def cache_name(kind: str, layer: int, out: bool = False) -> str:
-    """kind in key_cache, value_cache, key_scales, value_scales."""
-    return f"{kind}_out.{layer}" if out else f"{kind}.{layer}"
+def cache_name(kind: str) -> str:
+    """The input holding every layer's cache of a kind (key_cache, value_cache, key_scales, value_scales)."""
+    return kind
+
+
+def cache_out_name(kind: str, layer: int) -> str:
+    """One layer's cache output of a kind: bound to that layer's slice of the input's buffer."""
+    return f"{kind}_out.{layer}"
 
 
 LORA_CHUNK = 32    # elements of `in` per float16 scale of an int8 lora .a stack (QLinear's kLoraChunk)

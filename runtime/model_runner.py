@@ -94,20 +94,20 @@ class ModelRunner:
 
     # ---- bound once
     def _bind_pool(self, cfg: dict) -> None:
-        """key/value cache [num_blocks, Hkv, block_size, D] per layer (int4: D / 2, two codes a byte; + fp16 scales
-        [num_blocks, Hkv, block_size] for the quantized dtypes)."""
+        """key/value cache [layers, num_blocks, Hkv, block_size, D] (int4: D / 2, two codes a byte; + fp16 scales
+        [layers, num_blocks, Hkv, block_size] for the quantized dtypes): one input a kind, and each layer's output
+        bound to its slice of the same memory (contract 7)."""
         row = C.kv_row_elems(C.KV_DTYPES[self.kv], cfg["head_dim"])
-        shape = (self.num_blocks, cfg["num_kv_heads"], self.block_size, row)
+        shape = (self.num_layers, self.num_blocks, cfg["num_kv_heads"], self.block_size, row)
         kinds = [("key_cache", shape, _KV_NUMPY[self.kv]), ("value_cache", shape, _KV_NUMPY[self.kv])]
         if self.kv != "fp32":
-            kinds += [("key_scales", shape[:3], np.float16), ("value_scales", shape[:3], np.float16)]
-        for i in range(self.num_layers):
-            for kind, shp, dtype in kinds:
-                arr = np.full(shp, 0, dtype)   # touched now: RSS shows the pool, no page faults while serving
-                value = ort.OrtValue.ortvalue_from_numpy(arr)   # shares arr's memory
-                self._arrays[C.cache_name(kind, i)] = arr
-                self.io.bind_ortvalue_input(C.cache_name(kind, i), value)
-                self.io.bind_ortvalue_output(C.cache_name(kind, i, out=True), value)
+            kinds += [("key_scales", shape[:4], np.float16), ("value_scales", shape[:4], np.float16)]
+        for kind, shp, dtype in kinds:
+            arr = np.full(shp, 0, dtype)   # touched now: RSS shows the pool, no page faults while serving
+            self._arrays[C.cache_name(kind)] = arr
+            self.io.bind_ortvalue_input(C.cache_name(kind), ort.OrtValue.ortvalue_from_numpy(arr))   # shares arr
+            for i in range(self.num_layers):   # arr[i] is contiguous: its OrtValue shares that slice
+                self.io.bind_ortvalue_output(C.cache_out_name(kind, i), ort.OrtValue.ortvalue_from_numpy(arr[i]))
 
     def resize_adapter_slots(self, slots: int, max_rank: int) -> None:
         """(Re)allocate the adapter slot stacks, zero-filled, and bind them; slot contents are lost.

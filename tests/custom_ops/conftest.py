@@ -56,12 +56,14 @@ def session(model: onnx.ModelProto, threads: int = 1) -> ort.InferenceSession:
 
 def paged_attention_model(*, num_heads, kv_num_heads, head_size, block_size, kv_dtype="float32",
                           **attrs) -> onnx.ModelProto:
-    """One PagedAttention node; 8-bit caches get the scale inputs/outputs, float32 ones do not."""
+    """One PagedAttention node; 8-bit caches get the scale inputs/outputs, float32 ones do not; with attribute
+    `layer` the cache inputs are every layer's ([n_layers, ...]) and the outputs one layer's."""
     eight_bit = kv_dtype != "float32"
     cache_t = U8 if eight_bit else F32
     n_in, n_out = (13, 5) if eight_bit else (11, 3)
     types = [F32, F32, F32, I32, I32, I32, I32, F32, F32, cache_t, cache_t, F16, F16]   # scales: float16
-    ranks = [2, 2, 2, 1, 1, 1, 2, 2, 2, 4, 4, 3, 3]
+    lead = int(attrs.get("layer", -1) >= 0)
+    ranks = [2, 2, 2, 1, 1, 1, 2, 2, 2, 4 + lead, 4 + lead, 3 + lead, 3 + lead]
     inputs = [helper.make_tensor_value_info(n, t, [None] * r)
               for n, t, r in list(zip(PA_INPUTS, types, ranks))[:n_in]]
     out_types = [(F32, 2), (cache_t, 4), (cache_t, 4), (F16, 3), (F16, 3)]

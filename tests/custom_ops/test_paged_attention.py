@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tests.custom_ops.conftest import PA_OUTPUTS, REPO, assert_close, paged_attention_model, session
+from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, REPO, assert_close, paged_attention_model, session
 from tests.custom_ops.pa_cases import SCENARIOS, bind_in_place, make_case, ordered
 from tests.reference.hadamard import dequantize, unpack_int4
 from tests.reference.paged_attention import paged_attention_ref
@@ -210,6 +210,49 @@ def test_paged_attention_io_binding_updates_cache_in_place(kv_dtype):
         assert not np.array_equal(updated, feeds[n]), f"{n} was not updated in place"
         # the OrtValue wraps the numpy array's memory: the update is visible there too
         np.testing.assert_array_equal(backing[n], updated)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+def test_stacked_caches_read_and_write_their_layer(kv_dtype):
+    """Contract 7: with attribute layer = l the cache inputs hold every layer ([n_layers, ...]) and each output is
+    bound to layer l's slice, as the engine binds them: bitwise the one-layer node's attn and caches, written in
+    place in the slice, the other layers' bytes untouched; a layer past the stack is refused by name."""
+    H, Hkv, BS, L, layer = 9, 3, 16, 3, 1
+    feeds = make_case(np.random.default_rng(22), SCENARIOS["mixed"], num_heads=H, kv_num_heads=Hkv, head_size=D,
+                      block_size=BS, kv_dtype=kv_dtype)
+    attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
+    names = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if kv_dtype != "float32" else [])
+    one = {n: feeds[n].copy() for n in names}
+    one_sess = session(paged_attention_model(**attrs))
+    binding = bind_in_place(one_sess, feeds, {n: ort.OrtValue.ortvalue_from_numpy(one[n]) for n in names})
+    one_sess.run_with_iobinding(binding)
+    want = binding.copy_outputs_to_cpu()[0]
+
+    rng = np.random.default_rng(3)
+    stacks = {n: rng.integers(0, 255, (L, *feeds[n].shape)).astype(feeds[n].dtype) for n in names}
+    for n in names:
+        stacks[n][layer] = feeds[n]
+    before = {n: stacks[n].copy() for n in names}
+    sess = session(paged_attention_model(**attrs, layer=layer))
+    binding = sess.io_binding()
+    for name in PA_INPUTS:
+        if name in names:
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(stacks[name]))
+        elif name in feeds:
+            binding.bind_cpu_input(name, feeds[name])
+    binding.bind_output("attn")
+    for i, n in enumerate(names):
+        binding.bind_ortvalue_output(PA_OUTPUTS[1 + i], ort.OrtValue.ortvalue_from_numpy(stacks[n][layer]))
+    sess.run_with_iobinding(binding)
+    np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], want)
+    for n in names:
+        np.testing.assert_array_equal(stacks[n][layer], one[n], err_msg=n)
+        assert not np.array_equal(stacks[n][layer], before[n][layer]), f"{n}: layer {layer} not written in place"
+        others = [i for i in range(L) if i != layer]
+        np.testing.assert_array_equal(stacks[n][others], before[n][others], err_msg=f"{n}: another layer written")
+    bad = session(paged_attention_model(**attrs, layer=L))
+    with pytest.raises(Exception, match=f"attribute layer = {L} is outside input 'key_cache''s {L} layers"):
+        bad.run(None, {**{k: v for k, v in feeds.items() if k not in names}, **stacks})
 
 
 def test_paged_attention_threads_agree():

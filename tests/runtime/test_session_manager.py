@@ -22,7 +22,7 @@ def test_side_by_side_within_budget_and_unload_frees(tiny_engine):
         manager.load("c", tiny_engine, num_blocks=256)
     assert manager.names() == ["a", "b"]
 
-    pool = weakref.ref(a.runner._arrays["key_cache.0"])
+    pool = weakref.ref(a.runner._arrays["key_cache"])
     session = weakref.ref(a.runner.session)
     del a
     manager.unload("a")

@@ -94,6 +94,21 @@ void expect(const char* name, const PaInput& in, std::initializer_list<int64_t> 
   if (!ok) expect_shape(kOp, name, in.shape(), std::vector<int64_t>(want));  // throws, naming both shapes
 }
 
+// With attribute layer = l: a cache input of every layer, [n_layers, ...], becomes layer l's slice (its data
+// moved to the slice, its rank one less), so the rest of the wrapper sees one layer's cache. elem: bytes an element.
+void take_layer(PaInput& in, const char* name, int64_t layer, size_t elem) {
+  if (in.value == nullptr) return;
+  if (in.rank < 2 || in.rank > PaInput::kMaxRank)
+    fail(kOp, ": input '", name, "' must be [n_layers, ...] with attribute layer; got shape ", shape_str(in.shape()));
+  if (layer >= in.dims[0])
+    fail(kOp, ": attribute layer = ", layer, " is outside input '", name, "''s ", in.dims[0], " layers");
+  int64_t slice = 1;
+  for (int i = 1; i < in.rank; ++i) slice *= in.dims[i];
+  in.data = static_cast<const char*>(in.data) + static_cast<size_t>(layer * slice) * elem;
+  for (int i = 1; i < in.rank; ++i) in.dims[i - 1] = in.dims[i];
+  --in.rank;
+}
+
 template <typename T>
 void alias_or_copy(const void* in, T* out, int64_t n) {
   if (out != in && n > 0) std::memcpy(out, in, sizeof(T) * static_cast<size_t>(n));
@@ -196,6 +211,7 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
   block_size_ = attr_int(&api, info, "block_size", 0);
   const std::string dt = attr_string(&api, info, "kv_dtype", "float32");
   const int64_t interleaved = attr_int(&api, info, "rope_interleaved", 0);
+  layer_ = attr_int(&api, info, "layer", -1);
   interleaved_ = interleaved != 0;
   constexpr bool float_cache = std::is_same<CacheT, float>::value;
   std::ostringstream err;
@@ -268,6 +284,12 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
       } else {
         in[i] = input(api, context, n_inputs, i);
       }
+    }
+    if (layer_ >= 0) {  // every layer's caches in one input each: this node's layer
+      take_layer(in[kKeyCache], "key_cache", layer_, sizeof(CacheT));
+      take_layer(in[kValueCache], "value_cache", layer_, sizeof(CacheT));
+      take_layer(in[kKeyScales], "key_scales", layer_, sizeof(uint16_t));
+      take_layer(in[kValueScales], "value_scales", layer_, sizeof(uint16_t));
     }
     Extents e{num_heads_,
               kv_heads_,

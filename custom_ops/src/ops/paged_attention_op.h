@@ -14,7 +14,10 @@
 //            kv_dtype (string "float32" | "int8" | "fp8_e4m3" | "int4", default "float32");
 //            rotate (int, default 1 for quantized caches, 0 for float32: Hadamard on q and k, and for int4 on v
 //            too, each output row rotated back); scale (float, default 1/sqrt(D));
-//            rope_interleaved (int, default 0 = HF rotate_half pairs (i, i + D/2)).
+//            rope_interleaved (int, default 0 = HF rotate_half pairs (i, i + D/2));
+//            layer (int, default -1): with it, inputs 9-12 are every layer's caches, [n_layers, ...] of the shapes
+//            above, and the node reads and writes layer `layer`'s slice; its cache outputs stay one layer's, and
+//            the engine binds each to its slice of the stacked buffer (contract 7: 4 cache inputs, not 4 a layer).
 // On Ort::CustomOpBase with status returns, inputs read by index: a B = 1 decode call does a few
 // microseconds of attention, and the Lite API's per-call wrapping of 13 inputs and 5 outputs (a heap
 // object and a shape vector each) was a visible share of it. The rope tables (initializers in the engine
@@ -51,6 +54,7 @@ struct PagedAttentionKernel {
   KvDtype kv_dtype_ = KvDtype::kFloat32;
   bool rotate_ = false, interleaved_ = false;
   float scale_ = 0.f;
+  int64_t layer_ = -1;      // >= 0: the cache inputs hold every layer ([n_layers, ...]); this node reads this one
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
   PaInput cos_, sin_;       // the rope tables when they are initializers (read once), else absent
 };
