@@ -375,7 +375,8 @@ void project_item(void* usr, size_t i) {
 void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   const int64_t T = d.num_tokens;
   if (T == 0 || d.out_dim == 0) return;
-  Ctx c(thread_scratch());
+  Scratch& scratch = thread_scratch();
+  Ctx c(scratch);
   c.d = &d;
   c.a = &a;
   c.isa = &qlinear_isa();
@@ -422,7 +423,7 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
     for (int64_t i = 0; i < c.g_items * t_items; ++i) project_item(&c, static_cast<size_t>(i));
   }
   if (a.argmax) merge_argmax(c);
-  trim(thread_scratch());
+  trim(scratch);
 }
 
 }  // namespace ortllm
