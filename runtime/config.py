@@ -89,10 +89,16 @@ class SchedulerConfig:
     # B = 4 with drafts on, 1.00x at B = 2 (docs/benchmarks.md). Forced tokens of a grammar are drafted at any
     # batch size (they are always accepted).
     spec_max_batch: int = 2
+    # multi-step decoding (vLLM's num_scheduler_steps): a step in which every row decodes one token by the raw
+    # argmax (greedy, no logprobs, penalties, logit_bias or guide) runs up to this many model steps from one
+    # schedule(), each step's input ids bound to the previous one's logits_argmax, so scheduling, sampling and
+    # detokenizing run once per decode_steps tokens. The tokens are those of single steps (the same graph per
+    # step); a stop token ends the steps early; streamed text arrives decode_steps tokens at a time. 1: off.
+    decode_steps: int = 4
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_num_seqs", "max_queued", "max_adapters_per_batch", "aging_steps",
-                     "spec_ngram_min", "spec_ngram_max", "spec_max_batch"):
+                     "spec_ngram_min", "spec_ngram_max", "spec_max_batch", "decode_steps"):
             _positive_int(name, getattr(self, name))
         _require(_is_int(self.spec_max_tokens) and self.spec_max_tokens >= 0,
                  f"spec_max_tokens must be an integer >= 0 (0 turns speculative decoding off); "

@@ -158,12 +158,15 @@ class Engine:
         self._cv = threading.Condition()
         self._stop = False
         self._dead: BaseException | None = None
-        self._steps = 0
+        self._steps = 0                 # model steps (a multi-step schedule runs several)
+        self._chained_steps = 0
         self._failed_steps = 0
         self._last_step_error: tuple[float, str] | None = None   # (time.monotonic(), message)
         self._step_time = 0.0
         self._run_time = 0.0
         self._tokens_out = 0
+        self._stop_key: frozenset[int] | None = None     # _stop_table's cache: the stop ids and their [V] table
+        self._stop_tab: np.ndarray | None = None
         self._thread = threading.Thread(target=self._loop, name="ortllm-engine", daemon=True)
         self._thread.start()
 
@@ -294,6 +297,8 @@ class Engine:
             # guided requests: tokens their grammar forced, verified as drafts / accepted (runtime/guided.py)
             "forced_drafted": s.forced_drafted, "forced_accepted": s.forced_accepted,
             "tokens_per_step": self._tokens_out / self._steps if self._steps else 0.0,
+            # model steps fed the previous step's argmax without a schedule (SchedulerConfig.decode_steps)
+            "chained_steps": self._chained_steps,
             "last_step_error": self._last_step_error[1] if self._last_step_error else None,
             "last_step_error_age_s": (time.monotonic() - self._last_step_error[0]) if self._last_step_error else None,
         }
@@ -359,44 +364,14 @@ class Engine:
             if h is not None and h.scheduled_time is None:
                 h.scheduled_time = now
                 h.cached_tokens = s.start_pos          # admitted with this many prompt tokens from the cache
-        rows = [s for s in out.seqs if s.needs_logits]
-        states, first = [], []            # one state per logits row; first[i]: rows[i]'s first state
-        for s in rows:
-            first.append(len(states))
-            states += self._row_states(s)
-        # guided rows: a mask per state (their drafts are the grammar's forced tokens)
-        guided = [i for i, s in enumerate(rows) if self._handles[s.req_id].matcher is not None]
-        masks = (self._masker.submit(self.guided.fill_masks, [self._handles[rows[i].req_id].matcher for i in guided],
-                                     [rows[i].spec_token_ids for i in guided]) if guided else None)
-        scored = [s for s in out.seqs if self._wants_prompt_logprobs(s)]
         run0 = self.runner.run_time_s
-        try:
-            logits = self.runner.execute(out.seqs, adapter_slots=slots, all_logits=bool(scored))
-        except Exception as e:  # noqa: BLE001 - this step's requests fail; the engine goes on
-            if masks is not None:
-                masks.result()
-            self._failed_steps += 1
-            self._last_step_error = (time.monotonic(), f"{type(e).__name__}: {e}")
-            reason = f"model run failed: {e}"      # bound now: `e` is unbound once the except block ends
-            self._fail([s.req_id for s in out.seqs], lambda rid: reason)
+        got = self._run_steps(out, slots) if out.decode_steps > 1 else self._run_step(out, slots)
+        if got is None:           # the model run failed: this step's requests failed, the engine goes on
             return
+        tokens, forced, alive, lp, steps = got
         run = self.runner.run_time_s - run0       # session.run alone: building its inputs is the step's Python
-        if scored:
-            logits = self._record_prompt_logprobs(out.seqs, logits)
-        if masks is not None:
-            words = masks.result()
-            row = 0
-            for i in guided:
-                for j in range(1 + len(rows[i].spec_token_ids)):
-                    states[first[i] + j].mask = unpack_mask(words[row], logits.shape[1])
-                    row += 1
-        sampled = self.sampler.sample(logits, states, self.runner.argmax)      # None after all_logits
-        ids = sampled.token_ids.tolist()
-        tokens = {s.req_id: accept(s.spec_token_ids, ids[o:o + 1 + len(s.spec_token_ids)]) for s, o in zip(rows, first)}
-        alive, forced = self._advance_grammars([rows[i].req_id for i in guided], tokens)
         with self._cv:
             updates = self.scheduler.update_from_output(out, ModelRunnerOutput(tokens, forced))
-        lp = {s.req_id: sampled.logprobs[o:o + len(tokens[s.req_id])] for s, o in zip(rows, first)}
         for u in updates:
             h = self._handles.get(u.req_id)
             if h is None:
@@ -417,9 +392,82 @@ class Engine:
                 self._handles.pop(u.req_id)._finish(u.finish_reason)
             if u.req_id in self._forks:
                 self._release_forks(u.req_id)
-        self._steps += 1
+        self._steps += steps
+        self._chained_steps += steps - 1
         self._run_time += run
         self._step_time += time.perf_counter() - t0
+
+    def _run_step(self, out: SchedulerOutput, slots: dict[str | None, int]):
+        """One model step and its sampling: (req_id -> new tokens, req_id -> forced tokens, req_id -> whether its
+        grammar goes on, req_id -> logprobs, 1), or None when the model run failed."""
+        rows = [s for s in out.seqs if s.needs_logits]
+        states, first = [], []            # one state per logits row; first[i]: rows[i]'s first state
+        for s in rows:
+            first.append(len(states))
+            states += self._row_states(s)
+        # guided rows: a mask per state (their drafts are the grammar's forced tokens)
+        guided = [i for i, s in enumerate(rows) if self._handles[s.req_id].matcher is not None]
+        masks = (self._masker.submit(self.guided.fill_masks, [self._handles[rows[i].req_id].matcher for i in guided],
+                                     [rows[i].spec_token_ids for i in guided]) if guided else None)
+        scored = [s for s in out.seqs if self._wants_prompt_logprobs(s)]
+        try:
+            logits = self.runner.execute(out.seqs, adapter_slots=slots, all_logits=bool(scored))
+        except Exception as e:  # noqa: BLE001 - this step's requests fail; the engine goes on
+            if masks is not None:
+                masks.result()
+            self._run_failed(out, e)
+            return None
+        if scored:
+            logits = self._record_prompt_logprobs(out.seqs, logits)
+        if masks is not None:
+            words = masks.result()
+            row = 0
+            for i in guided:
+                for j in range(1 + len(rows[i].spec_token_ids)):
+                    states[first[i] + j].mask = unpack_mask(words[row], logits.shape[1])
+                    row += 1
+        sampled = self.sampler.sample(logits, states, self.runner.argmax)      # None after all_logits
+        ids = sampled.token_ids.tolist()
+        tokens = {s.req_id: accept(s.spec_token_ids, ids[o:o + 1 + len(s.spec_token_ids)]) for s, o in zip(rows, first)}
+        alive, forced = self._advance_grammars([rows[i].req_id for i in guided], tokens)
+        lp = {s.req_id: sampled.logprobs[o:o + len(tokens[s.req_id])] for s, o in zip(rows, first)}
+        return tokens, forced, alive, lp, 1
+
+    def _run_steps(self, out: SchedulerOutput, slots: dict[str | None, int]):
+        """out.decode_steps greedy model steps, each fed the previous one's argmax (SchedulerConfig.decode_steps),
+        ending after a step that gave a stop token: as _run_step, with up to decode_steps tokens a request."""
+        try:
+            toks = self.runner.execute_steps(out.seqs, slots, out.decode_steps, self._stop_table(out.seqs))
+        except Exception as e:  # noqa: BLE001 - this step's requests fail; the engine goes on
+            self._run_failed(out, e)
+            return None
+        tokens = {s.req_id: col for s, col in zip(out.seqs, toks.T.tolist())}
+        return tokens, {}, {}, {}, len(toks)
+
+    def _stop_table(self, seqs) -> np.ndarray | None:
+        """bool [V]: the token ids that end one of these seqs (EOS unless ignore_eos, stop_token_ids); None: none.
+        Kept while the set stays the same (a decode batch keeps its requests for many steps)."""
+        ids: set[int] = set()
+        for s in seqs:
+            h = self._handles.get(s.req_id)
+            if h is not None:
+                ids.update(h.params.stop_token_ids)
+                if not h.params.ignore_eos:
+                    ids.update(self.scheduler.eos_token_ids)
+        if not ids:
+            return None
+        key = frozenset(ids)
+        if key != self._stop_key:
+            table = np.zeros(self.runner.vocab_size, bool)
+            table[[i for i in key if 0 <= i < len(table)]] = True
+            self._stop_key, self._stop_tab = key, table
+        return self._stop_tab
+
+    def _run_failed(self, out: SchedulerOutput, e: Exception) -> None:
+        self._failed_steps += 1
+        self._last_step_error = (time.monotonic(), f"{type(e).__name__}: {e}")
+        reason = f"model run failed: {e}"
+        self._fail([s.req_id for s in out.seqs], lambda rid: reason)
 
     def _advance_grammars(self, req_ids: list[str], tokens: dict[str, list[int]]
                           ) -> tuple[dict[str, bool], dict[str, list[int]]]:

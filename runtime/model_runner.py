@@ -233,6 +233,28 @@ class ModelRunner:
         self.argmax = argmax
         return out
 
+    def execute_steps(self, seqs: list[ScheduledSeq], adapter_slots: dict[str | None, int] | None, steps: int,
+                      stop: np.ndarray | None = None) -> np.ndarray:
+        """Up to `steps` greedy decode steps of one token per seq (SchedulerOutput.decode_steps): the first from
+        seqs, each next one fed the previous one's logits_argmax, its positions and context lengths one further
+        (the seqs' block tables cover every step). Returns [n, S] int64, row j step j's token per seq; n < steps
+        when step n's tokens include a `stop` one (a bool [V] table; None: run all steps)."""
+        if any(s.num_tokens != 1 or not s.needs_logits or s.spec_token_ids for s in seqs):
+            raise ValueError("execute_steps runs decode rows only: one token each, with logits, no drafts")
+        out = np.empty((steps, len(seqs)), np.int64)
+        self.execute(seqs, adapter_slots)
+        out[0] = self.argmax
+        ids, pos, ctx = (self._inputs[n] for n in (C.ENGINE_INPUT_IDS, C.POSITIONS, C.CONTEXT_LENS))
+        for j in range(1, steps):       # the inputs bound by execute(), advanced in place: nothing rebound
+            if stop is not None and stop[out[j - 1]].any():
+                return out[:j]
+            ids[:] = out[j - 1]
+            pos += 1
+            ctx += 1
+            self._run()
+            out[j] = self.argmax
+        return out
+
     def _run(self) -> None:
         t = time.perf_counter()
         self.session.run_with_iobinding(self.io)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling_params import SAMPLING_EPS, SamplingParams
+from .sampling_params import SAMPLING_EPS, SamplingParams, has_penalty
 
 NEG_INF = np.float32(-np.inf)
 # top-p first tries the nucleus within the top _TOP_P_CANDIDATES tokens (a partial sort); exact either way.
@@ -195,15 +195,9 @@ def apply_bias_and_masks(logits: np.ndarray, rows: Sequence[RowState]) -> None:
             logits[b, ~r.mask[:logits.shape[1]]] = NEG_INF
 
 
-def has_penalty(p: SamplingParams) -> bool:
-    """The row needs its token history (repetition, frequency or presence penalty)."""
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-
-
 def _plain_greedy(r: RowState) -> bool:
     """Greedy with nothing that changes the logits or asks for more than the token: argmax of the raw row."""
-    p = r.params
-    return p.greedy and r.mask is None and not p.logit_bias and p.logprobs is None and not has_penalty(p)
+    return r.mask is None and r.params.raw_argmax
 
 
 class Sampler:

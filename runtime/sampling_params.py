@@ -65,6 +65,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 
+    @property
+    def raw_argmax(self) -> bool:
+        """The token is the argmax of the raw logits row: greedy with nothing that changes the logits (but a
+        guide's mask) or asks for more than the token."""
+        return self.greedy and not self.logit_bias and self.logprobs is None and not has_penalty(self)
+
     def validate(self) -> SamplingParams:
         """Raise InvalidSamplingParams naming the field and the allowed range; return self."""
         _int("max_tokens", self.max_tokens, lo=1)
@@ -107,6 +113,11 @@ class SamplingParams:
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, "> 0 (seconds) or null", lambda v: v > 0)
         return self
+
+
+def has_penalty(p: SamplingParams) -> bool:
+    """The row needs its token history (repetition, frequency or presence penalty)."""
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
 def fit_max_tokens(prompt_len: int, max_tokens: int | None, room: int,

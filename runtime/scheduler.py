@@ -80,6 +80,10 @@ class SchedulerOutput:
     preempted_req_ids: list[str]           # lost their KV this step; queued again, recomputed later
     finished: dict[str, str]               # req_id -> reason, ended since the last step outside
                                            # update_from_output (finish_requests, deadline); KV now free
+    # model steps this output covers (SchedulerConfig.decode_steps): > 1 only when every seq decodes one token by
+    # the raw argmax; each seq's block_ids then cover decode_steps more tokens, and step j + 1 feeds step j's
+    # token. The runner output gives each seq 1..decode_steps tokens (fewer: the steps ended early).
+    decode_steps: int = 1
 
 
 @dataclass
@@ -357,9 +361,33 @@ class Scheduler(SchedulerInterface):
         if not preempted:   # memory is tight: admitting now would only thrash (as vLLM v1)
             self._admit(sched, chunk, budget)
         drafts = self._draft(sched, budget)
+        steps = self._decode_steps(sched) if not drafts and not preempted else 1
         seqs = [self._scheduled_seq(self.requests[rid], n, drafts.get(rid, [])) for rid, n in sched.items()]
         adapters = sorted({s.adapter for s in seqs if s.adapter is not None})
-        return SchedulerOutput(self._step, seqs, dict(sched), sum(sched.values()), adapters, preempted, finished)
+        return SchedulerOutput(self._step, seqs, dict(sched), sum(sched.values()), adapters, preempted, finished,
+                               steps)
+
+    def _decode_steps(self, sched: dict[str, int]) -> int:
+        """Model steps for this schedule (SchedulerConfig.decode_steps): k > 1 when every scheduled seq decodes
+        one token by the raw argmax, k at most each one's tokens left (max_tokens) and what the free blocks hold
+        (never preempting for it); their blocks for k tokens are allocated here."""
+        k = self.config.decode_steps
+        if k == 1 or not sched:
+            return 1
+        reqs = [self.requests[rid] for rid in sched]
+        for req in reqs:
+            p = req.params
+            if (sched[req.req_id] != 1 or req.num_tokens - req.num_computed_tokens != 1 or not p.raw_argmax
+                    or p.guide is not None):
+                return 1
+            k = min(k, p.max_tokens - (req.num_tokens - req.num_prompt_tokens))
+        need = [_cdiv(r.num_computed_tokens + k, self.block_size) - len(r.block_ids) for r in reqs]
+        if k <= 1 or sum(need) > self.pool.num_free:
+            return 1
+        for req, n in zip(reqs, need):
+            if n > 0:
+                req.block_ids += self.pool.allocate(n)
+        return k
 
     def _grow(self, req: Request, n: int, sched: dict[str, int], preempted: list[str]) -> bool:
         """Give req the blocks for n more tokens, preempting others if needed; False if req itself went."""
@@ -474,9 +502,12 @@ class Scheduler(SchedulerInterface):
             if not s.needs_logits:
                 self._cache_full_blocks(req)
                 continue
-            toks = self._sampled(s, runner_output)
+            toks = self._sampled(s, runner_output, scheduler_output.decode_steps)
             if s.spec_token_ids:
                 self._roll_back(req, s, len(toks) - 1)
+            elif scheduler_output.decode_steps > 1:   # step j fed token j - 1; the blocks of steps not run freed
+                req.num_computed_tokens += len(toks) - 1
+                self._trim_blocks(req)
             req.forced_token_ids = list(runner_output.forced_token_ids.get(s.req_id, ()))
             reason, new = None, []
             for tok in toks:            # a stop inside the accepted drafts drops the tokens after it
@@ -494,12 +525,17 @@ class Scheduler(SchedulerInterface):
         return updates
 
     @staticmethod
-    def _sampled(s: ScheduledSeq, runner_output: ModelRunnerOutput) -> list[int]:
+    def _sampled(s: ScheduledSeq, runner_output: ModelRunnerOutput, steps: int = 1) -> list[int]:
         try:
             got = runner_output.sampled_token_ids[s.req_id]
         except KeyError:
             raise ValueError(f"runner output has no sampled token for {s.req_id!r}, which needed logits") from None
         toks = [int(got)] if isinstance(got, (int, np.integer)) else [int(t) for t in got]
+        if steps > 1:
+            if not 1 <= len(toks) <= steps:
+                raise ValueError(f"runner output for {s.req_id!r} must be 1 to {steps} tokens (one a decode step); "
+                                 f"got {toks}")
+            return toks
         k = len(s.spec_token_ids)
         if not 1 <= len(toks) <= k + 1 or toks[:-1] != s.spec_token_ids[:len(toks) - 1]:
             raise ValueError(f"runner output for {s.req_id!r} must be its accepted drafts (of {s.spec_token_ids}) "
@@ -511,10 +547,7 @@ class Scheduler(SchedulerInterface):
         the one the next token goes into are freed (tail first)."""
         k = len(s.spec_token_ids)
         req.num_computed_tokens -= k - accepted
-        keep = _cdiv(req.num_computed_tokens + 1, self.block_size)
-        if len(req.block_ids) > keep:
-            self.pool.free(reversed(req.block_ids[keep:]))
-            del req.block_ids[keep:]
+        self._trim_blocks(req)
         if req.forced_token_ids:     # the drafts were the grammar's (still those of the step's schedule())
             self.forced_drafted += k
             self.forced_accepted += accepted
@@ -523,6 +556,13 @@ class Scheduler(SchedulerInterface):
         self.spec_rows += 1
         self.spec_drafted += k
         self.spec_accepted += accepted
+
+    def _trim_blocks(self, req: Request) -> None:
+        """Free the blocks past the one the next token goes into (tail first): rejected drafts, steps not run."""
+        keep = _cdiv(req.num_computed_tokens + 1, self.block_size)
+        if len(req.block_ids) > keep:
+            self.pool.free(reversed(req.block_ids[keep:]))
+            del req.block_ids[keep:]
 
     def _cache_full_blocks(self, req: Request) -> None:
         if not self.pool.enable_prefix_cache:

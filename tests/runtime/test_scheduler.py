@@ -31,8 +31,17 @@ def token_for(req_id, pos):
 
 def fake_runner(out, token=token_for):
     """The model's token after each logits row: one per seq, or for k drafts the k + 1 rows' tokens, accepted
-    as the engine does (the drafts while they agree, then the model's own token)."""
+    as the engine does (the drafts while they agree, then the model's own token). With out.decode_steps = k > 1
+    (every seq a greedy decode): k steps, step j giving each seq the token after position start + j, ending
+    after a step in which a seq gave EOS (as the engine's runner does)."""
     res = {}
+    if out.decode_steps > 1:
+        for j in range(out.decode_steps):
+            for s in out.seqs:
+                res.setdefault(s.req_id, []).append(token(s.req_id, s.start_pos + 1 + j))
+            if any(t[-1] == EOS for t in res.values()):
+                break
+        return ModelRunnerOutput(res)
     for s in out.seqs:
         if s.needs_logits:
             k, end = len(s.spec_token_ids), s.start_pos + s.num_tokens
@@ -72,6 +81,12 @@ def check_step(sched, out, decoding_before):
         elif drafted and s.req_id not in decoding_before:
             # drafts only take what is left: no prefill chunk in a step with drafts was cut by the budget
             assert s.num_tokens == min(req.num_tokens - s.start_pos, cfg.prefill_chunk)
+    if out.decode_steps > 1:   # multi-step: greedy one-token decodes only, blocks for every step, within max_tokens
+        for s in out.seqs:
+            req = sched.requests[s.req_id]
+            assert s.num_tokens == 1 and not s.spec_token_ids and s.needs_logits and req.params.greedy
+            assert len(s.block_ids) * bs >= s.start_pos + out.decode_steps
+            assert req.num_tokens - req.num_prompt_tokens + out.decode_steps <= req.params.max_tokens
     # decodes first, and never stalled: every sequence that was decoding is scheduled unless preempted
     kinds = [s.num_tokens - len(s.spec_token_ids) == 1 and s.req_id in decoding_before for s in out.seqs]
     assert kinds == sorted(kinds, reverse=True)
@@ -358,7 +373,8 @@ def test_random_workloads_finish_without_leaks(data):
     s = make(max_batch_tokens=budget, max_num_seqs=max_seqs, block_size=bs,
              num_blocks=data.draw(st.integers(4, 40)), prefix=data.draw(st.booleans()),
              max_adapters_per_batch=data.draw(st.integers(1, 3)), aging_steps=data.draw(st.integers(1, 5)),
-             long_prefill_chunk=data.draw(st.one_of(st.none(), st.integers(1, budget))), max_queued=8)
+             long_prefill_chunk=data.draw(st.one_of(st.none(), st.integers(1, budget))), max_queued=8,
+             decode_steps=data.draw(st.sampled_from([1, 2, 4])))
     shared = data.draw(st.lists(st.integers(1, 9), min_size=4, max_size=16))   # common prefix: cache hits
     reqs, cancelled = [], set()
     kinds = st.sampled_from(["add", "add", "add", "cancel", "step", "step"])
@@ -375,6 +391,7 @@ def test_random_workloads_finish_without_leaks(data):
             prompt = shared[:data.draw(st.integers(0, len(shared)))] + data.draw(
                 st.lists(st.integers(1, 9), min_size=1, max_size=20))
             params = SamplingParams(max_tokens=data.draw(st.integers(1, 24)),
+                                    temperature=data.draw(st.sampled_from([0.0, 1.0])),   # greedy: multi-step
                                     adapter=data.draw(st.sampled_from([None, "a", "b", "c"])),
                                     priority=data.draw(st.integers(0, 2)), speculative=data.draw(st.booleans()))
             try:
@@ -408,6 +425,92 @@ def test_random_workloads_finish_without_leaks(data):
             assert out[-1] == EOS and EOS not in out[:-1] and len(out) <= r.params.max_tokens
         else:
             assert r.finish_reason == "cancelled" and r.req_id in cancelled and len(out) < r.params.max_tokens
+
+
+# ---- multi-step decoding (decode_steps) ----
+
+def greedy(n=10, **kw):
+    return SamplingParams(max_tokens=n, temperature=0.0, **kw)
+
+
+def test_multi_step_plans_k_steps_and_takes_their_tokens():
+    s = make(block_size=4, spec_max_tokens=0, decode_steps=4)
+    s.add_request("a", [5, 6, 7, 8, 9], greedy(10))
+    out = s.schedule()
+    assert out.decode_steps == 1                          # a prefill step
+    s.update_from_output(out, fake_runner(out))
+    steps = []
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        check_step(s, out, {"a"})
+        steps.append(out.decode_steps)
+        seq = out.seqs[0]
+        assert len(seq.block_ids) == -(-(seq.start_pos + out.decode_steps) // 4)   # blocks for every step
+        (u,) = s.update_from_output(out, fake_runner(out))
+        assert len(u.new_token_ids) == out.decode_steps
+    assert steps == [4, 4, 1]                             # 1 + 4 + 4 + 1 = max_tokens: never past it
+    req = s.requests.get("a")
+    assert req is None and s.pool.num_free == s.pool.num_usable
+
+
+def test_multi_step_ended_early_frees_the_blocks_of_the_steps_not_run():
+    s = make(block_size=2, spec_max_tokens=0, decode_steps=4, prefix=False)
+    req = s.add_request("a", [5, 6, 7], greedy(20))
+    out = s.schedule()
+    s.update_from_output(out, fake_runner(out))
+    out = s.schedule()
+    assert out.decode_steps == 4 and len(req.block_ids) == 4      # positions 3..6 written: 7 tokens, 4 blocks
+    (u,) = s.update_from_output(out, ModelRunnerOutput({"a": [11, 12]}))   # the runner stopped after 2 steps
+    assert u.new_token_ids == [11, 12] and req.output_token_ids == [token_for("a", 3), 11, 12]
+    assert req.num_computed_tokens == 5 and len(req.block_ids) == 3     # the next token (position 5) fits
+    out = s.schedule()
+    assert out.seqs[0].token_ids == [12] and out.seqs[0].start_pos == 5
+    with pytest.raises(ValueError, match="1 to 4 tokens"):
+        s.update_from_output(out, ModelRunnerOutput({"a": [1, 2, 3, 4, 5]}))
+
+
+def test_multi_step_stops_at_eos_inside_the_steps():
+    s = make(block_size=4, spec_max_tokens=0, decode_steps=4)
+    req = s.add_request("a", [5, 6, 7], greedy(20))
+    out = s.schedule()
+    s.update_from_output(out, fake_runner(out))
+    out = s.schedule()
+    (u,) = s.update_from_output(out, ModelRunnerOutput({"a": [11, EOS, 13, 14]}))
+    assert u.new_token_ids == [11, EOS] and u.finish_reason == "stop"
+    assert req.status is RequestStatus.FINISHED and s.pool.num_free == s.pool.num_usable
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=10, temperature=0.7), greedy(logprobs=2),
+                                    greedy(repetition_penalty=1.2), greedy(logit_bias={3: 1.0})],
+                         ids=["sampled", "logprobs", "penalty", "logit_bias"])
+def test_multi_step_only_for_raw_argmax_rows(params):
+    s = make(block_size=4, spec_max_tokens=0, decode_steps=4)
+    s.add_request("plain", [5, 6, 7], greedy())
+    s.add_request("other", [5, 6, 8], params)
+    for _ in range(3):
+        out = s.schedule()
+        assert out.decode_steps == 1
+        s.update_from_output(out, fake_runner(out))
+
+
+def test_multi_step_waits_for_prefills_and_free_blocks():
+    s = make(block_size=4, spec_max_tokens=0, decode_steps=4, prefix=False)
+    s.add_request("a", [5, 6, 7], greedy(8))
+    out = s.schedule()
+    s.update_from_output(out, fake_runner(out))
+    s.add_request("b", [5, 6], greedy(8))
+    out = s.schedule()                      # a's decode beside b's prefill: one step
+    assert out.decode_steps == 1 and {q.req_id for q in out.seqs} == {"a", "b"}
+    s.update_from_output(out, fake_runner(out))
+    assert s.schedule().decode_steps == 4   # both decoding now
+
+    s = make(block_size=4, spec_max_tokens=0, decode_steps=4, num_blocks=3, prefix=False)   # 2 usable blocks
+    s.add_request("a", [5, 6, 7], greedy(5))
+    s.add_request("b", [5, 6, 8], greedy(5))
+    out = s.schedule()
+    s.update_from_output(out, fake_runner(out))
+    out = s.schedule()                      # 4 steps would need a block each; none is free: one step, none taken
+    assert out.decode_steps == 1 and s.pool.num_free == 0 and all(len(q.block_ids) == 1 for q in out.seqs)
 
 
 # ---- speculative decoding (prompt-lookup drafts) ----
