@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--cached", action="store_true", help="keep the prompt in the prefix cache (long context)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--decode-steps", type=int, default=None, help="SchedulerConfig.decode_steps (default: its own)")
     a = p.parse_args(argv)
     import numpy as np
 
@@ -34,8 +35,9 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(0)
     new = 64
+    steps = {} if a.decode_steps is None else {"decode_steps": a.decode_steps}
     with Engine.from_artifact(a.artifact, max_num_seqs=max(a.batch, 1), threads=a.threads, spec_max_tokens=0,
-                              enable_prefix_cache=a.cached) as engine:
+                              enable_prefix_cache=a.cached, **steps) as engine:
         prompts = [rng.integers(100, engine.runner.vocab_size, a.prompt).tolist() for _ in range(a.batch)]
         engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))   # warm-up
         best, first = 0.0, float("inf")
