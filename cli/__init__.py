@@ -314,6 +314,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--spec-max-tokens", type=int, default=None, metavar="K",
                    help="prompt-lookup speculative decoding: up to K drafted tokens per decode row in steps of at "
                         "most 2 decode rows (default 8; 0: off)")
+    p.add_argument("--decode-steps", type=int, default=None, metavar="K",
+                   help="multi-step decoding: greedy decode batches run up to K model steps per schedule, text "
+                        "streaming K tokens at a time (default 4; 1: off)")
     p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
@@ -342,8 +345,9 @@ def _run_serve(a) -> int:
     from ortllm.service.server import serve
 
     overrides = {k: v for k, v in (("max_queued", a.max_queued), ("threads", a.threads)) if v is not None}
-    if a.spec_max_tokens is not None:
-        overrides["spec_max_tokens"] = a.spec_max_tokens
+    for name in ("spec_max_tokens", "decode_steps"):
+        if getattr(a, name) is not None:
+            overrides[name] = getattr(a, name)
     from ortllm.store.cli import served_models
     models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
     config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,

@@ -64,6 +64,7 @@ def test_int4_kv_block_bytes():
     (dict(max_rank=0), "max_rank must be a positive integer"),
     (dict(enable_prefix_cache="yes"), "enable_prefix_cache must be True or False"),
     (dict(max_queued=True), "max_queued must be a positive integer"),
+    (dict(decode_steps=0), "decode_steps must be a positive integer; got 0"),
 ])
 def test_validation_messages(kwargs, msg):
     with pytest.raises(ConfigError, match=msg):

@@ -41,7 +41,8 @@ def _start(artifact, *args) -> tuple[subprocess.Popen, str]:
 
 
 def test_serve_key_drain_and_exit(tiny_engine):
-    proc, url = _start(tiny_engine, "--api-key", "sesame", "--max-queued", "16", "--threads", "1")
+    proc, url = _start(tiny_engine, "--api-key", "sesame", "--max-queued", "16", "--threads", "1",
+                       "--decode-steps", "2")
     auth = {"Authorization": "Bearer sesame"}
     try:
         assert requests.get(url + "/health", timeout=10).json()["status"] == "ok"
