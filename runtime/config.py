@@ -81,7 +81,9 @@ class SchedulerConfig:
     # so drafts never change the tokens. On by default: on a quiet machine it gains at B = 1 on both grounded
     # and open-ended chat (docs/benchmarks.md, "Speculative decoding").
     spec_max_tokens: int = 8
-    spec_ngram_min: int = 2            # shortest suffix n-gram looked up in the sequence's own tokens
+    # shortest suffix n-gram looked up in the sequence's own tokens: 3 since multi-step decoding made plain greedy
+    # steps cheaper; 2-token matches drafted often enough on open chat to cost 3.6% there (docs/benchmarks.md)
+    spec_ngram_min: int = 3
     spec_ngram_max: int = 4            # longest (tried first)
     # prompt-lookup drafts only in steps with at most this many decode rows: a drafted token costs about what
     # a decode row costs, so it pays while a step's fixed cost (streaming the weights, per-node overhead)
