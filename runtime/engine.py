@@ -214,9 +214,9 @@ class Engine:
         matcher = self.guided.compile(params.guide) if params.guide is not None else None   # InvalidGrammar: 400
         handles = []
         for i in range(n):
-            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
             detok = IncrementalDetokenizer(lambda t: self.tokenizer.decode(t, skip_special_tokens=True), ids,
-                                           stop=params.stop, stop_token_ids=stops, stream=self.tokenizer.decode_stream)
+                                           stop=params.stop, stop_token_ids=params.stop_ids(self.eos_token_ids),
+                                           stream=self.tokenizer.decode_stream)
             if params.greedy:
                 gen = None
             elif i and params.seed is not None:
@@ -445,15 +445,13 @@ class Engine:
         return tokens, {}, {}, {}, len(toks)
 
     def _stop_table(self, seqs) -> np.ndarray | None:
-        """bool [V]: the token ids that end one of these seqs (EOS unless ignore_eos, stop_token_ids); None: none.
+        """bool [V]: the token ids that end one of these seqs (SamplingParams.stop_ids); None: none.
         Kept while the set stays the same (a decode batch keeps its requests for many steps)."""
         ids: set[int] = set()
         for s in seqs:
             h = self._handles.get(s.req_id)
             if h is not None:
-                ids.update(h.params.stop_token_ids)
-                if not h.params.ignore_eos:
-                    ids.update(self.scheduler.eos_token_ids)
+                ids |= h.params.stop_ids(self.scheduler.eos_token_ids)
         if not ids:
             return None
         key = frozenset(ids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from .errors import InvalidSamplingParams, PromptTooLong
 
@@ -70,6 +71,12 @@ class SamplingParams:
         """The token is the argmax of the raw logits row: greedy with nothing that changes the logits (but a
         guide's mask) or asks for more than the token."""
         return self.greedy and not self.logit_bias and self.logprobs is None and not has_penalty(self)
+
+    def stop_ids(self, eos_token_ids: Iterable[int]) -> frozenset[int]:
+        """The token ids that finish this request with "stop": the model's EOS ids unless ignore_eos, and
+        stop_token_ids. The one rule for the scheduler's per-token check, the engine's early end of multi-step
+        runs and the detokenizer."""
+        return frozenset(self.stop_token_ids).union(() if self.ignore_eos else eos_token_ids)
 
     def validate(self) -> SamplingParams:
         """Raise InvalidSamplingParams naming the field and the allowed range; return self."""

@@ -161,6 +161,7 @@ class Request:
     spec: SpecState | None = None          # prompt-lookup drafting state; None: never drafted that way
     forced_token_ids: list[int] = field(default_factory=list)   # what the grammar forces after token_ids:
                                                                  # the next decode step's drafts
+    stop_ids: frozenset[int] = frozenset()  # ids that finish it with "stop" (SamplingParams.stop_ids), at arrival
 
     @property
     def num_tokens(self) -> int:
@@ -227,6 +228,11 @@ class SchedulerInterface(abc.ABC):
 
 
 # ---- implementation ------------------------------------------------------------------------------------
+
+def _decodes(req: Request, n: int) -> bool:
+    """req's n tokens this step are a decode: its last sampled token, the one token it has left to compute."""
+    return n == 1 and req.num_tokens - req.num_computed_tokens == 1
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -301,7 +307,8 @@ class Scheduler(SchedulerInterface):
         if len(self.waiting) >= self.config.max_queued:
             raise Overloaded(len(self.waiting), self.config.max_queued)
         key = None if params.adapter is None else self._adapter_key(params.adapter)
-        req = Request(req_id, params, prompt, len(prompt), self.clock(), self._arrivals, adapter_key=key)
+        req = Request(req_id, params, prompt, len(prompt), self.clock(), self._arrivals, adapter_key=key,
+                      stop_ids=params.stop_ids(self.eos_token_ids))
         self._arrivals += 1
         c = self.config
         if c.spec_max_tokens and params.speculative and params.guide is None:
@@ -377,8 +384,7 @@ class Scheduler(SchedulerInterface):
         reqs = [self.requests[rid] for rid in sched]
         for req in reqs:
             p = req.params
-            if (sched[req.req_id] != 1 or req.num_tokens - req.num_computed_tokens != 1 or not p.raw_argmax
-                    or p.guide is not None):
+            if not _decodes(req, sched[req.req_id]) or not p.raw_argmax or p.guide is not None:
                 return 1
             k = min(k, p.max_tokens - (req.num_tokens - req.num_prompt_tokens))
         need = [_cdiv(r.num_computed_tokens + k, self.block_size) - len(r.block_ids) for r in reqs]
@@ -452,8 +458,7 @@ class Scheduler(SchedulerInterface):
         the grammar's forced tokens, else prompt-lookup proposals."""
         drafts: dict[str, list[int]] = {}
         t0 = time.perf_counter()
-        decoding = [rid for rid, n in sched.items()
-                    if n == 1 and self.requests[rid].num_tokens - self.requests[rid].num_computed_tokens == 1]
+        decoding = [rid for rid, n in sched.items() if _decodes(self.requests[rid], n)]
         lookup = len(decoding) <= self.config.spec_max_batch    # prompt-lookup drafts pay in small steps only
         for rid in decoding:
             req = self.requests[rid]
@@ -573,10 +578,9 @@ class Scheduler(SchedulerInterface):
         req.num_cached_blocks = max(req.num_cached_blocks, full)
 
     def _check_stop(self, req: Request, tok: int) -> str | None:
-        p = req.params
-        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+        if tok in req.stop_ids:
             return STOP
-        if req.num_tokens - req.num_prompt_tokens >= p.max_tokens:
+        if req.num_tokens - req.num_prompt_tokens >= req.params.max_tokens:
             return LENGTH
         return None
 
