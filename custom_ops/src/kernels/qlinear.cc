@@ -115,27 +115,15 @@ struct Ctx {
 
 // ---- phase 1: activations
 
-// xn = x * 1 / sqrt(mean(x^2) + eps) * w. The sum of squares is in double over 8 interleaved partial sums
-// (independent chains, not one latency-bound chain) combined in a fixed order: the same bits for a row
-// whatever the batch.
-void rms_norm_row(const float* x, int64_t K, const float* w, float eps, float* xn) {
-  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8)
-    for (int i = 0; i < 8; ++i) part[i] += static_cast<double>(x[k + i]) * x[k + i];
-  for (; k < K; ++k) part[k % 8] += static_cast<double>(x[k]) * x[k];
-  const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(K) + eps));
-  for (k = 0; k < K; ++k) xn[k] = (x[k] * inv) * w[k];
-}
-
 void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
   const int zp = c.d->bits == 4 ? 8 : 0;
   const int64_t K = c.d->in_dim;
   for (int64_t t = t0; t < t1; ++t) {
     int32_t* qsum = c.zsum.data() + t * c.kb;
     float* dx = c.dx.data() + t * c.kb;
-    if (c.a->norm_weight) rms_norm_row(c.a->x + t * K, K, c.a->norm_weight, c.a->norm_eps, c.normed.data() + t * K);
+    if (c.a->norm_weight)
+      c.isa->rms_norm_row(c.a->x + t * K, static_cast<int>(K), c.a->norm_weight, c.a->norm_eps,
+                          c.normed.data() + t * K);
     c.isa->quantize_row(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size), c.q.data() + t * c.kpad,
                         dx, qsum);
     for (int64_t b = 0; b < c.kb; ++b) {

@@ -160,6 +160,10 @@ struct QLinearIsa {
                       const uint16_t* sB, float* const* out, int64_t ostride);
   // out[i] = silu(g[i]) * u[i], i < 8.
   void (*silu_mul8)(const float* g, const float* u, float* out);
+  // xn = x * 1 / sqrt(mean(x^2) + eps) * w. The sum of squares is in double over 8 interleaved partial sums
+  // (partial k % 8 takes x[k]^2, exact in double; independent chains, not one latency-bound chain) combined in a
+  // fixed order: the same bits on every path and for a row whatever the batch.
+  void (*rms_norm_row)(const float* x, int K, const float* w, float eps, float* xn);
 };
 
 const QLinearIsa& qlinear_scalar_isa();

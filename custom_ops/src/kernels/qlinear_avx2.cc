@@ -29,6 +29,34 @@ namespace {
 #include "qlinear_group_dot.h"
 
 // Rounds to nearest even like std::nearbyint in the default mode.
+float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+int32_t hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+// 32 floats times id, rounded half to even -> 32 int8 codes at q (|x * id| <= 127: no saturation happens);
+// returns their four int32 vectors' sum.
+__m256i codes32(const float* x, __m256 id, int8_t* q) {
+  __m256i v[4];
+  for (int i = 0; i < 4; ++i)
+    v[i] = _mm256_cvtps_epi32(
+        _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  // packs work per 128-bit lane: the bytes come out as dwords [v0 lo, v1 lo, v2 lo, v3 lo | v0 hi, ...]
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+}
+
+// Full blocks (bs a multiple of 32) in vectors: the absmax, then 32 codes per pack-and-store; a block cut by K
+// (the last one) element by element, zero-padded. The same codes, scales and sums either way.
 void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
   const int kb = (K + bs - 1) / bs;
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -37,32 +65,22 @@ void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* 
     __m256 vmax = _mm256_setzero_ps();
     int k = k0;
     for (; k + 8 <= k1; k += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vmax);
-    float amax = 0.f;
-    for (float v : lanes) amax = amax > v ? amax : v;
+    float amax = hmax(vmax);
     for (; k < k1; ++k) amax = amax > std::fabs(x[k]) ? amax : std::fabs(x[k]);
     const float d = amax / 127.f;
     const float id = d != 0.f ? 1.f / d : 0.f;
-    const __m256 vid = _mm256_set1_ps(id);
-    __m256i vsum = _mm256_setzero_si256();
     int32_t s = 0;
-    for (k = k0; k + 8 <= k1; k += 8) {
-      const __m256i v = _mm256_cvtps_epi32(
-          _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      vsum = _mm256_add_epi32(vsum, v);
-      alignas(32) int32_t c[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(c), v);
-      for (int i = 0; i < 8; ++i) q[k + i] = static_cast<int8_t>(c[i]);
+    if (k1 - k0 == bs) {
+      __m256i vsum = _mm256_setzero_si256();
+      for (k = k0; k < k1; k += 32) vsum = _mm256_add_epi32(vsum, codes32(x + k, _mm256_set1_ps(id), q + k));
+      s = hsum(vsum);
+    } else {
+      for (k = k0; k < k0 + bs; ++k) {
+        const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;
+        q[k] = static_cast<int8_t>(v);
+        s += v;
+      }
     }
-    for (; k < k0 + bs; ++k) {
-      const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;
-      q[k] = static_cast<int8_t>(v);
-      s += v;
-    }
-    alignas(32) int32_t sums[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(sums), vsum);
-    for (int32_t v : sums) s += v;
     dx[b] = d;
     qsum[b] = s;
   }
@@ -211,6 +229,29 @@ void lora_expand(const int16_t* const* qh, const float* coef, int n, int pairs, 
   with_tokens(n, [&](auto nt) { expand_t<decltype(nt)::value>(qh, coef, pairs, B, width, sB, out, ostride); });
 }
 
+// partial i of the scalar path is lane i % 4 of p[i / 4]; x[k]^2 is exact in double, so a fused multiply-add
+// rounds as the multiply and the add do
+void rms_norm_row(const float* x, int K, const float* w, float eps, float* xn) {
+  __m256d p[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+  int k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 v = _mm256_loadu_ps(x + k);
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    p[0] = _mm256_fmadd_pd(lo, lo, p[0]);
+    p[1] = _mm256_fmadd_pd(hi, hi, p[1]);
+  }
+  alignas(32) double part[8];
+  _mm256_store_pd(part, p[0]);
+  _mm256_store_pd(part + 4, p[1]);
+  for (; k < K; ++k) part[k % 8] += static_cast<double>(x[k]) * x[k];
+  const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(K) + eps));
+  const __m256 vinv = _mm256_set1_ps(inv);
+  for (k = 0; k + 8 <= K; k += 8)
+    _mm256_storeu_ps(xn + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), _mm256_loadu_ps(w + k)));
+  for (; k < K; ++k) xn[k] = (x[k] * inv) * w[k];
+}
+
 void silu_mul8(const float* g, const float* u, float* out) {
   const __m256 gv = _mm256_loadu_ps(g), one = _mm256_set1_ps(1.f);
   const __m256 e = exp256(_mm256_or_ps(gv, _mm256_set1_ps(-0.f)));  // exp(-|g|)
@@ -229,8 +270,9 @@ void silu_mul8(const float* g, const float* u, float* out) {
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table.
 const QLinearIsa* qlinear_avx2_isa() {
-  static const QLinearIsa isa{
-      "avx2", avx2::quantize_row, avx2::group_dot, nullptr, avx2::lora_shrink, avx2::lora_expand, avx2::silu_mul8};
+  static const QLinearIsa isa{"avx2",          avx2::quantize_row, avx2::group_dot,
+                              nullptr,         avx2::lora_shrink,  avx2::lora_expand,
+                              avx2::silu_mul8, avx2::rms_norm_row};
   return &isa;
 }
 }  // namespace ortllm

@@ -103,10 +103,19 @@ void silu_mul8(const float* g, const float* u, float* out) {
   }
 }
 
+void rms_norm_row(const float* x, int K, const float* w, float eps, float* xn) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int k = 0; k < K; ++k) part[k % 8] += static_cast<double>(x[k]) * x[k];
+  const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(K) + eps));
+  for (int k = 0; k < K; ++k) xn[k] = (x[k] * inv) * w[k];
+}
+
 }  // namespace
 
 const QLinearIsa& qlinear_scalar_isa() {
-  static const QLinearIsa isa{"scalar", quantize_row, group_dot, nullptr, lora_shrink, lora_expand, silu_mul8};
+  static const QLinearIsa isa{"scalar",    quantize_row, group_dot, nullptr,
+                              lora_shrink, lora_expand,  silu_mul8, rms_norm_row};
   return isa;
 }
 

@@ -265,7 +265,7 @@ const QLinearIsa* qlinear_vnni_isa() {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
     if (avx2 == nullptr || !cpu_has_avx512_vnni()) return nullptr;
     static const QLinearIsa table{"avx512vnni",      avx2->quantize_row, vnni::group_dot, vnni::group_dot2,
-                                  vnni::lora_shrink, vnni::lora_expand,  avx2->silu_mul8};
+                                  vnni::lora_shrink, vnni::lora_expand,  avx2->silu_mul8, avx2->rms_norm_row};
     return &table;
   }();
   return isa;
