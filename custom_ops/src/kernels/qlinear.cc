@@ -126,11 +126,14 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
                           c.normed.data() + t * K);
     c.isa->quantize_row(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size), c.q.data() + t * c.kpad,
                         dx, qsum);
+    // the LoRA's sums per 32-chunk of the codes are the blocks' own when the blocks are 32 long (the default)
+    const bool block_sums = c.lora_sums && c.d->block_size == kLoraChunk;
     for (int64_t b = 0; b < c.kb; ++b) {
+      if (block_sums) c.qsum32[t * c.kc + b] = qsum[b];
       c.sx[t * c.kb + b] = dx[b] * static_cast<float>(qsum[b]);
       qsum[b] *= zp;  // now zp * qsum
     }
-    if (!c.lora_sums) continue;
+    if (!c.lora_sums || block_sums) continue;
     const int8_t* q = c.q.data() + t * c.kpad;
     for (int64_t ch = 0; ch < c.kc; ++ch) {
       int32_t s = 0;
