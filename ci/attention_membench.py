@@ -3,8 +3,10 @@
 call reading another layer's region (int8: 786 KB, int4: 405 KB) of a pool sized for `--layers` layers, so with
 30 the keys and values come from memory rather than from L2 (with 1 they stay in L2: the op's compute alone).
 
-    .venv/bin/python ci/attention_membench.py [--threads 2] [--layers 30] [--kv int8|int4]
+    .venv/bin/python ci/attention_membench.py [--threads 2] [--layers 30] [--kv int8|int4] [--layout ascending]
 
+--layout: the order of a sequence's blocks in its region, as the block table lists them: ascending (what
+runtime/block_pool.py hands out), descending (a FIFO free list after tables freed tail-first) or shuffled.
 Prints microseconds per call (min and median of 15 rounds of 4 passes over the layers). Compare ops libraries
 with ORTLLM_OPS_LIBRARY=path, alternating. Dev tooling: includes the Python cost of one `run_with_iobinding`.
 """
@@ -32,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--kv", choices=("int8", "int4"), default="int8")
+    ap.add_argument("--layout", choices=("ascending", "descending", "shuffled"), default="ascending")
     args = ap.parse_args(argv)
     attrs = dict(num_heads=9, kv_num_heads=3, head_size=64, block_size=BLOCK, kv_dtype=args.kv)
     stride = BLOCKS + 1               # blocks per layer's region
@@ -42,7 +45,9 @@ def main(argv=None) -> int:
     bindings = []
     for layer in range(args.layers):  # one binding per layer: its own consecutive blocks, as the pool hands out
         table = feeds["block_tables"].copy()
-        table[0, :BLOCKS] = layer * stride + np.arange(BLOCKS)
+        order = {"ascending": np.arange(BLOCKS), "descending": np.arange(BLOCKS)[::-1],
+                 "shuffled": np.random.default_rng(layer).permutation(BLOCKS)}[args.layout]
+        table[0, :BLOCKS] = layer * stride + order
         bindings.append(bind_in_place(sess, {**feeds, "block_tables": table}, values))
     for _ in range(3):
         for b in bindings:
@@ -54,8 +59,8 @@ def main(argv=None) -> int:
             for b in bindings:
                 sess.run_with_iobinding(b)
         per_call.append((time.perf_counter() - t0) / (4 * args.layers) * 1e6)
-    print(f"{args.kv}, threads {args.threads}, layers {args.layers}: per call min {min(per_call):.1f} us, "
-          f"median {np.median(per_call):.1f} us")
+    print(f"{args.kv}, {args.layout}, threads {args.threads}, layers {args.layers}: per call "
+          f"min {min(per_call):.1f} us, median {np.median(per_call):.1f} us")
     return 0
 
 

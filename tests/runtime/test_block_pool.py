@@ -16,6 +16,29 @@ def test_allocate_free_never_hands_out_null_block():
     pool.check_invariants()
 
 
+def test_allocations_are_ascending_after_tables_come_back_tail_first():
+    """The attention streams a table's blocks in order, ascending runs fastest (block_pool's docstring): a table
+    freed tail-first, as the scheduler frees, is handed out again in ascending order, the lowest free blocks
+    first; with the prefix cache the evicted blocks of one allocation are ascending too, still taken in LRU order."""
+    pool = BlockPool(13, 4, enable_prefix_cache=False)
+    a, b = pool.allocate(4), pool.allocate(4)
+    assert a == [1, 2, 3, 4] and b == [5, 6, 7, 8]
+    pool.free(reversed(a))
+    pool.free(reversed(b))
+    assert pool.allocate(6) == [1, 2, 3, 4, 5, 6]
+    assert [pool.allocate(1)[0] for _ in range(3)] == [7, 8, 9]      # one block at a time, as a decode grows
+    pool.check_invariants()
+
+    cached = BlockPool(9, 4)
+    t = cached.allocate(8)
+    for i, blk in enumerate(t):
+        cached.register(blk, bytes([i]) * 16)
+    cached.free(reversed(t))                             # the LRU: 8 oldest, then 7, ... 1
+    got = cached.allocate(3)                             # evicts 8, 7, 6
+    assert got == [6, 7, 8] and cached.match_prefix([bytes([i]) * 16 for i in range(5)]) == [1, 2, 3, 4, 5]
+    cached.check_invariants()
+
+
 def test_double_free_is_caught():
     pool = BlockPool(3, 4)
     (b,) = pool.allocate(1)
