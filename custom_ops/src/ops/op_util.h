@@ -49,6 +49,18 @@ template <typename... Parts>
   throw OpError(o.str());
 }
 
+// An input stacked as [n_layers, ...] of which a node reads one layer (contract 7: PagedAttention's caches,
+// QLinear's LoRA stacks): the element offset of layer `layer`'s slice, i.e. layer x the product of dims[1:rank].
+// A layer outside dims[0] is an OpError naming the op, the attribute that chose it and the input.
+inline int64_t layer_offset(const char* op, const char* attr, const char* name, const int64_t* dims, size_t rank,
+                            int64_t layer) {
+  if (layer >= dims[0])
+    fail(op, ": attribute ", attr, " = ", layer, " is outside input '", name, "''s ", dims[0], " layers");
+  int64_t slice = 1;
+  for (size_t i = 1; i < rank; ++i) slice *= dims[i];
+  return layer * slice;
+}
+
 inline int64_t attr_int(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
   int64_t v = fallback;
   if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, name, &v)) {

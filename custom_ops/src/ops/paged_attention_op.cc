@@ -100,11 +100,8 @@ void take_layer(PaInput& in, const char* name, int64_t layer, size_t elem) {
   if (in.value == nullptr) return;
   if (in.rank < 2 || in.rank > PaInput::kMaxRank)
     fail(kOp, ": input '", name, "' must be [n_layers, ...] with attribute layer; got shape ", shape_str(in.shape()));
-  if (layer >= in.dims[0])
-    fail(kOp, ": attribute layer = ", layer, " is outside input '", name, "''s ", in.dims[0], " layers");
-  int64_t slice = 1;
-  for (int i = 1; i < in.rank; ++i) slice *= in.dims[i];
-  in.data = static_cast<const char*>(in.data) + static_cast<size_t>(layer * slice) * elem;
+  const int64_t offset = layer_offset(kOp, "layer", name, in.dims, static_cast<size_t>(in.rank), layer);
+  in.data = static_cast<const char*>(in.data) + static_cast<size_t>(offset) * elem;
   for (int i = 1; i < in.rank; ++i) in.dims[i - 1] = in.dims[i];
   --in.rank;
 }

@@ -221,8 +221,12 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
                stacked ? "[n_layers, n_slots, K, r_max] (attribute lora_layer)" : "[n_slots, K, r_max]", "; got shape ",
                shape_str(A.shape));
         const int64_t layers = stacked ? A.shape[0] : 1, r_max = A.shape[2 + lead];
-        if (stacked && lora_layer_ >= layers)
-          fail(kOp, ": attribute lora_layer = ", lora_layer_, " is outside input '", an, "''s ", layers, " layers");
+        // this layer's [n_slots, ...] of a stack: its element offset (0 unstacked)
+        auto at = [&](const In& in, const std::string& name) {
+          return stacked ? layer_offset(kOp, "lora_layer", name.c_str(), in.shape.data(), in.shape.size(), lora_layer_)
+                         : 0;
+        };
+        const int64_t a_at = at(A, an);
         auto dims = [&](std::vector<int64_t> d) {
           if (stacked) d.insert(d.begin(), layers);
           return d;
@@ -243,12 +247,11 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         for (int64_t s = 0; s < slots; ++s)
           if (rk[s] < 0 || rk[s] > r_max)
             fail(kOp, ": input '", rn, "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
-        const int64_t l = stacked ? lora_layer_ : 0;  // this layer's [n_slots, ...] of each stack
         QLinearLoraSegment& sg = a.seg[a.n_segments++];
-        sg = {data<int8_t>(A) + l * slots * K_ * r_max,
-              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sA)) + l * slots * kc * r_max,
-              data<int8_t>(B) + l * slots * r_max * width,
-              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sB)) + l * slots * width,
+        sg = {data<int8_t>(A) + a_at,
+              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sA)) + at(sA, san),
+              data<int8_t>(B) + at(B, bn),
+              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sB)) + at(sB, sbn),
               rk,
               r_max,
               col,
