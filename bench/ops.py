@@ -35,6 +35,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from ortllm.runtime.config import CacheConfig
+from ortllm.runtime.contract import cache_kinds
 from ortllm.runtime.ops_library import register_ops
 
 from .provenance import command
@@ -168,7 +169,7 @@ def _pa_layer(rng, B, ctx, new, kv_dtype, suffix="", ordered=False):
         "value_cache" + suffix: (rng.integers(0, 120, shape).astype(cache_t) if eight
                                  else rng.standard_normal(shape, dtype=np.float32)),
     }
-    kinds = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if eight else [])
+    kinds = cache_kinds(eight)
     if eight:
         feeds["key_scales" + suffix] = np.full(shape[:3], 0.01, np.float16)
         feeds["value_scales" + suffix] = np.full(shape[:3], 0.01, np.float16)

@@ -92,16 +92,15 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     quantized = kv != "fp32"
     cache_type = U8 if quantized else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, C.kv_row_elems(C.KV_DTYPES[kv], cfg.head_dim)]
-    kinds = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if quantized else [])
     ins, outs = [], []
-    for kind in kinds:     # inputs: every layer's caches, one a kind; outputs: this layer's slice
+    for kind in C.cache_kinds(quantized):     # inputs: every layer's caches, one a kind; outputs: this layer's slice
         dtype, shp = (cache_type, shape) if kind.endswith("cache") else (F16, shape[:3])  # fp16 scales
         ins.append(g.input(C.cache_name(kind), dtype, [cfg.num_layers, *shp]))
         outs.append(C.cache_out_name(kind, i))
         g.output(outs[-1], dtype, shp)
     res = g.op("PagedAttention",
                [q, k, v, batch["positions"], batch["cu_seqlens"], batch["context_lens"], batch["block_tables"],
-                batch["cos"], batch["sin"], *ins], f"{path}/paged", n_out=1 + len(kinds), domain=C.OPS_DOMAIN,
+                batch["cos"], batch["sin"], *ins], f"{path}/paged", n_out=1 + len(ins), domain=C.OPS_DOMAIN,
                num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
                block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(quantized and kv_rotate), layer=i)
     for src, dst in zip(res[1:], outs):

@@ -204,6 +204,12 @@ def kv_row_bytes(dtype_name: str, head_dim: int) -> int:
     return kv_row_elems(dtype_name, head_dim) + 2
 
 
+def cache_kinds(quantized: bool) -> tuple[str, ...]:
+    """The kinds of KV cache an engine graph carries, in input order: key_cache and value_cache, then their fp16
+    scales (key_scales, value_scales) for the quantized dtypes."""
+    return ("key_cache", "value_cache") + (("key_scales", "value_scales") if quantized else ())
+
+
 def cache_name(kind: str) -> str:
     """The input holding every layer's cache of a kind (key_cache, value_cache, key_scales, value_scales)."""
     return kind
