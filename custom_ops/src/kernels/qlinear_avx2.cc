@@ -28,13 +28,14 @@ namespace {
 
 #include "qlinear_group_dot.h"
 
-// Rounds to nearest even like std::nearbyint in the default mode.
+// The largest lane of v.
 float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
+// The sum of v's lanes.
 int32_t hsum(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -55,8 +56,9 @@ __m256i codes32(const float* x, __m256 id, int8_t* q) {
   return _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
 }
 
-// Full blocks (bs a multiple of 32) in vectors: the absmax, then 32 codes per pack-and-store; a block cut by K
-// (the last one) element by element, zero-padded. The same codes, scales and sums either way.
+// Rounds to nearest even like std::nearbyint in the default mode. Full blocks (bs a multiple of 32) in vectors: the
+// absmax, then 32 codes per pack-and-store; a block cut by K (the last one) element by element, zero-padded. The
+// same codes, scales and sums either way.
 void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
   const int kb = (K + bs - 1) / bs;
   const __m256 sign = _mm256_set1_ps(-0.f);
