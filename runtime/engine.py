@@ -445,13 +445,14 @@ class Engine:
         return tokens, {}, {}, {}, len(toks)
 
     def _stop_table(self, seqs) -> np.ndarray | None:
-        """bool [V]: the token ids that end one of these seqs (SamplingParams.stop_ids); None: none.
-        Kept while the set stays the same (a decode batch keeps its requests for many steps)."""
+        """bool [V]: the token ids that end one of these seqs (each request's stop_ids, which the scheduler keeps
+        from its arrival); None: none. Kept while the set stays the same (a decode batch keeps its requests for
+        many steps)."""
         ids: set[int] = set()
         for s in seqs:
-            h = self._handles.get(s.req_id)
-            if h is not None:
-                ids |= h.params.stop_ids(self.scheduler.eos_token_ids)
+            req = self.scheduler.get_request(s.req_id)
+            if req is not None:
+                ids |= req.stop_ids
         if not ids:
             return None
         key = frozenset(ids)
