@@ -103,6 +103,10 @@ struct Ctx {
   const PagedAttentionArgs* a;
   const int32_t* token_seq;  // [T]
   float* q_work;             // [T, H*D] roped (and rotated) queries
+  // int8 / int4 caches: each query row's int8 codes [T, H*D] and qmul [T, H] (scale x the row's fp16 scale), made
+  // once per call in phase 1: a split decode item's pieces (8 at context 2048) would each quantize all its rows
+  int8_t* q_codes;
+  float* q_mul;
   const WorkItem* items;
   const VecOps* vec;
 };
@@ -140,11 +144,17 @@ void write_token(void* usr, size_t ti) {
     }
   };
 
+  const bool int_dots = int4 || d.kv_dtype == KvDtype::kInt8;
   for (int64_t h = 0; h < H; ++h) {
     float* qr = c.q_work + t * H * D + h * D;
     std::memcpy(qr, a.q + t * H * D + h * D, sizeof(float) * D);
     apply_rope(qr, static_cast<int>(D), cs, sn, d.rope_interleaved);
     if (d.rotate) fwht_normalized(qr, static_cast<int>(D));
+    if (int_dots) {  // the keys' own rounding (quantize_int8: per row, fp16 scale rounded up), for scores_q8
+      const uint16_t s16 =
+          quantize_int8(qr, static_cast<int>(D), reinterpret_cast<uint8_t*>(c.q_codes + t * H * D + h * D));
+      c.q_mul[t * H + h] = d.scale * f16_to_float(s16);
+    }
   }
 
   const int64_t block = a.block_tables[s * d.max_blocks + p / BS];
@@ -283,18 +293,19 @@ int64_t row_offset(const ItemShape& sh, int64_t r) {
   return (sh.tok0 + rem / sh.G) * sh.H * sh.D + ((sh.g0 + gi) * sh.G + rem % sh.G) * sh.D;
 }
 
-// Qb <- the tile's roped queries of the item's rows (each kv head's G query heads are contiguous).
-// int8 caches: also each row's int8 codes Qc (quantize_int8, the keys' own rounding: per row, fp16 scale
-// rounded up) and qmul = scale * that row's scale, for the integer q . k (vec.h scores_q8). A row's codes
-// depend only on the row, so it gets the same scores in any item, tile or batch.
+// Qb <- the tile's roped queries of the item's rows (each kv head's G query heads are contiguous); int8 and
+// int4 caches instead take each row's int8 codes Qc and qmul, made in phase 1 (Ctx::q_codes), for the integer
+// q . k (vec.h scores_q8). A row's codes depend only on the row, so it gets the same scores in any item, tile or
+// batch.
 void load_queries(const Ctx& c, const ItemShape& sh, ItemScratch& w) {
-  for (int64_t r = 0; r < sh.rows; r += sh.G)
-    std::memcpy(w.Qb + r * sh.D, c.q_work + row_offset(sh, r), sizeof(float) * sh.G * sh.D);
-  if (!sh.int_dots) return;
-  for (int64_t r = 0; r < sh.rows; ++r) {
-    const uint16_t s16 =
-        quantize_int8(w.Qb + r * sh.D, static_cast<int>(sh.D), reinterpret_cast<uint8_t*>(w.Qc + r * sh.D));
-    w.qmul[r] = c.d->scale * f16_to_float(s16);
+  for (int64_t r = 0; r < sh.rows; r += sh.G) {
+    const int64_t at = row_offset(sh, r);
+    if (sh.int_dots) {
+      std::memcpy(w.Qc + r * sh.D, c.q_codes + at, static_cast<size_t>(sh.G * sh.D));
+      std::memcpy(w.qmul + r, c.q_mul + at / sh.D, sizeof(float) * sh.G);
+    } else {
+      std::memcpy(w.Qb + r * sh.D, c.q_work + at, sizeof(float) * sh.G * sh.D);
+    }
   }
 }
 
@@ -497,6 +508,8 @@ struct Plan {
   std::vector<WorkItem> items;
   std::vector<Split> splits;
   std::vector<float> q_work;    // [T, H*D] roped (and rotated) queries
+  std::vector<int8_t> q_codes;  // [T, H*D] their int8 codes (int8 / int4 caches)
+  std::vector<float> q_mul;     // [T, H]
   std::vector<float> partials;  // split items' part states
   int64_t work = 0;             // query rows x keys over all items
 };
@@ -614,7 +627,11 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
     return std::tie(x.seq, x.t0, x.g0, x.part0) < std::tie(y.seq, y.t0, y.g0, y.part0);
   });
   plan.q_work.resize(static_cast<size_t>(T * d.num_heads * d.head_size));
-  Ctx c{&d, &a, plan.token_seq.data(), plan.q_work.data(), plan.items.data(), &vec()};
+  const bool int_dots = d.kv_dtype == KvDtype::kInt8 || d.kv_dtype == KvDtype::kInt4;
+  plan.q_codes.resize(int_dots ? plan.q_work.size() : 0);
+  plan.q_mul.resize(int_dots ? static_cast<size_t>(T * d.num_heads) : 0);
+  Ctx c{&d,    &a, plan.token_seq.data(), plan.q_work.data(), plan.q_codes.data(), plan.q_mul.data(), plan.items.data(),
+        &vec()};
   // Writing a token's rows takes well under a microsecond: its own pool dispatch pays off only for long
   // prefill chunks, so a decode step wakes the pool once (for the attention) or not at all.
   (T >= kParallelTokens ? pool : serial).run(static_cast<size_t>(T), write_token, &c);
