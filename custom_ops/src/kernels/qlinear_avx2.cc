@@ -167,7 +167,9 @@ void shrink_ranks(const QLoraToken* x, int K, int bs, const int8_t* A, const uin
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     const int w1 = (K < (c + 1) * kLoraChunk ? K : (c + 1) * kLoraChunk) / 4;
     for (int w = c * kLoraChunk / 4; w < w1; ++w) {
-      const __m256i a = load_ranks(A + (static_cast<int64_t>(w) * lda + r0) * 4, left);
+      const int8_t* quad = A + (static_cast<int64_t>(w) * lda + r0) * 4;
+      _mm_prefetch(reinterpret_cast<const char*>(quad) + kLoraPrefetchA, _MM_HINT_T0);  // never faults
+      const __m256i a = load_ranks(quad, left);
       const __m256i aa = _mm256_abs_epi8(a);
       for (int t = 0; t < NT; ++t) {
         const __m256i p = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(bcast_word(x[t].q + 4 * w), a));
@@ -204,6 +206,8 @@ void expand_t(const int16_t* const* qh, const float* coef, int pairs, const int8
     __m256i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     for (int p = 0; p < pairs; ++p) {
+      if (i % 32 == 0)  // once per cache line of the row (32 columns)
+        _mm_prefetch(reinterpret_cast<const char*>(B + (p * width + i + kLoraPrefetchB) * 2), _MM_HINT_T0);
       const __m256i b =
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + (p * width + i) * 2)));
       for (int t = 0; t < NT; ++t) {

@@ -190,8 +190,9 @@ void shrink_ranks(const QLoraToken* x, int K, int bs, const int8_t* A, const uin
     }
     const int w0 = c * kLoraChunk / 4, w1 = (K < (c + 1) * kLoraChunk ? K : (c + 1) * kLoraChunk) / 4;
     for (int w = w0; w < w1; ++w) {
-      const __m512i a =
-          _mm512_xor_si512(_mm512_maskz_loadu_epi32(mask, A + (static_cast<int64_t>(w) * lda + r0) * 4), bias);
+      const int8_t* quad = A + (static_cast<int64_t>(w) * lda + r0) * 4;
+      _mm_prefetch(reinterpret_cast<const char*>(quad) + kLoraPrefetchA, _MM_HINT_T0);  // never faults
+      const __m512i a = _mm512_xor_si512(_mm512_maskz_loadu_epi32(mask, quad), bias);
       for (int t = 0; t < NT; ++t) {
         int32_t word;
         std::memcpy(&word, x[t].q + 4 * w, 4);
@@ -228,6 +229,8 @@ void expand_t(const int16_t* const* qh, const float* coef, int pairs, const int8
     __m512i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int p = 0; p < pairs; ++p) {
+      if (i % 32 == 0)  // once per cache line of the row (32 columns)
+        _mm_prefetch(reinterpret_cast<const char*>(B + (p * width + i + kLoraPrefetchB) * 2), _MM_HINT_T0);
       const __m512i b = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi16(mask, B + (p * width + i) * 2));
       for (int t = 0; t < NT; ++t) {
         int32_t hw;
