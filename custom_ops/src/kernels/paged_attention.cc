@@ -98,6 +98,11 @@ float* thread_scratch(ScratchUse use, size_t n) {
   return b.data();
 }
 
+// int8 and int4 caches: q . k and P V as integer dots (query codes . key codes, int16 weights . value codes).
+bool int_dots(KvDtype kv) {
+  return kv == KvDtype::kInt8 || kv == KvDtype::kInt4;
+}
+
 struct Ctx {
   const PagedAttentionDims* d;
   const PagedAttentionArgs* a;
@@ -144,13 +149,13 @@ void write_token(void* usr, size_t ti) {
     }
   };
 
-  const bool int_dots = int4 || d.kv_dtype == KvDtype::kInt8;
+  const bool quantize_queries = int_dots(d.kv_dtype);
   for (int64_t h = 0; h < H; ++h) {
     float* qr = c.q_work + t * H * D + h * D;
     std::memcpy(qr, a.q + t * H * D + h * D, sizeof(float) * D);
     apply_rope(qr, static_cast<int>(D), cs, sn, d.rope_interleaved);
     if (d.rotate) fwht_normalized(qr, static_cast<int>(D));
-    if (int_dots) {  // the keys' own rounding (quantize_int8: per row, fp16 scale rounded up), for scores_q8
+    if (quantize_queries) {  // the keys' own rounding (quantize_int8: per row, fp16 scale rounded up), for scores_q8
       const uint16_t s16 =
           quantize_int8(qr, static_cast<int>(D), reinterpret_cast<uint8_t*>(c.q_codes + t * H * D + h * D));
       c.q_mul[t * H + h] = d.scale * f16_to_float(s16);
@@ -219,7 +224,7 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.part = part_blocks(sh.BS);
   sh.quantized = d.kv_dtype != KvDtype::kFloat32;
   sh.int4 = d.kv_dtype == KvDtype::kInt4;
-  sh.int_dots = sh.int4 || d.kv_dtype == KvDtype::kInt8;
+  sh.int_dots = int_dots(d.kv_dtype);
   sh.unrotate = sh.int4 && d.rotate;
   sh.row_bytes = kv_row_bytes(d.kv_dtype, sh.D);
   return sh;
@@ -627,9 +632,8 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
     return std::tie(x.seq, x.t0, x.g0, x.part0) < std::tie(y.seq, y.t0, y.g0, y.part0);
   });
   plan.q_work.resize(static_cast<size_t>(T * d.num_heads * d.head_size));
-  const bool int_dots = d.kv_dtype == KvDtype::kInt8 || d.kv_dtype == KvDtype::kInt4;
-  plan.q_codes.resize(int_dots ? plan.q_work.size() : 0);
-  plan.q_mul.resize(int_dots ? static_cast<size_t>(T * d.num_heads) : 0);
+  plan.q_codes.resize(int_dots(d.kv_dtype) ? plan.q_work.size() : 0);
+  plan.q_mul.resize(int_dots(d.kv_dtype) ? static_cast<size_t>(T * d.num_heads) : 0);
   Ctx c{&d,    &a, plan.token_seq.data(), plan.q_work.data(), plan.q_codes.data(), plan.q_mul.data(), plan.items.data(),
         &vec()};
   // Writing a token's rows takes well under a microsecond: its own pool dispatch pays off only for long
