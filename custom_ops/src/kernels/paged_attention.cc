@@ -63,8 +63,11 @@ constexpr int64_t kPartKeys = 256;
 // ~3 us on an idle machine and far more on a busy one (measured: 34 us per call at context 64 on 2 threads
 // vs 9 us on 1), while such a call's attention is a few microseconds. Threads do not change the bits.
 constexpr int64_t kSerialWork = 2560;
-// Tokens from which writing the new K/V rows (RoPE, Hadamard, quantization) goes to the pool.
-constexpr int64_t kParallelTokens = 64;
+// Tokens from which writing the new K/V rows (RoPE, Hadamard, quantization) goes to the pool. A token's rows
+// take ~2.5 us in the engine (12 ropes and Hadamard transforms, 15 quantizations, and the cache lines they
+// write are cold), a parallel section ~0.6 us, and the pool's other thread is spinning anyway, having just
+// run the q|k|v projection: a B = 16 decode step spent ~10% of its time writing on one thread (measured).
+constexpr int64_t kParallelTokens = 2;
 
 // Cache blocks per span of keys and per part (a whole number of spans: kPartKeys keys when the block size
 // divides 64, else the nearest whole number of spans below it, at least one).
@@ -636,8 +639,7 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   plan.q_mul.resize(int_dots(d.kv_dtype) ? static_cast<size_t>(T * d.num_heads) : 0);
   Ctx c{&d,    &a, plan.token_seq.data(), plan.q_work.data(), plan.q_codes.data(), plan.q_mul.data(), plan.items.data(),
         &vec()};
-  // Writing a token's rows takes well under a microsecond: its own pool dispatch pays off only for long
-  // prefill chunks, so a decode step wakes the pool once (for the attention) or not at all.
+  // Two or more tokens write their rows on the pool (kParallelTokens); one token writes on the calling thread.
   (T >= kParallelTokens ? pool : serial).run(static_cast<size_t>(T), write_token, &c);
   pool.run(plan.items.size(), attend_item, &c);
   merge_splits(d, a, plan.splits);
