@@ -17,10 +17,6 @@
 
 namespace ortllm {
 
-std::vector<int64_t> PaInput::shape() const {
-  return std::vector<int64_t>(dims, dims + std::clamp(rank, 0, kMaxRank));
-}
-
 namespace {
 constexpr const char* kOp = "PagedAttention";
 enum Input {
@@ -40,65 +36,11 @@ enum Input {
 };
 enum Output { kAttn, kKeyCacheOut, kValueCacheOut, kKeyScalesOut, kValueScalesOut };
 
-// An ORT status from the C API as an exception (its message kept), released.
-void check(const OrtApi& api, OrtStatus* st) {
-  if (st == nullptr) return;
-  const std::string msg = api.GetErrorMessage(st);
-  api.ReleaseStatus(st);
-  throw std::runtime_error(msg);
-}
-
-PaInput describe(const OrtApi& api, const OrtValue* value) {
-  PaInput in;
-  if (value == nullptr) return in;
-  in.value = value;
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  check(api, api.GetTensorTypeAndShape(value, &info));
-  size_t rank = 0;
-  OrtStatus* st = api.GetDimensionsCount(info, &rank);
-  if (st == nullptr) {
-    in.rank = static_cast<int>(rank);
-    st = api.GetDimensions(info, in.dims, std::min<size_t>(rank, PaInput::kMaxRank));
-  }
-  api.ReleaseTensorTypeAndShapeInfo(info);
-  check(api, st);
-  void* data = nullptr;
-  check(api, api.GetTensorMutableData(const_cast<OrtValue*>(value), &data));
-  in.data = data;
-  return in;
-}
-
-PaInput input(const OrtApi& api, OrtKernelContext* ctx, size_t n_inputs, size_t i) {
-  if (i >= n_inputs) return PaInput{};
-  const OrtValue* value = nullptr;
-  check(api, api.KernelContext_GetInput(ctx, i, &value));
-  return describe(api, value);
-}
-
-// Output i's buffer (null when the node leaves that optional output out).
-template <typename T>
-T* output(const OrtApi& api, OrtKernelContext* ctx, size_t i, const int64_t* dims, size_t rank) {
-  OrtValue* value = nullptr;
-  check(api, api.KernelContext_GetOutput(ctx, i, dims, rank, &value));
-  if (value == nullptr) return nullptr;
-  void* data = nullptr;
-  check(api, api.GetTensorMutableData(value, &data));
-  return static_cast<T*>(data);
-}
-
-// in's shape must be `want` (-1: any extent); else the error names the input and both shapes.
-void expect(const char* name, const PaInput& in, std::initializer_list<int64_t> want) {
-  bool ok = in.rank == static_cast<int>(want.size());
-  int i = 0;
-  for (int64_t w : want) ok = ok && (w < 0 || in.dims[i++] == w);
-  if (!ok) expect_shape(kOp, name, in.shape(), std::vector<int64_t>(want));  // throws, naming both shapes
-}
-
 // With attribute layer = l: a cache input of every layer, [n_layers, ...], becomes layer l's slice (its data
 // moved to the slice, its rank one less), so the rest of the wrapper sees one layer's cache. elem: bytes an element.
-void take_layer(PaInput& in, const char* name, int64_t layer, size_t elem) {
+void take_layer(TensorIn& in, const char* name, int64_t layer, size_t elem) {
   if (in.value == nullptr) return;
-  if (in.rank < 2 || in.rank > PaInput::kMaxRank)
+  if (in.rank < 2 || in.rank > TensorIn::kMaxRank)
     fail(kOp, ": input '", name, "' must be [n_layers, ...] with attribute layer; got shape ", shape_str(in.shape()));
   const int64_t offset = layer_offset(kOp, "layer", name, in.dims, static_cast<size_t>(in.rank), layer);
   in.data = static_cast<const char*>(in.data) + static_cast<size_t>(offset) * elem;
@@ -122,31 +64,31 @@ struct Extents {
 
 // Every input's shape against the attributes (in[i] = input i, absent optional inputs have rank -1);
 // fills the extents.
-void check_shapes(Extents& e, const PaInput* in, size_t n_outputs) {
+void check_shapes(Extents& e, const TensorIn* in, size_t n_outputs) {
   const int64_t H = e.H, Hkv = e.Hkv, D = e.D, BS = e.BS;
-  const PaInput& q = in[kQ];
+  const TensorIn& q = in[kQ];
   if (q.rank != 2) fail(kOp, ": input 'q' must be [T, num_heads*head_size]; got shape ", shape_str(q.shape()));
   const int64_t T = q.dims[0];
-  expect("q", q, {T, H * D});
-  expect("k", in[kK], {T, Hkv * D});
-  expect("v", in[kV], {T, Hkv * D});
-  expect("positions", in[kPositions], {T});
-  const PaInput& cu = in[kCuSeqlens];
+  expect(kOp, "q", q, {T, H * D});
+  expect(kOp, "k", in[kK], {T, Hkv * D});
+  expect(kOp, "v", in[kV], {T, Hkv * D});
+  expect(kOp, "positions", in[kPositions], {T});
+  const TensorIn& cu = in[kCuSeqlens];
   if (cu.rank != 1 || cu.dims[0] < 1)
     fail(kOp, ": input 'cu_seqlens' must be [S+1] with S >= 0; got shape ", shape_str(cu.shape()));
   const int64_t S = cu.dims[0] - 1;
-  expect("context_lens", in[kContextLens], {S});
-  expect("block_tables", in[kBlockTables], {S, -1});
-  expect("cos_cache", in[kCos], {-1, D / 2});
+  expect(kOp, "context_lens", in[kContextLens], {S});
+  expect(kOp, "block_tables", in[kBlockTables], {S, -1});
+  expect(kOp, "cos_cache", in[kCos], {-1, D / 2});
   const int64_t max_pos = in[kCos].dims[0];
-  expect("sin_cache", in[kSin], {max_pos, D / 2});
-  const PaInput& kc = in[kKeyCache];
+  expect(kOp, "sin_cache", in[kSin], {max_pos, D / 2});
+  const TensorIn& kc = in[kKeyCache];
   if (kc.rank != 4)
     fail(kOp, ": input 'key_cache' must be [num_blocks, kv_num_heads, block_size, head_size]; got shape ",
          shape_str(kc.shape()));
   const int64_t NB = kc.dims[0];
-  expect("key_cache", kc, {NB, Hkv, BS, e.row});
-  expect("value_cache", in[kValueCache], {NB, Hkv, BS, e.row});
+  expect(kOp, "key_cache", kc, {NB, Hkv, BS, e.row});
+  expect(kOp, "value_cache", in[kValueCache], {NB, Hkv, BS, e.row});
   e.have_scales = in[kKeyScales].value != nullptr && in[kValueScales].value != nullptr;
   if (e.quantized) {
     if (!e.have_scales)
@@ -157,8 +99,8 @@ void check_shapes(Extents& e, const PaInput* in, size_t n_outputs) {
       fail(kOp,
            ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype "
            "int8/fp8_e4m3/int4");
-    expect("key_scales", in[kKeyScales], {NB, Hkv, BS});
-    expect("value_scales", in[kValueScales], {NB, Hkv, BS});
+    expect(kOp, "key_scales", in[kKeyScales], {NB, Hkv, BS});
+    expect(kOp, "value_scales", in[kValueScales], {NB, Hkv, BS});
   }
   e.T = T;
   e.S = S;
@@ -247,7 +189,7 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
   if (scale_ == 0.f && head_size_ > 0) scale_ = 1.f / std::sqrt(static_cast<float>(head_size_));
   // The rope tables are initializers in the engine graph: their pointers and shapes are read once here
   // (their shapes are still checked on every call, at no cost).
-  for (auto [i, dst] : {std::pair<size_t, PaInput*>{kCos, &cos_}, {kSin, &sin_}}) {
+  for (auto [i, dst] : {std::pair<size_t, TensorIn*>{kCos, &cos_}, {kSin, &sin_}}) {
     int is_constant = 0;
     const OrtValue* value = nullptr;
     if (OrtStatus* st = api.KernelInfoGetConstantInput_tensor(info, i, &is_constant, &value)) {
@@ -258,7 +200,7 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
       try {
         *dst = describe(api, value);
       } catch (const std::exception&) {
-        *dst = PaInput{};  // read on every call instead
+        *dst = TensorIn{};  // read on every call instead
       }
     }
   }
@@ -272,7 +214,7 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
     size_t n_inputs = 0, n_outputs = 0;
     check(api, api.KernelContext_GetInputCount(context, &n_inputs));
     check(api, api.KernelContext_GetOutputCount(context, &n_outputs));
-    PaInput in[PagedAttentionOp<CacheT>::kInputs];
+    TensorIn in[PagedAttentionOp<CacheT>::kInputs];
     for (size_t i = 0; i < PagedAttentionOp<CacheT>::kInputs; ++i) {
       if (i == kCos && cos_.value) {
         in[i] = cos_;

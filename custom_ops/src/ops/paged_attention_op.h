@@ -32,17 +32,6 @@
 
 namespace ortllm {
 
-// An input as the wrapper reads it: its value, data and shape (`rank` = -1: absent; dims past kMaxRank are
-// not kept, and such a rank is always an error).
-struct PaInput {
-  static constexpr int kMaxRank = 8;
-  const OrtValue* value = nullptr;
-  const void* data = nullptr;
-  int64_t dims[kMaxRank] = {};
-  int rank = -1;
-  std::vector<int64_t> shape() const;
-};
-
 template <typename CacheT>
 struct PagedAttentionKernel {
   PagedAttentionKernel(const OrtApi& api, const OrtKernelInfo* info);
@@ -56,7 +45,7 @@ struct PagedAttentionKernel {
   float scale_ = 0.f;
   int64_t layer_ = -1;      // >= 0: the cache inputs hold every layer ([n_layers, ...]); this node reads this one
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
-  PaInput cos_, sin_;       // the rope tables when they are initializers (read once), else absent
+  TensorIn cos_, sin_;      // the rope tables when they are initializers (read once), else absent
 };
 
 template <typename CacheT>

@@ -4,7 +4,6 @@
 #include "qlinear_op.h"
 
 #include <cstring>
-#include <map>
 #include <vector>
 
 namespace ortllm {
@@ -28,32 +27,29 @@ OrtStatusPtr make_status(OrtErrorCode code, const std::string& msg) {
   return Ort::GetApi().CreateStatus(code, msg.c_str());
 }
 
-using In = QLinearInput;
-
-In describe(const OrtValue* value) {
-  In in;
-  in.value = value;
-  if (value == nullptr) return in;
-  auto info = Ort::ConstValue(value).GetTensorTypeAndShapeInfo();
-  in.shape = info.GetShape();
-  in.type = info.GetElementType();
-  return in;
-}
-
-In input(Ort::KernelContext& ctx, size_t i) {
-  if (i >= ctx.GetInputCount()) return In{};
-  return describe(static_cast<const OrtValue*>(ctx.GetInput(i)));
-}
-
-template <typename T>
-const T* data(const In& in) {
-  return Ort::ConstValue(in.value).GetTensorData<T>();
-}
-
-void expect_type(const char* name, const In& in, ONNXTensorElementDataType type, const char* type_name) {
+void expect_type(const char* name, const TensorIn& in, ONNXTensorElementDataType type, const char* type_name) {
   if (in.type != type)
     fail(kOp, ": input '", name, "' must be ", type_name, " (ONNX element type ", type, "); got element type ",
          in.type);
+}
+
+// A LoRA segment's inputs by segment, in input order (A_j, A_scale_j, B_j, B_scale_j, rank_j): named here so a
+// call builds no strings.
+constexpr const char* kSegNames[kQLinearMaxSegments][kSegInputs] = {{"A0", "A_scale0", "B0", "B_scale0", "rank0"},
+                                                                    {"A1", "A_scale1", "B1", "B_scale1", "rank1"},
+                                                                    {"A2", "A_scale2", "B2", "B_scale2", "rank2"}};
+
+// in's shape must be [n_layers (stacked only), rest...]; else the error names the input and both shapes.
+void expect_stack(const char* name, const TensorIn& in, bool stacked, int64_t layers,
+                  std::initializer_list<int64_t> rest) {
+  const int lead = stacked ? 1 : 0;
+  bool ok = in.rank == static_cast<int>(rest.size()) + lead && (!stacked || in.dims[0] == layers);
+  int i = lead;
+  for (int64_t w : rest) ok = ok && (w < 0 || in.dims[i++] == w);
+  if (ok) return;
+  std::vector<int64_t> want(rest);
+  if (stacked) want.insert(want.begin(), layers);
+  expect_shape(kOp, name, in.shape(), want);  // throws, naming both shapes
 }
 
 }  // namespace
@@ -118,72 +114,88 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
       api.ReleaseStatus(st);
       continue;
     }
-    if (is_constant && value != nullptr) constant_[i] = describe(value);
+    if (is_constant && value != nullptr) constant_[constant_slot(i)] = describe(api, value);
   }
 }
 
-// An input: the constant read at creation, or this call's.
-static In input_of(const std::map<size_t, In>& constant, Ort::KernelContext& ctx, size_t i) {
-  const auto it = constant.find(i);
-  return it != constant.end() ? it->second : input(ctx, i);
+size_t QLinearKernel::constant_slot(size_t input) {
+  switch (input) {
+    case kCodes:
+      return 0;
+    case kScales:
+      return 1;
+    case kOffsets:
+      return 2;
+    default:  // kNormWeight
+      return 3;
+  }
+}
+
+// Input i (codes, scales, offsets or norm_weight): the initializer read at creation, or this call's.
+TensorIn QLinearKernel::input_of(OrtKernelContext* context, size_t n_inputs, size_t i) const {
+  const TensorIn& fixed = constant_[constant_slot(i)];
+  return fixed.value ? fixed : input(Ort::GetApi(), context, n_inputs, i);
 }
 
 OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
   try {
     if (!init_error_.empty()) return make_status(ORT_INVALID_ARGUMENT, init_error_);
-    Ort::KernelContext ctx(context);
-    const In x = input(ctx, kX), codes = input_of(constant_, ctx, kCodes), scales = input_of(constant_, ctx, kScales);
+    const OrtApi& api = Ort::GetApi();
+    size_t n_in = 0, n_out = 0;
+    check(api, api.KernelContext_GetInputCount(context, &n_in));
+    check(api, api.KernelContext_GetOutputCount(context, &n_out));
+    const TensorIn x = input(api, context, n_in, kX), codes = input_of(context, n_in, kCodes),
+                   scales = input_of(context, n_in, kScales);
     expect_type("x", x, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-    if (x.shape.size() != 2) fail(kOp, ": input 'x' must be [T, K]; got shape ", shape_str(x.shape));
-    const int64_t T = x.shape[0];
-    expect_shape(kOp, "x", x.shape, {T, K_});
+    if (x.rank != 2) fail(kOp, ": input 'x' must be [T, K]; got shape ", shape_str(x.shape()));
+    const int64_t T = x.dims[0];
+    expect(kOp, "x", x, {T, K_});
     QLinearDims dims{T, K_, N_, block_size_, static_cast<int>(bits_), epilogue_};
     const int64_t G = dims.groups(), kb = dims.k_blocks();
     expect_type("codes", codes, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, "uint8");
-    expect_shape(kOp, "codes", codes.shape, {G, kb, block_size_ * bits_});
+    expect(kOp, "codes", codes, {G, kb, block_size_ * bits_});
     expect_type("scales", scales, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-    expect_shape(kOp, "scales", scales.shape, {G, kb, 8});
+    expect(kOp, "scales", scales, {G, kb, 8});
 
     QLinearArgs a{};
-    a.x = data<float>(x);
-    const In norm = input_of(constant_, ctx, kNormWeight);
+    a.x = x.as<float>();
+    const TensorIn norm = input_of(context, n_in, kNormWeight);
     if (norm.value) {
       expect_type("norm_weight", norm, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-      expect_shape(kOp, "norm_weight", norm.shape, {K_});
+      expect(kOp, "norm_weight", norm, {K_});
       if (!(norm_eps_ > 0.f)) fail(kOp, ": attribute norm_eps must be > 0; got ", norm_eps_);
-      a.norm_weight = data<float>(norm);
+      a.norm_weight = norm.as<float>();
       a.norm_eps = norm_eps_;
     }
-    a.codes = data<uint8_t>(codes);
-    a.d = reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(scales));
-    const In offsets = input_of(constant_, ctx, kOffsets);
+    a.codes = codes.as<uint8_t>();
+    a.d = scales.as<uint16_t>();
+    const TensorIn offsets = input_of(context, n_in, kOffsets);
     if (offsets.value) {
       expect_type("offsets", offsets, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-      expect_shape(kOp, "offsets", offsets.shape, {G, kb, 8});
-      a.m = reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(offsets));
+      expect(kOp, "offsets", offsets, {G, kb, 8});
+      a.m = offsets.as<uint16_t>();
     }
-    const In residual = input(ctx, kResidual);
+    const TensorIn residual = input(api, context, n_in, kResidual);
     if (epilogue_ == QLinearEpilogue::kResidual) {
       if (!residual.value) fail(kOp, ": epilogue \"residual\" needs input 'residual' [T, N]");
       expect_type("residual", residual, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-      expect_shape(kOp, "residual", residual.shape, {T, N_});
-      a.residual = data<float>(residual);
+      expect(kOp, "residual", residual, {T, N_});
+      a.residual = residual.as<float>();
     } else if (residual.value) {
       fail(kOp, ": input 'residual' is only read with epilogue \"residual\"; got epilogue without it");
     }
 
-    const In adapter = input(ctx, kAdapter);
+    const TensorIn adapter = input(api, context, n_in, kAdapter);
     if (adapter.value) {
       expect_type("token_adapter", adapter, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
-      expect_shape(kOp, "token_adapter", adapter.shape, {T});
-      const In lscale = input(ctx, kLoraScale);
+      expect(kOp, "token_adapter", adapter, {T});
+      const TensorIn lscale = input(api, context, n_in, kLoraScale);
       if (!lscale.value) fail(kOp, ": input 'token_adapter' needs input 'lora_scale' [n_slots]");
       expect_type("lora_scale", lscale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-      if (lscale.shape.size() != 1)
-        fail(kOp, ": input 'lora_scale' must be [n_slots]; got shape ", shape_str(lscale.shape));
-      const int64_t slots = lscale.shape[0];
-      a.token_adapter = data<int32_t>(adapter);
-      a.lora_scale = data<float>(lscale);
+      if (lscale.rank != 1) fail(kOp, ": input 'lora_scale' must be [n_slots]; got shape ", shape_str(lscale.shape()));
+      const int64_t slots = lscale.dims[0];
+      a.token_adapter = adapter.as<int32_t>();
+      a.lora_scale = lscale.as<float>();
       a.n_slots = slots;
       a.packed_a = packed_a_;
       bool any = false;
@@ -199,59 +211,55 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       int64_t col = 0;
       for (int j = 0; any && j < kQLinearMaxSegments; ++j) {
         const size_t base = kSeg0 + kSegInputs * j;
-        const In A = input(ctx, base), sA = input(ctx, base + 1), B = input(ctx, base + 2), sB = input(ctx, base + 3),
-                 rank = input(ctx, base + 4);
+        const TensorIn A = input(api, context, n_in, base), sA = input(api, context, n_in, base + 1),
+                       B = input(api, context, n_in, base + 2), sB = input(api, context, n_in, base + 3),
+                       rank = input(api, context, n_in, base + 4);
         if (!A.value && !sA.value && !B.value && !sB.value && !rank.value) continue;
-        const std::string js = std::to_string(j), an = "A" + js, san = "A_scale" + js, bn = "B" + js,
-                          sbn = "B_scale" + js, rn = "rank" + js;
+        const char* const* nm = kSegNames[j];  // A_j, A_scale_j, B_j, B_scale_j, rank_j
         if (!A.value || !sA.value || !B.value || !sB.value || !rank.value)
-          fail(kOp, ": LoRA segment ", j, " needs all of inputs '", an, "', '", san, "', '", bn, "', '", sbn, "' and '",
-               rn, "'");
-        expect_type(an.c_str(), A, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "int8");
-        expect_type(san.c_str(), sA, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-        expect_type(bn.c_str(), B, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "int8");
-        expect_type(sbn.c_str(), sB, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-        expect_type(rn.c_str(), rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+          fail(kOp, ": LoRA segment ", j, " needs all of inputs '", nm[0], "', '", nm[1], "', '", nm[2], "', '", nm[3],
+               "' and '", nm[4], "'");
+        expect_type(nm[0], A, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "int8");
+        expect_type(nm[1], sA, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+        expect_type(nm[2], B, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "int8");
+        expect_type(nm[3], sB, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+        expect_type(nm[4], rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
         if (K_ % 4 != 0) fail(kOp, ": a LoRA needs K a multiple of 4 (A's k-quads); got K = ", K_);
         // Stacked [n_layers, ...] (attribute lora_layer picks this node's layer) or one layer's [n_slots, ...].
         const bool stacked = lora_layer_ >= 0;
-        const size_t lead = stacked ? 1 : 0;
-        if (A.shape.size() != 3 + lead)
-          fail(kOp, ": input '", an, "' must be ",
+        const int lead = stacked ? 1 : 0;
+        if (A.rank != 3 + lead)
+          fail(kOp, ": input '", nm[0], "' must be ",
                stacked ? "[n_layers, n_slots, K, r_max] (attribute lora_layer)" : "[n_slots, K, r_max]", "; got shape ",
-               shape_str(A.shape));
-        const int64_t layers = stacked ? A.shape[0] : 1, r_max = A.shape[2 + lead];
+               shape_str(A.shape()));
+        const int64_t layers = stacked ? A.dims[0] : 1, r_max = A.dims[2 + lead];
         // this layer's [n_slots, ...] of a stack: its element offset (0 unstacked)
-        auto at = [&](const In& in, const std::string& name) {
-          return stacked ? layer_offset(kOp, "lora_layer", name.c_str(), in.shape.data(), in.shape.size(), lora_layer_)
+        auto at = [&](const TensorIn& in, const char* name) {
+          return stacked ? layer_offset(kOp, "lora_layer", name, in.dims, static_cast<size_t>(in.rank), lora_layer_)
                          : 0;
         };
-        const int64_t a_at = at(A, an);
-        auto dims = [&](std::vector<int64_t> d) {
-          if (stacked) d.insert(d.begin(), layers);
-          return d;
-        };
-        expect_shape(kOp, an.c_str(), A.shape, dims({slots, K_, r_max}));
-        if (r_max % 2 != 0) fail(kOp, ": input '", an, "' needs an even r_max (B's rank pairs); got ", r_max);
+        const int64_t a_at = at(A, nm[0]);
+        expect_stack(nm[0], A, stacked, layers, {slots, K_, r_max});
+        if (r_max % 2 != 0) fail(kOp, ": input '", nm[0], "' needs an even r_max (B's rank pairs); got ", r_max);
         const int64_t kc = (K_ + kLoraChunk - 1) / kLoraChunk;
-        expect_shape(kOp, san.c_str(), sA.shape, dims({slots, kc, r_max}));
-        if (B.shape.size() != 3 + lead)
-          fail(kOp, ": input '", bn, "' must be ",
+        expect_stack(nm[1], sA, stacked, layers, {slots, kc, r_max});
+        if (B.rank != 3 + lead)
+          fail(kOp, ": input '", nm[2], "' must be ",
                stacked ? "[n_layers, n_slots, r_max, N_j]" : "[n_slots, r_max, N_j]", "; got shape ",
-               shape_str(B.shape));
-        const int64_t width = B.shape[2 + lead];
-        expect_shape(kOp, bn.c_str(), B.shape, dims({slots, r_max, width}));
-        expect_shape(kOp, sbn.c_str(), sB.shape, dims({slots, width}));
-        expect_shape(kOp, rn.c_str(), rank.shape, {slots});
-        const int32_t* rk = data<int32_t>(rank);
+               shape_str(B.shape()));
+        const int64_t width = B.dims[2 + lead];
+        expect_stack(nm[2], B, stacked, layers, {slots, r_max, width});
+        expect_stack(nm[3], sB, stacked, layers, {slots, width});
+        expect(kOp, nm[4], rank, {slots});
+        const int32_t* rk = rank.as<int32_t>();
         for (int64_t s = 0; s < slots; ++s)
           if (rk[s] < 0 || rk[s] > r_max)
-            fail(kOp, ": input '", rn, "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
+            fail(kOp, ": input '", nm[4], "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
         QLinearLoraSegment& sg = a.seg[a.n_segments++];
-        sg = {data<int8_t>(A) + a_at,
-              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sA)) + at(sA, san),
-              data<int8_t>(B) + at(B, bn),
-              reinterpret_cast<const uint16_t*>(data<Ort::Float16_t>(sB)) + at(sB, sbn),
+        sg = {A.as<int8_t>() + a_at,
+              sA.as<uint16_t>() + at(sA, nm[1]),
+              B.as<int8_t>() + at(B, nm[2]),
+              sB.as<uint16_t>() + at(sB, nm[3]),
               rk,
               r_max,
               col,
@@ -265,11 +273,11 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     }
 
     if (split_.size() > 1) {
-      if (ctx.GetOutputCount() < split_.size())
-        fail(kOp, ": attribute split names ", split_.size(), " outputs; the node has ", ctx.GetOutputCount());
+      if (n_out < split_.size()) fail(kOp, ": attribute split names ", split_.size(), " outputs; the node has ", n_out);
       int64_t col = 0;
       for (size_t j = 0; j < split_.size(); ++j) {
-        a.outputs[j] = ctx.GetOutput(j, {T, split_[j]}).GetTensorMutableData<float>();
+        const int64_t out_dims[2] = {T, split_[j]};
+        a.outputs[j] = output<float>(api, context, j, out_dims, 2);
         a.out_col0[j] = col;
         a.out_width[j] = split_[j];
         col += split_[j];
@@ -277,17 +285,16 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       a.n_outputs = static_cast<int>(split_.size());
       a.y = a.outputs[0];
     } else {
-      a.y = ctx.GetOutput(0, {T, dims.y_cols()}).GetTensorMutableData<float>();
+      const int64_t out_dims[2] = {T, dims.y_cols()};
+      a.y = output<float>(api, context, 0, out_dims, 2);
       a.n_outputs = 1;
     }
-    if (ctx.GetOutputCount() > kQLinearArgmaxOutput) {  // optional int64 [T]; "" in the node: left out
+    if (n_out > kQLinearArgmaxOutput) {  // optional int64 [T]; "" in the node: left out
       const int64_t argmax_dims[1] = {T};
-      OrtValue* am = nullptr;
-      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetOutput(context, kQLinearArgmaxOutput, argmax_dims, 1, &am));
-      if (am != nullptr) {
+      if (int64_t* am = output<int64_t>(api, context, kQLinearArgmaxOutput, argmax_dims, 1)) {
         if (epilogue_ != QLinearEpilogue::kNone || split_.size() > 1)
           fail(kOp, ": output 'argmax' needs epilogue \"none\" and one output y (no split)");
-        a.argmax = Ort::UnownedValue(am).GetTensorMutableData<int64_t>();
+        a.argmax = am;
       }
     }
     qlinear(dims, a, Parallel{ort_parallel_for, context});

@@ -27,7 +27,6 @@
 //               ([n_layers, n_slots, ...], contract 7: a few graph inputs instead of four per layer and target)
 //               and the node reads layer lora_layer of each.
 #pragma once
-#include <map>
 #include <string>
 #include <vector>
 
@@ -35,13 +34,6 @@
 #include "op_util.h"
 
 namespace ortllm {
-
-// An input as the kernel reads it: the value, its element type and shape.
-struct QLinearInput {
-  const OrtValue* value = nullptr;
-  std::vector<int64_t> shape;
-  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-};
 
 struct QLinearKernel {
   QLinearKernel(const OrtApi& api, const OrtKernelInfo* info);
@@ -54,8 +46,12 @@ struct QLinearKernel {
   int64_t lora_layer_ = -1;  // >= 0: the LoRA stacks are [n_layers, ...] and this node reads that layer
   std::vector<int64_t> split_;
   QLinearEpilogue epilogue_ = QLinearEpilogue::kNone;
-  std::string init_error_;                   // attribute problems, reported by every Compute (no throwing)
-  std::map<size_t, QLinearInput> constant_;  // input index -> an initializer read once at creation
+  std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
+  // The initializers read once at creation (absent, rank -1, when the input is not one): codes, scales, offsets,
+  // norm_weight, by constant_slot.
+  TensorIn constant_[4];
+  static size_t constant_slot(size_t input);
+  TensorIn input_of(OrtKernelContext* context, size_t n_inputs, size_t i) const;
 };
 
 constexpr int kQLinearSegInputs = 5;  // per LoRA segment j: A_j, A_scale_j, B_j, B_scale_j, rank_j
