@@ -14,6 +14,9 @@
 #include "quant.h"
 
 #include <cmath>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <cstring>
 #include <vector>
 
@@ -42,9 +45,23 @@ void fwht_normalized(float* x, int D) {
   vec().fwht(x, D);
 }
 
+// max |x_i| (0 for D = 0; NaNs are skipped). A maximum does not depend on the order it is taken in, so four SSE
+// lanes of four accumulators give the scalar loop's value: its one chain of dependent maxss took ~55 ns a row,
+// and a token's rows take 15 (a third of writing them, measured in the engine).
 static float absmax(const float* x, int D) {
   float m = 0.f;
-  for (int i = 0; i < D; ++i) {
+  int i = 0;
+#if defined(__SSE2__)
+  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  for (; i + 16 <= D; i += 16)
+    for (int k = 0; k < 4; ++k)  // _mm_max_ps(a, m) = a > m ? a : m, lane by lane: a NaN keeps m
+      acc[k] = _mm_max_ps(_mm_and_ps(_mm_loadu_ps(x + i + 4 * k), abs_mask), acc[k]);
+  alignas(16) float lanes[16];
+  for (int k = 0; k < 4; ++k) _mm_store_ps(lanes + 4 * k, acc[k]);
+  for (float a : lanes) m = a > m ? a : m;
+#endif
+  for (; i < D; ++i) {
     const float a = std::fabs(x[i]);
     m = a > m ? a : m;  // (std::fmax is a libm call without -ffinite-math-only)
   }
