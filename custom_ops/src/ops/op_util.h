@@ -61,7 +61,9 @@ struct TensorIn {
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   int64_t dims[kMaxRank] = {};
   int rank = -1;
-  std::vector<int64_t> shape() const { return std::vector<int64_t>(dims, dims + (rank < 0 ? 0 : rank)); }
+  std::vector<int64_t> shape() const {  // the kept dims (a rank past kMaxRank is reported cut at kMaxRank)
+    return std::vector<int64_t>(dims, dims + (rank < 0 ? 0 : rank > kMaxRank ? kMaxRank : rank));
+  }
   template <typename T>
   const T* as() const {
     return static_cast<const T*>(data);
