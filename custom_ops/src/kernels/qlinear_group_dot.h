@@ -68,6 +68,14 @@ void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
       // Prefetches never fault, past the weights' end included.
       for (int l = 0; l < g.bs * BITS; l += 64)
         _mm_prefetch(reinterpret_cast<const char*>(codes + 512 + l), _MM_HINT_NTA);
+      // The scales and offsets are the same kind of stream (16 bytes a block each, a fifth of int4's bytes; a
+      // line holds 4 blocks): without this they still went through L2 and evicted the rest. 8 blocks ahead,
+      // once per 4 blocks (the groups lie back to back, so the lines past a group's end are the next one's):
+      // B = 1 decode 291.6 -> 321.5 tok/s (medians of 8 runs, alternating; faster in 8 of 8).
+      if ((b & 3) == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(g.d + (b + 8) * 8), _MM_HINT_NTA);
+        if (g.m) _mm_prefetch(reinterpret_cast<const char*>(g.m + (b + 8) * 8), _MM_HINT_NTA);
+      }
     }
     __m256i isum[NT];
     const int8_t* qs[NT];
