@@ -118,12 +118,15 @@ T* output(const OrtApi& api, OrtKernelContext* ctx, size_t i, const int64_t* dim
   return static_cast<T*>(data);
 }
 
-// in's shape must be `want` (-1: any extent); else the error names the op, the input and both shapes.
+// in's shape must be want[0, n) (-1: any extent); else the error names the op, the input and both shapes.
+inline void expect(const char* op, const char* name, const TensorIn& in, const int64_t* want, size_t n) {
+  bool ok = in.rank == static_cast<int>(n);
+  for (size_t i = 0; ok && i < n; ++i) ok = want[i] < 0 || in.dims[i] == want[i];
+  if (!ok) expect_shape(op, name, in.shape(), std::vector<int64_t>(want, want + n));  // throws, naming both shapes
+}
+
 inline void expect(const char* op, const char* name, const TensorIn& in, std::initializer_list<int64_t> want) {
-  bool ok = in.rank == static_cast<int>(want.size());
-  int i = 0;
-  for (int64_t w : want) ok = ok && (w < 0 || in.dims[i++] == w);
-  if (!ok) expect_shape(op, name, in.shape(), std::vector<int64_t>(want));  // throws, naming both shapes
+  expect(op, name, in, want.begin(), want.size());
 }
 
 // An input stacked as [n_layers, ...] of which a node reads one layer (contract 7: PagedAttention's caches,

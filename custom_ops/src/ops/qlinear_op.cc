@@ -35,21 +35,19 @@ void expect_type(const char* name, const TensorIn& in, ONNXTensorElementDataType
 
 // A LoRA segment's inputs by segment, in input order (A_j, A_scale_j, B_j, B_scale_j, rank_j): named here so a
 // call builds no strings.
+static_assert(kQLinearMaxSegments == 3 && kSegInputs == 5, "kSegNames names 3 segments of 5 inputs");
 constexpr const char* kSegNames[kQLinearMaxSegments][kSegInputs] = {{"A0", "A_scale0", "B0", "B_scale0", "rank0"},
                                                                     {"A1", "A_scale1", "B1", "B_scale1", "rank1"},
                                                                     {"A2", "A_scale2", "B2", "B_scale2", "rank2"}};
 
-// in's shape must be [n_layers (stacked only), rest...]; else the error names the input and both shapes.
+// in's shape must be [n_layers (stacked only), rest...] (op_util.h expect).
 void expect_stack(const char* name, const TensorIn& in, bool stacked, int64_t layers,
                   std::initializer_list<int64_t> rest) {
-  const int lead = stacked ? 1 : 0;
-  bool ok = in.rank == static_cast<int>(rest.size()) + lead && (!stacked || in.dims[0] == layers);
-  int i = lead;
-  for (int64_t w : rest) ok = ok && (w < 0 || in.dims[i++] == w);
-  if (ok) return;
-  std::vector<int64_t> want(rest);
-  if (stacked) want.insert(want.begin(), layers);
-  expect_shape(kOp, name, in.shape(), want);  // throws, naming both shapes
+  int64_t want[TensorIn::kMaxRank];
+  size_t n = 0;
+  if (stacked) want[n++] = layers;
+  for (int64_t w : rest) want[n++] = w;
+  expect(kOp, name, in, want, n);
 }
 
 }  // namespace
@@ -132,9 +130,9 @@ size_t QLinearKernel::constant_slot(size_t input) {
 }
 
 // Input i (codes, scales, offsets or norm_weight): the initializer read at creation, or this call's.
-TensorIn QLinearKernel::input_of(OrtKernelContext* context, size_t n_inputs, size_t i) const {
+TensorIn QLinearKernel::input_of(const OrtApi& api, OrtKernelContext* context, size_t n_inputs, size_t i) const {
   const TensorIn& fixed = constant_[constant_slot(i)];
-  return fixed.value ? fixed : input(Ort::GetApi(), context, n_inputs, i);
+  return fixed.value ? fixed : input(api, context, n_inputs, i);
 }
 
 OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
@@ -144,8 +142,8 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     size_t n_in = 0, n_out = 0;
     check(api, api.KernelContext_GetInputCount(context, &n_in));
     check(api, api.KernelContext_GetOutputCount(context, &n_out));
-    const TensorIn x = input(api, context, n_in, kX), codes = input_of(context, n_in, kCodes),
-                   scales = input_of(context, n_in, kScales);
+    const TensorIn x = input(api, context, n_in, kX), codes = input_of(api, context, n_in, kCodes),
+                   scales = input_of(api, context, n_in, kScales);
     expect_type("x", x, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
     if (x.rank != 2) fail(kOp, ": input 'x' must be [T, K]; got shape ", shape_str(x.shape()));
     const int64_t T = x.dims[0];
@@ -159,7 +157,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
 
     QLinearArgs a{};
     a.x = x.as<float>();
-    const TensorIn norm = input_of(context, n_in, kNormWeight);
+    const TensorIn norm = input_of(api, context, n_in, kNormWeight);
     if (norm.value) {
       expect_type("norm_weight", norm, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
       expect(kOp, "norm_weight", norm, {K_});
@@ -169,7 +167,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     }
     a.codes = codes.as<uint8_t>();
     a.d = scales.as<uint16_t>();
-    const TensorIn offsets = input_of(context, n_in, kOffsets);
+    const TensorIn offsets = input_of(api, context, n_in, kOffsets);
     if (offsets.value) {
       expect_type("offsets", offsets, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
       expect(kOp, "offsets", offsets, {G, kb, 8});

@@ -51,7 +51,7 @@ struct QLinearKernel {
   // norm_weight, by constant_slot.
   TensorIn constant_[4];
   static size_t constant_slot(size_t input);
-  TensorIn input_of(OrtKernelContext* context, size_t n_inputs, size_t i) const;
+  TensorIn input_of(const OrtApi& api, OrtKernelContext* context, size_t n_inputs, size_t i) const;
 };
 
 constexpr int kQLinearSegInputs = 5;  // per LoRA segment j: A_j, A_scale_j, B_j, B_scale_j, rank_j
