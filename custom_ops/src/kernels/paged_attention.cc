@@ -204,6 +204,7 @@ struct ItemShape {
   bool int4;
   bool unrotate;      // int4 caches with rotate: the values are rotated too, so each output row is rotated back
   int64_t row_bytes;  // bytes of one cached row (quant.h kv_row_bytes)
+  bool stream;        // decode rows (one token): each K/V row is read once a step, prefetched by prefetch_block
 };
 
 ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, const WorkItem& it) {
@@ -231,6 +232,7 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.int_dots = int_dots(d.kv_dtype);
   sh.unrotate = sh.int4 && d.rotate;
   sh.row_bytes = kv_row_bytes(d.kv_dtype, sh.D);
+  sh.stream = sh.ntok == 1;
   return sh;
 }
 
@@ -334,19 +336,27 @@ struct Span {
   int64_t next;       // the cache block after the span's last in the part, -1 if none
 };
 
-// Decode items read each cached K/V row once a step: their blocks' rows are prefetched non-temporally one block
-// ahead (nh kv heads of a block lie together: nh * BS rows, and their fp16 scales), so the stream goes to L1
-// without passing through L2, where it evicted what the step reuses (as the projections' weights do). Prefill
-// tiles share blocks between items and keep the plain loads. Prefetches never fault. ci/engine_decode.py ART,
+// Decode items (ItemShape::stream) read each cached K/V row once a step: their blocks' rows are prefetched
+// non-temporally one block ahead (nh kv heads of a block lie together: nh * BS rows, and their fp16 scales), so
+// the stream goes to L1 without passing through L2, where it evicted what the step reuses (as the projections'
+// weights do): a part's first block at its first span, each next block while the one before it is read (the
+// last block of a span fetches the next span's first, Span::next). Prefill tiles share blocks between items and
+// keep the plain loads. Prefetches never fault. ci/engine_decode.py ART,
 // with and without, alternating: --prompt 1984 --cached 210.2 -> 230.6 tok/s (medians of 6, faster in 6 of 6),
 // --batch 16 1336.7 -> 1435.2 (4 of 4), --batch 1 306.4 -> 311.7 (4 of 4).
 void prefetch_block(const ItemShape& sh, const void* cache, const uint16_t* scales, int64_t block) {
+  if (!sh.stream || block < 0) return;
   const int64_t row0 = (block * sh.Hkv + sh.g0) * sh.BS;
   const char* rows = static_cast<const char*>(cache) + row0 * sh.row_bytes;
   for (int64_t o = 0; o < sh.nh * sh.BS * sh.row_bytes; o += 64) _mm_prefetch(rows + o, _MM_HINT_NTA);
   if (scales != nullptr)
     for (int64_t o = 0; o < sh.nh * sh.BS * 2; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(scales + row0) + o, _MM_HINT_NTA);
+}
+
+// The cache block after block sb of the span: the span's next, or the next span's first (-1: the part ends).
+int64_t block_after(const Span& sp, int64_t sb) {
+  return sb + 1 < sp.nb ? sp.block[sb + 1] : sp.next;
 }
 
 // The int8 codes of nk cached rows from row `base` of an int8 or int4 cache: the cache's own bytes (int8), or
@@ -374,13 +384,14 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
   sp.nb = std::min(sh.nsub, nblocks - b0);
   sp.nk = 0;
   const int32_t* table = a.block_tables + it.seq * d.max_blocks;
+  for (int64_t sb = 0; sb < sp.nb; ++sb) sp.block[sb] = table[b0 + sb];
   sp.next = b0 + sp.nb < nblocks ? table[b0 + sp.nb] : -1;
-  const bool stream = sh.ntok == 1;  // decode rows: see prefetch_block
-  if (stream) prefetch_block(sh, a.key_cache, a.key_scales, table[b0]);
+  if (b0 % sh.part == 0) {  // a part's first span: nothing fetched its first block ahead
+    prefetch_block(sh, a.key_cache, a.key_scales, sp.block[0]);
+    prefetch_block(sh, a.value_cache, a.value_scales, sp.block[0]);
+  }
   for (int64_t sb = 0; sb < sp.nb; ++sb) {
-    sp.block[sb] = table[b0 + sb];
-    if (stream && (sb + 1 < sp.nb || sp.next >= 0))
-      prefetch_block(sh, a.key_cache, a.key_scales, sb + 1 < sp.nb ? table[b0 + sb + 1] : sp.next);
+    prefetch_block(sh, a.key_cache, a.key_scales, block_after(sp, sb));
     sp.nks[sb] = static_cast<int>(std::min(BS, sh.kv_len - (b0 + sb) * BS));
     for (int64_t gi = 0; gi < sh.nh; ++gi) {
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * BS;  // first row of this block/head
@@ -441,10 +452,8 @@ void accumulate_span_int8(const Ctx& c, const ItemShape& sh, const Span& sp, Ite
                         static_cast<int>(sh.span), a.value_scales + (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS,
                         sp.nks[sb]);
   for (int64_t r = 0; r < sh.rows; ++r) w.wscale[r] = vec.weights_q16(w.S + r * sh.span, sp.nk, w.Wc + r * sh.span);
-  const bool stream = sh.ntok == 1;  // decode rows: see prefetch_block
   for (int64_t sb = 0; sb < sp.nb; ++sb) {
-    if (stream && (sb + 1 < sp.nb || sp.next >= 0))
-      prefetch_block(sh, a.value_cache, a.value_scales, sb + 1 < sp.nb ? sp.block[sb + 1] : sp.next);
+    prefetch_block(sh, a.value_cache, a.value_scales, block_after(sp, sb));
     for (int64_t gi = 0; gi < sh.nh; ++gi) {
       const int64_t base = (sp.block[sb] * sh.Hkv + sh.g0 + gi) * sh.BS;
       vec.pv_q16(w.Wc + gi * sh.hrows * sh.span + sb * sh.BS, static_cast<int>(sh.span), w.wscale + gi * sh.hrows,
