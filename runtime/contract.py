@@ -149,9 +149,9 @@ def present_value(layer: int) -> str:
 #   input per target and kind holding every layer (QLinear's lora_layer attribute picks a node's layer):
 #   lora.{target}.a        [layers, slots, in, r_max]         int8, slot s: [in, rank] codes in k-quads
 #   lora.{target}.a_scale  [layers, slots, ceil(in / 32), r_max]  float16, slot s: [ceil(in / 32), rank]
-#   lora.{target}.b        [layers, slots, r_max, out]        int8, slot s: [rank, out] codes in rank pairs
+#   lora.{target}.b        [layers, slots, r_max, out]        int8, slot s: [rank, out] codes in rank quads
 #   lora.{target}.b_scale  [layers, slots, out]               float16, per output column
-#       (layouts: custom_ops/src/kernels/qlinear.h; r_max even). A build may have both forms (`--keep` holds
+#       (layouts: custom_ops/src/kernels/qlinear.h; r_max a multiple of 4). A build may have both forms (`--keep` holds
 #       some projections back from QLinear); each layer's projection reads one of them.
 #   lora.scale [slots] float32
 #   lora.rank.{target} [slots] int32   the slot's adapter rank on that target, 0 where the adapter does not

@@ -2,8 +2,8 @@
 and float16 scales the op multiplies on integer dots (layouts and math: custom_ops/src/kernels/qlinear.h).
 
     A: a scale per (32-chunk of in, column), codes in k-quads: code (k, i) at ((k // 4) * r + i) * 4 + k % 4
-    B: a scale per output column, codes in rank pairs: code (j, n) at ((j // 2) * out + n) * 2 + j % 2
-       (r padded to even with zero codes)
+    B: a scale per output column, codes in rank quads: code (j, n) at ((j // 4) * out + n) * 4 + j % 4
+       (r padded to a multiple of 4 with zero codes)
 
 Symmetric, absmax / 127 rounded to float16 first, codes = rint(w / scale) in -127..127: each weight is off by at
 most half its scale.
@@ -36,9 +36,9 @@ def quantize_a(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize_b(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """b [r, out] -> (codes int8 [ceil(r / 2) * 2 * out] in rank pairs, scales float16 [out])."""
+    """b [r, out] -> (codes int8 [ceil(r / 4) * 4 * out] in rank quads, scales float16 [out])."""
     r, n = b.shape
     codes, scales = _symmetric(np.asarray(b, np.float32), axis=0)
-    pairs = np.zeros((-(-r // 2) * 2, n), np.int8)
-    pairs[:r] = codes
-    return pairs.reshape(-1, 2, n).transpose(0, 2, 1).reshape(-1), scales
+    quads = np.zeros((-(-r // 4) * 4, n), np.int8)
+    quads[:r] = codes
+    return quads.reshape(-1, 4, n).transpose(0, 2, 1).reshape(-1), scales

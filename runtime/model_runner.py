@@ -112,12 +112,12 @@ class ModelRunner:
 
         Per target, for QLinear projections (contract 7), every layer in one stack: A int8 [layers, slots, in, r]
         with A_scale float16 [layers, slots, ceil(in / 32), r], B int8 [layers, slots, r, out] with B_scale float16
-        [layers, slots, out] (r = max_rank rounded up to even: B's rank pairs); per layer and target for MultiLoRA
-        ones (fp32 artifacts): A [slots, in, r], B [slots, r, out] float16. lora.scale [slots] float32; per target
-        lora.rank.{target} [slots] int32.
+        [layers, slots, out] (r = max_rank rounded up to a multiple of 4: B's rank quads); per layer and target for
+        MultiLoRA ones (fp32 artifacts): A [slots, in, r], B [slots, r, out] float16. lora.scale [slots] float32; per
+        target lora.rank.{target} [slots] int32.
         """
         self.adapter_slots, self.adapter_rank = slots, max_rank
-        r, L = max_rank + max_rank % 2, self.num_layers
+        r, L = -(-max_rank // 4) * 4, self.num_layers
         self._bind_static(C.LORA_SCALE, np.zeros(slots, np.float32))
         for target in C.LORA_TARGETS:
             self._bind_static(C.lora_rank_name(target), np.zeros(slots, np.int32))

@@ -8,8 +8,8 @@ quantized per (token, block) to int8 exactly as the kernel does it, in the same 
 float32 accumulation; `magnitude` gives the scale of the terms that accumulation rounds, for tolerances.
 The LoRA runs on the same activation codes with the int8 stacks (codes and fp16 scales in the layouts of
 qlinear.h, decoded here from those formulas): per 32-chunk exact integer dots, h in float64, h quantized to
-int16 as the kernel does it in float32, then the expand's exact integer dots. Only h's float32 accumulation in
-the kernel can move one of its int16 codes by one (`lora_terms` bounds that).
+int8 as the kernel does it in float32, then the expand's exact integer dots. Only h's float32 accumulation in
+the kernel can move one of its int8 codes by one (`lora_terms` bounds that).
 """
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ def lora_a(codes, scales, k: int, r: int, lda: int) -> tuple[np.ndarray, np.ndar
 
 
 def lora_b(codes, r: int, n: int) -> np.ndarray:
-    """One slot of an int8 B stack (flat codes) -> codes int64 [r, N]: code (j, c) at ((j // 2) * N + c) * 2 + j % 2."""
+    """One slot of an int8 B stack (flat codes) -> codes int64 [r, N]: code (j, c) at ((j // 4) * N + c) * 4 + j % 4."""
     jj, cc = np.meshgrid(np.arange(r), np.arange(n), indexing="ij")
-    return codes.reshape(-1)[((jj // 2) * n + cc) * 2 + jj % 2].astype(np.int64)
+    return codes.reshape(-1)[((jj // 4) * n + cc) * 4 + jj % 4].astype(np.int64)
 
 
 def lora_h(codes_t, dx_t, block_size, qa, sa) -> np.ndarray:
@@ -70,15 +70,15 @@ def lora_h(codes_t, dx_t, block_size, qa, sa) -> np.ndarray:
 
 
 def quantize_h(h) -> tuple[np.ndarray, np.float32]:
-    """h [r] -> (int16 codes as int64, dh float32), in the kernel's float32 operations."""
+    """h [r] -> (int8 codes as int64, dh float32), in the kernel's float32 operations."""
     h32 = h.astype(np.float32)
-    dh = np.float32(np.abs(h32).max(initial=0) / np.float32(32767))
+    dh = np.float32(np.abs(h32).max(initial=0) / np.float32(127))
     inv = np.float32(1) / dh if dh != 0 else np.float32(0)
     return np.rint(h32 * inv).astype(np.int64), dh
 
 
 def lora_terms(x, block_size, token_adapter, lora_scale, segments, packed_a, n):
-    """([T, N] float64 LoRA per token on each segment's columns, [T, N] bound of one int16 code of h off per rank);
+    """([T, N] float64 LoRA per token on each segment's columns, [T, N] bound of one int8 code of h off per rank);
     segments = [(A, A_scale, B, B_scale, rank), ...] as the op takes them."""
     codes, dx = quantize_activations(x, block_size)
     out, step = np.zeros((len(x), n)), np.zeros((len(x), n))

@@ -4,7 +4,7 @@
 //   1. each token's activations (RMSNorm'ed first when the op carries the norm) quantized once:
 //      q [T, kb * bs] int8, dx / sx / zsum [T, kb];
 //   2. the LoRA per (segment, up to kQTile tokens of one slot): the shrink h = x @ A_j[a] as integer
-//      dots of phase 1's codes with the int8 A, h quantized to int16, the expand h @ B_j[a] as integer
+//      dots of phase 1's codes with the int8 A, h quantized to int8, the expand h @ B_j[a] as integer
 //      dots into lora [G, T, 8] (tokens without an adapter cost nothing);
 //   3. the projection over work items (8-row groups x token chunks): the group's weights are
 //      unpacked once per kQTile tokens and stay in L1 across the chunk; the accumulators start from
@@ -49,7 +49,7 @@ struct Scratch {
   std::vector<float> dx, sx, normed, lora, best;
   std::vector<int32_t> zsum, qsum32;
   std::vector<float> h[kQLinearMaxSegments];
-  std::vector<int16_t> qh[kQLinearMaxSegments];
+  std::vector<int8_t> qh[kQLinearMaxSegments];
   std::vector<Quad> quads;
   std::vector<int64_t> best_at;
 };
@@ -93,15 +93,15 @@ struct Ctx {
   const QLinearIsa* isa = nullptr;
   int64_t kb = 0, kpad = 0, groups = 0, out_groups = 0, group_bytes = 0;
   int64_t g_chunk = 0, t_chunk = 0, g_items = 0;
-  int64_t q_chunk = 0;                              // tokens per quantization item
-  std::vector<int8_t>& q;                           // [T, kpad]
-  std::vector<float>&dx, &sx;                       // [T, kb]
-  std::vector<int32_t>& zsum;                       // [T, kb]
-  int64_t kc = 0;                                   // 32-chunks of K (the LoRA's A scales)
-  bool lora_sums = false;                           // qsum32 is wanted (a token has a LoRA here)
-  std::vector<int32_t>& qsum32;                     // [T, kc] sums of the codes per chunk, with a LoRA
-  std::vector<float> (&h)[kQLinearMaxSegments];     // [T, r_max_j]
-  std::vector<int16_t> (&qh)[kQLinearMaxSegments];  // [T, r_max_j] h's int16 codes (0 past the rank)
+  int64_t q_chunk = 0;                             // tokens per quantization item
+  std::vector<int8_t>& q;                          // [T, kpad]
+  std::vector<float>&dx, &sx;                      // [T, kb]
+  std::vector<int32_t>& zsum;                      // [T, kb]
+  int64_t kc = 0;                                  // 32-chunks of K (the LoRA's A scales)
+  bool lora_sums = false;                          // qsum32 is wanted (a token has a LoRA here)
+  std::vector<int32_t>& qsum32;                    // [T, kc] sums of the codes per chunk, with a LoRA
+  std::vector<float> (&h)[kQLinearMaxSegments];    // [T, r_max_j]
+  std::vector<int8_t> (&qh)[kQLinearMaxSegments];  // [T, r_max_j] h's int8 codes (0 past the rank)
   // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
   std::vector<float>& lora;
@@ -158,14 +158,14 @@ int lora_rank(const Ctx& c, int64_t t, int j) {
   return a.seg[j].rank[s];
 }
 
-// h [rank] -> qh [rank] int16 codes (qh past the rank stays 0) and coef = lscale * dh, as quantize_row does it
-// (dh = absmax / 32767, qh = rint(h * (1 / dh)), half to even).
-void quantize_h(const float* h, int rank, float lscale, int16_t* qh, float* coef) {
+// h [rank] -> qh [rank] int8 codes (qh past the rank stays 0) and coef = lscale * dh, as quantize_row does it
+// (dh = absmax / 127, qh = rint(h * (1 / dh)), half to even).
+void quantize_h(const float* h, int rank, float lscale, int8_t* qh, float* coef) {
   float amax = 0.f;
   for (int r = 0; r < rank; ++r) amax = std::max(amax, std::fabs(h[r]));
-  const float dh = amax / 32767.f;
+  const float dh = amax / 127.f;
   const float inv = dh != 0.f ? 1.f / dh : 0.f;
-  for (int r = 0; r < rank; ++r) qh[r] = static_cast<int16_t>(std::nearbyint(h[r] * inv));
+  for (int r = 0; r < rank; ++r) qh[r] = static_cast<int8_t>(std::nearbyint(h[r] * inv));
   *coef = lscale * dh;
 }
 
@@ -187,7 +187,7 @@ void lora_quad(void* usr, size_t i) {
   const int lda = a.packed_a ? rank : static_cast<int>(sg.r_max);
   c.isa->lora_shrink(x, q.n, static_cast<int>(K), static_cast<int>(c.d->block_size), sg.A + slot * K * sg.r_max,
                      sg.A_scale + slot * c.kc * sg.r_max, lda, rank, h);
-  const int16_t* qh[kQTile];
+  const int8_t* qh[kQTile];
   float coef[kQTile];
   float* out[kQTile];
   // column col of token t goes to lora[(col / 8 * T + t) * 8 + col % 8]: straight there when the segment starts
@@ -196,12 +196,12 @@ void lora_quad(void* usr, size_t i) {
   const bool direct = sg.col0 % 8 == 0;
   std::vector<float> rows(direct ? 0 : static_cast<size_t>(q.n * sg.width));
   for (int k = 0; k < q.n; ++k) {
-    int16_t* codes = c.qh[q.seg].data() + q.t[k] * sg.r_max;
+    int8_t* codes = c.qh[q.seg].data() + q.t[k] * sg.r_max;
     quantize_h(h[k], rank, a.lora_scale[slot], codes, coef + k);
     qh[k] = codes;
     out[k] = direct ? c.lora.data() + (sg.col0 / 8 * T + q.t[k]) * 8 : rows.data() + k * sg.width;
   }
-  c.isa->lora_expand(qh, coef, q.n, (rank + 1) / 2, sg.B + slot * sg.r_max * sg.width, sg.width,
+  c.isa->lora_expand(qh, coef, q.n, (rank + 3) / 4, sg.B + slot * sg.r_max * sg.width, sg.width,
                      sg.B_scale + slot * sg.width, out, direct ? ostride : 8);
   for (int k = 0; !direct && k < q.n; ++k) {
     for (int64_t i = 0; i < sg.width; ++i) {

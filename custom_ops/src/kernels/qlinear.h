@@ -26,20 +26,21 @@
 // LoRA on int8 stacks, as integer dots on the activation codes above (rank r = rank_j[a], slot a):
 //   shrink  h[r] = sum_c fma chain over the 32-element chunks c of K, in order:
 //                  (dx[t, block of c] * sA[a, c, r]) * isum_c(q_x[t], qA[a][:, r])
-//   quantize h once per (token, segment) to int16: dh = absmax_r / 32767, qh = rint(h / dh) (0 past r)
+//   quantize h once per (token, segment) to int8: dh = absmax_r / 127, qh = rint(h / dh) (0 past r)
 //   expand  lora_j(t, n) = ((lscale[a] * dh) * sB[a, n - n0_j]) * isum(qh, qB[a][:, n - n0_j]): the value
 //           the base's float accumulation starts from (0 without a LoRA)
 // qA int8 [K, r] with an fp16 scale per (32-chunk of K, column i), stored in k-quads: code (k, i) at byte
 // (k / 4 * r + i) * 4 + k % 4, so a 32-byte load holds 4 k of 8 ranks, one rank per 32-bit lane, and a
 // broadcast word of 4 activation codes feeds 8 ranks' dots as in the base (K a multiple of 4). qB int8
-// [r, N_j] with an fp16 scale per (slot, column), stored in rank pairs: code (r, n) at byte
-// (r / 2 * N_j + n) * 2 + r % 2, so 16 (32) bytes widened to int16 hold 2 ranks of 8 (16) columns and
-// one int16 madd with a broadcast pair of h codes gives their partial dots (r_max even). Shrink and
-// expand run together per (segment, up to kQTile tokens of one slot) before the projection, into a
-// [T, N_j] buffer the projection's epilogue adds: each load of A and B serves all the tokens. The integer
-// sums are exact (|isum_c| <= 32 * 127^2, |isum| <= r * 32767 * 127), so only the float steps above
-// order the result, the same on every path. Against the float LoRA (fp32 x, the adapter's float32 A and
-// B) the LoRA term is within ~0.9% rms: activation codes, A and B each ~0.5% (tests/custom_ops).
+// [r, N_j] with an fp16 scale per (slot, column), stored in rank quads: code (r, n) at byte
+// (r / 4 * N_j + n) * 4 + r % 4, so a 32-byte load holds 4 ranks of 8 columns, one column per 32-bit lane, and
+// a broadcast word of 4 h codes feeds their dots as the shrink's does (r_max a multiple of 4). Both are
+// products of int8 codes, 4 to a 32-bit lane: one dpbusd, or maddubs + madd on AVX2. Shrink and expand
+// run together per (segment, up to kQTile tokens of one slot) before the projection, into a [T, N_j] buffer
+// the projection's epilogue adds: each load of A and B serves all the tokens. The integer sums are exact
+// (|isum_c| <= 32 * 127^2, |isum| <= r * 127^2), so only the float steps above order the result, the same
+// on every path. Against the float LoRA (fp32 x, the adapter's float32 A and B) the LoRA term is within ~1%
+// rms: activation codes, A, h and B each ~0.5% (tests/custom_ops).
 //
 // Batch invariance: every output y[t, n] is computed by the same sequence of operations whatever
 // T, the token tile, the thread split or the caller's chunking: integer sums are exact; the LoRA
@@ -62,20 +63,21 @@ constexpr int kQLinearArgmaxOutput = 3;  // the op's optional int64 output: each
 
 constexpr int kLoraChunk = 32;  // elements of K per fp16 scale of A
 // Software prefetch distances of the LoRA kernels (lora_shrink, lora_expand on AVX2 and VNNI). Each quad reads its
-// slot's A (one linear run, ~9 KB at rank 16) and B (rank / 2 rows of width * 2 bytes, read 16 or 32 bytes of every
+// slot's A (one linear run, ~9 KB at rank 16) and B (rank / 4 rows of width * 4 bytes, read 32 or 64 bytes of every
 // row per column chunk: short strided streams the hardware prefetcher barely trains on), cold: a step streams 84 MB
 // of weights between two reads of a layer's stacks. Paired steps, 4 adapters of rank 16 at B = 16 (alternating,
-// 2 rounds): the LoRA's cost +1.24-1.29 ms without, +0.96-1.04 ms with B's prefetch alone, +0.82-0.87 ms with both.
+// 2 rounds, B then in rank pairs): the LoRA's cost +1.24-1.29 ms without, +0.96-1.04 ms with B's prefetch alone,
+// +0.82-0.87 ms with both.
 constexpr int kLoraPrefetchA = 1024;  // bytes of A ahead of the k-quad being read
-constexpr int kLoraPrefetchB = 64;    // columns of B ahead, in each rank pair's row (2 cache lines)
+constexpr int kLoraPrefetchB = 64;    // columns of B ahead, in each rank quad's row (4 cache lines)
 
 struct QLinearLoraSegment {
   const int8_t* A;          // [n_slots, K, r_max] codes in k-quads (packed_a: slot s holds [K, rank[s]])
   const uint16_t* A_scale;  // [n_slots, ceil(K / 32), r_max] fp16 bits (packed_a: [kc, rank[s]] first)
-  const int8_t* B;          // [n_slots, r_max, width] codes in rank pairs
+  const int8_t* B;          // [n_slots, r_max, width] codes in rank quads
   const uint16_t* B_scale;  // [n_slots, width] fp16 bits
   const int32_t* rank;      // [n_slots], 0..r_max (0: the slot leaves this segment alone)
-  int64_t r_max;            // even
+  int64_t r_max;            // a multiple of 4 (B's rank quads)
   int64_t col0, width;      // the segment's output columns [col0, col0 + width)
 };
 
@@ -162,8 +164,8 @@ struct QLinearIsa {
   void (*lora_shrink)(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
                       float* const* h);
   // out[t][(i / 8) * ostride + i % 8] = (coef[t] * sB[i]) * float(sum_r qh[t][r] * B(r, i)), i < width, over the
-  // rank pairs p < pairs (qh[t] holds 2 * pairs codes), B in rank pairs (B(r, i) = B[(r / 2 * width + i) * 2 + r % 2]).
-  void (*lora_expand)(const int16_t* const* qh, const float* coef, int n, int pairs, const int8_t* B, int64_t width,
+  // rank quads p < quads (qh[t] holds 4 * quads codes), B in rank quads (B(r, i) = B[(r / 4 * width + i) * 4 + r % 4]).
+  void (*lora_expand)(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,
                       const uint16_t* sB, float* const* out, int64_t ostride);
   // out[i] = silu(g[i]) * u[i], i < 8.
   void (*silu_mul8)(const float* g, const float* u, float* out);

@@ -196,24 +196,25 @@ void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, con
   });
 }
 
-// 8 columns at a time: per rank pair, 16 codes widened to int16 (shared by the tokens) and one madd per token;
-// the columns past the last multiple of 8 as the scalar path does them (the same operations).
+// 8 columns at a time: per rank quad, 32 codes (4 ranks of 8 columns, one column a 32-bit lane, shared by the
+// tokens) against a broadcast word of the token's 4 h codes, as the shrink: |qh| x sign(B, qh) (maddubs, widened
+// per word); the columns past the last multiple of 8 as the scalar path does them (the same operations).
 template <int NT>
-void expand_t(const int16_t* const* qh, const float* coef, int pairs, const int8_t* B, int64_t width,
-              const uint16_t* sB, float* const* out, int64_t ostride) {
+void expand_t(const int8_t* const* qh, const float* coef, int quads, const int8_t* B, int64_t width, const uint16_t* sB,
+              float* const* out, int64_t ostride) {
+  const __m256i ones = _mm256_set1_epi16(1);
   int64_t i = 0;
   for (; i + 8 <= width; i += 8) {
     __m256i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
-    for (int p = 0; p < pairs; ++p) {
-      if (i % 32 == 0)  // once per cache line of the row (32 columns)
-        _mm_prefetch(reinterpret_cast<const char*>(B + (p * width + i + kLoraPrefetchB) * 2), _MM_HINT_T0);
-      const __m256i b =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + (p * width + i) * 2)));
+    for (int p = 0; p < quads; ++p) {
+      if (i % 16 == 0)  // once per cache line of the row (16 columns)
+        _mm_prefetch(reinterpret_cast<const char*>(B + (p * width + i + kLoraPrefetchB) * 4), _MM_HINT_T0);
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + (p * width + i) * 4));
       for (int t = 0; t < NT; ++t) {
-        int32_t hw;
-        std::memcpy(&hw, qh[t] + 2 * p, 4);
-        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(b, _mm256_set1_epi32(hw)));
+        const __m256i h = bcast_word(qh[t] + 4 * p);
+        const __m256i s = _mm256_maddubs_epi16(_mm256_abs_epi8(h), _mm256_sign_epi8(b, h));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s, ones));
       }
     }
     const __m256 sb = load_f16x8(sB + i);
@@ -224,15 +225,15 @@ void expand_t(const int16_t* const* qh, const float* coef, int pairs, const int8
   for (; i < width; ++i) {
     for (int t = 0; t < NT; ++t) {
       int32_t isum = 0;
-      for (int r = 0; r < 2 * pairs; ++r) isum += qh[t][r] * B[(r / 2 * width + i) * 2 + r % 2];
+      for (int r = 0; r < 4 * quads; ++r) isum += qh[t][r] * B[(r / 4 * width + i) * 4 + r % 4];
       out[t][i / 8 * ostride + i % 8] = (coef[t] * _cvtsh_ss(sB[i])) * static_cast<float>(isum);
     }
   }
 }
 
-void lora_expand(const int16_t* const* qh, const float* coef, int n, int pairs, const int8_t* B, int64_t width,
+void lora_expand(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,
                  const uint16_t* sB, float* const* out, int64_t ostride) {
-  with_tokens(n, [&](auto nt) { expand_t<decltype(nt)::value>(qh, coef, pairs, B, width, sB, out, ostride); });
+  with_tokens(n, [&](auto nt) { expand_t<decltype(nt)::value>(qh, coef, quads, B, width, sB, out, ostride); });
 }
 
 // partial i of the scalar path is lane i % 4 of p[i / 4]; x[k]^2 is exact in double, so a fused multiply-add

@@ -84,12 +84,12 @@ void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, con
   }
 }
 
-void lora_expand(const int16_t* const* qh, const float* coef, int n, int pairs, const int8_t* B, int64_t width,
+void lora_expand(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,
                  const uint16_t* sB, float* const* out, int64_t ostride) {
   for (int t = 0; t < n; ++t) {
     for (int64_t i = 0; i < width; ++i) {
       int32_t isum = 0;
-      for (int r = 0; r < 2 * pairs; ++r) isum += qh[t][r] * B[(r / 2 * width + i) * 2 + r % 2];
+      for (int r = 0; r < 4 * quads; ++r) isum += qh[t][r] * B[(r / 4 * width + i) * 4 + r % 4];
       out[t][i / 8 * ostride + i % 8] = (coef[t] * f16_to_float(sB[i])) * static_cast<float>(isum);
     }
   }

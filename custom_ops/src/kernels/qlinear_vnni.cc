@@ -1,6 +1,6 @@
 // AVX-512 VNNI QLinear micro-kernels (AVX512VL + AVX512_VNNI), picked at run time where the CPU has it (AMD
 // Zen 4, Intel Ice Lake and later): the group dot, and the LoRA's integer shrink (dpbusd, 16 ranks a vector)
-// and expand (dpwssd, 16 columns a vector); quantize_row and SiLU are AVX2's.
+// and expand (dpbusd, 16 columns a vector); quantize_row and SiLU are AVX2's.
 //
 // _mm256_dpbusd_epi32 multiplies 4 unsigned codes by 4 signed activation bytes and adds the 4 products
 // into a 32-bit lane in one instruction, where AVX2 needs maddubs + add (+ madd to widen). The sums are
@@ -218,24 +218,32 @@ void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, con
   });
 }
 
-// 16 columns a 512-bit vector (fewer left: the rest masked off, never read or written): per rank pair, 32 codes
-// widened to int16 (shared by the tokens) and one dpwssd per token.
+// 16 columns a 512-bit vector (fewer left: the rest masked off, never read or written): per rank quad, 64 codes
+// (4 ranks of 16 columns, one column a 32-bit lane) biased to unsigned (b ^ 0x80 = b + 128, once per load for all
+// tokens) and one dpbusd per token with a broadcast word of its 4 h codes; each accumulator is seeded with
+// -128 * (the token's h code sum), so it ends at the exact sum of qh * b.
 template <int NT>
-void expand_t(const int16_t* const* qh, const float* coef, int pairs, const int8_t* B, int64_t width,
-              const uint16_t* sB, float* const* out, int64_t ostride) {
+void expand_t(const int8_t* const* qh, const float* coef, int quads, const int8_t* B, int64_t width, const uint16_t* sB,
+              float* const* out, int64_t ostride) {
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  int32_t seed[NT];
+  for (int t = 0; t < NT; ++t) {
+    int32_t s = 0;
+    for (int r = 0; r < 4 * quads; ++r) s += qh[t][r];
+    seed[t] = -128 * s;
+  }
   for (int64_t i = 0; i < width; i += 16) {
     const int64_t left = width - i;
     const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
     __m512i isum[NT];
-    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
-    for (int p = 0; p < pairs; ++p) {
-      if (i % 32 == 0)  // once per cache line of the row (32 columns)
-        _mm_prefetch(reinterpret_cast<const char*>(B + (p * width + i + kLoraPrefetchB) * 2), _MM_HINT_T0);
-      const __m512i b = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi16(mask, B + (p * width + i) * 2));
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_set1_epi32(seed[t]);
+    for (int p = 0; p < quads; ++p) {
+      _mm_prefetch(reinterpret_cast<const char*>(B + (p * width + i + kLoraPrefetchB) * 4), _MM_HINT_T0);
+      const __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi32(mask, B + (p * width + i) * 4), bias);
       for (int t = 0; t < NT; ++t) {
         int32_t hw;
-        std::memcpy(&hw, qh[t] + 2 * p, 4);
-        isum[t] = _mm512_dpwssd_epi32(isum[t], b, _mm512_set1_epi32(hw));
+        std::memcpy(&hw, qh[t] + 4 * p, 4);
+        isum[t] = _mm512_dpbusd_epi32(isum[t], b, _mm512_set1_epi32(hw));
       }
     }
     const __m512 sb = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, sB + i));
@@ -250,9 +258,9 @@ void expand_t(const int16_t* const* qh, const float* coef, int pairs, const int8
   }
 }
 
-void lora_expand(const int16_t* const* qh, const float* coef, int n, int pairs, const int8_t* B, int64_t width,
+void lora_expand(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,
                  const uint16_t* sB, float* const* out, int64_t ostride) {
-  with_tokens(n, [&](auto nt) { expand_t<decltype(nt)::value>(qh, coef, pairs, B, width, sB, out, ostride); });
+  with_tokens(n, [&](auto nt) { expand_t<decltype(nt)::value>(qh, coef, quads, B, width, sB, out, ostride); });
 }
 
 }  // namespace

@@ -238,7 +238,8 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         };
         const int64_t a_at = at(A, nm[0]);
         expect_stack(nm[0], A, stacked, layers, {slots, K_, r_max});
-        if (r_max % 2 != 0) fail(kOp, ": input '", nm[0], "' needs an even r_max (B's rank pairs); got ", r_max);
+        if (r_max % 4 != 0)
+          fail(kOp, ": input '", nm[0], "' needs r_max a multiple of 4 (B's rank quads); got ", r_max);
         const int64_t kc = (K_ + kLoraChunk - 1) / kLoraChunk;
         expect_stack(nm[1], sA, stacked, layers, {slots, kc, r_max});
         if (B.rank != 3 + lead)
