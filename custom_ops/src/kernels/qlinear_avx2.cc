@@ -196,9 +196,10 @@ void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, con
   });
 }
 
-// 8 columns at a time: per rank quad, 32 codes (4 ranks of 8 columns, one column a 32-bit lane, shared by the
-// tokens) against a broadcast word of the token's 4 h codes, as the shrink: |qh| x sign(B, qh) (maddubs, widened
-// per word); the columns past the last multiple of 8 as the scalar path does them (the same operations).
+// 8 columns at a time: per rank quad, 32 codes (4 ranks of 8 columns, one column a 32-bit lane) against a broadcast
+// word of the token's 4 h codes, as the shrink does it: |B| (once per load, shared by the tokens) x sign(qh, B)
+// (maddubs, widened per word); the columns past the last multiple of 8 as the scalar path does them (the same
+// operations).
 template <int NT>
 void expand_t(const int8_t* const* qh, const float* coef, int quads, const int8_t* B, int64_t width, const uint16_t* sB,
               float* const* out, int64_t ostride) {
@@ -211,9 +212,9 @@ void expand_t(const int8_t* const* qh, const float* coef, int quads, const int8_
       if (i % 16 == 0)  // once per cache line of the row (16 columns)
         _mm_prefetch(reinterpret_cast<const char*>(B + (p * width + i + kLoraPrefetchB) * 4), _MM_HINT_T0);
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + (p * width + i) * 4));
+      const __m256i ab = _mm256_abs_epi8(b);
       for (int t = 0; t < NT; ++t) {
-        const __m256i h = bcast_word(qh[t] + 4 * p);
-        const __m256i s = _mm256_maddubs_epi16(_mm256_abs_epi8(h), _mm256_sign_epi8(b, h));
+        const __m256i s = _mm256_maddubs_epi16(ab, _mm256_sign_epi8(bcast_word(qh[t] + 4 * p), b));
         isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s, ones));
       }
     }
