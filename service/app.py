@@ -16,9 +16,11 @@ from .api import bp as api_bp
 from .config import ServiceConfig
 from .errors import APIError, to_api_error
 from .logs import RequestIdFilter
+from .messages import bp as messages_bp
 from .ollama import bp as ollama_bp
 from .ops import bp as ops_bp
 from .playground import bp as playground_bp
+from .responses import bp as responses_bp
 
 log = logging.getLogger("ortllm.service")
 log.addFilter(RequestIdFilter())
@@ -39,6 +41,8 @@ def create_app(config: ServiceConfig | None = None, engine: Engine | None = None
     app.register_blueprint(ollama_bp)
     app.register_blueprint(ops_bp)
     app.register_blueprint(playground_bp)
+    app.register_blueprint(responses_bp)
+    app.register_blueprint(messages_bp)
 
     @app.before_request
     def _start():

@@ -57,13 +57,15 @@ class Operation:
     status: int = 200
     params: dict[str, str] = field(default_factory=dict)     # path parameter -> description
     more: dict[int, dict] = field(default_factory=dict)      # other answers than errors in the envelope
+    error_schema: str = "Error"                              # the errors' envelope (Anthropic's routes: theirs)
 
 
 def document(summary: str, *, body: Body | None = None, ok: dict, errors: tuple[int, ...] = (), status: int = 200,
-             params: dict[str, str] | None = None, more: dict[int, dict] | None = None) -> Callable:
+             params: dict[str, str] | None = None, more: dict[int, dict] | None = None,
+             error_schema: str = "Error") -> Callable:
     """Describe a view for /openapi.json (apply it under the route decorator)."""
     def deco(view):
-        view.openapi = Operation(summary, body, ok, tuple(errors), status, params or {}, more or {})
+        view.openapi = Operation(summary, body, ok, tuple(errors), status, params or {}, more or {}, error_schema)
         return view
     return deco
 
@@ -82,7 +84,7 @@ def build_spec(app: Flask, models: list[str]) -> dict:
         path = re.sub(r"<(?:[a-z]+:)?([A-Za-z_]+)>", r"{\1}", rule.rule)
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
             item = {"summary": op.summary, "operationId": f"{rule.endpoint.replace('.', '_')}_{method.lower()}",
-                    "responses": {str(op.status): op.ok, **{str(s): _error(s) for s in op.errors},
+                    "responses": {str(op.status): op.ok, **{str(s): _error(s, op.error_schema) for s in op.errors},
                                   **{str(s): r for s, r in op.more.items()}}}
             if op.body is not None:
                 schemas[op.body.name] = op.body.schema({"model": {"enum": models}})
@@ -105,8 +107,8 @@ def build_spec(app: Flask, models: list[str]) -> dict:
     }
 
 
-def _error(status: int) -> dict:
-    return {"description": _ERRORS[status], "content": {"application/json": {"schema": _ref("Error")}}}
+def _error(status: int, schema: str = "Error") -> dict:
+    return {"description": _ERRORS[status], "content": {"application/json": {"schema": _ref(schema)}}}
 
 
 # ---------------------------------------------------------------- response shapes
@@ -132,6 +134,35 @@ _OLLAMA_MODEL = _obj(["name", "model"], name=_STR, model=_STR, modified_at=_STR,
 _OLLAMA_ANSWER = {"model": _STR, "created_at": _STR, "done": {"type": "boolean"}, "done_reason": _STR,
                   "total_duration": _INT, "prompt_eval_count": _INT, "eval_count": _INT,
                   "prompt_eval_duration": _INT, "eval_duration": _INT}
+
+# /v1/responses (OpenAI's Responses API) and /v1/messages (Anthropic's Messages API)
+_NULLABLE_OBJ = {"type": ["object", "null"]}
+_RESPONSES_API = {"Response": _obj(
+    ["id", "object", "created_at", "status", "model", "output"], id=_STR, object={"const": "response"},
+    created_at={"type": "integer"}, status={"enum": ["in_progress", "completed", "incomplete"]}, model=_STR,
+    incomplete_details=_NULLABLE_OBJ, usage=_NULLABLE_OBJ, store={"const": False},
+    output={"type": "array", "items": {"anyOf": [
+        _obj(["id", "type", "role", "content", "status"], id=_STR, type={"const": "message"},
+             role={"const": "assistant"}, status=_STR,
+             content={"type": "array", "items": _obj(["type", "text"], type={"const": "output_text"}, text=_STR)}),
+        _obj(["type", "call_id", "name", "arguments"], id=_STR, type={"const": "function_call"}, call_id=_STR,
+             name=_STR, arguments={**_STR, "description": "JSON text"}, status=_STR)]}})}
+_MESSAGES_API = {
+    "AnthropicMessage": _obj(
+        ["id", "type", "role", "model", "content", "stop_reason", "usage"], id=_STR, type={"const": "message"},
+        role={"const": "assistant"}, model=_STR,
+        stop_reason={"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+        stop_sequence={"type": ["string", "null"]},
+        usage=_obj(["input_tokens", "output_tokens"], input_tokens=_INT, output_tokens=_INT,
+                   cache_read_input_tokens=_INT, cache_creation_input_tokens=_INT),
+        content={"type": "array", "items": {"anyOf": [
+            _obj(["type", "text"], type={"const": "text"}, text=_STR),
+            _obj(["type", "id", "name", "input"], type={"const": "tool_use"}, id=_STR, name=_STR,
+                 input={"type": "object"})]}}),
+    "AnthropicTokenCount": _obj(["input_tokens"], input_tokens=_INT),
+    "AnthropicError": _obj(["type", "error"], type={"const": "error"}, request_id={"type": ["string", "null"]},
+                           error=_obj(["type", "message"], type=_STR, message=_STR)),
+}
 
 RESPONSES = {
     "Error": _obj(["error"], error=_obj(["message", "type", "param", "code"], message=_STR, type=_STR,
@@ -168,4 +199,5 @@ RESPONSES = {
                        capabilities={"type": "array", "items": _STR}),
     "OllamaVersion": _obj(["version"], version=_STR),
     "OpenAPI": _obj(["openapi", "paths"], openapi=_STR, paths={"type": "object"}),
+    **_RESPONSES_API, **_MESSAGES_API,
 }
