@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .output import BatchFileError, ResultWriter, repair_and_scan
-from .runner import EngineFeeder, Stats
+from .runner import EngineFeeder, Stats, tick
 from .source import Counts, count_lines, read_items
 
 
@@ -104,14 +104,6 @@ def _run_local(artifact: Path, items, writer: ResultWriter, options: BatchOption
                 writer.write(line)
                 tick(bar, feeder.stats)
         return feeder.stats, feeder.stop, load_s
-
-
-def tick(bar, stats: Stats) -> None:
-    if bar is None:
-        return
-    bar.update(1)
-    elapsed = bar.format_dict["elapsed"] or 1e-9
-    bar.set_postfix_str(f"{stats.completion_tokens / elapsed:.0f} tok/s, {stats.errors} errors", refresh=False)
 
 
 def _progress(total: int, enabled: bool):

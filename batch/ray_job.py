@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from .protocol import LineItem
-from .runner import Stats
+from .runner import Stats, tick
 
 BATCH_PER_SEQ = 2      # rows per map_batches call = this x max_num_seqs
 
@@ -58,7 +58,6 @@ def run_on_ray(artifact: Path, items, writer, options, bar) -> tuple[Stats, bool
     except ImportError:
         from .output import BatchFileError
         raise BatchFileError("--ray needs Ray Data: pip install 'ortllm[ray]'") from None
-    from .job import tick
 
     rows = [_item_to_row(x) for x in items]
     stats = Stats()

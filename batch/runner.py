@@ -36,6 +36,15 @@ class Stats:
     completion_tokens: int = 0
 
 
+def tick(bar, stats: Stats) -> None:
+    """One output line written: advance the progress bar (None: no bar) and show the generated tok/s so far."""
+    if bar is None:
+        return
+    bar.update(1)
+    elapsed = bar.format_dict["elapsed"] or 1e-9
+    bar.set_postfix_str(f"{stats.completion_tokens / elapsed:.0f} tok/s, {stats.errors} errors", refresh=False)
+
+
 def bucket(n: int) -> int:
     """Power-of-two length bucket: 1..16 -> 4, 17..32 -> 5, ..."""
     return max(4, (max(n, 1) - 1).bit_length())

@@ -22,24 +22,19 @@ min, max, unit}, ...]}.
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from ortllm.runtime.config import CacheConfig
 from ortllm.runtime.contract import cache_kinds
-from ortllm.runtime.ops_library import register_ops
 
+from . import qlinear
 from .provenance import command
-from .results import row, write_results
+from .results import write_results
+from .timing import Runner, compare, ratio_row, us_row
 
 F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
 H, HKV, D, BS = 9, 3, 64, 16          # SmolLM2-135M attention
@@ -60,78 +55,6 @@ def _model(nodes, inputs, outputs, domains=("ortllm",)) -> bytes:
 
 def _vi(name, dtype, rank):
     return helper.make_tensor_value_info(name, dtype, [None] * rank)
-
-
-def _session(model: bytes, threads: int, library: Path | None = None, spinning: bool = False) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    # Several sessions live side by side here; spinning idle workers would steal the 2 cores from
-    # whichever session is being timed. Same setting for every system (spinning=True: ORT's default, the
-    # engine's setting, for the cases that measure a pool dispatch).
-    if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    register_ops(so, library)
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-
-
-class Runner:
-    """A session with every input and output pre-bound (IO binding); `aliases` maps an output name to
-    the input whose OrtValue it shares (in-place cache update)."""
-
-    def __init__(self, model: bytes, feeds: dict, threads: int, aliases: dict | None = None,
-                 library: Path | None = None, spinning: bool = False):
-        self.sess = _session(model, threads, library, spinning)
-        self.values = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
-        self.binding = self.sess.io_binding()
-        for k, v in self.values.items():
-            self.binding.bind_ortvalue_input(k, v)
-        aliases = aliases or {}
-        for out in self.sess.get_outputs():
-            if out.name in aliases:
-                self.binding.bind_ortvalue_output(out.name, self.values[aliases[out.name]])
-            else:
-                self.binding.bind_output(out.name)
-        self.run()  # warm-up
-
-    def run(self):
-        self.sess.run_with_iobinding(self.binding)
-
-
-def _time_block(fn, reps: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps
-
-
-def _compare(systems: dict, rounds: int, target_s: float) -> dict:
-    """Alternate systems round by round; each sample is the mean of `reps` calls (~target_s long)."""
-    reps = {}
-    for name, fn in systems.items():
-        fn()
-        one = _time_block(fn, 3)
-        reps[name] = max(1, int(target_s / max(one, 1e-7)))
-    samples = {name: [] for name in systems}
-    for _ in range(rounds):
-        for name, fn in systems.items():
-            samples[name].append(_time_block(fn, reps[name]))
-    return samples
-
-
-def _row(scenario, system, batch, metric, values, unit, scale=1e6):
-    """Seconds -> microseconds, 3 decimals (results.row, the one row builder)."""
-    return row(scenario, system, batch, metric, values, unit, scale=scale, digits=3)
-
-
-def _ratio_row(scenario, system, batch, metric, num, den):
-    """median(num)/median(den) with the extreme ratios as min/max."""
-    num, den = np.asarray(num), np.asarray(den)
-    return {"scenario": scenario, "system": system, "batch": batch, "metric": metric,
-            "median": round(float(np.median(num) / np.median(den)), 3),
-            "min": round(float(num.min() / den.max()), 3), "max": round(float(num.max() / den.min()), 3),
-            "unit": "x"}
 
 
 # ---------------------------------------------------------------- attention
@@ -366,8 +289,7 @@ def run(out_dir: Path, threads: int = 2, quick: bool = False, only: str | None =
         _paged_attention_calls(rows, rng, threads, rounds, target, log, quick, baseline, spinning)
     if only in (None, "qlinear"):
         # -- QLinear against MatMulNBits (and the engine's former MatMulNBits + MultiLoRA pair)
-        from .qlinear import run as run_qlinear
-        run_qlinear(rows, rng, threads, rounds, target, log, quick=quick)
+        qlinear.run(rows, rng, threads, rounds, target, log, quick=quick)
     return rows
 
 
@@ -384,14 +306,14 @@ def _paged_attention_calls(rows, rng, threads, rounds, target, log, quick, basel
             if baseline is not None:
                 built[f"baseline PagedAttention {kv}"] = paged_attention_layers_runner(
                     rng, ctx, kv, threads, library=baseline, spinning=spinning, ordered=ordered)
-            samples = _compare({n: r.run for n, r in built.items()}, rounds * (1 if quick else 2), target)
+            samples = compare({n: r.run for n, r in built.items()}, rounds * (1 if quick else 2), target)
             samples = {n: [v / LAYERS for v in vals] for n, vals in samples.items()}
             for name, vals in samples.items():
-                rows.append(_row(scen, name + " (per call)", 1, "latency", vals, "us"))
+                rows.append(us_row(scen, name + " (per call)", 1, "latency", vals, "us"))
             msg = ", ".join(f"{n.split()[0]} {np.median(v) * 1e6:.1f}us" for n, v in samples.items())
             if baseline is not None:
                 new, old = samples[f"ortllm PagedAttention {kv}"], samples[f"baseline PagedAttention {kv}"]
-                rows.append(_ratio_row(scen, "ortllm vs baseline library", 1, "speedup", old, new))
+                rows.append(ratio_row(scen, "ortllm vs baseline library", 1, "speedup", old, new))
                 paired = np.asarray(old) / np.asarray(new)   # round by round (the two ran back to back)
                 msg += f", speedup {np.median(old) / np.median(new):.2f}x (paired rounds {np.median(paired):.2f}x)"
             log(f"{scen}: {msg} per call")
@@ -411,12 +333,12 @@ def _attention_and_lora(rows, rng, threads, rounds, target, log, quick):
             "ortllm PagedAttention int8": paged_attention_runner(rng, B, ctx, new, "int8", threads).run,
             "ortllm PagedAttention fp8_e4m3": paged_attention_runner(rng, B, ctx, new, "fp8_e4m3", threads).run,
         }
-        samples = _compare(systems, rounds, target)
+        samples = compare(systems, rounds, target)
         for name, vals in samples.items():
-            rows.append(_row(scen, name, B, "latency", vals, "us"))
+            rows.append(us_row(scen, name, B, "latency", vals, "us"))
         gqa = samples["ORT GroupQueryAttention fp32"]
         for name in list(systems)[1:]:
-            rows.append(_ratio_row(scen, f"{name} vs GQA fp32", B, "speedup", gqa, samples[name]))
+            rows.append(ratio_row(scen, f"{name} vs GQA fp32", B, "speedup", gqa, samples[name]))
         log(f"{scen} B={B}: " + ", ".join(f"{n.split()[-1] if 'Paged' in n else 'GQA'} "
                                          f"{np.median(v) * 1e6:.0f}us" for n, v in samples.items()))
     for kv in ("float32", "int8", "fp8_e4m3"):
@@ -432,10 +354,10 @@ def _attention_and_lora(rows, rng, threads, rounds, target, log, quick):
             "ortllm MultiLoRA": multi_lora_runner(rng, T, HIDDEN, HIDDEN, n_ad, rank, threads).run,
             "ONNX Gather+MatMul+MatMul+Add": plain_lora_runner(rng, T, HIDDEN, HIDDEN, n_ad, rank, threads).run,
         }
-        samples = _compare(systems, rounds, target)
+        samples = compare(systems, rounds, target)
         for name, vals in samples.items():
-            rows.append(_row(scen, name, T, "latency", vals, "us"))
-        rows.append(_ratio_row(scen, "ortllm MultiLoRA vs plain ONNX", T, "speedup",
+            rows.append(us_row(scen, name, T, "latency", vals, "us"))
+        rows.append(ratio_row(scen, "ortllm MultiLoRA vs plain ONNX", T, "speedup",
                                samples["ONNX Gather+MatMul+MatMul+Add"], samples["ortllm MultiLoRA"]))
         log(f"{scen}: " + ", ".join(f"{n} {np.median(v) * 1e6:.1f}us" for n, v in samples.items()))
 
@@ -448,10 +370,10 @@ def _attention_and_lora(rows, rng, threads, rounds, target, log, quick):
             "MatMulNBits int4 + MultiLoRA 4x r16": nbits_runner(rng, T, HIDDEN, N, threads, lora_adapters=4,
                                                                 copies=copies).run,
         }
-        samples = _compare(systems, rounds * 2 + 1, target)
+        samples = compare(systems, rounds * 2 + 1, target)
         samples = {k: [x / copies for x in v] for k, v in samples.items()}
         for name, vals in samples.items():
-            rows.append(_row(scen, name + " (per projection)", T, "latency", vals, "us"))
+            rows.append(us_row(scen, name + " (per projection)", T, "latency", vals, "us"))
         base, both = np.asarray(samples["MatMulNBits int4"]), np.asarray(samples["MatMulNBits int4 + MultiLoRA 4x r16"])
         over = (np.median(both) - np.median(base)) / np.median(base) * 100
         paired = (both - base) / base * 100  # round by round (the two ran back to back)

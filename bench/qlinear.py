@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from ortllm.runtime.lora_stacks import quantize_a, quantize_b
 
-from .ops import Runner, _compare, _ratio_row, _row
+from .timing import Runner, compare, ratio_row, us_row
 
 F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
 SHAPES = {"smollm2": [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)],
@@ -110,13 +110,13 @@ def run(rows: list, rng, threads: int, rounds: int, target: float, log, quick: b
                      "QLinear int4": qlinear_runner(rng, T, K, N, threads)}
             if T == 16:
                 built["QLinear int4 + LoRA 4x r16"] = qlinear_runner(rng, T, K, N, threads, adapters=4)
-            samples = _compare({n: r.run for n, (r, _) in built.items()}, rounds, target)
+            samples = compare({n: r.run for n, (r, _) in built.items()}, rounds, target)
             samples = {n: [v / built[n][1] for v in vals] for n, vals in samples.items()}
             for name, vals in samples.items():
-                rows.append(_row(scen, name + " (per projection)", T, "latency", vals, "us"))
+                rows.append(us_row(scen, name + " (per projection)", T, "latency", vals, "us"))
             q = samples["QLinear int4"]
-            rows.append(_ratio_row(scen, "QLinear vs MatMulNBits", T, "speedup", samples["MatMulNBits int4"], q))
-            rows.append(_ratio_row(scen, "QLinear vs MatMulNBits + MultiLoRA", T, "speedup",
+            rows.append(ratio_row(scen, "QLinear vs MatMulNBits", T, "speedup", samples["MatMulNBits int4"], q))
+            rows.append(ratio_row(scen, "QLinear vs MatMulNBits + MultiLoRA", T, "speedup",
                                   samples["MatMulNBits int4 + MultiLoRA"], q))
             msg = ", ".join(f"{n} {np.median(v) * 1e6:.1f}us" for n, v in samples.items())
             if T == 16:

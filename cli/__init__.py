@@ -427,7 +427,11 @@ def main(argv: list[str] | None = None) -> int:
         print("ortllm: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into a line for the user
+        from ortllm.runtime.artifact import ArtifactError
         from ortllm.runtime.errors import OrtllmError
+        from ortllm.runtime.store import with_store_repair_hint
+        if isinstance(e, ArtifactError):
+            e = with_store_repair_hint(e)          # a damaged store model: the pull that repairs it
         if isinstance(e, OrtllmError):
             print(f"ortllm: error: {e}", file=sys.stderr)
             return 1

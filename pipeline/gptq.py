@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import BuildError
-from .quantize import QuantizedWeight, _finish, dequantize, weighted_grid
+from .quant_grid import QuantizedWeight, dequantize, finish, weighted_grid
 
 DAMP = 0.01          # fraction of mean(diag H) added to the diagonal (the paper's percdamp)
 CHUNK = 128          # columns per lazy batch update (the paper's B)
@@ -65,7 +65,7 @@ def inverse_cholesky(h: np.ndarray, damp: float = DAMP) -> np.ndarray:
 
 class _Grid:
     """The grid of one block for all N rows: symmetric absmax, asymmetric min..max + fp16 offset, or (given
-    column weights) the asymmetric grid of least weighted error (quantize.weighted_grid)."""
+    column weights) the asymmetric grid of least weighted error (quant_grid.weighted_grid)."""
 
     def __init__(self, group: np.ndarray, bits: int, symmetric: bool, weights: np.ndarray | None = None):
         # group: [bs', N] error-updated weights of the block's columns (bs' < bs for a last partial block);
@@ -135,7 +135,7 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bits: int, block_size: int, symm
             wc[i + 1:] -= np.outer(uc[i, i + 1:], err[i])
         if c1 < k:
             wt[c1:] -= u[c0:c1, c1:].T @ err
-    out = _finish(w, bits, block_size, codes.T.reshape(n, kb, block_size), scales.T[..., None],
+    out = finish(w, bits, block_size, codes.T.reshape(n, kb, block_size), scales.T[..., None],
                   None if offsets is None else offsets.T[..., None])
     out.out_rel = output_error(w, out, h)
     return out

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .quantize import QuantizedWeight, _unpack_bits
+from .quant_grid import QuantizedWeight, unpack_bits
 
 ZERO_POINT = {4: 8, 8: 0}
 
@@ -65,7 +65,7 @@ def pack(q: QuantizedWeight) -> PackedWeight:
     if q.block_size % 32:
         raise ValueError(f"QLinear needs a block size that is a multiple of 32; got {q.block_size}")
     n, kb, bs, groups = q.n, q.k_blocks, q.block_size, -(-q.n // 8)
-    codes = _unpack_bits(q.data, q.bits).astype(np.int32)                  # [N, kb, bs], 0..2^bits-1
+    codes = unpack_bits(q.data, q.bits).astype(np.int32)                  # [N, kb, bs], 0..2^bits-1
     if q.bits == 8:
         codes -= 128
     codes = _rows8(codes, groups)

@@ -14,13 +14,26 @@ from pathlib import Path
 from . import contract as C
 from .errors import OrtllmError
 from .hash_cache import HashCache, full_verify_forced, sha256_of
+from .process import pid_alive as pid_alive  # re-exported: pipeline/build.py imports it from here
 
 
 class ArtifactError(OrtllmError):
-    """The artifact is missing, damaged or of another version; the message says what to rebuild."""
+    """The artifact is missing, damaged or of another version; the message says what to rebuild.
+
+    `damaged`: the artifact directory whose files failed verification (None for other errors), `hint`: what
+    repairs it. A caller that knows more about the directory (the store's callers: a store view is repaired
+    by a pull, not a rebuild) raises `with_hint(...)` instead."""
+
+    def __init__(self, reason: str, damaged: Path | None = None, hint: str | None = None):
+        super().__init__(f"{reason}; {hint}" if hint else reason)
+        self.reason, self.damaged, self.hint = reason, damaged, hint
+
+    def with_hint(self, hint: str) -> "ArtifactError":
+        return ArtifactError(self.reason, self.damaged, hint)
 
 
 sha256_file = sha256_of      # one hashing function for the builder, the loader and the store
+REBUILD = "rebuild with --force"     # what repairs a damaged artifact directory
 
 
 def file_entry(path: Path) -> dict:
@@ -154,22 +167,15 @@ def load_artifact(path: Path, verify: bool = True, full: bool | None = None) -> 
             except FileNotFoundError:
                 st = None
             if st is None or not f.is_file():
-                raise ArtifactError(f"artifact file {name} is missing from {path}; {repair_hint(path)}")
+                raise ArtifactError(f"artifact file {name} is missing from {path}", path, REBUILD)
             if st.st_size != entry["size"]:
                 raise ArtifactError(f"artifact file {name} is {st.st_size} bytes, the manifest says "
-                                    f"{entry['size']}: damaged or truncated ({f}); {repair_hint(path)}")
+                                    f"{entry['size']}: damaged or truncated ({f})", path, REBUILD)
             if cache.sha256(f, st, full=full) != entry["sha256"]:
                 raise ArtifactError(f"artifact file {name} does not match its sha256 in the manifest: damaged "
-                                    f"({os.path.realpath(f)}); {repair_hint(path)}")
+                                    f"({os.path.realpath(f)})", path, REBUILD)
         cache.save()
     return Artifact(path, manifest)
-
-
-def repair_hint(path: Path) -> str:
-    """What to run to repair a damaged artifact: a store model is pulled again, a directory rebuilt."""
-    from .store import repair_hint_for_view
-    return repair_hint_for_view(Path(path)) or "rebuild with --force"
-
 
 
 def quality_line(path: Path) -> str | None:
@@ -185,14 +191,3 @@ def quality_line(path: Path) -> str | None:
     return (f"quality ({what}) vs fp32 over {fid['tokens']} tokens: PPL ratio {fid['ppl_ratio']:.4f} "
             f"± {fid['ppl_ratio_err']:.4f}, mean KLD {fid['kld_mean']:.5f}, top-1 {fid['top1_agreement']:.2%} "
             f"({C.QUALITY}; full-size figures: ortllm eval)")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process exists (leftovers of dead builds and pulls, stale server states)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

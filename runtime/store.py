@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import contract as C
-from .artifact import pid_alive
+from .artifact import ArtifactError, Manifest
 from .errors import OrtllmError
 from .hash_cache import HashCache, ortllm_home
+from .process import pid_alive
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -174,7 +175,6 @@ class Store:
 
     def artifact_manifest(self, entry: dict):
         """The artifact's manifest (an artifact.Manifest) from its blob."""
-        from .artifact import Manifest
 
         digest = entry["artifact"].removeprefix("sha256-")
         try:
@@ -412,7 +412,7 @@ class Store:
                 p.unlink(missing_ok=True)      # a server that died without cleaning up
         return out
 
-    # ---------------------------------------------------------------- used by artifact.py's messages
+    # ---------------------------------------------------------------- repair hints (with_store_repair_hint)
     def names_of_view(self, view: Path) -> list[dict]:
         digest = view.name
         return [e for r in self.refs() if (e := self.entry(r))["artifact"] == f"sha256-{digest}"]
@@ -432,3 +432,13 @@ def repair_hint_for_view(path: Path) -> str | None:
         return None
     return (f"the store model {entries[0]['name']} is damaged; repair it with: "
             f"{store.repair_command(entries[0])}")
+
+
+def with_store_repair_hint(e: ArtifactError) -> ArtifactError:
+    """A damaged artifact's error, naming the pull that repairs it when the directory is a store view (a
+    view is not rebuilt in place); any other error as it is. For the store's callers: the CLI, the service."""
+    if e.damaged is None:
+        return e
+    hint = repair_hint_for_view(Path(e.damaged))
+    return e if hint is None else e.with_hint(hint)
+

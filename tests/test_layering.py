@@ -23,8 +23,8 @@ PACKAGES = ("runtime", "pipeline", "service", "protocol", "calibration", "batch"
 PIPELINE_RUNTIME = {"runtime", "runtime.contract", "runtime.artifact", "runtime.errors", "runtime.tokenizer"}
 PIPELINE_CALIBRATION = {"calibration.data", "calibration.adapter_tasks"}
 # What the stated modules use themselves (reached, never imported by the pipeline directly): artifact
-# verification hashes through runtime.hash_cache, and its repair hint for a store view asks runtime.store.
-PIPELINE_RUNTIME_REACHED = {"runtime.hash_cache", "runtime.store"}
+# verification hashes through runtime.hash_cache; runtime.process tells a live writer's leftovers from a dead one's.
+PIPELINE_RUNTIME_REACHED = {"runtime.hash_cache", "runtime.process"}
 
 # Known exception, left for a later change (reported in issue 22): the service's adapter upload
 # (POST/DELETE /v1/adapters) rewrites the artifact with pipeline.adapters.

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from ortllm.pipeline.qlinear_pack import dequantize_packed, pack, unpack_codes
-from ortllm.pipeline.quantize import RTNQuantizer, _unpack_bits
+from ortllm.pipeline.quant_grid import unpack_bits
+from ortllm.pipeline.quantize import RTNQuantizer
 from tests.custom_ops.conftest import REPO, assert_close, qlinear_model, session
 from ortllm.runtime.lora_stacks import quantize_a, quantize_b
 from ortllm.runtime.ops_library import ops_isa
@@ -130,7 +131,7 @@ def test_pack_round_trip(form, bs):
     w = np.random.default_rng(3).standard_normal((21, 200), dtype=np.float32)
     q = RTNQuantizer(bits, bs, sym).quantize(w)
     p = pack(q)
-    codes = _unpack_bits(q.data, bits).reshape(21, -1).astype(np.int32) - (128 if bits == 8 else 0)
+    codes = unpack_bits(q.data, bits).reshape(21, -1).astype(np.int32) - (128 if bits == 8 else 0)
     np.testing.assert_array_equal(unpack_codes(p), codes)
     from ortllm.pipeline.quantize import dequantize
     np.testing.assert_allclose(dequantize_packed(p)[:, :200], dequantize(q), rtol=0, atol=1e-6)

@@ -9,7 +9,8 @@ import pytest
 
 from ortllm.pipeline.calib_activations import Calibration
 from ortllm.pipeline.gptq import gptq_quantize
-from ortllm.pipeline.quantize import FP16_MIN_SCALE, QuantPlan, dequantize, make_quantizer, weighted_grid
+from ortllm.pipeline.quant_grid import FP16_MIN_SCALE, dequantize, weighted_grid
+from ortllm.pipeline.quantize import QuantPlan, make_quantizer
 from ortllm.pipeline.sources import load_model
 
 ROWS = 4096          # rows of the head (strided over the vocabulary) the tests quantize
