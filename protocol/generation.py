@@ -30,7 +30,7 @@ def prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
         messages = structured.render_messages(req.messages, req.tools, takes_tools)
         tools = req.tools.tools if req.tools is not None and takes_tools else None
         try:
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools) + req.prefill
         except TokenizerFilesError as e:
             raise bad_request(f"{e}; use /v1/completions", param="messages") from None
         except Exception as e:  # noqa: BLE001 - the template itself rejected the conversation (raise_exception)
@@ -65,7 +65,8 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
                                   param=name)
     req.params.adapter = resolve_adapter(engine, base_name, req.model)
     ctx = engine.context_length
-    chars = len(req.prompt) if isinstance(req.prompt, str) else sum(len(m["content"]) for m in req.messages or ())
+    chars = (len(req.prompt) if isinstance(req.prompt, str) else
+             sum(len(m["content"]) for m in req.messages or ()) + len(req.prefill))
     if chars > max_prompt_chars:
         raise APIError(400, f"the prompt has {chars} characters, more than {ctx} tokens (the model's context) can "
                        "hold; shorten it", param="messages" if req.messages else "prompt",

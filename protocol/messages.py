@@ -6,6 +6,7 @@ translated into the chat body it means and read by openai.parse_chat: one valida
     system (a string or text blocks)        -> a system message first
     user content: text blocks               -> a user message; tool_result blocks -> role tool messages
     assistant content: text, tool_use       -> an assistant message with tool_calls (the input as arguments)
+    a last assistant turn (prefill)         -> the reply continues its text (written after the generation prompt)
     max_tokens, stop_sequences              -> max_tokens, stop
     output_config.format {json_schema}      -> response_format json_schema (structured output)
     tools [{name, description, input_schema}] -> function tools;  tool_choice auto | any | tool | none ->
@@ -49,7 +50,8 @@ CONVERSATION = Field("messages", {"type": "array", "minItems": 1, "items": {
     "properties": {"role": {"enum": ["user", "assistant"]},
                    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _BLOCK}],
                                "description": "a string or a list of content blocks"}}}},
-                     required=True, description="the conversation, user and assistant turns; the last one a user's")
+                     required=True, description="the conversation, user and assistant turns; a last assistant turn is "
+                                                "continued (prefill)")
 SYSTEM = Field("system", {"anyOf": [{"type": "string"}, _TEXT_BLOCKS], "description": "a string or text blocks"},
                description="the system prompt")
 TOOLS = Field("tools", {"type": "array", "maxItems": MAX_TOOLS, "items": {
@@ -100,7 +102,11 @@ class MessagesRequest:
 
 def parse_messages(body: dict, count_only: bool = False) -> MessagesRequest:
     v = (COUNT_TOKENS if count_only else MESSAGES).read(body)
-    chat: dict = {"model": v["model"], "messages": _messages(v["system"], v["messages"])}
+    turns, prefill = v["messages"], ""
+    if turns[-1]["role"] == "assistant":          # prefill: the reply continues this text
+        prefill = _prefill(turns[-1]["content"])
+        turns = turns[:-1]
+    chat: dict = {"model": v["model"], "messages": _messages(v["system"], turns)}
     if not count_only:
         chat.update({k: v[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", "seed", "min_p")
                      if v[k] is not None})
@@ -124,6 +130,7 @@ def parse_messages(body: dict, count_only: bool = False) -> MessagesRequest:
         chat["response_format"] = {"type": "json_schema", "json_schema": {
             "name": "output", "schema": check_schema(fmt["schema"], "output_config.format.schema")}}
     req = parse_chat(chat)
+    req.prefill = prefill
     stops = list(v.get("stop_sequences") or [])
     req.params.stop = stops
     return MessagesRequest(req, stops)
@@ -131,6 +138,13 @@ def parse_messages(body: dict, count_only: bool = False) -> MessagesRequest:
 
 def _text(content) -> str:
     return content if isinstance(content, str) else "".join(b["text"] for b in content)
+
+
+def _prefill(content) -> str:
+    if isinstance(content, list) and any(b["type"] != "text" for b in content):
+        raise bad_request("a last assistant message (prefill) takes text blocks only; end with a user message to "
+                          "send tool_use blocks back", param="messages")
+    return _text(content)
 
 
 def _messages(system, messages: list[dict]) -> list[dict]:
@@ -160,9 +174,6 @@ def _messages(system, messages: list[dict]) -> list[dict]:
                 text.append(b["text"])
         if text:
             out.append({"role": "user", "content": "".join(text)})
-    if messages[-1]["role"] != "user":
-        raise bad_request("the last message must be the user's: continuing an assistant turn (prefill) is not "
-                          "supported here; end with a user message", param="messages")
     return out
 
 

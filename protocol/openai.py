@@ -74,6 +74,7 @@ class GenerationRequest:
     prompts: list | None = None           # completions: every prompt of the request (choice i*n + j)
     tools: structured.ToolSpec | None = None
     echo_only: bool = False               # echo with max_tokens 0: prompt logprobs, nothing generated
+    prefill: str = ""                     # chat: the start of the reply, written after the generation prompt
 
 
 def parse_completion(body: dict) -> GenerationRequest:
