@@ -136,7 +136,7 @@ def _add_generate(sub) -> None:
 
 def _run_generate(a) -> int:
     from ortllm.runtime.artifact import quality_line
-    from ortllm.runtime.generate import generate_text
+    from .generate import generate_text
 
     if a.artifact.is_dir() and (line := quality_line(a.artifact)):
         print(f"ortllm: {line}", file=sys.stderr)
@@ -348,7 +348,7 @@ def _run_serve(a) -> int:
     for name in ("spec_max_tokens", "decode_steps"):
         if getattr(a, name) is not None:
             overrides[name] = getattr(a, name)
-    from ortllm.store.cli import served_models
+    from .store_verbs import served_models
     models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
     config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,
                            api_key=a.api_key, model_name=a.model_name or (models[0][0] if len(models) == 1 else None),
@@ -412,7 +412,7 @@ def make_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_serve(sub)
     _add_batch(sub)
-    from ortllm.store.cli import add_store_verbs
+    from .store_verbs import add_store_verbs
     add_store_verbs(sub, _add_build_options, _build_options)
     return parser
 
@@ -420,7 +420,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
-        from ortllm.store.cli import resolve_artifact_args
+        from .store_verbs import resolve_artifact_args
         resolve_artifact_args(args)      # store names (NAME:TAG) -> their artifact directories
         return args.run(args)
     except KeyboardInterrupt:

@@ -1,5 +1,6 @@
 """`ortllm generate`: one prompt, streamed as text. Engine artifacts run on the Engine; portable ones on
-the simple decode loop (stock ONNX Runtime, no ops library)."""
+the simple decode loop (stock ONNX Runtime, no ops library). A verb of the command line, built on the runtime's
+public pieces (nothing in the runtime calls it)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +8,12 @@ from typing import Iterator
 
 import numpy as np
 
-from . import contract as C
-from .artifact import ArtifactError, load_artifact
-from .detokenizer import IncrementalDetokenizer
-from .errors import EmptyPrompt
-from .sampler import RowState, Sampler, request_generator
-from .sampling_params import SamplingParams, fit_max_tokens
+from ortllm.runtime import contract as C
+from ortllm.runtime.artifact import ArtifactError, load_artifact
+from ortllm.runtime.detokenizer import IncrementalDetokenizer
+from ortllm.runtime.errors import EmptyPrompt
+from ortllm.runtime.sampler import RowState, Sampler, request_generator
+from ortllm.runtime.sampling_params import SamplingParams, fit_max_tokens
 
 
 def chat_messages(prompt: str, system: str | None) -> list[dict]:
@@ -23,7 +24,7 @@ def generate_text(artifact_path: Path, prompt: str, *, chat: bool = False, syste
                   max_tokens: int = 128, temperature: float = 0.0, seed: int | None = None,
                   threads: int | None = None, adapter: str | None = None) -> Iterator[str]:
     """Yield text deltas of the completion (never half a UTF-8 character)."""
-    from .tokenizer import Tokenizer
+    from ortllm.runtime.tokenizer import Tokenizer
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, adapter=adapter).validate()
     if not prompt.strip():
@@ -33,7 +34,7 @@ def generate_text(artifact_path: Path, prompt: str, *, chat: bool = False, syste
     text = tok.apply_chat_template(chat_messages(prompt, system)) if chat else prompt
     ids = tok.encode(text, add_special_tokens=not chat)
     if artifact.graph == "engine":
-        from .engine import Engine
+        from ortllm.runtime.engine import Engine
         overrides = {"threads": threads} if threads else {}
         with Engine.from_artifact(artifact.path, **overrides) as engine:
             yield from engine.stream(ids, params)
@@ -45,7 +46,7 @@ def generate_text(artifact_path: Path, prompt: str, *, chat: bool = False, syste
 
 
 def _portable_stream(artifact, tok, ids: list[int], params: SamplingParams, threads) -> Iterator[str]:
-    from .portable_model import PortableModel
+    from ortllm.runtime.portable_model import PortableModel
 
     model = PortableModel.from_artifact(artifact, threads=threads)
     params.max_tokens = fit_max_tokens(len(ids), params.max_tokens, model.context_length)

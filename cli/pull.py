@@ -105,7 +105,7 @@ def _put(store: Store, artifact: Path, ref: ModelRef, source: str, force: bool, 
 
 def _build_and_put(store: Store, spec: str, opts, ref: ModelRef, source: str | None, force: bool,
                    bars: _Progress) -> dict:
-    from ortllm.cli.build import build_artifact as build     # the pipeline's build with the in-build quality check
+    from .build import build_artifact as build     # the pipeline's build with the in-build quality check
 
     work = store.home / "tmp" / f"pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True)

@@ -120,7 +120,7 @@ def test_generate_runs_on_tiny(tiny_artifact):
 
 
 def test_base_install_never_imports_torch():
-    code = ("import sys, ortllm.runtime, ortllm.service, ortllm.runtime.artifact, ortllm.runtime.generate, "
+    code = ("import sys, ortllm.runtime, ortllm.service, ortllm.runtime.artifact, ortllm.cli.generate, "
             "ortllm.runtime.portable_model, ortllm.runtime.tokenizer; "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
