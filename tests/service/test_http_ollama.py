@@ -61,3 +61,30 @@ def test_errors(smol_live):
     with pytest.raises(ollama.ResponseError) as e:
         c.generate(model=smol_live.model, prompt="x", format={"type": "strin"}, stream=False)
     assert e.value.status_code == 400
+
+
+def test_json_without_content_type(smol_live):
+    """Issue 37: Ollama's documentation sends `curl URL -d '{...}'` (curl's default Content-Type is
+    application/x-www-form-urlencoded) and Ollama reads the body as JSON; /api/* did answer 415. The OpenAI
+    routes still ask for application/json."""
+    import shutil
+    import subprocess
+
+    import requests
+
+    body = json.dumps({"model": smol_live.model, "messages": [{"role": "user", "content": "Say hello."}],
+                       "stream": False, "options": {"temperature": 0, "num_predict": 8}})
+    r = requests.post(smol_live.url + "/api/chat", data=body.encode(), timeout=60)     # no Content-Type at all
+    assert "Content-Type" not in r.request.headers
+    assert r.status_code == 200 and r.json()["message"]["content"] and r.json()["done"], r.text
+    if shutil.which("curl"):                              # the documentation's own command
+        out = subprocess.run(["curl", "-s", smol_live.url + "/api/chat", "-d", body], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+        assert json.loads(out)["message"] == r.json()["message"]
+    lines = requests.post(smol_live.url + "/api/generate", timeout=60, data=json.dumps(
+        {"model": smol_live.model, "prompt": "Say hello.", "options": {"num_predict": 4}}), stream=True)
+    assert lines.status_code == 200 and json.loads(list(lines.iter_lines())[-1])["done"]
+    r = requests.post(smol_live.url + "/api/chat", data=b"{not json", timeout=60)
+    assert r.status_code == 400 and "not valid JSON" in r.text
+    r = requests.post(smol_live.url + "/v1/chat/completions", data=body.encode(), timeout=60)
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
