@@ -134,6 +134,42 @@ class RequestHandle:
         self.engine.cancel(self.request_id)
 
 
+class _StepAbort:
+    """Ends the model run of a step whose rows were mostly cancelled, instead of finishing it.
+
+    A prefill step of max_batch_tokens can take seconds on a busy CPU; a client that hung up would otherwise hold
+    its KV blocks (and the engine) until that run ends. Engine.cancel() calls cancel(); once the cancelled rows
+    hold at least half of the step's tokens, RunOptions.terminate makes ORT stop between two nodes and the run
+    raises. Nothing of the step has been recorded then (the scheduler's update and the sampling come after the
+    run; the KV it wrote is past every row's computed tokens), so the next schedule() frees the cancelled rows and
+    plans the others again. The rule bounds the waste: each abort ends a run at least half of whose work was for
+    requests that are gone, and a request cancels once."""
+
+    def __init__(self, run_options):
+        self._opts = run_options
+        self._lock = threading.Lock()
+        self._rows: dict[str, int] = {}          # req_id -> its tokens in the run now (not yet cancelled)
+        self._tokens = self._cancelled = 0       # the run's tokens; of those, the cancelled rows'
+        self.fired = False                       # terminate was set for the run now
+
+    def begin(self, seqs) -> None:
+        with self._lock:
+            self._rows = {s.req_id: s.num_tokens for s in seqs}
+            self._tokens, self._cancelled, self.fired = sum(self._rows.values()), 0, False
+
+    def cancel(self, req_id: str) -> None:
+        with self._lock:
+            self._cancelled += self._rows.pop(req_id, 0)
+            if not self.fired and self._tokens and 2 * self._cancelled >= self._tokens:
+                self.fired = True
+                self._opts.terminate = True
+
+    def end(self) -> None:
+        with self._lock:
+            self._rows, self.fired = {}, False
+            self._opts.terminate = False
+
+
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -143,6 +179,7 @@ class Engine:
         self.eos_token_ids = tuple(gen["eos_token_ids"])
         self.context_length = gen["context_length"]
         self.runner = ModelRunner(self.artifact, config)
+        self._abort = _StepAbort(self.runner.run_options)
         self.adapters = AdapterRegistry(self.artifact, config.adapters, self.runner)
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks=self.runner.num_blocks,
                                    eos_token_ids=self.eos_token_ids, vocab_size=self.runner.vocab_size,
@@ -161,6 +198,7 @@ class Engine:
         self._steps = 0                 # model steps (a multi-step schedule runs several)
         self._chained_steps = 0
         self._failed_steps = 0
+        self._aborted_steps = 0
         self._last_step_error: tuple[float, str] | None = None   # (time.monotonic(), message)
         self._step_time = 0.0
         self._run_time = 0.0
@@ -276,6 +314,7 @@ class Engine:
                         h._finish("cancelled")
                         return
         self.scheduler.finish_requests(request_id, "cancelled")
+        self._abort.cancel(request_id)            # may end the model run in progress (_StepAbort)
         with self._cv:
             self._cv.notify()
 
@@ -291,6 +330,7 @@ class Engine:
             "python_overhead": (1 - self._run_time / self._step_time) if self._step_time else 0.0,
             "step_time_s": self._step_time, "run_time_s": self._run_time,
             "failed_steps": self._failed_steps,
+            "aborted_steps": self._aborted_steps,    # model runs ended because most of their rows were cancelled
             # speculative decoding: draft tokens verified / accepted, decode rows that carried drafts
             "spec_drafted": s.spec_drafted, "spec_accepted": s.spec_accepted, "spec_rows": s.spec_rows,
             "spec_acceptance_rate": s.spec_acceptance_rate, "spec_propose_time_s": s.spec_propose_time_s,
@@ -365,8 +405,12 @@ class Engine:
                 h.scheduled_time = now
                 h.cached_tokens = s.start_pos          # admitted with this many prompt tokens from the cache
         run0 = self.runner.run_time_s
-        got = self._run_steps(out, slots) if out.decode_steps > 1 else self._run_step(out, slots)
-        if got is None:           # the model run failed: this step's requests failed, the engine goes on
+        self._abort.begin(out.seqs)
+        try:
+            got = self._run_steps(out, slots) if out.decode_steps > 1 else self._run_step(out, slots)
+        finally:
+            self._abort.end()
+        if got is None:           # the model run failed (its requests failed) or was aborted; the engine goes on
             return
         tokens, forced, alive, lp, steps = got
         run = self.runner.run_time_s - run0       # session.run alone: building its inputs is the step's Python
@@ -463,6 +507,9 @@ class Engine:
         return self._stop_tab
 
     def _run_failed(self, out: SchedulerOutput, e: Exception) -> None:
+        if self._abort.fired:     # ended for its cancelled rows: the others run again from the next schedule()
+            self._aborted_steps += 1
+            return
         self._failed_steps += 1
         self._last_step_error = (time.monotonic(), f"{type(e).__name__}: {e}")
         reason = f"model run failed: {e}"

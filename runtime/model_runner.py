@@ -85,6 +85,9 @@ class ModelRunner:
         self._argmax = np.empty(0, np.int64)          # logits_argmax [R], bound beside the logits, grows with them
         self.argmax: np.ndarray | None = None          # the last execute()'s logits_argmax rows
         self.run_time_s = 0.0                          # total time in session.run (the engine's Python share)
+        # every run's options: the engine sets .terminate from another thread to end a run whose rows were
+        # cancelled (ORT checks it between nodes; the run then raises)
+        self.run_options = ort.RunOptions()
         self._bind_pool(cfg)
         # the stacks' shapes by input name: int8 ones of every layer per target (QLinear projections, with their
         # scales) and float16 ones per layer and target (MultiLoRA); a build may have both (`--keep` splits)
@@ -260,7 +263,7 @@ class ModelRunner:
 
     def _run(self) -> None:
         t = time.perf_counter()
-        self.session.run_with_iobinding(self.io)
+        self.session.run_with_iobinding(self.io, self.run_options)
         self.run_time_s += time.perf_counter() - t
 
     def _bind_step_input(self, name: str, value, shape: tuple[int, ...]) -> None:

@@ -1,19 +1,34 @@
-"""A client that leaves has its request cancelled and its KV freed within 1 s: 20 streams dropped after their first
-chunk, and non-streaming requests dropped before their answer (raw sockets on a live server)."""
+"""A client that leaves has its request cancelled and its KV freed within 1 s: 1, 10, 20 and 50 chat streams
+dropped at once after their first chunk, 5 times each, read through /metrics as a monitor would; and
+non-streaming requests dropped before their answer (raw sockets on a live server)."""
 from __future__ import annotations
 
 import json
 import socket
+import statistics
 import time
 
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-def _open(live, body: dict) -> socket.socket:
+ROUNDS = 5
+LIMIT_S = 1.0
+
+
+def _open(live, body: dict, path: str = "/v1/completions") -> socket.socket:
     host, port = live.url.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)), timeout=30)
     raw = json.dumps(body).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
     return s
+
+
+def _gauges(live) -> dict[str, float]:
+    """The engine gauges of GET /metrics (what a monitor scrapes)."""
+    text = live.get("/metrics", timeout=10).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name in ("ortllm_kv_blocks_in_use", "ortllm_requests_running", "ortllm_requests_waiting")}
 
 
 def _used(live) -> int:
@@ -28,18 +43,58 @@ def _settle(live, baseline: int) -> float:
     return time.monotonic() - t0
 
 
-def test_twenty_dropped_streams_free_their_kv_within_a_second(smol_live):
-    baseline = _used(smol_live)
-    body = {"prompt": "Write a very long story about a dragon.", "max_tokens": 1500, "temperature": 0.8,
-            "ignore_eos": True, "stream": True}
-    socks = [_open(smol_live, body) for _ in range(20)]
-    for s in socks:
-        assert s.recv(4096).startswith(b"HTTP/1.1 200")
-    assert _used(smol_live) > baseline
-    for s in socks:
-        s.close()
-    assert _settle(smol_live, baseline) < 1.0
-    assert smol_live.engine.stats()["running"] == 0
+def _first_chunk(s: socket.socket) -> None:
+    got = b""
+    while b"data: " not in got:
+        more = s.recv(4096)
+        assert more, "the server closed a stream before its first chunk"
+        got += more
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+
+
+def _drop_round(live, n: int, baseline: dict[str, float]) -> float:
+    """n chat streams, each read to its first chunk, closed at once while their prefill holds KV blocks; the
+    seconds until /metrics shows the KV blocks in use back at baseline and nothing running or waiting."""
+    body = {"messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+            "max_tokens": 400, "temperature": 0.8, "ignore_eos": True, "stream": True}
+    socks = [_open(live, body, "/v1/chat/completions") for _ in range(n)]
+    try:
+        for s in socks:
+            _first_chunk(s)
+        end = time.monotonic() + 30
+        while True:                 # admitted: the engine holds their KV (the first step is running)
+            g = _gauges(live)
+            if g["ortllm_kv_blocks_in_use"] > baseline["ortllm_kv_blocks_in_use"] and g["ortllm_requests_running"]:
+                break
+            assert time.monotonic() < end, f"{n} streams never got KV blocks: {g}"
+            time.sleep(0.01)
+    finally:
+        t0 = time.monotonic()
+        for s in socks:
+            s.close()
+    while True:
+        g = _gauges(live)
+        dt = time.monotonic() - t0
+        if g == baseline or dt > 30:
+            return dt
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("n", [1, 10, 20, 50])
+def test_dropped_streams_cancelled_and_kv_freed_within_a_second(smol_live, n):
+    """Issue 37: 20 chat streams dropped at once were freed after up to 7.3 s on a busy 2-core machine: the model
+    run in progress (a 512-token prefill step) had to end before any cancellation took effect. The engine now
+    ends a run whose rows were mostly cancelled (runtime/engine.py _StepAbort)."""
+    live = smol_live
+    live.wait_idle_kv(0)
+    baseline = _gauges(live)
+    assert baseline["ortllm_requests_running"] == 0 and baseline["ortllm_requests_waiting"] == 0
+    times = [_drop_round(live, n, baseline) for _ in range(ROUNDS)]
+    print(f"\n{n} streams dropped at once, {ROUNDS} rounds: KV back at baseline and nothing running after "
+          f"median {statistics.median(times):.3f} s, max {max(times):.3f} s ({', '.join(f'{t:.3f}' for t in times)}); "
+          f"aborted model runs so far: {live.engine.stats()['aborted_steps']}")
+    assert max(times) < LIMIT_S, times
+    assert live.engine.stats()["running"] == 0
 
 
 def test_dropped_non_streaming_requests_are_cancelled(smol_live):
