@@ -8,15 +8,96 @@ from onnx import TensorProto
 
 from .onnx_builder import GraphBuilder
 from .quantize import QuantizedWeight, hf_name
-from .weights import ModelConfig
+from .weights import ModelConfig, norm_names
 
 
-def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin: [max_pos, D/2] (one angle per rotated pair), in fp32 as transformers computes them."""
+def rope_inv_freq(cfg: ModelConfig, layer_type: str = "full") -> np.ndarray:
+    """[D/2] fp32 RoPE frequencies of a layer type, as transformers computes them: the full layers' base and
+    scaling (linear, llama3, or a GGUF's per-frequency divisors), or the sliding layers' own unscaled base."""
     d = cfg.head_dim
-    inv_freq = (1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
-    freqs = np.outer(np.arange(cfg.max_position_embeddings, dtype=np.float32), inv_freq).astype(np.float32)
+    local = layer_type == "sliding" and cfg.rope_local_theta is not None
+    base = cfg.rope_local_theta if local else cfg.rope_theta
+    inv = (1.0 / (base ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
+    r = None if local else cfg.rope_scaling
+    kind = (r or {}).get("type")
+    if kind == "linear":
+        inv = (inv / np.float32(r["factor"])).astype(np.float32)
+    elif kind == "factors":
+        inv = (inv / np.asarray(r["factors"], np.float32)).astype(np.float32)
+    elif kind == "llama3":      # transformers' _compute_llama3_parameters, in fp32
+        factor, lo, hi, old = (np.float32(r[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                          "original_max_position_embeddings"))
+        wavelen = (np.float32(2 * np.pi) / inv).astype(np.float32)
+        scaled = np.where(wavelen > old / lo, inv / factor, inv).astype(np.float32)
+        smooth = ((old / wavelen - lo) / (hi - lo)).astype(np.float32)
+        smoothed = ((1 - smooth) * scaled / factor + smooth * scaled).astype(np.float32)
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        inv = np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv
+
+
+def rope_tables(cfg: ModelConfig, layer_type: str = "full", max_pos: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin: [max_pos, D/2] (one angle per rotated pair) of a layer type, in fp32 as transformers computes
+    them."""
+    n = max_pos or cfg.max_position_embeddings
+    freqs = np.outer(np.arange(n, dtype=np.float32), rope_inv_freq(cfg, layer_type)).astype(np.float32)
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def head_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, heads: int, path: str, rank: int = 2) -> str:
+    """RMSNorm over each head of q or k (Qwen3, Gemma 3): x [.., n * D] (rank 2 or 3) -> [.., n, D] -> RMSNorm(w [D])
+    -> [.., n * D] (constant shapes: the ops after it keep their inferred shapes)."""
+    d, keep = weight.shape[0], [0] * (rank - 1)
+    split = g.op("Reshape", [x, g.const(keep + [heads, d])], path)
+    return g.op("Reshape", [rms_norm(g, split, weight, eps, path), g.const(keep + [heads * d])], path)
+
+
+def add_bias(g: GraphBuilder, y: str, w: dict, name: str, path: str) -> str:
+    """y + b where the weights have the bias `name` (q/k/v biases, Qwen2), else y."""
+    return g.op("Add", [y, g.weight(name, w[name])], f"{path}/bias") if name in w else y
+
+
+def activation(g: GraphBuilder, x: str, kind: str, path: str) -> str:
+    """The MLP gate's activation (ModelConfig.hidden_act): SiLU x * sigmoid(x), or GELU with the tanh
+    approximation 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) as torch's gelu(approximate="tanh")."""
+    if kind == "silu":
+        return g.op("Mul", [x, g.op("Sigmoid", [x], path)], path)
+    cube = g.op("Mul", [g.op("Mul", [x, x], path), x], path)
+    inner = g.op("Add", [x, g.op("Mul", [cube, g.const(0.044715, np.float32)], path)], path)
+    t = g.op("Tanh", [g.op("Mul", [inner, g.const(np.sqrt(2 / np.pi), np.float32)], path)], path)
+    half_x = g.op("Mul", [x, g.const(0.5, np.float32)], path)
+    return g.op("Mul", [half_x, g.op("Add", [t, g.const(1.0, np.float32)], path)], path)
+
+
+def scale_embedding(g: GraphBuilder, x: str, cfg: ModelConfig) -> str:
+    """Embeddings times ModelConfig.embedding_scale (Gemma: sqrt(hidden)), where it is not 1."""
+    if cfg.embedding_scale == 1.0:
+        return x
+    return g.op("Mul", [x, g.const(cfg.embedding_scale, np.float32)], "/model/embed_scale")
+
+
+def softcap(g: GraphBuilder, logits: str, cfg: ModelConfig) -> str:
+    """c * tanh(logits / c) where the family caps its final logits (a monotonic map: the argmax stays)."""
+    c = cfg.final_logit_softcap
+    if c is None:
+        return logits
+    t = g.op("Tanh", [g.op("Div", [logits, g.const(c, np.float32)], "/lm_head/softcap")], "/lm_head/softcap")
+    return g.op("Mul", [t, g.const(c, np.float32)], "/lm_head/softcap")
+
+
+def out_norm(g: GraphBuilder, cfg: ModelConfig, w: dict, y: str, i: int, role: str) -> str:
+    """The norm on a block's output before the residual add (role attn_out | mlp_out; Gemma), where there is one."""
+    name = norm_names(cfg)[role]
+    if name is None:
+        return y
+    return rms_norm(g, y, w[f"model.layers.{i}.{name}.weight"], cfg.rms_norm_eps, f"/model/layers.{i}/{name}")
+
+
+def in_norm(cfg: ModelConfig, w: dict, i: int, role: str) -> tuple[np.ndarray, float, str]:
+    """(weight, eps, path) of a block's input norm (role attn_in | mlp_in)."""
+    name = norm_names(cfg)[role]
+    return w[f"model.layers.{i}.{name}.weight"], cfg.rms_norm_eps, f"/model/layers.{i}/{name}"
 
 
 def rms_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, path: str) -> str:
@@ -117,29 +198,29 @@ def _block_indicator(k: int, block_size: int) -> np.ndarray:
     return (np.arange(k)[:, None] // block_size == np.arange(-(-k // block_size))[None, :]).astype(np.float32)
 
 
-def mlp(g: GraphBuilder, h: str, w: dict, i: int, proj) -> str:
-    """down(silu(gate(h)) * up(h)); `proj(g, x, weights, paths)` emits projections of one input, fused
+def mlp(g: GraphBuilder, h: str, w: dict, i: int, proj, act: str = "silu") -> str:
+    """down(act(gate(h)) * up(h)); `proj(g, x, weights, paths)` emits projections of one input, fused
     where it can (linear_group, plain or with LoRA)."""
     path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
     gate, up = proj(g, h, [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]],
                     [f"{path}/gate_proj", f"{path}/up_proj"])
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{path}/act")], f"{path}/act")
+    act = activation(g, gate, act, f"{path}/act")
     return proj(g, g.op("Mul", [act, up], f"{path}/act_up"), [w[f"{p}.down_proj.weight"]], [f"{path}/down_proj"])[0]
 
 
 def decoder_layers(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, attention, proj) -> str:
-    """The llama layer stack; `attention(h, i)` and `proj(g, x, weights, paths, i)` are the graph's own.
+    """The layer stack; `attention(h, i)` and `proj(g, x, weights, paths, i)` are the graph's own.
 
-        x -> RMSNorm -> attention -> +x -> RMSNorm -> MLP(proj) -> +  (per layer)
+        x -> RMSNorm -> attention [-> RMSNorm] -> +x -> RMSNorm -> MLP(proj) [-> RMSNorm] -> +  (per layer;
+                                  [Gemma's output norms])
     """
     for i in range(cfg.num_layers):
-        h = rms_norm(g, x, w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps,
-                     f"/model/layers.{i}/input_layernorm")
-        x = g.op("Add", [x, attention(h, i)], f"/model/layers.{i}/attn_residual")
-        h = rms_norm(g, x, w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
-                     f"/model/layers.{i}/post_attention_layernorm")
-        x = g.op("Add", [x, mlp(g, h, w, i, lambda g_, x_, ws, paths, i=i: proj(g_, x_, ws, paths, i))],
-                 f"/model/layers.{i}/mlp_residual")
+        h = rms_norm(g, x, *in_norm(cfg, w, i, "attn_in"))
+        a = out_norm(g, cfg, w, attention(h, i), i, "attn_out")
+        x = g.op("Add", [x, a], f"/model/layers.{i}/attn_residual")
+        h = rms_norm(g, x, *in_norm(cfg, w, i, "mlp_in"))
+        m = mlp(g, h, w, i, lambda g_, x_, ws, paths, i=i: proj(g_, x_, ws, paths, i), cfg.hidden_act)
+        x = g.op("Add", [x, out_norm(g, cfg, w, m, i, "mlp_out")], f"/model/layers.{i}/mlp_residual")
     return x
 
 

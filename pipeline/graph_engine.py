@@ -19,10 +19,11 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import lm_head, project, rms_norm, rope_tables
+from .graph_blocks import (activation, add_bias, head_norm, in_norm, lm_head, out_norm, project, rms_norm,
+                           rope_tables, scale_embedding, softcap)
 from .graph_qlinear import EMBED_TABLE, embedding, qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
-from .weights import ModelConfig, ModelWeights
+from .weights import ModelConfig, ModelWeights, norm_names
 
 F32, F16, I32, I64, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8
 
@@ -78,17 +79,23 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
 def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch: dict, kv: str,
               block_size: int, quant=None, kv_rotate: bool = True) -> str:
     """x + attention(input_layernorm(x)): PagedAttention over the pool, o_proj adding the residual x; the cache
-    outputs are graph outputs that the runtime aliases to the inputs.
+    outputs are graph outputs that the runtime aliases to the inputs. The family's features: q/k/v biases and
+    q/k head norms as plain ops between the projections and PagedAttention, the layer type's RoPE tables, the
+    softmax scale, and an output norm before the residual add (then o_proj adds nothing).
 
-        x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v -> PagedAttention
+        x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v [+ biases] [-> q/k head RMSNorm] -> PagedAttention
                                      (positions, cu_seqlens, context_lens, block_tables, cos, sin,
                                       key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora) + x
+                                                                        [or -> o_proj -> RMSNorm -> + x]
     """
     path, p = f"/model/layers.{i}/attn", f"model.layers.{i}.self_attn"
     targets = ("q_proj", "k_proj", "v_proj")
-    norm = (w[f"model.layers.{i}.input_layernorm.weight"], cfg.rms_norm_eps, f"/model/layers.{i}/input_layernorm")
     q, k, v = projections(g, x, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
-                          batch["adapter"], quant, norm=norm, layers=cfg.num_layers)
+                          batch["adapter"], quant, norm=in_norm(cfg, w, i, "attn_in"), layers=cfg.num_layers)
+    q, k, v = (add_bias(g, y, w, f"{p}.{t}.bias", f"{path}/{t}") for y, t in zip((q, k, v), targets))
+    if cfg.qk_norm:
+        q = head_norm(g, q, w[f"{p}.q_norm.weight"], cfg.rms_norm_eps, cfg.num_heads, f"{path}/q_norm")
+        k = head_norm(g, k, w[f"{p}.k_norm.weight"], cfg.rms_norm_eps, cfg.num_kv_heads, f"{path}/k_norm")
     quantized = kv != "fp32"
     cache_type = U8 if quantized else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, C.kv_row_elems(C.KV_DTYPES[kv], cfg.head_dim)]
@@ -98,30 +105,54 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
         ins.append(g.input(C.cache_name(kind), dtype, [cfg.num_layers, *shp]))
         outs.append(C.cache_out_name(kind, i))
         g.output(outs[-1], dtype, shp)
+    cos, sin = batch["rope"][cfg.layer_types[i]]
     res = g.op("PagedAttention",
                [q, k, v, batch["positions"], batch["cu_seqlens"], batch["context_lens"], batch["block_tables"],
-                batch["cos"], batch["sin"], *ins], f"{path}/paged", n_out=1 + len(ins), domain=C.OPS_DOMAIN,
+                cos, sin, *ins], f"{path}/paged", n_out=1 + len(ins), domain=C.OPS_DOMAIN,
                num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
-               block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(quantized and kv_rotate), layer=i)
+               block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(quantized and kv_rotate), layer=i,
+               scale=float(cfg.softmax_scale))
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
-    return projections(g, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant,
-                       "residual", x, layers=cfg.num_layers)[0]
+    return _residual(g, cfg, w, x, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant,
+                     "attn_out")
+
+
+def _residual(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, h: str, ws: list, paths: list[str], i: int,
+              adapter: str, quant, role: str) -> str:
+    """x + proj(h): the projection adds the residual itself (epilogue), or, where the family norms the block's
+    output first (role attn_out | mlp_out), proj -> RMSNorm -> Add."""
+    if norm_names(cfg)[role] is None:
+        return projections(g, h, ws, paths, i, adapter, quant, "residual", x, layers=cfg.num_layers)[0]
+    y = projections(g, h, ws, paths, i, adapter, quant, layers=cfg.num_layers)[0]
+    return g.op("Add", [x, out_norm(g, cfg, w, y, i, role)], f"{paths[0].rsplit('/', 1)[0]}/residual")
 
 
 def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str, quant=None) -> str:
-    """x + down(SiLU(gate(h)) * up(h)), h = post_attention_layernorm(x), each projection with its LoRA.
+    """x + down(act(gate(h)) * up(h)), h = the MLP's input norm of x, each projection with its LoRA; SiLU * up
+    fused into the gate|up projection (epilogue), GELU-tanh as plain ops after it.
 
-        x -> post_attention_layernorm -> gate|up_proj (+lora, SiLU(gate) * up) -> down_proj (+lora) + x
+        x -> RMSNorm -> gate|up_proj (+lora, SiLU(gate) * up) -> down_proj (+lora) + x
+                        [gate|up_proj -> gate, up -> GELU(gate) * up]   [down_proj -> RMSNorm -> + x]
     """
     path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
-    norm = (w[f"model.layers.{i}.post_attention_layernorm.weight"], cfg.rms_norm_eps,
-            f"/model/layers.{i}/post_attention_layernorm")
-    act = projections(g, x, [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]],
-                      [f"{path}/gate_proj", f"{path}/up_proj"], i, adapter, quant, "swiglu", norm=norm,
-                      layers=cfg.num_layers)[0]
-    return projections(g, act, [w[f"{p}.down_proj.weight"]], [f"{path}/down_proj"], i, adapter, quant,
-                       "residual", x, layers=cfg.num_layers)[0]
+    ws, paths = [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]], [f"{path}/gate_proj", f"{path}/up_proj"]
+    norm = in_norm(cfg, w, i, "mlp_in")
+    if cfg.hidden_act == "silu":
+        act = projections(g, x, ws, paths, i, adapter, quant, "swiglu", norm=norm, layers=cfg.num_layers)[0]
+    else:
+        gate, up = projections(g, x, ws, paths, i, adapter, quant, norm=norm, layers=cfg.num_layers)
+        act = g.op("Mul", [activation(g, gate, cfg.hidden_act, f"{path}/act"), up], f"{path}/act_up")
+    return _residual(g, cfg, w, x, act, [w[f"{p}.down_proj.weight"]], [f"{path}/down_proj"], i, adapter, quant,
+                     "mlp_out")
+
+
+def engine_context_length(cfg: ModelConfig) -> int:
+    """Positions the engine graph serves: PagedAttention attends to every cached key, so a model with sliding
+    layers is served up to its window (where the window changes nothing); the portable graph has the window."""
+    if "sliding" in cfg.layer_types:
+        return min(cfg.max_position_embeddings, cfg.sliding_window)
+    return cfg.max_position_embeddings
 
 
 def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None) -> tuple[str, str]:
@@ -132,8 +163,8 @@ def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None)
     norm = (weights.tensors["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
     if qlinear_ready(quant, ["/lm_head"]):
         logits, argmax = qlinear(g, x, [weights.lm_head()], ["/lm_head"], quant, norm=norm, argmax=True)
-        return logits, argmax
-    logits = lm_head(g, rms_norm(g, x, *norm), weights, embed, quant)
+        return softcap(g, logits, cfg), argmax          # a monotonic cap: the argmax stays
+    logits = softcap(g, lm_head(g, rms_norm(g, x, *norm), weights, embed, quant), cfg)
     return logits, g.op("ArgMax", [logits], "/lm_head", axis=1, keepdims=0)
 
 
@@ -156,10 +187,10 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
         g.input(C.lora_rank_name(target), I32, ["lora_slots"])
     logits_out = g.output(C.LOGITS, F32, ["S", cfg.vocab_size])
     argmax_out = g.output(C.LOGITS_ARGMAX, I64, ["S"])
-    cos_t, sin_t = rope_tables(cfg)
-    batch["cos"], batch["sin"] = g.weight("model.rope.cos", cos_t), g.weight("model.rope.sin", sin_t)
+    batch["rope"] = {kind: tuple(g.weight(f"model.rope.{kind}.{f}", t) for f, t in zip(
+        ("cos", "sin"), rope_tables(cfg, kind, engine_context_length(cfg)))) for kind in dict.fromkeys(cfg.layer_types)}
 
-    x = embedding(g, ids, w[EMBED_TABLE], quant)                      # [T, H]
+    x = scale_embedding(g, embedding(g, ids, w[EMBED_TABLE], quant), cfg)     # [T, H]
     for i in range(cfg.num_layers):
         x = attention(g, cfg, x, w, i, batch, kv, block_size, quant, kv_rotate)
         x = mlp(g, cfg, x, w, i, batch["adapter"], quant)

@@ -1,4 +1,4 @@
-"""The portable llama graph: stock ONNX ops with a plain KV cache (runtime/contract.py, "portable").
+"""The portable graph: stock ONNX ops with a plain KV cache (runtime/contract.py, "portable").
 
 Any ONNX Runtime client runs it without ortllm's ops library. One small function per block; node names
 are paths (`/model/layers.3/attn/q_proj/MatMul`). Shapes: B batch, S new tokens, P past, T = P + S,
@@ -11,7 +11,8 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import decoder_layers, linear, linear_group, lm_head, rms_norm, rope_tables
+from .graph_blocks import (add_bias, decoder_layers, head_norm, linear, linear_group, lm_head, rms_norm, rope_tables,
+                           scale_embedding, softcap)
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
 
@@ -35,21 +36,28 @@ def heads(g: GraphBuilder, x: str, n: int, d: int, path: str) -> str:
     return g.op("Transpose", [g.op("Reshape", [x, g.const([0, 0, n, d])], path)], path, perm=[0, 2, 1, 3])
 
 
-def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: str, sin: str, bias: str,
+def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, rope: dict, bias: dict,
               quant=None) -> str:
-    """Causal GQA attention with a plain KV cache; returns [B, S, H] and adds present.i.* outputs.
+    """Causal GQA attention with a plain KV cache; returns [B, S, H] and adds present.i.* outputs. rope and bias:
+    the layer types' (cos, sin) and additive masks (a sliding layer's sees only its window).
 
-        h -> q|k|v_proj (one matmul, Split):
-        q -> heads -> rope -> *1/sqrt(D) -> Reshape [B, Hkv, R, S, D] --+
-        k -> heads -> rope -> Concat(past) -> present.k [B,Hkv,T,D] --> MatMul(k^T)[B,Hkv,R,S,T] + bias
-        v -> heads ---------> Concat(past) -> present.v --------------> Softmax -> MatMul(v) -> o_proj
+        h -> q|k|v_proj (one matmul, Split) [+ biases]:
+        q [-> head RMSNorm] -> heads -> rope -> *scale -> Reshape [B, Hkv, R, S, D] --+
+        k [-> head RMSNorm] -> heads -> rope -> Concat(past) -> present.k [B,Hkv,T,D] --> MatMul(k^T) + bias
+        v -> heads ---------> Concat(past) -> present.v ---------------> Softmax -> MatMul(v) -> o_proj
     K/V are broadcast over R inside MatMul (no repeated copy of the cache).
     """
     path = f"/model/layers.{i}/attn"
     p = f"model.layers.{i}.self_attn"
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     targets = ("q_proj", "k_proj", "v_proj")
-    q, k, v = linear_group(g, h, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], quant)
+    q, k, v = (add_bias(g, y, w, f"{p}.{t}.bias", f"{path}/{t}") for y, t in zip(
+        linear_group(g, h, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], quant), targets))
+    if cfg.qk_norm:
+        q = head_norm(g, q, w[f"{p}.q_norm.weight"], cfg.rms_norm_eps, cfg.num_heads, f"{path}/q_norm", rank=3)
+        k = head_norm(g, k, w[f"{p}.k_norm.weight"], cfg.rms_norm_eps, cfg.num_kv_heads, f"{path}/k_norm", rank=3)
+    cos, sin = rope[cfg.layer_types[i]]
+    bias = bias[cfg.layer_types[i]]
     q = rotary(g, heads(g, q, hq, d, f"{path}/q"), cos, sin, d // 2, f"{path}/q_rope")
     k = rotary(g, heads(g, k, hkv, d, f"{path}/k"), cos, sin, d // 2, f"{path}/k_rope")
     v = heads(g, v, hkv, d, f"{path}/v")
@@ -62,7 +70,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: s
     g.identity(k_all, g.output(C.present_key(i), F32, kv_shape), f"{path}/present_k")
     g.identity(v_all, g.output(C.present_value(i), F32, kv_shape), f"{path}/present_v")
 
-    q = g.op("Mul", [q, g.const(1.0 / np.sqrt(d), np.float32)], f"{path}/scale")
+    q = g.op("Mul", [q, g.const(cfg.softmax_scale, np.float32)], f"{path}/scale")
     q5 = g.op("Reshape", [q, g.const([0, hkv, hq // hkv, -1, d])], f"{path}/q_groups")
     k5 = g.op("Unsqueeze", [k_all, g.const([2])], f"{path}/k_groups")
     v5 = g.op("Unsqueeze", [v_all, g.const([2])], f"{path}/v_groups")
@@ -75,19 +83,22 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, cos: s
     return linear(g, ctx, w[f"{p}.o_proj.weight"], f"{path}/o_proj", quant)
 
 
-def causal_bias(g: GraphBuilder, input_ids: str, mask: str) -> str:
-    """Additive attention bias [B, 1, 1, S, T]: 0 where key j <= P + i and mask[b, j] == 1, else fp32 min.
+def causal_bias(g: GraphBuilder, input_ids: str, mask: str, window: int | None = None) -> str:
+    """Additive attention bias [B, 1, 1, S, T]: 0 where key j <= P + i and mask[b, j] == 1 (and, with a window W,
+    j > P + i - W: the W keys up to the query's own), else fp32 min.
 
         Shape(mask)[1] = T, Shape(ids)[1] = S -> Range(T-S, T) rows, Range(0, T) cols
-        -> cols <= rows [S, T] -> And(mask as bool [B,1,1,1,T]) -> Where(0, min)
+        -> cols <= rows [S, T] [-> And(cols > rows - W)] -> And(mask as bool [B,1,1,1,T]) -> Where(0, min)
     """
-    path = "/model/attn_bias"
+    path = "/model/attn_bias" if window is None else "/model/attn_bias_window"
     t = g.op("Gather", [g.op("Shape", [mask], path), g.const(1)], path, axis=0)
     s = g.op("Gather", [g.op("Shape", [input_ids], path), g.const(1)], path, axis=0)
-    rows = g.op("Range", [g.op("Sub", [t, s], path), t, g.const(1)], path)
-    cols = g.op("Range", [g.const(0), t, g.const(1)], path)
-    causal = g.op("LessOrEqual", [g.op("Unsqueeze", [cols, g.const([0])], path),
-                                  g.op("Unsqueeze", [rows, g.const([1])], path)], path)      # [S, T]
+    rows = g.op("Unsqueeze", [g.op("Range", [g.op("Sub", [t, s], path), t, g.const(1)], path), g.const([1])], path)
+    cols = g.op("Unsqueeze", [g.op("Range", [g.const(0), t, g.const(1)], path), g.const([0])], path)
+    causal = g.op("LessOrEqual", [cols, rows], path)                                        # [S, T]
+    if window is not None:
+        causal = g.op("And", [causal, g.op("Greater", [cols, g.op("Sub", [rows, g.const(window)], path)], path)],
+                      path)
     pad = g.op("Cast", [g.op("Unsqueeze", [mask, g.const([1, 2, 3])], path)], path, to=TensorProto.BOOL)
     allowed = g.op("And", [causal, pad], path)                                              # [B,1,1,S,T]
     return g.op("Where", [allowed, g.const(0.0, np.float32), g.const(np.finfo(np.float32).min, np.float32)], path)
@@ -104,24 +115,26 @@ def build_portable_graph(weights: ModelWeights, model_path, data_path, metadata:
     pos = g.input(C.POSITION_IDS, I64, ["batch", "seq"])
     logits_out = g.output(C.LOGITS, F32, ["batch", "seq", cfg.vocab_size])  # first output, then present.*
 
-    cos_t, sin_t = rope_tables(cfg)
-    cos_t, sin_t = np.concatenate([cos_t, cos_t], -1), np.concatenate([sin_t, sin_t], -1)  # rotate_half: [P, D]
-    # cos/sin for the new tokens: Gather by position -> [B, S, D] -> [B, 1, S, D] (broadcast over heads)
-    cos = g.op("Unsqueeze", [g.op("Gather", [g.weight("model.rope.cos", cos_t), pos], "/model/rope/cos"),
-                             g.const([1])], "/model/rope/cos")
-    sin = g.op("Unsqueeze", [g.op("Gather", [g.weight("model.rope.sin", sin_t), pos], "/model/rope/sin"),
-                             g.const([1])], "/model/rope/sin")
-    bias = causal_bias(g, ids, mask)
+    rope, bias = {}, {}
+    for kind in dict.fromkeys(cfg.layer_types):      # each layer type's RoPE and mask, once
+        cos_t, sin_t = rope_tables(cfg, kind)
+        cos_t, sin_t = np.concatenate([cos_t, cos_t], -1), np.concatenate([sin_t, sin_t], -1)  # rotate_half: [P, D]
+        # cos/sin for the new tokens: Gather by position -> [B, S, D] -> [B, 1, S, D] (broadcast over heads)
+        rope[kind] = tuple(g.op("Unsqueeze", [g.op("Gather", [g.weight(f"model.rope.{kind}.{f}", t), pos],
+                                                   f"/model/rope/{kind}/{f}"), g.const([1])], f"/model/rope/{kind}/{f}")
+                           for f, t in (("cos", cos_t), ("sin", sin_t)))
+        bias[kind] = causal_bias(g, ids, mask, cfg.sliding_window if kind == "sliding" else None)
 
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
-    x = g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0)
-    x = decoder_layers(g, cfg, w, x, lambda h, i: attention(g, cfg, h, w, i, cos, sin, bias, quant),
+    x = scale_embedding(g, g.op("Gather", [embed, ids], "/model/embed_tokens", axis=0), cfg)
+    x = decoder_layers(g, cfg, w, x, lambda h, i: attention(g, cfg, h, w, i, rope, bias, quant),
                        lambda g_, x_, ws, paths, i: linear_group(g_, x_, ws, paths, quant))
     x = rms_norm(g, x, w["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
 
     # LM head on [B*S, H], back to [B, S, V]
     logits = lm_head(g, g.op("Reshape", [x, g.const([-1, cfg.hidden_size])], "/lm_head"), weights, embed, quant)
+    logits = softcap(g, logits, cfg)
     out_shape = g.op("Concat", [g.op("Shape", [ids], "/lm_head"), g.const([cfg.vocab_size])], "/lm_head", axis=0)
     logits = g.op("Reshape", [logits, out_shape], "/lm_head")
     g.identity(logits, logits_out, "/lm_head/logits")
-    g.save(model_path, "ortllm_portable", doc="ortllm portable llama graph", metadata=metadata)
+    g.save(model_path, "ortllm_portable", doc=f"ortllm portable graph ({cfg.arch})", metadata=metadata)

@@ -10,25 +10,9 @@ import numpy as np
 from .errors import BuildError
 from ortllm.runtime.artifact import sha256_file
 
+from .families import fix_tensors, gguf_config, gguf_tensor_names, hf_config
 from .recipes import Recipe, get_recipe, known_recipes, locate_package_file
 from .weights import ModelConfig, ModelWeights, expected_shapes
-
-# GGUF tensor names (llama.cpp) -> HF names; `{i}` is the layer.
-_GGUF_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
-}
-
 
 def load_model(spec: str, source: str | Path | None = None) -> tuple[Recipe | None, ModelWeights]:
     """`spec` is a recipe name or a path (GGUF file, HF directory, safetensors file)."""
@@ -79,73 +63,23 @@ def _open_gguf(path: Path):
                          f"({type(e).__name__}: {e})") from None
 
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (its rope pairs (2i, 2i+1); HF pairs (i, i + d/2)).
-
-    w: [n_head * head_dim, hidden]; llama.cpp stored rows as (head, half, pair) -> back to (head, pair, half).
-    """
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def gguf_config(reader) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise BuildError(f"GGUF architecture '{arch}' is not supported: ortllm builds llama-architecture models "
-                         "(Llama, TinyLlama, SmolLM2)")
-    p = "llama."
-    hidden = int(_field(reader, p + "embedding_length"))
-    heads = int(_field(reader, p + "attention.head_count"))
-    names = {t.name for t in reader.tensors}
-    vocab = _field(reader, p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    return ModelConfig(
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(_field(reader, p + "feed_forward_length")),
-        num_layers=int(_field(reader, p + "block_count")),
-        num_heads=heads,
-        num_kv_heads=int(_field(reader, p + "attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, p + "attention.key_length", hidden // heads)),
-        max_position_embeddings=int(_field(reader, p + "context_length", 2048)),
-        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
-        rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
-        tie_word_embeddings="output.weight" not in names,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=(int(eos),) if eos is not None else (),
-    )
-
-
 def load_gguf(path: Path) -> ModelWeights:
     from gguf.quants import dequantize
 
     reader = _open_gguf(path)
     cfg = gguf_config(reader)
-    to_hf = {}
-    for g, h in _GGUF_NAMES.items():
-        if "{i}" in g:
-            to_hf.update({g.format(i=i): h.format(i=i) for i in range(cfg.num_layers)})
-        else:
-            to_hf[g] = h
+    to_hf = gguf_tensor_names(cfg)
     tensors = {}
     for t in reader.tensors:
         if t.name not in to_hf:
-            continue  # e.g. rope_freqs: recomputed from rope_theta
+            continue  # e.g. rope_freqs: read into the config's rope_scaling
         try:
             arr = dequantize(t.data, t.tensor_type)
         except Exception as e:
             raise BuildError(f"cannot dequantize GGUF tensor {t.name} ({t.tensor_type.name}): {e}") from None
-        name = to_hf[t.name]
-        arr = np.ascontiguousarray(arr.reshape([int(n) for n in reversed(t.shape)]), dtype=np.float32)
-        if name.endswith("q_proj.weight"):
-            arr = _unpermute(arr, cfg.num_heads)
-        elif name.endswith("k_proj.weight"):
-            arr = _unpermute(arr, cfg.num_kv_heads)
-        tensors[name] = arr
+        tensors[to_hf[t.name]] = np.ascontiguousarray(arr.reshape([int(n) for n in reversed(t.shape)]),
+                                                      dtype=np.float32)
+    fix_tensors(cfg, tensors, "gguf")
 
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_tokenizer_from_gguf
@@ -191,35 +125,18 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def hf_config(cfg: dict) -> ModelConfig:
-    if cfg.get("model_type") not in ("llama", None) and "LlamaForCausalLM" not in cfg.get("architectures", []):
-        raise BuildError(f"model_type '{cfg.get('model_type')}' is not supported: ortllm builds llama-architecture "
-                         "models")
-    heads = cfg["num_attention_heads"]
-    eos = cfg.get("eos_token_id", 2)
-    return ModelConfig(
-        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-        num_layers=cfg["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
-    )
-
-
 def load_hf_dir(path: Path, files: list[Path] | None = None) -> ModelWeights:
     try:
         cfg = hf_config(json.loads((path / "config.json").read_text()))
     except (KeyError, ValueError) as e:
-        raise BuildError(f"{path / 'config.json'} is not a llama config ({type(e).__name__}: {e})") from None
+        raise BuildError(f"{path / 'config.json'} is not a model config ({type(e).__name__}: {e})") from None
     files = files or sorted(path.glob("*.safetensors"))
     if not files:
         raise BuildError(f"{path} has no *.safetensors weights (convert .bin checkpoints to safetensors first)")
     tensors = {}
     for f in files:
         tensors.update(read_safetensors(f))
+    fix_tensors(cfg, tensors, "hf")
 
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_tokenizer_from_hf

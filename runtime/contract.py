@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 7        # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 8        # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
                             #  4: key_scales / value_scales float16 (ops ABI 4);
@@ -20,7 +20,10 @@ CONTRACT_VERSION = 7        # graph input/output names, shapes and semantics bel
                             #  7: QLinear's lora stacks one input per target and kind and the KV caches
                             #     one input per kind, all layers stacked (ORT's run costs ~0.6 us a bound
                             #     input: 848 LoRA inputs were ~0.5 ms of a ~4.6 ms decode step), and
-                            #     logits_argmax (ops ABI 8))
+                            #     logits_argmax (ops ABI 8);
+                            #  8: ModelConfig's family features (q/k/v biases, q/k norms, output norms,
+                            #     GELU-tanh, embedding and attention scales, sliding layers, RoPE per layer
+                            #     type and scaled, logit softcap): rope tables model.rope.{full,sliding}.*)
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -35,42 +38,99 @@ QUALITY = "quality.json"    # measured quality of a quantized build against its 
 GRAPH_KINDS = ("engine", "portable")
 
 
+LAYER_TYPES = ("full", "sliding")           # ModelConfig.layer_types: attention over every past key, or a window
+ACTIVATIONS = ("silu", "gelu_tanh")         # ModelConfig.hidden_act: the MLP gate's activation (SwiGLU, GeGLU)
+ROPE_SCALINGS = ("linear", "llama3", "factors")   # ModelConfig.rope_scaling["type"]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """The llama architecture: config.json and the manifest's "model", written by the pipeline, read by the runtime."""
+    """The architecture: config.json and the manifest's "model", written by the pipeline, read by the runtime.
+
+    One description for every family (pipeline/families.py reads it from a GGUF's general.architecture or a
+    config.json's model_type): each feature is a field whose default means llama, and the graph builders switch
+    on the fields, never on `arch`. Norm weights are the multipliers themselves (Gemma's 1 + w is folded in).
+    """
     vocab_size: int
     hidden_size: int
     intermediate_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int                           # independent of hidden_size / num_heads (Qwen3, Gemma 3)
     max_position_embeddings: int
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0             # RoPE base of the full-attention layers
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     bos_token_id: int | None = 1
     eos_token_ids: tuple[int, ...] = (2,)
+    arch: str = "llama"                     # the source's family (reports; builders never switch on it)
+    attention_bias: bool = False            # q/k/v projections carry biases (Qwen2)
+    qk_norm: bool = False                   # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
+    post_norms: bool = False                # RMSNorm on the attention and MLP outputs before each residual add,
+                                            # the MLP's input norm then named pre_feedforward_layernorm (Gemma)
+    hidden_act: str = "silu"                # ACTIVATIONS: act(gate) * up
+    embedding_scale: float = 1.0            # embeddings times it (Gemma: sqrt(hidden_size))
+    attention_scale: float | None = None    # softmax scale; None: 1 / sqrt(head_dim) (Gemma: query_pre_attn_scalar)
+    sliding_window: int | None = None       # keys a sliding layer's query sees, itself included (Mistral, Gemma 3)
+    layer_types: tuple[str, ...] = ()       # LAYER_TYPES per layer; (): all "sliding" with a window, else "full"
+    rope_local_theta: float | None = None   # RoPE base of sliding layers, unscaled (Gemma 3: 10k; 1M global);
+                                            # None: the full layers' RoPE
+    rope_scaling: dict | None = None        # the full layers' RoPE scaling: {"type": "linear", "factor"} |
+                                            # {"type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+                                            #  "original_max_position_embeddings"} | {"type": "factors", "factors":
+                                            #  [D / 2] dividing each frequency (a GGUF's rope_freqs)}
+    final_logit_softcap: float | None = None   # logits = c * tanh(logits / c)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings; got {self.head_dim}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"hidden_act must be one of {', '.join(ACTIVATIONS)}; got {self.hidden_act!r}")
+        types = tuple(self.layer_types) or (("sliding" if self.sliding_window else "full"),) * self.num_layers
+        object.__setattr__(self, "layer_types", types)
+        if len(types) != self.num_layers or set(types) - set(LAYER_TYPES):
+            raise ConfigError(f"layer_types must give one of {', '.join(LAYER_TYPES)} for each of the "
+                              f"{self.num_layers} layers; got {list(types)}")
+        if "sliding" in types and not (self.sliding_window and self.sliding_window > 0):
+            raise ConfigError(f"sliding layers need sliding_window > 0; got {self.sliding_window}")
+        kind = (self.rope_scaling or {}).get("type")
+        if self.rope_scaling is not None and kind not in ROPE_SCALINGS:
+            raise ConfigError(f"rope_scaling type must be one of {', '.join(ROPE_SCALINGS)}; got {kind!r}")
+        if self.final_logit_softcap is not None and self.final_logit_softcap <= 0:
+            raise ConfigError(f"final_logit_softcap must be > 0 (or absent); got {self.final_logit_softcap}")
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else self.head_dim ** -0.5
+
+    @property
+    def llama_features(self) -> bool:
+        """Whether every family feature is llama's (transformers' LlamaForCausalLM runs these weights)."""
+        d = {f.name: f.default for f in dataclasses.fields(self) if f.name in _FEATURES}
+        return all(getattr(self, k) == v for k, v in d.items()) and set(self.layer_types) == {"full"} and \
+            (self.rope_scaling or {}).get("type") in (None, "linear", "llama3")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
+        d["layer_types"] = list(self.layer_types)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        d["layer_types"] = tuple(d.get("layer_types", ()))
         return cls(**d)
 
     def to_hf_config(self) -> dict:
         """config.json for transformers' LlamaForCausalLM (reference model, optimum export)."""
+        if not self.llama_features:
+            raise ConfigError(f"this {self.arch} model has features LlamaForCausalLM lacks; only llama-featured "
+                              "models convert to a llama config")
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -91,7 +151,17 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0],
             "torch_dtype": "float32",
+            **({"rope_scaling": _hf_rope_scaling(self.rope_scaling)} if self.rope_scaling else {}),
         }
+
+
+_FEATURES = ("attention_bias", "qk_norm", "post_norms", "hidden_act", "embedding_scale", "attention_scale",
+             "sliding_window", "rope_local_theta", "final_logit_softcap")
+
+
+def _hf_rope_scaling(r: dict) -> dict:
+    out = {k: v for k, v in r.items() if k != "type"}
+    return {"rope_type": r["type"], **out}
 
 
 

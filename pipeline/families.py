@@ -1,0 +1,288 @@
+"""The model families: a config.json's `model_type` or a GGUF's `general.architecture` -> one ModelConfig, and each
+family's tensors brought into the layout the graph builders read (transformers' names, pipeline/weights.py).
+
+The only module that knows family names (the builders switch on ModelConfig's fields). A family is a row of
+FAMILIES: its features from config.json, its features from the GGUF's `<arch>.*` keys, and its tensor fix-ups.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .errors import BuildError
+from .weights import ModelConfig
+
+
+@dataclass(frozen=True)
+class Family:
+    hf: Callable[[dict], dict]                        # config.json -> ModelConfig feature fields
+    gguf: Callable[[object, str], dict]               # (GGUF reader, "<arch>.") -> feature fields
+    fix_hf: tuple[Callable[[ModelConfig, dict], None], ...] = ()     # tensor fix-ups of a HF directory, in place
+    fix_gguf: tuple[Callable[[ModelConfig, dict], None], ...] = ()   # ... of a GGUF
+    gguf_names: dict = field(default_factory=dict)    # llama.cpp layer tensor -> HF suffix, over GGUF_LAYER_NAMES
+
+
+# ---------------------------------------------------------------- config.json
+
+def _hf_rope_scaling(cfg: dict) -> dict | None:
+    r = cfg.get("rope_scaling")
+    kind = (r or {}).get("rope_type", (r or {}).get("type", "default"))
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return {"type": "linear", "factor": float(r["factor"])}
+    if kind == "llama3":
+        return {"type": "llama3", "factor": float(r["factor"]), "low_freq_factor": float(r["low_freq_factor"]),
+                "high_freq_factor": float(r["high_freq_factor"]),
+                "original_max_position_embeddings": int(r["original_max_position_embeddings"])}
+    raise BuildError(f"rope_scaling type '{kind}' is not supported; supported: default, linear, llama3")
+
+
+def _hf_layers(cfg: dict, all_sliding: bool = False) -> dict:
+    """layer_types (transformers' "sliding_attention" / "full_attention") and the window; all_sliding: a family
+    whose sliding_window, when set, applies to every layer (Mistral, Phi-3)."""
+    window = cfg.get("sliding_window")
+    if cfg.get("layer_types"):
+        types = tuple("sliding" if t == "sliding_attention" else "full" for t in cfg["layer_types"])
+    else:
+        types = (("sliding" if all_sliding and window else "full"),) * cfg["num_hidden_layers"]
+    return {"layer_types": types, "sliding_window": int(window) if "sliding" in types else None}
+
+
+def _no_o_bias(cfg: dict) -> None:
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise BuildError("attention_bias / mlp_bias on o_proj or the MLP are not supported (only q/k/v biases, as "
+                         "Qwen2 has them)")
+
+
+def _hf_llama(cfg: dict) -> dict:
+    _no_o_bias(cfg)
+    return {"rope_scaling": _hf_rope_scaling(cfg)}
+
+
+def _hf_mistral(cfg: dict) -> dict:
+    return {**_hf_layers(cfg, all_sliding=True), "rope_scaling": _hf_rope_scaling(cfg)}
+
+
+def _hf_qwen2(cfg: dict) -> dict:
+    if not cfg.get("use_sliding_window"):
+        cfg = {**cfg, "sliding_window": None, "layer_types": None}
+    return {"attention_bias": True, **_hf_layers(cfg), "rope_scaling": _hf_rope_scaling(cfg)}
+
+
+def _hf_qwen3(cfg: dict) -> dict:
+    _no_o_bias(cfg)
+    return {**_hf_qwen2({**cfg}), "attention_bias": False, "qk_norm": True}
+
+
+def _hf_phi3(cfg: dict) -> dict:
+    if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise BuildError("Phi-3 with partial_rotary_factor != 1 (Phi-4-mini) is not supported yet")
+    return {**_hf_layers(cfg, all_sliding=True), "rope_scaling": _hf_rope_scaling(cfg)}
+
+
+def _hf_gemma3(cfg: dict) -> dict:
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise BuildError("Gemma attention logit softcapping (Gemma 2) is not supported")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise BuildError(f"Gemma 3 activation '{act}' is not supported; supported: gelu_pytorch_tanh")
+    return {"post_norms": True, "qk_norm": True, "hidden_act": "gelu_tanh",
+            "embedding_scale": math.sqrt(cfg["hidden_size"]),
+            "attention_scale": float(cfg.get("query_pre_attn_scalar", cfg.get("head_dim", 256))) ** -0.5,
+            **_hf_layers(cfg), "rope_local_theta": float(cfg.get("rope_local_base_freq", 10000.0)),
+            "rope_scaling": _hf_rope_scaling(cfg), "final_logit_softcap": cfg.get("final_logit_softcapping"),
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
+
+
+def hf_config(cfg: dict) -> ModelConfig:
+    """config.json (transformers) -> ModelConfig; an unknown model_type names the supported ones."""
+    mt = cfg.get("model_type") or ("llama" if "LlamaForCausalLM" in cfg.get("architectures", []) else None)
+    name = HF_MODEL_TYPES.get(mt)
+    if name is None:
+        raise BuildError(f"model_type '{mt}' is not supported; supported: {', '.join(sorted(HF_MODEL_TYPES))}")
+    heads = cfg["num_attention_heads"]
+    eos = cfg.get("eos_token_id", 2)
+    base = dict(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
+    )
+    return ModelConfig(**(base | FAMILIES[name].hf(cfg)), arch=name)
+
+
+# ---------------------------------------------------------------- GGUF
+
+def _key(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _gguf_common(reader, p: str) -> dict:
+    """ModelConfig's base fields from `<arch>.*` keys."""
+    hidden = int(_key(reader, p + "embedding_length"))
+    heads = int(_key(reader, p + "attention.head_count"))
+    eos = _key(reader, "tokenizer.ggml.eos_token_id")
+    vocab = _key(reader, p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    return dict(
+        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(_key(reader, p + "feed_forward_length")),
+        num_layers=int(_key(reader, p + "block_count")), num_heads=heads,
+        num_kv_heads=int(_key(reader, p + "attention.head_count_kv", heads)),
+        head_dim=int(_key(reader, p + "attention.key_length", hidden // heads)),
+        max_position_embeddings=int(_key(reader, p + "context_length", 2048)),
+        rope_theta=float(_key(reader, p + "rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_key(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
+        bos_token_id=_key(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+    )
+
+
+def _gguf_rope(reader, p: str) -> dict:
+    """RoPE scaling: `<arch>.rope.scaling.type` linear, or llama.cpp's rope_freqs tensor (Llama 3's scaling, as
+    the converter precomputed it: a divisor per frequency)."""
+    freqs = [t for t in reader.tensors if t.name == "rope_freqs.weight"]
+    if freqs:
+        return {"rope_scaling": {"type": "factors", "factors": [float(v) for v in np.asarray(freqs[0].data).ravel()]}}
+    kind = _key(reader, p + "rope.scaling.type")
+    if kind in (None, "none"):
+        return {}
+    if kind == "linear":
+        return {"rope_scaling": {"type": "linear", "factor": float(_key(reader, p + "rope.scaling.factor"))}}
+    raise BuildError(f"GGUF rope scaling '{kind}' is not supported; supported: linear, llama3 (rope_freqs)")
+
+
+def _gguf_window(reader, p: str, n_layers: int) -> dict:
+    window = _key(reader, p + "attention.sliding_window")
+    return {"sliding_window": int(window), "layer_types": ("sliding",) * n_layers} if window else {}
+
+
+def _gguf_llama(reader, p: str) -> dict:
+    return _gguf_rope(reader, p)
+
+
+def _gguf_qwen2(reader, p: str) -> dict:
+    return {"attention_bias": True, **_gguf_rope(reader, p)}
+
+
+def _gguf_qwen3(reader, p: str) -> dict:
+    return {"qk_norm": True, **_gguf_rope(reader, p)}
+
+
+def _gguf_phi3(reader, p: str) -> dict:
+    if any(t.name.startswith("rope_factors_") for t in reader.tensors):
+        raise BuildError("Phi-3 long-context RoPE (rope_factors_long/short, 128k models) is not supported yet")
+    d = int(_key(reader, p + "rope.dimension_count", 0) or 0)
+    if d and d != int(_key(reader, p + "attention.key_length", 0) or d):
+        raise BuildError("Phi-3 with partial rotary embeddings (Phi-4-mini) is not supported yet")
+    return {**_gguf_window(reader, p, int(_key(reader, p + "block_count"))), **_gguf_rope(reader, p)}
+
+
+def _gguf_gemma3(reader, p: str) -> dict:
+    """llama.cpp's Gemma 3 constants (llama-model.cpp): every 6th layer global, local RoPE base 10k, the
+    attention scale 1/sqrt(head_dim) (1/sqrt(hidden / heads) on the 62-layer 27B)."""
+    hidden, heads = int(_key(reader, p + "embedding_length")), int(_key(reader, p + "attention.head_count"))
+    n, d = int(_key(reader, p + "block_count")), int(_key(reader, p + "attention.key_length", 256))
+    window = _key(reader, p + "attention.sliding_window")
+    softcap = _key(reader, p + "final_logit_softcapping")
+    return {"post_norms": True, "qk_norm": True, "hidden_act": "gelu_tanh", "embedding_scale": math.sqrt(hidden),
+            "attention_scale": (hidden / heads if n == 62 else d) ** -0.5,
+            "sliding_window": int(window) if window else None,
+            "layer_types": tuple("sliding" if window and (i + 1) % 6 else "full" for i in range(n)),
+            "rope_local_theta": 10000.0, "final_logit_softcap": float(softcap) if softcap else None,
+            **_gguf_rope(reader, p)}
+
+
+def gguf_config(reader) -> ModelConfig:
+    arch = _key(reader, "general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise BuildError(f"GGUF architecture '{arch}' is not supported; supported: {', '.join(sorted(GGUF_ARCHS))}")
+    p = f"{arch}."
+    return ModelConfig(**(_gguf_common(reader, p) | FAMILIES[GGUF_ARCHS[arch]].gguf(reader, p)), arch=arch)
+
+
+# llama.cpp's tensor names -> transformers'; norms by role (weights.norm_names), the rest per layer suffix
+GGUF_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                     "output.weight": "lm_head.weight"}
+GGUF_NORM_ROLES = {"attn_norm.weight": "attn_in", "post_attention_norm.weight": "attn_out",
+                   "ffn_norm.weight": "mlp_in", "post_ffw_norm.weight": "mlp_out"}
+GGUF_LAYER_NAMES = {
+    **{f"attn_{x}.{kind}": f"self_attn.{x}_proj.{kind}" for x in "qkv" for kind in ("weight", "bias")},
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def gguf_tensor_names(cfg: ModelConfig) -> dict[str, str]:
+    """Every GGUF tensor name the family uses -> its transformers name (rope_freqs etc. are read as config)."""
+    from .weights import norm_names
+    roles = norm_names(cfg)
+    layer = {g: f"{roles[r]}.weight" for g, r in GGUF_NORM_ROLES.items() if roles[r]}
+    layer |= GGUF_LAYER_NAMES | FAMILIES[GGUF_ARCHS[cfg.arch]].gguf_names
+    out = dict(GGUF_GLOBAL_NAMES)
+    for i in range(cfg.num_layers):
+        out |= {f"blk.{i}.{g}": f"model.layers.{i}.{h}" for g, h in layer.items()}
+    return out
+
+
+# ---------------------------------------------------------------- tensor fix-ups
+
+def unpermute_qk(cfg: ModelConfig, t: dict) -> None:
+    """Undo llama.cpp's q/k row permutation of llama GGUFs (its rope pairs (2i, 2i+1); HF pairs (i, i + d/2)):
+    rows stored as (head, half, pair) -> back to (head, pair, half)."""
+    for name, w in list(t.items()):
+        for proj, n in (("q_proj", cfg.num_heads), ("k_proj", cfg.num_kv_heads)):
+            if name.endswith(f"self_attn.{proj}.weight"):
+                t[name] = np.ascontiguousarray(
+                    w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+def split_fused(cfg: ModelConfig, t: dict) -> None:
+    """Phi-3's fused qkv_proj [(Hq + 2 Hkv) D, H] and gate_up_proj [2 I, H] (gate first) into the separate
+    projections (the builders fuse them again, with LoRA targets per projection)."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    for name in [n for n in t if n.endswith(("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"))]:
+        w, stem = t.pop(name), name.rsplit(".", 2)[0]
+        if name.endswith("qkv_proj.weight"):
+            parts = {"q_proj": w[:q], "k_proj": w[q:q + kv], "v_proj": w[q + kv:]}
+        else:
+            parts = {"gate_proj": w[:cfg.intermediate_size], "up_proj": w[cfg.intermediate_size:]}
+        t.update({f"{stem}.{k}.weight": np.ascontiguousarray(v) for k, v in parts.items()})
+
+
+def norms_plus_one(cfg: ModelConfig, t: dict) -> None:
+    """Gemma's RMSNorms multiply by (1 + w): fold the 1 in (llama.cpp's converter does the same for its GGUFs)."""
+    for name in [n for n in t if n.endswith("norm.weight")]:
+        t[name] = (t[name] + np.float32(1.0)).astype(np.float32)
+
+
+def fix_tensors(cfg: ModelConfig, tensors: dict, source: str) -> None:
+    """Apply the family's fix-ups of a `source` ("hf" or "gguf") to tensors, in place."""
+    fam = FAMILIES[GGUF_ARCHS.get(cfg.arch, cfg.arch)]
+    for fix in fam.fix_hf if source == "hf" else fam.fix_gguf:
+        fix(cfg, tensors)
+
+
+FAMILIES = {
+    "llama": Family(_hf_llama, _gguf_llama, fix_gguf=(unpermute_qk,)),
+    "mistral": Family(_hf_mistral, _gguf_llama),
+    "qwen2": Family(_hf_qwen2, _gguf_qwen2),
+    "qwen3": Family(_hf_qwen3, _gguf_qwen3),
+    "phi3": Family(_hf_phi3, _gguf_phi3, fix_hf=(split_fused,), fix_gguf=(split_fused,),
+                   gguf_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
+                               "ffn_up.weight": "mlp.gate_up_proj.weight"}),
+    "gemma3": Family(_hf_gemma3, _gguf_gemma3, fix_hf=(norms_plus_one,)),
+}
+HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                  "gemma3_text": "gemma3"}
+GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
