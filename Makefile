@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint test-asan bench bench-ray bench-peers bench-vs-peers soak adapters browser clean
+.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers soak adapters browser clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -37,8 +37,9 @@ $(DEFAULT_ARTIFACT)/manifest.json: runtime/contract.py | $(STAMP)
 serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm serve $(DEFAULT_ARTIFACT) --host $(HOST) --port $(PORT)
 
+# The whole suite on this CPU's best ops path, then the ops-numerics tests again on the AVX2 path (ci/run_tests.sh).
 test: $(STAMP) ops browser lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	PYTEST_ARGS='$(PYTEST_ARGS)' bash ci/run_tests.sh
 
 # ruff over the whole tree (rules and each exception: pyproject.toml [tool.ruff]), and clang-format over
 # custom_ops/src (custom_ops/.clang-format; its exclusions and why: ci/clang_format_check.sh).
@@ -58,6 +59,12 @@ test-asan: $(STAMP)
 # Figures for docs/benchmarks.md (minutes; never part of make test).
 bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,memory,ops --out $(BENCH_OUT)
+
+# The held-out quality table of docs/quality.md: every build option of SmolLM2 scored on held-out prose, code and
+# chat, on this CPU's best ops path and on the AVX2 path (ci/quality_table.sh; tens of minutes, never in make test).
+QUALITY_OUT ?= quality-results
+quality: $(STAMP) ops
+	bash ci/quality_table.sh $(QUALITY_OUT)
 
 # `ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, alternating (docs/service.md).
 bench-ray: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json

@@ -8,8 +8,9 @@ Three sources, each deterministic and identified by the sha256 of its text in ev
   modules (real English technical prose and code), in a seeded order. Its sha256 depends on the Python
   version that wrote it, so reports carry it.
 
-`fidelity_windows` turns them into the token streams the fidelity suite scores: documents joined by the
-EOS token, cut into windows of `ctx` tokens, as many as `tokens` needs.
+The corpus and the chat prompts are calibration text (pipeline/calib_activations.py reads them); HumanEval is
+the humaneval suite's. Fidelity figures never score any of them: they score held-out text from other sources
+(calibration/heldout.py).
 """
 from __future__ import annotations
 
@@ -147,51 +148,3 @@ def _fresh_corpus(seed: int) -> list[str]:
     docs = [d for m in CORPUS_MODULES for d in _docs_of(m)]
     random.Random(seed).shuffle(docs)
     return docs
-
-
-# ---------------------------------------------------------------- token streams
-
-@dataclass(frozen=True)
-class Windows:
-    windows: list[list[int]]      # token windows of <= ctx tokens, scored independently
-    sha256: dict                  # source name -> sha256 of its text
-    sources: str                  # how the stream was made (for the report)
-
-
-def fidelity_documents(tokenizer=None) -> tuple[list[str], dict]:
-    """The fidelity stream's documents, interleaved: corpus, chat prompts (templated when the tokenizer has a
-    chat template), HumanEval prompt + solution. Returns (documents, {source: sha256})."""
-    corpus = list(corpus_documents())
-    chats = []
-    for conv in chat_conversations(64):
-        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-            chats.append(tokenizer.apply_chat_template(conv, add_generation_prompt=True))
-        else:
-            chats.append("\n".join(f"{m['role']}: {m['content']}" for m in conv))
-    code = [p.prompt + p.canonical_solution for p in humaneval_problems()]
-    docs = []
-    for i in range(max(len(corpus), len(chats), len(code))):
-        for src in (corpus, chats, code):
-            if i < len(src):
-                docs.append(src[i])
-    sha = {"corpus": sha256_text("\0".join(corpus)), "chat": sha256_text("\0".join(chats)),
-           "humaneval": sha256_text("\0".join(code))}
-    return docs, sha
-
-
-def fidelity_windows(tokenizer, tokens: int, ctx: int, eos_id: int | None) -> Windows:
-    """Windows of `ctx` tokens whose scored positions (ctx - 1 each) add up to >= `tokens`."""
-    docs, sha = fidelity_documents(tokenizer)
-    need = -(-tokens // (ctx - 1)) * ctx
-    stream: list[int] = []
-    for d in docs:
-        stream += tokenizer.encode(d)
-        if eos_id is not None:
-            stream.append(eos_id)
-        if len(stream) >= need:
-            break
-    if len(stream) < need:
-        raise DataError(f"the calibration stream holds {len(stream)} tokens; {need} were asked for: lower --tokens")
-    windows = [stream[i:i + ctx] for i in range(0, need, ctx)]
-    return Windows(windows, sha, f"corpus (docstrings of {len(CORPUS_MODULES)} stdlib modules, seed {CORPUS_SEED}) "
-                                "+ chat templates + HumanEval prompt/solution, interleaved, EOS-joined")

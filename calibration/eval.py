@@ -1,8 +1,10 @@
 """`ortllm eval ARTIFACT --reference REF --suite fidelity,humaneval --out DIR`: quality report of an artifact.
 
     load both (verified; same source weights and model config, else refused)
-    fidelity:  windows of the calibration stream -> candidate and reference logits, position by position
-               -> kld_mean, kld_p99, top1_agreement, ppl_ratio +- err, tokens           (calibration/fidelity.py)
+    fidelity:  windows of held-out text (prose, code, chat; calibration/heldout.py) -> candidate and reference
+               logits, position by position -> kld_mean, kld_p99, top1_agreement, ppl_ratio +- err, tokens,
+               all domains together and under "domains" each alone; "isa": the ops' kernel path
+                                                                                        (calibration/fidelity.py)
     humaneval: NLL per canonical-solution token (candidate and reference), greedy pass@1 in a sandbox
                                                                                         (calibration/humaneval.py)
     -> DIR/report.json, DIR/report.md, DIR/kld_hist.png (+ DIR/tensor_error.png when the artifact has quality.json)
@@ -80,20 +82,24 @@ def _commit() -> str | None:
 
 
 def run_fidelity(cands: list, ref, opts: EvalOptions) -> list[tuple[dict, object]]:
-    """Fidelity of each candidate against the reference on the same windows (reference scored once)."""
+    """Fidelity of each candidate against the reference on the held-out windows (calibration/heldout.py), per
+    domain and all together (reference scored once)."""
+    from ortllm.runtime.ops_library import ops_isa
     from ortllm.runtime.tokenizer import Tokenizer
 
-    from .data import fidelity_windows
-    from .fidelity import make_scorer, score_many
+    from .fidelity import PairedStats, domain_summary, make_scorer, score_domains
+    from .heldout import heldout_windows
 
     tok = Tokenizer.from_dir(ref.path)
     eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
-    windows = fidelity_windows(tok, opts.tokens, opts.ctx, eos)
+    held = heldout_windows(tok, opts.tokens, opts.ctx, eos)
     scorers = [make_scorer(c, opts.ctx, opts.threads) for c in cands]
-    with _progress(sum(map(len, windows.windows)), "fidelity", opts.progress) as bar:
-        stats = score_many(scorers, make_scorer(ref, opts.ctx, opts.threads), windows.windows, opts.chunk, bar)
-    data = {"sources": windows.sources, "sha256": windows.sha256, "windows": len(windows.windows), "ctx": opts.ctx}
-    return [({**st.summary(), "data": data}, st) for st in stats]
+    total = sum(len(w) for ws in held.windows.values() for w in ws)
+    with _progress(total, "fidelity", opts.progress) as bar:
+        per = score_domains(scorers, make_scorer(ref, opts.ctx, opts.threads), held.windows, opts.chunk, bar)
+    isa = ops_isa() if any(c.graph == "engine" for c in [*cands, ref]) else None
+    return [({**domain_summary(d), "isa": isa, "data": held.report()}, PairedStats.merged(list(d.values())))
+            for d in per]
 
 
 def run_humaneval(cand, ref, opts: EvalOptions) -> dict:
@@ -179,7 +185,7 @@ def evaluate_many(artifacts: list[Path], reference: Path, out_dir: Path, opts: E
     if "fidelity" in opts.suites:
         for r, (fid, st), i in zip(reports, run_fidelity(cands, ref, opts), range(len(cands))):
             r["fidelity"], stats[i] = fid, st
-    from .report import write_markdown, write_plots
+    from .report import write_markdown, write_plots, write_summary
     for cand, r, st in zip(cands, reports, stats):
         if "humaneval" in opts.suites:
             r["humaneval"] = run_humaneval(cand, ref, opts)
@@ -192,4 +198,6 @@ def evaluate_many(artifacts: list[Path], reference: Path, out_dir: Path, opts: E
         r["plots"] = write_plots(d, st, tensors)
         (d / "report.json").write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
         (d / "report.md").write_text(write_markdown(r))
+    if subdirs and "fidelity" in opts.suites:
+        (Path(out_dir) / "summary.md").write_text(write_summary(reports))
     return reports

@@ -73,6 +73,17 @@ class PairedStats:
     def kld_values(self) -> np.ndarray:
         return np.concatenate(self.kld)
 
+    @classmethod
+    def merged(cls, parts: list["PairedStats"]) -> "PairedStats":
+        """The statistics of all positions of `parts` together (the all-domains line of a report)."""
+        out = cls()
+        for p in parts:
+            out.kld += p.kld
+            out.top1 += p.top1
+            out.dnll += p.dnll
+            out.nll_ref += p.nll_ref
+        return out
+
 
 # ---------------------------------------------------------------- scorers
 
@@ -128,6 +139,22 @@ def draft_artifact(path: Path, manifest: dict) -> Artifact:
 def score_pair(cand, ref, windows: list[list[int]], chunk: int = 512, progress=None) -> PairedStats:
     """Paired statistics of two scorers over token windows (every position but each window's last)."""
     return score_many([cand], ref, windows, chunk, progress)[0]
+
+
+def score_domains(cands: list, ref, windows: dict[str, list[list[int]]], chunk: int = 512,
+                  progress=None) -> list[dict[str, PairedStats]]:
+    """score_many per domain: for each candidate, domain -> its PairedStats (reference scored once)."""
+    out: list[dict[str, PairedStats]] = [{} for _ in cands]
+    for name, ws in windows.items():
+        for per, st in zip(out, score_many(cands, ref, ws, chunk, progress)):
+            per[name] = st
+    return out
+
+
+def domain_summary(per_domain: dict[str, PairedStats]) -> dict:
+    """A fidelity section: the summary of all domains together, with each domain's own under "domains"."""
+    return {**PairedStats.merged(list(per_domain.values())).summary(),
+            "domains": {name: st.summary() for name, st in per_domain.items()}}
 
 
 def score_many(cands: list, ref, windows: list[list[int]], chunk: int = 512, progress=None) -> list[PairedStats]:

@@ -48,6 +48,43 @@ def _fmt(v) -> str:
     return "-" if v is None else str(v)
 
 
+def fidelity_table(f: dict) -> str:
+    """A markdown table of a fidelity section: one row per domain, then all domains together."""
+    rows = ["| text | positions | mean KLD | p99 KLD | top-1 agreement | PPL ratio |", "|---|---|---|---|---|---|"]
+    for name, d in [*f.get("domains", {}).items(), ("all", f)]:
+        rows.append(f"| {name} | {d['tokens']} | {_fmt(d['kld_mean'])} | {_fmt(d['kld_p99'])} | "
+                    f"{d['top1_agreement']:.2%} | {d['ppl_ratio']:.4f} ± {d['ppl_ratio_err']:.4f} |")
+    return "\n".join(rows)
+
+
+def build_label(build: dict) -> str:
+    """The build options a reader compares: weights, block, algorithm, head, KV cache."""
+    if not build:
+        return "?"
+    w = build.get("quant")
+    if w != "fp32":
+        w += f" b{build.get('block_size')} {build.get('algo')}"
+    return f"{w}, head {build.get('lm_head')}, KV {build.get('kv')}"
+
+
+def write_summary(reports: list[dict]) -> str:
+    """One table of several reports' fidelity (ortllm eval A B ...: OUT/summary.md), a row per artifact and domain."""
+    rows = [f"# ortllm eval: {len(reports)} artifacts against {Path(reports[0]['reference']).name}", "",
+            f"- machine: {reports[0].get('machine')}; commit: {reports[0].get('commit')}; ops path: "
+            f"{reports[0].get('fidelity', {}).get('isa')}", f"- command: `{reports[0].get('command')}`", "",
+            "| artifact | build | text | positions | mean KLD | p99 KLD | top-1 | PPL ratio |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        f = r.get("fidelity")
+        if not f:
+            continue
+        for name, d in [*f.get("domains", {}).items(), ("all", f)]:
+            rows.append(f"| {Path(r['artifact']).name} | {build_label(r.get('build', {}))} | {name} | {d['tokens']} | "
+                        f"{d['kld_mean']:.5f} | {d['kld_p99']:.4f} | {d['top1_agreement']:.2%} | "
+                        f"{d['ppl_ratio']:.4f} ± {d['ppl_ratio_err']:.4f} |")
+    return "\n".join(rows) + "\n"
+
+
 def write_markdown(r: dict) -> str:
     lines = [f"# ortllm eval: {Path(r['artifact']).name} vs {Path(r['reference']).name}", "",
              f"- recipe: {r.get('recipe')}; build: `{r.get('build')}`",
@@ -55,14 +92,13 @@ def write_markdown(r: dict) -> str:
              f"- command: `{r.get('command')}`", ""]
     if "fidelity" in r:
         f = r["fidelity"]
-        lines += ["## Fidelity (paired against the fp32 reference, same token streams)", "",
-                  "| tokens | mean KLD | p99 KLD | top-1 agreement | PPL ratio | ln PPL ratio |",
-                  "|---|---|---|---|---|---|",
-                  f"| {f['tokens']} | {_fmt(f['kld_mean'])} | {_fmt(f['kld_p99'])} | {f['top1_agreement']:.4%} | "
-                  f"{f['ppl_ratio']:.5f} ± {f['ppl_ratio_err']:.5f} | {f['ln_ppl_ratio']:.5f} ± "
-                  f"{f['ln_ppl_ratio_err']:.5f} |", "",
-                  f"Data: {f['data']['sources']}; {f['data']['windows']} windows of {f['data']['ctx']} tokens; "
-                  f"sha256 {f['data']['sha256']}.", ""]
+        lines += [f"## Fidelity on held-out text (paired against the fp32 reference; ops path {f.get('isa')})", "",
+                  fidelity_table(f), ""]
+        for name, d in f["data"].items():
+            srcs = ", ".join(f"{s['name']} ({s['sha256'][:12]})" for s in d.get("sources", []))
+            lines.append(f"- {name}: {d['description']}; {d['windows']} windows of {d['ctx']} tokens"
+                         + (f"; sources (sha256): {srcs}" if srcs else ""))
+        lines.append("")
     if "humaneval" in r:
         h = r["humaneval"]
         lines += ["## HumanEval", "", "| n | NLL/token | reference NLL/token | greedy pass@1 |", "|---|---|---|---|",

@@ -188,6 +188,9 @@ def quality_line(path: Path) -> str | None:
     what = f"weights {b.get('quant')}, LM head {b.get('lm_head')}, KV {b.get('kv')}"
     if not fid:
         return f"quality ({what}): no fidelity figures in {C.QUALITY}"
-    return (f"quality ({what}) vs fp32 over {fid['tokens']} tokens: PPL ratio {fid['ppl_ratio']:.4f} "
-            f"± {fid['ppl_ratio_err']:.4f}, mean KLD {fid['kld_mean']:.5f}, top-1 {fid['top1_agreement']:.2%} "
-            f"({C.QUALITY}; full-size figures: ortllm eval)")
+    doms = fid.get("domains", {})
+    worst = (f"; worst domain: KLD {max(d['kld_mean'] for d in doms.values()):.5f}, top-1 "
+             f"{min(d['top1_agreement'] for d in doms.values()):.2%} ({', '.join(doms)})") if doms else ""
+    return (f"quality ({what}) vs fp32 over {fid['tokens']} held-out tokens: PPL ratio {fid['ppl_ratio']:.4f} "
+            f"± {fid['ppl_ratio_err']:.4f}, mean KLD {fid['kld_mean']:.5f}, top-1 {fid['top1_agreement']:.2%}"
+            f"{worst} ({C.QUALITY}; full-size figures: ortllm eval)")

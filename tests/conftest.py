@@ -1,6 +1,7 @@
 """Shared fixtures: real artifacts built once per test session, and the transformers references."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -18,12 +19,35 @@ def smollm2_gguf() -> Path:
     return locate_package_file(get_recipe("smollm2-135m-instruct"))
 
 
+# ORTLLM_TEST_ARTIFACTS=DIR (set by ci/run_tests.sh for both of `make test`'s runs): session artifacts are built
+# once into DIR, named by recipe and options, and the forced-AVX2 run reuses them (builds are atomic: a directory
+# with a manifest.json is complete).
+SHARED_ARTIFACTS = os.environ.get("ORTLLM_TEST_ARTIFACTS")
+
+
 def _build(tmp_path_factory, spec: str, **opts) -> Path:
     from ortllm.cli.build import build_artifact
     from ortllm.pipeline.build import BuildOptions
-    out = tmp_path_factory.mktemp("artifacts") / spec
+    if SHARED_ARTIFACTS:
+        key = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+        out = Path(SHARED_ARTIFACTS) / f"{spec}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        if (out / "manifest.json").is_file():
+            return out
+    else:
+        out = tmp_path_factory.mktemp("artifacts") / spec
     build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
     return out
+
+
+def pytest_report_header(config):
+    """The ops' kernel path this session runs on (make test runs the isa_paths tests on every path)."""
+    try:
+        from ortllm.runtime.ops_library import ops_isa
+        isa = ops_isa()
+    except Exception as exc:   # noqa: BLE001 - the header must not stop the session; the tests say what is wrong
+        return f"ortllm ops path: unknown ({exc})"
+    forced = os.environ.get("ORTLLM_OPS_ISA")
+    return f"ortllm ops path: {isa}" + (f" (forced by ORTLLM_OPS_ISA={forced})" if forced else " (this CPU's best)")
 
 
 @pytest.fixture(scope="session")
@@ -61,15 +85,14 @@ def smollm2_hf(smollm2_gguf):
 
 # SmolLM2 builds for the quality gates (tests/calibration) and the batch-invariance tests (tests/runtime),
 # built once per session on first use. Each quantized build carries quality.json: the paired fidelity
-# check against the same weights in fp32, run inside the build on QUALITY_TOKENS tokens (reduced for CI;
-# full-size figures in docs/quality.md with their commands).
-QUALITY_TOKENS = 1024
+# check against the same weights in fp32 on held-out text (calibration/heldout.py), run inside the build on
+# QUALITY_TOKENS scored positions (the default: 1,365 per domain; full-size figures in docs/quality.md).
+QUALITY_TOKENS = 4096
 
 GATE_BUILDS = {
     "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (smooth.py)
     "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8", kv="fp32"),   # the weights alone
-    "int4-b32-head4": dict(quant="int4", block_size=32),   # the default int4 build: int4 head (GPTQ, searched grid),
-                                                            # int8 KV
+    "int4": dict(quant="int4"),                         # the default int4 build: RTN b32, int8 head, int8 KV
     "kv-int8": dict(kv="int8"),
     "kv-fp8": dict(kv="fp8"),
     "kv-int4": dict(kv="int4"),     # no gate: it fails the 8-bit caches' (docs/quality.md); invariance tests only

@@ -17,7 +17,11 @@ def test_eval_cli_writes_report_and_plots(smollm2_quantized, smollm2_engine, tmp
     assert rc == 0
     r = json.loads((out / "report.json").read_text())
     assert {"kld_mean", "kld_p99", "top1_agreement", "ppl_ratio", "ppl_ratio_err", "tokens"} <= set(r["fidelity"])
-    assert r["fidelity"]["tokens"] == 255
+    # 255 asked for: one window of 256 tokens (255 scored positions) per held-out domain
+    assert r["fidelity"]["tokens"] == 3 * 255
+    assert {d: v["tokens"] for d, v in r["fidelity"]["domains"].items()} == {"prose": 255, "code": 255, "chat": 255}
+    assert set(r["fidelity"]["data"]) == {"prose", "code", "chat"}
+    assert all(len(s["sha256"]) == 64 for d in r["fidelity"]["data"].values() for s in d["sources"])
     assert {"nll_per_token", "pass_at_1", "n"} <= set(r["humaneval"]) and r["humaneval"]["n"] == 2
     assert 0 < r["humaneval"]["nll_per_token"] < 5
     assert (out / "report.md").read_text().startswith("# ortllm eval")

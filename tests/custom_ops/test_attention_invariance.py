@@ -15,6 +15,8 @@ import pytest
 from tests.custom_ops.conftest import paged_attention_model, session
 from tests.custom_ops.pa_cases import make_case
 
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+
 H, HKV, D, BS = 9, 3, 64, 16      # SmolLM2's attention
 N = 40                            # tokens of the sequence (3 blocks, the last partial)
 

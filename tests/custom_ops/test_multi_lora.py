@@ -10,6 +10,8 @@ from onnx import helper
 from tests.custom_ops.conftest import F16, F32, I32, LORA_INPUTS, assert_close, multi_lora_model, session
 from tests.reference.multi_lora import multi_lora_ref, slot_a
 
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+
 
 @pytest.fixture(scope="module")
 def sess():

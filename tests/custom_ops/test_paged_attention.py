@@ -23,6 +23,8 @@ from tests.custom_ops.pa_cases import SCENARIOS, bind_in_place, make_case, order
 from tests.reference.hadamard import dequantize, unpack_int4
 from tests.reference.paged_attention import paged_attention_ref
 
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+
 HEADS = [(9, 3), (32, 4)]  # SmolLM2, TinyLlama
 D = 64
 _sessions: dict = {}

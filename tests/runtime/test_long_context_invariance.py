@@ -14,6 +14,8 @@ import pytest
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+
 CITIES = ["Busan", "Lisbon", "Oslo", "Quito", "Lagos", "Hanoi", "Perth", "Tunis", "Porto", "Cusco"]
 PLANS = ["free", "pro", "team"]
 RECORDS = "\n".join(f"id {i}: {CITIES[i * 7 % 10]}, plan {PLANS[i % 3]}, {100 + i * 37 % 900} credits"
