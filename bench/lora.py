@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortllm.pipeline.adapters import add_adapter
+from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.contract import ModelConfig
 from ortllm.runtime.engine import Engine
@@ -40,7 +40,7 @@ def write_peft_lora(out: Path, model: ModelConfig, rank: int, seed: int, targets
     """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) with seeded random weights."""
     from safetensors.numpy import save_file
 
-    from ortllm.pipeline.adapters import target_shapes
+    from ortllm.runtime.adapter_files import target_shapes
 
     rng = np.random.default_rng(seed)
     shapes, tensors = target_shapes(model), {}

@@ -184,7 +184,7 @@ def _train_adapter(a) -> None:
     from ortllm.calibration.adapter_tasks import TASKS
     from ortllm.pipeline.adapter_train import TrainConfig, train_lora
     from ortllm.runtime.config import physical_cores
-    from ortllm.pipeline.adapters import add_adapter
+    from ortllm.runtime.adapter_files import add_adapter
     from ortllm.pipeline.errors import BuildError
 
     if a.task not in TASKS:
@@ -208,7 +208,7 @@ def _train_adapter(a) -> None:
 
 
 def _run_adapters(a) -> int:
-    from ortllm.pipeline import adapters
+    from ortllm.runtime import adapter_files as adapters
 
     if a.adapters_verb == "train":
         _train_adapter(a)

@@ -67,7 +67,7 @@ class AdapterRegistry:
                 raise UnknownAdapter(name, sorted(set(self.entries) - self._retiring)) from None
 
     def add(self, name: str, entry: dict) -> None:
-        """Register an adapter written into the artifact while serving (pipeline.adapters.add_adapter).
+        """Register an adapter written into the artifact while serving (runtime/adapter_files.py add_adapter).
         A name still retiring is live again: the next sweep must not drop the new entry."""
         with self._lock:
             self.entries[name] = entry

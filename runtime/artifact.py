@@ -44,8 +44,8 @@ def file_entry(path: Path) -> dict:
 class Manifest:
     """manifest.json as a typed object, read once per load (read_manifest) and handed to whoever needs it.
 
-    The pipeline writes it (pipeline/build.py write_artifact; pipeline/adapters.py adds and removes adapters
-    through to_dict()); every reader uses these fields."""
+    The builder writes it (pipeline/build.py write_artifact), runtime/adapter_files.py adds and removes adapters
+    through to_dict(); every reader uses these fields."""
     format_version: int
     contract_version: int
     graph: str                                  # C.GRAPH_KINDS

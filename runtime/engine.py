@@ -296,7 +296,7 @@ class Engine:
         return iter(self.submit(prompt, params))
 
     def add_adapter(self, name: str, entry: dict) -> None:
-        """Serve an adapter just written into the artifact (ortllm.pipeline.adapters.add_adapter's entry)."""
+        """Serve an adapter just written into the artifact (runtime/adapter_files.py add_adapter's entry)."""
         self.adapters.add(name, entry)
 
     def retire_adapter(self, name: str) -> None:

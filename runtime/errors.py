@@ -16,6 +16,7 @@ exception outside this tree.
     ├── Overloaded                     queue full; raised at submit at once, retry later (HTTP 429/503)
     ├── EngineDeadError                fatal; the engine stopped and every pending request fails with it
     ├── ArtifactError                  runtime/artifact.py: missing, damaged or of another version
+    ├── AdapterFileError               runtime/adapter_files.py: a PEFT directory or adapter name is wrong
     ├── OpsLibraryError                runtime/ops_library.py: libortllm_ops.so missing or stale (make ops)
     ├── StoreError                     runtime/store.py: the local model store
     ├── MemoryBudgetExceeded           runtime/session_manager.py
@@ -60,6 +61,11 @@ class PromptTooLong(RequestError):
         else:
             msg = f"prompt has {prompt_len} tokens but at most {max_len} fit{where}; shorten the prompt"
         super().__init__(msg)
+
+
+class AdapterFileError(OrtllmError):
+    """A PEFT LoRA directory cannot become an artifact adapter, or an adapter name is wrong or taken; the message
+    says what to change (runtime/adapter_files.py)."""
 
 
 class InvalidSamplingParams(RequestError):

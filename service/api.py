@@ -87,8 +87,8 @@ def _pool_cards(res: EngineResource) -> list[dict]:
           ok=json_ok("Model", "the adapter's model card"), status=201, errors=(400, 401, 403, 409, 413, 415, 503))
 def load_adapter():
     """{"name": NAME, "path": PEFT_DIR on the server}: convert into the artifact and serve it as model NAME."""
-    from ortllm.pipeline.adapters import add_adapter
-    from ortllm.pipeline.errors import BuildError
+    from ortllm.runtime.adapter_files import add_adapter
+    from ortllm.runtime.errors import AdapterFileError
 
     res = current_resources()
     engine = res.require_engine()
@@ -100,7 +100,7 @@ def load_adapter():
                        param="name", code="adapter_exists")
     try:
         entry = add_adapter(engine.artifact.path, Path(path), name, force=True)
-    except BuildError as e:
+    except AdapterFileError as e:
         raise bad_request(str(e), param="path") from None
     engine.add_adapter(name, entry)
     log.info("adapter loaded", extra={"adapter": name, "rank": entry["rank"]})
@@ -112,7 +112,7 @@ def load_adapter():
           errors=(401, 403, 404, 503), params={"name": "the adapter"})
 def unload_adapter(name: str):
     """Refused for new requests at once; requests already running finish; the file leaves the artifact."""
-    from ortllm.pipeline.adapters import remove_adapter
+    from ortllm.runtime.adapter_files import remove_adapter
 
     res = current_resources()
     engine = res.require_engine()

@@ -11,7 +11,7 @@ import pytest
 from ortllm.runtime.errors import OrtllmError
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "pipeline", "service", "protocol", "calibration", "batch", "bench", "cli", "store")
+PACKAGES = ("runtime", "pipeline", "service", "protocol", "calibration", "batch", "bench", "cli")
 # Exceptions that never reach a user, each with the reason.
 INTERNAL = {
     "ortllm.runtime.block_pool.NoFreeBlocks",    # the scheduler catches it and preempts (runtime/scheduler.py)

@@ -1,149 +1,150 @@
-"""The dependency direction of DESIGN.md, as an AST scan of every import (module level and inside functions).
+"""The dependency rules of docs/architecture.md ("Dependency rules"), one per top-level package, checked on an AST
+scan of every import (module level and inside functions; tests/import_graph.py).
 
-    cli  ->  anything (the composition root: e.g. the build with its in-build quality check, cli/build.py)
-    service, batch, calibration  ->  runtime, protocol          bench  ->  anything but cli
-    protocol (the OpenAI request/response protocol: no Flask)  ->  runtime
-    pipeline  ->  runtime.{contract, artifact, errors, tokenizer} and calibration's data (data.py,
-                  adapter_tasks.py), which must themselves reach no other runtime module
-    runtime   ->  nothing of ours outside runtime
-Product code never imports bench; bench/peers/ (the peers' drivers, run in their own venv) imports nothing of ours.
+A rule lists what the folder's modules may reach outside their own folder, directly or through other modules
+(a whole folder, or single modules of one); some also name third-party packages they must never reach. Every
+top-level package of ours has exactly one rule, and no rule has exceptions: an edge the rules do not allow is
+fixed in the code, by moving what both sides need to where the rules let both reach it.
 """
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from tests.import_graph import Graph, packages
 
-REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "pipeline", "service", "protocol", "calibration", "batch", "bench", "cli")
-PIPELINE_RUNTIME = {"runtime", "runtime.contract", "runtime.artifact", "runtime.errors", "runtime.tokenizer"}
-PIPELINE_CALIBRATION = {"calibration.data", "calibration.adapter_tasks"}
-# What the stated modules use themselves (reached, never imported by the pipeline directly): artifact
-# verification hashes through runtime.hash_cache; runtime.process tells a live writer's leftovers from a dead one's.
-PIPELINE_RUNTIME_REACHED = {"runtime.hash_cache", "runtime.process"}
-
-# Known exception, left for a later change (reported in issue 22): the service's adapter upload
-# (POST/DELETE /v1/adapters) rewrites the artifact with pipeline.adapters.
-SERVICE_EXCEPTIONS = {"pipeline", "pipeline.adapters", "pipeline.errors"}
+EVERYTHING = ("runtime", "pipeline", "protocol", "service", "calibration", "batch", "bench", "cli", "models")
 
 
-def _module_of(path: Path) -> str:
-    """bench/peer_runner.py -> 'bench.peer_runner'; runtime/__init__.py -> 'runtime' (ortllm.* without ortllm.)."""
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+@dataclass(frozen=True)
+class Rule:
+    why: str
+    may_reach: tuple[str, ...]          # folders ('runtime') or modules ('runtime.contract') outside the folder
+    never_reach: tuple[str, ...] = ()   # third-party packages no module it reaches may import
 
 
-def _imports(path: Path) -> set[str]:
-    """Our modules `path` imports, as 'runtime.engine' (relative imports resolved)."""
-    mod = _module_of(path).split(".")
-    package = mod if path.name == "__init__.py" else mod[:-1]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[:len(package) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-                names = [target] + [f"{target}.{a.name}" for a in node.names]
-            else:
-                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
-        else:
+RULES = {
+    "runtime": Rule("the engine and the artifact contract: imports nothing of ours outside runtime/", ()),
+    "pipeline": Rule("the offline build: the artifact contract and the tokenizer of the runtime (artifact "
+                     "verification uses hash_cache and process), calibration's text and tasks; never the engine",
+                     ("runtime.contract", "runtime.artifact", "runtime.errors", "runtime.tokenizer",
+                      "runtime.hash_cache", "runtime.process", "calibration.data", "calibration.adapter_tasks")),
+    "protocol": Rule("the OpenAI/Ollama request and response protocol, shared by the service and the batch job: "
+                     "the runtime only, and no Flask", ("runtime",), ("flask", "werkzeug")),
+    "service": Rule("the HTTP service drives the engine through the protocol", ("runtime", "protocol")),
+    "batch": Rule("the batch job drives the engine through the protocol, without Flask", ("runtime", "protocol"),
+                  ("flask", "werkzeug")),
+    "calibration": Rule("eval jobs and the in-build quality check drive the engine", ("runtime",)),
+    "bench": Rule("measures everything but is measured by nothing: product code never reaches bench (no other "
+                  "rule lists it) and bench never reaches the command line",
+                  tuple(p for p in EVERYTHING if p not in ("bench", "cli"))),
+    "cli": Rule("the composition root: every verb, `ortllm bench` included, so the one folder that reaches bench",
+                tuple(p for p in EVERYTHING if p != "cli")),
+    "ortllm": Rule("the import namespace; `python -m ortllm` runs the command line", EVERYTHING),
+    "models": Rule("recipes (TOML): data, no code of ours", ()),
+}
+
+
+def _allowed(dep: str, rule: Rule, own: str) -> bool:
+    return dep.split(".")[0] == own or any(dep == a or dep.startswith(a + ".") for a in rule.may_reach)
+
+
+def violations(graph: Graph, rules: dict[str, Rule]) -> list[str]:
+    """Every module whose reach breaks its folder's rule, with the import chain that does it."""
+    out = []
+    missing = sorted(set(graph.packages) - set(rules))
+    out += [f"{p}/ has no rule in tests/test_layering.py RULES" for p in missing]
+    for mod in sorted(graph.modules):
+        own = mod.split(".")[0]
+        if own not in rules:
             continue
-        for n in names:
-            if n.startswith("ortllm."):
-                n = n[len("ortllm."):]
-            elif n.split(".")[0] not in PACKAGES:
-                continue
-            out.add(n)
-    return {n for n in out if _is_module(n)}
+        rule = rules[own]
+        paths = graph.paths_from(mod)
+        for dep, chain in sorted(paths.items()):
+            if not _allowed(dep, rule, own):
+                out.append(f"{mod} reaches {dep}: {' -> '.join(chain)}")
+        for m in [mod, *paths]:
+            bad = graph.external[m] & set(rule.never_reach)
+            if bad:
+                via = " -> ".join(paths[m]) if m != mod else mod
+                out.append(f"{mod} reaches {', '.join(sorted(bad))} (imported by {m}: {via})")
+    return out
 
 
-def _is_module(name: str) -> bool:
-    p = REPO.joinpath(*name.split("."))
-    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+def test_every_package_has_one_rule():
+    assert set(packages()) == set(RULES), "a top-level package without a rule, or a rule without a package"
 
 
-def _product_files():
-    for pkg in PACKAGES:
-        for f in sorted((REPO / pkg).rglob("*.py")):
-            if "peers" not in f.relative_to(REPO).parts:
-                yield f
-
-
-GRAPH = {_module_of(f): _imports(f) for f in _product_files()}
-
-
-def _closure(start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for dep in GRAPH.get(todo.pop(), ()):
-            if dep not in seen:
-                seen.add(dep)
-                todo.append(dep)
-    return seen
-
-
-def _violations(pkg: str, allowed) -> list[str]:
-    return [f"{m} imports {d}" for m, deps in sorted(GRAPH.items()) if m.split(".")[0] == pkg
-            for d in sorted(deps) if d.split(".")[0] != pkg and not allowed(d)]
-
-
-def test_runtime_imports_nothing_of_ours_outside_itself():
-    assert _violations("runtime", lambda d: False) == []
-
-
-def test_pipeline_imports_only_the_stated_runtime_modules():
-    assert _violations("pipeline", lambda d: d in PIPELINE_RUNTIME | PIPELINE_CALIBRATION) == []
-    for m in [m for m in GRAPH if m.split(".")[0] == "pipeline"]:
-        reached = {d for d in _closure(m) if d.split(".")[0] not in ("pipeline",)}
-        extra = reached - PIPELINE_RUNTIME - PIPELINE_CALIBRATION - PIPELINE_RUNTIME_REACHED
-        assert not extra, f"{m} reaches {sorted(extra)}"
-
-
-def test_protocol_is_flask_free_and_uses_only_runtime():
-    assert _violations("protocol", lambda d: d.split(".")[0] == "runtime") == []
-    for f in (REPO / "protocol").rglob("*.py"):
-        tree = ast.parse(f.read_text())
-        roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        roots |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
-                  if isinstance(n, ast.ImportFrom) and not n.level}
-        assert not roots & {"flask", "werkzeug"}, f"{f.name} imports {roots & {'flask', 'werkzeug'}}"
-
-
-@pytest.mark.parametrize("pkg", ["service", "batch", "calibration"])
-def test_service_batch_calibration_use_runtime_and_protocol(pkg):
-    allowed = {"runtime", "protocol"}
-    extra = SERVICE_EXCEPTIONS if pkg == "service" else set()
-    assert _violations(pkg, lambda d: d.split(".")[0] in allowed or d in extra) == []
-
-
-def test_product_code_never_imports_bench():
-    users = [f"{m} imports {d}" for m, deps in sorted(GRAPH.items()) if m.split(".")[0] not in ("bench", "cli")
-             for d in deps if d.split(".")[0] == "bench"]
-    assert users == []
-    assert _violations("bench", lambda d: d.split(".")[0] != "cli") == []
-
-
-def test_peer_drivers_import_nothing_of_ortllm():
-    for f in sorted((REPO / "bench" / "peers").glob("*.py")):
-        tree = ast.parse(f.read_text())
-        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert not {n for n in names if n.split(".")[0] in ("ortllm", *PACKAGES)}, f.name
+def test_the_rules_hold():
+    assert violations(Graph(), RULES) == []
 
 
 def test_the_scan_sees_imports():
-    """The scan itself: a known edge of each kind (module level, in a function, relative)."""
-    assert "runtime.block_pool" in GRAPH["runtime.scheduler"]
-    assert "calibration.quality" in GRAPH["cli.build"]
-    assert "protocol.openai" in GRAPH["protocol.generation"]
+    """Known edges of each kind: module level, in a function, relative, a submodule through its package."""
+    g = Graph()
+    assert "runtime.block_pool" in g.edges["runtime.scheduler"]        # from .block_pool import ...
+    assert "calibration.quality" in g.edges["cli.build"]               # inside build_artifact()
+    assert "protocol.openai" in g.edges["protocol.generation"]
+    assert "runtime.contract" in g.edges["pipeline.build"]             # from ortllm.runtime import contract as C
+    assert "flask" in g.external["service.app"]
+
+
+def _tree(root: Path, files: dict[str, str]) -> Graph:
+    for rel, text in files.items():
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    return Graph(root)
+
+
+def test_planted_violations_are_caught(tmp_path):
+    """A tree with one breach of each kind: the check names each, with its chain; the clean modules pass."""
+    g = _tree(tmp_path, {
+        "runtime/__init__.py": "",
+        "runtime/contract.py": "X = 1\n",
+        "runtime/engine.py": "from .contract import X\n",
+        "runtime/leak.py": "def f():\n    from ortllm.service import app\n",                 # lazy, upwards
+        "pipeline/__init__.py": "",
+        "pipeline/ok.py": "from ortllm.runtime import contract\n",
+        "pipeline/bad.py": "from ortllm.runtime.engine import X\n",                          # not a stated module
+        "protocol/__init__.py": "",
+        "protocol/p.py": "from ortllm.runtime import contract\n",
+        "protocol/web.py": "from flask import Flask\n",                                     # protocol uses Flask
+        "service/__init__.py": "",
+        "service/app.py": "import flask\nfrom ortllm.protocol import p\n",
+        "batch/__init__.py": "",
+        "batch/job.py": "from ortllm.protocol import web\n",                                # Flask, two steps away
+        "bench/__init__.py": "",
+        "bench/b.py": "from ortllm.cli import main\n",
+        "cli/__init__.py": "def main():\n    from ortllm.bench import b\n",                  # allowed for cli
+        "calibration/__init__.py": "",
+        "calibration/c.py": "import ortllm.bench.b\n",                                       # product -> bench
+        "extra/__init__.py": "",                                                            # a package, no rule
+    })
+    rules = {k: v for k, v in RULES.items() if k not in ("ortllm", "models")}
+    got = violations(g, rules)
+    expected = [
+        "extra/ has no rule",
+        "runtime.leak reaches service.app: runtime.leak -> service.app",
+        "pipeline.bad reaches runtime.engine: pipeline.bad -> runtime.engine",
+        "protocol.web reaches flask (imported by protocol.web: protocol.web)",
+        "batch.job reaches flask (imported by protocol.web: batch.job -> protocol.web)",
+        "bench.b reaches cli: bench.b -> cli",
+        "calibration.c reaches bench.b: calibration.c -> bench.b",
+    ]
+    for e in expected:
+        assert any(v.startswith(e) for v in got), (e, got)
+    assert not [v for v in got if v.startswith(("pipeline.ok", "service.app", "protocol.p ", "cli "))], got
+
+
+def test_peer_drivers_import_nothing_of_ortllm():
+    """bench/peers/ runs in the peers' own venv (no ortllm installed there)."""
+    g = Graph()
+    peers = [m for m in g.modules if m.startswith("bench.peers.")]
+    assert peers and all(not g.edges[m] and "ortllm" not in g.external[m] for m in peers)
 
 
 def test_batch_runs_without_importing_flask(tiny_engine, tmp_path):

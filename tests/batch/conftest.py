@@ -15,7 +15,7 @@ BASE = "llama-tiny-random"     # the recipe: the base model's name, as the servi
 @pytest.fixture(scope="session")
 def batch_artifact(tiny_engine, tmp_path_factory) -> Path:
     """A copy of tiny_engine with adapters qv (q,v) and mlp (gate,up,down)."""
-    from ortllm.pipeline.adapters import add_adapter
+    from ortllm.runtime.adapter_files import add_adapter
     from ortllm.pipeline.sources import load_model
     from tests.reference.peft_lora import make_peft_lora
 

@@ -7,7 +7,7 @@ import shutil
 
 from ortllm.calibration.adapter_eval import peft_greedy_ids, task_accuracy
 from ortllm.pipeline.adapter_train import TrainConfig, train_lora
-from ortllm.pipeline.adapters import add_adapter
+from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.engine import Engine
 
 

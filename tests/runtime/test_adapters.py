@@ -6,8 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from ortllm.pipeline.adapters import add_adapter, list_adapters, remove_adapter
-from ortllm.pipeline.errors import BuildError
+from ortllm.runtime.adapter_files import add_adapter, list_adapters, remove_adapter
+from ortllm.runtime.errors import AdapterFileError
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import UnknownAdapter
 from ortllm.runtime.sampling_params import SamplingParams
@@ -196,7 +196,7 @@ def test_bad_peft_dirs_are_refused(adapted, tiny_weights, tmp_path):
         cfg = json.loads((bad / "adapter_config.json").read_text())
         cfg[field] = value
         (bad / "adapter_config.json").write_text(json.dumps(cfg))
-        with pytest.raises(BuildError, match=needle):
+        with pytest.raises(AdapterFileError, match=needle):
             add_adapter(art, bad, "bad")
     from safetensors.numpy import load_file, save_file
     huge = tmp_path / "huge"                 # a value float16 (the session's slot stacks) cannot hold
@@ -205,11 +205,11 @@ def test_bad_peft_dirs_are_refused(adapted, tiny_weights, tmp_path):
     key = next(k for k in tensors if "lora_B" in k)
     tensors[key][0, 0] = 1e5
     save_file(tensors, str(huge / "adapter_model.safetensors"))
-    with pytest.raises(BuildError, match=r"lora_B has max \|value\| 100000, outside float16"):
+    with pytest.raises(AdapterFileError, match=r"lora_B has max \|value\| 100000, outside float16"):
         add_adapter(art, huge, "bad")
-    with pytest.raises(BuildError, match="adapter_config.json"):
+    with pytest.raises(AdapterFileError, match="adapter_config.json"):
         add_adapter(art, tmp_path, "bad")
-    with pytest.raises(BuildError, match="name"):
+    with pytest.raises(AdapterFileError, match="name"):
         add_adapter(art, good, "../escape")
     assert "bad" not in list_adapters(art)
 
@@ -221,12 +221,12 @@ def test_add_and_remove_round_trip(tiny_engine, tiny_weights, tmp_path):
     _peft(tiny_weights, tmp_path / "p", seed=1, r=8, targets=["v_proj"])
     add_adapter(art, tmp_path / "p", "x")
     load_artifact(art)                                   # manifest covers the adapter file
-    with pytest.raises(BuildError, match="already has"):
+    with pytest.raises(AdapterFileError, match="already has"):
         add_adapter(art, tmp_path / "p", "x")
     remove_adapter(art, "x")
     assert not (art / "adapters" / "x.safetensors").exists()
     load_artifact(art)
-    with pytest.raises(BuildError, match="no adapter named"):
+    with pytest.raises(AdapterFileError, match="no adapter named"):
         remove_adapter(art, "x")
 
 

@@ -104,7 +104,7 @@ def test_stop_strings_max_tokens_logprobs_streaming_n(smollm2_engine):
 
 @pytest.mark.slow
 def test_adapter_and_guided_rows(smollm2_engine, tmp_path):
-    from ortllm.pipeline.adapters import add_adapter
+    from ortllm.runtime.adapter_files import add_adapter
     from ortllm.pipeline.sources import load_model
     from tests.reference.peft_lora import make_peft_lora
 

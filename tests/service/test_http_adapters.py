@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ortllm.pipeline.adapters import add_adapter
+from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.sampling_params import SamplingParams
 from ortllm.service.config import ServiceConfig
 from tests.reference.peft_lora import make_peft_lora

@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from ortllm.pipeline.adapters import add_adapter
+from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
 from ortllm.runtime.session_manager import estimate_bytes

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import requests
 
-from ortllm.pipeline.adapters import add_adapter
+from ortllm.runtime.adapter_files import add_adapter
 from ortllm.service.config import ServiceConfig
 from tests.reference.peft_lora import make_peft_lora
 

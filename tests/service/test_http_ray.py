@@ -22,7 +22,7 @@ import requests
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'ortllm[ray]'")
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ortllm[ray]'")
 
-from ortllm.pipeline.adapters import add_adapter                   # noqa: E402
+from ortllm.runtime.adapter_files import add_adapter                   # noqa: E402
 from ortllm.service.config import ServiceConfig                     # noqa: E402
 from tests.reference.peft_lora import make_peft_lora                # noqa: E402
 

@@ -1,4 +1,6 @@
-"""`ortllm adapters add|list|remove`: PEFT LoRA directories into an artifact's adapter format.
+"""An artifact's adapter files: PEFT LoRA directories converted into the artifact's adapter format, added to
+and removed from the manifest. Used by `ortllm adapters add|list|remove|train` (cli/) and by the service's
+POST/DELETE /v1/adapters while it serves; the engine reads what this writes (runtime/adapters.py).
 
 An adapter is `adapters/<name>.safetensors` holding, per adapted projection, the MultiLoRA layout
   layers.{i}.{target}.a  [in, r]   (PEFT lora_A.weight [r, in], transposed)
@@ -12,15 +14,15 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
 
-from ortllm.runtime import contract as C
-from ortllm.runtime.artifact import file_entry, read_manifest
-from ortllm.runtime.contract import ModelConfig
-
-from .errors import BuildError
+from . import contract as C
+from .artifact import file_entry, read_manifest
+from .contract import ModelConfig
+from .errors import AdapterFileError
 
 MAX_RANK = 64
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -36,18 +38,44 @@ def target_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
 
 
-def _read_peft(peft_dir: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    from .sources import read_safetensors
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """name -> fp32 array; BF16 too (PEFT saves adapters in their training dtype; NumPy has no bfloat16)."""
+    raw = path.read_bytes()
+    try:
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8:8 + n])
+    except (struct.error, ValueError, UnicodeDecodeError):
+        raise AdapterFileError(f"{path} is not a safetensors file (damaged header)") from None
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise AdapterFileError(f"{path}: tensor {name} has dtype {info['dtype']}; supported: F32, F16, BF16")
+        start, end = (8 + n + o for o in info["data_offsets"])
+        if end > len(raw):
+            raise AdapterFileError(f"{path} is truncated: tensor {name} ends at byte {end}, file has {len(raw)}")
+        arr = np.frombuffer(raw, dtype, (end - start) // np.dtype(dtype).itemsize, start).reshape(info["shape"])
+        if info["dtype"] == "BF16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        out[name] = np.ascontiguousarray(arr, dtype=np.float32)
+    return out
+
+
+def _read_peft(peft_dir: Path) -> tuple[dict, dict[str, np.ndarray]]:
     cfg_path, weights_path = peft_dir / "adapter_config.json", peft_dir / "adapter_model.safetensors"
     if not cfg_path.is_file() or not weights_path.is_file():
-        raise BuildError(f"{peft_dir} is not a PEFT LoRA directory: it needs adapter_config.json and "
-                         "adapter_model.safetensors (PeftModel.save_pretrained writes both)")
+        raise AdapterFileError(f"{peft_dir} is not a PEFT LoRA directory: it needs adapter_config.json and "
+                               "adapter_model.safetensors (PeftModel.save_pretrained writes both)")
     try:
         cfg = json.loads(cfg_path.read_text())
     except ValueError as e:
-        raise BuildError(f"{cfg_path} is not valid JSON ({e})") from None
-    return cfg, read_safetensors(weights_path)
+        raise AdapterFileError(f"{cfg_path} is not valid JSON ({e})") from None
+    return cfg, _read_safetensors(weights_path)
 
 
 def _check_config(cfg: dict) -> None:
@@ -62,7 +90,7 @@ def _check_config(cfg: dict) -> None:
     ]
     for bad, msg in refuse:
         if bad:
-            raise BuildError(f"adapter_config.json: {msg}")
+            raise AdapterFileError(f"adapter_config.json: {msg}")
 
 
 def convert_peft(peft_dir: Path, model: ModelConfig) -> tuple[dict[str, np.ndarray], dict]:
@@ -71,8 +99,8 @@ def convert_peft(peft_dir: Path, model: ModelConfig) -> tuple[dict[str, np.ndarr
     _check_config(cfg)
     r = int(cfg.get("r", 0))
     if not 1 <= r <= MAX_RANK or cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
-        raise BuildError(f"adapter_config.json: r is {r} (rank_pattern {cfg.get('rank_pattern') or 'none'}); "
-                         f"ranks 1..{MAX_RANK}, one rank for all modules, are supported")
+        raise AdapterFileError(f"adapter_config.json: r is {r} (rank_pattern {cfg.get('rank_pattern') or 'none'}); "
+                               f"ranks 1..{MAX_RANK}, one rank for all modules, are supported")
     alpha = float(cfg.get("lora_alpha", r))
     scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
     shapes = target_shapes(model)
@@ -80,33 +108,34 @@ def convert_peft(peft_dir: Path, model: ModelConfig) -> tuple[dict[str, np.ndarr
     for key, arr in weights.items():
         m = _KEY.search(key)
         if not m:
-            raise BuildError(f"adapter tensor {key} is not a LoRA weight of a llama projection "
-                             f"({', '.join(shapes)})")
+            raise AdapterFileError(f"adapter tensor {key} is not a LoRA weight of a llama projection "
+                                   f"({', '.join(shapes)})")
         layer, target, which = int(m.group(1)), m.group(3), m.group(4)
         if target not in shapes:
-            raise BuildError(f"adapter tensor {key}: module {target} is not one of {', '.join(shapes)}")
+            raise AdapterFileError(f"adapter tensor {key}: module {target} is not one of {', '.join(shapes)}")
         if layer >= model.num_layers:
-            raise BuildError(f"adapter tensor {key}: layer {layer}, the base model has {model['num_layers']}")
+            raise AdapterFileError(f"adapter tensor {key}: layer {layer}, the base model has {model.num_layers}")
         pairs.setdefault((layer, target), {})[which] = arr
     tensors, targets = {}, set()
     for (layer, target), ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
-            raise BuildError(f"adapter has lora_{next(iter(ab))} but not its pair for layers.{layer}.{target}")
+            raise AdapterFileError(f"adapter has lora_{next(iter(ab))} but not its pair for layers.{layer}.{target}")
         n_in, n_out = shapes[target]
         a, b = ab["A"], ab["B"]
         if a.shape != (r, n_in) or b.shape != (n_out, r):
-            raise BuildError(f"adapter layers.{layer}.{target}: lora_A {a.shape}, lora_B {b.shape} do not fit the "
-                             f"base projection ({n_in} -> {n_out}) at rank {r}; was it trained on another model?")
+            raise AdapterFileError(f"adapter layers.{layer}.{target}: lora_A {a.shape}, lora_B {b.shape} do not fit "
+                                   f"the base projection ({n_in} -> {n_out}) at rank {r}; was it trained on another "
+                                   "model?")
         for which, w in (("A", a), ("B", b)):   # the session holds adapters in float16 slot stacks
             peak = float(np.max(np.abs(w))) if w.size else 0.0
             if not peak <= _F16_MAX:
-                raise BuildError(f"adapter layers.{layer}.{target}: lora_{which} has max |value| {peak:g}, "
-                                 f"outside float16 (the runtime's adapter slots; limit {_F16_MAX:g})")
+                raise AdapterFileError(f"adapter layers.{layer}.{target}: lora_{which} has max |value| {peak:g}, "
+                                       f"outside float16 (the runtime's adapter slots; limit {_F16_MAX:g})")
         tensors[f"layers.{layer}.{target}.a"] = np.ascontiguousarray(a.T, np.float32)
         tensors[f"layers.{layer}.{target}.b"] = np.ascontiguousarray(b.T, np.float32)
         targets.add(target)
     if not tensors:
-        raise BuildError(f"{peft_dir} holds no LoRA weights")
+        raise AdapterFileError(f"{peft_dir} holds no LoRA weights")
     return tensors, {"rank": r, "scale": scale, "targets": sorted(targets)}
 
 
@@ -123,9 +152,9 @@ def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False, 
     artifact = Path(artifact)
     current = read_manifest(artifact)
     if not _NAME.match(name):
-        raise BuildError(f"adapter name {name!r} must be 1-64 letters, digits, '.', '_' or '-' (no '/')")
+        raise AdapterFileError(f"adapter name {name!r} must be 1-64 letters, digits, '.', '_' or '-' (no '/')")
     if name in current.adapters and not force:
-        raise BuildError(f"the artifact already has an adapter named {name!r}; remove it first or pass --force")
+        raise AdapterFileError(f"the artifact already has an adapter named {name!r}; remove it first or pass --force")
     tensors, info = convert_peft(Path(peft_dir), current.model)
     manifest = current.to_dict()
     rel = f"adapters/{name}.safetensors"
@@ -146,7 +175,7 @@ def remove_adapter(artifact: Path, name: str) -> None:
     entry = manifest.get("adapters", {}).pop(name, None)
     if entry is None:
         known = ", ".join(sorted(manifest.get("adapters", {}))) or "none"
-        raise BuildError(f"the artifact has no adapter named {name!r} (adapters: {known})")
+        raise AdapterFileError(f"the artifact has no adapter named {name!r} (adapters: {known})")
     manifest["files"].pop(entry["file"], None)
     _write_manifest(artifact, manifest)
     (artifact / entry["file"]).unlink(missing_ok=True)
