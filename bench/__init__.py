@@ -1,1 +1,1 @@
-"""`ortllm bench`: scenarios that report figures (DESIGN.md, Benchmarks), never timed tests."""
+"""`ortllm bench`: scenarios that report figures (docs/architecture.md, Benchmarks), never timed tests."""

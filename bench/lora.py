@@ -1,4 +1,4 @@
-"""LoRA scenarios: the cost of adapters in mixed batches (DESIGN.md, Benchmarks).
+"""LoRA scenarios: the cost of adapters in mixed batches (docs/architecture.md, Benchmarks).
 
 lora-overhead: 16 concurrent sequences decoding, all base vs spread over 1, 2, 4 distinct adapters of rank
 8, 16 or 32 (LoRA on q, k, v, o), measured two ways:

@@ -1,4 +1,4 @@
-"""`memory` scenario: KV bytes per token and peak RSS (DESIGN.md, Benchmarks).
+"""`memory` scenario: KV bytes per token and peak RSS (docs/architecture.md, Benchmarks).
 
 ortllm is measured in a fresh child process (`python -m ortllm.bench.memory ARTIFACT ...`), so nothing the
 bench process loaded before counts; the child reads its own VmHWM (peak resident set, /proc/self/status):

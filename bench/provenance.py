@@ -1,5 +1,5 @@
 """Where a figure came from: the machine, the commit and the command, the same in every results.json (and
-results.md) the bench writes (STYLE 14: figures come with their command).
+results.md) the bench writes (docs/architecture.md, Conventions: figures come with their command).
 
     machine()  "AMD EPYC 7B13 (2 cores available; avx2, fma), 24 GiB, Linux-..., onnxruntime 1.31.1, ops avx2"
     commit()   "cb50a05", or "cb50a05+dirty" when tracked files differ from it (the one dirty marker)

@@ -1,5 +1,5 @@
 """results.json of `ortllm bench`: rows {scenario, system, batch, metric, median, min, max, unit} plus the
-machine, the commit and the command that made them (DESIGN.md, Interfaces; bench/provenance.py). Every
+machine, the commit and the command that made them (docs/architecture.md, Interfaces; bench/provenance.py). Every
 entry point writes it through write_results, once per run."""
 from __future__ import annotations
 

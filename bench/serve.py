@@ -1,4 +1,5 @@
-"""`serve` scenario: HTTP load against a real `ortllm serve` (DESIGN.md, Benchmarks: TTFT, TPOT, ITL, goodput).
+"""`serve` scenario: HTTP load against a real `ortllm serve`: TTFT, TPOT, ITL, goodput (docs/architecture.md,
+Benchmarks).
 
 The server runs as a user runs it, in its own process (`ortllm serve ARTIFACT --host 127.0.0.1 --port 0`),
 so the clients' Python never shares its GIL. Per concurrency level C: a closed loop of C client threads in the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peers for `ortllm bench --peers` (DESIGN.md, Benchmarks), idempotent; `make bench-peers [MODEL=...]` runs it.
+# Peers for `ortllm bench --peers` (docs/architecture.md, Benchmarks), idempotent; `make bench-peers [MODEL=...]` runs it.
 #
 #   .venv-peers/                 own virtualenv (git-ignored by its own .gitignore): onnxruntime-genai 0.18
 #                                needs transformers >= 5 for its model builder, and ortllm's venv pins < 4.58

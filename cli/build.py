@@ -1,7 +1,7 @@
 """The build as the CLI runs it: ortllm.pipeline's build with the in-build quality check composed in.
 
-The check (ortllm.calibration.quality) runs the engine, which the pipeline may not import (DESIGN.md,
-dependency direction; tests/test_layering.py), so it is joined here, above both."""
+The check (ortllm.calibration.quality) runs the engine, which the pipeline may not import (docs/architecture.md,
+Dependency rules; tests/test_layering.py), so it is joined here, above both."""
 from __future__ import annotations
 
 

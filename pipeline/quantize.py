@@ -1,4 +1,4 @@
-"""Weight-only quantizers for com.microsoft MatMulNBits, behind two verbs (STYLE.md 4).
+"""Weight-only quantizers for com.microsoft MatMulNBits, behind two verbs (docs/architecture.md, Conventions).
 
     quantize(w [N, K] fp32) -> QuantizedWeight   packed data + scales (+ zero points) + its own error
     dequantize(q)           -> fp32 [N, K]        the NumPy reference of what MatMulNBits computes with

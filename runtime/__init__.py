@@ -1,4 +1,4 @@
-"""ortllm.runtime: `from ortllm.runtime import Engine, SamplingParams` (DESIGN.md, Interfaces).
+"""ortllm.runtime: `from ortllm.runtime import Engine, SamplingParams` (docs/architecture.md, Interfaces).
 
 Exports resolve lazily, so the pipeline can import ortllm.runtime.contract without loading the engine."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One config tree for the engine (STYLE 1), built once at the entry point and handed down.
+"""One config tree for the engine (docs/architecture.md, Conventions), built once at the entry point and handed down.
 
     EngineConfig
     ├── scheduler: SchedulerConfig   token budget, queue, adapter cap per step, aging

@@ -1,7 +1,7 @@
-"""Errors in layers (STYLE 12): every error a user can see is an OrtllmError, so the CLI prints any of them as
-one line (`ortllm: error: ...`, cli/__init__.py main) and the service answers any of them with its error
-envelope (protocol/errors.py to_api_error). tests/test_errors.py checks that no product module defines an
-exception outside this tree.
+"""Errors in layers (docs/architecture.md, Conventions): every error a user can see is an OrtllmError, so the
+CLI prints any of them as one line (`ortllm: error: ...`, cli/__init__.py main) and the service answers any of
+them with its error envelope (protocol/errors.py to_api_error). tests/test_errors.py checks that no product
+module defines an exception outside this tree.
 
     OrtllmError
     ├── ConfigError(ValueError)        bad configuration; raised at construction, before anything runs

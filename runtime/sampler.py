@@ -1,4 +1,5 @@
-"""Sampling as small pure functions over batched logits (STYLE 9; vLLM Sampler, gpt-fast logits_to_probs).
+"""Sampling as small pure functions over batched logits (docs/architecture.md, Conventions; as vLLM's Sampler
+and gpt-fast's logits_to_probs).
 
 Pipeline for one step, logits: [B, V] float32, one row per sequence that needs a token:
 

@@ -1,4 +1,5 @@
-"""Continuous-batching scheduler, vLLM v1 style (STYLE 8): an interface, one implementation, plain messages.
+"""Continuous-batching scheduler, vLLM v1 style: an interface, one implementation, plain messages
+(docs/architecture.md, Conventions).
 
 The engine loop, one step at a time:
 

@@ -2,7 +2,7 @@
 
 Standard library and numpy only: the drivers run inside .venv-peers, which has no ortllm installed.
 
-Scenarios (DESIGN.md, Benchmarks; the same for ortllm in runner.py):
+Scenarios (docs/architecture.md, Benchmarks; the same for ortllm in runner.py):
   decode        prompt 64 random tokens, 128 new tokens, batch B; aggregate decode tok/s =
                 B * (new - 1) tokens after the first (prefill) token / the time they took
   prefill       prompt 512 random tokens, B = 1; seconds until the first token (prompt forward + argmax)

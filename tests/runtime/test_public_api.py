@@ -1,4 +1,4 @@
-"""The Python interface named in DESIGN.md, used as a user would, on the real SmolLM2 artifact."""
+"""The Python interface of docs/architecture.md (Interfaces), used as a user would, on the real SmolLM2 artifact."""
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """Live servers for the service tests: waitress on a free 127.0.0.1 port, in a background thread, serving a real
-engine (no mocks). `app` / `client` are the Flask-way fixtures (STYLE 10) on the same engine."""
+engine (no mocks). `app` / `client` are the Flask-way fixtures (docs/architecture.md, Conventions) on the same
+engine."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
-"""The official `openai` client, unchanged, against the live server; invariance (STYLE 11)."""
+"""The official `openai` client, unchanged, against the live server; serving invariance (docs/architecture.md,
+Conventions)."""
 from __future__ import annotations
 
 import json

@@ -37,7 +37,7 @@ def free_port() -> int:
 
 
 def zipf_trace(n: int, seed: int) -> list[str]:
-    """n adapter names, Zipf s = 1 over ADAPTERS (DESIGN.md, Benchmarks: the multi-adapter trace)."""
+    """n adapter names, Zipf s = 1 over ADAPTERS (docs/architecture.md, Benchmarks: the multi-adapter trace)."""
     rng = random.Random(seed)
     weights = [1 / (k + 1) for k in range(len(ADAPTERS))]
     return rng.choices(ADAPTERS, weights, k=n)
