@@ -72,3 +72,15 @@ def test_readme_request_to_a_live_server(tiny_engine):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+
+def test_layout_names_every_top_level_folder():
+    """The README's Layout section names each folder `git ls-files` has at the top level, and no other."""
+    layout = README.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    folders = {f.split("/")[0] for f in files if "/" in f}
+    named = set(re.findall(r"`(\.?[a-z_]+)/", layout))          # `pipeline/`, `bench/peers/`, `.ci/run`
+    assert folders <= named, f"folders the Layout leaves out: {sorted(folders - named)}"
+    bullets = set(re.findall(r"^- `([a-z_]+)/`", layout, re.M))
+    assert bullets <= folders, f"the Layout names folders the repository does not have: {sorted(bullets - folders)}"
