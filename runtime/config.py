@@ -79,16 +79,16 @@ class SchedulerConfig:
     # drafted tokens per decode row at most; 0: speculative decoding off. Verified rows give bitwise the
     # logits of single decode steps at every context length (tests/runtime/test_long_context_invariance.py),
     # so drafts never change the tokens. On by default: on a quiet machine it gains at B = 1 on both grounded
-    # and open-ended chat (docs/benchmarks.md, "Speculative decoding").
+    # and open-ended chat (docs/benchmarks.md; the runs: docs/notes/benchmarks.md, "Speculative decoding").
     spec_max_tokens: int = 8
     # shortest suffix n-gram looked up in the sequence's own tokens: 3 since multi-step decoding made plain greedy
-    # steps cheaper; 2-token matches drafted often enough on open chat to cost 3.6% there (docs/benchmarks.md)
+    # steps cheaper; 2-token matches drafted often enough on open chat to cost 3.6% there (docs/notes/benchmarks.md)
     spec_ngram_min: int = 3
     spec_ngram_max: int = 4            # longest (tried first)
     # prompt-lookup drafts only in steps with at most this many decode rows: a drafted token costs about what
     # a decode row costs, so it pays while a step's fixed cost (streaming the weights, per-node overhead)
     # dominates, not once the rows' own arithmetic is most of the step: open-ended chat measured 0.96x at
-    # B = 4 with drafts on, 1.00x at B = 2 (docs/benchmarks.md). Forced tokens of a grammar are drafted at any
+    # B = 4 with drafts on, 1.00x at B = 2 (docs/notes/benchmarks.md). Forced tokens of a grammar are drafted at any
     # batch size (they are always accepted).
     spec_max_batch: int = 2
     # multi-step decoding (vLLM's num_scheduler_steps): a step in which every row decodes one token by the raw
