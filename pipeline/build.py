@@ -228,15 +228,6 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     (tmp / C.QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
-def context_length(cfg, graph: str) -> int:
-    """The positions an artifact serves: the engine graph's bound (graph_engine.engine_context_length) or the
-    model's own."""
-    if graph == "engine":
-        from .graph_engine import engine_context_length
-        return engine_context_length(cfg)
-    return cfg.max_position_embeddings
-
-
 def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path,
                    log=print, quality_check: QualityCheck | None = None) -> dict:
     """Write every artifact file into `tmp` and return the manifest (also written)."""
@@ -255,7 +246,7 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
         "eos_token_ids": eos,
         "bos_token_id": tok.bos_token_id if tok else cfg.bos_token_id,
         "pad_token_id": tok.pad_token_id if tok else None,
-        "context_length": context_length(cfg, opts.graph),
+        "context_length": cfg.max_position_embeddings,
     }
     (tmp / C.GENERATION).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
     graphs = {}

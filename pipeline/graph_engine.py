@@ -81,7 +81,8 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     """x + attention(input_layernorm(x)): PagedAttention over the pool, o_proj adding the residual x; the cache
     outputs are graph outputs that the runtime aliases to the inputs. The family's features: q/k/v biases and
     q/k head norms as plain ops between the projections and PagedAttention, the layer type's RoPE tables, the
-    softmax scale, and an output norm before the residual add (then o_proj adds nothing).
+    softmax scale, a sliding layer's window, and an output norm before the residual add (then o_proj adds
+    nothing).
 
         x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v [+ biases] [-> q/k head RMSNorm] -> PagedAttention
                                      (positions, cu_seqlens, context_lens, block_tables, cos, sin,
@@ -111,11 +112,16 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
                 cos, sin, *ins], f"{path}/paged", n_out=1 + len(ins), domain=C.OPS_DOMAIN,
                num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
                block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(quantized and kv_rotate), layer=i,
-               scale=float(cfg.softmax_scale))
+               scale=float(cfg.softmax_scale), **_window(cfg, i))
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
     return _residual(g, cfg, w, x, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant,
                      "attn_out")
+
+
+def _window(cfg: ModelConfig, i: int) -> dict:
+    """PagedAttention's sliding window of layer i (ops ABI 10), none on full-attention layers."""
+    return {"window": int(cfg.sliding_window)} if cfg.layer_types[i] == "sliding" else {}
 
 
 def _residual(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, h: str, ws: list, paths: list[str], i: int,
@@ -145,14 +151,6 @@ def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str
         act = g.op("Mul", [activation(g, gate, cfg.hidden_act, f"{path}/act"), up], f"{path}/act_up")
     return _residual(g, cfg, w, x, act, [w[f"{p}.down_proj.weight"]], [f"{path}/down_proj"], i, adapter, quant,
                      "mlp_out")
-
-
-def engine_context_length(cfg: ModelConfig) -> int:
-    """Positions the engine graph serves: PagedAttention attends to every cached key, so a model with sliding
-    layers is served up to its window (where the window changes nothing); the portable graph has the window."""
-    if "sliding" in cfg.layer_types:
-        return min(cfg.max_position_embeddings, cfg.sliding_window)
-    return cfg.max_position_embeddings
 
 
 def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None) -> tuple[str, str]:
@@ -188,7 +186,7 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     logits_out = g.output(C.LOGITS, F32, ["S", cfg.vocab_size])
     argmax_out = g.output(C.LOGITS_ARGMAX, I64, ["S"])
     batch["rope"] = {kind: tuple(g.weight(f"model.rope.{kind}.{f}", t) for f, t in zip(
-        ("cos", "sin"), rope_tables(cfg, kind, engine_context_length(cfg)))) for kind in dict.fromkeys(cfg.layer_types)}
+        ("cos", "sin"), rope_tables(cfg, kind))) for kind in dict.fromkeys(cfg.layer_types)}
 
     x = scale_embedding(g, embedding(g, ids, w[EMBED_TABLE], quant), cfg)     # [T, H]
     for i in range(cfg.num_layers):

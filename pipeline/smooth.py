@@ -23,11 +23,12 @@ from dataclasses import replace
 import numpy as np
 
 from .errors import BuildError
-from .weights import ModelWeights
+from .weights import ModelWeights, norm_names
 
-# norm weight -> the projections that read its output (HF names under model.layers.{i}.)
-SMOOTHED = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-            "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj")}
+# norm role (weights.norm_names: the family names it) -> the projections that read its output (HF names under
+# model.layers.{i}.); Gemma's post_attention_layernorm is the attention's output norm, not the MLP's input one
+SMOOTHED = {"attn_in": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "mlp_in": ("mlp.gate_proj", "mlp.up_proj")}
 S_RANGE = (1e-2, 1e2)   # clip of s: a dead channel (rms 0) or a zero weight column must not blow up g'
 
 
@@ -54,8 +55,10 @@ def smooth_weights(weights: ModelWeights, alpha: float, channel_rms) -> tuple[Mo
     Returns the new weights and a report {norm name: {s_min, s_max}}."""
     check_alpha(alpha)
     tensors, report = dict(weights.tensors), {}
+    roles = norm_names(weights.config)
     for i in range(weights.config.num_layers):
-        for norm, targets in SMOOTHED.items():
+        for role, targets in SMOOTHED.items():
+            norm = roles[role]
             names = [f"model.layers.{i}.{t}.weight" for t in targets]
             g_name = f"model.layers.{i}.{norm}.weight"
             s = smoothing_scales(np.asarray(channel_rms(names[0]), np.float64),

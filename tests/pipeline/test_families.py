@@ -18,7 +18,7 @@ from ortllm.runtime.artifact import load_artifact
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.portable_model import PortableModel
 from ortllm.runtime.sampling_params import SamplingParams
-from tests.reference.hf_families import FAMILIES, WINDOWS, hf_logits, save_hf_dir, tiny_model
+from tests.reference.hf_families import FAMILIES, hf_logits, save_hf_dir, tiny_model
 from tests.reference.hf_llama import hf_greedy_logits
 
 STEPS = 16
@@ -64,8 +64,7 @@ def _engine_check(name, model, art_dir, rel, min_top1):
     """Logits of every position of prompt + transformers' greedy continuation (one prefill through the engine
     graph), and the engine's own greedy tokens."""
     from ortllm.calibration.fidelity import EngineScorer
-    n = WINDOWS[name] - STEPS if name in WINDOWS else 32          # the engine serves windowed models to the window
-    prompt = _prompt(n, seed=1)
+    prompt = _prompt(32, seed=1)                 # 48 positions: past Mistral's and Gemma's windows
     ref_tokens, _ = hf_greedy_logits(model, prompt, STEPS)
     ref = hf_logits(model, prompt + ref_tokens)
     got = np.concatenate(list(EngineScorer(load_artifact(art_dir), len(ref)).logits(prompt + ref_tokens)))
@@ -84,7 +83,7 @@ def test_engine_fp32_matches_transformers(family, tmp_path):
     assert tokens == ref_tokens
 
 
-@pytest.mark.parametrize("family", [n for n in NAMES if n not in WINDOWS], indirect=True)
+@pytest.mark.parametrize("family", NAMES, indirect=True)
 def test_engine_int8_is_served(family, tmp_path):
     """int8 builds (QLinear, SmoothQuant) through the engine: close to transformers' fp32 (random weights have
     close logits, so greedy tokens may part; the quality report measured in the build says by how much)."""

@@ -10,6 +10,7 @@ import pytest
 from ortllm.pipeline.build import BuildOptions
 from ortllm.pipeline.errors import BuildError
 from ortllm.pipeline.smooth import SMOOTHED, S_RANGE, smooth_weights, smoothing_scales
+from ortllm.pipeline.weights import norm_names
 from ortllm.pipeline.sources import load_model
 from tests.test_cli import assert_user_error, ortllm
 
@@ -29,8 +30,8 @@ def test_smoothing_preserves_every_smoothed_projection():
     assert len(report) == cfg.num_layers * len(SMOOTHED)
     h = rng.standard_normal((5, cfg.hidden_size))
     for i in range(cfg.num_layers):
-        for norm, targets in SMOOTHED.items():
-            g = f"model.layers.{i}.{norm}.weight"
+        for role, targets in SMOOTHED.items():
+            g = f"model.layers.{i}.{norm_names(cfg)[role]}.weight"
             names = [f"model.layers.{i}.{t}.weight" for t in targets]
             want = _norm_then_project(h, weights.tensors[g], [weights.tensors[n] for n in names], cfg.rms_norm_eps)
             got = _norm_then_project(h, smoothed.tensors[g], [smoothed.tensors[n] for n in names], cfg.rms_norm_eps)

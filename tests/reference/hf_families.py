@@ -33,7 +33,6 @@ FAMILIES = {
         layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=48, rope_theta=1e6,
         rope_local_base_freq=10000.0, final_logit_softcapping=30.0, tie_word_embeddings=True)),
 }
-WINDOWS = {"mistral": 40, "gemma3": 24}     # the engine graph serves these up to their window
 
 
 def tiny_model(family: str, seed: int = 0):

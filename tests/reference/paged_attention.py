@@ -8,7 +8,8 @@ For every new token t of sequence s (j-th of its chunk):
     int8 and int4 caches: q_t is quantized per head like an int8 key row (int8 codes, fp16 scale) and used
     dequantized, i.e. q . k = scale_q * scale_k * (integer dot of the codes), as the op computes it
 Then for every new token and query head h (kv head h // (H // Hkv)):
-    out[t, h] = softmax(scale * K[0..p] @ q) @ V[0..p]   (causal; float64 here)
+    out[t, h] = softmax(scale * K[0..p] @ q) @ V[0..p]   (causal; float64 here; with a sliding window W the
+    keys are K[max(0, p - W + 1)..p])
     (int4 with rotate=1: out[t, h] = fwht(that), the values' rotation undone; fwht is its own inverse)
 reading K/V back from the cache, i.e. new tokens attend to their own quantized rows.
 
@@ -50,9 +51,10 @@ def paged_attention_ref(
     key_cache, value_cache, key_scales=None, value_scales=None, *,
     num_heads: int, kv_num_heads: int, head_size: int, block_size: int,
     kv_dtype: str = "float32", rotate: int | None = None, scale: float | None = None,
-    rope_interleaved: int = 0, quantize_new: bool = True, details: bool = False,
+    rope_interleaved: int = 0, quantize_new: bool = True, details: bool = False, window: int = 0,
 ):
-    """Returns (attn [T, H*D] f32, key_cache, value_cache, key_scales, value_scales[, details])."""
+    """Returns (attn [T, H*D] f32, key_cache, value_cache, key_scales, value_scales[, details]).
+    window > 0: a query at position p attends to keys max(0, p - window + 1) .. p only (sliding window)."""
     H, Hkv, D, BS = num_heads, kv_num_heads, head_size, block_size
     G = H // Hkv
     eight_bit = kv_dtype != "float32"   # any quantized cache (int8, fp8, int4)
@@ -107,12 +109,13 @@ def paged_attention_ref(
     for t in range(T):
         s = seq_of[t]
         p = context_lens[s] + t - cu_seqlens[s]
-        slots = [(block_tables[s][j // BS], j % BS) for j in range(p + 1)]
+        first = max(0, p - window + 1) if window > 0 else 0
+        slots = [(block_tables[s][j // BS], j % BS) for j in range(first, p + 1)]
         blk = np.array([b for b, _ in slots])
         off = np.array([o for _, o in slots])
         K = k_shadow[blk, :, off].transpose(1, 0, 2)  # [Hkv, L, D]
         V = v_shadow[blk, :, off].transpose(1, 0, 2)
-        probs = np.zeros((H, p + 1))
+        probs = np.zeros((H, len(slots)))
         for h in range(H):
             sc = scale * (K[h // G] @ q_rot[t, h])
             e = np.exp(sc - sc.max())

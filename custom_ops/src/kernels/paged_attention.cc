@@ -7,7 +7,9 @@
 //        (fp32 copied; int8 / fp8 / int4 quantized per (token, head) with one fp16 scale; V rotated only in
 //        an int4 cache, where 4 bits need the outlier channels spread too, and rotated back in the output)
 //   2. for every new token t and query head h (kv head g = h / (H / Hkv)):
-//        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal)
+//        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal; with a
+//        sliding window W, j = p(t) - W + 1 .. p(t): the keys before are masked like the future ones, and
+//        spans no row of an item can see are skipped, which leaves every row's bits as they would be)
 //      read back from the cache (so new tokens see exactly what later steps will see).
 //      int8 caches: q_t,h is quantized like a key row (int8 codes, one fp16 scale per row) and
 //      q . k is an exact integer dot of the codes times the two scales (llama.cpp likewise quantizes
@@ -195,6 +197,8 @@ struct ItemShape {
   int64_t tok0;               // first global token of the tile
   int64_t pos0;               // its cache position
   int64_t kv_len;             // keys needed by the last row
+  int64_t window;             // > 0: keys a row sees, its own included (sliding window)
+  int64_t first_key;          // keys before it are outside every row's window (0 without a window)
   int64_t nsub;               // cache blocks per span of keys
   int64_t span;               // keys per span (nsub * BS)
   int64_t part;               // cache blocks per part (whole spans)
@@ -222,6 +226,8 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.tok0 = a.cu_seqlens[it.seq] + it.t0;
   sh.pos0 = a.context_lens[it.seq] + it.t0;
   sh.kv_len = a.context_lens[it.seq] + it.t1;
+  sh.window = d.window;
+  sh.first_key = d.window > 0 ? std::max<int64_t>(0, sh.pos0 - d.window + 1) : 0;
   // Keys are processed kSpan at a time (several cache blocks), so the per-row softmax bookkeeping
   // (max, rescale of O) is amortized over kSpan keys, not block_size.
   sh.nsub = span_blocks(sh.BS);
@@ -424,13 +430,17 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
     float* sr = w.S + r * sh.span;
     const int64_t qpos = sh.pos0 + (r % sh.hrows) / sh.G;
     const int nvalid = static_cast<int>(std::min<int64_t>(sp.nk, qpos - kstart + 1));
-    if (nvalid <= 0) {
+    // sliding window: the span's keys before qpos - window + 1 are masked too
+    const int lo =
+        sh.window > 0 ? static_cast<int>(std::clamp<int64_t>(qpos - sh.window + 1 - kstart, 0, sp.nk)) : 0;
+    if (nvalid <= lo) {
       std::fill(sr, sr + sp.nk, 0.f);
       continue;
     }
-    const float m_new = std::max(w.m[r], vec.max(sr, nvalid));
+    const float m_new = std::max(w.m[r], vec.max(sr + lo, nvalid - lo));
     const float corr = std::exp(w.m[r] - m_new);  // 0 on the first span (m = -inf)
-    const float sum = vec.exp_sum(sr, nvalid, m_new);
+    const float sum = vec.exp_sum(sr + lo, nvalid - lo, m_new);
+    std::fill(sr, sr + lo, 0.f);
     std::fill(sr + nvalid, sr + sp.nk, 0.f);
     if (corr != 1.f) vec.scal(w.O + r * sh.D, Di, corr);
     w.l[r] = w.l[r] * corr + sum;
@@ -528,6 +538,7 @@ void attend_item(void* usr, size_t ii) {
     start_part(sh, w);
     const int64_t end = std::min(nblocks, (p + 1) * sh.part);
     for (int64_t b0 = p * sh.part; b0 < end; b0 += sh.nsub) {
+      if ((b0 + sh.nsub) * sh.BS <= sh.first_key) continue;   // outside every row's window: all weights 0
       score_span(c, it, sh, b0, end, w, sp);
       softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
       accumulate_span(c, sh, sp, w);

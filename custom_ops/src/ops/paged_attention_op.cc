@@ -151,6 +151,7 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
   const std::string dt = attr_string(&api, info, "kv_dtype", "float32");
   const int64_t interleaved = attr_int(&api, info, "rope_interleaved", 0);
   layer_ = attr_int(&api, info, "layer", -1);
+  window_ = attr_int(&api, info, "window", 0);
   interleaved_ = interleaved != 0;
   constexpr bool float_cache = std::is_same<CacheT, float>::value;
   std::ostringstream err;
@@ -183,6 +184,8 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
           << " key_cache/value_cache tensors";
     else if (interleaved != 0 && interleaved != 1)
       err << kOp << ": attribute rope_interleaved = " << interleaved << " must be 0 or 1";
+    else if (window_ < 0)
+      err << kOp << ": attribute window = " << window_ << " must be >= 0 (0: no sliding window)";
   }
   init_error_ = err.str();
   scale_ = attr_float(&api, info, "scale", 0.f);
@@ -270,7 +273,7 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
     if (e.T == 0) return nullptr;
 
     PagedAttentionDims dims{e.T,  e.S,       e.H,       e.Hkv,   e.D,          e.BS,  e.MB,
-                            e.NB, e.max_pos, kv_dtype_, rotate_, interleaved_, scale_};
+                            e.NB, e.max_pos, kv_dtype_, rotate_, interleaved_, scale_, window_};
     PagedAttentionArgs args{static_cast<const float*>(in[kQ].data),
                             static_cast<const float*>(in[kK].data),
                             static_cast<const float*>(in[kV].data),

@@ -14,6 +14,8 @@
 //            kv_dtype (string "float32" | "int8" | "fp8_e4m3" | "int4", default "float32");
 //            rotate (int, default 1 for quantized caches, 0 for float32: Hadamard on q and k, and for int4 on v
 //            too, each output row rotated back); scale (float, default 1/sqrt(D));
+//            window (int, default 0; ops ABI 10): > 0, a query at position p attends to keys p - window + 1 .. p
+//            only (sliding-window layers: Mistral, Gemma 3);
 //            rope_interleaved (int, default 0 = HF rotate_half pairs (i, i + D/2));
 //            layer (int, default -1): with it, inputs 9-12 are every layer's caches, [n_layers, ...] of the shapes
 //            above, and the node reads and writes layer `layer`'s slice; its cache outputs stay one layer's, and
@@ -43,6 +45,7 @@ struct PagedAttentionKernel {
   KvDtype kv_dtype_ = KvDtype::kFloat32;
   bool rotate_ = false, interleaved_ = false;
   float scale_ = 0.f;
+  int64_t window_ = 0;  // sliding window (keys a query sees, its own included); 0: none
   int64_t layer_ = -1;      // >= 0: the cache inputs hold every layer ([n_layers, ...]); this node reads this one
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
   TensorIn cos_, sin_;      // the rope tables when they are initializers (read once), else absent
