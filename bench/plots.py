@@ -3,6 +3,10 @@
   decode_throughput.png  decode tok/s (median, min-max bars) vs batch size, one line per system; from rows of
                          the scenarios "decode" (peers, alternating) and "single-stream decode"/"batched decode"
                          (engine scenario)
+                         (engine scenario); a system with held-out quality has its KLD in its label
+  speed_quality.png      each system's speed against its held-out KLD (log scale) in the first speed case of the
+                         run (decode at the smallest batch, else prefill, else long-context), with the line at
+                         1.5x ortllm's KLD: the peers left of it are the ones "at quality" (bench/quality.py)
   serve_latency.png      TTFT, TPOT and ITL p50/p90/p99 (median, min-max bars) vs concurrency; from "serve" rows
 A plot whose rows are absent is not written. matplotlib comes with the `build` extra.
 """
@@ -28,7 +32,8 @@ def write_plots(out_dir: Path, rows: list[dict]) -> list[str]:
 
     out_dir = Path(out_dir)
     written = []
-    for name, draw in (("decode_throughput.png", _decode), ("serve_latency.png", _serve)):
+    for name, draw in (("decode_throughput.png", _decode), ("speed_quality.png", _speed_quality),
+                       ("serve_latency.png", _serve)):
         fig = draw(plt, rows)
         if fig is not None:
             fig.tight_layout()
@@ -56,7 +61,10 @@ def _decode(plt, rows):
     series: dict[str, list[dict]] = {}
     for r in picked:
         engine = r["scenario"] != "decode" and r["system"] in in_decode
-        series.setdefault(f"{r['system']} (engine scenario)" if engine else r["system"], []).append(r)
+        label = f"{r['system']} (engine scenario)" if engine else r["system"]
+        if r.get("quality"):
+            label += f" (KLD {r['quality']['kld_mean']:.4f})"
+        series.setdefault(label, []).append(r)
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     for label, points in series.items():
         _errorbar(ax, points, label)
@@ -68,6 +76,41 @@ def _decode(plt, rows):
     ax.set_title("Decode throughput vs batch size")
     ax.grid(alpha=0.3)
     ax.legend()
+    return fig
+
+
+KLD_FLOOR = 1e-6     # an fp32 peer's KLD against the fp32 reference can round to 0: drawn at the floor
+
+
+def _speed_quality(plt, rows):
+    """One point per system: x = held-out KLD mean (log), y = its speed in the run's first speed case."""
+    from .peer_runner import KLD_FACTOR, SCENARIO_SHAPES
+
+    speed = [r for r in rows if r.get("quality") and r["scenario"] in SCENARIO_SHAPES]
+    if not speed:
+        return None
+    scenario, batch = min(((r["scenario"], r["batch"]) for r in speed),
+                          key=lambda k: (list(SCENARIO_SHAPES).index(k[0]), k[1]))
+    points = [r for r in speed if (r["scenario"], r["batch"]) == (scenario, batch)]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=100)
+    for r in points:
+        x = max(r["quality"]["kld_mean"], KLD_FLOOR)
+        mark = dict(marker="*", s=160, color="#cc3311") if r["system"] == "ortllm" else dict(marker="o", s=50)
+        ax.scatter([x], [r["median"]], zorder=3, **mark)
+        ax.errorbar([x], [r["median"]], yerr=[[r["median"] - r["min"]], [r["max"] - r["median"]]], fmt="none",
+                    ecolor="#777777", capsize=3)
+        name = f"{r['system']} ({r['gguf_type']})" if r.get("gguf_type") else r["system"]
+        ax.annotate(name, (x, r["median"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ours = next((r for r in points if r["system"] == "ortllm"), None)
+    if ours:
+        ax.axvline(KLD_FACTOR * ours["quality"]["kld_mean"], color="#cc3311", ls="--", lw=1,
+                   label=f"{KLD_FACTOR:g}x ortllm's KLD")
+        ax.legend(loc="best", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("held-out KLD mean against the fp32 reference (log scale; lower is better)")
+    ax.set_ylabel(f"{SCENARIO_SHAPES[scenario][2]} ({points[0]['unit']})")
+    ax.set_title(f"Speed and quality: {scenario} B={batch}")
+    ax.grid(alpha=0.3)
     return fig
 
 

@@ -5,6 +5,9 @@ by the caller (results.write_results).
 A scenario's runner takes (BenchRun, the names asked for in its group) and returns rows
 {scenario, system, batch, metric, median, min, max, unit, ...} (results.row). Scenarios of one group run in one
 call: decode, prefill and long-context alternate with the peers round by round (peer_runner.run_alternating).
+With --reference, "quality" joins them: ARTIFACT and every peer on the same held-out windows against the fp32
+reference (bench/quality.py); its figures then stand beside each speed row, and the best peer of each speed row is
+named twice, fastest and fastest at quality (peer_runner.best_peers).
 """
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ class BenchRun:
     peers: list[str] = field(default_factory=list)    # peer systems named with --peers
     slo_ttft_ms: float = 1000.0
     slo_tpot_ms: float = 100.0
+    reference: Path | None = None                     # fp32 artifact of the same recipe: the quality scenario
+    quality_tokens: int = 4096                        # held-out positions scored per system, all domains
+    quality_ctx: int = 512                            # tokens per held-out window
+    sections: dict = field(default_factory=dict)      # further top-level keys of results.json, filled by scenarios
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,12 @@ def _peers(r: BenchRun, names: list[str]) -> list[dict]:
     from .peer_runner import run_alternating
     return run_alternating(r.artifact, r.peers, names, r.batches, r.repeats, r.threads or 2,
                            log_dir=r.out / "peer-logs")
+
+
+def _quality(r: BenchRun, _) -> list[dict]:
+    from .quality import run
+    return run(r.artifact, r.reference, r.peers, r.quality_tokens, r.quality_ctx, r.threads,
+               log_dir=r.out / "peer-logs", sections=r.sections)
 
 
 def _lora_overhead(r: BenchRun, _) -> list[dict]:
@@ -92,6 +105,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("prefill", "a 512-token prompt (alternating with --peers)", _peers, group="peers"),
     Scenario("long-context", "decode after a 1984-token prompt (alternating with --peers)", _peers,
              group="peers"),
+    Scenario("quality", "held-out KLD, top-1 and PPL ratio of ARTIFACT and each --peers system against --reference "
+             "(prose, code, chat; added to the peer scenarios when --reference is given)", _quality),
     Scenario("lora-overhead", "16 sequences over 0/1/2/4 adapters of rank 8/16/32", _lora_overhead),
     Scenario("lora-trace", "Zipf over 4 and 16 adapters", _lora_trace),
     Scenario("ops", "the custom ops against ORT's stock kernels", _ops, needs_artifact=False),
@@ -104,21 +119,32 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 PEER_SCENARIOS = tuple(n for n, s in SCENARIOS.items() if s.group == "peers")
 
 
-def select(names: list[str], peers: list[str]) -> list[str]:
-    """The scenarios to run, checked; --peers alone (no peer scenario, no memory) means every peer scenario."""
+def select(names: list[str], peers: list[str], reference: Path | None = None) -> list[str]:
+    """The scenarios to run, checked; --peers alone (no peer scenario, no memory) means every peer scenario, and
+    --reference adds quality to the peer scenarios."""
     unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:
         raise BenchError(f"unknown --scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    if peers and not set(names) & set(PEER_SCENARIOS) and "memory" not in names:
+    if peers and not set(names) & {*PEER_SCENARIOS, "quality"} and "memory" not in names:
         names = [*names, *PEER_SCENARIOS]
+    if reference is not None and set(names) & set(PEER_SCENARIOS) and "quality" not in names:
+        names = [*names, "quality"]
+    if "quality" in names and reference is None:
+        raise BenchError("--scenario quality needs --reference FP32_ARTIFACT: an fp32 build of ARTIFACT's recipe "
+                         "(ortllm build RECIPE --quant fp32 --kv fp32 --out FP32)")
     return names
 
 
 def run_scenarios(names: list[str], run: BenchRun) -> list[dict]:
-    """Rows of every named scenario, in registry order; a group's scenarios in one call."""
-    names = select(names, run.peers)
+    """Rows of every named scenario, in registry order; a group's scenarios in one call. Then the peer scenarios'
+    speed rows get their system's quality (quality.beside) and each one's best peer (peer_runner.best_peers;
+    the lines saying why one has no row go to run.sections["best_peer_notes"])."""
+    names = select(names, run.peers, run.reference)
     if run.artifact is None and any(SCENARIOS[n].needs_artifact for n in names):
         raise BenchError(f"--scenario {','.join(names)} needs an ARTIFACT (an engine-graph artifact directory)")
+    if "quality" in names:
+        from .quality import check_reference
+        check_reference(run.artifact, run.reference)           # before any long run: a wrong reference fails now
     rows: list[dict] = []
     done: set[str] = set()
     for name, sc in SCENARIOS.items():
@@ -128,4 +154,11 @@ def run_scenarios(names: list[str], run: BenchRun) -> list[dict]:
         rows += sc.run(run, together)
         if sc.group:
             done.add(sc.group)
+    if set(names) & set(PEER_SCENARIOS):
+        from .peer_runner import best_peers
+        from .quality import beside
+        best, notes = best_peers(beside(rows))
+        rows += best
+        if notes:
+            run.sections["best_peer_notes"] = notes
     return rows

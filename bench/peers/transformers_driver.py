@@ -6,6 +6,7 @@ prints one JSON line {ok, scenario, batch, metric, unit, samples, ...}. DIR is a
 (config.json + model.safetensors) of the same fp32 weights ortllm builds from (see ci/install_peers.sh).
 The loop is written out (prompt forward, then one forward of B new tokens per step, argmax) rather than
 model.generate(), so the prefill/decode split is timed exactly and EOS never stops a row.
+Logits (quality): one forward of the window, every position's logits.
 """
 from __future__ import annotations
 
@@ -57,6 +58,13 @@ class TransformersDriver:
                 generated += 1
             clock.end()
         return clock.prefill_s, clock.decode_s if new > 1 else 0.0, [generated] * batch
+
+    def logits(self, ids):
+        """float32 [len(ids), vocab] of one window."""
+        torch = self.torch
+        with torch.inference_mode():
+            x = torch.from_numpy(ids.astype("int64"))[None]
+            return self.model(input_ids=x, use_cache=False).logits[0].float().numpy()
 
 
 if __name__ == "__main__":
