@@ -1,7 +1,9 @@
 """Runs the peer drivers from the bench process and, for `run_alternating`, ortllm's engine beside them.
 
 Rows are `ortllm.bench.results.row(...)`: {scenario, system, batch, metric, median, min, max, unit, n, ...}
-with system "llama.cpp", "onnxruntime-genai", "transformers" (and "ortllm" in run_alternating).
+with system one of SYSTEMS (and "ortllm" in run_alternating): llama.cpp on four GGUFs of the same weights (Q4_1,
+Q4_0, Q4_K_M, Q8_0), onnxruntime-genai's builder with symmetric and with asymmetric int4, transformers fp32.
+Each peer's fastest and best-quality 4-bit options both run; best_peers names the best peer of a case both ways.
 Scenarios (same definition for every system, see _common.py): "decode" (prompt 64, 128 new, B = batches),
 "prefill" (prompt 512, seconds to the first token, B = 1), "long-context" (prompt 1984, 64 new: decode
 tok/s at context 2048, B = 1).
@@ -490,6 +492,11 @@ def main(argv=None) -> int:
     print(markdown_table(rows))
     for r in ratios(rows):
         print(f"ortllm vs {r['peer']}: {r['scenario']} B={r['batch']}: {r['ratio']:.2f}x")
+    best, notes = best_peers(rows)
+    for r in best:
+        print(f"{r['system']} ({r['peer']}): {r['scenario']} B={r['batch']}: {r['median']:.2f}x")
+    for n in notes:
+        print(n)
     if a.out:
         cmd = command("python -m ortllm.bench.peer_runner", argv)
         print(f"results written to {write_results(a.out, rows, cmd)}", file=sys.stderr)
