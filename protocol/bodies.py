@@ -4,6 +4,8 @@
     COMPLETION, CHAT           /v1/completions, /v1/chat/completions (openai.py: parse_completion, parse_chat)
     OLLAMA_GENERATE, _CHAT     /api/generate, /api/chat (service/ollama.py: translated into CHAT / COMPLETION)
     OLLAMA_SHOW                /api/show
+    OLLAMA_PULL, _DELETE,      /api/pull, /api/delete, /api/copy, /api/create (service/ollama_models.py: the
+    _COPY, _CREATE             local store)
     TOKENIZE, DETOKENIZE       /tokenize, /detokenize
     ADAPTER                    POST /v1/adapters
 
@@ -180,6 +182,39 @@ OLLAMA_CHAT = Body("OllamaChatRequest", [OLLAMA_MODEL, MESSAGES, TOOLS, _OLLAMA_
 OLLAMA_SHOW = Body("OllamaShowRequest", [OLLAMA_MODEL, string("name", deprecated=True,
                                                                description="older clients' name for model")])
 
+# ---------------------------------------------------------------- Ollama's model management (the local store)
+
+_STORE_NAME = string("model", required=True, minLength=1, description="a store name, NAME[:TAG] (TAG default latest)")
+OLLAMA_PULL = Body("OllamaPullRequest", [
+    string("model", required=True, minLength=1, description="a store name already pulled, a recipe (models/), a GGUF "
+                                                            "file or HF directory on the server, or an artifact "
+                                                            "directory; stored as NAME:latest unless it says a tag"),
+    boolean("insecure", False, "accepted; no effect here"), _OLLAMA_STREAM,
+], served_model=False)
+OLLAMA_DELETE = Body("OllamaDeleteRequest", [_STORE_NAME], served_model=False)
+OLLAMA_COPY = Body("OllamaCopyRequest", [string("source", required=True, minLength=1, description="a store name"),
+                                         string("destination", required=True, minLength=1,
+                                                description="the new store name (replaced if it exists)")])
+OLLAMA_PARAMETERS = Field("parameters", _OPTIONS.schema,
+                          description="default options of the new model's requests (a request's own win)")
+OLLAMA_CREATE = Body("OllamaCreateRequest", [
+    string("model", required=True, minLength=1, description="the new store name, NAME[:TAG]"),
+    string("from", required=True, minLength=1, description="the base: a store name or a served model"),
+    Field("adapters", {"type": "object", "minProperties": 1,
+                       "additionalProperties": {"type": "string", "pattern": "^sha256[:-][0-9a-f]{64}$"}},
+          description="one PEFT LoRA adapter: file name -> digest of a blob sent to POST /api/blobs/{digest} "
+                      "(adapter_config.json and adapter_model.safetensors)"),
+    string("system", description="the system message of requests that send none"),
+    string("template", minLength=1, description="a Jinja chat template (as in tokenizer_config.json)"),
+    OLLAMA_PARAMETERS,
+    Field("license", {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+          description="kept with the model"),
+    Field("files", {"type": "object"}, description="not supported: pull a GGUF path instead"),
+    string("quantize", description="not supported: pull with the quantization wanted"),
+    Field("messages", {"type": "array"}, description="not supported"),
+    _OLLAMA_STREAM,
+], served_model=False)
+
 # ---------------------------------------------------------------- tokenizer and adapters
 
 TOKENIZE = Body("TokenizeRequest", [
@@ -195,4 +230,5 @@ ADAPTER = Body("AdapterLoadRequest", [
     string("path", required=True, minLength=1, description="a PEFT LoRA directory on the server"),
 ])
 
-ALL = [COMPLETION, CHAT, OLLAMA_GENERATE, OLLAMA_CHAT, OLLAMA_SHOW, TOKENIZE, DETOKENIZE, ADAPTER]
+ALL = [COMPLETION, CHAT, OLLAMA_GENERATE, OLLAMA_CHAT, OLLAMA_SHOW, OLLAMA_PULL, OLLAMA_DELETE, OLLAMA_COPY,
+       OLLAMA_CREATE, TOKENIZE, DETOKENIZE, ADAPTER]

@@ -96,11 +96,12 @@ def _or_null(s: dict) -> dict:
 
 
 class Body:
-    """One request body. alternatives: groups of which at least one must be sent (published as anyOf)."""
+    """One request body. alternatives: groups of which at least one must be sent (published as anyOf).
+    served_model: its `model` names a served model (the document lists them); False for the store's names."""
 
     def __init__(self, name: str, fields: Sequence[Field], description: str = "",
-                 alternatives: Sequence[Sequence[str]] = ()):
-        self.name, self.description = name, description
+                 alternatives: Sequence[Sequence[str]] = (), served_model: bool = True):
+        self.name, self.description, self.served_model = name, description, served_model
         self.fields = {f.name: f for f in fields}
         assert len(self.fields) == len(fields), f"{name}: a field is declared twice"
         self.alternatives = [list(a) for a in alternatives]
@@ -126,7 +127,7 @@ class Body:
     def schema(self, extra: dict[str, dict] | None = None) -> dict:
         """The body's JSON Schema; extra: name -> keywords added to that field's schema (e.g. the served models
         as the enum of `model`, known only at request time)."""
-        extra = extra or {}
+        extra = {k: v for k, v in (extra or {}).items() if k != "model" or self.served_model}
         s = {"type": "object", "properties": {n: f.published(extra.get(n)) for n, f in self.fields.items()}}
         required = [n for n, f in self.fields.items() if f.required]
         if required:

@@ -18,6 +18,7 @@ from .errors import APIError, to_api_error
 from .logs import RequestIdFilter
 from .messages import bp as messages_bp
 from .ollama import bp as ollama_bp
+from .ollama_models import bp as ollama_models_bp
 from .ops import bp as ops_bp
 from .playground import bp as playground_bp
 from .responses import bp as responses_bp
@@ -39,6 +40,7 @@ def create_app(config: ServiceConfig | None = None, engine: Engine | None = None
     m = metrics.init_app(app, res)
     app.register_blueprint(api_bp)
     app.register_blueprint(ollama_bp)
+    app.register_blueprint(ollama_models_bp)
     app.register_blueprint(ops_bp)
     app.register_blueprint(playground_bp)
     app.register_blueprint(responses_bp)

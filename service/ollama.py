@@ -1,5 +1,7 @@
 """Ollama's REST API over the same request path as the OpenAI one: /api/generate, /api/chat (NDJSON streaming,
-the default), /api/tags, /api/show, /api/ps, /api/version. Adapters are listed as models.
+the default), /api/tags, /api/show, /api/ps, /api/version. Adapters are listed as models. A model POST /api/create
+made (service/ollama_models.py) has its system message and parameters applied here unless the request sends its
+own.
 
 An Ollama body (declared in protocol/bodies.py: its options take the OpenAI fields' schemas) is translated into
 the OpenAI body it means (options -> sampling fields, format -> response_format) and goes through
@@ -23,6 +25,8 @@ from flask import Blueprint, Response, jsonify, request
 from ortllm.protocol import openai as protocol
 from ortllm.protocol.bodies import OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS, OLLAMA_SHOW
 from ortllm.protocol.generation import resolve_adapter
+from ortllm.runtime.artifact import read_manifest
+from ortllm.runtime.errors import OrtllmError
 
 from .api import Call, start
 from .auth import require_api_key
@@ -49,9 +53,18 @@ def _openai_body(v: dict) -> dict:
     return out
 
 
-def _check_model(model: str) -> None:
-    res = current_resources()
-    resolve_adapter(res.require_engine(), res.model_name, model)
+def _check_model(model: str) -> dict:
+    """404 unless `model` is served; the defaults of a model POST /api/create made (else {})."""
+    res, name = current_resources().route(model)
+    resolve_adapter(res.require_engine(), res.model_name, name)
+    return res.modelfile
+
+
+def _with_defaults(v: dict, modelfile: dict) -> dict:
+    """A created model's parameters under the request's own options."""
+    if modelfile.get("parameters"):
+        v = {**v, "options": {**modelfile["parameters"], **(v["options"] or {})}}
+    return v
 
 
 @bp.post("/generate")
@@ -59,7 +72,10 @@ def _check_model(model: str) -> None:
           ok=streamed("OllamaGenerate", "application/x-ndjson", "the answer"))
 def generate():
     v = OLLAMA_GENERATE.read(read_json_object(request))
-    _check_model(v["model"])
+    modelfile = _check_model(v["model"])
+    v = _with_defaults(v, modelfile)
+    if v["system"] is None and not v["raw"]:
+        v["system"] = modelfile.get("system")
     oa = _openai_body(v)
     if v["raw"]:
         req = protocol.parse_completion({**oa, "prompt": v["prompt"], "max_tokens": oa.get("max_tokens", 128)})
@@ -76,9 +92,14 @@ def generate():
           ok=streamed("OllamaChat", "application/x-ndjson", "the answer"))
 def chat():
     v = OLLAMA_CHAT.read(read_json_object(request))
-    _check_model(v["model"])
+    modelfile = _check_model(v["model"])
+    v = _with_defaults(v, modelfile)
+    messages = v["messages"]
+    if modelfile.get("system") is not None and not any(isinstance(m, dict) and m.get("role") == "system"
+                                                       for m in messages):
+        messages = [{"role": "system", "content": modelfile["system"]}, *messages]
     extra = {"tools": v["tools"]} if v["tools"] else {}
-    req = protocol.parse_chat({**_openai_body(v), "messages": v["messages"], **extra})
+    req = protocol.parse_chat({**_openai_body(v), "messages": messages, **extra})
     return _answer(start("chat", req), "message")
 
 
@@ -154,34 +175,54 @@ def _ortllm_version() -> str:
         return "0"
 
 
-def _models() -> list[dict]:
-    res = current_resources()
-    engine = res.require_engine()
-    manifest = engine.artifact.manifest
-    digest, size, quant = manifest.source_sha256 or "", manifest.size_bytes, manifest.quant
-    modified = datetime.fromtimestamp(res.created, timezone.utc).isoformat().replace("+00:00", "Z")
-    details = {"format": "onnx", "family": "llama", "families": ["llama"], "parameter_size": "",
-               "quantization_level": str(quant), "parent_model": ""}
-    out = [{"name": res.model_name, "model": res.model_name, "modified_at": modified, "size": size,
-            "digest": digest, "details": details}]
-    for a in engine.adapters.names():
-        out.append({"name": a, "model": a, "modified_at": modified, "size": size, "digest": digest,
-                    "details": {**details, "parent_model": res.model_name}})
+def _models(loaded_only: bool = False) -> list[dict]:
+    """Every served model (loaded or not: from its manifest), then its adapters, as Ollama lists models."""
+    out = []
+    for res in current_resources().models:
+        if res.engine is None and (loaded_only or res.path is None):
+            continue
+        try:
+            manifest = res.engine.artifact.manifest if res.engine is not None else read_manifest(res.path)
+        except OrtllmError:
+            continue
+        model = manifest.model
+        digest, size = manifest.source_sha256 or "", manifest.size_bytes
+        modified = datetime.fromtimestamp(res.created, timezone.utc).isoformat().replace("+00:00", "Z")
+        details = {"format": "onnx", "family": model.arch, "families": [model.arch],
+                   "parameter_size": _parameter_size(model), "quantization_level": str(manifest.quant),
+                   "parent_model": res.modelfile.get("from", "")}
+        base = {"modified_at": modified, "size": size, "digest": digest, "context_length": manifest.context_length,
+                "manifest": manifest, "resource": res}
+        out.append({"name": res.model_name, "model": res.model_name, **base, "details": details})
+        for a in sorted(manifest.adapters):
+            out.append({"name": a, "model": a, **base, "details": {**details, "parent_model": res.model_name}})
     return out
+
+
+def _parameter_size(m) -> str:
+    """The parameter count from the architecture (embeddings once when tied), as Ollama writes it: 135M, 1.1B."""
+    attn = m.hidden_size * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
+    n = m.num_layers * (attn + 3 * m.hidden_size * m.intermediate_size + 2 * m.hidden_size)
+    n += m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2) + m.hidden_size
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _listed(m: dict) -> dict:
+    return {k: v for k, v in m.items() if k not in ("manifest", "resource", "context_length")}
 
 
 @bp.get("/tags")
 @document("Ollama: the served models, adapters included", ok=json_ok("OllamaTags"), errors=READ)
 def tags():
-    return jsonify({"models": _models()})
+    return jsonify({"models": [_listed(m) for m in _models()]})
 
 
 @bp.get("/ps")
 @document("Ollama: the loaded models", ok=json_ok("OllamaPs"), errors=READ)
 def ps():
-    engine = current_resources().require_engine()
-    return jsonify({"models": [{**m, "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
-                                "context_length": engine.context_length} for m in _models()]})
+    current_resources().require_engine()
+    return jsonify({"models": [{**_listed(m), "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0,
+                                "context_length": m["context_length"]} for m in _models(loaded_only=True)]})
 
 
 @bp.post("/show")
@@ -192,13 +233,47 @@ def show():
         body = {**body, "model": body["name"]}
     name = OLLAMA_SHOW.read(body)["model"]
     _check_model(name)
-    engine = current_resources().require_engine()
-    m = next(m for m in _models() if m["name"] == name)
-    return jsonify({"modelfile": "", "parameters": "", "template": engine.tokenizer.chat_template or "",
+    pool = current_resources()
+    res, _ = pool.route(name)
+    own = name == res.model_name or (pool.lazy and name in pool.by_name)     # the model itself, not an adapter
+    m = next(m for m in _models() if m["resource"] is res and m["name"] == (res.model_name if own else name))
+    model, mf = m["manifest"].model, res.modelfile
+    engine = res.engine
+    template = mf.get("template") or (engine.tokenizer.chat_template if engine is not None else None) or ""
+    parameters = "\n".join(f"{k} {json.dumps(x) if isinstance(x, str) else x}"
+                           for k, v in mf.get("parameters", {}).items() for x in (v if isinstance(v, list) else [v]))
+    return jsonify({"modelfile": _modelfile_text(res.model_name, mf), "parameters": parameters,
+                    "template": template, "system": mf.get("system") or "", "license": mf.get("license") or "",
                     "details": m["details"], "modified_at": m["modified_at"],
-                    "model_info": {"llama.context_length": engine.context_length,
-                                   "general.architecture": "llama"},
+                    "model_info": {"general.architecture": model.arch, "general.parameter_count":
+                                   _parameter_count(m["details"]["parameter_size"]),
+                                   f"{model.arch}.context_length": m["context_length"],
+                                   f"{model.arch}.embedding_length": model.hidden_size,
+                                   f"{model.arch}.block_count": model.num_layers,
+                                   f"{model.arch}.attention.head_count": model.num_heads,
+                                   f"{model.arch}.attention.head_count_kv": model.num_kv_heads,
+                                   "general.quantization": str(m["manifest"].quant),
+                                   "ortllm.adapters": sorted(m["manifest"].adapters)},
                     "capabilities": ["completion", "tools"]})
+
+
+def _parameter_count(size: str) -> int:
+    return int(float(size[:-1]) * (1e9 if size.endswith("B") else 1e6))
+
+
+def _modelfile_text(name: str, mf: dict) -> str:
+    """The model as an Ollama Modelfile (what `ollama show --modelfile` prints)."""
+    lines = [f"# Modelfile of {name}", f"FROM {mf.get('from') or name}"]
+    if mf.get("adapter"):
+        lines.append(f"ADAPTER {mf['adapter']}")
+    if mf.get("system") is not None:
+        lines.append(f'SYSTEM """{mf["system"]}"""')
+    if mf.get("template"):
+        lines.append(f'TEMPLATE """{mf["template"]}"""')
+    for k, v in mf.get("parameters", {}).items():
+        for x in v if isinstance(v, list) else [v]:
+            lines.append(f"PARAMETER {k} {json.dumps(x) if isinstance(x, str) else x}")
+    return "\n".join(lines) + "\n"
 
 
 @bp.get("/version")

@@ -8,6 +8,7 @@ room), and is unloaded after `keep_alive_s` without requests. A request holds it
 up the engine until its response is closed (`begin()` ... `end()`), so a model never goes under a request."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -52,6 +53,8 @@ class EngineResource:
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
         self.ready = threading.Event()
+        # a model made by POST /api/create: its defaults (system, parameters, template, adapter), else {}
+        self.modelfile = read_modelfile(self.path)
         if engine is not None:
             self._on_loaded(engine)
 
@@ -222,6 +225,7 @@ class ModelPool:
         self._loaded_on_demand.set()
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        self._changing = threading.Lock()             # add_model / remove_model
 
     # ---------------------------------------------------------------- one model's view (the first)
     @property
@@ -249,7 +253,8 @@ class ModelPool:
         if model is None:
             return self.default, None
         if model in self.by_name:
-            return self.by_name[model], model
+            res = self.by_name[model]
+            return res, res.modelfile.get("adapter") or res.model_name   # a created model's: its adapter
         base, _, adapter = model.rpartition(":")
         if base in self.by_name and adapter in self.by_name[base].adapter_names():
             return self.by_name[base], adapter
@@ -263,6 +268,47 @@ class ModelPool:
                            code="ambiguous_model")
         served = [n for m in self.models for n in (m.model_name, *(f"{m.model_name}:{a}" for a in m.adapter_names()))]
         raise model_not_found(model, served[0], served[1:])
+
+    # ---------------------------------------------------------------- models added and removed while serving
+    def add_model(self, name: str, path: Path, aliases: tuple[str, ...] = ()) -> EngineResource:
+        """Serve a store model from now on (POST /api/pull, /api/create): it loads on its first request, as
+        the models of `ortllm serve A B ...` do; `aliases`: other names that route to it (NAME for NAME:latest).
+        A model of that name already served is replaced when no request holds it (else 409)."""
+        with self._changing:
+            old = self.by_name.get(name)
+            if old is not None:
+                self._drop(old)
+            res = EngineResource(self.config, path=Path(path), name=name, pool=self)
+            self.models.append(res)
+            for n in (name, *aliases):
+                self.by_name.setdefault(n, res)
+            if not self.lazy:           # one model so far: route by name from now on, unload idle models
+                self.lazy = True
+                self._reaper = threading.Thread(target=self._reap, name="ortllm-model-reaper", daemon=True)
+                self._reaper.start()
+        self.changed()
+        return res
+
+    def remove_model(self, name: str) -> None:
+        """Stop serving a model added by add_model (DELETE /api/delete); 409 while a request holds it."""
+        with self._changing:
+            res = self.by_name.get(name)
+            if res is not None:
+                self._drop(res)
+        self.changed()
+
+    def _drop(self, res: EngineResource) -> None:
+        if res is self.default or res.pool is None:
+            raise APIError(409, f"{res.model_name} is the model this server was started with; stop the server "
+                           "first", param="model", code="model_in_use")
+        if res.engine is not None:
+            if res.detach_if_idle() is None:
+                raise APIError(409, f"{res.model_name} is answering requests; retry when they are done",
+                               param="model", code="model_in_use")
+            self.manager.unload(res.model_name)
+        self.models.remove(res)
+        for n in [n for n, r in self.by_name.items() if r is res]:
+            del self.by_name[n]
 
     # ---------------------------------------------------------------- loading and unloading
     def load(self, background: bool) -> None:
@@ -349,6 +395,19 @@ class ModelPool:
             from ortllm.runtime.store import Store
             Store().unregister_server()
             self._state_file = None
+
+
+MODELFILE = "modelfile.json"      # in an artifact POST /api/create made: {from, system, parameters, template, ...}
+
+
+def read_modelfile(path: Path | None) -> dict:
+    """The defaults of a model POST /api/create made (its artifact's modelfile.json), else {}."""
+    if path is None:
+        return {}
+    try:
+        return json.loads((Path(path) / MODELFILE).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def default_memory_budget() -> int:

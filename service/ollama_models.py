@@ -1,0 +1,408 @@
+"""Ollama's model management on the local store ($ORTLLM_HOME, runtime/store.py): POST /api/pull, DELETE
+/api/delete, POST /api/copy, POST /api/create, and HEAD/POST /api/blobs/{digest} (the files /api/create names).
+A model pulled or created here is served at once: it loads on its first request, as the models of
+`ortllm serve A B ...` do (resources.ModelPool.add_model).
+
+    pull   a store name already there -> served;  an artifact directory -> Store.put (progress per file);
+           a recipe, GGUF file or HF directory -> `ortllm pull SPEC --name NAME:latest` in a child process
+           (the build is the pipeline's; the service does not import it), its log lines as status lines
+    create from + adapters + system + parameters + template -> a new artifact (the base's files linked, the
+           adapter converted in, modelfile.json with the defaults, the template in tokenizer_config.json)
+           -> Store.put: only the new files take space. Requests to it carry its adapter (every API) and,
+           on the Ollama routes, its system message and parameters unless they send their own.
+
+Progress is streamed as Ollama streams it: NDJSON lines {"status", "digest"?, "total"?, "completed"?}, the last
+{"status": "success"}; with stream: false one JSON object, the last line. An error after the stream started is
+an {"error": ...} line, as Ollama sends it."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+from flask import Blueprint, Response, jsonify, request, stream_with_context
+
+from ortllm.protocol.bodies import OLLAMA_COPY, OLLAMA_CREATE, OLLAMA_DELETE, OLLAMA_PULL
+from ortllm.protocol.errors import APIError, bad_request
+from ortllm.runtime import contract as C
+from ortllm.runtime.adapter_files import add_adapter
+from ortllm.runtime.artifact import file_entry, read_manifest
+from ortllm.runtime.errors import OrtllmError
+from ortllm.runtime.store import DEFAULT_TAG, ModelRef, Store, StoreError, looks_like_name
+
+from .auth import require_api_key
+from .body import read_json_object
+from .openapi import document
+from .resources import MODELFILE, current_resources, read_modelfile
+
+bp = Blueprint("ollama_models", __name__, url_prefix="/api")
+bp.before_request(require_api_key)
+
+BLOB_LIMIT = 4 << 30              # bytes of one uploaded blob (an adapter's weights)
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+_PROGRESS = {"type": "object", "required": ["status"], "properties": {
+    "status": {"type": "string"}, "digest": {"type": "string"}, "total": {"type": "integer"},
+    "completed": {"type": "integer"}}}
+_MANAGE = (400, 401, 404, 409, 413, 415, 503)
+
+
+def _progress_ok(description: str) -> dict:
+    return {"description": description, "content": {
+        "application/json": {"schema": _PROGRESS},
+        "application/x-ndjson": {"schema": {"type": "string", "description": "one progress object per line"}}}}
+
+
+_EMPTY_OK = {"description": "done (empty body)", "content": {"application/json": {"schema": {"type": "object"}}}}
+
+
+def _store() -> Store:
+    return Store()
+
+
+def _ref(text: str, param: str = "model") -> ModelRef:
+    try:
+        return ModelRef.parse(text)
+    except StoreError as e:
+        raise bad_request(str(e), param=param) from None
+
+
+def _not_found(e: StoreError, param: str = "model") -> APIError:
+    return APIError(404, str(e), type="invalid_request_error", param=param, code="model_not_found")
+
+
+def _aliases(ref: ModelRef) -> tuple[str, ...]:
+    return (ref.name,) if ref.tag == DEFAULT_TAG else ()
+
+
+def _serve(ref: ModelRef, store: Store) -> None:
+    """Route `ref` (and NAME for NAME:latest) to its store artifact from now on."""
+    current_resources().add_model(str(ref), store.path(str(ref)), _aliases(ref))
+
+
+# ---------------------------------------------------------------- streaming progress
+
+def _progress_response(lines: Iterator[dict], stream: bool):
+    """NDJSON progress (Ollama's stream), or the last line as one JSON object; an APIError before the first line
+    is an HTTP error, after it an {"error"} line."""
+    first = next(lines)          # errors found before any work (bad names, unknown bases) are HTTP errors
+    if not stream:
+        last = first
+        for last in lines:
+            pass
+        return jsonify(last)
+
+    def ndjson() -> Iterator[bytes]:
+        yield json.dumps(first).encode() + b"\n"
+        try:
+            for line in lines:
+                yield json.dumps(line).encode() + b"\n"
+        except APIError as e:
+            yield json.dumps({"error": e.message}).encode() + b"\n"
+        except OrtllmError as e:
+            yield json.dumps({"error": str(e)}).encode() + b"\n"
+    return Response(stream_with_context(ndjson()), mimetype="application/x-ndjson")
+
+
+# ---------------------------------------------------------------- pull
+
+@bp.post("/pull")
+@document("Ollama: put a model into the local store and serve it (stream, the default: NDJSON progress)",
+          body=OLLAMA_PULL, ok=_progress_ok("the last progress line, status success"), errors=_MANAGE)
+def pull():
+    v = OLLAMA_PULL.read(read_json_object(request))
+    return _progress_response(_pull_lines(v["model"]), v["stream"])
+
+
+def _pull_lines(spec: str) -> Iterator[dict]:
+    store = _store()
+    path = Path(spec)
+    if looks_like_name(spec) and not path.exists():
+        try:
+            ref = store.resolve(spec)
+        except StoreError:
+            ref = None
+        if ref is not None:           # already in the store: serve it
+            yield {"status": "pulling manifest"}
+            yield {"status": "verifying sha256 digest"}
+            _serve(ref, store)
+            yield {"status": "success"}
+            return
+    if path.is_dir() and (path / C.MANIFEST).is_file():
+        yield from _put_artifact(store, path)
+        return
+    yield from _build(store, spec)
+
+
+def _put_artifact(store: Store, src: Path) -> Iterator[dict]:
+    """An artifact directory on the server: each file verified and stored (a line per 4 MiB written)."""
+    try:
+        man = read_manifest(src)
+    except OrtllmError as e:
+        raise bad_request(str(e), param="model") from None
+    ref = _ref(f"{_store_name(man.recipe or src.resolve().name)}:{DEFAULT_TAG}")
+    total = man.size_bytes + (src / C.MANIFEST).stat().st_size
+    yield {"status": "pulling manifest"}
+    done = [0]
+    lines: list[dict] = []
+
+    def progress(n: int) -> None:
+        done[0] += n
+        lines.append({"status": f"pulling {ref}", "digest": f"sha256:{man.source_sha256 or ''}",
+                      "total": total, "completed": min(done[0], total)})
+
+    store.put(src, ref, source=str(src.resolve()), force=True, progress=progress)
+    yield from lines[-64:]            # Store.put reports as it writes; the client gets the last steps
+    yield {"status": "verifying sha256 digest"}
+    yield {"status": "writing manifest"}
+    _serve(ref, store)
+    yield {"status": "success"}
+
+
+def _store_name(text: str) -> str:
+    base = re.sub(r"\.(gguf|safetensors)$", "", text.lower())
+    return re.sub(r"[^a-z0-9._-]+", "-", base).strip("-._")[:100] or "model"
+
+
+def _build(store: Store, spec: str) -> Iterator[dict]:
+    """A recipe, GGUF file or HF directory: `ortllm pull` in a child process (the build is the pipeline's)."""
+    name = spec if looks_like_name(spec) else _store_name(Path(spec).name)
+    ref = _ref(name if ":" in name else f"{name}:{DEFAULT_TAG}")
+    cmd = [sys.executable, "-m", "ortllm", "pull", spec, "--name", str(ref), "--no-progress", "--force"]
+    env = {**os.environ, "ORTLLM_HOME": str(store.home)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    yield {"status": "pulling manifest"}
+    tail: list[str] = []
+    try:
+        for raw in proc.stdout:
+            line = raw.strip()
+            if line:
+                tail = (tail + [line])[-5:]
+                yield {"status": line.removeprefix("ortllm: ")}
+        proc.wait()
+    finally:
+        if proc.poll() is None:       # the client left: stop the build
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        err = next((t for t in reversed(tail) if "error" in t), tail[-1] if tail else "the build failed")
+        raise bad_request(f"cannot pull {spec!r}: {err.removeprefix('ortllm: error: ')}", param="model")
+    yield {"status": "writing manifest"}
+    _serve(ref, store)
+    yield {"status": "success"}
+
+
+# ---------------------------------------------------------------- delete, copy
+
+@bp.delete("/delete")
+@document("Ollama: remove a model from the local store (and stop serving it)", body=OLLAMA_DELETE, ok=_EMPTY_OK,
+          errors=_MANAGE)
+def delete():
+    v = OLLAMA_DELETE.read(read_json_object(request))
+    store = _store()
+    try:
+        ref = store.resolve(v["model"])
+    except StoreError as e:
+        raise _not_found(e) from None
+    pool = current_resources()
+    if pool.lazy and str(ref) in pool.by_name:
+        pool.remove_model(str(ref))         # and its aliases; 409 while it answers requests
+    try:
+        store.remove(str(ref))
+    except StoreError as e:
+        raise APIError(409, str(e), param="model", code="model_in_use") from None
+    return jsonify({})
+
+
+@bp.post("/copy")
+@document("Ollama: another name for a store model (no file is copied)", body=OLLAMA_COPY, ok=_EMPTY_OK,
+          errors=_MANAGE)
+def copy():
+    v = OLLAMA_COPY.read(read_json_object(request))
+    store = _store()
+    dst = _ref(v["destination"], "destination")
+    try:
+        store.copy(v["source"], str(dst), force=True)
+    except StoreError as e:
+        raise _not_found(e, "source") from None
+    _serve(dst, store)
+    return jsonify({})
+
+
+# ---------------------------------------------------------------- blobs (the files /api/create names)
+
+def _uploads(store: Store) -> Path:
+    return store.home / "uploads"
+
+
+def _digest(text: str) -> str:
+    m = _DIGEST.match(text)
+    if not m:
+        raise bad_request(f"{text!r} is not a blob digest: send sha256:<64 hex digits>", param="digest")
+    return m.group(1)
+
+
+@bp.route("/blobs/<digest>", methods=["HEAD"])
+@document("Ollama: whether the server has a blob", ok=_EMPTY_OK, errors=(400, 401, 404),
+          params={"digest": "sha256:<hex>"})
+def blob_exists(digest: str):
+    if not (_uploads(_store()) / f"sha256-{_digest(digest)}").is_file():
+        return Response(status=404)
+    return Response(status=200)
+
+
+@bp.post("/blobs/<digest>")
+@document("Ollama: send a file (its sha256 checked) for POST /api/create to name", ok=_EMPTY_OK, status=201,
+          errors=(400, 401, 413), params={"digest": "sha256:<hex>"})
+def blob_upload(digest: str):
+    sha = _digest(digest)
+    request.max_content_length = BLOB_LIMIT
+    folder = _uploads(_store())
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f:
+            while chunk := request.stream.read(1 << 20):
+                h.update(chunk)
+                f.write(chunk)
+        if h.hexdigest() != sha:
+            raise bad_request(f"the body's sha256 is {h.hexdigest()}, not the {sha} the path names; send the file "
+                              "again", param="digest")
+        tmp.replace(folder / f"sha256-{sha}")
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Response(status=201)
+
+
+# ---------------------------------------------------------------- create
+
+@bp.post("/create")
+@document("Ollama: a new store model from a base: an adapter, a system message, parameters, a template "
+          "(stream, the default: NDJSON progress)", body=OLLAMA_CREATE,
+          ok=_progress_ok("the last progress line, status success"), errors=_MANAGE)
+def create():
+    v = OLLAMA_CREATE.read(read_json_object(request))
+    for unsupported, what in (("files", "pull the GGUF file's path with POST /api/pull instead"),
+                              ("quantize", "pull the recipe with the quantization wanted instead"),
+                              ("messages", "send the conversation with each request")):
+        if v[unsupported]:
+            raise bad_request(f"{unsupported} is not supported here: {what}", param=unsupported)
+    if v["template"] is not None:
+        _check_template(v["template"])
+    ref = _ref(v["model"])
+    base, base_name = _base(v["from"])
+    return _progress_response(_create_lines(v, ref, base, base_name), v["stream"])
+
+
+def _base(name: str) -> tuple[Path, str]:
+    """`from`: a store name, else a model this server serves; (its artifact directory, its name)."""
+    store = _store()
+    try:
+        ref = store.resolve(name)
+        return store.path(str(ref)), str(ref)
+    except StoreError as store_error:
+        pool = current_resources()
+        res = pool.by_name.get(name) or (pool.default if name == pool.default.model_name else None)
+        if res is None:
+            raise _not_found(store_error, "from") from None
+        path = res.path if res.path is not None else res.require_engine().artifact.path
+        return Path(path), res.model_name
+
+
+def _check_template(template: str) -> None:
+    import jinja2
+    if "{{ ." in template or "{{." in template:
+        raise bad_request("template looks like a Go template (Ollama's); send a Jinja chat template, as in "
+                          "tokenizer_config.json's chat_template", param="template")
+    try:
+        jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise bad_request(f"template is not a valid Jinja template: {e}", param="template") from None
+
+
+def _create_lines(v: dict, ref: ModelRef, base: Path, base_name: str) -> Iterator[dict]:
+    store = _store()
+    yield {"status": f"using {base_name} as the base"}
+    inherited = read_modelfile(base)
+    work = store.home / "tmp" / f"create-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    art = work / "artifact"
+    try:
+        _link_artifact(base, art)
+        manifest = read_manifest(art).to_dict()
+        adapter = inherited.get("adapter")
+        if v["adapters"]:
+            adapter = ref.name[:64]
+            yield {"status": f"converting adapter {adapter}"}
+            peft = _peft_dir(store, v["adapters"], work / "peft")
+            try:
+                add_adapter(art, peft, adapter, force=True)
+            except OrtllmError as e:
+                raise bad_request(f"adapters: {e}", param="adapters") from None
+            manifest = read_manifest(art).to_dict()
+        if v["template"] is not None:
+            yield {"status": "writing template"}
+            _replace_json(art, C.TOKENIZER_CONFIG, manifest,
+                          lambda cfg: {**cfg, "chat_template": v["template"]})
+        modelfile = {"from": base_name, "adapter": adapter,
+                     "system": v["system"] if v["system"] is not None else inherited.get("system"),
+                     "parameters": {**inherited.get("parameters", {}), **(v["parameters"] or {})},
+                     "template": v["template"] if v["template"] is not None else inherited.get("template"),
+                     "license": v["license"] if v["license"] is not None else inherited.get("license")}
+        _write_file(art, MODELFILE, json.dumps(modelfile, indent=2, sort_keys=True) + "\n", manifest)
+        (art / (C.MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        (art / (C.MANIFEST + ".tmp")).replace(art / C.MANIFEST)
+        yield {"status": "writing manifest"}
+        store.put(art, ref, source=f"created from {base_name}", force=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _serve(ref, store)
+    yield {"status": "success"}
+
+
+def _link_artifact(src: Path, dst: Path) -> None:
+    """dst: the artifact at src, each file a hard link (a copy where links fail). Files that change are replaced
+    (written beside and renamed), never written through a link."""
+    files = [*read_manifest(src).files, C.MANIFEST]
+    for name in files:
+        d = dst / name
+        d.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src / name, d)
+        except OSError:
+            shutil.copyfile(src / name, d)
+
+
+def _peft_dir(store: Store, adapters: dict[str, str], out: Path) -> Path:
+    """The uploaded files as a PEFT directory (adapter_config.json + adapter_model.safetensors)."""
+    out.mkdir(parents=True)
+    for name, digest in adapters.items():
+        blob = _uploads(store) / f"sha256-{_digest(digest)}"
+        if not blob.is_file():
+            raise bad_request(f"adapters: no blob {digest} for {name}; send the file with POST /api/blobs/{digest} "
+                              "first (ollama's client: create_blob)", param="adapters")
+        if Path(name).name != name:
+            raise bad_request(f"adapters: {name!r} must be a file name, not a path", param="adapters")
+        os.link(blob, out / name) if blob.stat().st_dev == out.stat().st_dev else shutil.copyfile(blob, out / name)
+    return out
+
+
+def _write_file(art: Path, name: str, text: str, manifest: dict) -> None:
+    tmp = art / (name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(art / name)
+    manifest["files"][name] = file_entry(art / name)
+
+
+def _replace_json(art: Path, name: str, manifest: dict, change) -> None:
+    try:
+        current = json.loads((art / name).read_text())
+    except (OSError, ValueError):
+        current = {}
+    _write_file(art, name, json.dumps(change(current), indent=2, ensure_ascii=False) + "\n", manifest)
