@@ -80,6 +80,7 @@ class RequestHandle:
         self.scheduled_time: float | None = None      # first step that ran it (queue time = this - submitted)
         self.first_token_time: float | None = None
         self.token_times: list[float] = []            # time.monotonic() of each generated token (decode rates, ITL)
+        self.detok_time_s = 0.0                       # time in the incremental detokenizer (tracing's detokenize)
         self._events: queue.Queue[_Event] = queue.Queue()
         self._done = threading.Event()
         self._output: CompletionOutput | None = None
@@ -422,7 +423,9 @@ class Engine:
                 continue
             self._tokens_out += len(u.new_token_ids)
             before = len(h.detok.output_token_ids)
+            t_detok = time.perf_counter()
             h._push(h.detok.step(u.new_token_ids), len(u.new_token_ids))
+            h.detok_time_s += time.perf_counter() - t_detok
             if h.logprobs is not None:
                 # the tokens the detokenizer took: up to a stop string or stop token id among several
                 used = len(h.detok.output_token_ids) - before + isinstance(h.detok.stop_reason, int)

@@ -27,6 +27,7 @@ from .auth import require_api_key
 from .body import read_json_object
 from .errors import APIError, ClientGone, bad_request, model_not_found, unavailable
 from .metrics import current_metrics
+from .tracing import current_tracing
 from .openapi import GENERATE, READ, document, json_ok, streamed
 from .resources import EngineResource, current_resources
 
@@ -193,6 +194,8 @@ class Call:
         self.request_id, self.t_arrival, self.deadline = request_id, t_arrival, deadline
         self.disconnected = disconnected or (lambda: False)
         self.metrics = current_metrics()
+        self.tracing = current_tracing()               # None unless an OTLP endpoint is configured
+        self.trace_carrier = {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}
         self.created = int(time.time())
         self.id = response_id(kind, request_id)
         self.token_text = token_text_of(engine)
@@ -241,6 +244,8 @@ class Call:
             self.metrics.observe_finished(self.model, self.kind, out, self.t_arrival, t_end,
                                           None if first is None else first + shift, h.submitted + shift,
                                           None if sched is None else sched + shift)
+            if self.tracing is not None:
+                self._trace(h, out)
             log.info("generation finished", extra={
                 "request_id": h.request_id, "endpoint": self.kind, "finish_reason": out.finish_reason,
                 "prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids),
@@ -253,6 +258,13 @@ class Call:
         if out.finish_reason == "cancelled":
             raise unavailable("the request was cancelled by the server; retry", "cancelled")
         return out
+
+    def _trace(self, h: RequestHandle, out: CompletionOutput) -> None:
+        try:
+            self.tracing.record(self.kind, self.model, h, out, self.t_arrival, self.trace_carrier,
+                                self.req.params.adapter)
+        except Exception as e:  # noqa: BLE001 - tracing never fails a request
+            log.warning("tracing failed", extra={"request_id": h.request_id, "error": f"{type(e).__name__}: {e}"})
 
     def close(self) -> None:
         if self._closed:

@@ -11,7 +11,7 @@ from flask import Flask, g, jsonify, request
 
 from ortllm.runtime.engine import Engine
 
-from . import metrics, resources
+from . import metrics, resources, tracing
 from .api import bp as api_bp
 from .config import ServiceConfig
 from .errors import APIError, to_api_error
@@ -38,6 +38,7 @@ def create_app(config: ServiceConfig | None = None, engine: Engine | None = None
     app.json.sort_keys = False
     res = resources.init_app(app, config, engine)
     m = metrics.init_app(app, res)
+    tracing.init_app(app)
     app.register_blueprint(api_bp)
     app.register_blueprint(ollama_bp)
     app.register_blueprint(ollama_models_bp)
