@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 8        # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 9        # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
                             #  4: key_scales / value_scales float16 (ops ABI 4);
@@ -23,7 +23,9 @@ CONTRACT_VERSION = 8        # graph input/output names, shapes and semantics bel
                             #     logits_argmax (ops ABI 8);
                             #  8: ModelConfig's family features (q/k/v biases, q/k norms, output norms,
                             #     GELU-tanh, embedding and attention scales, sliding layers, RoPE per layer
-                            #     type and scaled, logit softcap): rope tables model.rope.{full,sliding}.*)
+                            #     type and scaled, logit softcap): rope tables model.rope.{full,sliding}.*;
+                            #  9: hidden_indices / hidden_states: the final norm's output on the rows an
+                            #     embedding request pools)
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -207,6 +209,9 @@ def present_value(layer: int) -> str:
 #                                               per sampling sequence, several for a row with drafts
 #                                               (speculative decoding); the graph gathers any R rows
 #   token_adapter   [T]                 int32   adapter slot of each token, -1 = base model
+#   hidden_indices  [E]                 int64   rows of the batch whose final hidden state is returned
+#                                               (embedding requests' rows; E = 0 in generation steps: the Gather
+#                                               and the norm after the last layer then run on no rows)
 #   key_cache / value_cache     [layers, num_blocks, kv_heads, block_size, head_dim]  float32 | uint8
 #                               (int4: [..., head_dim / 2], two codes a byte); every layer in one input
 #                               (PagedAttention's layer attribute picks a node's slice)
@@ -230,6 +235,8 @@ def present_value(layer: int) -> str:
 #   logits          [R, vocab]          float32
 #   logits_argmax   [R]                 int64   each logits row's first maximum (the LM head's op finds it on
 #                                               the columns it just wrote: greedy rows need no pass over logits)
+#   hidden_states   [E, hidden]         float32 the final RMSNorm's output on the hidden_indices rows (what
+#                                               transformers calls the last hidden state), before any pooling
 #   key_cache_out.{i} ...  one layer's [num_blocks, ...] per kind and layer: the runtime binds each to layer i's
 #                          slice of the input's buffer, so the pool is written in place (PagedAttention copies
 #                          only when given another buffer). Outputs stay per layer: bound outputs cost ORT's Run
@@ -242,8 +249,11 @@ BLOCK_TABLES = "block_tables"
 LOGITS_INDICES = "logits_indices"
 LOGITS_ARGMAX = "logits_argmax"
 TOKEN_ADAPTER = "token_adapter"
+HIDDEN_INDICES = "hidden_indices"
+HIDDEN_STATES = "hidden_states"
 ENGINE_INPUT_DTYPES = {ENGINE_INPUT_IDS: "int64", POSITIONS: "int32", CU_SEQLENS: "int32", CONTEXT_LENS: "int32",
-                       BLOCK_TABLES: "int32", LOGITS_INDICES: "int64", TOKEN_ADAPTER: "int32"}   # the step inputs'
+                       BLOCK_TABLES: "int32", LOGITS_INDICES: "int64", TOKEN_ADAPTER: "int32",
+                       HIDDEN_INDICES: "int64"}   # the step inputs'
 LORA_SCALE = "lora.scale"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPS_DOMAIN = "ortllm"          # the custom ops' domain (libortllm_ops.so registers its ops there)

@@ -4,6 +4,9 @@
     engine thread, per step:  schedule() -> ModelRunner.execute() -> Sampler -> update_from_output()
                               -> IncrementalDetokenizer -> each request's handle (text deltas, result)
 
+Embedding requests (submit_embed, embed) are prefill-only rows of the same steps; the graph's hidden_states
+give their final hidden states, pooled (runtime/pooling.py) when their last chunk has run.
+
 A session.run that raises fails only the requests of that step (finish_reason "error", blocks freed);
 the engine keeps serving. Anything else that escapes the loop is fatal: every pending request gets
 EngineDeadError and later submits raise it.
@@ -26,9 +29,10 @@ from .artifact import load_artifact
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .contract import TOKENIZER as TOKENIZER_JSON
-from .errors import EngineDeadError, InvalidTokenIds, OrtllmError
+from .errors import EmptyPrompt, EngineDeadError, InvalidTokenIds, OrtllmError, PromptTooLong, RequestError
 from .guided import GuidedDecoding, consume, forced_tokens, unpack_mask
 from .model_runner import ModelRunner, logits_rows
+from .pooling import normalize as l2_normalize, pool
 from .sampler import RowState, Sampler, TokenLogprobs, has_penalty, log_softmax, request_generator
 from .speculative import accept
 from .sampling_params import SamplingParams, fit_max_tokens
@@ -55,6 +59,8 @@ class CompletionOutput:
     error: str | None = None
     cached_tokens: int = 0                       # prompt tokens whose KV came from the prefix cache
     prompt_logprobs: list[TokenLogprobs | None] | None = None   # params.prompt_logprobs: one per prompt token
+    embedding: np.ndarray | None = None          # embedding requests: the pooled final hidden state [H] float32
+                                                 # (not normalized; runtime/pooling.py)
 
 
 @dataclass
@@ -64,10 +70,11 @@ class _Event:
 
 
 class RequestHandle:
-    """What submit() returns: iterate for text deltas, or result() for the whole completion."""
+    """What submit() returns: iterate for text deltas, or result() for the whole completion. For submit_embed
+    (detok None): result().embedding, and no deltas."""
 
     def __init__(self, engine: "Engine", req_id: str, prompt_ids: list[int], params: SamplingParams,
-                 detok: IncrementalDetokenizer, generator, matcher=None):
+                 detok: IncrementalDetokenizer | None, generator, matcher=None):
         self.engine, self.request_id, self.params = engine, req_id, params
         self.prompt_ids = prompt_ids
         self.detok = detok
@@ -76,6 +83,9 @@ class RequestHandle:
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprobs | None] | None = [None] if params.prompt_logprobs else None
         self.cached_tokens = 0
+        # an embedding request's final hidden states by prompt position (mean pooling; last: one row), [n, H]
+        self.hidden: np.ndarray | None = None
+        self.embedding: np.ndarray | None = None
         self.submitted = time.monotonic()
         self.scheduled_time: float | None = None      # first step that ran it (queue time = this - submitted)
         self.first_token_time: float | None = None
@@ -97,10 +107,12 @@ class RequestHandle:
     def _finish(self, reason: str, error: str | None = None) -> None:
         if self._done.is_set():
             return
-        tail = self.detok.flush() if reason != ERROR else ""
-        self._output = CompletionOutput(self.request_id, self.detok.text, list(self.detok.output_token_ids), reason,
-                                        len(self.prompt_ids), self.logprobs, error, self.cached_tokens,
-                                        self.prompt_logprobs)
+        detok = self.detok
+        tail = detok.flush() if reason != ERROR and detok is not None else ""
+        self._output = CompletionOutput(self.request_id, detok.text if detok else "",
+                                        list(detok.output_token_ids) if detok else [], reason, len(self.prompt_ids),
+                                        self.logprobs, error, self.cached_tokens, self.prompt_logprobs,
+                                        self.embedding)
         self._events.put(_Event(tail, reason))
         self._done.set()
 
@@ -292,6 +304,55 @@ class Engine:
         handles = [self.submit(p, sp) for p, sp in zip(prompts, plist)]
         return [h.result() for h in handles]
 
+    def submit_embed(self, prompt: str | Sequence[int], pooling: str = "mean", adapter: str | None = None,
+                     priority: int = 0, request_id: str | None = None) -> RequestHandle:
+        """Queue one embedding request (text or token ids); thread-safe. It runs as prefill-only rows in the same
+        steps as generation; result().embedding is its pooled final hidden state [H] (runtime/pooling.py; not
+        normalized). Raises RequestError (empty or longer than the context), Overloaded at once."""
+        if self._dead is not None:
+            raise EngineDeadError("the engine stopped after an internal error; restart it") from self._dead
+        params = SamplingParams(max_tokens=1, adapter=adapter, priority=priority, pooling=pooling).validate()
+        if adapter is not None:
+            self.adapters.check(adapter)
+        ids = self.encode_prompt(prompt)
+        if not ids:
+            raise EmptyPrompt("the input is empty; send at least one token")
+        room, what = self.context_length, "the model's context length"
+        mml = self.config.scheduler.max_model_len
+        if mml is not None and mml < room:
+            room, what = mml, "max_model_len"
+        if len(ids) > room:
+            raise PromptTooLong(len(ids), room, what=what)
+        rid = request_id or f"emb-{next(self._ids)}"
+        h = RequestHandle(self, rid, ids, params, None, None)
+        h.hidden = np.empty((len(ids) if pooling == "mean" else 1, self.runner.hidden_size), np.float32)
+        with self._cv:
+            self.scheduler.add_request(rid, ids, params)
+            self._handles[rid] = h
+            self._cv.notify()
+        return h
+
+    def embed(self, inputs: str | Sequence[str | Sequence[int]], pooling: str = "mean", adapter: str | None = None,
+              normalize: bool = True) -> np.ndarray:
+        """Embeddings of texts (or token id lists), run concurrently: [N, H] float32, L2-normalized unless
+        normalize=False. pooling: "mean" over each input's tokens or its "last" token's final hidden state."""
+        if isinstance(inputs, str) or (len(inputs) and isinstance(inputs[0], (int, np.integer))):
+            inputs = [inputs]
+        handles: list[RequestHandle] = []
+        try:
+            for x in inputs:
+                handles.append(self.submit_embed(x, pooling, adapter))
+            outs = [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        bad = next((o for o in outs if o.embedding is None), None)
+        if bad is not None:
+            raise RequestError(f"embedding request {bad.request_id} ended with {bad.finish_reason}: {bad.error}")
+        vecs = np.stack([o.embedding for o in outs]) if outs else np.zeros((0, self.runner.hidden_size), np.float32)
+        return l2_normalize(vecs) if normalize else vecs
+
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[str]:
         """Text deltas of one completion as they are produced."""
         return iter(self.submit(prompt, params))
@@ -421,6 +482,11 @@ class Engine:
             h = self._handles.get(u.req_id)
             if h is None:
                 continue
+            if h.hidden is not None:          # an embedding request: its last chunk ran
+                if u.finish_reason is not None:
+                    h.embedding = pool(h.hidden, h.params.pooling)
+                    self._handles.pop(u.req_id)._finish(u.finish_reason)
+                continue
             self._tokens_out += len(u.new_token_ids)
             before = len(h.detok.output_token_ids)
             t_detok = time.perf_counter()
@@ -464,6 +530,8 @@ class Engine:
                 masks.result()
             self._run_failed(out, e)
             return None
+        if len(self.runner.hidden):
+            self._keep_hidden(out.seqs, self.runner.hidden)
         if scored:
             logits = self._record_prompt_logprobs(out.seqs, logits)
         if masks is not None:
@@ -479,6 +547,23 @@ class Engine:
         alive, forced = self._advance_grammars([rows[i].req_id for i in guided], tokens)
         lp = {s.req_id: sampled.logprobs[o:o + len(tokens[s.req_id])] for s, o in zip(rows, first)}
         return tokens, forced, alive, lp, 1
+
+    def _keep_hidden(self, seqs, hidden: np.ndarray) -> None:
+        """hidden: [E, H], the step's hidden_states rows (model_runner.hidden_rows order). Each embedding request
+        keeps its rows by prompt position (mean pooling), or its last row (last-token pooling)."""
+        row = 0
+        for s in seqs:
+            if not s.hidden_rows:
+                continue
+            h = self._handles.get(s.req_id)
+            if h is not None and h.hidden is not None:
+                rows = hidden[row:row + s.hidden_rows]
+                if h.params.pooling == "last":
+                    h.hidden[0] = rows[-1]
+                else:
+                    end = s.start_pos + s.num_tokens
+                    h.hidden[end - s.hidden_rows:end] = rows
+            row += s.hidden_rows
 
     def _run_steps(self, out: SchedulerOutput, slots: dict[str | None, int]):
         """out.decode_steps greedy model steps, each fed the previous one's argmax (SchedulerConfig.decode_steps),

@@ -45,6 +45,17 @@ def logits_rows(seqs: list[ScheduledSeq]) -> np.ndarray:
     return np.asarray(rows, dtype=np.int64)
 
 
+def hidden_rows(seqs: list[ScheduledSeq]) -> list[int]:
+    """Rows of the flattened batch whose final hidden state the step returns: each seq's last hidden_rows rows
+    (embedding requests), in order; none in generation steps."""
+    rows, end = [], 0
+    for s in seqs:
+        end += s.num_tokens
+        if s.hidden_rows:
+            rows.extend(range(end - s.hidden_rows, end))
+    return rows
+
+
 class ModelRunner:
     def __init__(self, artifact: Artifact, config: EngineConfig):
         if artifact.graph != "engine":
@@ -84,6 +95,10 @@ class ModelRunner:
         self._logits_bound: tuple[int, int] | None = None   # (id of the buffers' array, rows) bound now
         self._argmax = np.empty(0, np.int64)          # logits_argmax [R], bound beside the logits, grows with them
         self.argmax: np.ndarray | None = None          # the last execute()'s logits_argmax rows
+        self.hidden_size = cfg["hidden_size"]
+        self._hidden = np.empty((16, self.hidden_size), np.float32)   # hidden_states [E, H], grows as needed
+        self._hidden_bound = -1                        # rows bound now (-1: none yet)
+        self.hidden: np.ndarray | None = None          # the last execute()'s hidden_states rows (hidden_rows)
         self.run_time_s = 0.0                          # total time in session.run (the engine's Python share)
         # every run's options: the engine sets .terminate from another thread to end a run whose rows were
         # cancelled (ORT checks it between nodes; the run then raises)
@@ -185,8 +200,9 @@ class ModelRunner:
                 all_logits: bool = False) -> np.ndarray:
         """Run one flattened step; returns logits [R, V] for the rows of logits_rows(seqs), in order: a view of a
         buffer the next execute() overwrites (copy it to keep it), and sets self.argmax to their first maxima [R]
-        (logits_argmax; likewise a view). all_logits: [T, V], every row of the step (scoring/eval), a new array
-        (self.argmax None)."""
+        (logits_argmax; likewise a view), and self.hidden to the final hidden states [E, H] of the rows of
+        hidden_rows(seqs) (embedding requests; likewise a view). all_logits: [T, V], every row of the step
+        (scoring/eval), a new array (self.argmax None)."""
         # Python lists, one pass per input: cheaper than numpy temporaries for a decode step's few rows, and the
         # step's Python runs in caches cold after the weight stream
         lens = [s.num_tokens for s in seqs]
@@ -202,13 +218,15 @@ class ModelRunner:
         rows = np.arange(len(ids), dtype=np.int64) if all_logits else logits_rows(seqs)
         slots = adapter_slots or {}
         adapter = [slots.get(s.adapter, -1) for s in seqs for _ in range(s.num_tokens)]
+        hidden = hidden_rows(seqs)
 
         io = self.io
         for name, value, shape in ((C.ENGINE_INPUT_IDS, ids, (len(ids),)), (C.POSITIONS, positions, (len(ids),)),
                                    (C.CU_SEQLENS, cu, (len(seqs) + 1,)), (C.CONTEXT_LENS, starts, (len(seqs),)),
                                    (C.BLOCK_TABLES, tables, (len(seqs), width)), (C.LOGITS_INDICES, rows, rows.shape),
-                                   (C.TOKEN_ADAPTER, adapter, (len(ids),))):
+                                   (C.TOKEN_ADAPTER, adapter, (len(ids),)), (C.HIDDEN_INDICES, hidden, (len(hidden),))):
             self._bind_step_input(name, value, shape)
+        self._bind_hidden(len(hidden))
         self.argmax = None
         if all_logits:                     # [T, V], up to max_batch_tokens rows: ORT allocates it
             io.bind_output(C.LOGITS, "cpu")
@@ -233,6 +251,18 @@ class ModelRunner:
         self._run()
         self.argmax = argmax
         return out
+
+    def _bind_hidden(self, rows: int) -> None:
+        """hidden_states [rows, H] into a reused buffer (self.hidden, a view the next execute() overwrites);
+        rebound only when the rows change, so generation steps (0 rows) bind it once."""
+        if rows > len(self._hidden):
+            self._hidden = np.empty((max(rows, 2 * len(self._hidden)), self.hidden_size), np.float32)
+            self._hidden_bound = -1
+        if rows != self._hidden_bound:
+            self.io.bind_output(C.HIDDEN_STATES, "cpu", element_type=np.float32, shape=[rows, self.hidden_size],
+                                buffer_ptr=self._hidden.ctypes.data)
+            self._hidden_bound = rows
+        self.hidden = self._hidden[:rows]
 
     def execute_steps(self, seqs: list[ScheduledSeq], adapter_slots: dict[str | None, int] | None, steps: int,
                       stop: np.ndarray | None = None) -> np.ndarray:

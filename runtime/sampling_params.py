@@ -15,6 +15,7 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)
 PENALTY_RANGE = (-2.0, 2.0)                  # frequency_penalty, presence_penalty
 REPETITION_PENALTY_RANGE = (0.01, 100.0)     # bounded: a penalty near 0 divides logits into inf, softmax into NaN
 GUIDE_KINDS = ("json_schema", "json_object", "regex", "choice", "lark")
+POOLINGS = ("mean", "last")                  # an embedding request's pooling of its final hidden states
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class SamplingParams:
     prompt_logprobs: bool = False       # logprob of every prompt token after the first (echo; no prefix cache)
     speculative: bool = True            # drafts: prompt lookup when the engine has it on, a guide's forced tokens
                                         # (the same tokens either way; False: one step per token)
+    pooling: str | None = None          # an embedding request: prefill only, then its final hidden states pooled
+                                        # ("mean" over its tokens, or its "last" token's); None: generate
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -117,6 +120,8 @@ class SamplingParams:
             raise InvalidSamplingParams(f"prompt_logprobs must be true or false; got {self.prompt_logprobs!r}")
         if not isinstance(self.speculative, bool):
             raise InvalidSamplingParams(f"speculative must be true or false; got {self.speculative!r}")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise InvalidSamplingParams(f"pooling must be one of {', '.join(POOLINGS)}; got {self.pooling!r}")
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, "> 0 (seconds) or null", lambda v: v > 0)
         return self

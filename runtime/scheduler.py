@@ -24,6 +24,10 @@ the target's next token, rolls num_computed_tokens back past the rejected ones a
 used (the block table is truncated, nothing is copied). Drafts never enter token_ids, so the prefix cache
 only ever hashes verified tokens.
 
+Embedding requests (SamplingParams.pooling) are prefill-only: their chunks run in the same steps as everything
+else, with ScheduledSeq.hidden_rows instead of logits, and the request finishes ("stop", no token) when its last
+chunk has run, its KV blocks freed at once. Mean pooling needs every prompt row, so it takes no prefix-cache hits.
+
 Finish reasons: "stop" (EOS / stop token id here; stop strings are found by the detokenizer and reported
 by the engine through finish_requests), "length" (max_tokens), "cancelled", "error" (engine-reported),
 "deadline" (still queued, no token out, deadline_s after submission).
@@ -65,6 +69,8 @@ class ScheduledSeq:
     adapter: str | None        # None: base model
     spec_token_ids: list[int] = field(default_factory=list)   # [k] drafts: the last k of token_ids; logits
                                                                # for the last k + 1 rows (needs_logits)
+    hidden_rows: int = 0       # embedding requests: the last hidden_rows rows return their final hidden state
+                               # (mean pooling: every row; last-token pooling: the last row of the last chunk)
 
     @property
     def num_tokens(self) -> int:
@@ -209,8 +215,8 @@ class SchedulerInterface(abc.ABC):
         rejected ones; a stop among the accepted tokens drops those after it. runner_output.forced_token_ids
         become the sequence's drafts for its next decode step (replacing any it had).
 
-        Returns one update per sequence that got a token. Sequences finished through finish_requests
-        after schedule() are skipped.
+        Returns one update per sequence that got a token, and one (no tokens, "stop") per embedding request
+        whose last chunk ran. Sequences finished through finish_requests after schedule() are skipped.
         """
 
     @abc.abstractmethod
@@ -303,8 +309,9 @@ class Scheduler(SchedulerInterface):
             f"KV pool of {self.pool.num_usable} blocks x {self.block_size} tokens; raise num_blocks")
         if self.config.max_model_len is not None and self.config.max_model_len < capacity:
             capacity, what = self.config.max_model_len, "max_model_len"
-        if len(prompt) + params.max_tokens > capacity:
-            raise PromptTooLong(len(prompt), capacity, params.max_tokens, what)
+        generated = 0 if params.pooling else params.max_tokens      # an embedding request generates nothing
+        if len(prompt) + generated > capacity:
+            raise PromptTooLong(len(prompt), capacity, generated, what)
         if len(self.waiting) >= self.config.max_queued:
             raise Overloaded(len(self.waiting), self.config.max_queued)
         key = None if params.adapter is None else self._adapter_key(params.adapter)
@@ -312,7 +319,7 @@ class Scheduler(SchedulerInterface):
                       stop_ids=params.stop_ids(self.eos_token_ids))
         self._arrivals += 1
         c = self.config
-        if c.spec_max_tokens and params.speculative and params.guide is None:
+        if c.spec_max_tokens and params.speculative and params.guide is None and params.pooling is None:
             req.spec = SpecState.create(c.spec_ngram_min, c.spec_ngram_max, c.spec_max_tokens)
         if self.pool.enable_prefix_cache:
             extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, key)
@@ -385,7 +392,7 @@ class Scheduler(SchedulerInterface):
         reqs = [self.requests[rid] for rid in sched]
         for req in reqs:
             p = req.params
-            if not _decodes(req, sched[req.req_id]) or not p.raw_argmax or p.guide is not None:
+            if not _decodes(req, sched[req.req_id]) or not p.raw_argmax or p.guide is not None or p.pooling:
                 return 1
             k = min(k, p.max_tokens - (req.num_tokens - req.num_prompt_tokens))
         need = [_cdiv(r.num_computed_tokens + k, self.block_size) - len(r.block_ids) for r in reqs]
@@ -426,8 +433,9 @@ class Scheduler(SchedulerInterface):
                     break       # hold later requests back so running adapters drain and this one gets a slot
                 continue
             hits: list[int] = []
-            # the last token is always recomputed so logits exist; prompt_logprobs needs every prompt row
-            if self.pool.enable_prefix_cache and not req.params.prompt_logprobs:
+            # the last token is always recomputed so logits exist; prompt_logprobs and mean pooling need every
+            # prompt row
+            if self.pool.enable_prefix_cache and not req.params.prompt_logprobs and req.params.pooling != "mean":
                 hits = self.pool.match_prefix(req.block_hashes[:(req.num_tokens - 1) // self.block_size])
             computed = len(hits) * self.block_size
             n = min(req.num_tokens - computed, budget(), chunk)
@@ -491,8 +499,10 @@ class Scheduler(SchedulerInterface):
 
     def _scheduled_seq(self, req: Request, n: int, drafts: list[int]) -> ScheduledSeq:
         start, n = req.num_computed_tokens, n - len(drafts)
+        last, pooling = start + n == req.num_tokens, req.params.pooling
+        hidden = n if pooling == "mean" else int(last) if pooling == "last" else 0
         return ScheduledSeq(req.req_id, req.token_ids[start:start + n] + drafts, start, list(req.block_ids),
-                            start + n == req.num_tokens, req.params.adapter, drafts)
+                            last and pooling is None, req.params.adapter, drafts, hidden)
 
     # ---- step results ----
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -507,6 +517,9 @@ class Scheduler(SchedulerInterface):
             req.num_computed_tokens += s.num_tokens
             if not s.needs_logits:
                 self._cache_full_blocks(req)
+                if req.params.pooling and req.num_computed_tokens == req.num_tokens:   # an embedding's last chunk
+                    self._finish(req, STOP)
+                    updates.append(RequestUpdate(s.req_id, [], STOP))
                 continue
             toks = self._sampled(s, runner_output, scheduler_output.decode_steps)
             if s.spec_token_ids:

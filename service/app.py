@@ -14,6 +14,7 @@ from ortllm.runtime.engine import Engine
 from . import metrics, resources, tracing
 from .api import bp as api_bp
 from .config import ServiceConfig
+from .embeddings import bp as embeddings_bp
 from .errors import APIError, to_api_error
 from .logs import RequestIdFilter
 from .messages import bp as messages_bp
@@ -46,6 +47,7 @@ def create_app(config: ServiceConfig | None = None, engine: Engine | None = None
     app.register_blueprint(playground_bp)
     app.register_blueprint(responses_bp)
     app.register_blueprint(messages_bp)
+    app.register_blueprint(embeddings_bp)
 
     @app.before_request
     def _start():

@@ -163,6 +163,19 @@ _MESSAGES_API = {
     "AnthropicError": _obj(["type", "error"], type={"const": "error"}, request_id={"type": ["string", "null"]},
                            error=_obj(["type", "message"], type=_STR, message=_STR)),
 }
+# /v1/embeddings, /api/embed, /api/embeddings
+_VECTOR = {"type": "array", "items": {"type": "number"}}
+_EMBEDDINGS_API = {
+    "EmbeddingList": _obj(
+        ["object", "data", "model", "usage"], object={"const": "list"}, model=_STR,
+        data={"type": "array", "items": _obj(
+            ["object", "index", "embedding"], object={"const": "embedding"}, index=_INT,
+            embedding={"anyOf": [_VECTOR, {**_STR, "description": "base64 of little-endian float32"}]})},
+        usage=_obj(["prompt_tokens", "total_tokens"], prompt_tokens=_INT, total_tokens=_INT)),
+    "OllamaEmbed": _obj(["model", "embeddings"], model=_STR, embeddings={"type": "array", "items": _VECTOR},
+                        total_duration=_INT, load_duration=_INT, prompt_eval_count=_INT),
+    "OllamaEmbedding": _obj(["embedding"], embedding=_VECTOR),
+}
 
 RESPONSES = {
     "Error": _obj(["error"], error=_obj(["message", "type", "param", "code"], message=_STR, type=_STR,
@@ -199,5 +212,5 @@ RESPONSES = {
                        capabilities={"type": "array", "items": _STR}),
     "OllamaVersion": _obj(["version"], version=_STR),
     "OpenAPI": _obj(["openapi", "paths"], openapi=_STR, paths={"type": "object"}),
-    **_RESPONSES_API, **_MESSAGES_API,
+    **_RESPONSES_API, **_MESSAGES_API, **_EMBEDDINGS_API,
 }

@@ -116,7 +116,8 @@ def test_every_route_is_documented_and_the_document_is_valid(doc_live):
     for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/adapters", "/v1/adapters/{name}",
                  "/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/ps", "/api/version", "/health",
                  "/metrics", "/tokenize", "/detokenize", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-                 "/api/pull", "/api/delete", "/api/copy", "/api/create", "/api/blobs/{digest}"):
+                 "/v1/embeddings", "/api/embed", "/api/embeddings", "/api/pull", "/api/delete", "/api/copy",
+                 "/api/create", "/api/blobs/{digest}"):
         assert path in spec["paths"], path
     assert routes == sum(len(item) for item in spec["paths"].values())     # and nothing that is not served
 
@@ -170,7 +171,8 @@ def test_required_fields_are_enough_and_each_is_needed(doc_live, lora):
         checked.append((path, required))
     assert {p for p, _ in checked} == {"/v1/completions", "/v1/chat/completions", "/api/generate", "/api/chat",
                                        "/api/show", "/tokenize", "/detokenize", "/v1/adapters", "/v1/responses",
-                                       "/v1/messages", "/v1/messages/count_tokens", *STORE_ROUTES}
+                                       "/v1/messages", "/v1/messages/count_tokens", "/v1/embeddings", "/api/embed",
+                                       "/api/embeddings", *STORE_ROUTES}
     assert all(req for _, req in checked), checked
 
 
