@@ -166,6 +166,18 @@ def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None)
     return logits, g.op("ArgMax", [logits], "/lm_head", axis=1, keepdims=0)
 
 
+def hidden_states(g: GraphBuilder, x: str, rows: str, out: str, weights: ModelWeights) -> None:
+    """The final norm's output on the embedding rows, [E, H] (E = 0 in generation steps: no rows, next to no
+    cost). Its own norm node: a quantized head's QLinear fuses the final norm and never writes it out.
+
+        x [T, H] -> Gather(hidden_indices) [E, H] -> RMSNorm (model.norm) -> hidden_states
+    """
+    cfg = weights.config
+    h = g.op("Gather", [x, rows], "/model/hidden_rows", axis=0)
+    h = rms_norm(g, h, weights.tensors["model.norm.weight"], cfg.rms_norm_eps, "/model/hidden_norm")
+    g.identity(h, out, "/model/hidden_states")
+
+
 def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "fp32", block_size: int = 16,
                        metadata: dict | None = None, quant=None, kv_rotate: bool = True) -> None:
     """quant: a pipeline.quantize.QuantPlan (None: fp32 projections); kv_rotate: Hadamard rotation of 8-bit KV."""
@@ -180,11 +192,13 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     }
     logits_rows = g.input(C.LOGITS_INDICES, I64, ["S"])
     batch["adapter"] = g.input(C.TOKEN_ADAPTER, I32, ["T"])
+    hidden_rows = g.input(C.HIDDEN_INDICES, I64, ["E"])
     g.input(C.LORA_SCALE, F32, ["lora_slots"])
     for target in C.LORA_TARGETS:      # per target: an adapter's rank is 0 on the targets it leaves alone
         g.input(C.lora_rank_name(target), I32, ["lora_slots"])
     logits_out = g.output(C.LOGITS, F32, ["S", cfg.vocab_size])
     argmax_out = g.output(C.LOGITS_ARGMAX, I64, ["S"])
+    hidden_out = g.output(C.HIDDEN_STATES, F32, ["E", cfg.hidden_size])
     batch["rope"] = {kind: tuple(g.weight(f"model.rope.{kind}.{f}", t) for f, t in zip(
         ("cos", "sin"), rope_tables(cfg, kind))) for kind in dict.fromkeys(cfg.layer_types)}
 
@@ -193,6 +207,7 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
         x = attention(g, cfg, x, w, i, batch, kv, block_size, quant, kv_rotate)
         x = mlp(g, cfg, x, w, i, batch["adapter"], quant)
 
+    hidden_states(g, x, hidden_rows, hidden_out, weights)
     # Only the rows that need logits: [S, H] -> norm -> LM head [S, V]
     x = g.op("Gather", [x, logits_rows], "/model/logits_rows", axis=0)
     logits, argmax = head(g, x, weights, EMBED_TABLE, quant)
