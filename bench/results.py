@@ -87,6 +87,8 @@ def markdown_table(rows: list[dict]) -> str:
         if with_q:
             line += " " + " | ".join(_quality_cells(r, scored)) + " |"
         lines.append(line)
+    if not main:
+        return quality_table(rows) if scored else "\n".join(lines)
     if scored:
         lines += ["", quality_table(rows)]
     return "\n".join(lines)
