@@ -31,6 +31,7 @@ from ortllm.runtime.errors import OrtllmError
 from .api import Call, start
 from .auth import require_api_key
 from .body import read_json_object
+from .errors import model_not_found
 from .openapi import GENERATE, POST, READ, document, json_ok, streamed
 from .resources import current_resources
 
@@ -232,9 +233,13 @@ def show():
     if body.get("model") is None and body.get("name") is not None:      # older clients' name for it
         body = {**body, "model": body["name"]}
     name = OLLAMA_SHOW.read(body)["model"]
-    _check_model(name)
     pool = current_resources()
-    res, _ = pool.route(name)
+    res, sub = pool.route(name)
+    if res.engine is None and res.pool is not None:      # not loaded: checked against its manifest, not loaded
+        if sub not in (res.model_name, *res.adapter_names()):
+            raise model_not_found(name, res.model_name, res.adapter_names())
+    else:
+        _check_model(name)
     own = name == res.model_name or (pool.lazy and name in pool.by_name)     # the model itself, not an adapter
     m = next(m for m in _models() if m["resource"] is res and m["name"] == (res.model_name if own else name))
     model, mf = m["manifest"].model, res.modelfile

@@ -74,6 +74,9 @@ def test_copy_and_delete(store_live, pulled):
     c = _client(store_live)
     assert c.copy("llama-tiny-random", "tiny-copy").status == "success"
     assert "tiny-copy:latest" in Store().names()
+    shown = c.show("tiny-copy")                          # from its manifest: show does not load it
+    assert shown.details.family == "llama" and shown.details.quantization_level
+    assert "tiny-copy:latest" not in [m.model for m in c.ps().models]
     r = c.generate(model="tiny-copy", prompt="hello", options={"temperature": 0, "num_predict": 4})
     base = c.generate(model="llama-tiny-random:latest", prompt="hello", options={"temperature": 0, "num_predict": 4})
     assert r.response == base.response
