@@ -4,7 +4,7 @@
 built in fp32 (fp32 KV) beside it. The text is the held-out evaluation text (calibration/heldout.py: prose,
 code and chat, from sources calibration never reads), `opts.quality_tokens` scored positions split evenly over
 the three domains in windows of QUALITY_CTX tokens; each domain is reported on its own and all together, with
-the PPL ratio's standard error. Artifacts without a tokenizer (the random test models) score seeded random ids.
+the PPL ratio's standard error. Artifacts without a tokenizer score seeded random ids.
 The figures hold for the ops library's kernel path of the building process, named as "isa".
 The full-size numbers come from `ortllm eval` (docs/quality.md).
 """

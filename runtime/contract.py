@@ -1,7 +1,7 @@
 """The contract between the build pipeline and the runtime: artifact files, graph I/O names and shapes.
 
-Imported by the graph builder and the runtime alike (STYLE.md 2). An artifact whose manifest carries
-another FORMAT_VERSION or CONTRACT_VERSION is refused at load, by name.
+Imported by the graph builder and the runtime alike (docs/architecture.md, The artifact contract). An artifact
+whose manifest carries another FORMAT_VERSION or CONTRACT_VERSION is refused at load, by name.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The application factory (STYLE 10): `create_app(config)` attaches the engine and the metrics in init_app,
-registers the blueprints, and maps every error to the OpenAI envelope in one handler."""
+"""The application factory (docs/architecture.md, Conventions): `create_app(config)` attaches the engine and the
+metrics in init_app, registers the blueprints, and maps every error to the OpenAI envelope in one handler."""
 from __future__ import annotations
 
 import logging

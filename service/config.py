@@ -1,6 +1,6 @@
-"""The service's config (STYLE 1): one frozen dataclass built once by `ortllm serve` or a test, handed to
-`create_app`. Engine settings ride along as `engine_overrides` (EngineConfig keys) and are validated by the
-engine itself when it loads."""
+"""The service's config (docs/architecture.md, Conventions): one frozen dataclass built once by `ortllm serve` or
+a test, handed to `create_app`. Engine settings ride along as `engine_overrides` (EngineConfig keys) and are
+validated by the engine itself when it loads."""
 from __future__ import annotations
 
 import math
