@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -266,6 +267,13 @@ class Call:
         except Exception as e:  # noqa: BLE001 - tracing never fails a request
             log.warning("tracing failed", extra={"request_id": h.request_id, "error": f"{type(e).__name__}: {e}"})
 
+    def _trace_when_done(self, handles: list[RequestHandle]) -> None:
+        for h in handles:
+            try:
+                self._trace(h, h.result(timeout=30))
+            except TimeoutError:
+                pass
+
     def close(self) -> None:
         if self._closed:
             return
@@ -275,6 +283,11 @@ class Call:
             self.metrics.requests.labels(self.model, self.kind, "cancelled").inc()
             log.info("generation cancelled", extra={"request_id": self.request_id, "endpoint": self.kind,
                                                     "after_s": round(time.perf_counter() - self.t_arrival, 4)})
+        if self.tracing is not None:
+            left = [h for i, h in enumerate(self.handles) if i not in self._recorded]
+            if left:      # their spans once the engine has ended them (finish_reason cancelled), off this thread
+                threading.Thread(target=self._trace_when_done, args=(left,), name="ortllm-trace",
+                                 daemon=True).start()
         self.metrics.in_flight.dec()
         self.res.end()
 

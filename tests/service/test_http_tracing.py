@@ -8,9 +8,11 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import requests
 
 from ortllm.runtime.adapter_files import add_adapter
 from ortllm.service.config import ServiceConfig
@@ -98,6 +100,15 @@ def test_spans_continue_the_callers_trace(traced_live, receiver):
     streamed = live.post("/v1/completions", json={"prompt": "once upon", "max_tokens": 5, "stream": True,
                                                   "ignore_eos": True})
     assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    dropped = "a" * 32
+    with requests.post(live.url + "/v1/completions", stream=True, timeout=60,
+                       headers={"traceparent": f"00-{dropped}-{PARENT_ID}-01"},
+                       json={"prompt": "long", "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r2:
+        next(r2.iter_lines())                     # the first chunk, then the client leaves
+    end = time.monotonic() + 10
+    while dropped not in {s.trace_id.hex() for s in receiver.spans} and time.monotonic() < end:
+        tracing.flush()
+        time.sleep(0.1)
     assert tracing.flush()
 
     assert set(receiver.paths) == {"/v1/traces"} and receiver.resources[0]["service.name"] == "ortllm-test"
@@ -123,10 +134,13 @@ def test_spans_continue_the_callers_trace(traced_live, receiver):
     assert _attrs(ours["detokenize"])["ortllm.detokenize.busy_s"] > 0
 
     # a request without traceparent starts its own trace
-    other = [s for t, spans in by_trace.items() if t != TRACE_ID for s in spans]
+    other = [s for t, spans in by_trace.items() if t not in (TRACE_ID, dropped) for s in spans]
     roots = [s for s in other if s.name == "ortllm.completions"]
     assert len(roots) == 1 and not roots[0].parent_span_id
     assert _attrs(roots[0])["gen_ai.usage.output_tokens"] == 5 and _attrs(roots[0])["ortllm.adapter"] == ""
+    gone = [s for s in by_trace[dropped] if s.name == "ortllm.completions"]       # a dropped stream's span
+    assert len(gone) == 1 and _attrs(gone[0])["gen_ai.response.finish_reasons"] == ["cancelled"]
+    assert _attrs(gone[0])["gen_ai.usage.output_tokens"] < 2000
 
 
 def test_off_imports_nothing_of_opentelemetry(tiny_engine):
