@@ -59,9 +59,11 @@ class PairedStats:
         return {
             "tokens": int(n),
             "kld_mean": float(kld.mean()),
+            "kld_mean_err": float(kld.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0,   # standard error of the mean
             "kld_p99": float(np.percentile(kld, 99)),
             "kld_max": float(kld.max()),
             "top1_agreement": float(top1.mean()),
+            "top1_agreement_err": float(np.sqrt(top1.mean() * (1 - top1.mean()) / n)),   # binomial standard error
             "ln_ppl_ratio": ln_ratio,
             "ln_ppl_ratio_err": ln_err,
             "ppl_ratio": ratio,

@@ -48,12 +48,18 @@ def _fmt(v) -> str:
     return "-" if v is None else str(v)
 
 
+def _pm(d: dict, key: str, spec: str) -> str:
+    """A figure with its standard error where the report has one ("kld_mean" and "kld_mean_err")."""
+    err = d.get(key + "_err")
+    return f"{d[key]:{spec}}" + (f" ± {err:{spec}}" if err is not None else "")
+
+
 def fidelity_table(f: dict) -> str:
     """A markdown table of a fidelity section: one row per domain, then all domains together."""
     rows = ["| text | positions | mean KLD | p99 KLD | top-1 agreement | PPL ratio |", "|---|---|---|---|---|---|"]
     for name, d in [*f.get("domains", {}).items(), ("all", f)]:
-        rows.append(f"| {name} | {d['tokens']} | {_fmt(d['kld_mean'])} | {_fmt(d['kld_p99'])} | "
-                    f"{d['top1_agreement']:.2%} | {d['ppl_ratio']:.4f} ± {d['ppl_ratio_err']:.4f} |")
+        rows.append(f"| {name} | {d['tokens']} | {_pm(d, 'kld_mean', '.5f')} | {_fmt(d['kld_p99'])} | "
+                    f"{_pm(d, 'top1_agreement', '.2%')} | {d['ppl_ratio']:.4f} ± {d['ppl_ratio_err']:.4f} |")
     return "\n".join(rows)
 
 
@@ -80,7 +86,7 @@ def write_summary(reports: list[dict]) -> str:
             continue
         for name, d in [*f.get("domains", {}).items(), ("all", f)]:
             rows.append(f"| {Path(r['artifact']).name} | {build_label(r.get('build', {}))} | {name} | {d['tokens']} | "
-                        f"{d['kld_mean']:.5f} | {d['kld_p99']:.4f} | {d['top1_agreement']:.2%} | "
+                        f"{_pm(d, 'kld_mean', '.5f')} | {d['kld_p99']:.4f} | {_pm(d, 'top1_agreement', '.2%')} | "
                         f"{d['ppl_ratio']:.4f} ± {d['ppl_ratio_err']:.4f} |")
     return "\n".join(rows) + "\n"
 
