@@ -85,7 +85,7 @@ MESSAGES = Body("MessagesRequest", [
           description="strings that end the generation (left out of the text; stop_reason says which)"),
     # sampling: newer `anthropic` clients send none of these (extra_body does); older ones do
     number("temperature", 1.0, 0, 1, description="0: greedy"),
-    number("top_p", None, 0, 1, lo_open=True), integer("top_k", None, 0, description="0: off"),
+    number("top_p", None, 0, 1, lo_open=True), integer("top_k", None, 0, 2**31 - 1, description="0: off"),
     TOOLS, TOOL_CHOICE, OUTPUT_CONFIG,
     boolean("stream", False, "server-sent events: message_start ... message_stop"),
     Field("metadata", {"type": "object"}, description="accepted, not used"),
