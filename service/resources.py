@@ -54,7 +54,7 @@ class EngineResource:
         self._idle = threading.Condition(self._lock)
         self.ready = threading.Event()
         # a model made by POST /api/create: its defaults (system, parameters, template, adapter), else {}
-        self.modelfile = read_modelfile(self.path)
+        self.modelfile = read_modelfile(self.path if engine is None else engine.artifact.path)
         if engine is not None:
             self._on_loaded(engine)
 
@@ -248,13 +248,14 @@ class ModelPool:
 
         Accepted: a served model's name; an adapter's name when one model has it; MODEL:ADAPTER. None: the
         first model. Anything else is a 404 naming what is served."""
-        if not self.lazy:
-            return self.default, model
-        if model is None:
-            return self.default, None
+        if not self.lazy or model is None:
+            res = self.default
+            if model in (None, res.model_name) and res.modelfile.get("adapter"):
+                return res, res.modelfile["adapter"]         # a created model's requests: its adapter
+            return res, model
         if model in self.by_name:
             res = self.by_name[model]
-            return res, res.modelfile.get("adapter") or res.model_name   # a created model's: its adapter
+            return res, res.modelfile.get("adapter") or res.model_name
         base, _, adapter = model.rpartition(":")
         if base in self.by_name and adapter in self.by_name[base].adapter_names():
             return self.by_name[base], adapter

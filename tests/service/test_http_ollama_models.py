@@ -133,6 +133,15 @@ def test_create_with_adapter_system_parameters_and_template(store_live, pulled, 
     assert "temperature 0" in shown.parameters and "num_predict 5" in shown.parameters
     assert shown.template == TEMPLATE and shown.modelinfo["general.architecture"] == "llama"
 
+    # served alone (`ortllm serve tuned`), its requests carry the adapter and the defaults too
+    single = start_live(path, ServiceConfig(model_name="tuned:latest"), num_blocks=64)
+    try:
+        alone = _client(single)
+        assert alone.generate(model="tuned:latest", prompt="The sky is", raw=True).response == want.text
+        assert alone.chat(model="tuned:latest", messages=msgs).message.content == default.message.content
+    finally:
+        stop_live(single)
+
 
 def test_management_errors(store_live, pulled):
     c = _client(store_live)
