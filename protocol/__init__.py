@@ -7,4 +7,6 @@ structured.py  response_format, vLLM's guided_* fields, tools and tool_choice ->
 tool_calls.py  a reply read as it is generated: text, or tool calls streamed as OpenAI streams them
 generation.py  the checks before submit (adapter, prompt length) and the response body of a finished request
 errors.py      APIError and the mapping of the runtime's errors onto the OpenAI error envelope
+responses.py   OpenAI's Responses API (stateless): its body, translated into a chat body; output items and events
+messages.py    Anthropic's Messages API: its body, translated into a chat body; content blocks, events, envelope
 """
