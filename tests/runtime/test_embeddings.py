@@ -81,6 +81,26 @@ def test_an_embedding_may_fill_the_whole_context():
     run_to_end(sched)
 
 
+def test_embeddings_and_generations_under_preemption_all_finish_and_free_their_blocks():
+    """A pool too small for everything at once: sequences are preempted and recomputed, embeddings included; each
+    embedding still runs every prompt row before it finishes, and nothing leaks."""
+    sched = make(max_batch_tokens=32, block_size=4, num_blocks=12, prefix=False)
+    for i in range(4):
+        sched.add_request(f"g{i}", [7 + i] * 6, SamplingParams(max_tokens=12, ignore_eos=True))
+        sched.add_request(f"e{i}", list(range(1, 15 + i)), EMBED)
+    steps = run_to_end(sched, limit=500)
+    assert sched.num_preemptions > 0
+    for i in range(4):
+        rows = [s for out, _ in steps for s in out.seqs if s.req_id == f"e{i}"]
+        covered = set()
+        for s in rows:
+            covered |= set(range(s.start_pos, s.start_pos + s.num_tokens))
+        assert covered == set(range(14 + i)) and rows[-1].start_pos + rows[-1].num_tokens == 14 + i
+    ended = {u.req_id: u.finish_reason for _, ups in steps for u in ups if u.finish_reason}
+    assert ended == {**{f"g{i}": "length" for i in range(4)}, **{f"e{i}": "stop" for i in range(4)}}
+    assert sched.pool.num_free == sched.pool.num_usable
+
+
 def test_pooling_is_checked():
     with pytest.raises(InvalidSamplingParams, match="pooling must be one of mean, last"):
         SamplingParams(pooling="cls").validate()
@@ -117,6 +137,14 @@ def test_embed_on_the_tiny_engine(tiny_engine):
             engine.embed([[]])
         with pytest.raises(PromptTooLong, match="shorten the prompt"):
             engine.embed([[1] * (engine.context_length + 1)])
+        handles = [engine.submit_embed([1 + i] * engine.context_length) for i in range(32)]
+        for h in handles:
+            h.cancel()
+        outs = [h.result(timeout=60) for h in handles]
+        assert "cancelled" in {o.finish_reason for o in outs}          # those still queued or running, at least
+        assert all((o.finish_reason == "cancelled") == (o.embedding is None) for o in outs)
+        with pytest.raises(InvalidSamplingParams):
+            engine.embed("x", pooling="cls")
         stats = engine.stats()
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
