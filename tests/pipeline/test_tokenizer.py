@@ -205,11 +205,43 @@ def _tiny_gguf(path: Path, tokenizer_model: str | None, pre: str | None = None) 
     return path
 
 
-def test_gguf_with_a_non_gpt2_tokenizer_is_refused_by_name(tmp_path):
-    path = _tiny_gguf(tmp_path / "spm.gguf", "llama")
-    with pytest.raises(TokenizerError, match="'llama'") as e:
+def test_gguf_with_an_unsupported_tokenizer_is_refused_by_name(tmp_path):
+    path = _tiny_gguf(tmp_path / "wpm.gguf", "bert")
+    with pytest.raises(TokenizerError, match="'bert' is not supported; supported: byte-level BPE") as e:
         write_tokenizer_from_gguf(path, tmp_path / "out")
     assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+    with pytest.raises(TokenizerError, match="a score per token"):          # SentencePiece without scores
+        write_tokenizer_from_gguf(_tiny_gguf(tmp_path / "spm.gguf", "llama"), tmp_path / "out")
+
+
+def test_tiny_sentencepiece_gguf_merges_by_score(tmp_path):
+    """A SentencePiece BPE GGUF (tokenizer.ggml.model "llama"): the pair whose merged piece scores highest merges
+    first, a space is U+2581 (with the prefix space llama.cpp adds by default), unknown bytes fall back to <0xNN>
+    pieces, and decode undoes all three."""
+    from gguf import GGUFWriter
+    pieces = ["<unk>", "<s>", "</s>", "<0x21>", "\u2581", "a", "b", "c", "\u2581a", "bc", "ab", "ca"]
+    types = [2, 3, 3, 6] + [1] * 8
+    scores = [0.0, 0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0]   # bc before ab
+    path = tmp_path / "spm.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(pieces)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_tensor("w", np.zeros((2, 2), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    info = write_tokenizer_from_gguf(path, tmp_path / "out")
+    tok = Tokenizer.from_dir(tmp_path / "out")
+    assert info.vocab_size == 12 and info.eos_token_ids == (2,)
+    # "abc": "▁a"(8) + "bc"(9); never "▁ab": not a piece. "!" is byte 0x21 -> <0x21> (3)
+    assert tok.encode("abc!") == [8, 9, 3]
+    assert tok.decode(tok.encode("abc! ab")) == "abc! ab"
 
 
 def test_gguf_without_tokenizer_or_with_unknown_pre_is_refused(tmp_path):
