@@ -95,7 +95,7 @@ def test_engine_int8_is_served(family, tmp_path):
     assert len(tokens) == STEPS
 
 
-@pytest.mark.parametrize("family", ["qwen2"], indirect=True)
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"], indirect=True)
 def test_lora_equals_peft(family, tmp_path):
     """A PEFT LoRA on every target of the family's transformers model, added to the engine artifact: the same
     greedy tokens as PEFT."""
