@@ -18,7 +18,7 @@ from ortllm.runtime.artifact import load_artifact
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.portable_model import PortableModel
 from ortllm.runtime.sampling_params import SamplingParams
-from tests.reference.hf_families import FAMILIES, hf_logits, save_hf_dir, tiny_model
+from tests.reference.hf_families import FAMILIES, GGUF_ARCH, hf_logits, save_hf_dir, tiny_model, write_gguf
 from tests.reference.hf_llama import hf_greedy_logits
 
 STEPS = 16
@@ -136,6 +136,20 @@ def test_hf_model_from_weights_is_the_source_model(family):
     back = hf_model_from_weights(load_path(hf_dir))
     assert type(back) is type(model)
     _assert_close(hf_logits(back, ids), hf_logits(model, ids), "transformers of our weights vs the source", 1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(GGUF_ARCH), indirect=True)
+def test_gguf_round_trip_matches_transformers(family, tmp_path):
+    """The model written as llama.cpp's converter writes a GGUF (gguf's tensor name map, llama's permuted q/k rows,
+    Llama 3's rope_freqs, Phi-3's fused tensors), read back by `ortllm build`: transformers' logits. (36 positions:
+    within Mistral's window, which llama.cpp's llama architecture does not carry.)"""
+    name, model, _ = family
+    gguf_path = write_gguf(model, name, tmp_path / f"{name}.gguf")
+    art = load_artifact(_build(gguf_path, tmp_path / "art", graph="portable"))
+    ids = _prompt(36, seed=4)
+    logits, _ = PortableModel.from_artifact(art).forward(np.asarray([ids]), PortableModel.from_artifact(art)
+                                                         .empty_past(), 0)
+    _assert_close(logits[0], hf_logits(model, ids), f"{name} GGUF vs transformers")
 
 
 def test_unknown_model_type_names_the_supported(tmp_path):

@@ -73,3 +73,69 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
     import torch
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+# family -> gguf's architecture (Mistral converts to llama, as llama.cpp's converter does it)
+GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "mistral": "LLAMA", "llama3": "LLAMA", "phi3": "PHI3"}
+
+
+def write_gguf(model, family: str, path: Path) -> Path:
+    """The model as llama.cpp's converter writes it (F32): gguf's own tensor name map, q/k rows permuted for llama,
+    Llama 3's RoPE scaling as a rope_freqs tensor, the `<arch>.*` keys, and a byte-level gpt2 tokenizer."""
+    import gguf
+
+    from ortllm.pipeline.tokenizer import _bytes_to_unicode
+
+    cfg = model.config
+    arch = getattr(gguf.MODEL_ARCH, GGUF_ARCH[family])
+    names = gguf.TensorNameMap(arch, cfg.num_hidden_layers)
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    d = cfg.head_dim if getattr(cfg, "head_dim", None) else cfg.hidden_size // cfg.num_attention_heads
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(d)
+    w.add_value_length(d)
+    w.add_rope_dimension_count(d)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    tokens = _bytes_to_unicode() + ["\u0120\u0120"] + [f"<extra_{i}>" for i in range(cfg.vocab_size - 257)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 257 + [3] * (cfg.vocab_size - 257))
+    w.add_token_merges(["\u0120 \u0120"])
+    w.add_eos_token_id(2)
+    rs = getattr(cfg, "rope_scaling", None) or {}
+    if rs.get("rope_type") == "llama3":    # llama.cpp's convert_hf_to_gguf: a divisor per frequency
+        inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        old, lo, hi, f = (rs[k] for k in ("original_max_position_embeddings", "low_freq_factor",
+                                          "high_freq_factor", "factor"))
+        factors = []
+        for freq in inv:
+            wavelen = 2 * np.pi / freq
+            if wavelen < old / hi:
+                factors.append(1.0)
+            elif wavelen > old / lo:
+                factors.append(f)
+            else:
+                smooth = (old / wavelen - lo) / (hi - lo)
+                factors.append(1 / ((1 - smooth) / f + smooth))
+        w.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        arr = t.float().numpy()
+        if GGUF_ARCH[family] == "LLAMA" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            n = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
+            arr = arr.reshape(n, 2, arr.shape[0] // n // 2, *arr.shape[1:]).swapaxes(1, 2).reshape(arr.shape)
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(arr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
