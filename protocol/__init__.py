@@ -9,4 +9,5 @@ generation.py  the checks before submit (adapter, prompt length) and the respons
 errors.py      APIError and the mapping of the runtime's errors onto the OpenAI error envelope
 responses.py   OpenAI's Responses API (stateless): its body, translated into a chat body; output items and events
 messages.py    Anthropic's Messages API: its body, translated into a chat body; content blocks, events, envelope
+embeddings.py  /v1/embeddings, Ollama's /api/embed and /api/embeddings: bodies, input checks, vectors and answers
 """
