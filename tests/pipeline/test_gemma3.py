@@ -115,3 +115,22 @@ def test_chat_without_a_template_is_refused(gemma3_engine):
     tok = T.from_dir(gemma3_engine)
     with pytest.raises(Exception, match="chat template"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+
+
+def test_int8_build_is_served(tmp_path_factory, gemma3_gguf):
+    """The int8 build (QLinear, SmoothQuant on the attention's and the MLP's input norms, GELU-tanh after the
+    gate|up projection): its in-build check on held-out text and the engine's completion."""
+    import json
+
+    from ortllm.cli.build import build_artifact
+    from ortllm.pipeline.build import BuildOptions
+    from ortllm.runtime.engine import Engine
+    from ortllm.runtime.sampling_params import SamplingParams
+    out = tmp_path_factory.mktemp("gemma3") / "int8"
+    build_artifact("gemma3-270m", out, BuildOptions(quant="int8", calib_tokens=1024, quality_tokens=512),
+                   log=lambda m: None)
+    fidelity = json.loads((out / "quality.json").read_text())["fidelity"]
+    assert fidelity["top1_agreement"] >= 0.93 and fidelity["kld_mean"] <= 0.02, fidelity
+    with Engine.from_artifact(out) as engine:
+        text = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=8, temperature=0))[0].text
+    assert text.startswith(" the capital of"), text
