@@ -259,7 +259,9 @@ def show():
                                    f"{model.arch}.attention.head_count_kv": model.num_kv_heads,
                                    "general.quantization": str(m["manifest"].quant),
                                    "ortllm.adapters": sorted(m["manifest"].adapters)},
-                    "capabilities": ["completion", "tools"]})
+                    # embeddings are the engine graph's hidden_states output (runtime/pooling.py)
+                    "capabilities": ["completion", "tools"] + (["embedding"] if m["manifest"].graph == "engine"
+                                                               else [])})
 
 
 def _parameter_count(size: str) -> int:

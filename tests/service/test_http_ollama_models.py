@@ -128,7 +128,7 @@ def test_create_with_adapter_system_parameters_and_template(store_live, pulled, 
 
     shown = c.show("tuned")
     assert shown.details.parent_model == "llama-tiny-random:latest"
-    assert shown.capabilities == ["completion", "tools"]
+    assert shown.capabilities == ["completion", "tools", "embedding"]
     assert "ADAPTER tuned" in shown.modelfile and 'SYSTEM """You are terse."""' in shown.modelfile
     assert "temperature 0" in shown.parameters and "num_predict 5" in shown.parameters
     assert shown.template == TEMPLATE and shown.modelinfo["general.architecture"] == "llama"
