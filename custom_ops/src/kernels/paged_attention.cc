@@ -431,8 +431,7 @@ void softmax_span(const VecOps& vec, const ItemShape& sh, int64_t kstart, const 
     const int64_t qpos = sh.pos0 + (r % sh.hrows) / sh.G;
     const int nvalid = static_cast<int>(std::min<int64_t>(sp.nk, qpos - kstart + 1));
     // sliding window: the span's keys before qpos - window + 1 are masked too
-    const int lo =
-        sh.window > 0 ? static_cast<int>(std::clamp<int64_t>(qpos - sh.window + 1 - kstart, 0, sp.nk)) : 0;
+    const int lo = sh.window > 0 ? static_cast<int>(std::clamp<int64_t>(qpos - sh.window + 1 - kstart, 0, sp.nk)) : 0;
     if (nvalid <= lo) {
       std::fill(sr, sr + sp.nk, 0.f);
       continue;
@@ -538,7 +537,7 @@ void attend_item(void* usr, size_t ii) {
     start_part(sh, w);
     const int64_t end = std::min(nblocks, (p + 1) * sh.part);
     for (int64_t b0 = p * sh.part; b0 < end; b0 += sh.nsub) {
-      if ((b0 + sh.nsub) * sh.BS <= sh.first_key) continue;   // outside every row's window: all weights 0
+      if ((b0 + sh.nsub) * sh.BS <= sh.first_key) continue;  // outside every row's window: all weights 0
       score_span(c, it, sh, b0, end, w, sp);
       softmax_span(*c.vec, sh, b0 * sh.BS, sp, w);
       accumulate_span(c, sh, sp, w);

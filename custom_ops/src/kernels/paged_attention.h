@@ -22,7 +22,7 @@ struct PagedAttentionDims {
   KvDtype kv_dtype;
   bool rotate;  // Hadamard on Q and K (quantized caches), and on V for int4 (each output row rotated back)
   bool rope_interleaved;
-  float scale;  // softmax scale
+  float scale;         // softmax scale
   int64_t window = 0;  // > 0: a query at position p sees keys p - window + 1 .. p (sliding-window layers); 0: all
 };
 

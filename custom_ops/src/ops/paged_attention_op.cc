@@ -272,7 +272,7 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
       fail(kOp, ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype int8/fp8_e4m3/int4");
     if (e.T == 0) return nullptr;
 
-    PagedAttentionDims dims{e.T,  e.S,       e.H,       e.Hkv,   e.D,          e.BS,  e.MB,
+    PagedAttentionDims dims{e.T,  e.S,       e.H,       e.Hkv,   e.D,          e.BS,   e.MB,
                             e.NB, e.max_pos, kv_dtype_, rotate_, interleaved_, scale_, window_};
     PagedAttentionArgs args{static_cast<const float*>(in[kQ].data),
                             static_cast<const float*>(in[kK].data),

@@ -45,7 +45,7 @@ struct PagedAttentionKernel {
   KvDtype kv_dtype_ = KvDtype::kFloat32;
   bool rotate_ = false, interleaved_ = false;
   float scale_ = 0.f;
-  int64_t window_ = 0;  // sliding window (keys a query sees, its own included); 0: none
+  int64_t window_ = 0;      // sliding window (keys a query sees, its own included); 0: none
   int64_t layer_ = -1;      // >= 0: the cache inputs hold every layer ([n_layers, ...]); this node reads this one
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
   TensorIn cos_, sin_;      // the rope tables when they are initializers (read once), else absent
