@@ -124,7 +124,10 @@ genai_build() {   # DIR NAME EXTRA_OPTIONS...
 }
 if want genai; then
   genai_build "$GENAI" genai-int4 block_size=32
-  genai_build "$GENAI_ASYM" genai-int4-asym block_size=32 is_symmetric=false
+  # shared_embeddings=false: with asymmetric int4, the builder's tied embedding (a Gather on the head's packed
+  # uint4 weights) does not load ("Type (tensor(uint8)) of output arg (/model/embed_tokens/Reshape/output_0)");
+  # the embedding stays fp32, the head is int4 like every other projection
+  genai_build "$GENAI_ASYM" genai-int4-asym block_size=32 is_symmetric=false shared_embeddings=false
 fi
 
 # llama.cpp, for a model without a shipped GGUF: an F32 GGUF from hf/, llama.cpp's own quantizer to Q4_1
@@ -177,8 +180,8 @@ llama_quant() {   # TYPE (gguf_export --type) FILE
       --threads "$JOBS" > "$log" 2>&1 \
     || { rm -f "$out.tmp"; echo "install_peers: quantizing failed; see $log" >&2; exit 1; }
   local fallback
-  fallback=$(grep -c "fallback" "$log" || true)
-  [ "$fallback" = 0 ] || say "${type^^}: $fallback tensor(s) not divisible by 256 took llama.cpp's fallback type (see $log)"
+  fallback=$(grep -o "[0-9]* of [0-9]* tensor(s) required fallback quantization" "$log" | tail -n 1 || true)
+  [ -z "$fallback" ] || say "${type^^}: $fallback (rows not a multiple of 256; see $log)"
   tail -n 1 "$log"
   say "checking the ${type^^} GGUF against transformers on $HF"
   if ! HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" bench/peers/gguf_check.py "$HF" "$out.tmp" \
