@@ -109,7 +109,8 @@ PY
 fi
 
 # onnxruntime-genai's model builder, twice: its default int4 (symmetric, the fastest) and asymmetric int4 (uint4
-# with a zero point per block: its most accurate 4-bit option at the same block size and speed path).
+# with a zero point per block, the grid closest to the Q4_1 source; on SmolLM2 it measures no better, KLD ~0.38
+# both: docs/benchmarks.md). Its k_quant algorithm and accuracy_level 1 are not tried yet.
 genai_build() {   # DIR NAME EXTRA_OPTIONS...
   local dir=$1 name=$2 t; shift 2
   [ -f "$dir/genai_config.json" ] && return 0
