@@ -92,9 +92,13 @@ bench-peers: $(STAMP)
 
 # ortllm and each installed peer on the same model, alternating, in one run (run on an idle machine).
 # PEERS_ARTIFACT=DIR compares another artifact: the peers run the recipe it was built from (its manifest.json).
+# Every system is also scored on held-out text against PEERS_REFERENCE, an fp32 build of the same recipe (the
+# default artifact is SmolLM2's; set it for another model), beside its speed (docs/benchmarks.md).
 PEERS_ARTIFACT ?= $(DEFAULT_ARTIFACT)
-bench-vs-peers: $(STAMP) ops $(PEERS_ARTIFACT)/manifest.json
-	$(BIN)/ortllm bench $(PEERS_ARTIFACT) --scenario decode,prefill,long-context --peers all --out $(BENCH_OUT)/peers
+PEERS_REFERENCE ?= $(DEFAULT_ARTIFACT)
+bench-vs-peers: $(STAMP) ops $(PEERS_ARTIFACT)/manifest.json $(PEERS_REFERENCE)/manifest.json
+	$(BIN)/ortllm bench $(PEERS_ARTIFACT) --scenario decode,prefill,long-context --peers all \
+	  --reference $(PEERS_REFERENCE) --out $(BENCH_OUT)/peers
 
 clean:
 	rm -rf build runtime/lib .pytest_cache

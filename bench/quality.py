@@ -57,7 +57,7 @@ def check_reference(artifact: Path, reference: Path):
     return cand, ref
 
 
-class PeerFailed(RuntimeError):
+class PeerFailed(BenchError):
     def __init__(self, system: str, error: Exception):
         super().__init__(f"{system}: {error}")
         self.system = system

@@ -127,14 +127,16 @@ def test_playground_adapter_picker(live_with_adapters, browser, tmp_path):
     mt = browser.find_element(By.ID, "max_tokens")
     mt.clear()
     mt.send_keys("12")
-    browser.find_element(By.ID, "prompt").send_keys("abc")
+    browser.find_element(By.ID, "prompt").send_keys("Once upon a time")
     browser.find_element(By.ID, "send").click()
-    wait.until(lambda d: d.find_element(By.ID, "output").text.strip() != "")
+    # the stream ended: the stats line has its final count (the random model's text may be only whitespace)
+    wait.until(lambda d: " tokens · " in d.find_element(By.ID, "stats").text)
     wait.until(lambda d: d.find_element(By.ID, "send").is_enabled())
     out = browser.execute_script("return document.getElementById('output').textContent")
-    want = live.post("/v1/completions", headers=AUTH, json={"model": "mlp", "prompt": "abc", "max_tokens": 12,
+    prompt = "Once upon a time"   # the random model ends "abc" at once, with and without the adapter
+    want = live.post("/v1/completions", headers=AUTH, json={"model": "mlp", "prompt": prompt, "max_tokens": 12,
                                                              "temperature": 0}).json()["choices"][0]["text"]
-    base = live.post("/v1/completions", headers=AUTH, json={"prompt": "abc", "max_tokens": 12,
+    base = live.post("/v1/completions", headers=AUTH, json={"prompt": prompt, "max_tokens": 12,
                                                              "temperature": 0}).json()["choices"][0]["text"]
     assert out == want and want != base
     shot = Path(os.environ.get("ORTLLM_TEST_ARTIFACTS", tmp_path)) / "playground-adapter.png"
