@@ -152,15 +152,25 @@ def chat_completions():
 def _generate(kind: str, req: protocol.GenerationRequest):
     call = start(kind, req)
     if req.stream:
-        resp = Response(call.sse(), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        resp.call_on_close(call.close)
-        return resp
+        return event_stream(call.sse(), call)
+    return jsonify(call.body(wait_and_close(call)))
+
+
+def event_stream(events: Iterator[bytes], call: "Call") -> Response:
+    """A server-sent-events response of `events` (every API that streams: chat, completions, Responses,
+    Messages); the call is closed, its request cancelled if still running, when the client's connection closes."""
+    resp = Response(events, mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    resp.call_on_close(call.close)
+    return resp
+
+
+def wait_and_close(call: "Call") -> list[CompletionOutput]:
+    """A non-streamed call's outputs; the call is closed whether it finished or failed."""
     try:
-        outs = call.wait()
+        return call.wait()
     finally:
         call.close()
-    return jsonify(call.body(outs))
 
 
 def start(kind: str, req: protocol.GenerationRequest) -> "Call":

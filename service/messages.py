@@ -18,13 +18,13 @@ import json
 import logging
 from typing import Iterator
 
-from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask import Blueprint, current_app, g, jsonify, request
 
 from ortllm.protocol.generation import prompt_ids, resolve_adapter
 from ortllm.protocol.messages import (COUNT_TOKENS, MESSAGES, ContentBlocks, MessagesRequest, error_body,
                                       message_object, message_usage, parse_messages, stop_reason)
 
-from .api import Call, start
+from .api import Call, event_stream, start, wait_and_close
 from .body import read_json_object
 from .errors import APIError, ClientGone, to_api_error
 from .openapi import GENERATE, POST, document, json_ok, streamed
@@ -71,14 +71,8 @@ def create_message():
     call = start("messages", mr.chat)
     answer = _Answer(mr, call)
     if mr.chat.stream:
-        resp = Response(answer.sse(), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        resp.call_on_close(call.close)
-        return resp
-    try:
-        out = call.wait()[0]
-    finally:
-        call.close()
+        return event_stream(answer.sse(), call)
+    out = wait_and_close(call)[0]
     answer.feed(out.text)
     return jsonify(answer.finish(out))
 

@@ -19,12 +19,12 @@ import json
 import logging
 from typing import Iterator
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, jsonify, request
 
 from ortllm.protocol.responses import (RESPONSE, OutputItems, ResponseRequest, parse_response, response_object,
                                        response_status, response_usage)
 
-from .api import Call, start
+from .api import Call, event_stream, start, wait_and_close
 from .auth import require_api_key
 from .body import read_json_object
 from .errors import APIError, ClientGone
@@ -43,14 +43,8 @@ def create_response():
     call = start("responses", rr.chat)
     answer = _Answer(rr, call)
     if rr.chat.stream:
-        resp = Response(answer.sse(), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        resp.call_on_close(call.close)
-        return resp
-    try:
-        out = call.wait()[0]
-    finally:
-        call.close()
+        return event_stream(answer.sse(), call)
+    out = wait_and_close(call)[0]
     answer.feed(out.text)
     return jsonify(answer.finish(out))
 
