@@ -111,6 +111,13 @@ def chat_conversations(n: int, seed: int = CORPUS_SEED) -> list[list[dict]]:
     return out
 
 
+def render_chat(tokenizer, conv: list[dict], add_generation_prompt: bool) -> str:
+    """A conversation as the model reads it: its chat template, or 'role: text' lines when it has none."""
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
+    return "\n".join(f"{m['role']}: {m['content']}" for m in conv)
+
+
 # ---------------------------------------------------------------- the project's own text corpus
 
 def _docs_of(module_name: str) -> list[str]:

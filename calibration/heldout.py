@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .data import DataError, sha256_text
+from .data import DataError, render_chat, sha256_text
 
 DOMAINS = ("prose", "code", "chat")
 LICENSES_DIR = Path("/usr/share/common-licenses")
@@ -116,12 +116,9 @@ def chat_conversations() -> list[list[dict]]:
 def chat(tokenizer) -> Domain:
     import pydoc_data.topics as mod
     convs = chat_conversations()
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=False) for c in convs]
-        how = "rendered with the model's chat template"
-    else:
-        texts = ["\n".join(f"{m['role']}: {m['content']}" for m in c) for c in convs]
-        how = "as 'role: text' lines (the model has no chat template)"
+    texts = [render_chat(tokenizer, c, add_generation_prompt=False) for c in convs]
+    how = ("rendered with the model's chat template" if getattr(tokenizer, "chat_template", None)
+           else "as 'role: text' lines (the model has no chat template)")
     raw = "\0".join(f"{t}\n{x}" for t, x in _topics())
     return Domain(tuple(texts), (Source(f"{mod.__file__} (pydoc_data.topics)", sha256_text(raw)),),
                   f"{len(convs)} conversations of {CHAT_TURNS} question/answer turns over the Python language "

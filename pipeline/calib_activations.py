@@ -65,15 +65,11 @@ def calibration_data(tokenizer, tokens: int, ctx: int, vocab_size: int) -> Calib
         windows = [ids[i:i + ctx] for i in range(0, tokens, ctx)]
         return CalibrationData(windows, {"tokens": _sha_tokens(windows)},
                                f"seeded random token ids (numpy default_rng({CALIB_SEED}); the model has no tokenizer)")
-    from ortllm.calibration.data import CORPUS_SEED, chat_conversations, corpus_documents, sha256_text
+    from ortllm.calibration.data import CORPUS_SEED, chat_conversations, corpus_documents, render_chat, sha256_text
 
     corpus = list(reversed(corpus_documents()))
-    chats = []
-    for conv in chat_conversations(64, seed=CORPUS_SEED + 1):
-        if getattr(tokenizer, "chat_template", None):
-            chats.append(tokenizer.apply_chat_template(conv, add_generation_prompt=True))
-        else:
-            chats.append("\n".join(f"{m['role']}: {m['content']}" for m in conv))
+    chats = [render_chat(tokenizer, conv, add_generation_prompt=True)
+             for conv in chat_conversations(64, seed=CORPUS_SEED + 1)]
     eos = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
     stream: list[int] = []
     for i in range(max(len(corpus), len(chats))):
