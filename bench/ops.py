@@ -32,38 +32,19 @@ from ortllm.runtime.config import CacheConfig
 from ortllm.runtime.contract import cache_kinds
 
 from . import qlinear
+from .op_graphs import (F16, F32, I32, U8, model, multi_lora_model, multi_lora_node, paged_attention_model,
+                        paged_attention_node, rope_cache, value_info)
 from .provenance import command
 from .results import write_results
 from .timing import Runner, compare, ratio_row, us_row
 
-F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
 H, HKV, D, BS = 9, 3, 64, 16          # SmolLM2-135M attention
 HIDDEN = H * D                          # 576
 MAX_POS = 4096
 LAYERS = 30                             # SmolLM2-135M
 
 
-# ---------------------------------------------------------------- plumbing
-
-def _model(nodes, inputs, outputs, domains=("ortllm",)) -> bytes:
-    graph = helper.make_graph(nodes, "bench", inputs, outputs)
-    opsets = [helper.make_opsetid("", 17)] + [helper.make_opsetid(d, 1) for d in domains]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 10
-    return model.SerializeToString()
-
-
-def _vi(name, dtype, rank):
-    return helper.make_tensor_value_info(name, dtype, [None] * rank)
-
-
 # ---------------------------------------------------------------- attention
-
-def _rope(max_pos=MAX_POS):
-    inv = 1.0 / 10000 ** (np.arange(0, D, 2) / D)
-    ang = np.arange(max_pos)[:, None] * inv[None]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
 
 def _pa_layer(rng, B, ctx, new, kv_dtype, suffix="", ordered=False):
     """One layer's PagedAttention inputs (B sequences, `ctx` cached and `new` new tokens each): feeds, the
@@ -75,7 +56,7 @@ def _pa_layer(rng, B, ctx, new, kv_dtype, suffix="", ordered=False):
     bps = -(-(ctx + new) // BS)
     nb = B * bps
     T = B * new
-    cos, sin = _rope()
+    cos, sin = rope_cache(MAX_POS, D)
     cache_t = np.uint8 if eight else np.float32
     shape = (nb, HKV, BS, D)
     feeds = {
@@ -107,17 +88,11 @@ def _pa_layer(rng, B, ctx, new, kv_dtype, suffix="", ordered=False):
     return feeds, names, outs, aliases, types
 
 
-def _pa_node(names, outs, kv_dtype, name="PagedAttention"):
-    return helper.make_node("PagedAttention", names, outs, name=name, domain="ortllm", num_heads=H, kv_num_heads=HKV,
-                            head_size=D, block_size=BS, kv_dtype=kv_dtype)
-
-
 def paged_attention_runner(rng, B, ctx, new, kv_dtype, threads):
     """B sequences with `ctx` cached tokens and `new` new tokens each, one layer."""
-    feeds, names, outs, aliases, types = _pa_layer(rng, B, ctx, new, kv_dtype)
-    inputs = [_vi(n, types.get(n, F32), feeds[n].ndim) for n in names]
-    outputs = [_vi("attn", F32, 2)] + [_vi(o, types[aliases[o]], feeds[aliases[o]].ndim) for o in outs[1:]]
-    return Runner(_model([_pa_node(names, outs, kv_dtype)], inputs, outputs), feeds, threads, aliases)
+    feeds, _, _, aliases, _ = _pa_layer(rng, B, ctx, new, kv_dtype)
+    graph = paged_attention_model(num_heads=H, kv_num_heads=HKV, head_size=D, block_size=BS, kv_dtype=kv_dtype)
+    return Runner(graph, feeds, threads, aliases)
 
 
 def paged_attention_layers_runner(rng, ctx, kv_dtype, threads, layers=LAYERS, library=None, spinning=False,
@@ -132,17 +107,18 @@ def paged_attention_layers_runner(rng, ctx, kv_dtype, threads, layers=LAYERS, li
         for n in names:
             if n not in feeds:
                 feeds[n] = f[n]
-                inputs.append(_vi(n, types.get(n, F32), f[n].ndim))
-        outputs += [_vi(outs[0], F32, 2)] + [_vi(o, types[al[o]], f[al[o]].ndim) for o in outs[1:]]
-        nodes.append(_pa_node(names, outs, kv_dtype, name=f"/model/layers.{i}/attn/PagedAttention"))
+                inputs.append(value_info(n, types.get(n, F32), f[n].ndim))
+        outputs += [value_info(outs[0], F32, 2)] + [value_info(o, types[al[o]], f[al[o]].ndim) for o in outs[1:]]
+        nodes.append(paged_attention_node(names, outs, name=f"/model/layers.{i}/attn/PagedAttention", num_heads=H,
+                                          kv_num_heads=HKV, head_size=D, block_size=BS, kv_dtype=kv_dtype))
         aliases.update(al)
-    return Runner(_model(nodes, inputs, outputs), feeds, threads, aliases, library=library, spinning=spinning)
+    return Runner(model(nodes, inputs, outputs), feeds, threads, aliases, library=library, spinning=spinning)
 
 
 def gqa_runner(rng, B, ctx, new, threads):
     """com.microsoft GroupQueryAttention fp32 with rotary; past and present share one buffer."""
     cap = ctx + new
-    cos, sin = _rope()
+    cos, sin = rope_cache(MAX_POS, D)
     feeds = {
         "query": rng.standard_normal((B, new, HIDDEN), dtype=np.float32),
         "key": rng.standard_normal((B, new, HKV * D), dtype=np.float32),
@@ -155,12 +131,12 @@ def gqa_runner(rng, B, ctx, new, threads):
     }
     names = list(feeds)
     types = {"seqlens_k": I32, "total_sequence_length": I32}
-    inputs = [_vi(n, types.get(n, F32), feeds[n].ndim) for n in names]
-    outputs = [_vi("output", F32, 3), _vi("present_key", F32, 4), _vi("present_value", F32, 4)]
+    inputs = [value_info(n, types.get(n, F32), feeds[n].ndim) for n in names]
+    outputs = [value_info("output", F32, 3), value_info("present_key", F32, 4), value_info("present_value", F32, 4)]
     node = helper.make_node("GroupQueryAttention", names, ["output", "present_key", "present_value"],
                             domain="com.microsoft", num_heads=H, kv_num_heads=HKV, do_rotary=1,
                             scale=float(1 / np.sqrt(D)))
-    return Runner(_model([node], inputs, outputs, domains=("com.microsoft",)), feeds, threads,
+    return Runner(model([node], inputs, outputs, domains=("com.microsoft",)), feeds, threads,
                   {"present_key": "past_key", "present_value": "past_value"})
 
 
@@ -193,10 +169,7 @@ def _to_f16_stacks(feeds: dict) -> dict:
 
 def multi_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slots=8):
     feeds = _to_f16_stacks(_lora_feeds(rng, T, in_dim, out_dim, n_adapters, rank, n_slots))
-    types = {"A": F16, "B": F16, "rank": I32, "token_adapter": I32}
-    inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
-    node = helper.make_node("MultiLoRA", list(feeds), ["y"], domain="ortllm")
-    return Runner(_model([node], inputs, [_vi("y", F32, 2)]), feeds, threads)
+    return Runner(multi_lora_model(), feeds, threads)
 
 
 def plain_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slots=8):
@@ -219,8 +192,8 @@ def plain_lora_runner(rng, T, in_dim, out_dim, n_adapters, rank, threads, n_slot
         helper.make_node("Add", ["base_y", "ds"], ["y"]),
     ]
     types = {"token_adapter": I32}
-    inputs = [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
-    return Runner(_model(nodes, inputs, [_vi("y", F32, 2)], domains=()), feeds, threads)
+    inputs = [value_info(n, types.get(n, F32), v.ndim) for n, v in feeds.items()]
+    return Runner(model(nodes, inputs, [value_info("y", F32, 2)], domains=()), feeds, threads)
 
 
 def nbits_runner(rng, T, K, N, threads, lora_adapters=0, rank=16, n_slots=8, copies=8):
@@ -250,22 +223,17 @@ def nbits_runner(rng, T, K, N, threads, lora_adapters=0, rank=16, n_slots=8, cop
         if lora_adapters:
             feeds[f"A{i}"] = (rng.standard_normal((n_slots, K, rank), dtype=np.float32) * 0.05).astype(np.float16)
             feeds[f"B{i}"] = (rng.standard_normal((n_slots, rank, N), dtype=np.float32) * 0.05).astype(np.float16)
-            nodes.append(helper.make_node("MultiLoRA", ["x", mm_out, f"A{i}", f"B{i}", "scale", "rank",
-                                                        "token_adapter"], [f"y{i}"], domain="ortllm"))
+            nodes.append(multi_lora_node(["x", mm_out, f"A{i}", f"B{i}", "scale", "rank", "token_adapter"], [f"y{i}"]))
     # the projections' outputs feed a Concat (both systems), as each feeds the next node in the engine:
     # intermediate outputs are what ORT lets MultiLoRA's y share with its base_y
     nodes.append(helper.make_node("Concat", [f"y{i}" for i in range(copies)], ["y"], axis=1))
-    outputs = [helper.make_tensor_value_info("y", F32, ["T", copies * N])]
+    outputs = [value_info("y", F32, ["T", copies * N])]
     types = {"rank": I32, "token_adapter": I32, **{n: F16 for n, v in feeds.items() if v.dtype == np.float16}}
     # x [T, K] with a named token dim, as in the engine's graphs: shapes propagate through MatMulNBits,
     # so ORT can give MultiLoRA's y the projection's buffer (no copy), as it does in the engine
-    inputs = [helper.make_tensor_value_info("x", F32, ["T", K])]
-    inputs += [_vi(n, types.get(n, F32), v.ndim) for n, v in feeds.items() if n != "x"]
-    graph = helper.make_graph(nodes, "bench", inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)] +
-                              [helper.make_opsetid(d, 1) for d in domains])
-    model.ir_version = 10
-    return Runner(model.SerializeToString(), feeds, threads)
+    inputs = [value_info("x", F32, ["T", K])]
+    inputs += [value_info(n, types.get(n, F32), v.ndim) for n, v in feeds.items() if n != "x"]
+    return Runner(model(nodes, inputs, outputs, inits, domains), feeds, threads)
 
 
 # ---------------------------------------------------------------- driver

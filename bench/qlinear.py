@@ -14,13 +14,13 @@ figures are per projection.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import helper
 
 from ortllm.runtime.lora_stacks import quantize_a, quantize_b
 
+from .op_graphs import F16, F32, I8, I32, U8, model, multi_lora_node, qlinear_node, value_info
 from .timing import Runner, compare, ratio_row, us_row
 
-F32, F16, I32, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.UINT8
 SHAPES = {"smollm2": [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)],
           "tinyllama": [(2048, 2560), (2048, 11264), (5632, 2048)]}
 BLOCK = 32
@@ -38,16 +38,10 @@ def _raw(name, dtype, arr):
 
 def _graph(nodes, inits, feeds, K, N_out, copies, domains):
     nodes.append(helper.make_node("Concat", [f"y{i}" for i in range(copies)], ["y"], axis=1))
-    types = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32,
-             np.dtype(np.int8): TensorProto.INT8}
-    inputs = [helper.make_tensor_value_info("x", F32, ["T", K])]
-    inputs += [helper.make_tensor_value_info(n, types[v.dtype], [None] * v.ndim) for n, v in feeds.items() if n != "x"]
-    graph = helper.make_graph(nodes, "bench", inputs, [helper.make_tensor_value_info("y", F32, ["T", copies * N_out])],
-                              initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)] +
-                              [helper.make_opsetid(d, 1) for d in domains])
-    model.ir_version = 10
-    return model.SerializeToString()
+    types = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32, np.dtype(np.int8): I8}
+    inputs = [value_info("x", F32, ["T", K])]
+    inputs += [value_info(n, types[v.dtype], v.ndim) for n, v in feeds.items() if n != "x"]
+    return model(nodes, inputs, [value_info("y", F32, ["T", copies * N_out])], inits, domains)
 
 
 def nbits_runner(rng, T, K, N, threads, with_offsets: bool):
@@ -66,8 +60,8 @@ def nbits_runner(rng, T, K, N, threads, with_offsets: bool):
                                       K=K, N=N, bits=4, block_size=BLOCK, accuracy_level=4))
         if with_offsets:
             inits.append(_raw(f"O{i}", F16, (rng.standard_normal((kb, N)) * 0.01).astype(np.float16)))
-            nodes.append(helper.make_node("MultiLoRA", ["x", base, "A", "B", "scale", "rank", "token_adapter",
-                                                        f"O{i}"], [f"y{i}"], domain="ortllm", block_size=BLOCK))
+            nodes.append(multi_lora_node(["x", base, "A", "B", "scale", "rank", "token_adapter", f"O{i}"], [f"y{i}"],
+                                         block_size=BLOCK))
     domains = ["com.microsoft"] + (["ortllm"] if with_offsets else [])
     return Runner(_graph(nodes, inits, feeds, K, N, copies, domains), feeds, threads), copies
 
@@ -92,8 +86,8 @@ def qlinear_runner(rng, T, K, N, threads, adapters: int = 0, rank: int = 16, slo
         inits += [_raw(f"C{i}", U8, rng.integers(0, 256, (G, kb, BLOCK * 4), dtype=np.uint8)),
                   _raw(f"D{i}", F16, (rng.random((G, kb, 8)) * 0.02).astype(np.float16)),
                   _raw(f"M{i}", F16, (rng.standard_normal((G, kb, 8)) * 0.01).astype(np.float16))]
-        nodes.append(helper.make_node("QLinear", ["x", f"C{i}", f"D{i}", f"M{i}", ""] + extra, [f"y{i}"],
-                                      domain="ortllm", K=K, N=N, bits=4, block_size=BLOCK, packed_a=1))
+        nodes.append(qlinear_node(["x", f"C{i}", f"D{i}", f"M{i}", ""] + extra, [f"y{i}"], K=K, N=N, bits=4,
+                                  block_size=BLOCK, packed_a=1))
     return Runner(_graph(nodes, inits, feeds, K, N, copies, ["ortllm"]), feeds, threads), copies
 
 
@@ -102,9 +96,9 @@ def run(rows: list, rng, threads: int, rounds: int, target: float, log, quick: b
     shapes = [(m, k, n) for m, ks in SHAPES.items() for k, n in ks]
     if quick:
         shapes = [("smollm2", 576, 960), ("tinyllama", 2048, 2560)]
-    for model, K, N in shapes:
+    for family, K, N in shapes:
         for T in (1, 16, 64):
-            scen = f"ops/qlinear/{model}_{K}x{N}_T{T}"
+            scen = f"ops/qlinear/{family}_{K}x{N}_T{T}"
             built = {"MatMulNBits int4": nbits_runner(rng, T, K, N, threads, False),
                      "MatMulNBits int4 + MultiLoRA": nbits_runner(rng, T, K, N, threads, True),
                      "QLinear int4": qlinear_runner(rng, T, K, N, threads)}

@@ -1,5 +1,5 @@
-"""The timing kit of the op benches (bench/ops.py, bench/qlinear.py): a pre-bound ORT session per system,
-systems alternated round by round, and the rows they report.
+"""The timing kit of the op benches (bench/ops.py, bench/qlinear.py): a pre-bound ORT session per system (its
+graph and session from bench/op_graphs.py), systems alternated round by round, and the rows they report.
 
 Every system of one comparison runs in the same process with the same thread count; `compare` interleaves
 them so a change in the host's state hits all of them alike (read the ratios of one run, not absolute
@@ -11,34 +11,23 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
-from ortllm.runtime.ops_library import register_ops
-
+from .op_graphs import session
 from .results import row
-
-
-def _session(model: bytes, threads: int, library: Path | None = None, spinning: bool = False) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    # Several sessions live side by side here; spinning idle workers would steal the 2 cores from
-    # whichever session is being timed. Same setting for every system (spinning=True: ORT's default, the
-    # engine's setting, for the cases that measure a pool dispatch).
-    if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    register_ops(so, library)
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
 class Runner:
     """A session with every input and output pre-bound (IO binding); `aliases` maps an output name to
     the input whose OrtValue it shares (in-place cache update)."""
 
-    def __init__(self, model: bytes, feeds: dict, threads: int, aliases: dict | None = None,
+    def __init__(self, graph: onnx.ModelProto, feeds: dict, threads: int, aliases: dict | None = None,
                  library: Path | None = None, spinning: bool = False):
-        self.sess = _session(model, threads, library, spinning)
+        # Several sessions live side by side here; spinning idle workers would steal the 2 cores from
+        # whichever session is being timed. Same setting for every system (spinning=True: ORT's default, the
+        # engine's setting, for the cases that measure a pool dispatch).
+        self.sess = session(graph, threads, library=library, spinning=spinning)
         self.values = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
         self.binding = self.sess.io_binding()
         for k, v in self.values.items():

@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.custom_ops.conftest import paged_attention_model, session
-from tests.custom_ops.pa_cases import make_case
+from ortllm.bench.op_graphs import paged_attention_case, paged_attention_model, session
 
 pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
 
@@ -51,7 +50,7 @@ def test_same_bits_whatever_the_chunking(kv_dtype, heads, head_size, block_size)
     (vec.h scores_q8)."""
     attrs = dict(num_heads=heads[0], kv_num_heads=heads[1], head_size=head_size, block_size=block_size,
                  kv_dtype=kv_dtype)
-    case = make_case(np.random.default_rng(3), [(0, N)], **attrs)
+    case = paged_attention_case(np.random.default_rng(3), [(0, N)], **attrs)
     sess = session(paged_attention_model(**attrs), threads=2)
     whole = _attention(sess, case, kv_dtype, [N])
     for chunks in ([23, 17], [5, 11, 13, 11], [N - 4, 1, 1, 1, 1], [1] * N):
@@ -102,8 +101,8 @@ def test_long_context_row_same_bits_alone_in_a_batch_and_in_a_tile(n_keys, BS, k
         the batch's decode rows."""
     target = n_keys - 1                                       # position of the target token
     others = [(int(c), 1) for c in (37, 700, 1500, 64, 2047, 300, 1024)]   # the batch's other decode rows
-    case = make_case(np.random.default_rng(n_keys + BS), [(target - K_BEFORE, K_BEFORE + 1)] + others,
-                     num_heads=H, kv_num_heads=HKV, head_size=D, block_size=BS, kv_dtype=kv_dtype)
+    case = paged_attention_case(np.random.default_rng(n_keys + BS), [(target - K_BEFORE, K_BEFORE + 1)] + others,
+                                num_heads=H, kv_num_heads=HKV, head_size=D, block_size=BS, kv_dtype=kv_dtype)
     sess = session(paged_attention_model(num_heads=H, kv_num_heads=HKV, head_size=D, block_size=BS,
                                          kv_dtype=kv_dtype), threads=2)
     caches0 = {k: case[k] for k in ("key_cache", "value_cache", "key_scales", "value_scales") if k in case}

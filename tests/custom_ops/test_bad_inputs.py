@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from tests.custom_ops.conftest import multi_lora_model, paged_attention_model, session
-from tests.custom_ops.pa_cases import SCENARIOS, make_case
+from ortllm.bench.op_graphs import multi_lora_model, paged_attention_case, paged_attention_model, session
+from tests.custom_ops.conftest import SCENARIOS
 from tests.custom_ops.test_multi_lora import make_case as lora_case
 
 ATTRS = dict(num_heads=9, kv_num_heads=3, head_size=64, block_size=16)
@@ -32,7 +32,7 @@ def lora_sess():
 
 
 def pa_feeds(kv_dtype="float32"):
-    return make_case(np.random.default_rng(0), SCENARIOS["mixed"], **ATTRS, kv_dtype=kv_dtype)
+    return paged_attention_case(np.random.default_rng(0), SCENARIOS["mixed"], **ATTRS, kv_dtype=kv_dtype)
 
 
 def expect_error(sess, feeds, *patterns):
@@ -139,7 +139,7 @@ def test_unknown_kv_dtype():
 
 def test_int4_cache_with_unpacked_rows():
     """An int4 cache holds two codes a byte: [NB, Hkv, BS, D/2]; one shaped like an int8 cache is named."""
-    feeds = make_case(np.random.default_rng(0), SCENARIOS["mixed"], **ATTRS, kv_dtype="int8")
+    feeds = paged_attention_case(np.random.default_rng(0), SCENARIOS["mixed"], **ATTRS, kv_dtype="int8")
     expect_error(session(paged_attention_model(**ATTRS, kv_dtype="int4")), feeds,
                  r"input 'key_cache' has shape \[\d+, 3, 16, 64\], expected \[\d+, 3, 16, 32\]")
 

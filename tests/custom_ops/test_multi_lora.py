@@ -7,7 +7,9 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from tests.custom_ops.conftest import F16, F32, I32, LORA_INPUTS, assert_close, multi_lora_model, session
+from ortllm.bench.op_graphs import (F16, F32, I32, LORA_INPUTS, model, multi_lora_model, multi_lora_node, session,
+                                     value_info)
+from tests.custom_ops.conftest import assert_close
 from tests.reference.multi_lora import multi_lora_ref, slot_a
 
 pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
@@ -148,28 +150,24 @@ def test_multi_lora_output_aliases_base_y_under_io_binding(sess):
 def _in_graph_model(in_dim, out_dim):
     """base_y = x @ W (a stock MatMul, named token dim T) -> MultiLoRA -> Neg: y is an intermediate whose
     buffer ORT may take from base_y (MayInplace), which it does only when both shapes are known equal."""
-    vi = helper.make_tensor_value_info
     types = {"A": F16, "B": F16, "rank": I32, "token_adapter": I32}
     dims = {"x": ["T", in_dim], "token_adapter": ["T"]}
-    inputs = [vi(n, types.get(n, F32), dims.get(n, [None] * r))
-              for n, r in zip(LORA_INPUTS, [2, 2, 3, 3, 1, 1, 1]) if n != "base_y"] + [vi("W", F32, [in_dim, out_dim])]
+    inputs = [value_info(n, types.get(n, F32), dims.get(n, r))
+              for n, r in zip(LORA_INPUTS, [2, 2, 3, 3, 1, 1, 1]) if n != "base_y"]
+    inputs.append(value_info("W", F32, [in_dim, out_dim]))
     nodes = [helper.make_node("MatMul", ["x", "W"], ["base_y"]),
-             helper.make_node("MultiLoRA", LORA_INPUTS, ["y"], domain="ortllm"),
+             multi_lora_node(LORA_INPUTS, ["y"]),
              helper.make_node("Neg", ["y"], ["z"])]
-    graph = helper.make_graph(nodes, "in_graph", inputs, [vi("z", F32, ["T", out_dim])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortllm", 1)])
-    model.ir_version = 10
-    return model
+    return model(nodes, inputs, [value_info("z", F32, ["T", out_dim])], name="in_graph")
 
 
 def test_multi_lora_infers_y_shape_from_base_y():
     """y gets base_y's shape, symbolic dims included (what ORT's planner needs to reuse base_y's buffer)."""
-    vi = helper.make_tensor_value_info
-    model = multi_lora_model()
-    model.graph.input[0].CopyFrom(vi("x", F32, ["T", 8]))
-    model.graph.input[1].CopyFrom(vi("base_y", F32, ["T", 6]))
-    model.graph.output[0].CopyFrom(vi("y", F32, None))   # no declared shape: only inference can give one
-    out = session(model).get_outputs()[0]
+    graph = multi_lora_model()
+    graph.graph.input[0].CopyFrom(value_info("x", F32, ["T", 8]))
+    graph.graph.input[1].CopyFrom(value_info("base_y", F32, ["T", 6]))
+    graph.graph.output[0].CopyFrom(value_info("y", F32, None))   # no declared shape: only inference can give one
+    out = session(graph).get_outputs()[0]
     assert (out.shape, out.type) == (["T", 6], "tensor(float)")
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from ortllm.runtime import ops_library
 from ortllm.runtime.ops_library import OPS_ABI_VERSION, OpsLibraryError, check_ops_library, register_ops
-from tests.custom_ops.conftest import REPO, multi_lora_model, paged_attention_model, session
+from ortllm.bench.op_graphs import multi_lora_model, paged_attention_model, session
+from tests.custom_ops.conftest import REPO
 
 
 def test_default_path_is_inside_the_package(monkeypatch):

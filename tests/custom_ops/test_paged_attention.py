@@ -18,8 +18,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tests.custom_ops.conftest import PA_INPUTS, PA_OUTPUTS, REPO, assert_close, paged_attention_model, session
-from tests.custom_ops.pa_cases import SCENARIOS, bind_in_place, make_case, ordered
+from ortllm.bench.op_graphs import (PA_INPUTS, PA_OUTPUTS, bind_in_place, paged_attention_case, paged_attention_inputs,
+                                     paged_attention_model, session)
+from tests.custom_ops.conftest import REPO, SCENARIOS, assert_close
 from tests.reference.hadamard import dequantize, unpack_int4
 from tests.reference.paged_attention import paged_attention_ref
 
@@ -40,8 +41,8 @@ def get_session(H, Hkv, BS, kv_dtype, threads=2):
 
 def run_case(seqs, H, Hkv, BS, kv_dtype, seed=0, threads=2):
     rng = np.random.default_rng(seed)
-    feeds = make_case(rng, seqs, num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS,
-                      kv_dtype=kv_dtype)
+    feeds = paged_attention_case(rng, seqs, num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS,
+                                 kv_dtype=kv_dtype)
     got = get_session(H, Hkv, BS, kv_dtype, threads).run(None, feeds)
     attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
     return feeds, got, attrs
@@ -53,7 +54,7 @@ def run_case(seqs, H, Hkv, BS, kv_dtype, seed=0, threads=2):
 def test_paged_attention_fp32_parity(heads, BS, scenario):
     H, Hkv = heads
     feeds, (attn, kc, vc), attrs = run_case(SCENARIOS[scenario], H, Hkv, BS, "float32")
-    ref_attn, ref_kc, ref_vc, _, _ = paged_attention_ref(*ordered(feeds), **attrs)
+    ref_attn, ref_kc, ref_vc, _, _ = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
     assert_close(attn, ref_attn, atol=1e-5, rtol=1e-5, what="attn")
     assert_close(kc, ref_kc, atol=1e-6, rtol=1e-6, what="key_cache")
     np.testing.assert_array_equal(vc, ref_vc)
@@ -70,7 +71,7 @@ def test_paged_attention_fp32_long_context(name, BS):
     order, the parts run in parallel (few items: single, long_chunk's two tiles at context 1100) or one after
     another in their item (8+ items: batch_of_8)."""
     feeds, (attn, _, _), attrs = run_case(LONG_CASES[name], 9, 3, BS, "float32", seed=5)
-    ref_attn = paged_attention_ref(*ordered(feeds), **attrs)[0]
+    ref_attn = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)[0]
     assert_close(attn, ref_attn, atol=1e-5, rtol=1e-5, what="attn")
 
 
@@ -84,11 +85,12 @@ def test_paged_attention_integer_long_context(name, kv_dtype):
 def test_paged_attention_interleaved_rope_and_custom_scale():
     rng = np.random.default_rng(9)
     seqs = SCENARIOS["mixed"]
-    feeds = make_case(rng, seqs, num_heads=9, kv_num_heads=3, head_size=D, block_size=16)
+    feeds = paged_attention_case(rng, seqs, num_heads=9, kv_num_heads=3, head_size=D, block_size=16)
     attrs = dict(num_heads=9, kv_num_heads=3, head_size=D, block_size=16, rope_interleaved=1, scale=0.2)
     sess = session(paged_attention_model(**attrs), 1)
     attn = sess.run(None, feeds)[0]
-    assert_close(attn, paged_attention_ref(*ordered(feeds), **attrs)[0], atol=1e-5, rtol=1e-5, what="attn")
+    assert_close(attn, paged_attention_ref(*paged_attention_inputs(feeds), **attrs)[0], atol=1e-5, rtol=1e-5,
+                 what="attn")
 
 
 def quantization_bound(info, key_scales, value_scales, kv_dtype, scale, block_size, unrotate=False):
@@ -144,7 +146,7 @@ def test_paged_attention_8bit_parity(heads, BS, scenario, kv_dtype):
     H, Hkv = heads
     feeds, (attn, kc, vc, ks, vs), attrs = run_case(SCENARIOS[scenario], H, Hkv, BS, kv_dtype, seed=1)
     # 1. cache contents: the op writes the reference's codes (up to one code at rounding ties)
-    _, ref_kc, ref_vc, ref_ks, ref_vs = paged_attention_ref(*ordered(feeds), **attrs)
+    _, ref_kc, ref_vc, ref_ks, ref_vs = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
     assert_close(ks, ref_ks, atol=1e-9, rtol=1e-5, what="key_scales")
     assert_close(vs, ref_vs, atol=1e-9, rtol=1e-5, what="value_scales")
     for got_c, ref_c, s, name in [(kc, ref_kc, ks, "key_cache"), (vc, ref_vc, vs, "value_cache")]:
@@ -158,7 +160,7 @@ def test_paged_attention_8bit_parity(heads, BS, scenario, kv_dtype):
 
 
 def check_within_quantization_bound(feeds, attn, ks, vs, attrs, tight=True):
-    ref_attn, *_, info = paged_attention_ref(*ordered(feeds), **attrs, quantize_new=False, details=True)
+    ref_attn, *_, info = paged_attention_ref(*paged_attention_inputs(feeds), **attrs, quantize_new=False, details=True)
     scale = 1 / np.sqrt(attrs["head_size"])
     unrotate = attrs["kv_dtype"] == "int4" and attrs.get("rotate", 1) == 1
     bound = np.stack([quantization_bound(i, ks, vs, attrs["kv_dtype"], scale, attrs["block_size"], unrotate)
@@ -175,7 +177,7 @@ def check_within_quantization_bound(feeds, attn, ks, vs, attrs, tight=True):
         # Not vacuous either way: the op is within 1% of the quantization error of the reference that quantizes
         # the new rows (and the queries) as it does (measured 1e-4 against 0.3-0.5: the int16 weights, and a query
         # code that rounds the other way where the reference's float64 rope/rotation lands on the other side).
-        ref_q = paged_attention_ref(*ordered(feeds), **attrs)[0]
+        ref_q = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)[0]
         err_q = np.abs(attn.astype(np.float64) - ref_q)
         assert err_q.max() < 1e-2 * err.max()
 
@@ -186,10 +188,10 @@ def test_paged_attention_io_binding_updates_cache_in_place(kv_dtype):
     that OrtValue (and its numpy backing store) after the run, with the same attention output."""
     H, Hkv, BS = 9, 3, 16
     rng = np.random.default_rng(21)
-    feeds = make_case(rng, SCENARIOS["mixed"], num_heads=H, kv_num_heads=Hkv, head_size=D,
-                      block_size=BS, kv_dtype=kv_dtype)
+    feeds = paged_attention_case(rng, SCENARIOS["mixed"], num_heads=H, kv_num_heads=Hkv, head_size=D,
+                                 block_size=BS, kv_dtype=kv_dtype)
     attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
-    ref = paged_attention_ref(*ordered(feeds), **attrs)
+    ref = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
     sess = get_session(H, Hkv, BS, kv_dtype)
     cache_names = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if kv_dtype != "float32" else [])
     backing = {n: feeds[n].copy() for n in cache_names}
@@ -220,8 +222,8 @@ def test_stacked_caches_read_and_write_their_layer(kv_dtype):
     bound to layer l's slice, as the engine binds them: bitwise the one-layer node's attn and caches, written in
     place in the slice, the other layers' bytes untouched; a layer past the stack is refused by name."""
     H, Hkv, BS, L, layer = 9, 3, 16, 3, 1
-    feeds = make_case(np.random.default_rng(22), SCENARIOS["mixed"], num_heads=H, kv_num_heads=Hkv, head_size=D,
-                      block_size=BS, kv_dtype=kv_dtype)
+    feeds = paged_attention_case(np.random.default_rng(22), SCENARIOS["mixed"], num_heads=H, kv_num_heads=Hkv,
+                                 head_size=D, block_size=BS, kv_dtype=kv_dtype)
     attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
     names = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if kv_dtype != "float32" else [])
     one = {n: feeds[n].copy() for n in names}
@@ -272,10 +274,10 @@ def test_paged_attention_other_head_and_block_sizes(head_size, block_size, kv_dt
     H, Hkv = 4, 2
     rng = np.random.default_rng(head_size + block_size)
     attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=head_size, block_size=block_size, kv_dtype=kv_dtype)
-    feeds = make_case(rng, SCENARIOS["mixed"], **attrs)
+    feeds = paged_attention_case(rng, SCENARIOS["mixed"], **attrs)
     sess = session(paged_attention_model(**attrs), 2)
     got = sess.run(None, feeds)
-    ref = paged_attention_ref(*ordered(feeds), **attrs)
+    ref = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
     if kv_dtype == "float32":
         assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5, what="attn")
     else:  # the reference's codes (up to one step at rounding ties), output within the derived bound
@@ -303,13 +305,14 @@ def test_fp16_scales_across_magnitudes(kv_dtype):
     the codes at the format's limit) get the reference's scales bit for bit and its codes."""
     H, Hkv, BS = 9, 3, 16
     rng = np.random.default_rng(21)
-    feeds = make_case(rng, [(0, 12)], num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
+    feeds = paged_attention_case(rng, [(0, 12)], num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS,
+                                 kv_dtype=kv_dtype)
     mags = np.array([1e-12, 1e-9, 1e-6, 1e-4, 1e-2, 1.0, 30.0, 1e3, 1e4, 1e5, 1e6, 3e7], np.float32)
     feeds["k"] = (feeds["k"] * mags[:, None]).astype(np.float32)
     feeds["v"] = (feeds["v"] * mags[:, None]).astype(np.float32)
     attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
     _, kc, vc, ks, vs = get_session(H, Hkv, BS, kv_dtype).run(None, feeds)
-    _, ref_kc, ref_vc, ref_ks, ref_vs = paged_attention_ref(*ordered(feeds), **attrs)
+    _, ref_kc, ref_vc, ref_ks, ref_vs = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
     assert ks.dtype == vs.dtype == np.float16
     np.testing.assert_array_equal(ks, ref_ks)
     np.testing.assert_array_equal(vs, ref_vs)
@@ -322,7 +325,7 @@ def test_rope_tables_as_initializers(kv_dtype):
     """The engine graph stores cos/sin as initializers; the op reads them once, when the session is created:
     same result as feeding them, and their shapes and the positions are still checked on every call."""
     attrs = dict(num_heads=9, kv_num_heads=3, head_size=D, block_size=16, kv_dtype=kv_dtype)
-    feeds = make_case(np.random.default_rng(31), SCENARIOS["mixed"], **attrs)
+    feeds = paged_attention_case(np.random.default_rng(31), SCENARIOS["mixed"], **attrs)
     fed = session(paged_attention_model(**attrs)).run(None, feeds)
     model = paged_attention_model(**attrs)
     for name in ("cos_cache", "sin_cache"):
@@ -343,7 +346,7 @@ def test_rope_tables_as_initializers(kv_dtype):
 def _written_rows(kv_dtype: str) -> list[str]:
     """The caches and scales one call writes (hex), k/v rows from 1e-12 to 3e7 with an inf and a NaN in them."""
     attrs = dict(num_heads=9, kv_num_heads=3, head_size=D, block_size=16, kv_dtype=kv_dtype)
-    feeds = make_case(np.random.default_rng(7), SCENARIOS["mixed"], **attrs)
+    feeds = paged_attention_case(np.random.default_rng(7), SCENARIOS["mixed"], **attrs)
     mags = np.geomspace(1e-12, 3e7, len(feeds["k"])).astype(np.float32)
     feeds["k"] = (feeds["k"] * mags[:, None]).astype(np.float32)
     feeds["v"] = (feeds["v"] * mags[::-1, None]).astype(np.float32)
@@ -380,7 +383,7 @@ def _attention_bits() -> dict[str, str]:
         for heads, head_size, bs, kv_dtype in shapes:
             attrs = dict(num_heads=heads[0], kv_num_heads=heads[1], head_size=head_size, block_size=bs,
                          kv_dtype=kv_dtype)
-            feeds = make_case(np.random.default_rng(11), seqs, **attrs)
+            feeds = paged_attention_case(np.random.default_rng(11), seqs, **attrs)
             out[f"{name}/{head_size}/{kv_dtype}"] = (
                 session(paged_attention_model(**attrs), 2).run(None, feeds)[0].tobytes().hex())
     return out

@@ -16,7 +16,8 @@ import pytest
 from ortllm.pipeline.qlinear_pack import dequantize_packed, pack, unpack_codes
 from ortllm.pipeline.quant_grid import unpack_bits
 from ortllm.pipeline.quantize import RTNQuantizer
-from tests.custom_ops.conftest import REPO, assert_close, qlinear_model, session
+from ortllm.bench.op_graphs import qlinear_model, session
+from tests.custom_ops.conftest import REPO, assert_close
 from ortllm.runtime.lora_stacks import quantize_a, quantize_b
 from ortllm.runtime.ops_library import ops_isa
 from tests.reference.qlinear import (dequantized_activations, lora_a, lora_b, lora_terms, magnitude, qlinear_ref,

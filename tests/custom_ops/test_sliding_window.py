@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.custom_ops.conftest import REPO, assert_close, paged_attention_model, session
-from tests.custom_ops.pa_cases import SCENARIOS, make_case, ordered
+from ortllm.bench.op_graphs import paged_attention_case, paged_attention_inputs, paged_attention_model, session
+from tests.custom_ops.conftest import REPO, SCENARIOS, assert_close
 from tests.custom_ops.test_paged_attention import LONG_CASES, check_within_quantization_bound
 from tests.reference.paged_attention import paged_attention_ref
 
@@ -30,7 +30,7 @@ WINDOWS = [5, 16, 70, 300]
 def _run(seqs, window, kv_dtype="float32", bs=16, heads=(9, 3), seed=0):
     attrs = dict(num_heads=heads[0], kv_num_heads=heads[1], head_size=64, block_size=bs, kv_dtype=kv_dtype,
                  window=window)
-    feeds = make_case(np.random.default_rng(seed), seqs, **{k: v for k, v in attrs.items() if k != "window"})
+    feeds = paged_attention_case(np.random.default_rng(seed), seqs, **{k: v for k, v in attrs.items() if k != "window"})
     return feeds, session(paged_attention_model(**attrs), 2).run(None, feeds), attrs
 
 
@@ -38,7 +38,7 @@ def _run(seqs, window, kv_dtype="float32", bs=16, heads=(9, 3), seed=0):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_window_fp32_parity(name, window):
     feeds, (attn, kc, vc), attrs = _run(CASES[name], window, seed=window)
-    ref = paged_attention_ref(*ordered(feeds), **attrs)
+    ref = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
     assert_close(attn, ref[0], atol=1e-5, rtol=1e-5, what="attn")
     np.testing.assert_array_equal(vc, ref[2])
 
@@ -46,7 +46,7 @@ def test_window_fp32_parity(name, window):
 def test_window_changes_the_result():
     """Not vacuous: with a window shorter than the context the output differs from full attention."""
     feeds, (windowed, _, _), attrs = _run(CASES["mixed"], 16)
-    full = paged_attention_ref(*ordered(feeds), **{**attrs, "window": 0})[0]
+    full = paged_attention_ref(*paged_attention_inputs(feeds), **{**attrs, "window": 0})[0]
     assert np.abs(windowed - full).max() > 1e-2
 
 
@@ -68,7 +68,7 @@ def test_window_row_same_bits_alone_or_in_a_batch(kv_dtype):
         feeds, res, attrs = _run([seq], 300, kv_dtype, seed=8)
         alone = res[0]
         batch = [seq] + others
-        fb = make_case(np.random.default_rng(8), batch, **{k: v for k, v in attrs.items() if k != "window"})
+        fb = paged_attention_case(np.random.default_rng(8), batch, **{k: v for k, v in attrs.items() if k != "window"})
         # the same sequence's q/k/v and cache rows in the batch: copy them over from the alone case
         n = seq[1]
         for key in ("q", "k", "v"):
