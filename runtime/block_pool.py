@@ -16,7 +16,7 @@ other data when no never-cached block is left. `num_free` counts both kinds: eve
 
 Block order. The attention reads a sequence's blocks in table order, and on this CPU it streams ascending,
 consecutive blocks ~1.4x faster than the same blocks descending or shuffled (the hardware prefetchers follow
-an ascending stream across block boundaries; `ci/attention_membench.py --layout`). Freed tables come back
+an ascending stream across block boundaries; `bench/probes/attention_membench.py --layout`). Freed tables come back
 tail-first, so a FIFO free list (and the LRU) would hand a later sequence descending runs. So the free list is a
 min-heap (the lowest free block first) and each allocate() returns its blocks in ascending order; which blocks
 are evicted is unchanged (LRU).

@@ -79,11 +79,11 @@ class ModelRunner:
         so.intra_op_num_threads = config.threads
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        if os.environ.get("ORTLLM_ORT_PROFILE"):      # ORT's per-node profile (ci/profile_step.py reads it)
+        if os.environ.get("ORTLLM_ORT_PROFILE"):      # ORT's per-node profile (bench/probes/profile_step.py reads it)
             so.enable_profiling = True
             so.profile_file_prefix = os.environ["ORTLLM_ORT_PROFILE"]
         for entry in filter(None, os.environ.get("ORTLLM_ORT_CONFIG", "").split(",")):
-            key, _, value = entry.partition("=")      # ORT session config entries to try (ci/ort_settings.py)
+            key, _, value = entry.partition("=")      # ORT session config entries to try (bench/probes/ort_settings.py)
             so.add_session_config_entry(key.strip(), value.strip())
         register_ops(so)
         self.session = ort.InferenceSession(str(artifact.file(C.MODEL)), so, providers=["CPUExecutionProvider"])

@@ -1,7 +1,7 @@
 """Runtime tokenizer: encode, decode and chat templates over an artifact's tokenizer files.
 
 Base install only (no torch, no transformers). Backend: the `tokenizers` library over tokenizer.json;
-ci/measure_tokenizers.py compares it with onnxruntime-extensions (identical on our byte-level BPE,
+bench/probes/measure_tokenizers.py compares it with onnxruntime-extensions (identical on our byte-level BPE,
 slower per call, see the pipeline's tokenizer_graphs.py). Semantics follow transformers' fast
 tokenizers: special tokens written in the text (``<|im_start|>``) are matched as specials,
 ``encode`` adds BOS/EOS only when asked and the tokenizer.json says so, ``apply_chat_template`` renders

@@ -347,7 +347,7 @@ struct Span {
 // the stream goes to L1 without passing through L2, where it evicted what the step reuses (as the projections'
 // weights do): a part's first block at its first span, each next block while the one before it is read (the
 // last block of a span fetches the next span's first, Span::next). Prefill tiles share blocks between items and
-// keep the plain loads. Prefetches never fault. ci/engine_decode.py ART,
+// keep the plain loads. Prefetches never fault. bench/probes/engine_decode.py ART,
 // with and without, alternating: --prompt 1984 --cached 210.2 -> 230.6 tok/s (medians of 6, faster in 6 of 6),
 // --batch 16 1336.7 -> 1435.2 (4 of 4), --batch 1 306.4 -> 311.7 (4 of 4).
 void prefetch_block(const ItemShape& sh, const void* cache, const uint16_t* scales, int64_t block) {

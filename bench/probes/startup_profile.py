@@ -1,6 +1,6 @@
 """Where Engine.from_artifact's time goes, one fresh process per measurement (docs/notes/benchmarks.md, Startup).
 
-    python ci/startup_profile.py ARTIFACT_DIR_OR_STORE_NAME [--repeats 5]
+    python bench/probes/startup_profile.py ARTIFACT_DIR_OR_STORE_NAME [--repeats 5]
 
 Prints, per run, the parts of a load (medians over runs): reading and verifying the files (full re-hash vs the
 hash cache), the ORT session (graph optimization included), the warm-up, and the whole from_artifact.

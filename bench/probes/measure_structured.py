@@ -2,24 +2,39 @@
 fixed keys takes with its forced tokens verified as drafts against one step per token, and the aggregate
 throughput of a 16-client HTTP load with a JSON schema on every request against the same load without.
 
-    .venv/bin/python ci/measure_structured.py ARTIFACT [--clients 16] [--requests 64] [--tokens 64] [--rounds 0]
+    .venv/bin/python bench/probes/measure_structured.py ARTIFACT [--clients 16] [--requests 64] [--tokens 64]
+                                                         [--rounds 0]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "service"))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))            # tests.runtime (the ORDER schema)
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "story"],
           "properties": {"name": {"type": "string", "maxLength": 20},
                          "story": {"type": "string", "minLength": 400, "maxLength": 400}}}
+
+
+class Live:
+    """An engine (room for 512 blocks) behind `ortllm serve`'s HTTP server on 127.0.0.1, in this process."""
+
+    def __init__(self, artifact: str):
+        from ortllm.runtime import Engine
+        from ortllm.service.app import create_app
+        from ortllm.service.config import ServiceConfig
+        from ortllm.service.server import HTTPServer
+
+        self.engine = Engine.from_artifact(artifact, num_blocks=512)
+        app = create_app(ServiceConfig(http_threads=64), engine=self.engine)
+        self.server = HTTPServer(app, "127.0.0.1", 0, threads=64).start()
+        self.url, self.model = self.server.url, app.extensions["ortllm"].model_name
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.engine.close()
 
 
 def mask_cost(engine, steps: int = 200) -> float:
@@ -37,8 +52,18 @@ def mask_cost(engine, steps: int = 200) -> float:
     return statistics.median(times)
 
 
-# long fixed keys and an enum: the schema tests/runtime/test_guided.py checks forced drafts with
-from tests.runtime.test_guided import ORDER  # noqa: E402
+# long fixed keys and an enum (the shape tests/runtime/test_guided.py checks forced drafts with): most of an
+# answer's tokens are forced by the grammar
+ORDER = {"type": "object", "additionalProperties": False,
+         "required": ["customer_full_name", "customer_shipping_address", "order_priority_level"],
+         "properties": {
+             "customer_full_name": {"type": "string", "maxLength": 20},
+             "customer_shipping_address": {
+                 "type": "object", "additionalProperties": False,
+                 "required": ["street_name_and_number", "postal_code_of_city"],
+                 "properties": {"street_name_and_number": {"type": "string", "maxLength": 30},
+                                "postal_code_of_city": {"type": "string", "maxLength": 8}}},
+             "order_priority_level": {"enum": ["standard_delivery", "express_delivery"]}}}
 
 
 def forced_steps(engine) -> dict:
@@ -89,9 +114,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    from conftest import start_live, stop_live
-    from ortllm.service.config import ServiceConfig
-    live = start_live(a.artifact, ServiceConfig(http_threads=64), num_blocks=512)
+    live = Live(a.artifact)
     try:
         print(json.dumps({"mask_ms_per_token": round(mask_cost(live.engine), 4)}))
         print(json.dumps({"forced_tokens": forced_steps(live.engine)}))
@@ -106,7 +129,7 @@ def main() -> None:
         print(json.dumps({"plain_tok_s": [round(x, 1) for x in plain], "schema_tok_s": [round(x, 1) for x in guided],
                           "median_plain": round(p, 1), "median_schema": round(g, 1), "ratio": round(g / p, 3)}))
     finally:
-        stop_live(live)
+        live.stop()
 
 
 if __name__ == "__main__":

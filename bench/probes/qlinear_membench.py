@@ -2,7 +2,7 @@
 32), all reading the same x [1, K], in one session. With enough nodes the weights come from memory, as in the
 engine's step; with few they stay in L3 (the op's compute and per-call costs alone).
 
-    .venv/bin/python ci/qlinear_membench.py [--k 576] [--n 960] [--nodes 200] [--threads 2] [--runs 30]
+    .venv/bin/python bench/probes/qlinear_membench.py [--k 576] [--n 960] [--nodes 200] [--threads 2] [--runs 30]
 
 Prints microseconds per node (minimum over the runs, the Python cost of one `run` spread over the nodes) and
 the weight bytes per second. SmolLM2's shapes: q|k|v 576 x 960, o 576 x 576, gate|up 576 x 3072, down 1536 x
@@ -11,17 +11,14 @@ the weight bytes per second. SmolLM2's shapes: q|k|v 576 x 960, o 576 x 576, gat
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ortllm.pipeline.qlinear_pack import pack  # noqa: E402
-from ortllm.pipeline.quantize import RTNQuantizer  # noqa: E402
-from tests.custom_ops.conftest import session  # noqa: E402
+from ortllm.bench.op_graphs import F32, model, qlinear_node, session, value_info
+from ortllm.pipeline.qlinear_pack import pack
+from ortllm.pipeline.quantize import RTNQuantizer
 
 
 def main(argv=None) -> int:
@@ -40,14 +37,10 @@ def main(argv=None) -> int:
         codes.reshape(-1)[:16] = rng.integers(0, 255, 16)
         inits += [numpy_helper.from_array(codes, f"codes{i}"), numpy_helper.from_array(w.scales, f"scales{i}"),
                   numpy_helper.from_array(w.offsets, f"offsets{i}")]
-        nodes.append(helper.make_node("QLinear", ["x", f"codes{i}", f"scales{i}", f"offsets{i}"], [f"y{i}"],
-                                      domain="ortllm", K=a.k, N=a.n, bits=4, block_size=32))
-        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [None, a.n]))
-    graph = helper.make_graph(nodes, "qlinear_membench", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                        [None, a.k])], outs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortllm", 1)])
-    model.ir_version = 10
-    sess = session(model, a.threads)
+        nodes.append(qlinear_node(["x", f"codes{i}", f"scales{i}", f"offsets{i}"], [f"y{i}"], K=a.k, N=a.n, bits=4,
+                                  block_size=32))
+        outs.append(value_info(f"y{i}", F32, [None, a.n]))
+    sess = session(model(nodes, [value_info("x", F32, [None, a.k])], outs, inits, name="qlinear_membench"), a.threads)
     x = {"x": rng.standard_normal((1, a.k), dtype=np.float32)}
     for _ in range(5):
         sess.run(None, x)

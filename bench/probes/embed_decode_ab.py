@@ -5,7 +5,7 @@ engines alternating request by request, so both see the same machine load; half 
 first, half with the other (the load order alone moved the rates by ~10% on a busy host). docs/service.md
 records the figures.
 
-    .venv/bin/python ci/embed_decode_ab.py ARTIFACT [--rounds 10] [--new-tokens 128]
+    .venv/bin/python bench/probes/embed_decode_ab.py ARTIFACT [--rounds 10] [--new-tokens 128]
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Session creation of a store model: ORT optimizing at load, vs loading a pre-optimized model file
 (optimized_model_filepath), vs no optimization (docs/notes/benchmarks.md, Startup). Median of 5, seconds.
 
-    python ci/ort_optimized_probe.py NAME
+    python bench/probes/ort_optimized_probe.py NAME
 """
+import argparse
 import os
 import statistics
-import sys
 import time
 
 import onnxruntime as ort
@@ -27,8 +27,10 @@ def session_seconds(path: str, level, out: str | None = None) -> float:
     return time.perf_counter() - t
 
 
-def main() -> None:
-    name = sys.argv[1]
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("name", help="a model of the local store (NAME:TAG)")
+    name = ap.parse_args(argv).name
     model = str(Store().path(name) / C.MODEL)
     work = "/tmp/st-opt-" + name.replace(":", "_")
     os.makedirs(work, exist_ok=True)

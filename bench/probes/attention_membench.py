@@ -4,8 +4,8 @@ binding), and each call reading another layer's region (int8 at context 2048: 78
 sized for `--layers` layers, so with 30 the keys and values come from memory rather than from L2 (with 1 they
 stay in L2: the op's compute alone).
 
-    .venv/bin/python ci/attention_membench.py [--threads 2] [--layers 30] [--kv int8|int4] [--layout ascending]
-                                                [--context 2048]
+    .venv/bin/python bench/probes/attention_membench.py [--threads 2] [--layers 30] [--kv int8|int4]
+                                   [--layout ascending] [--context 2048]
 
 --layout: the order of a sequence's blocks in its region, as the block table lists them: ascending (what
 runtime/block_pool.py hands out), descending (a FIFO free list after tables freed tail-first) or shuffled.
@@ -15,16 +15,12 @@ with ORTLLM_OPS_LIBRARY=path, alternating. Dev tooling: includes the Python cost
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.custom_ops.conftest import paged_attention_model, session  # noqa: E402
-from tests.custom_ops.pa_cases import bind_in_place, make_case  # noqa: E402
+from ortllm.bench.op_graphs import bind_in_place, paged_attention_case, paged_attention_model, session
 
 BLOCK = 16                         # tokens per cache block
 CACHES = ["key_cache", "value_cache", "key_scales", "value_scales"]
@@ -42,8 +38,8 @@ def main(argv=None) -> int:
     blocks = cached // BLOCK + 1              # the sequence's blocks (128 at context 2048)
     attrs = dict(num_heads=9, kv_num_heads=3, head_size=64, block_size=BLOCK, kv_dtype=args.kv)
     stride = blocks + 1               # blocks per layer's region
-    feeds = make_case(np.random.default_rng(0), [(cached, 1)], **attrs,
-                      spare_blocks=args.layers * stride - blocks)
+    feeds = paged_attention_case(np.random.default_rng(0), [(cached, 1)], **attrs,
+                                 spare_blocks=args.layers * stride - blocks)
     sess = session(paged_attention_model(**attrs), args.threads)
     values = {n: ort.OrtValue.ortvalue_from_numpy(feeds[n]) for n in CACHES}
     bindings = []

@@ -1,8 +1,8 @@
 """Where a decode step's Python goes: the engine's step timed part by part (scheduling, building the run's inputs,
 session.run, sampling, the scheduler's update, the detokenizer), per step, in the engine's own loop.
 
-    .venv/bin/python ci/step_python.py ARTIFACT [--batch 1] [--new-tokens 128] [--rounds 3] [--threads 2]
-                                               [--decode-steps K]
+    .venv/bin/python bench/probes/step_python.py ARTIFACT [--batch 1] [--new-tokens 128] [--rounds 3] [--threads 2]
+                                                        [--decode-steps K]
 
 Each part is wrapped in a timer (about a microsecond each, counted in its part), per model step: with multi-step
 decoding (decode_steps > 1) a schedule's parts are spread over its steps, and "chained steps" is the Python
@@ -15,11 +15,8 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def timed(cls, name: str, label: str, acc: collections.Counter, minus: tuple[str, ...] = ()) -> None:

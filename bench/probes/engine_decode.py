@@ -1,7 +1,7 @@
 """Engine decode speed for A/B runs: B sequences of P random prompt tokens, plain greedy decoding, 2 threads.
 
-    .venv/bin/python ci/engine_decode.py ARTIFACT [--batch 1] [--prompt 64]     # decode and prefill
-    .venv/bin/python ci/engine_decode.py ARTIFACT --prompt 1984 --cached        # decode after a long prompt
+    .venv/bin/python bench/probes/engine_decode.py ARTIFACT [--batch 1] [--prompt 64]     # decode and prefill
+    .venv/bin/python bench/probes/engine_decode.py ARTIFACT --prompt 1984 --cached        # decode after a long prompt
 
 Three rounds; each times a 1-token run (prefill) and a 65-token run of the same prompts and prints the best
 decode rate, B x 64 tokens over the difference. With --cached the prompt stays in the prefix cache, so only the
@@ -12,11 +12,8 @@ decode of the long context is timed (the bench's long-context scenario, in proce
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
