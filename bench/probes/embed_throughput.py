@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import sys
 import threading
 import time
@@ -91,6 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     args = p.parse_args(argv)
 
+    from ortllm.bench.provenance import command, commit, machine
     from ortllm.runtime.engine import Engine
     from ortllm.service.app import create_app
     from ortllm.service.config import ServiceConfig
@@ -106,12 +105,8 @@ def main(argv=None) -> int:
     finally:
         server.stop()
         engine.close()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parent).stdout.strip()
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    print(f"machine: {cpu}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; commit {commit}")
-    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
+    print(f"machine: {machine()}, load average {os.getloadavg()[0]:.1f}; commit {commit()}")
+    print("command: " + command(f"{Path(sys.executable).name} {sys.argv[0]}", argv))
     print(f"{args.gen_clients} generation clients ({args.max_tokens} tokens each, greedy), {args.embed_clients} "
           f"embedding clients ({args.batch} texts a request), {args.seconds:g} s a phase\n")
     print("| phase | generation tok/s | embeddings texts/s |\n|---|---|---|")
