@@ -26,9 +26,10 @@ PA_INPUTS = ["q", "k", "v", "positions", "cu_seqlens", "context_lens", "block_ta
 PA_OUTPUTS = ["attn", "key_cache_out", "value_cache_out", "key_scales_out", "value_scales_out"]
 LORA_INPUTS = ["x", "base_y", "A", "B", "scale", "rank", "token_adapter"]
 QLINEAR_INPUTS = ["x", "codes", "scales", "offsets", "residual", "token_adapter", "lora_scale",
-                  *(f"{n}{j}" for j in range(3) for n in ("A", "A_scale", "B", "B_scale", "rank")), "norm_weight"]
-QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, *[I8, F16, I8, F16, I32] * 3, F32]
-QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, *[3, 3, 3, 2, 1] * 3, 1]
+                  *(f"{n}{j}" for j in range(3) for n in ("A", "A_scale", "B", "B_scale", "rank")), "norm_weight",
+                  "dora", "dora_scale0", "dora_scale1", "dora_scale2"]
+QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, *[I8, F16, I8, F16, I32] * 3, F32, I32, F32, F32, F32]
+QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, *[3, 3, 3, 2, 1] * 3, 1, 1, 2, 2, 2]
 
 
 # ---------------------------------------------------------------- graphs and sessions
@@ -130,14 +131,15 @@ def paged_attention_case(rng, seqs, *, num_heads, kv_num_heads, head_size, block
         feeds["key_cache"] = rng.standard_normal(shape, dtype=np.float32)
         feeds["value_cache"] = rng.standard_normal(shape, dtype=np.float32)
     else:
-        if kv_dtype == "int8":
-            codes = lambda: rng.integers(-127, 128, shape).astype(np.int8).view(np.uint8)  # noqa: E731
-        elif kv_dtype == "int4":   # two codes a byte, each -7..7 stored as 1..15: [NB, Hkv, BS, D/2]
-            packed = shape[:3] + (D // 2,)
-            codes = lambda: (rng.integers(1, 16, packed) | rng.integers(1, 16, packed) << 4).astype(np.uint8)  # noqa: E731
-        else:                      # fp8 e4m3: every byte but the NaNs (0x7f, 0xff)
-            finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
-            codes = lambda: rng.choice(finite, shape)  # noqa: E731
+        def codes() -> np.ndarray:
+            if kv_dtype == "int8":
+                return rng.integers(-127, 128, shape).astype(np.int8).view(np.uint8)
+            if kv_dtype == "int4":   # two codes a byte, each -7..7 stored as 1..15: [NB, Hkv, BS, D/2]
+                packed = shape[:3] + (D // 2,)
+                return (rng.integers(1, 16, packed) | rng.integers(1, 16, packed) << 4).astype(np.uint8)
+            finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)   # fp8 e4m3 but its NaNs
+            return rng.choice(finite, shape)
+
         feeds["key_cache"], feeds["value_cache"] = codes(), codes()
         feeds["key_scales"] = rng.uniform(0.002, 0.03, shape[:3]).astype(np.float16)
         feeds["value_scales"] = rng.uniform(0.002, 0.03, shape[:3]).astype(np.float16)
@@ -192,11 +194,12 @@ def qlinear_node(inputs, outputs, name: str | None = None, **attrs) -> onnx.Node
 def qlinear_model(present: list[str], n_outputs: int = 1, argmax: bool = False, **attrs) -> onnx.ModelProto:
     """One QLinear node; `present` names the inputs fed (the others are left out as ONNX optional inputs);
     n_outputs > 1: outputs y, y1, y2 (attribute split); argmax: output 3, "argmax" [T] int64, after them. The
-    LoRA stacks' graph inputs have no declared rank (one layer's, or every layer's with attribute lora_layer)."""
+    LoRA stacks' and DoRA scales' graph inputs have no declared rank (one layer's, or every layer's with attribute
+    lora_layer)."""
     names = [n if n in present else "" for n in QLINEAR_INPUTS]
     while names and not names[-1]:
         names.pop()
-    inputs = [value_info(n, t, None if n.rstrip("012") in ("A", "A_scale", "B", "B_scale") else r)
+    inputs = [value_info(n, t, None if n.rstrip("012") in ("A", "A_scale", "B", "B_scale", "dora_scale") else r)
               for n, t, r in zip(QLINEAR_INPUTS, QLINEAR_TYPES, QLINEAR_RANKS) if n in present]
     out_names = ["y", "y1", "y2"][:n_outputs]
     outputs = [value_info(n, F32, 2) for n in out_names]
