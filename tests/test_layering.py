@@ -140,7 +140,7 @@ def test_planted_violations_are_caught(tmp_path):
     assert not [v for v in got if v.startswith(("pipeline.ok", "service.app", "protocol.p ", "cli "))], got
 
 
-def tests_imported(graph: Graph) -> list[str]:
+def importers_of_the_tests(graph: Graph) -> list[str]:
     """Modules of ours that import the test suite (tests/ is no package of the product, bench and probes included)."""
     return sorted(m for m in graph.modules if "tests" in graph.external[m])
 
@@ -148,9 +148,9 @@ def tests_imported(graph: Graph) -> list[str]:
 def test_nothing_imports_the_tests(tmp_path):
     """The op benches and probes get their graphs from bench/op_graphs.py, never from tests/; a planted import is
     caught."""
-    assert tests_imported(Graph()) == []
+    assert importers_of_the_tests(Graph()) == []
     g = _tree(tmp_path, {"bench/__init__.py": "", "bench/probes/p.py": "from tests.custom_ops.conftest import X\n"})
-    assert tests_imported(g) == ["bench.probes.p"]
+    assert importers_of_the_tests(g) == ["bench.probes.p"]
 
 
 def test_peer_drivers_import_nothing_of_ortllm():
