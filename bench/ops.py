@@ -359,8 +359,9 @@ def markdown(doc: dict) -> str:
     fmt = lambda r: f"{r['median']:.0f} ({r['min']:.0f}-{r['max']:.0f})"  # noqa: E731
     out = ["| case | B | GQA fp32 | PA fp32 | PA int8 | PA fp8_e4m3 | int8 speedup vs GQA |",
            "|---|---|---|---|---|---|---|"]
-    attn = sorted({(r["scenario"], r["batch"]) for r in rows
-                   if r["scenario"].startswith("ops/attention/") and r["metric"] == "latency"},
+    per_call = [r for r in rows if "decode_per_call" in r["scenario"] and r["metric"] == "latency"]
+    attn = sorted({(r["scenario"], r["batch"]) for r in rows if r["scenario"].startswith("ops/attention/")
+                   and r["metric"] == "latency" and r not in per_call},
                   key=lambda sb: (sb[0].startswith("ops/attention/prefill"), int("".join(
                       c for c in sb[0].rsplit("ctx", 1)[-1] if c.isdigit()) or 0), sb[1]))
     for scen, b in attn:
@@ -370,6 +371,9 @@ def markdown(doc: dict) -> str:
                   and r["system"] == "ortllm PagedAttention int8 vs GQA fp32")
         out.append(f"| {scen.rsplit('/', 1)[-1]} | {b} | " + " | ".join(fmt(c) for c in cells)
                    + f" | {sp['median']:.2f}x |")
+    if per_call:
+        out += ["", "| PagedAttention per call, B = 1 decode (30 layers in one graph) | system | us |", "|---|---|---|"]
+        out += [f"| {r['scenario'].rsplit('/', 1)[-1]} | {r['system']} | {fmt(r)} |" for r in per_call]
     out += ["", "| KV cache | bytes per token per layer (SmolLM2: 3 kv heads x 64) |", "|---|---|"]
     out += [f"| {r['system'].split()[-1]} | {r['median']} |" for r in rows if r["scenario"] == "ops/attention/kv_bytes"]
     out += ["", "| case | system | median (min-max) |", "|---|---|---|"]
