@@ -74,10 +74,11 @@ def paged_attention_node(inputs, outputs, name: str | None = None, **attrs) -> o
 
 def paged_attention_model(*, num_heads, kv_num_heads, head_size, block_size, kv_dtype="float32",
                           **attrs) -> onnx.ModelProto:
-    """One PagedAttention node; 8-bit caches get the scale inputs/outputs, float32 ones do not; with attribute
-    `layer` the cache inputs are every layer's ([n_layers, ...]) and the outputs one layer's."""
-    eight_bit = kv_dtype != "float32"
-    cache_t = U8 if eight_bit else F32
+    """One PagedAttention node; caches of codes (int8, fp8, int4) get the scale inputs/outputs, float32 and float16
+    ones do not; with attribute `layer` the cache inputs are every layer's ([n_layers, ...]) and the outputs one
+    layer's."""
+    eight_bit = kv_dtype not in ("float32", "float16")
+    cache_t = U8 if eight_bit else F16 if kv_dtype == "float16" else F32
     n_in, n_out = (13, 5) if eight_bit else (11, 3)
     types = [F32, F32, F32, I32, I32, I32, I32, F32, F32, cache_t, cache_t, F16, F16]   # scales: float16
     lead = int(attrs.get("layer", -1) >= 0)
@@ -101,8 +102,9 @@ def rope_cache(max_pos: int, head_size: int, theta: float = 10000.0) -> tuple[np
 def paged_attention_case(rng, seqs, *, num_heads, kv_num_heads, head_size, block_size, kv_dtype="float32",
                          spare_blocks=3) -> dict:
     """PagedAttention's feeds (name -> array) for a ragged batch: seqs = [(context_len, new_tokens), ...] per
-    sequence, their blocks scattered over a pool of their blocks plus `spare_blocks`; the caches hold random codes
-    (int8: -127..127, int4: two codes 1..15 a byte, fp8_e4m3: any finite code) with scales in 0.002..0.03."""
+    sequence, their blocks scattered over a pool of their blocks plus `spare_blocks`; the caches hold random values
+    (float32, float16) or random codes (int8: -127..127, int4: two codes 1..15 a byte, fp8_e4m3: any finite code)
+    with scales in 0.002..0.03."""
     H, Hkv, D, BS = num_heads, kv_num_heads, head_size, block_size
     S = len(seqs)
     need = [-(-(c + n) // BS) for c, n in seqs]
@@ -127,9 +129,9 @@ def paged_attention_case(rng, seqs, *, num_heads, kv_num_heads, head_size, block
     shape = (NB, Hkv, BS, D)
     feeds = dict(q=q, k=k, v=v, positions=positions, cu_seqlens=cu, context_lens=ctx,
                  block_tables=block_tables, cos_cache=cos, sin_cache=sin)
-    if kv_dtype == "float32":
-        feeds["key_cache"] = rng.standard_normal(shape, dtype=np.float32)
-        feeds["value_cache"] = rng.standard_normal(shape, dtype=np.float32)
+    if kv_dtype in ("float32", "float16"):
+        feeds["key_cache"] = rng.standard_normal(shape, dtype=np.float32).astype(kv_dtype)
+        feeds["value_cache"] = rng.standard_normal(shape, dtype=np.float32).astype(kv_dtype)
     else:
         def codes() -> np.ndarray:
             if kv_dtype == "int8":

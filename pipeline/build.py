@@ -99,7 +99,7 @@ class BuildOptions:
             if on and self.calib_tokens < 16:
                 raise BuildError(f"{flag} needs calibration data: set --calib-tokens to at least 16 (default 8192; "
                                  f"got {self.calib_tokens}), or {instead}")
-        if not self.kv_rotate and self.kv == "fp32":
+        if not self.kv_rotate and self.kv in ("fp32", "fp16"):
             raise BuildError("--kv-rotate 0 applies to quantized KV caches; add --kv int8|fp8|int4 or drop it")
         if self.kv != "fp32" and self.graph != "engine":
             raise BuildError(f"--kv {self.kv} needs the engine graph (paged quantized KV); add --graph engine "

@@ -97,8 +97,8 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     if cfg.qk_norm:
         q = head_norm(g, q, w[f"{p}.q_norm.weight"], cfg.rms_norm_eps, cfg.num_heads, f"{path}/q_norm")
         k = head_norm(g, k, w[f"{p}.k_norm.weight"], cfg.rms_norm_eps, cfg.num_kv_heads, f"{path}/k_norm")
-    quantized = kv != "fp32"
-    cache_type = U8 if quantized else F32
+    quantized = C.kv_scaled(C.KV_DTYPES[kv])     # codes with fp16 scales (int8, fp8, int4), Hadamard-rotated
+    cache_type = U8 if quantized else F16 if kv == "fp16" else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, C.kv_row_elems(C.KV_DTYPES[kv], cfg.head_dim)]
     ins, outs = [], []
     for kind in C.cache_kinds(quantized):     # inputs: every layer's caches, one a kind; outputs: this layer's slice

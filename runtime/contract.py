@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 9        # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 10       # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
                             #  4: key_scales / value_scales float16 (ops ABI 4);
@@ -25,7 +25,8 @@ CONTRACT_VERSION = 9        # graph input/output names, shapes and semantics bel
                             #     GELU-tanh, embedding and attention scales, sliding layers, RoPE per layer
                             #     type and scaled, logit softcap): rope tables model.rope.{full,sliding}.*;
                             #  9: hidden_indices / hidden_states: the final norm's output on the rows an
-                            #     embedding request pools)
+                            #     embedding request pools;
+                            #  10: float16 KV caches (--kv fp16: PagedAttention kv_dtype float16) (ops ABI 11))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -261,14 +262,25 @@ OPS_DOMAIN = "ortllm"          # the custom ops' domain (libortllm_ops.so regist
 # ---- the KV cache dtypes: the one table (build option, op attribute, config name, storage)
 #   --kv option | PagedAttention kv_dtype / CacheConfig.kv_dtype | pool element | bytes a code | fp16 scale a row
 #   fp32        | float32                                        | float32      | 4            | no
+#   fp16        | float16                                        | float16      | 2            | no
 #   int8        | int8                                           | uint8        | 1            | yes
 #   fp8         | fp8_e4m3                                       | uint8        | 1            | yes
 #   int4        | int4                                           | uint8        | 1/2 (packed) | yes
 # (a row: one (token, kv head) of head_dim elements)
-KV_DTYPES = {"fp32": "float32", "int8": "int8", "fp8": "fp8_e4m3", "int4": "int4"}   # build option -> dtype name
-KV_STORAGE = {"fp32": "float32", "int8": "uint8", "fp8": "uint8", "int4": "uint8"}   # build option -> pool numpy dtype
+KV_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "fp8": "fp8_e4m3",
+             "int4": "int4"}                                           # build option -> dtype name
+KV_STORAGE = {"fp32": "float32", "fp16": "float16", "int8": "uint8", "fp8": "uint8",
+              "int4": "uint8"}                                         # build option -> pool numpy dtype
 KV_DTYPE_NAMES = tuple(KV_DTYPES.values())                             # what CacheConfig.kv_dtype accepts
-KV_ALIASES = {"fp32": "float32", "fp8": "fp8_e4m3", "float8_e4m3": "fp8_e4m3"}   # other spellings accepted
+KV_ALIASES = {"fp32": "float32", "fp16": "float16", "fp8": "fp8_e4m3",
+              "float8_e4m3": "fp8_e4m3"}                               # other spellings accepted
+UNSCALED_KV = ("float32", "float16")   # dtype names of the caches that hold values, not codes with fp16 scales
+
+
+def kv_scaled(dtype_name: str) -> bool:
+    """Whether a KV dtype name's cache holds codes with an fp16 scale a row (key_scales / value_scales inputs): int8,
+    fp8, int4; the float caches (float32, float16) hold the values themselves and are never rotated."""
+    return dtype_name not in UNSCALED_KV
 
 
 def kv_row_elems(dtype_name: str, head_dim: int) -> int:
@@ -281,13 +293,15 @@ def kv_row_bytes(dtype_name: str, head_dim: int) -> int:
     """Bytes of one cached (token, head) row of a KV dtype name, its fp16 scale included for the quantized ones."""
     if dtype_name == "float32":
         return 4 * head_dim
+    if dtype_name == "float16":
+        return 2 * head_dim
     return kv_row_elems(dtype_name, head_dim) + 2
 
 
-def cache_kinds(quantized: bool) -> tuple[str, ...]:
+def cache_kinds(scaled: bool) -> tuple[str, ...]:
     """The kinds of KV cache an engine graph carries, in input order: key_cache and value_cache, then their fp16
-    scales (key_scales, value_scales) for the quantized dtypes."""
-    return ("key_cache", "value_cache") + (("key_scales", "value_scales") if quantized else ())
+    scales (key_scales, value_scales) for the scaled dtypes (kv_scaled)."""
+    return ("key_cache", "value_cache") + (("key_scales", "value_scales") if scaled else ())
 
 
 def cache_name(kind: str) -> str:

@@ -117,7 +117,7 @@ class ModelRunner:
         bound to its slice of the same memory (contract 7)."""
         row = C.kv_row_elems(C.KV_DTYPES[self.kv], cfg["head_dim"])
         shape = (self.num_layers, self.num_blocks, cfg["num_kv_heads"], self.block_size, row)
-        for kind in C.cache_kinds(self.kv != "fp32"):
+        for kind in C.cache_kinds(C.kv_scaled(C.KV_DTYPES[self.kv])):
             shp, dtype = (shape, _KV_NUMPY[self.kv]) if kind.endswith("cache") else (shape[:4], np.float16)
             arr = np.full(shp, 0, dtype)   # touched now: RSS shows the pool, no page faults while serving
             self._arrays[C.cache_name(kind)] = arr

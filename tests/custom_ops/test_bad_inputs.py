@@ -126,7 +126,16 @@ def test_kv_dtype_and_cache_type_disagree():
         if a.name == "kv_dtype":
             a.s = b"int8"
     sess = session(model)
-    expect_error(sess, pa_feeds(), r"kv_dtype = 'int8' needs uint8 key_cache/value_cache")
+    expect_error(sess, pa_feeds(), r"kv_dtype = 'int8' needs uint8 key_cache/value_cache tensors; got float32")
+
+
+def test_float16_kv_dtype_with_float32_caches():
+    # kv_dtype float16 needs float16 cache tensors, not the float32 ones of this graph
+    model = paged_attention_model(**ATTRS, kv_dtype="float32")
+    for a in model.graph.node[0].attribute:
+        if a.name == "kv_dtype":
+            a.s = b"float16"
+    expect_error(session(model), pa_feeds(), r"kv_dtype = 'float16' needs float16 key_cache/value_cache tensors")
 
 
 def test_unknown_kv_dtype():
@@ -134,7 +143,7 @@ def test_unknown_kv_dtype():
     for a in model.graph.node[0].attribute:
         if a.name == "kv_dtype":
             a.s = b"int2"
-    expect_error(session(model), pa_feeds(), r"kv_dtype = 'int2' is not float32, int8, fp8_e4m3 or int4")
+    expect_error(session(model), pa_feeds(), r"kv_dtype = 'int2' is not float32, float16, int8, fp8_e4m3 or int4")
 
 
 def test_int4_cache_with_unpacked_rows():

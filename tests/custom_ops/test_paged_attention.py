@@ -1,6 +1,7 @@
 """PagedAttention parity against tests/reference/paged_attention.py in a real onnxruntime session.
 
-float32 caches: within 1e-5 (abs + relative). 8-bit caches: the op is compared with the reference
+float32 caches: within 1e-5 (abs + relative); float16 caches: the written rows bitwise numpy's rounding, the
+output within 1e-5 of the reference on those rows. 8-bit caches: the op is compared with the reference
 that keeps this call's new K/V rows exact, within an error bound derived from the quantization step
 of every new row (see `quantization_bound`), and the written codes are checked one by one.
 """
@@ -60,6 +61,50 @@ def test_paged_attention_fp32_parity(heads, BS, scenario):
     np.testing.assert_array_equal(vc, ref_vc)
 
 
+def scale_names(kv_dtype: str) -> list[str]:
+    """The fp16 scale inputs a cache of kv_dtype carries: none for the float caches."""
+    return [] if kv_dtype in ("float32", "float16") else ["key_scales", "value_scales"]
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("BS", [16, 32])
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}x{h[1]}")
+def test_paged_attention_fp16_parity(heads, BS, scenario):
+    """float16 caches: each new row rounded once to nearest even (bitwise numpy's astype(float16), which the
+    reference writes), every cached row read back exactly, attention in fp32 as for a float32 cache."""
+    H, Hkv = heads
+    feeds, (attn, kc, vc), attrs = run_case(SCENARIOS[scenario], H, Hkv, BS, "float16")
+    assert kc.dtype == np.float16 and vc.dtype == np.float16
+    ref_attn, ref_kc, ref_vc, _, _ = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
+    np.testing.assert_array_equal(vc, ref_vc)   # v: no rope, one rounding of the input
+    # k: roped in fp32 by the op and in float64 by the reference, so a rounding tie may break either way
+    assert (np.abs(kc.view(np.int16).astype(int) - ref_kc.view(np.int16)) <= 1).all()
+    assert_close(attn, ref_attn, atol=1e-4, rtol=1e-4, what="attn")
+
+
+def test_paged_attention_fp16_rounding_edges():
+    """The fp32 -> fp16 rounding of written rows at its edges, against numpy: ties to even, subnormals (and a
+    subnormal rounding up to the smallest normal), the largest finite value, overflow to inf past 65504 + 16,
+    signed zeros. v's rows are written as given (bitwise); k's go through rope at position 0 (cos 1, sin 0), which
+    keeps every value but may flip a zero's sign (-0 - 0 * b), so k is compared by value."""
+    H, Hkv, BS = 2, 1, 16
+    edges = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 2 ** -25, 3 * 2 ** -25, 2 ** -24 * 1.5, 2 ** -14 - 2 ** -25,
+                      6.1e-05, 65504, 65519.99, 65520, 1e6, -0.0, 0.0, -(1 + 2 ** -11), -65520, 1 / 3, -2.5e-8,
+                      2 ** -15 + 2 ** -26], np.float32)
+    rng = np.random.default_rng(9)
+    feeds = paged_attention_case(rng, [(0, 1)], num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS,
+                                 kv_dtype="float16")
+    row = np.resize(edges, D).astype(np.float32)
+    feeds["k"] = row[None, :].copy()
+    feeds["v"] = row[None, ::-1].copy()
+    with np.errstate(over="ignore"):
+        want = row.astype(np.float16)
+    _, kc, vc = get_session(H, Hkv, BS, "float16").run(None, feeds)
+    blk = feeds["block_tables"][0, 0]
+    np.testing.assert_array_equal(kc[blk, 0, 0], want)
+    np.testing.assert_array_equal(vc[blk, 0, 0].view(np.uint16), want[::-1].view(np.uint16))
+
+
 LONG_CASES = {"long+short": [(2047, 1), (700, 1)], "single": [(2047, 1)], "long+prefill": [(1500, 1), (3, 4)],
               "long_chunk": [(1100, 21)], "batch_of_8": [(c, 1) for c in (2047, 37, 700, 1500, 64, 1030, 300, 513)]}
 
@@ -73,6 +118,14 @@ def test_paged_attention_fp32_long_context(name, BS):
     feeds, (attn, _, _), attrs = run_case(LONG_CASES[name], 9, 3, BS, "float32", seed=5)
     ref_attn = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)[0]
     assert_close(attn, ref_attn, atol=1e-5, rtol=1e-5, what="attn")
+
+
+@pytest.mark.parametrize("name", ["single", "batch_of_8"])
+def test_paged_attention_fp16_long_context(name):
+    """float16 caches at long context: the widened blocks through the same online softmax and parts."""
+    feeds, (attn, _, _), attrs = run_case(LONG_CASES[name], 9, 3, 16, "float16", seed=5)
+    ref_attn = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)[0]
+    assert_close(attn, ref_attn, atol=1e-4, rtol=1e-4, what="attn")
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
@@ -182,7 +235,7 @@ def check_within_quantization_bound(feeds, attn, ks, vs, attrs, tight=True):
         assert err_q.max() < 1e-2 * err.max()
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
 def test_paged_attention_io_binding_updates_cache_in_place(kv_dtype):
     """The engine binds one OrtValue per cache as both input and output: the new K/V must appear in
     that OrtValue (and its numpy backing store) after the run, with the same attention output."""
@@ -193,14 +246,14 @@ def test_paged_attention_io_binding_updates_cache_in_place(kv_dtype):
     attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
     ref = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
     sess = get_session(H, Hkv, BS, kv_dtype)
-    cache_names = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if kv_dtype != "float32" else [])
+    cache_names = ["key_cache", "value_cache"] + scale_names(kv_dtype)
     backing = {n: feeds[n].copy() for n in cache_names}
     values = {n: ort.OrtValue.ortvalue_from_numpy(backing[n]) for n in cache_names}
     ptrs = {n: values[n].data_ptr() for n in cache_names}
     binding = bind_in_place(sess, feeds, values)
     sess.run_with_iobinding(binding)
     attn = binding.copy_outputs_to_cpu()[0]
-    if kv_dtype == "float32":
+    if kv_dtype in ("float32", "float16"):
         assert_close(attn, ref[0], atol=1e-4, rtol=1e-4, what="attn")
     else:  # the same answer as the run without binding: within the derived bound of the exact-new-rows reference
         check_within_quantization_bound(feeds, attn, ref[3], ref[4], attrs)
@@ -209,6 +262,8 @@ def test_paged_attention_io_binding_updates_cache_in_place(kv_dtype):
         updated = values[n].numpy()
         if kv_dtype == "float32" or "scales" in n:
             assert_close(updated, ref[1 + i], atol=1e-6, rtol=1e-5, what=n)
+        elif kv_dtype == "float16":   # one rounding step at most (a tie after the op's fp32 rope)
+            assert (np.abs(updated.view(np.int16).astype(int) - ref[1 + i].view(np.int16)) <= 1).all()
         else:
             assert (np.abs(updated.view(np.int8).astype(int) - ref[1 + i].view(np.int8)) <= 1).all()
         assert not np.array_equal(updated, feeds[n]), f"{n} was not updated in place"
@@ -216,7 +271,7 @@ def test_paged_attention_io_binding_updates_cache_in_place(kv_dtype):
         np.testing.assert_array_equal(backing[n], updated)
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
 def test_stacked_caches_read_and_write_their_layer(kv_dtype):
     """Contract 7: with attribute layer = l the cache inputs hold every layer ([n_layers, ...]) and each output is
     bound to layer l's slice, as the engine binds them: bitwise the one-layer node's attn and caches, written in
@@ -225,7 +280,7 @@ def test_stacked_caches_read_and_write_their_layer(kv_dtype):
     feeds = paged_attention_case(np.random.default_rng(22), SCENARIOS["mixed"], num_heads=H, kv_num_heads=Hkv,
                                  head_size=D, block_size=BS, kv_dtype=kv_dtype)
     attrs = dict(num_heads=H, kv_num_heads=Hkv, head_size=D, block_size=BS, kv_dtype=kv_dtype)
-    names = ["key_cache", "value_cache"] + (["key_scales", "value_scales"] if kv_dtype != "float32" else [])
+    names = ["key_cache", "value_cache"] + scale_names(kv_dtype)
     one = {n: feeds[n].copy() for n in names}
     one_sess = session(paged_attention_model(**attrs))
     binding = bind_in_place(one_sess, feeds, {n: ort.OrtValue.ortvalue_from_numpy(one[n]) for n in names})
@@ -267,7 +322,7 @@ def test_paged_attention_threads_agree():
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "int4"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8", "int4"])
 @pytest.mark.parametrize("head_size,block_size", [(128, 64), (32, 8)])
 def test_paged_attention_other_head_and_block_sizes(head_size, block_size, kv_dtype):
     """Off the SmolLM2/TinyLlama shapes: generic (non-64) inner loops, spans of one or many blocks."""
@@ -278,8 +333,8 @@ def test_paged_attention_other_head_and_block_sizes(head_size, block_size, kv_dt
     sess = session(paged_attention_model(**attrs), 2)
     got = sess.run(None, feeds)
     ref = paged_attention_ref(*paged_attention_inputs(feeds), **attrs)
-    if kv_dtype == "float32":
-        assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5, what="attn")
+    if kv_dtype in ("float32", "float16"):
+        assert_close(got[0], ref[0], atol=1e-4 if kv_dtype == "float16" else 1e-5, rtol=1e-5, what="attn")
     else:  # the reference's codes (up to one step at rounding ties), output within the derived bound
         codes = unpack_int4 if kv_dtype == "int4" else (lambda c: c.view(np.int8))
         assert (np.abs(codes(got[1]).astype(int) - codes(ref[1])) <= 1).all()

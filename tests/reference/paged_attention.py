@@ -4,7 +4,8 @@ For every new token t of sequence s (j-th of its chunk):
     cache slot p = context_lens[s] + j  -> block block_tables[s][p // block_size], offset p % block_size
     q_t, k_t = RoPE(q_t, k_t) at positions[t]     (rope_interleaved=0: HF rotate_half, pairs (i, i+D/2))
     quantized caches with rotate=1: q_t, k_t = fwht(q_t), fwht(k_t) per head; int4 caches also v_t = fwht(v_t)
-    K/V rows written to the cache (float32 copied, int8 / fp8 / int4 quantized per (token, head))
+    K/V rows written to the cache (float32 copied, float16 rounded to nearest even, int8 / fp8 / int4 quantized
+    per (token, head))
     int8 and int4 caches: q_t is quantized per head like an int8 key row (int8 codes, fp16 scale) and used
     dequantized, i.e. q . k = scale_q * scale_k * (integer dot of the codes), as the op computes it
 Then for every new token and query head h (kv head h // (H // Hkv)):
@@ -57,7 +58,7 @@ def paged_attention_ref(
     window > 0: a query at position p attends to keys max(0, p - window + 1) .. p only (sliding window)."""
     H, Hkv, D, BS = num_heads, kv_num_heads, head_size, block_size
     G = H // Hkv
-    eight_bit = kv_dtype != "float32"   # any quantized cache (int8, fp8, int4)
+    eight_bit = kv_dtype not in ("float32", "float16")   # any cache of codes with scales (int8, fp8, int4)
     int_dots = kv_dtype in ("int8", "int4")
     rotate = (1 if eight_bit else 0) if rotate is None else rotate
     scale = 1.0 / np.sqrt(D) if not scale else scale
@@ -88,10 +89,13 @@ def paged_attention_ref(
         q_rot[t] = dequantize(*quantize(qt.astype(np.float32), "int8"), "int8") if int_dots else qt
         blk, off = block_tables[s][p // BS], p % BS
         is_new[blk, :, off] = True
-        if not eight_bit:
-            key_cache[blk, :, off] = kt.astype(np.float32)
-            value_cache[blk, :, off] = vt.astype(np.float32)
-            k_shadow[blk, :, off], v_shadow[blk, :, off] = key_cache[blk, :, off], value_cache[blk, :, off]
+        if not eight_bit:   # float16: rounded once from the float32 row, as the op does
+            key_cache[blk, :, off] = kt.astype(np.float32).astype(key_cache.dtype)
+            value_cache[blk, :, off] = vt.astype(np.float32).astype(value_cache.dtype)
+            if quantize_new:
+                k_shadow[blk, :, off], v_shadow[blk, :, off] = key_cache[blk, :, off], value_cache[blk, :, off]
+            else:
+                k_shadow[blk, :, off], v_shadow[blk, :, off] = kt.astype(np.float32), vt.astype(np.float32)
             continue
         kc, ks = quantize(kt.astype(np.float32), kv_dtype)
         vc, vs = quantize(vt.astype(np.float32), kv_dtype)

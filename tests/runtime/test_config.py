@@ -40,15 +40,20 @@ def test_kv_dtype_aliases_and_check():
     assert CacheConfig(kv_dtype="fp8").kv_dtype == "fp8_e4m3"
     assert CacheConfig(kv_dtype="fp32").kv_dtype == "float32"
     assert CacheConfig(kv_dtype="int4").kv_dtype == "int4"
-    with pytest.raises(ConfigError, match="kv_dtype must be one of float32, int8, fp8_e4m3, int4; got 'int2'"):
+    assert CacheConfig(kv_dtype="fp16").kv_dtype == "float16"
+    with pytest.raises(ConfigError,
+                       match="kv_dtype must be one of float32, float16, int8, fp8_e4m3, int4; got 'int2'"):
         CacheConfig(kv_dtype="int2")
 
 
-def test_int4_kv_block_bytes():
-    """int4 rows are two codes a byte plus their fp16 scale: 64 dims -> 34 bytes a row, against 66 at int8."""
+def test_kv_block_bytes():
+    """int4 rows are two codes a byte plus their fp16 scale: 64 dims -> 34 bytes a row, against 66 at int8; float16
+    rows are the values at 2 bytes, no scale: 128, half of float32's 256."""
     cfg = CacheConfig(block_size=16)
     assert cfg.bytes_per_block(30, 3, 64, "int4") == 2 * 30 * 16 * 3 * 34
     assert cfg.bytes_per_block(30, 3, 64, "int8") == 2 * 30 * 16 * 3 * 66
+    assert cfg.bytes_per_block(30, 3, 64, "float16") == 2 * 30 * 16 * 3 * 128
+    assert cfg.bytes_per_block(30, 3, 64, "float32") == 2 * 30 * 16 * 3 * 256
 
 
 @pytest.mark.parametrize("kwargs, msg", [

@@ -39,7 +39,7 @@ def _seen(out):
     return out.token_ids, [x.logprob for x in out.logprobs]
 
 
-@pytest.fixture(scope="module", params=["fp32", "int4-b32", "kv-int8", "kv-int4"])
+@pytest.fixture(scope="module", params=["fp32", "int4-b32", "kv-fp16", "kv-int8", "kv-int4"])
 def artifact(request, smollm2_engine, smollm2_quantized):
     return smollm2_engine if request.param == "fp32" else smollm2_quantized(request.param)
 

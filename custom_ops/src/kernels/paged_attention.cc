@@ -4,8 +4,9 @@
 //   1. for every new token t of sequence s (slot p = context_lens[s] + t - cu_seqlens[s]):
 //        q_t, k_t <- RoPE at positions[t];  quantized + rotate: q_t, k_t <- H q_t / sqrt(D) per head
 //        K/V rows of every kv head -> cache block block_tables[s][p / BS], offset p % BS
-//        (fp32 copied; int8 / fp8 / int4 quantized per (token, head) with one fp16 scale; V rotated only in
-//        an int4 cache, where 4 bits need the outlier channels spread too, and rotated back in the output)
+//        (fp32 copied; fp16 rounded to nearest even; int8 / fp8 / int4 quantized per (token, head) with one
+//        fp16 scale; V rotated only in an int4 cache, where 4 bits need the outlier channels spread too, and
+//        rotated back in the output)
 //   2. for every new token t and query head h (kv head g = h / (H / Hkv)):
 //        out[t, h] = softmax_j(scale * q_t,h . K[s, g, j]) @ V[s, g, :],  j = 0 .. p(t)  (causal; with a
 //        sliding window W, j = p(t) - W + 1 .. p(t): the keys before are masked like the future ones, and
@@ -135,13 +136,16 @@ void write_token(void* usr, size_t ti) {
   const float* sn = a.sin + static_cast<int64_t>(a.positions[t]) * (D / 2);
   const bool int4 = d.kv_dtype == KvDtype::kInt4;
   const int64_t row_bytes = kv_row_bytes(d.kv_dtype, D);
-  // One row into the cache: fp32 copied, else quantized with its fp16 scale.
+  // One row into the cache: fp32 copied, fp16 rounded (quant.h round_f16), else quantized with its fp16 scale.
   auto store = [&](const float* src, void* cache, uint16_t* scales, int64_t slot) {
     uint8_t* dst = static_cast<uint8_t*>(cache) + slot * row_bytes;
     const int Di = static_cast<int>(D);
     switch (d.kv_dtype) {
       case KvDtype::kFloat32:
         std::memcpy(dst, src, sizeof(float) * D);
+        break;
+      case KvDtype::kFloat16:
+        round_f16(src, Di, reinterpret_cast<uint16_t*>(dst));
         break;
       case KvDtype::kInt8:
         scales[slot] = quantize_int8(src, Di, dst);
@@ -203,6 +207,7 @@ struct ItemShape {
   int64_t span;               // keys per span (nsub * BS)
   int64_t part;               // cache blocks per part (whole spans)
   bool quantized;             // codes with an fp16 scale per row (int8, fp8, int4)
+  bool half;                  // fp16 values (no scales): widened to floats a (block, head) at a time
   bool int_dots;  // int8 and int4 caches: q . k and P V as integer dots (query codes . key codes, int16 weights .
                   // value codes); int4 codes are unpacked to int8 a block at a time first (vec.h unpack_q4)
   bool int4;
@@ -233,7 +238,8 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.nsub = span_blocks(sh.BS);
   sh.span = sh.nsub * sh.BS;
   sh.part = part_blocks(sh.BS);
-  sh.quantized = d.kv_dtype != KvDtype::kFloat32;
+  sh.quantized = kv_has_scales(d.kv_dtype);
+  sh.half = d.kv_dtype == KvDtype::kFloat16;
   sh.int4 = d.kv_dtype == KvDtype::kInt4;
   sh.int_dots = int_dots(d.kv_dtype);
   sh.unrotate = sh.int4 && d.rotate;
@@ -242,7 +248,7 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   return sh;
 }
 
-// scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [BS, D] (fp8: widened
+// scratch: Qb [rows, D] | O [rows, D] | S [rows, span] | m [rows] | l [rows] | Kb, Vb [BS, D] (fp8, fp16: widened
 //          floats; int4: unpacked int8 codes)
 //          | the merged parts: A [rows, D] | M [rows] | L [rows]
 //          | int8 caches: qmul [rows] | wscale [rows] | the queries' codes Qc [rows, D] int8
@@ -379,7 +385,7 @@ const uint8_t* int8_rows(const VecOps& vec, const ItemShape& sh, const void* cac
 // head (the order the cache holds them). int8 caches: integer dots of the query codes with the key codes
 // (vec.h scores_q8), for any number of rows. fp8 caches: the codes are widened to floats (unscaled) into Kb,
 // one (block, head) at a time, so the scratch stays in L1, and the score times the row's scale
-// (vec.h scale_columns).
+// (vec.h scale_columns). fp16 caches: the values widened into Kb the same way (exact), then as fp32.
 void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b0, int64_t nblocks, ItemScratch& w,
                 Span& sp) {
   const PagedAttentionDims& d = *c.d;
@@ -411,6 +417,9 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
       const float* K = static_cast<const float*>(a.key_cache) + base * D;
       if (sh.quantized) {  // fp8 (int8 took the integer path above)
         vec.widen_e4m3(static_cast<const uint8_t*>(a.key_cache) + base * D, sp.nks[sb], Di, w.Kb);
+        K = w.Kb;
+      } else if (sh.half) {
+        vec.widen_f16(static_cast<const uint16_t*>(a.key_cache) + base * D, sp.nks[sb] * Di, w.Kb);
         K = w.Kb;
       }
       vec.scores(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows), K, sp.nks[sb], Di, d.scale, S,
@@ -473,7 +482,7 @@ void accumulate_span_int8(const Ctx& c, const ItemShape& sh, const Span& sp, Ite
 }
 
 // O += P V over the span's blocks, kv head by kv head in a block (fp8 caches: the probabilities times the
-// values' scales, times the codes widened into Vb).
+// values' scales, times the codes widened into Vb; fp16 caches: the values widened into Vb).
 void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScratch& w) {
   if (sh.int_dots) return accumulate_span_int8(c, sh, sp, w);
   const PagedAttentionArgs& a = *c.a;
@@ -488,6 +497,9 @@ void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScra
         vec.widen_e4m3(static_cast<const uint8_t*>(a.value_cache) + base * D, sp.nks[sb], static_cast<int>(D), w.Vb);
         V = w.Vb;
         vec.scale_columns(P, static_cast<int>(sh.hrows), static_cast<int>(sh.span), a.value_scales + base, sp.nks[sb]);
+      } else if (sh.half) {
+        vec.widen_f16(static_cast<const uint16_t*>(a.value_cache) + base * D, sp.nks[sb] * static_cast<int>(D), w.Vb);
+        V = w.Vb;
       }
       vec.pv(P, static_cast<int>(sh.span), static_cast<int>(sh.hrows), V, sp.nks[sb], static_cast<int>(D),
              w.O + gi * sh.hrows * D);

@@ -130,3 +130,30 @@ uint16_t quantize_e4m3(const float* x, int D, uint8_t* codes) {
 }
 
 }  // namespace ortllm
+
+namespace ortllm {
+
+// Round to nearest even on the bit pattern, as vcvtps2ph does: normals keep 10 mantissa bits (a carry into the
+// exponent is the correct result, up to inf past 65504); below 2^-14 the value goes to the subnormal grid 2^-24 by
+// nearbyint (the default rounding mode: ties to even), which is exact in fp32 for these magnitudes.
+static uint16_t float_to_f16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7FFFFFFFu;
+  if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((abs >> 13) & 0x3FFu));  // NaN, quiet
+  if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds past 65504 (or inf): inf
+  if (abs < 0x38800000u) {                                              // below 2^-14: subnormal or zero
+    float a;
+    std::memcpy(&a, &abs, sizeof a);
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.f)));
+  }
+  const uint32_t r = abs + 0xFFFu + ((abs >> 13) & 1u);  // nearest even at bit 13
+  return static_cast<uint16_t>(sign | (((r >> 23) - 112u) << 10 | ((r >> 13) & 0x3FFu)));
+}
+
+void round_f16(const float* x, int D, uint16_t* h) {
+  for (int i = 0; i < D; ++i) h[i] = float_to_f16(x[i]);
+}
+
+}  // namespace ortllm

@@ -1,16 +1,33 @@
 // Per-row transforms applied to new tokens before they enter the KV cache: RoPE, the normalized
-// fast Walsh-Hadamard transform, and symmetric quantization (int8, fp8 e4m3fn, int4).
+// fast Walsh-Hadamard transform, symmetric quantization (int8, fp8 e4m3fn, int4) and fp16 rounding.
 // Plain pointers and sizes only (no ORT types); see quant.cc for the why.
 #pragma once
 #include <cstdint>
 
 namespace ortllm {
 
-enum class KvDtype { kFloat32, kInt8, kFp8E4M3, kInt4 };
+// kFloat16: IEEE half values, no scales (the fp32 cache at half the bytes); the others are codes with an fp16 scale
+// per row.
+enum class KvDtype { kFloat32, kInt8, kFp8E4M3, kInt4, kFloat16 };
 
-// Bytes of one cached row of D elements (the last extent of the caches): fp32 4 D, int8 / fp8 D, int4 D / 2.
+// Codes with an fp16 scale per row (key_scales / value_scales used): int8, fp8, int4.
+inline bool kv_has_scales(KvDtype t) {
+  return t != KvDtype::kFloat32 && t != KvDtype::kFloat16;
+}
+
+// Bytes of one cached row of D elements (the last extent of the caches): fp32 4 D, fp16 2 D, int8 / fp8 D,
+// int4 D / 2.
 inline int64_t kv_row_bytes(KvDtype t, int64_t D) {
-  return t == KvDtype::kFloat32 ? 4 * D : (t == KvDtype::kInt4 ? D / 2 : D);
+  switch (t) {
+    case KvDtype::kFloat32:
+      return 4 * D;
+    case KvDtype::kFloat16:
+      return 2 * D;
+    case KvDtype::kInt4:
+      return D / 2;
+    default:
+      return D;
+  }
 }
 
 // x: [D] rotated in place at one position. cos/sin: [D/2] rows of the rope cache.
@@ -34,5 +51,8 @@ uint16_t quantize_int8(const float* x, int D, uint8_t* codes);
 uint16_t quantize_int4(const float* x, int D, uint8_t* packed);
 uint16_t quantize_e4m3(const float* x, int D, uint8_t* codes);
 uint8_t float_to_e4m3(float v);  // |v| <= 448 expected; saturates at 448.
+// x: [D] -> IEEE fp16 bits, each rounded to nearest even (as F16C's vcvtps2ph with _MM_FROUND_TO_NEAREST_INT);
+// beyond 65504 gives inf, NaN stays NaN.
+void round_f16(const float* x, int D, uint16_t* h);
 
 }  // namespace ortllm

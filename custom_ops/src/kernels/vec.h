@@ -67,6 +67,9 @@ struct VecOps {
   // codes[i] = int8 byte of clamp(round_half_even(x[i] / scale), -127, 127), 0 for NaN (quant.h
   // quantize_int8's loop); every table does exactly these operations (same bits).
   void (*quantize_i8_codes)(const float* x, int D, float scale, uint8_t* codes);
+  // out[i] = the float of IEEE fp16 bits h[i], i < n (exact: F16C's vcvtph2ps or f16_to_float, the same bits).
+  // fp16 caches' rows into an L1 scratch, a (block, kv head) at a time, before the fp32 scores and P V.
+  void (*widen_f16)(const uint16_t* h, int n, float* out);
 };
 
 const VecOps& vec_scalar_ops();

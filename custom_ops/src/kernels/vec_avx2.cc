@@ -624,6 +624,13 @@ void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
   if (i < D) vec_scalar_ops().quantize_i8_codes(x + i, D - i, scale, codes + i);
 }
 
+void widen_f16(const uint16_t* h, int n, float* out) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) out[i] = _cvtsh_ss(h[i]);
+}
+
 }  // namespace
 }  // namespace avx2
 }  // namespace ortllm
@@ -649,7 +656,8 @@ const VecOps* vec_avx2_ops() {
                           avx2::gemm_rows,
                           avx2::gemm_rows_f16b,
                           avx2::fwht,
-                          avx2::quantize_i8_codes};
+                          avx2::quantize_i8_codes,
+                          avx2::widen_f16};
   return &ops;
 }
 }  // namespace ortllm

@@ -220,12 +220,16 @@ void quantize_i8_codes(const float* x, int D, float scale, uint8_t* codes) {
   }
 }
 
+void widen_f16(const uint16_t* h, int n, float* out) {
+  for (int i = 0; i < n; ++i) out[i] = f16_to_float(h[i]);
+}
+
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
   static const VecOps ops{"scalar",         scores,  pv,   widen_e4m3, unpack_q4, scale_columns, scores_q8,      pv_q16,
                           weights_q16,      exp_sum, vmax, vargmax,    scal,      gemm_rows,     gemm_rows_f16b, fwht,
-                          quantize_i8_codes};
+                          quantize_i8_codes, widen_f16};
   return ops;
 }
 

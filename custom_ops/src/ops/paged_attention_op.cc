@@ -57,7 +57,7 @@ void alias_or_copy(const void* in, T* out, int64_t n) {
 struct Extents {
   int64_t H, Hkv, D, BS;  // attributes
   bool quantized;         // int8, fp8 or int4: codes with fp16 scales
-  int64_t row;            // the caches' last extent: D (fp32, 8-bit) or D / 2 (int4: two codes a byte)
+  int64_t row;            // the caches' last extent: D (fp32, fp16, 8-bit) or D / 2 (int4: two codes a byte)
   int64_t T = 0, S = 0, MB = 0, max_pos = 0, NB = 0;  // tokens, sequences, block-table columns, rope rows, blocks
   bool have_scales = false;
 };
@@ -153,10 +153,15 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
   layer_ = attr_int(&api, info, "layer", -1);
   window_ = attr_int(&api, info, "window", 0);
   interleaved_ = interleaved != 0;
-  constexpr bool float_cache = std::is_same<CacheT, float>::value;
+  // the cache tensors' element type each kv_dtype needs
+  constexpr const char* cache_type = std::is_same<CacheT, float>::value      ? "float32"
+                                     : std::is_same<CacheT, uint16_t>::value ? "float16"
+                                                                             : "uint8";
   std::ostringstream err;
   if (dt == "float32") {
     kv_dtype_ = KvDtype::kFloat32;
+  } else if (dt == "float16") {
+    kv_dtype_ = KvDtype::kFloat16;
   } else if (dt == "int8") {
     kv_dtype_ = KvDtype::kInt8;
   } else if (dt == "fp8_e4m3") {
@@ -164,9 +169,10 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
   } else if (dt == "int4") {
     kv_dtype_ = KvDtype::kInt4;
   } else {
-    err << kOp << ": attribute kv_dtype = '" << dt << "' is not float32, int8, fp8_e4m3 or int4";
+    err << kOp << ": attribute kv_dtype = '" << dt << "' is not float32, float16, int8, fp8_e4m3 or int4";
   }
-  const bool quantized = kv_dtype_ != KvDtype::kFloat32;
+  const bool quantized = kv_has_scales(kv_dtype_);
+  const char* needs = kv_dtype_ == KvDtype::kFloat32 ? "float32" : kv_dtype_ == KvDtype::kFloat16 ? "float16" : "uint8";
   rotate_ = attr_int(&api, info, "rotate", quantized ? 1 : 0) != 0;
   if (err.tellp() == 0) {
     if (num_heads_ <= 0 || kv_heads_ <= 0 || num_heads_ % kv_heads_ != 0)
@@ -179,9 +185,9 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
           << " must be a power of two when rotate = 1 (Hadamard transform)";
     else if (block_size_ <= 0)
       err << kOp << ": attribute block_size = " << block_size_ << " must be positive";
-    else if (float_cache == quantized)
-      err << kOp << ": attribute kv_dtype = '" << dt << "' needs " << (quantized ? "uint8" : "float32")
-          << " key_cache/value_cache tensors";
+    else if (std::string(needs) != cache_type)
+      err << kOp << ": attribute kv_dtype = '" << dt << "' needs " << needs << " key_cache/value_cache tensors; got "
+          << cache_type;
     else if (interleaved != 0 && interleaved != 1)
       err << kOp << ": attribute rope_interleaved = " << interleaved << " must be 0 or 1";
     else if (window_ < 0)
@@ -237,7 +243,7 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
               kv_heads_,
               head_size_,
               block_size_,
-              kv_dtype_ != KvDtype::kFloat32,
+              kv_has_scales(kv_dtype_),
               kv_row_bytes(kv_dtype_, head_size_) / static_cast<int64_t>(sizeof(CacheT))};
     check_shapes(e, in, n_outputs);
     const auto* cu = static_cast<const int32_t*>(in[kCuSeqlens].data);
@@ -258,7 +264,7 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
     uint16_t* ks = nullptr;
     uint16_t* vs = nullptr;
     if (n_outputs >= 5) {
-      // float32 caches: the scales are unused; passed through when given, else empty tensors.
+      // float32 / float16 caches: the scales are unused; passed through when given, else empty tensors.
       const int64_t none = 0;
       const bool have = e.have_scales;
       ks = output<uint16_t>(api, context, kKeyScalesOut, have ? in[kKeyScales].dims : &none, have ? 3 : 1);
@@ -330,8 +336,10 @@ ONNXTensorElementDataType PagedAttentionOp<CacheT>::GetInputType(size_t i) const
 }
 
 template struct PagedAttentionKernel<float>;
+template struct PagedAttentionKernel<uint16_t>;
 template struct PagedAttentionKernel<uint8_t>;
 template struct PagedAttentionOp<float>;
+template struct PagedAttentionOp<uint16_t>;
 template struct PagedAttentionOp<uint8_t>;
 
 }  // namespace ortllm

@@ -1,5 +1,6 @@
-// ORT wrapper of the PagedAttention kernel, registered twice under the same name: CacheT = float
-// (kv_dtype "float32") and CacheT = uint8_t (kv_dtype "int8" / "fp8_e4m3" / "int4").
+// ORT wrapper of the PagedAttention kernel, registered three times under the same name: CacheT = float
+// (kv_dtype "float32"), uint16_t (ONNX float16 tensors: kv_dtype "float16", ops ABI 11) and uint8_t (kv_dtype
+// "int8" / "fp8_e4m3" / "int4").
 //   inputs : 0 q [T, H*D] f32, 1 k [T, Hkv*D] f32, 2 v [T, Hkv*D] f32 (k, q before RoPE),
 //            3 positions [T] i32, 4 cu_seqlens [S+1] i32, 5 context_lens [S] i32,
 //            6 block_tables [S, max_blocks] i32, 7 cos_cache [max_pos, D/2] f32,
@@ -11,7 +12,7 @@
 //            3 key_scales_out, 4 value_scales_out (optional; required for quantized caches)
 //   Cache outputs alias cache inputs when bound to the same buffer (nothing copied then).
 //   attributes: num_heads, kv_num_heads, head_size, block_size (int, required);
-//            kv_dtype (string "float32" | "int8" | "fp8_e4m3" | "int4", default "float32");
+//            kv_dtype (string "float32" | "float16" | "int8" | "fp8_e4m3" | "int4", default "float32");
 //            rotate (int, default 1 for quantized caches, 0 for float32: Hadamard on q and k, and for int4 on v
 //            too, each output row rotated back); scale (float, default 1/sqrt(D));
 //            window (int, default 0; ops ABI 10): > 0, a query at position p attends to keys p - window + 1 .. p
@@ -55,7 +56,9 @@ template <typename CacheT>
 struct PagedAttentionOp : Ort::CustomOpBase<PagedAttentionOp<CacheT>, PagedAttentionKernel<CacheT>, true> {
   static constexpr size_t kInputs = 13, kOutputs = 5;
   static constexpr ONNXTensorElementDataType kCacheType =
-      std::is_same<CacheT, float>::value ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+      std::is_same<CacheT, float>::value      ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+      : std::is_same<CacheT, uint16_t>::value ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
+                                              : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
 
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "PagedAttention"; }

@@ -1,4 +1,4 @@
-// Library entry points: RegisterCustomOps (domain "ortllm": PagedAttention for float32 and uint8
+// Library entry points: RegisterCustomOps (domain "ortllm": PagedAttention for float32, float16 and uint8
 // caches, MultiLoRA, QLinear) and OrtllmOpsAbiVersion. Built with ORT_API_MANUAL_INIT and not linked to
 // libonnxruntime: the OrtApi comes from the runtime that loads us. Inputs that an output may
 // reuse are declared with GetMayInplace, so ORT can hand the kernel the input's buffer as output
@@ -14,7 +14,7 @@
 #include "paged_attention_op.h"
 #include "qlinear_op.h"
 
-#define ORTLLM_OPS_ABI_VERSION 10  // bump on any change of op inputs, outputs or attributes
+#define ORTLLM_OPS_ABI_VERSION 11  // bump on any change of op inputs, outputs or attributes
 
 namespace {
 
@@ -165,6 +165,7 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
 struct Ops {
   std::unique_ptr<Ort::Custom::OrtLiteCustomOp> lora;
   ortllm::PagedAttentionOp<float> pa_f32;
+  ortllm::PagedAttentionOp<uint16_t> pa_f16;
   ortllm::PagedAttentionOp<uint8_t> pa_u8;
   ortllm::QLinearOp qlinear;
 };
@@ -173,7 +174,8 @@ Ops& ops() {
   static Ops o = [] {
     Ops x;
     x.lora.reset(Ort::Custom::CreateLiteCustomOp<ortllm::MultiLoraOp>("MultiLoRA", "CPUExecutionProvider"));
-    for (OrtCustomOp* op : {static_cast<OrtCustomOp*>(&x.pa_f32), static_cast<OrtCustomOp*>(&x.pa_u8)}) {
+    for (OrtCustomOp* op : {static_cast<OrtCustomOp*>(&x.pa_f32), static_cast<OrtCustomOp*>(&x.pa_f16),
+                            static_cast<OrtCustomOp*>(&x.pa_u8)}) {
       op->GetMayInplace = paged_attention_inplace;
       op->ReleaseMayInplace = release_inplace;
       op->InferOutputShapeFn = paged_attention_shape;
@@ -223,6 +225,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
     Ort::CustomOpDomain domain{"ortllm"};
     Ops& o = ops();
     domain.Add(&o.pa_f32);
+    domain.Add(&o.pa_f16);
     domain.Add(&o.pa_u8);
     domain.Add(o.lora.get());
     domain.Add(&o.qlinear);
