@@ -15,7 +15,9 @@ Adapters are synthetic (seeded random A, B in PEFT's file format), written into 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,8 +38,9 @@ from .results import row
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def write_peft_lora(out: Path, model: ModelConfig, rank: int, seed: int, targets=ATTN) -> Path:
-    """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) with seeded random weights."""
+def write_peft_lora(out: Path, model: ModelConfig, rank: int, seed: int, targets=ATTN, b_scale: float = 0.01) -> Path:
+    """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) with seeded random weights:
+    A ~ N(0, 1 / in), B ~ N(0, b_scale^2), lora_alpha = 2 x rank."""
     from safetensors.numpy import save_file
 
     from ortllm.runtime.adapter_files import target_shapes
@@ -50,7 +53,7 @@ def write_peft_lora(out: Path, model: ModelConfig, rank: int, seed: int, targets
             kind = "self_attn" if t in ATTN else "mlp"
             key = f"base_model.model.model.layers.{i}.{kind}.{t}"
             tensors[f"{key}.lora_A.weight"] = (rng.standard_normal((rank, n_in)) / np.sqrt(n_in)).astype(np.float32)
-            tensors[f"{key}.lora_B.weight"] = (0.01 * rng.standard_normal((n_out, rank))).astype(np.float32)
+            tensors[f"{key}.lora_B.weight"] = (b_scale * rng.standard_normal((n_out, rank))).astype(np.float32)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"))
     (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
@@ -58,9 +61,23 @@ def write_peft_lora(out: Path, model: ModelConfig, rank: int, seed: int, targets
     return out
 
 
+def _link_or_copy(src, dst):
+    """Hard links where the filesystem allows (the weights are never written in place; add_adapter replaces the
+    manifest by rename, so the source artifact stays as it was)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def link_copy(artifact: Path, out: Path) -> Path:
+    """A copy of an artifact to add adapters to, its large files hard-linked."""
+    shutil.copytree(artifact, out, copy_function=_link_or_copy)
+    return out
+
+
 def _with_adapters(artifact: Path, work: Path, ranks: list[int]) -> tuple[Path, list[str]]:
-    art = work / "artifact"
-    shutil.copytree(artifact, art)
+    art = link_copy(artifact, work / "artifact")
     model = read_manifest(art).model
     names = []
     for k, r in enumerate(ranks):
@@ -152,31 +169,257 @@ def run_overhead(artifact: Path, ranks=(8, 16, 32), counts=(1, 2, 4), batch: int
     return rows
 
 
-def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float = 4.0, threads: int | None = None,
-              seed: int = 0) -> list[dict]:
-    """Gamma arrivals (shape 2, mean gap 1/rate s), adapter ~ Zipf(s=1) over n_adapters, ranks 8/16/32."""
+TRACE_RATE = 4.0          # requests/s of the scenario's trace; with --peers also SATURATED (a queue builds)
+SATURATED_RATE = 16.0
+TRACE_SLOTS = 16          # concurrent sequences: ortllm's max_num_seqs, llama-server's --parallel
+
+
+def make_trace(n_adapters: int, requests: int, rate: float, vocab: int, seed: int = 0) -> list[dict]:
+    """Gamma arrivals (shape 2, mean gap 1/rate s), adapter index ~ Zipf(s=1) over n_adapters, prompts of 16-127
+    random tokens, 16-95 new tokens: [{at (s from the start), prompt, max_tokens, adapter (index)}]. The same
+    (n_adapters, requests, rate, seed) gives the same trace for every system."""
     rng = np.random.default_rng(seed)
-    ranks = [(8, 16, 32)[k % 3] for k in range(n_adapters)]
     zipf = 1.0 / np.arange(1, n_adapters + 1)
     zipf /= zipf.sum()
+    gaps = rng.gamma(2.0, 1.0 / (2.0 * rate), requests)
+    picks = rng.choice(n_adapters, requests, p=zipf)
+    trace = []
+    for at, k in zip(np.cumsum(gaps), picks):
+        prompt = rng.integers(3, vocab, int(rng.integers(16, 128))).tolist()
+        trace.append({"at": float(at), "prompt": prompt, "max_tokens": int(rng.integers(16, 96)), "adapter": int(k)})
+    return trace
+
+
+def trace_summary(ttft, latency, tokens: int, wall: float) -> dict:
+    """The rows' figures of one replay: tok/s over the wall time and the percentiles of TTFT and latency (s)."""
+    return {"throughput": tokens / wall, "ttft_p50": float(np.percentile(ttft, 50)),
+            "ttft_p99": float(np.percentile(ttft, 99)), "latency_p50": float(np.percentile(latency, 50)),
+            "latency_p99": float(np.percentile(latency, 99))}
+
+
+def replay_ortllm(engine: Engine, trace: list[dict], names: list[str]) -> dict:
+    """Submit each request at its arrival time (greedy, EOS ignored); TTFT and latency from the submit to the
+    first and last token; wall from the start to the last token."""
+    handles, t0 = [], time.monotonic()
+    for r in trace:
+        time.sleep(max(0.0, t0 + r["at"] - time.monotonic()))
+        handles.append(engine.submit(r["prompt"], SamplingParams(max_tokens=r["max_tokens"], temperature=0.0,
+                                                                 ignore_eos=True, adapter=names[r["adapter"]])))
+    outs = [h.result() for h in handles]
+    if any(len(o.token_ids) != r["max_tokens"] for o, r in zip(outs, trace)):
+        raise RuntimeError("ortllm generated fewer tokens than the trace asks for")
+    return trace_summary([h.first_token_time - h.submitted for h in handles],
+                         [h.token_times[-1] - h.submitted for h in handles], sum(len(o.token_ids) for o in outs),
+                         max(h.token_times[-1] for h in handles) - t0)
+
+
+class LlamaCppTrace:
+    """The llama.cpp peer of the trace (bench/peers/llamacpp_lora_driver.py, one process per replay in the peers'
+    venv): the same GGUF the decode scenarios use, the adapters' PEFT directories converted to LoRA GGUFs."""
+
+    def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system="llama.cpp"):
+        """loras: name -> a PEFT directory (converted by the driver) or a LoRA .gguf file (loaded as it is)."""
+        from .peer_runner import DRIVERS, PEERS_VENV, available, model_of
+
+        specs = available([system], model_of(artifact))
+        if not specs:
+            raise BenchError(f"no {system} peer for this artifact (the warning above says why)")
+        self.system, self.threads, self.work = specs[0].system, threads, work
+        self.cmd = [str(PEERS_VENV / "bin" / "python"), str(DRIVERS / "llamacpp_lora_driver.py"), *specs[0].model_args,
+                    "--work", str(work / "lora-gguf"), "--threads", str(threads),
+                    *(a for n, d in loras.items()
+                      for a in ("--lora-gguf" if str(d).endswith(".gguf") else "--lora", f"{n}={d}"))]
+
+    def _run(self, *args) -> dict:
+        import json
+        import os
+        import subprocess
+
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads)}
+        env.pop("PYTHONPATH", None)            # nothing of ortllm's venv may leak into the peers' interpreter
+        p = subprocess.run([*self.cmd, *map(str, args)], capture_output=True, text=True, env=env, timeout=3600)
+        with (self.work / "llamacpp-lora.log").open("a") as log:
+            log.write(p.stderr)
+        lines = p.stdout.strip().splitlines()
+        reply = json.loads(lines[-1]) if lines else {"ok": False, "error": f"exit {p.returncode}"}
+        if not reply.get("ok"):
+            raise BenchError(f"{self.system} LoRA driver: {reply.get('error')} (log: {self.work}/llamacpp-lora.log)")
+        return reply
+
+    def replay(self, trace: list[dict], names: list[str], slots: int = TRACE_SLOTS) -> dict:
+        import json
+
+        f = self.work / "trace.json"
+        f.write_text(json.dumps({"requests": [{**r, "adapter": names[r["adapter"]]} for r in trace]}))
+        reply = self._run("--trace", f, "--slots", slots)
+        if reply["tokens"] != [r["max_tokens"] for r in trace]:
+            raise BenchError(f"{self.system} generated other token counts than the trace asks for")
+        return {**trace_summary(reply["ttft"], reply["latency"], sum(reply["tokens"]), reply["wall"]),
+                "tokens_per_decode": reply["tokens_per_decode"], "adapter_switches": reply["adapter_switches"]}
+
+    def logits(self, ids: list[int], adapter: str | None) -> np.ndarray:
+        import json
+
+        f, out = self.work / "ids.json", self.work / "logits.npy"
+        f.write_text(json.dumps([int(t) for t in ids]))
+        self._run("--logits", f, "--out", out, *(("--adapter", adapter) if adapter else ()))
+        return np.load(out)
+
+
+TRACE_METRICS = (("throughput", "tok/s"), ("ttft_p50", "s"), ("ttft_p99", "s"), ("latency_p50", "s"),
+                 ("latency_p99", "s"))
+
+
+def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float = TRACE_RATE,
+              threads: int | None = None, seed: int = 0, peers: list[str] = (), repeats: int = 1) -> list[dict]:
+    """The Zipf trace over n_adapters (ranks 8/16/32 in turn, LoRA on q, k, v, o) on ortllm and, for each peer
+    named (llama.cpp GGUF systems only), the same trace on it, alternating ortllm, peer, ortllm, ... `repeats`
+    times. Rows per system: throughput, TTFT and request latency p50/p99; with a peer, "ortllm / PEER" rows:
+    throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER / ortllm: > 1 means ortllm's is lower)."""
+    from .peer_runner import ALIASES, GGUF_TYPES
+
+    ranks = [(8, 16, 32)[k % 3] for k in range(n_adapters)]
     overrides = {"threads": threads} if threads else {}
+    wanted = []
+    for p in peers:
+        s = ALIASES.get(p, p)
+        if s in GGUF_TYPES:
+            wanted.append(s)
+        else:
+            print(f"warning: peer {p} has no lora-trace driver (llama.cpp GGUF systems only); skipped",
+                  file=sys.stderr)
+    scen = f"lora-trace ({n_adapters} adapters, {rate:g} req/s)"
     with tempfile.TemporaryDirectory(prefix="ortllm-lora-trace-") as tmp:
         art, names = _with_adapters(Path(artifact), Path(tmp), ranks)
-        with Engine.from_artifact(art, max_num_seqs=16, **PLAIN, **overrides) as engine:
-            vocab = engine.runner.vocab_size
-            gaps = rng.gamma(2.0, 1.0 / (2.0 * rate), requests)
-            picks = rng.choice(n_adapters, requests, p=zipf)
-            handles, t0 = [], time.monotonic()
-            for gap, k in zip(gaps, picks):
-                time.sleep(gap)
-                handles.append(engine.submit(rng.integers(3, vocab, int(rng.integers(16, 128))).tolist(),
-                                             SamplingParams(max_tokens=int(rng.integers(16, 96)), temperature=0.0,
-                                                            ignore_eos=True, adapter=names[k])))
-            outs = [h.result() for h in handles]
-            wall = time.monotonic() - t0
-    ttft = [h.first_token_time - h.submitted for h in handles]
-    tokens = sum(len(o.token_ids) for o in outs)
-    scen = f"lora-trace ({n_adapters} adapters)"
-    return [row(scen, "ortllm", 16, "throughput", [tokens / wall], "tok/s"),
-            row(scen, "ortllm", 16, "ttft_p50", [float(np.percentile(ttft, 50))], "s"),
-            row(scen, "ortllm", 16, "ttft_p99", [float(np.percentile(ttft, 99))], "s")]
+        peer_sides = []
+        for s in wanted:
+            try:
+                peer_sides.append(LlamaCppTrace(Path(artifact), {n: Path(tmp) / f"peft{k}" for k, n in
+                                                                  enumerate(names)}, Path(tmp), threads or 2, s))
+            except BenchError as e:
+                print(f"warning: peer {s} skipped: {e}", file=sys.stderr)
+        with Engine.from_artifact(art, max_num_seqs=TRACE_SLOTS, **PLAIN, **overrides) as engine:
+            trace = make_trace(n_adapters, requests, rate, engine.runner.vocab_size, seed)
+            got: dict[str, list[dict]] = {"ortllm": [], **{p.system: [] for p in peer_sides}}
+            for _ in range(repeats):
+                got["ortllm"].append(replay_ortllm(engine, trace, names))
+                for p in peer_sides:
+                    got[p.system].append(p.replay(trace, names))
+    rows = []
+    for system, runs in got.items():
+        extra = {"requests": requests, "rate": rate, "threads": threads or 2 if system != "ortllm" else threads}
+        for metric, unit in TRACE_METRICS:
+            rows.append(row(scen, system, TRACE_SLOTS, metric, [r[metric] for r in runs], unit, **extra))
+        if system != "ortllm":
+            rows.append(row(scen, system, TRACE_SLOTS, "tokens_per_llama_decode",
+                            [r["tokens_per_decode"] for r in runs], "tokens", **extra))
+            mine = got["ortllm"]
+            rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "throughput_ratio",
+                            [a["throughput"] / b["throughput"] for a, b in zip(mine, runs)], "x"))
+            rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "latency_p99_ratio",
+                            [b["latency_p99"] / a["latency_p99"] for a, b in zip(mine, runs)], "x"))
+            rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "ttft_p99_ratio",
+                            [b["ttft_p99"] / a["ttft_p99"] for a, b in zip(mine, runs)], "x"))
+    return rows
+
+
+# ---------------------------------------------------------------- lora-swap
+SWAP_STATES = ("base", "slot", "host", "disk")      # where the probe's adapter is when it arrives (base: none)
+SWAP_CONDITIONS = ("idle", "load", "queued")
+
+
+class _ActivateLog:
+    """Times the engine's AdapterRegistry.activate (the step's adapter loads, on the engine thread, before the
+    model run): [(names, where each was at the call, seconds)] per call. Instrumentation of the real registry:
+    it wraps the bound method and calls it unchanged."""
+
+    def __init__(self, registry):
+        self.registry, self.calls = registry, []
+        inner = registry.activate
+
+        def activate(names):
+            where = {n: registry.state(n) for n in names}
+            t = time.perf_counter()
+            out = inner(names)
+            self.calls.append((list(names), where, time.perf_counter() - t))
+            return out
+        registry.activate = activate
+
+    def first(self, name: str, since: int) -> tuple[str, float]:
+        """(where `name` was, seconds the call took) at the first activate since call index `since` naming it."""
+        for names, where, secs in self.calls[since:]:
+            if name in names:
+                return where[name], secs
+        raise RuntimeError(f"adapter {name} was never activated")
+
+
+def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_batch: int = 16,
+             prompt_len: int = 64, rank: int = 16) -> list[dict]:
+    """Time to first token of a request (prompt_len tokens, 1 new) whose adapter (rank `rank`, q, k, v, o) is in
+    a session slot, in host RAM only or on disk only, beside a base-model request, in three conditions:
+      idle    the engine runs nothing else;
+      load    load_batch base requests are decoding; the request gets a free seat at the next step;
+      queued  load_batch + 1 decoding fill every seat; the request waits in the queue until the shortest ends
+              (~15 steps), so the prefetch started at submit has read its adapter by then.
+    Besides TTFT, "activate_ms": the time the step that admitted it spent in the registry's activate (disk read
+    and hash check if not prefetched, int8 packing into the slot), which every row of that step waits for; and
+    "prefetched": the share of requests whose adapter was already in host RAM (or a slot) at that moment.
+    A disk-only or host-only adapter is a fresh one each sample (never read before / read into host RAM only)."""
+    overrides = {"threads": threads} if threads else {}
+    fresh = 2 * len(SWAP_CONDITIONS) * repeats
+    rng = np.random.default_rng(0)
+    ttft = {(c, s): [] for c in SWAP_CONDITIONS for s in SWAP_STATES}
+    act = {(c, s): [] for c in SWAP_CONDITIONS for s in SWAP_STATES if s != "base"}
+    hit = {(c, s): [] for c in SWAP_CONDITIONS for s in SWAP_STATES if s != "base"}
+    with tempfile.TemporaryDirectory(prefix="ortllm-lora-swap-") as tmp:
+        art, names = _with_adapters(Path(artifact), Path(tmp), [rank] * (fresh + 1))
+        warm, unused = names[0], iter(names[1:])
+        with Engine.from_artifact(art, max_num_seqs=load_batch + 1, max_adapters_per_batch=4,
+                                  enable_prefix_cache=False, **PLAIN, **overrides) as engine:
+            log = _ActivateLog(engine.adapters)
+            vocab, reg = engine.runner.vocab_size, engine.adapters
+            one = dict(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+            def probe(adapter):
+                h = engine.submit(rng.integers(3, vocab, prompt_len).tolist(), SamplingParams(**one, adapter=adapter))
+                h.result()
+                return h.first_token_time - h.submitted
+
+            probe(warm)                                               # warm-up, and `warm` into a slot
+            for _ in range(repeats):
+                for cond in SWAP_CONDITIONS:
+                    for state in SWAP_STATES:
+                        name = {"base": None, "slot": warm}.get(state) or next(unused)
+                        if state == "slot" and not reg.is_resident(warm):
+                            probe(warm)
+                        if state == "host":
+                            reg.host_weights(name)
+                        load = []
+                        if cond != "idle":                             # base requests decoding when it arrives
+                            n = load_batch + (cond == "queued")
+                            load = [engine.submit(rng.integers(3, vocab, prompt_len).tolist(),
+                                                  SamplingParams(max_tokens=16 if i == 0 else 1000, temperature=0.0,
+                                                                 ignore_eos=True)) for i in range(n)]
+                            while any(h.first_token_time is None for h in load):
+                                time.sleep(0.005)
+                        since = len(log.calls)
+                        ttft[(cond, state)].append(probe(name))
+                        for h in load:
+                            h.cancel()
+                        for h in load:
+                            h.result()
+                        if name is not None:
+                            where, secs = log.first(name, since)
+                            act[(cond, state)].append(secs)
+                            hit[(cond, state)].append(float(where in ("host", "slot")))
+    rows = []
+    for (cond, state), v in ttft.items():
+        scen = f"lora-swap ({cond})"
+        b = 1 if cond == "idle" else load_batch
+        rows.append(row(scen, "ortllm", b, f"ttft_ms (adapter in {state})" if state != "base" else
+                        "ttft_ms (base model)", v, "ms", scale=1e3, rank=rank, prompt_tokens=prompt_len))
+        if state != "base":
+            rows.append(row(scen, "ortllm", b, f"activate_ms (adapter in {state})", act[(cond, state)], "ms",
+                            scale=1e3))
+            rows.append(row(scen, "ortllm", b, f"prefetched (adapter in {state})", hit[(cond, state)], "fraction"))
+    return rows

@@ -71,9 +71,18 @@ def _lora_overhead(r: BenchRun, _) -> list[dict]:
 
 
 def _lora_trace(r: BenchRun, _) -> list[dict]:
-    from .lora import run_trace
-    return [row for n in (4, 16) for row in run_trace(r.artifact, n, requests=16 if r.quick else 64,
-                                                      threads=r.threads)]
+    """Without --peers: the trace at its rate, once. With --peers llama.cpp: also at a rate that saturates both
+    systems, alternating with the peer `repeats` times."""
+    from .lora import SATURATED_RATE, TRACE_RATE, run_trace
+    rates = (TRACE_RATE, SATURATED_RATE) if r.peers else (TRACE_RATE,)
+    return [row for n in (4, 16) for rate in rates
+            for row in run_trace(r.artifact, n, requests=16 if r.quick else 64, rate=rate, threads=r.threads,
+                                 peers=r.peers, repeats=r.repeats if r.peers else 1)]
+
+
+def _lora_swap(r: BenchRun, _) -> list[dict]:
+    from .lora import run_swap
+    return run_swap(r.artifact, repeats=r.repeats, threads=r.threads)
 
 
 def _ops(r: BenchRun, _) -> list[dict]:
@@ -108,7 +117,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("quality", "held-out KLD, top-1 and PPL ratio of ARTIFACT and each --peers system against --reference "
              "(prose, code, chat; added to the peer scenarios when --reference is given)", _quality),
     Scenario("lora-overhead", "16 sequences over 0/1/2/4 adapters of rank 8/16/32", _lora_overhead),
-    Scenario("lora-trace", "Zipf over 4 and 16 adapters", _lora_trace),
+    Scenario("lora-trace", "Zipf over 4 and 16 adapters (with --peers llama.cpp: against llama.cpp served one "
+             "adapter set per batch, as its server does)", _lora_trace),
+    Scenario("lora-swap", "time to first token of a request whose adapter is in a slot, in host RAM or on disk, "
+             "idle, beside 16 decoding requests and queued behind them (prefetch)", _lora_swap),
     Scenario("ops", "the custom ops against ORT's stock kernels", _ops, needs_artifact=False),
     Scenario("speculative", "prompt-lookup drafts on vs off, alternating, on input-grounded and open-ended chat "
              "prompts (B=1 and 8 unless --batches)", _speculative),
@@ -120,12 +132,12 @@ PEER_SCENARIOS = tuple(n for n, s in SCENARIOS.items() if s.group == "peers")
 
 
 def select(names: list[str], peers: list[str], reference: Path | None = None) -> list[str]:
-    """The scenarios to run, checked; --peers alone (no peer scenario, no memory) means every peer scenario, and
-    --reference adds quality to the peer scenarios."""
+    """The scenarios to run, checked; --peers alone (no peer scenario, memory or lora-trace) means every peer
+    scenario, and --reference adds quality to the peer scenarios."""
     unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:
         raise BenchError(f"unknown --scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    if peers and not set(names) & {*PEER_SCENARIOS, "quality"} and "memory" not in names:
+    if peers and not set(names) & {*PEER_SCENARIOS, "quality", "memory", "lora-trace"}:
         names = [*names, *PEER_SCENARIOS]
     if reference is not None and set(names) & set(PEER_SCENARIOS) and "quality" not in names:
         names = [*names, "quality"]

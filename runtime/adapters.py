@@ -57,6 +57,16 @@ class AdapterRegistry:
     def is_resident(self, name: str) -> bool:
         return name in self._slot_of
 
+    def state(self, name: str) -> str:
+        """Where the adapter's weights are now: "slot" (in the session), "host" (host RAM), "loading" (the
+        prefetch thread is reading it) or "disk"."""
+        with self._lock:
+            if name in self._slot_of:
+                return "slot"
+            if name in self._host:
+                return "host"
+            return "loading" if name in self._pending else "disk"
+
     def content_key(self, name: str) -> str:
         """The adapter's weights as the prefix cache knows them: its file's sha256 from the manifest (a name
         re-added with other weights gets another key, so KV computed with the old weights is never reused)."""
@@ -132,13 +142,36 @@ class AdapterRegistry:
         return arrays
 
     def prefetch(self, names: list[str]) -> None:
-        """Load queued requests' adapters into host RAM on a background thread while the step runs."""
-        for name in names:
-            if name in self._host or name in self._pending or name not in self.entries:
-                continue
-            fut = self._prefetcher.submit(self.host_weights, name)
-            self._pending[name] = fut
-            fut.add_done_callback(lambda _f, n=name: self._pending.pop(n, None))
+        """Load queued requests' adapters into host RAM on a background thread while steps run: called by the
+        engine when a request for an adapter outside the slots is queued, and each step for the queue's
+        adapters. Thread-safe; an adapter in a slot, in host RAM or already loading is skipped."""
+        started = []
+        with self._lock:
+            for name in names:
+                if (name in self._slot_of or name in self._host or name in self._pending
+                        or name not in self.entries):
+                    continue
+                self._pending[name] = self._prefetcher.submit(self.host_weights, name)
+                started.append(self._pending[name])
+        for fut in started:                    # outside the lock: a finished future calls back at once
+            fut.add_done_callback(self._prefetched)
+
+    def _prefetched(self, fut) -> None:
+        with self._lock:
+            for name, f in list(self._pending.items()):
+                if f is fut:
+                    del self._pending[name]
+
+    def _wait_prefetch(self, name: str) -> None:
+        """A load of `name` already under way on the prefetch thread: wait for it rather than read the file twice
+        (its error, if any, surfaces in the host_weights call that follows)."""
+        with self._lock:
+            fut = self._pending.get(name)
+        if fut is not None:
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - host_weights reloads and raises it for this step's requests
+                pass
 
     # ---- session slots
     def _size_slots(self) -> None:
@@ -162,6 +195,7 @@ class AdapterRegistry:
                 slot = self._slot_of[name]
             else:
                 try:
+                    self._wait_prefetch(name)
                     arrays = self.host_weights(name)
                 except (AdapterLoadError, KeyError) as e:
                     failed[name] = e if isinstance(e, AdapterLoadError) else UnknownAdapter(name, self.names())

@@ -282,6 +282,8 @@ class Engine:
             if n > 1:
                 self._forks[base] = handles[1:]
             self._cv.notify()
+        if params.adapter is not None:     # from disk to host RAM while it waits (no-op if in a slot or RAM)
+            self.adapters.prefetch([params.adapter])
         return handles
 
     def _release_forks(self, parent_id: str) -> None:
