@@ -154,7 +154,7 @@ def _run_generate(a) -> int:
 def _add_adapters(sub) -> None:
     p = sub.add_parser("adapters", help="add, list or remove LoRA adapters of an artifact")
     verbs = p.add_subparsers(dest="adapters_verb", required=True, metavar="add|list|remove|train")
-    add = verbs.add_parser("add", help="convert a PEFT LoRA directory into the artifact")
+    add = verbs.add_parser("add", help="convert a PEFT LoRA or DoRA (use_dora) directory into the artifact")
     add.add_argument("artifact", type=Path)
     add.add_argument("peft_dir", type=Path)
     add.add_argument("--name", required=True)
@@ -214,10 +214,12 @@ def _run_adapters(a) -> int:
         _train_adapter(a)
     elif a.adapters_verb == "add":
         e = adapters.add_adapter(a.artifact, a.peft_dir, a.name, force=a.force)
-        print(f"added {a.name}: rank {e['rank']}, scale {e['scale']:g}, targets {', '.join(e['targets'])}")
+        kind = "DoRA" if e.get("dora") else "LoRA"
+        print(f"added {a.name}: {kind} rank {e['rank']}, scale {e['scale']:g}, targets {', '.join(e['targets'])}")
     elif a.adapters_verb == "list":
         for name, e in sorted(adapters.list_adapters(a.artifact).items()):
-            print(f"{name}\trank {e['rank']}\tscale {e['scale']:g}\t{','.join(e['targets'])}\t{e['size']} bytes")
+            kind = "DoRA" if e.get("dora") else "LoRA"
+            print(f"{name}\t{kind} rank {e['rank']}\tscale {e['scale']:g}\t{','.join(e['targets'])}\t{e['size']} bytes")
     else:
         adapters.remove_adapter(a.artifact, a.name)
         print(f"removed {a.name}")

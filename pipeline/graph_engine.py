@@ -29,13 +29,15 @@ F32, F16, I32, I64, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT
 
 
 def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], layer: int, adapter: str,
-               quant=None) -> list[str]:
+               quant=None, layers: int = 1) -> list[str]:
     """Projections of one input (fused base matmul, graph_blocks.project), each followed by its own
     MultiLoRA per token (slot -1 adds nothing), which also adds the base's offset term when the weight is
-    in the asymmetric quantized form; the adapter format stays one A/B pair per HF target.
+    in the asymmetric quantized form, and multiplies DoRA rows by their slot's scale (lora.{target}.dora_scale,
+    every layer's stack, read at `layer`); the adapter format stays one A/B pair per HF target.
 
         x -> MatMul | MatMulNBits (q|k|v or gate|up fused) -> Split -> base_i --+
-        x -------------------------> MultiLoRA(A_i, B_i, scale, rank, token_adapter [, offsets_i]) -> y_i
+        x -------------------------> MultiLoRA(A_i, B_i, scale, rank, token_adapter [, offsets_i],
+                                               lora.dora, dora_scale_i) -> y_i
     """
     outs = []
     for p, w, path in zip(project(g, x, ws, paths, quant), ws, paths):
@@ -43,8 +45,9 @@ def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], 
         out_dim, in_dim = w.shape
         a = g.input(C.lora_name(layer, target, "a"), F16, ["lora_slots", in_dim, "lora_rank"])
         b = g.input(C.lora_name(layer, target, "b"), F16, ["lora_slots", "lora_rank", out_dim])
-        ins = [x, p.y, a, b, C.LORA_SCALE, C.lora_rank_name(target), adapter] + ([p.offsets] if p.offsets else [])
-        attrs = {"packed_a": 1} | ({"block_size": p.block_size} if p.offsets else {})   # A slots: [in, rank]
+        dora = g.input(C.lora_stack_name(target, "dora_scale"), F32, [layers, "lora_slots", out_dim])
+        ins = [x, p.y, a, b, C.LORA_SCALE, C.lora_rank_name(target), adapter, p.offsets or "", C.LORA_DORA, dora]
+        attrs = {"packed_a": 1, "lora_layer": layer} | ({"block_size": p.block_size} if p.offsets else {})
         outs.append(g.op("MultiLoRA", ins, f"{path}/lora", domain=C.OPS_DOMAIN, **attrs))
     return outs
 
@@ -66,7 +69,7 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
         return list(y) if isinstance(y, list) else [y]
     if norm is not None:
         x = rms_norm(g, x, norm[0], norm[1], norm[2])
-    ys = lora_projs(g, x, ws, paths, layer, adapter, quant)
+    ys = lora_projs(g, x, ws, paths, layer, adapter, quant, layers)
     if epilogue == "residual":
         return [g.op("Add", [residual, ys[0]], f"{path}/residual")]
     if epilogue == "swiglu":
@@ -194,6 +197,7 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
     batch["adapter"] = g.input(C.TOKEN_ADAPTER, I32, ["T"])
     hidden_rows = g.input(C.HIDDEN_INDICES, I64, ["E"])
     g.input(C.LORA_SCALE, F32, ["lora_slots"])
+    g.input(C.LORA_DORA, I32, ["lora_slots"])
     for target in C.LORA_TARGETS:      # per target: an adapter's rank is 0 on the targets it leaves alone
         g.input(C.lora_rank_name(target), I32, ["lora_slots"])
     logits_out = g.output(C.LOGITS, F32, ["S", cfg.vocab_size])

@@ -8,6 +8,13 @@ An adapter is `adapters/<name>.safetensors` holding, per adapted projection, the
 and a manifest entry {file, sha256, size, rank, scale, targets}. scale = lora_alpha / r
 (rsLoRA: lora_alpha / sqrt(r)). The manifest is rewritten atomically, so load-time verification covers
 the adapter files too.
+
+DoRA adapters (PEFT use_dora, with a lora_magnitude_vector m [out] per projection) also hold
+  layers.{i}.{target}.g  [out]     g = m / ||W + scale * B A||, the norm of each output's row (PEFT's weight norm)
+and the entry has dora: true. W is the base projection as the artifact's graph multiplies it (runtime/base_weights.py:
+the fp32 weight of an fp32 artifact, the dequantized weight of a quantized one, as PEFT takes the norm of the
+dequantized weight of a quantized base layer), so a served row is g * (x W^T + scale * x A B) and each output's
+merged weight row has norm m exactly. QLinear and MultiLoRA multiply a DoRA row by g (docs/adapters.md, DoRA).
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ MAX_RANK = 64
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _F16_MAX = float(np.finfo(np.float16).max)
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
+_MAGNITUDE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_magnitude_vector(?:\.default)?(?:\.weight)?$")
 
 
 def target_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -81,7 +89,6 @@ def _read_peft(peft_dir: Path) -> tuple[dict, dict[str, np.ndarray]]:
 def _check_config(cfg: dict) -> None:
     refuse = [
         (cfg.get("peft_type", "LORA") != "LORA", f"peft_type is {cfg.get('peft_type')}; only LORA is supported"),
-        (bool(cfg.get("use_dora")), "use_dora is true; DoRA adapters are not supported"),
         (cfg.get("bias", "none") != "none", f"bias is {cfg.get('bias')!r}; only 'none' is supported"),
         (bool(cfg.get("modules_to_save")), f"modules_to_save is {cfg.get('modules_to_save')}; adapters that "
                                            "replace whole modules are not supported"),
@@ -93,8 +100,10 @@ def _check_config(cfg: dict) -> None:
             raise AdapterFileError(f"adapter_config.json: {msg}")
 
 
-def convert_peft(peft_dir: Path, model: ModelConfig) -> tuple[dict[str, np.ndarray], dict]:
-    """PEFT LoRA -> (tensors in MultiLoRA layout, info {rank, scale, targets, layers})."""
+def convert_peft(peft_dir: Path, model: ModelConfig,
+                 artifact: Path | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """PEFT LoRA or DoRA -> (tensors in MultiLoRA layout, info {rank, scale, targets[, dora]}). A DoRA adapter needs
+    the artifact whose base weights its norms are taken over."""
     cfg, weights = _read_peft(Path(peft_dir))
     _check_config(cfg)
     r = int(cfg.get("r", 0))
@@ -105,7 +114,12 @@ def convert_peft(peft_dir: Path, model: ModelConfig) -> tuple[dict[str, np.ndarr
     scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
     shapes = target_shapes(model)
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    magnitudes: dict[tuple[int, str], np.ndarray] = {}
     for key, arr in weights.items():
+        mag = _MAGNITUDE.search(key)
+        if mag:
+            magnitudes[(int(mag.group(1)), mag.group(3))] = arr.reshape(-1)
+            continue
         m = _KEY.search(key)
         if not m:
             raise AdapterFileError(f"adapter tensor {key} is not a LoRA weight of a llama projection "
@@ -116,6 +130,17 @@ def convert_peft(peft_dir: Path, model: ModelConfig) -> tuple[dict[str, np.ndarr
         if layer >= model.num_layers:
             raise AdapterFileError(f"adapter tensor {key}: layer {layer}, the base model has {model.num_layers}")
         pairs.setdefault((layer, target), {})[which] = arr
+    dora = bool(cfg.get("use_dora"))
+    if dora != bool(magnitudes):
+        raise AdapterFileError(
+            "adapter_config.json has use_dora true (DoRA) but the weights hold no lora_magnitude_vector; save the "
+            "adapter again with PEFT" if dora else "the adapter's weights hold lora_magnitude_vector tensors (DoRA) "
+            "but adapter_config.json does not set use_dora; save it again with PEFT")
+    if dora and set(magnitudes) != set(pairs):
+        missing = sorted(set(pairs) ^ set(magnitudes))[0]
+        raise AdapterFileError(f"DoRA adapter: layers.{missing[0]}.{missing[1]} has lora_A/B or a magnitude vector "
+                               "but not both")
+    base = _dora_base(Path(artifact) if artifact is not None else None, model) if dora else None
     tensors, targets = {}, set()
     for (layer, target), ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
@@ -133,10 +158,43 @@ def convert_peft(peft_dir: Path, model: ModelConfig) -> tuple[dict[str, np.ndarr
                                        f"outside float16 (the runtime's adapter slots; limit {_F16_MAX:g})")
         tensors[f"layers.{layer}.{target}.a"] = np.ascontiguousarray(a.T, np.float32)
         tensors[f"layers.{layer}.{target}.b"] = np.ascontiguousarray(b.T, np.float32)
+        if base is not None:
+            tensors[f"layers.{layer}.{target}.g"] = _dora_scale(base.weight(layer, target), a, b, scale,
+                                                                magnitudes[(layer, target)], f"layers.{layer}.{target}")
         targets.add(target)
     if not tensors:
         raise AdapterFileError(f"{peft_dir} holds no LoRA weights")
-    return tensors, {"rank": r, "scale": scale, "targets": sorted(targets)}
+    return tensors, {"rank": r, "scale": scale, "targets": sorted(targets)} | ({"dora": True} if dora else {})
+
+
+def _dora_base(artifact: Path | None, model: ModelConfig):
+    """The artifact's base weights for DoRA's norms, or a clear refusal where they are not the model's own."""
+    from .base_weights import BaseWeights
+
+    if artifact is None:
+        raise AdapterFileError("a DoRA adapter is converted against an artifact's base weights; none was given")
+    quality = artifact / C.QUALITY
+    if quality.is_file() and json.loads(quality.read_text()).get("calibration", {}).get("smoothquant"):
+        raise AdapterFileError("DoRA adapters need the projections' own weights, and this artifact's q, k, v, gate "
+                               "and up weights are rescaled by SmoothQuant; rebuild it with --smooth 0 (or use "
+                               "--quant int4 or fp32)")
+    return BaseWeights(artifact, target_shapes(model))
+
+
+def _dora_scale(w: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float, m: np.ndarray, where: str) -> np.ndarray:
+    """g [out] = m / ||W + scale * B A|| over each output's row (PEFT DoraLinearLayer.get_weight_norm, dim=1);
+    w [out, in], a = lora_A [r, in], b = lora_B [out, r]."""
+    if m.shape != (w.shape[0],):
+        raise AdapterFileError(f"adapter {where}: lora_magnitude_vector has shape {list(m.shape)}, the projection has "
+                               f"{w.shape[0]} outputs")
+    merged = w.astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))
+    norm = np.linalg.norm(merged, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = (m.astype(np.float64) / norm).astype(np.float32)
+    if not np.isfinite(g).all():
+        raise AdapterFileError(f"adapter {where}: an output's merged weight row has norm 0 (or the magnitude is not "
+                               "finite), so DoRA's scale m / ||W + s B A|| is undefined there")
+    return g
 
 
 def _write_manifest(artifact: Path, manifest: dict) -> None:
@@ -155,7 +213,7 @@ def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False, 
         raise AdapterFileError(f"adapter name {name!r} must be 1-64 letters, digits, '.', '_' or '-' (no '/')")
     if name in current.adapters and not force:
         raise AdapterFileError(f"the artifact already has an adapter named {name!r}; remove it first or pass --force")
-    tensors, info = convert_peft(Path(peft_dir), current.model)
+    tensors, info = convert_peft(Path(peft_dir), current.model, artifact)
     manifest = current.to_dict()
     rel = f"adapters/{name}.safetensors"
     (artifact / "adapters").mkdir(exist_ok=True)

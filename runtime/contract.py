@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 10       # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 11       # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
                             #  4: key_scales / value_scales float16 (ops ABI 4);
@@ -26,7 +26,8 @@ CONTRACT_VERSION = 10       # graph input/output names, shapes and semantics bel
                             #     type and scaled, logit softcap): rope tables model.rope.{full,sliding}.*;
                             #  9: hidden_indices / hidden_states: the final norm's output on the rows an
                             #     embedding request pools;
-                            #  10: float16 KV caches (--kv fp16: PagedAttention kv_dtype float16) (ops ABI 11))
+                            #  10: float16 KV caches (--kv fp16: PagedAttention kv_dtype float16) (ops ABI 11);
+                            #  11: DoRA rows: lora.dora and lora.{target}.dora_scale (ops ABI 12))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -232,6 +233,9 @@ def present_value(layer: int) -> str:
 #   lora.scale [slots] float32
 #   lora.rank.{target} [slots] int32   the slot's adapter rank on that target, 0 where the adapter does not
 #       adapt it: MultiLoRA then skips the slot there instead of streaming its zero stacks
+#   lora.dora [slots] int32            1 where the slot holds a DoRA adapter, else 0
+#   lora.{target}.dora_scale  [layers, slots, out]  float32  a DoRA slot's per-output scale g = m / ||W + s B A||
+#       (both QLinear and MultiLoRA projections read it, at their layer; rows of other slots never do)
 # ->
 #   logits          [R, vocab]          float32
 #   logits_argmax   [R]                 int64   each logits row's first maximum (the LM head's op finds it on
@@ -256,6 +260,7 @@ ENGINE_INPUT_DTYPES = {ENGINE_INPUT_IDS: "int64", POSITIONS: "int32", CU_SEQLENS
                        BLOCK_TABLES: "int32", LOGITS_INDICES: "int64", TOKEN_ADAPTER: "int32",
                        HIDDEN_INDICES: "int64"}   # the step inputs'
 LORA_SCALE = "lora.scale"
+LORA_DORA = "lora.dora"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPS_DOMAIN = "ortllm"          # the custom ops' domain (libortllm_ops.so registers its ops there)
 
@@ -323,7 +328,8 @@ def lora_name(layer: int, target: str, which: str) -> str:
 
 
 def lora_stack_name(target: str, which: str) -> str:
-    """Every layer's int8 stack of QLinear projections, [layers, ...]; which in a, a_scale, b, b_scale."""
+    """Every layer's stack of one target, [layers, ...]: which in a, a_scale, b, b_scale (QLinear's int8 stacks) or
+    dora_scale (both projection forms)."""
     return f"lora.{target}.{which}"
 
 

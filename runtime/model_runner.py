@@ -132,14 +132,20 @@ class ModelRunner:
         with A_scale float16 [layers, slots, ceil(in / 32), r], B int8 [layers, slots, r, out] with B_scale float16
         [layers, slots, out] (r = max_rank rounded up to a multiple of 4: B's rank quads); per layer and target for
         MultiLoRA ones (fp32 artifacts): A [slots, in, r], B [slots, r, out] float16. lora.scale [slots] float32; per
-        target lora.rank.{target} [slots] int32.
+        target lora.rank.{target} [slots] int32. DoRA (contract 11): lora.dora [slots] int32 and per target
+        lora.{target}.dora_scale [layers, slots, out] float32 (both projection forms).
         """
         self.adapter_slots, self.adapter_rank = slots, max_rank
         r, L = -(-max_rank // 4) * 4, self.num_layers
         self._bind_static(C.LORA_SCALE, np.zeros(slots, np.float32))
+        if C.LORA_DORA in self._lora_shapes:
+            self._bind_static(C.LORA_DORA, np.zeros(slots, np.int32))
         for target in C.LORA_TARGETS:
             self._bind_static(C.lora_rank_name(target), np.zeros(slots, np.int32))
             stack = functools.partial(C.lora_stack_name, target)
+            if stack("dora_scale") in self._lora_shapes:
+                n = self._lora_shapes[stack("dora_scale")][2]
+                self._bind_static(stack("dora_scale"), np.ones((L, slots, n), np.float32))
             if stack("a") in self._lora_shapes:
                 k, n = self._lora_shapes[stack("a")][2], self._lora_shapes[stack("b")][3]
                 self._bind_static(stack("a"), np.zeros((L, slots, k, r), np.int8))
@@ -158,9 +164,10 @@ class ModelRunner:
         bound stacks, packed at the start of the slot so a rank below the stack's streams only its own bytes:
         int8 stacks (at [layer, slot]) get lora_stacks' codes and scales (QLinear's layouts); float16 ones .a
         row-major [in, r] (MultiLoRA packed_a) and .b in its first r rows (numpy rounds to nearest on assignment).
-        Targets it does not adapt are zeroed and get rank 0, so the ops skip the slot there. Writes the bound
+        Targets it does not adapt are zeroed and get rank 0, so the ops skip the slot there. A DoRA adapter's
+        layers.{i}.{target}.g [out] go to the dora_scale stacks and flag the slot in lora.dora. Writes the bound
         memory in place: no rebinding."""
-        adapted = set()
+        adapted, dora = set(), any(k.endswith(".g") for k in tensors)
         for i in range(self.num_layers):
             for target in C.LORA_TARGETS:
                 key, stack, name = (f"layers.{i}.{target}", functools.partial(C.lora_stack_name, target),
@@ -170,6 +177,8 @@ class ModelRunner:
                 f16 = [self._arrays[name(w)][slot] for w in "ab" if name(w) in self._arrays]
                 for p in int8 + f16:
                     p.fill(0)
+                if stack("dora_scale") in self._arrays:
+                    self._arrays[stack("dora_scale")][i, slot] = tensors.get(key + ".g", 1.0)
                 if key + ".a" not in tensors:
                     continue
                 adapted.add(target)
@@ -182,6 +191,8 @@ class ModelRunner:
         for target in C.LORA_TARGETS:
             self._arrays[C.lora_rank_name(target)][slot] = rank if target in adapted else 0
         self._arrays[C.LORA_SCALE][slot] = scale
+        if C.LORA_DORA in self._arrays:
+            self._arrays[C.LORA_DORA][slot] = int(dora)
 
     def adapter_slot_bytes(self) -> int:
         return sum(a.nbytes for n, a in self._arrays.items() if n.startswith("lora."))

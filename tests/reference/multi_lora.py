@@ -3,7 +3,8 @@ a = token_adapter[t], r = rank[a]; a = -1 adds nothing. With offsets [k_blocks, 
 an asymmetric quantized base projection) every token also gets sum_b (sum of x[t] over block b) *
 offsets[b]. A, B and offsets are float16 as the op takes them (any float dtype works: each is used at
 its exact value). packed_a: slot a of A holds a row-major [in, r] matrix in its first in * r elements
-(the engine's layout) instead of A[a][:, :r]. One token at a time, in float64."""
+(the engine's layout) instead of A[a][:, :r]. DoRA rows (slot a flagged in `dora`, with a rank and a non-zero scale)
+are then multiplied by dora_scale[a] [out]: y = g * (base_y + offsets + lora). One token at a time, in float64."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def slot_a(A, a: int, r: int, packed_a: bool = False) -> np.ndarray:
 
 
 def multi_lora_ref(x, base_y, A, B, scale, rank, token_adapter, offsets=None, block_size=0,
-                   packed_a=False) -> np.ndarray:
+                   packed_a=False, dora=None, dora_scale=None) -> np.ndarray:
     y = base_y.astype(np.float64).copy()
     if offsets is not None:
         for t in range(len(x)):
@@ -28,4 +29,6 @@ def multi_lora_ref(x, base_y, A, B, scale, rank, token_adapter, offsets=None, bl
         r = int(rank[a])
         h = x[t].astype(np.float64) @ slot_a(A, a, r, packed_a).astype(np.float64)  # [r]
         y[t] += float(scale[a]) * (h @ B[a, :r, :].astype(np.float64))  # [out]
+        if dora is not None and dora[a] and r > 0 and scale[a] != 0:
+            y[t] *= dora_scale[a].astype(np.float64)
     return y.astype(np.float32)

@@ -10,6 +10,8 @@ The LoRA runs on the same activation codes with the int8 stacks (codes and fp16 
 qlinear.h, decoded here from those formulas): per 32-chunk exact integer dots, h in float64, h quantized to
 int8 as the kernel does it in float32, then the expand's exact integer dots. Only h's float32 accumulation in
 the kernel can move one of its int8 codes by one (`lora_terms` bounds that).
+DoRA rows (a slot flagged in `dora`): before the epilogue, the columns of each segment where the slot has a rank are
+multiplied by the slot's scale on that segment (dora_scale[j][a]): y = epilogue(g * (x_hat W^T + lora)).
 """
 from __future__ import annotations
 
@@ -105,8 +107,22 @@ def rms_norm(x, weight, eps) -> np.ndarray:
     return ((x * (1.0 / np.sqrt(ss + eps)).astype(np.float32)) * weight).astype(np.float32)
 
 
+def dora_row_scales(token_adapter, lora_scale, segments, dora, dora_scale, n) -> np.ndarray:
+    """[T, N] float64: each token's DoRA scale on the output columns (1 for tokens of other slots, and on segments
+    where a DoRA slot has rank 0)."""
+    g = np.ones((len(token_adapter), n))
+    col = 0
+    for j, (_, _, B, _, rank) in enumerate(segments):
+        width = B.shape[-1]
+        for t, a in enumerate(token_adapter):
+            if a >= 0 and dora[a] and int(rank[a]) > 0 and lora_scale[a] != 0:
+                g[t, col:col + width] = dora_scale[j][a]
+        col += width
+    return g
+
+
 def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_adapter=None, lora_scale=None,
-                segments=(), packed_a=False, norm_weight=None, norm_eps=1e-5) -> np.ndarray:
+                segments=(), packed_a=False, norm_weight=None, norm_eps=1e-5, dora=None, dora_scale=()) -> np.ndarray:
     """float32 [T, N] ([T, N / 2] with "swiglu"); norm_weight: the input is RMSNorm(x) * norm_weight."""
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, norm_eps)
@@ -114,6 +130,8 @@ def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_ada
     y = x_hat @ dequantize_packed(w).astype(np.float64).T                         # [T, N]
     if token_adapter is not None:
         y += lora_terms(x, w.block_size, token_adapter, lora_scale, segments, packed_a, w.n)[0]
+        if dora is not None:
+            y *= dora_row_scales(token_adapter, lora_scale, segments, dora, dora_scale, w.n)
     if epilogue == "residual":
         y = residual.astype(np.float64) + y
     elif epilogue == "swiglu":

@@ -134,4 +134,14 @@ void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& 
   par.run(c.expand_items.size(), expand_item, &c);
 }
 
+void dora_scale_rows(const MultiLoraDims& d, const MultiLoraArgs& a, const int32_t* dora, const float* g) {
+  for (int64_t t = 0; t < d.num_tokens; ++t) {
+    const int32_t s = a.token_adapter[t];
+    if (s < 0 || dora[s] == 0 || a.rank[s] == 0 || a.scale[s] == 0.f) continue;
+    float* y = a.y + t * d.out_dim;
+    const float* gs = g + s * d.out_dim;
+    for (int64_t n = 0; n < d.out_dim; ++n) y[n] *= gs[n];
+  }
+}
+
 }  // namespace ortllm

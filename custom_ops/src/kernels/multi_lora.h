@@ -31,4 +31,9 @@ struct MultiLoraArgs {
 
 void multi_lora(const MultiLoraDims& dims, const MultiLoraArgs& args, const Parallel& par);
 
+// DoRA rows (PEFT use_dora): y[t] *= g[a] for tokens whose slot a is flagged (dora[a] != 0) and has a LoRA here
+// (rank[a] > 0, scale[a] != 0); g [n_slots, out] is each slot's per-output scale m / ||W + s B A||_row. Called
+// after multi_lora and the block offsets, so a DoRA row is g * (x W^T + s (x A) B); other rows are not touched.
+void dora_scale_rows(const MultiLoraDims& dims, const MultiLoraArgs& args, const int32_t* dora, const float* g);
+
 }  // namespace ortllm

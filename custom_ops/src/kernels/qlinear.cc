@@ -10,6 +10,7 @@
 //      unpacked once per kQTile tokens and stay in L1 across the chunk; the accumulators start from
 //      lora (0 without), and each output's epilogue (residual or SiLU(gate) * up) runs right after;
 //      with an argmax output, each item's first maximum per token, merged in column order after.
+//      DoRA rows are multiplied by their slot's per-output scale first (plan_dora: one [N] row per DoRA slot).
 // Which item computes an output never changes its value (qlinear.h), so the split is free to
 // follow the work: T = 1 splits the weight rows across the pool (each weight byte read once),
 // prefill splits rows x token chunks. Small calls run on the calling thread.
@@ -46,12 +47,13 @@ struct Quad {
 // call zero-fills (lora, qh).
 struct Scratch {
   std::vector<int8_t> q;
-  std::vector<float> dx, sx, normed, lora, best;
+  std::vector<float> dx, sx, normed, lora, best, dora_rows;
   std::vector<int32_t> zsum, qsum32;
   std::vector<float> h[kQLinearMaxSegments];
   std::vector<int8_t> qh[kQLinearMaxSegments];
   std::vector<Quad> quads;
   std::vector<int64_t> best_at;
+  std::vector<const float*> row_scale;
 };
 
 Scratch& thread_scratch() {
@@ -68,7 +70,7 @@ void trim(V& v) {
 }
 void trim(Scratch& s) {
   trim(s.q), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at), trim(s.zsum),
-      trim(s.qsum32);
+      trim(s.qsum32), trim(s.dora_rows);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
 
@@ -85,7 +87,9 @@ struct Ctx {
         quads(s.quads),
         normed(s.normed),
         best(s.best),
-        best_at(s.best_at) {
+        best_at(s.best_at),
+        dora_rows(s.dora_rows),
+        row_scale(s.row_scale) {
     quads.clear();
   }
   const QLinearDims* d = nullptr;
@@ -111,6 +115,11 @@ struct Ctx {
   const float* xin = nullptr;     // what the projection multiplies: x, or normed
   std::vector<float>& best;       // [T, g_items] with an argmax output: each item's maximum per token
   std::vector<int64_t>& best_at;  // [T, g_items] its first column
+  // DoRA: one row [G * 8] per DoRA slot of the call (its scale on the columns of segments where it has a rank,
+  // 1 elsewhere and on the padding), and per token its row or nullptr (no DoRA: the epilogue multiplies nothing)
+  std::vector<float>& dora_rows;
+  std::vector<const float*>& row_scale;
+  const float* const* scale_of = nullptr;  // row_scale.data() when a token of the call is a DoRA row
 };
 
 // ---- phase 1: activations
@@ -270,6 +279,39 @@ int64_t plan_lora(Ctx& c) {
   return macs;
 }
 
+// DoRA: each DoRA slot's scale row over the N columns, and each token's pointer to it (nullptr for tokens of other
+// slots or none). Costs nothing when no token of the call has a DoRA slot.
+void plan_dora(Ctx& c) {
+  const QLinearArgs& a = *c.a;
+  if (a.dora == nullptr || a.token_adapter == nullptr) return;
+  const int64_t T = c.d->num_tokens, width = c.groups * 8;
+  std::vector<int64_t> row_of(static_cast<size_t>(a.n_slots), -1);
+  int64_t rows = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t s = a.token_adapter[t];
+    if (s < 0 || a.dora[s] == 0 || row_of[s] >= 0) continue;
+    bool ranked = false;
+    for (int j = 0; j < a.n_segments; ++j) ranked = ranked || lora_rank(c, t, j) > 0;
+    if (ranked) row_of[s] = rows++;
+  }
+  if (rows == 0) return;
+  c.dora_rows.assign(static_cast<size_t>(rows * width), 1.f);
+  for (int64_t s = 0; s < a.n_slots; ++s) {
+    if (row_of[s] < 0) continue;
+    float* row = c.dora_rows.data() + row_of[s] * width;
+    for (int j = 0; j < a.n_segments; ++j) {
+      const QLinearLoraSegment& sg = a.seg[j];
+      if (sg.rank[s] > 0) std::copy_n(a.dora_scale[j] + s * sg.width, sg.width, row + sg.col0);
+    }
+  }
+  c.row_scale.assign(static_cast<size_t>(T), nullptr);
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t s = a.token_adapter[t];
+    if (s >= 0 && row_of[s] >= 0) c.row_scale[t] = c.dora_rows.data() + row_of[s] * width;
+  }
+  c.scale_of = c.row_scale.data();
+}
+
 // ---- phase 3: projection + epilogue
 
 // v[0:cols] = columns c0.. of token t's y, written to the split outputs they belong to.
@@ -300,6 +342,12 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
   for (int i = 0; i < nt; ++i) {
     const int64_t t = ts + i;
     float* vi = v + 8 * i;
+    if (c.scale_of != nullptr && c.scale_of[t] != nullptr) {  // a DoRA row: g * (x W^T + lora), then the epilogue
+      const float* gs = c.scale_of[t] + c0;
+      for (int r = 0; r < 8; ++r) vi[r] *= gs[r];
+      if (swiglu)
+        for (int r = 0; r < 8; ++r) up[8 * i + r] *= gs[N / 2 + r];
+    }
     if (a.n_outputs > 1) {  // split outputs: a.y is output 0 alone, [T, width_0], not [T, ycols]
       store_split(a, t, c0, static_cast<int>(std::min<int64_t>(8, N - c0)), vi);
       continue;
@@ -414,6 +462,7 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   if (a.norm_weight) c.normed.resize(static_cast<size_t>(T * d.in_dim));
   c.kc = (d.in_dim + kLoraChunk - 1) / kLoraChunk;
   const int64_t lora_macs = a.token_adapter != nullptr && a.n_segments > 0 ? plan_lora(c) : 0;
+  if (lora_macs > 0) plan_dora(c);
   c.xin = a.norm_weight ? c.normed.data() : a.x;
   if (parallel && T >= kQuantizeSplit) {
     c.q_chunk = T > 2 * kQuantizeChunk ? kQuantizeChunk : (T + 1) / 2;

@@ -42,6 +42,11 @@
 // on every path. Against the float LoRA (fp32 x, the adapter's float32 A and B) the LoRA term is within ~1%
 // rms: activation codes, A, h and B each ~0.5% (tests/custom_ops).
 //
+// DoRA rows (PEFT use_dora): a slot flagged in `dora` carries a per-output scale g = m / ||W + s B A||_row (the
+// magnitude over the norm of each output's merged weight row, precomputed when the adapter is added); such a row's
+// value is multiplied by g[n] before the epilogue: y = epilogue(g * (x W^T + lora)). Segments where the slot's rank
+// is 0 keep scale 1; rows of other slots (plain LoRA, -1) are not touched.
+//
 // Batch invariance: every output y[t, n] is computed by the same sequence of operations whatever
 // T, the token tile, the thread split or the caller's chunking: integer sums are exact; the LoRA
 // term (its fma chain over the chunks of K, one quantization of h per token, two multiplies) seeds
@@ -108,6 +113,10 @@ struct QLinearArgs {
   bool packed_a;
   int n_segments;
   QLinearLoraSegment seg[kQLinearMaxSegments];
+  // DoRA (nullptr: none): dora[s] != 0 marks slot s as DoRA; dora_scale[j] [n_slots, seg[j].width] its per-output
+  // scale on segment j's columns (read where the slot's rank on segment j is > 0).
+  const int32_t* dora;
+  const float* dora_scale[kQLinearMaxSegments];
   float* y;       // [T, y_cols], or with n_outputs > 1 (epilogue kNone only):
   int n_outputs;  // outputs[j] [T, out_width[j]] = columns [out_col0[j], + out_width[j]) of y
   float* outputs[kQLinearMaxOutputs];

@@ -1,6 +1,6 @@
 // ORT-facing wrapper of MultiLoRA: shape/index validation (every error names the input and the
 // bad value), output aliasing (copy base_y only when y is another buffer), then the pure kernels
-// (the optional block offsets, then the adapters) on the session's intra-op pool.
+// (the optional block offsets, then the adapters, then DoRA rows' scales) on the session's intra-op pool.
 #include "multi_lora_op.h"
 
 #include <cstring>
@@ -9,76 +9,144 @@
 #include "../kernels/multi_lora.h"
 
 namespace ortllm {
+namespace {
 
-static_assert(sizeof(Ort::Float16_t) == sizeof(uint16_t), "A, B and offsets are read as fp16 bits");
+constexpr const char* kOp = "MultiLoRA";
+enum Input { kX, kBaseY, kA, kB, kScale, kRank, kAdapter, kOffsets, kDora, kDoraScale };
 
-MultiLoraOp::MultiLoraOp(const OrtApi* api, const OrtKernelInfo* info)
-    : block_size_(attr_int(api, info, "block_size", 0)), packed_a_(attr_int(api, info, "packed_a", 0) != 0) {}
+void expect_type(const char* name, const TensorIn& in, ONNXTensorElementDataType type, const char* type_name) {
+  if (in.type != type)
+    fail(kOp, ": input '", name, "' must be ", type_name, " (ONNX element type ", type, "); got element type ",
+         in.type);
+}
 
-Ort::Status MultiLoraOp::Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<float>& x,
-                                 const Ort::Custom::Tensor<float>& base_y, const Ort::Custom::Tensor<Ort::Float16_t>& A,
-                                 const Ort::Custom::Tensor<Ort::Float16_t>& B, const Ort::Custom::Tensor<float>& scale,
-                                 const Ort::Custom::Tensor<int32_t>& rank,
-                                 const Ort::Custom::Tensor<int32_t>& token_adapter,
-                                 std::optional<const Ort::Custom::Tensor<Ort::Float16_t>*> offsets,
-                                 Ort::Custom::Tensor<float>& y) {
-  constexpr const char* op = "MultiLoRA";
+}  // namespace
+
+MultiLoraKernel::MultiLoraKernel(const OrtApi& api, const OrtKernelInfo* info)
+    : block_size_(attr_int(&api, info, "block_size", 0)),
+      packed_a_(attr_int(&api, info, "packed_a", 0) != 0),
+      lora_layer_(attr_int(&api, info, "lora_layer", -1)) {}
+
+OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
+  const OrtApi& api = Ort::GetApi();
   try {
-    const auto& xs = x.Shape();
-    if (xs.size() != 2) fail(op, ": input 'x' must be [T, in]; got shape ", shape_str(xs));
-    const int64_t T = xs[0], in = xs[1];
-    const auto& As = A.Shape();
-    if (As.size() != 3) fail(op, ": input 'A' must be [n_slots, in, r_max]; got shape ", shape_str(As));
-    const int64_t n_slots = As[0], r_max = As[2];
-    expect_shape(op, "A", As, {-1, in, -1});
-    const auto& ys = base_y.Shape();
-    if (ys.size() != 2) fail(op, ": input 'base_y' must be [T, out]; got shape ", shape_str(ys));
-    const int64_t out = ys[1];
-    expect_shape(op, "base_y", ys, {T, out});
-    expect_shape(op, "B", B.Shape(), {n_slots, r_max, out});
-    expect_shape(op, "scale", scale.Shape(), {n_slots});
-    expect_shape(op, "rank", rank.Shape(), {n_slots});
-    expect_shape(op, "token_adapter", token_adapter.Shape(), {T});
-    const int32_t* rk = rank.Data();
+    size_t n_in = 0;
+    check(api, api.KernelContext_GetInputCount(ctx, &n_in));
+    const TensorIn x = input(api, ctx, n_in, kX), base_y = input(api, ctx, n_in, kBaseY), A = input(api, ctx, n_in, kA),
+                   B = input(api, ctx, n_in, kB), scale = input(api, ctx, n_in, kScale),
+                   rank = input(api, ctx, n_in, kRank), token_adapter = input(api, ctx, n_in, kAdapter);
+    expect_type("x", x, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+    expect_type("base_y", base_y, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+    expect_type("A", A, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+    expect_type("B", B, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
+    expect_type("scale", scale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+    expect_type("rank", rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+    expect_type("token_adapter", token_adapter, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+    if (x.rank != 2) fail(kOp, ": input 'x' must be [T, in]; got shape ", shape_str(x.shape()));
+    const int64_t T = x.dims[0], in = x.dims[1];
+    if (A.rank != 3) fail(kOp, ": input 'A' must be [n_slots, in, r_max]; got shape ", shape_str(A.shape()));
+    const int64_t n_slots = A.dims[0], r_max = A.dims[2];
+    expect_shape(kOp, "A", A.shape(), {-1, in, -1});
+    if (base_y.rank != 2) fail(kOp, ": input 'base_y' must be [T, out]; got shape ", shape_str(base_y.shape()));
+    const int64_t out = base_y.dims[1];
+    expect_shape(kOp, "base_y", base_y.shape(), {T, out});
+    expect_shape(kOp, "B", B.shape(), {n_slots, r_max, out});
+    expect_shape(kOp, "scale", scale.shape(), {n_slots});
+    expect_shape(kOp, "rank", rank.shape(), {n_slots});
+    expect_shape(kOp, "token_adapter", token_adapter.shape(), {T});
+    const int32_t* rk = rank.as<int32_t>();
     for (int64_t s = 0; s < n_slots; ++s)
       if (rk[s] < 0 || rk[s] > r_max)
-        fail(op, ": input 'rank'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
-    const int32_t* ta = token_adapter.Data();
+        fail(kOp, ": input 'rank'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
+    const int32_t* ta = token_adapter.as<int32_t>();
     for (int64_t t = 0; t < T; ++t)
       if (ta[t] < -1 || ta[t] >= n_slots)
-        fail(op, ": input 'token_adapter'[", t, "] = ", ta[t], " is not -1 or a slot in [0, ", n_slots, ")");
+        fail(kOp, ": input 'token_adapter'[", t, "] = ", ta[t], " is not -1 or a slot in [0, ", n_slots, ")");
 
+    const TensorIn offsets = input(api, ctx, n_in, kOffsets);
     const uint16_t* off = nullptr;
-    if (offsets.has_value() && *offsets != nullptr) {
+    if (offsets.value) {
+      expect_type("offsets", offsets, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
       if (block_size_ <= 0)
-        fail(op, ": input 'offsets' needs attribute block_size > 0; got block_size = ", block_size_);
-      expect_shape(op, "offsets", (*offsets)->Shape(), {(in + block_size_ - 1) / block_size_, out});
-      off = reinterpret_cast<const uint16_t*>((*offsets)->Data());  // Float16_t is the fp16 bits
+        fail(kOp, ": input 'offsets' needs attribute block_size > 0; got block_size = ", block_size_);
+      expect_shape(kOp, "offsets", offsets.shape(), {(in + block_size_ - 1) / block_size_, out});
+      off = offsets.as<uint16_t>();  // fp16 bits
     }
 
-    float* yp = y.Allocate({T, out});
-    const float* bp = base_y.Data();
+    // DoRA: the scales are read only when a token of this call has a flagged slot
+    const TensorIn dora = input(api, ctx, n_in, kDora);
+    const int32_t* dflag = nullptr;
+    const float* g = nullptr;
+    if (dora.value) {
+      expect_type("dora", dora, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+      expect_shape(kOp, "dora", dora.shape(), {n_slots});
+      const int32_t* f = dora.as<int32_t>();
+      bool used = false;
+      for (int64_t s = 0; s < n_slots; ++s)
+        if (f[s] != 0 && f[s] != 1) fail(kOp, ": input 'dora'[", s, "] = ", f[s], " is not 0 or 1");
+      for (int64_t t = 0; t < T && !used; ++t) used = ta[t] >= 0 && f[ta[t]] != 0;
+      if (used) {
+        const TensorIn gs = input(api, ctx, n_in, kDoraScale);
+        if (!gs.value) fail(kOp, ": a token of a slot flagged in input 'dora' needs input 'dora_scale'");
+        expect_type("dora_scale", gs, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+        const bool stacked = lora_layer_ >= 0;
+        if (gs.rank != (stacked ? 3 : 2))
+          fail(kOp, ": input 'dora_scale' must be ",
+               stacked ? "[n_layers, n_slots, out] (attribute lora_layer)" : "[n_slots, out]", "; got shape ",
+               shape_str(gs.shape()));
+        expect_shape(kOp, "dora_scale", gs.shape(),
+                     stacked ? std::vector<int64_t>{-1, n_slots, out} : std::vector<int64_t>{n_slots, out});
+        const int64_t at =
+            stacked ? layer_offset(kOp, "lora_layer", "dora_scale", gs.dims, static_cast<size_t>(gs.rank), lora_layer_)
+                    : 0;
+        dflag = f;
+        g = gs.as<float>() + at;
+      }
+    }
+
+    const int64_t y_dims[2] = {T, out};
+    float* yp = output<float>(api, ctx, 0, y_dims, 2);
+    const float* bp = base_y.as<float>();
     if (yp != bp && T * out > 0) std::memcpy(yp, bp, sizeof(float) * static_cast<size_t>(T * out));
-    if (T == 0 || out == 0) return Ort::Status{nullptr};
+    if (T == 0 || out == 0) return nullptr;
 
     Parallel par{ort_parallel_for, ctx};
-    if (off != nullptr) add_block_offsets({T, in, out, block_size_}, x.Data(), off, yp, par);
+    if (off != nullptr) add_block_offsets({T, in, out, block_size_}, x.as<float>(), off, yp, par);
     MultiLoraDims dims{T, in, out, n_slots, r_max, packed_a_};
-    MultiLoraArgs args{x.Data(),
-                       reinterpret_cast<const uint16_t*>(A.Data()),
-                       reinterpret_cast<const uint16_t*>(B.Data()),
-                       scale.Data(),
-                       rk,
-                       ta,
-                       yp};
+    MultiLoraArgs args{x.as<float>(), A.as<uint16_t>(), B.as<uint16_t>(), scale.as<float>(), rk, ta, yp};
     multi_lora(dims, args, par);
-    return Ort::Status{nullptr};
+    if (dflag != nullptr) dora_scale_rows(dims, args, dflag, g);
+    return nullptr;
   } catch (const OpError& e) {
-    return Ort::Status(e.what(), ORT_INVALID_ARGUMENT);
+    return api.CreateStatus(ORT_INVALID_ARGUMENT, e.what());
   } catch (const std::exception& e) {
-    return Ort::Status((std::string(op) + ": " + e.what()).c_str(), ORT_RUNTIME_EXCEPTION);
+    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kOp) + ": " + e.what()).c_str());
   } catch (...) {
-    return Ort::Status("MultiLoRA: unknown error", ORT_RUNTIME_EXCEPTION);
+    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, "MultiLoRA: unknown error");
+  }
+}
+
+OrtStatusPtr MultiLoraOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+  try {
+    *kernel = new MultiLoraKernel(api, info);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return api.CreateStatus(ORT_FAIL, e.what());
+  }
+}
+
+ONNXTensorElementDataType MultiLoraOp::GetInputType(size_t i) const {
+  switch (i) {
+    case kA:
+    case kB:
+    case kOffsets:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case kRank:
+    case kAdapter:
+    case kDora:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    default:  // x, base_y, scale, dora_scale
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
 }
 

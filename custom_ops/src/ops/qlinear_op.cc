@@ -20,7 +20,9 @@ enum Input {
   kAdapter,
   kLoraScale,
   kSeg0,
-  kNormWeight = kSeg0 + kSegInputs * kQLinearMaxSegments
+  kNormWeight = kSeg0 + kSegInputs * kQLinearMaxSegments,
+  kDora,
+  kDoraScale0
 };
 
 OrtStatusPtr make_status(OrtErrorCode code, const std::string& msg) {
@@ -39,6 +41,8 @@ static_assert(kQLinearMaxSegments == 3 && kSegInputs == 5, "kSegNames names 3 se
 constexpr const char* kSegNames[kQLinearMaxSegments][kSegInputs] = {{"A0", "A_scale0", "B0", "B_scale0", "rank0"},
                                                                     {"A1", "A_scale1", "B1", "B_scale1", "rank1"},
                                                                     {"A2", "A_scale2", "B2", "B_scale2", "rank2"}};
+
+constexpr const char* kDoraScaleNames[kQLinearMaxSegments] = {"dora_scale0", "dora_scale1", "dora_scale2"};
 
 // in's shape must be [n_layers (stacked only), rest...] (op_util.h expect).
 void expect_stack(const char* name, const TensorIn& in, bool stacked, int64_t layers,
@@ -206,6 +210,21 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       // No token with an adapter (the common decode step): the stacks are neither read nor checked, which
       // saves reading nine tensors' type and shape per call (microseconds each).
       if (!any) a.token_adapter = nullptr;
+      // DoRA: the scales are read only when a token of this call has a slot flagged in 'dora' (LoRA-only batches
+      // read the flag alone)
+      const TensorIn dora = any ? input(api, context, n_in, kDora) : TensorIn{};
+      const int32_t* dora_flag = nullptr;
+      bool any_dora = false;
+      if (dora.value) {
+        expect_type("dora", dora, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+        expect(kOp, "dora", dora, {slots});
+        dora_flag = dora.as<int32_t>();
+        for (int64_t s = 0; s < slots; ++s)
+          if (dora_flag[s] != 0 && dora_flag[s] != 1)
+            fail(kOp, ": input 'dora'[", s, "] = ", dora_flag[s], " is not 0 or 1");
+        for (int64_t t = 0; t < T && !any_dora; ++t)
+          any_dora = a.token_adapter[t] >= 0 && dora_flag[a.token_adapter[t]];
+      }
       int64_t col = 0;
       for (int j = 0; any && j < kQLinearMaxSegments; ++j) {
         const size_t base = kSeg0 + kSegInputs * j;
@@ -254,6 +273,16 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         for (int64_t s = 0; s < slots; ++s)
           if (rk[s] < 0 || rk[s] > r_max)
             fail(kOp, ": input '", nm[4], "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
+        // DoRA rows' scales on this segment, read where a slot is flagged in 'dora' (checked below)
+        const TensorIn dscale = any_dora ? input(api, context, n_in, kDoraScale0 + j) : TensorIn{};
+        if (dscale.value) {
+          expect_type(kDoraScaleNames[j], dscale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+          if (dscale.rank != 2 + lead)
+            fail(kOp, ": input '", kDoraScaleNames[j], "' must be ",
+                 stacked ? "[n_layers, n_slots, N_j]" : "[n_slots, N_j]", "; got shape ", shape_str(dscale.shape()));
+          expect_stack(kDoraScaleNames[j], dscale, stacked, layers, {slots, width});
+          a.dora_scale[a.n_segments] = dscale.as<float>() + at(dscale, kDoraScaleNames[j]);
+        }
         QLinearLoraSegment& sg = a.seg[a.n_segments++];
         sg = {A.as<int8_t>() + a_at,
               sA.as<uint16_t>() + at(sA, nm[1]),
@@ -269,6 +298,10 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         fail(kOp, ": input 'token_adapter' needs at least one LoRA segment (A0, A_scale0, B0, B_scale0, rank0)");
       if (any && col != N_)
         fail(kOp, ": the LoRA segments' output widths (B_j's last dims) sum to ", col, "; expected N = ", N_);
+      for (int j = 0; any_dora && j < a.n_segments; ++j)
+        if (a.dora_scale[j] == nullptr)
+          fail(kOp, ": a token of a slot flagged in input 'dora' needs input '", kDoraScaleNames[j], "'");
+      if (any_dora) a.dora = dora_flag;
     }
 
     if (split_.size() > 1) {
@@ -330,6 +363,12 @@ ONNXTensorElementDataType QLinearOp::GetInputType(size_t i) const {
     case kAdapter:
       return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
     case kNormWeight:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case kDora:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    case kDoraScale0:
+    case kDoraScale0 + 1:
+    case kDoraScale0 + 2:
       return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     default:  // A_j, A_scale_j, B_j, B_scale_j, rank_j
       switch ((i - kSeg0) % kSegInputs) {

@@ -1,5 +1,5 @@
 // ORT wrapper of the QLinear kernel (kernels/qlinear.h), on Ort::CustomOpBase with status returns
-// (its 23 inputs, most optional, are read by index rather than through a Lite signature).
+// (its 27 inputs, most optional, are read by index rather than through a Lite signature).
 //   inputs : 0 x [T, K] f32
 //            1 codes [G, kb, bs * bits] u8  (G = ceil(N / 8), kb = ceil(K / bs); packed layout)
 //            2 scales [G, kb, 8] f16        (d per row and block)
@@ -13,6 +13,9 @@
 //                                      segment j covers output columns [N_0 + .. + N_{j-1}, + N_j); present
 //                                      segments cover N exactly
 //            22 norm_weight [K] f32     optional: y is computed from RMSNorm(x) * norm_weight (eps: norm_eps)
+//            23 dora [n_slots] i32      optional (ops ABI 12): 1 where the slot holds a DoRA adapter, else 0
+//            24 + j dora_scale_j [n_slots, N_j] f32 ([n_layers, ...] with lora_layer), with dora, one per LoRA
+//                                      segment: a DoRA row's per-output scale (y = epilogue(g * (x W^T + lora)))
 //   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:]);
 //            with attribute split = [N_0, N_1(, N_2)] (epilogue "none"): y_j [T, N_j] = columns N_0 + .. of y,
 //            outputs 1 and 2 optional (q, k, v straight out of the fused q|k|v projection, no Split node)
@@ -57,7 +60,7 @@ struct QLinearKernel {
 constexpr int kQLinearSegInputs = 5;  // per LoRA segment j: A_j, A_scale_j, B_j, B_scale_j, rank_j
 
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
-  static constexpr size_t kInputs = 8 + kQLinearSegInputs * kQLinearMaxSegments;
+  static constexpr size_t kInputs = 9 + kQLinearSegInputs * kQLinearMaxSegments + kQLinearMaxSegments;
 
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "QLinear"; }

@@ -14,7 +14,7 @@
 #include "paged_attention_op.h"
 #include "qlinear_op.h"
 
-#define ORTLLM_OPS_ABI_VERSION 11  // bump on any change of op inputs, outputs or attributes
+#define ORTLLM_OPS_ABI_VERSION 12  // bump on any change of op inputs, outputs or attributes
 
 namespace {
 
@@ -163,7 +163,7 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
 }
 
 struct Ops {
-  std::unique_ptr<Ort::Custom::OrtLiteCustomOp> lora;
+  ortllm::MultiLoraOp lora;
   ortllm::PagedAttentionOp<float> pa_f32;
   ortllm::PagedAttentionOp<uint16_t> pa_f16;
   ortllm::PagedAttentionOp<uint8_t> pa_u8;
@@ -173,16 +173,15 @@ struct Ops {
 Ops& ops() {
   static Ops o = [] {
     Ops x;
-    x.lora.reset(Ort::Custom::CreateLiteCustomOp<ortllm::MultiLoraOp>("MultiLoRA", "CPUExecutionProvider"));
     for (OrtCustomOp* op : {static_cast<OrtCustomOp*>(&x.pa_f32), static_cast<OrtCustomOp*>(&x.pa_f16),
                             static_cast<OrtCustomOp*>(&x.pa_u8)}) {
       op->GetMayInplace = paged_attention_inplace;
       op->ReleaseMayInplace = release_inplace;
       op->InferOutputShapeFn = paged_attention_shape;
     }
-    x.lora->GetMayInplace = multi_lora_inplace;
-    x.lora->ReleaseMayInplace = release_inplace;
-    x.lora->InferOutputShapeFn = multi_lora_shape;
+    x.lora.GetMayInplace = multi_lora_inplace;
+    x.lora.ReleaseMayInplace = release_inplace;
+    x.lora.InferOutputShapeFn = multi_lora_shape;
     x.qlinear.GetMayInplace = qlinear_inplace;
     x.qlinear.ReleaseMayInplace = release_inplace;
     x.qlinear.InferOutputShapeFn = qlinear_shape;
@@ -227,7 +226,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
     domain.Add(&o.pa_f32);
     domain.Add(&o.pa_f16);
     domain.Add(&o.pa_u8);
-    domain.Add(o.lora.get());
+    domain.Add(&o.lora);
     domain.Add(&o.qlinear);
     Ort::UnownedSessionOptions session_options(options);
     session_options.Add(domain);

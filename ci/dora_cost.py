@@ -1,0 +1,65 @@
+"""What DoRA rows cost QLinear: one call at SmolLM2's shapes (q|k|v 576 -> 960, gate|up 576 -> 3072 with SwiGLU),
+16 decode rows over 4 adapters of rank 16, the same adapters as plain LoRA and as DoRA, alternating, medians.
+
+    .venv/bin/python ci/dora_cost.py [--rounds 7] [--calls 400]
+
+Prints, per shape, microseconds per call for: LoRA rows without the DoRA inputs, LoRA rows with them bound (the flag
+read only), and DoRA rows (the scales applied in the epilogue).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.custom_ops.test_qlinear import lora_case, sess_for, weight  # noqa: E402
+
+from ortllm.runtime.ops_library import ops_isa  # noqa: E402
+
+
+def case(k, widths, epilogue):
+    rng = np.random.default_rng(0)
+    w = weight(k, sum(widths), "int4")
+    x = rng.standard_normal((16, k), dtype=np.float32)
+    lora, _ = lora_case(rng, 16, k, widths, n_slots=4, ranks=(16,), n_adapters=4, frac_none=0.0)
+    g = {f"dora_scale{j}": rng.uniform(0.9, 1.1, (4, wd)).astype(np.float32) for j, wd in enumerate(widths)}
+    feeds = {"x": x, "codes": w.codes, "scales": w.scales, "offsets": w.offsets, **lora}
+    forms = {"lora": feeds, "lora+flags": feeds | {"dora": np.zeros(4, np.int32)} | g,
+             "dora": feeds | {"dora": np.ones(4, np.int32)} | g}
+    attrs = dict(K=w.k, N=w.n, bits=w.bits, block_size=w.block_size, epilogue=epilogue, packed_a=1, norm_eps=1e-5,
+                 lora_layer=-1)
+    return {name: (sess_for(tuple(sorted(f)), 2, **attrs), f) for name, f in forms.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=400)
+    a = ap.parse_args()
+    print(f"isa {ops_isa()}, 2 threads, 16 rows, 4 adapters of rank 16, int4 block 32")
+    for label, k, widths, epi in (("q|k|v 576->960", 576, [576, 192, 192], "none"),
+                                  ("gate|up 576->3072 swiglu", 576, [1536, 1536], "swiglu")):
+        forms = case(k, widths, epi)
+        times = {n: [] for n in forms}
+        for _ in range(a.rounds):
+            for name, (s, f) in forms.items():
+                s.run(None, f)
+                t0 = time.perf_counter()
+                for _ in range(a.calls):
+                    s.run(None, f)
+                times[name].append((time.perf_counter() - t0) / a.calls * 1e6)
+        base = statistics.median(times["lora"])
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            print(f"{label:26s} {name:11s} {med:7.1f} us (min {min(ts):.1f}, max {max(ts):.1f})  "
+                  f"{(med / base - 1) * 100:+5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
