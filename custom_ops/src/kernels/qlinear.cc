@@ -16,6 +16,8 @@
 // prefill splits rows x token chunks. Small calls run on the calling thread.
 #include "qlinear.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -120,6 +122,7 @@ struct Ctx {
   std::vector<float>& dora_rows;
   std::vector<const float*>& row_scale;
   const float* const* scale_of = nullptr;  // row_scale.data() when a token of the call is a DoRA row
+  void (*mul8)(const float* v, const float* g, float* out) = nullptr;  // DoRA's multiply (mul8_avx2 on AVX2 tables)
 };
 
 // ---- phase 1: activations
@@ -279,6 +282,18 @@ int64_t plan_lora(Ctx& c) {
   return macs;
 }
 
+// DoRA's multiply, out[r] = v[r] * g[r] for r < 8, into an aligned buffer the epilogue then reads. On the AVX2 tables
+// one aligned 32-byte store (an unaligned one is split in two 16-byte halves under generic tuning): SiLU(gate) * up
+// loads the 8 values with one 32-byte load, which the CPU forwards only from one store covering it (from two halves
+// or eight floats the load waits for them to reach L1: +30% on SmolLM2's gate|up with 16 DoRA rows). A rounded
+// multiply: the same bits on every table.
+__attribute__((target("avx2"))) void mul8_avx2(const float* v, const float* g, float* out) {
+  _mm256_store_ps(out, _mm256_mul_ps(_mm256_loadu_ps(v), _mm256_loadu_ps(g)));
+}
+void mul8_portable(const float* v, const float* g, float* out) {
+  for (int r = 0; r < 8; ++r) out[r] = v[r] * g[r];
+}
+
 // DoRA: each DoRA slot's scale row over the N columns, and each token's pointer to it (nullptr for tokens of other
 // slots or none). Costs nothing when no token of the call has a DoRA slot.
 void plan_dora(Ctx& c) {
@@ -310,6 +325,7 @@ void plan_dora(Ctx& c) {
     if (s >= 0 && row_of[s] >= 0) c.row_scale[t] = c.dora_rows.data() + row_of[s] * width;
   }
   c.scale_of = c.row_scale.data();
+  c.mul8 = c.isa == &qlinear_scalar_isa() ? mul8_portable : mul8_avx2;  // the AVX2 tables run only on AVX2 CPUs
 }
 
 // ---- phase 3: projection + epilogue
@@ -338,15 +354,16 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
   const QLinearArgs& a = *c.a;
   const bool swiglu = d.epilogue == QLinearEpilogue::kSwiGLU;
   const int64_t N = d.out_dim, ycols = d.y_cols(), c0 = g * 8;
-  alignas(32) float act[8];
+  alignas(32) float act[8], scaled[2][8];
   for (int i = 0; i < nt; ++i) {
     const int64_t t = ts + i;
     float* vi = v + 8 * i;
+    const float* upi = up + 8 * i;
     if (c.scale_of != nullptr && c.scale_of[t] != nullptr) {  // a DoRA row: g * (x W^T + lora), then the epilogue
       const float* gs = c.scale_of[t] + c0;
-      for (int r = 0; r < 8; ++r) vi[r] *= gs[r];
-      if (swiglu)
-        for (int r = 0; r < 8; ++r) up[8 * i + r] *= gs[N / 2 + r];
+      c.mul8(vi, gs, scaled[0]);
+      vi = scaled[0];
+      if (swiglu) c.mul8(upi, gs + N / 2, scaled[1]), upi = scaled[1];
     }
     if (a.n_outputs > 1) {  // split outputs: a.y is output 0 alone, [T, width_0], not [T, ycols]
       store_split(a, t, c0, static_cast<int>(std::min<int64_t>(8, N - c0)), vi);
@@ -354,7 +371,7 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
     }
     float* y = a.y + t * ycols + c0;
     if (swiglu) {
-      c.isa->silu_mul8(vi, up + 8 * i, act);
+      c.isa->silu_mul8(vi, upi, act);
       for (int r = 0; r < 8; ++r) y[r] = act[r];  // N / 2 is a multiple of 8 (checked by the wrapper)
       continue;
     }
