@@ -1,7 +1,7 @@
 """What DoRA rows cost QLinear: one call at SmolLM2's shapes (q|k|v 576 -> 960, gate|up 576 -> 3072 with SwiGLU),
 16 decode rows over 4 adapters of rank 16, the same adapters as plain LoRA and as DoRA, alternating, medians.
 
-    .venv/bin/python ci/dora_cost.py [--rounds 7] [--calls 400]
+    .venv/bin/python ci/dora_cost.py [--rounds 7] [--calls 400] [--threads 2]
 
 Prints, per shape, microseconds per call for: LoRA rows without the DoRA inputs, LoRA rows with them bound (the flag
 read only), and DoRA rows (the scales applied in the epilogue).
@@ -23,7 +23,7 @@ from tests.custom_ops.test_qlinear import lora_case, sess_for, weight  # noqa: E
 from ortllm.runtime.ops_library import ops_isa  # noqa: E402
 
 
-def case(k, widths, epilogue):
+def case(k, widths, epilogue, threads):
     rng = np.random.default_rng(0)
     w = weight(k, sum(widths), "int4")
     x = rng.standard_normal((16, k), dtype=np.float32)
@@ -34,18 +34,19 @@ def case(k, widths, epilogue):
              "dora": feeds | {"dora": np.ones(4, np.int32)} | g}
     attrs = dict(K=w.k, N=w.n, bits=w.bits, block_size=w.block_size, epilogue=epilogue, packed_a=1, norm_eps=1e-5,
                  lora_layer=-1)
-    return {name: (sess_for(tuple(sorted(f)), 2, **attrs), f) for name, f in forms.items()}
+    return {name: (sess_for(tuple(sorted(f)), threads, **attrs), f) for name, f in forms.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    print(f"isa {ops_isa()}, 2 threads, 16 rows, 4 adapters of rank 16, int4 block 32")
+    print(f"isa {ops_isa()}, {a.threads} threads, 16 rows, 4 adapters of rank 16, int4 block 32")
     for label, k, widths, epi in (("q|k|v 576->960", 576, [576, 192, 192], "none"),
                                   ("gate|up 576->3072 swiglu", 576, [1536, 1536], "swiglu")):
-        forms = case(k, widths, epi)
+        forms = case(k, widths, epi, a.threads)
         times = {n: [] for n in forms}
         for _ in range(a.rounds):
             for name, (s, f) in forms.items():
