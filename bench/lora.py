@@ -389,7 +389,7 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
             for _ in range(repeats):
                 for cond in SWAP_CONDITIONS:
                     for state in SWAP_STATES:
-                        name = {"base": None, "slot": warm}.get(state) or next(unused)
+                        name = None if state == "base" else warm if state == "slot" else next(unused)
                         if state == "slot" and not reg.is_resident(warm):
                             probe(warm)
                         if state == "host":
