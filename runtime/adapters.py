@@ -131,7 +131,7 @@ class AdapterRegistry:
             if name in self._host:
                 self._host.move_to_end(name)
                 return self._host[name]
-        arrays = self._load(name)
+        arrays = self.runner.pack_adapter(self._load(name))     # int8 packing off the engine thread when prefetched
         size = sum(a.nbytes for a in arrays.values())
         with self._lock:
             self._host[name] = arrays

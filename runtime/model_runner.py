@@ -23,6 +23,7 @@ from .lora_stacks import quantize_a, quantize_b
 from .ops_library import register_ops
 from .scheduler import ScheduledSeq
 
+PACKED = ("a", "a_scale", "b", "b_scale")      # an int8 stack's arrays per adapted projection, in write order
 _KV_NUMPY = C.KV_STORAGE
 
 
@@ -172,7 +173,7 @@ class ModelRunner:
             for target in C.LORA_TARGETS:
                 key, stack, name = (f"layers.{i}.{target}", functools.partial(C.lora_stack_name, target),
                                     functools.partial(C.lora_name, i, target))
-                int8 = [self._arrays[stack(w)][i, slot] for w in ("a", "a_scale", "b", "b_scale")
+                int8 = [self._arrays[stack(w)][i, slot] for w in PACKED
                         if stack(w) in self._arrays]
                 f16 = [self._arrays[name(w)][slot] for w in "ab" if name(w) in self._arrays]
                 for p in int8 + f16:
@@ -183,7 +184,10 @@ class ModelRunner:
                     continue
                 adapted.add(target)
                 if int8:
-                    for dst, src in zip(int8, (*quantize_a(tensors[key + ".a"]), *quantize_b(tensors[key + ".b"]))):
+                    packed = [tensors.get(f"{key}.packed.{w}") for w in PACKED]
+                    if any(p is None for p in packed):
+                        packed = (*quantize_a(tensors[key + ".a"]), *quantize_b(tensors[key + ".b"]))
+                    for dst, src in zip(int8, packed):
                         dst.reshape(-1)[:src.size] = src.reshape(-1)
                 if f16:
                     f16[0].reshape(-1)[:f16[0].shape[0] * rank] = tensors[key + ".a"].reshape(-1)  # [in, rank]
@@ -193,6 +197,19 @@ class ModelRunner:
         self._arrays[C.LORA_SCALE][slot] = scale
         if C.LORA_DORA in self._arrays:
             self._arrays[C.LORA_DORA][slot] = int(dora)
+
+    def pack_adapter(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """tensors plus, when the session holds int8 stacks, each pair's QLinear codes and scales
+        (layers.{i}.{target}.packed.{a, a_scale, b, b_scale}): the packing write_adapter_slot would do, done once
+        per host copy (AdapterRegistry.host_weights: on the prefetch thread for a queued request) rather than on
+        the engine thread at every slot write."""
+        if not any(C.lora_stack_name(t, "a") in self._arrays for t in C.LORA_TARGETS):
+            return tensors
+        out = dict(tensors)
+        for key in [k[:-2] for k in tensors if k.endswith(".a")]:
+            for w, v in zip(PACKED, (*quantize_a(tensors[key + ".a"]), *quantize_b(tensors[key + ".b"]))):
+                out[f"{key}.packed.{w}"] = v
+        return out
 
     def adapter_slot_bytes(self) -> int:
         return sum(a.nbytes for n, a in self._arrays.items() if n.startswith("lora."))
