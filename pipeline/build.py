@@ -20,7 +20,7 @@ from ortllm.runtime.artifact import pid_alive as _pid_alive
 
 from .errors import BuildError
 from .quantize import ALGOS, QuantPlan, check_block_size, parse_keep
-from .smooth import check_alpha, smooth_weights
+from .smooth import adapter_scales, check_alpha, smooth_weights
 from .sources import load_model
 from .weights import ModelWeights
 
@@ -31,15 +31,18 @@ KV_BLOCK_SIZES = (8, 16, 32, 64)
 # --lm-head and --kv when not given: the fastest int4 form whose held-out quality (calibration/heldout.py: prose,
 # code and chat each) meets the default builds' bar, mean KLD <= 0.005 and top-1 >= 95% in every domain
 # (docs/quality.md, SmolLM2 in-build check, 1,533 positions a domain). The weights reproduce SmolLM2's Q4_1 (and
-# the head its Q8_0) exactly, so what is left is the rounding of int8 activations and of an 8-bit cache; prose is
-# the domain that binds: int8 head + int8 KV 0.0062 (fails), fp32 head + int8 KV 0.0054 (fails), int8 head + fp32
-# KV 0.0050 (meets it, with no room to spare), fp32 head + fp32 KV 0.0043 (meets it; B = 1 decode ~0.6x).
-# So int4 builds get the int8 head and the fp32 cache; the int4 head (GPTQ, searched grid: top-1 ~91% held out,
-# though it passed on the calibration-like text it was fitted to) and the rotated int8 cache (3.88x less KV
-# memory, decode at context 2048 ~1.5x faster) stay options: --lm-head int4, --kv int8. int8 builds keep the fp32
-# head (their gate, PPL <= 1.003, leaves no room for the head's error); fp32 builds fp32.
+# the head its Q8_0) exactly, so what is left is the rounding of activations and of an 8-bit cache; prose is the
+# domain that binds. With int8 activations on the head: int8 head + int8 KV 0.0062 (fails), int8 head + fp32 KV
+# 0.0050 (meets it with no room); an fp32 head 0.0043 (B = 1 decode ~0.6x). The int8 head now takes its input as
+# int16 codes (QLinear act_bits 16: graph_qlinear.qlinear act16), which leaves it the fp32 head's quality at the
+# int8 head's bytes: prose 0.0043 with the fp32 cache, 0.0043 with the fp16 cache (0.00434 +- 0.00020: room).
+# So int4 builds get the int8 head and the fp16 cache (the fp32 cache's quality, KLD 1e-6 apart, at half its
+# bytes); the int4 head (GPTQ, searched grid: top-1 ~91% held out, though it passed on the calibration-like text
+# it was fitted to) and the rotated int8 cache (half the fp16 cache's bytes, prose +0.0012) stay options:
+# --lm-head int4, --kv int8. int8 builds keep the fp32 head (their gate, PPL <= 1.003, leaves no room for the
+# head's error); fp32 builds fp32.
 DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "fp32", "int4": "int8"}
-DEFAULT_KV = {"fp32": "fp32", "int8": "fp32", "int4": "fp32"}
+DEFAULT_KV = {"fp32": "fp32", "int8": "fp32", "int4": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class BuildOptions:
     calib_tokens: int = 8192      # calibration tokens of --algo gptq and --smooth
                                   # (windows of 256; calib_activations.py)
     smooth: float | None = None   # SmoothQuant alpha on the projections after a norm (pipeline/smooth.py); None: auto
+    smooth_down: float = 0.0      # SmoothQuant alpha on down_proj's input, carried by up_proj's rows; 0: off
 
     def __post_init__(self):
         if self.lm_head is None and self.quant in DEFAULT_LM_HEAD:
@@ -87,15 +91,18 @@ class BuildOptions:
         if not isinstance(self.calib_tokens, int) or self.calib_tokens < 0:
             raise BuildError(f"--calib-tokens must be an integer >= 0; got {self.calib_tokens!r}")
         plan = self.quant_plan()       # validates algo, scheme and --keep
-        if self.smooth is not None:
-            check_alpha(self.smooth)
-            if self.smooth and self.quant == "fp32":
-                raise BuildError("--smooth rescales quantized projections; add --quant int8|int4 or drop --smooth")
-            if self.smooth and self.algo == "gptq":
-                raise BuildError("--smooth and --algo gptq do not combine (GPTQ's Hessians are of the unsmoothed "
-                                 "inputs); use --smooth 0 with gptq, or --algo rtn|hqq with --smooth")
+        for flag, alpha in (("--smooth", self.smooth), ("--smooth-down", self.smooth_down)):
+            if alpha is None:
+                continue
+            check_alpha(alpha)
+            if alpha and self.quant == "fp32":
+                raise BuildError(f"{flag} rescales quantized projections; add --quant int8|int4 or drop {flag}")
+            if alpha and self.algo == "gptq":
+                raise BuildError(f"{flag} and --algo gptq do not combine (GPTQ's Hessians are of the unsmoothed "
+                                 f"inputs); use {flag} 0 with gptq, or --algo rtn|hqq with {flag}")
         for flag, on, instead in (("gptq", plan.needs_calibration, "use rtn|hqq (--algo, --lm-head-algo): no data"),
-                                  ("--smooth", self.smooth_alpha, "turn it off with --smooth 0")):
+                                  ("--smooth", self.smooth_alpha, "turn it off with --smooth 0"),
+                                  ("--smooth-down", self.smooth_down, "turn it off with --smooth-down 0")):
             if on and self.calib_tokens < 16:
                 raise BuildError(f"{flag} needs calibration data: set --calib-tokens to at least 16 (default 8192; "
                                  f"got {self.calib_tokens}), or {instead}")
@@ -171,10 +178,12 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
                           log=print) -> dict | None:
     """write_graph, with a calibration pass (GPTQ's Hessians, SmoothQuant's channel RMS) captured in a scratch
     directory beside `tmp` when the build needs one; returns the calibration's identity (None without one)."""
-    alpha = opts.smooth_alpha
-    if not plan.needs_calibration and not alpha:
+    alpha, down = opts.smooth_alpha, opts.smooth_down
+    if not plan.needs_calibration and not alpha and not down:
         write_graph(weights, tmp, opts, plan, meta)
         return None
+    from safetensors.numpy import save_file
+
     from .calib_activations import Calibration
 
     scratch = tmp.with_name(tmp.name.replace(".building-", ".calib.building-"))   # cleaned like tmp if killed
@@ -183,11 +192,12 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
     cal = None
     try:
         cal = Calibration(weights, opts.calib_tokens, scratch, log=log,
-                          names=None if alpha else plan.calibration_names)
+                          names=None if alpha or down else plan.calibration_names)
         info = {}
-        if alpha:
-            weights, scales = smooth_weights(weights, alpha, cal.channel_rms)
-            info["smoothquant"] = {"alpha": alpha, "norms": len(scales),
+        if alpha or down:
+            weights, scales = smooth_weights(weights, alpha, cal.channel_rms, down)
+            save_file(adapter_scales(weights.config, scales), str(tmp / C.SMOOTHING))   # for adapters
+            info["smoothquant"] = {"alpha": alpha, "norms": len(scales), **({"down_alpha": down} if down else {}),
                                    "s_range": [min(v["s_min"] for v in scales.values()),
                                                max(v["s_max"] for v in scales.values())]}
         if plan.needs_calibration:
@@ -222,7 +232,8 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     shutil.rmtree(ref, ignore_errors=True)
     ref.mkdir()
     try:
-        ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True, smooth=None)
+        ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True, smooth=None,
+                           smooth_down=0.0)
         write_graph(weights, ref, ref_opts, None, {})
         report = quality_check(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
     finally:

@@ -15,12 +15,23 @@ it changes nothing. Those two inputs are exactly the ones a norm's weight can re
 so the activation's outliers move into the weights, which int8 quantizes per block of 32 with far less
 loss. rms(x_j) comes from the calibration pass (diag of X^T X, pipeline/calib_activations.py), measured on
 the fp32 model with the original weights. The result is exact in fp32; only the rounding changes.
+
+down_proj reads no norm, but its input is linear in up_proj's output (a GLU MLP: act(gate) * up), so up_proj's
+rows carry the rescale instead of a norm weight (`down_alpha`, --smooth-down):
+
+    a = act(x Wg^T) * (x Wu^T)      [T, I]
+    y = a @ Wd^T = (a / s) @ (Wd * s)^T,   a / s = act(x Wg^T) * (x (Wu / s[:, None])^T)
+
+Gemma 3 270M's int8 build needs it (docs/quality.md, Gemma 3 270M): its down_proj inputs carry outliers that
+the norm-side smoothing cannot reach.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
+
+from ortllm.runtime import contract as C
 
 from .errors import BuildError
 from .weights import ModelWeights, norm_names
@@ -48,16 +59,19 @@ def smoothing_scales(channel_rms: np.ndarray, ws: list[np.ndarray], alpha: float
     return np.clip(s, *S_RANGE).astype(np.float32)
 
 
-def smooth_weights(weights: ModelWeights, alpha: float, channel_rms) -> tuple[ModelWeights, dict]:
-    """A copy of `weights` with every SMOOTHED norm/projection group rescaled (the originals untouched).
+def smooth_weights(weights: ModelWeights, alpha: float, channel_rms,
+                   down_alpha: float = 0.0) -> tuple[ModelWeights, dict]:
+    """A copy of `weights` with every SMOOTHED norm/projection group rescaled by `alpha` (0: none) and, with
+    `down_alpha`, each layer's down_proj input through up_proj's rows (the originals untouched).
 
     channel_rms(hf_weight_name) -> [K] RMS of that projection's input over the calibration tokens.
-    Returns the new weights and a report {norm name: {s_min, s_max}}."""
+    Returns the new weights and a report {norm or up_proj name: {s_min, s_max, s (the scales [K])}}."""
     check_alpha(alpha)
+    check_alpha(down_alpha)
     tensors, report = dict(weights.tensors), {}
     roles = norm_names(weights.config)
     for i in range(weights.config.num_layers):
-        for role, targets in SMOOTHED.items():
+        for role, targets in (SMOOTHED.items() if alpha else ()):
             norm = roles[role]
             names = [f"model.layers.{i}.{t}.weight" for t in targets]
             g_name = f"model.layers.{i}.{norm}.weight"
@@ -66,5 +80,28 @@ def smooth_weights(weights: ModelWeights, alpha: float, channel_rms) -> tuple[Mo
             tensors[g_name] = (weights.tensors[g_name] / s).astype(np.float32)
             for n in names:
                 tensors[n] = (weights.tensors[n] * s[None, :]).astype(np.float32)
-            report[g_name] = {"s_min": float(s.min()), "s_max": float(s.max())}
+            report[g_name] = {"s_min": float(s.min()), "s_max": float(s.max()), "s": s}
+        if down_alpha:      # after gate|up's columns: rows and columns scale independently
+            up, down = f"model.layers.{i}.mlp.up_proj.weight", f"model.layers.{i}.mlp.down_proj.weight"
+            s = smoothing_scales(np.asarray(channel_rms(down), np.float64), [weights.tensors[down]], down_alpha)
+            tensors[up] = (tensors[up] / s[:, None]).astype(np.float32)
+            tensors[down] = (weights.tensors[down] * s[None, :]).astype(np.float32)
+            report[up] = {"s_min": float(s.min()), "s_max": float(s.max()), "s": s}
     return replace(weights, tensors=tensors), report
+
+
+def adapter_scales(config, report: dict) -> dict[str, np.ndarray]:
+    """smooth_weights' report as the artifact's C.SMOOTHING tensors, which map an adapter trained on the original
+    weights onto the smoothed ones (runtime/smoothing.py): a norm's s is the input scale of each projection reading
+    it (they see x / s); --smooth-down's s is down_proj's input scale and 1 / s up_proj's output scale."""
+    roles, out = norm_names(config), {}
+    for i in range(config.num_layers):
+        for role, targets in SMOOTHED.items():
+            entry = report.get(f"model.layers.{i}.{roles[role]}.weight")
+            for t in targets if entry else ():
+                out[C.smoothing_name(i, t.split(".")[1], "in")] = entry["s"]
+        entry = report.get(f"model.layers.{i}.mlp.up_proj.weight")
+        if entry:
+            out[C.smoothing_name(i, "up_proj", "out")] = (1.0 / entry["s"]).astype(np.float32)
+            out[C.smoothing_name(i, "down_proj", "in")] = entry["s"]
+    return out
