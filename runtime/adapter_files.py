@@ -15,6 +15,10 @@ and the entry has dora: true. W is the base projection as the artifact's graph m
 the fp32 weight of an fp32 artifact, the dequantized weight of a quantized one, as PEFT takes the norm of the
 dequantized weight of a quantized base layer), so a served row is g * (x W^T + scale * x A B) and each output's
 merged weight row has norm m exactly. QLinear and MultiLoRA multiply a DoRA row by g (docs/adapters.md, DoRA).
+
+A SmoothQuant'ed artifact's projections multiply rescaled weights by rescaled inputs (runtime/smoothing.py): adapter
+files still hold the PEFT weights, which the engine maps onto the rescales when it reads them, and a DoRA norm is taken
+over the artifact's weight with the rescales undone.
 """
 from __future__ import annotations
 
@@ -30,10 +34,12 @@ from . import contract as C
 from .artifact import file_entry, read_manifest
 from .contract import ModelConfig
 from .errors import AdapterFileError
+from .smoothing import Smoothing
 
 MAX_RANK = 64
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _F16_MAX = float(np.finfo(np.float16).max)
+_SMOOTHED_NOTE = " times the artifact's SmoothQuant scales (runtime/smoothing.py)"
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 _MAGNITUDE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_magnitude_vector(?:\.default)?(?:\.weight)?$")
 
@@ -140,7 +146,9 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
         missing = sorted(set(pairs) ^ set(magnitudes))[0]
         raise AdapterFileError(f"DoRA adapter: layers.{missing[0]}.{missing[1]} has lora_A/B or a magnitude vector "
                                "but not both")
-    base = _dora_base(Path(artifact) if artifact is not None else None, model) if dora else None
+    artifact = Path(artifact) if artifact is not None else None
+    smoothing = Smoothing.of(artifact, read_manifest(artifact)) if artifact is not None else Smoothing({})
+    base = _dora_base(artifact, model) if dora else None
     tensors, targets = {}, set()
     for (layer, target), ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
@@ -151,15 +159,19 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
             raise AdapterFileError(f"adapter layers.{layer}.{target}: lora_A {a.shape}, lora_B {b.shape} do not fit "
                                    f"the base projection ({n_in} -> {n_out}) at rank {r}; was it trained on another "
                                    "model?")
-        for which, w in (("A", a), ("B", b)):   # the session holds adapters in float16 slot stacks
+        key = f"layers.{layer}.{target}"
+        served = smoothing.to_artifact({key + ".a": a.T, key + ".b": b.T})    # as the session's slots get them
+        for which, w in (("A", served[key + ".a"]), ("B", served[key + ".b"])):   # float16 slot stacks
             peak = float(np.max(np.abs(w))) if w.size else 0.0
             if not peak <= _F16_MAX:
-                raise AdapterFileError(f"adapter layers.{layer}.{target}: lora_{which} has max |value| {peak:g}, "
-                                       f"outside float16 (the runtime's adapter slots; limit {_F16_MAX:g})")
+                raise AdapterFileError(f"adapter layers.{layer}.{target}: lora_{which} has max |value| {peak:g}"
+                                       f"{_SMOOTHED_NOTE if smoothing else ''}, outside float16 (the runtime's "
+                                       f"adapter slots; limit {_F16_MAX:g})")
         tensors[f"layers.{layer}.{target}.a"] = np.ascontiguousarray(a.T, np.float32)
         tensors[f"layers.{layer}.{target}.b"] = np.ascontiguousarray(b.T, np.float32)
         if base is not None:
-            tensors[f"layers.{layer}.{target}.g"] = _dora_scale(base.weight(layer, target), a, b, scale,
+            w = smoothing.model_weight(base.weight(layer, target), layer, target)
+            tensors[f"layers.{layer}.{target}.g"] = _dora_scale(w, a, b, scale,
                                                                 magnitudes[(layer, target)], f"layers.{layer}.{target}")
         targets.add(target)
     if not tensors:
@@ -168,16 +180,11 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
 
 
 def _dora_base(artifact: Path | None, model: ModelConfig):
-    """The artifact's base weights for DoRA's norms, or a clear refusal where they are not the model's own."""
+    """The artifact's base weights for DoRA's norms."""
     from .base_weights import BaseWeights
 
     if artifact is None:
         raise AdapterFileError("a DoRA adapter is converted against an artifact's base weights; none was given")
-    quality = artifact / C.QUALITY
-    if quality.is_file() and json.loads(quality.read_text()).get("calibration", {}).get("smoothquant"):
-        raise AdapterFileError("DoRA adapters need the projections' own weights, and this artifact's q, k, v, gate "
-                               "and up weights are rescaled by SmoothQuant; rebuild it with --smooth 0 (or use "
-                               "--quant int4 or fp32)")
     return BaseWeights(artifact, target_shapes(model))
 
 

@@ -16,7 +16,8 @@ import numpy as np
 
 from .artifact import Artifact, sha256_file
 from .config import AdapterConfig
-from .errors import RequestError, UnknownAdapter
+from .errors import AdapterFileError, RequestError, UnknownAdapter
+from .smoothing import Smoothing
 
 
 class AdapterLoadError(RequestError):
@@ -37,6 +38,10 @@ class AdapterRegistry:
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="ortllm-adapter-prefetch")
         self._pending: dict[str, object] = {}
         self._retiring: set[str] = set()      # removed: no new requests; dropped when none in flight uses it
+        try:                                  # a SmoothQuant'ed artifact's rescales, applied to every adapter read
+            self._smoothing, self._smoothing_error = Smoothing.of(artifact.path, artifact.manifest), None
+        except AdapterFileError as e:
+            self._smoothing, self._smoothing_error = None, e
         if self.entries:
             self._size_slots()
 
@@ -113,18 +118,22 @@ class AdapterRegistry:
 
     # ---- host cache
     def _load(self, name: str) -> dict[str, np.ndarray]:
-        """From disk, hash-checked (the file may have changed since the manifest was verified)."""
+        """From disk, hash-checked (the file may have changed since the manifest was verified), mapped onto a
+        SmoothQuant'ed artifact's projections (runtime/smoothing.py)."""
         from safetensors.numpy import load_file
 
         entry = self.entries[name]
+        if self._smoothing is None:
+            raise AdapterLoadError(f"adapter {name!r}: {self._smoothing_error}")
         f = self.path / entry["file"]
         if not f.is_file() or f.stat().st_size != entry["size"] or sha256_file(f) != entry["sha256"]:
             raise AdapterLoadError(f"adapter {name!r}: {entry['file']} is missing or does not match its sha256 "
                                    "in the manifest; add it again with `ortllm adapters add --force`")
         try:
-            return load_file(str(f))
+            tensors = load_file(str(f))
         except Exception as e:  # noqa: BLE001 - safetensors raises several types on damaged files
             raise AdapterLoadError(f"adapter {name!r}: cannot read {entry['file']} ({e})") from None
+        return self._smoothing.to_artifact(tensors)
 
     def host_weights(self, name: str) -> dict[str, np.ndarray]:
         with self._lock:
