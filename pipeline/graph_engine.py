@@ -163,7 +163,7 @@ def head(g: GraphBuilder, x: str, weights: ModelWeights, embed: str, quant=None)
     cfg = weights.config
     norm = (weights.tensors["model.norm.weight"], cfg.rms_norm_eps, "/model/norm")
     if qlinear_ready(quant, ["/lm_head"]):
-        logits, argmax = qlinear(g, x, [weights.lm_head()], ["/lm_head"], quant, norm=norm, argmax=True)
+        logits, argmax = qlinear(g, x, [weights.lm_head()], ["/lm_head"], quant, norm=norm, argmax=True, act16=True)
         return softcap(g, logits, cfg), argmax          # a monotonic cap: the argmax stays
     logits = softcap(g, lm_head(g, rms_norm(g, x, *norm), weights, embed, quant), cfg)
     return logits, g.op("ArgMax", [logits], "/lm_head", axis=1, keepdims=0)

@@ -36,7 +36,7 @@ def qlinear_ready(quant, paths: list[str]) -> bool:
 
 def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], quant, *, lora: dict | None = None,
             epilogue: str = "none", residual: str | None = None, norm: tuple[np.ndarray, float, str] | None = None,
-            split: bool = False, argmax: bool = False, path: str | None = None) -> str | list[str]:
+            split: bool = False, argmax: bool = False, path: str | None = None, act16: bool = False) -> str | list[str]:
     """x [T, K] -> y [T, sum(N_i)] ([T, N / 2] with "swiglu"; residual + x W^T with "residual"); split: one
     output per weight, [T, N_i] each (q, k, v without a Split node); argmax: [y, argmax [T] int64], each row's
     first maximum (the LM head's greedy tokens, found by the op on the columns it just wrote).
@@ -49,7 +49,9 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
     token_adapter input} gives each path its LoRA segment (graph inputs lora.{target}.a|a_scale|b|b_scale, the int8
     stacks of all n layers, read at layer i (attribute lora_layer), and lora.rank.{target}; DoRA rows: lora.dora
     and lora.{target}.dora_scale [n, slots, out]);
-    `norm` = (weight [K], eps, path): the op projects RMSNorm(x) * weight (the norm before it, fused).
+    `norm` = (weight [K], eps, path): the op projects RMSNorm(x) * weight (the norm before it, fused);
+    act16: an int8 weight multiplies int16 activation codes (attribute act_bits 16; no LoRA): the LM head, where the
+    final norm's few large channels set an int8 step too coarse for the rest (custom_ops/src/kernels/qlinear.h).
     """
     assert epilogue in EPILOGUES
     path = path or group_path(paths)
@@ -82,6 +84,8 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
         attrs["norm_eps"] = float(eps)
     if split and len(ws) > 1:
         attrs["split"] = [int(w.shape[0]) for w in ws]
+    if act16 and q.bits == 8 and lora is None:
+        attrs["act_bits"] = 16
     while ins[-1] == "":
         ins.pop()
     assert not (argmax and (epilogue != "none" or "split" in attrs))

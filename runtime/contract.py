@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 11       # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 12       # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
                             #  4: key_scales / value_scales float16 (ops ABI 4);
@@ -27,7 +27,9 @@ CONTRACT_VERSION = 11       # graph input/output names, shapes and semantics bel
                             #  9: hidden_indices / hidden_states: the final norm's output on the rows an
                             #     embedding request pools;
                             #  10: float16 KV caches (--kv fp16: PagedAttention kv_dtype float16) (ops ABI 11);
-                            #  11: DoRA rows: lora.dora and lora.{target}.dora_scale (ops ABI 12))
+                            #  11: DoRA rows: lora.dora and lora.{target}.dora_scale (ops ABI 12);
+                            #  12: an int8 LM head's QLinear quantizes its input to int16 codes (act_bits 16,
+                            #      ops ABI 13))
 
 # ---- artifact files
 MANIFEST = "manifest.json"

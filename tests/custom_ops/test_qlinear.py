@@ -50,10 +50,11 @@ def feeds_for(w, x, **extra):
     return f | {k: v for k, v in extra.items() if v is not None}
 
 
-def run(w, x, epilogue="none", threads=2, packed_a=True, norm_eps=1e-5, lora_layer=-1, **extra):
+def run(w, x, epilogue="none", threads=2, packed_a=True, norm_eps=1e-5, lora_layer=-1, act_bits=8, **extra):
     feeds = feeds_for(w, x, **extra)
     s = sess_for(tuple(sorted(feeds)), threads, K=w.k, N=w.n, bits=w.bits, block_size=w.block_size,
-                 epilogue=epilogue, packed_a=int(packed_a), norm_eps=norm_eps, lora_layer=lora_layer)
+                 epilogue=epilogue, packed_a=int(packed_a), norm_eps=norm_eps, lora_layer=lora_layer,
+                 act_bits=act_bits)
     return s.run(None, feeds)[0]
 
 
@@ -420,13 +421,15 @@ print(json.dumps({{"isa": t.ops_isa(), "out": {{key: t.run(*t._isa_case(key)[:3]
                                             for key in t.ISA_CASES}}}}))
 """
 ISA_CASES = [f"{form}-{epi}-b{bs}" for form in ("int4", "int8") for epi in ("none", "residual", "swiglu")
-             for bs in (32, 64, 128)]
+             for bs in (32, 64, 128)] + [f"int8-{epi}-b{bs}-a16" for epi in ("none", "residual") for bs in (32, 128)]
 
 
 @functools.lru_cache(maxsize=None)
 def _isa_case(key):
-    form, epi, bs = key.split("-")
+    form, epi, bs, *act = key.split("-")
     w, x, extra = _invariance_case(epi, form)
+    if act:   # act_bits 16 takes no LoRA
+        extra = {k: v for k, v in extra.items() if k in ("norm_weight", "residual")} | {"act_bits": 16}
     return weight(w.k, w.n, form, bs=int(bs[1:]), seed=3), x, epi, extra
 
 
@@ -460,6 +463,51 @@ def test_vnni_path_is_taken_where_the_cpu_has_it():
     if os.environ.get("ORTLLM_OPS_ISA"):
         pytest.skip(f"ORTLLM_OPS_ISA={os.environ['ORTLLM_OPS_ISA']} forces a path")
     assert ops_isa() == ("avx512vnni" if _cpu_has_vnni() else "avx2")
+
+
+# ---------------------------------------------------------------- act_bits 16 (the int8 LM head)
+
+@pytest.mark.parametrize("bs", [32, 64, 128])
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_act16_parity_and_its_gain_over_int8_activations(T, bs):
+    """int8 weights on int16 activation codes (the final norm fused, as the LM head runs it) match the reference
+    within the float sums' rounding, and are ~100x nearer the float product than int8 codes are."""
+    rng = np.random.default_rng(T + bs)
+    w = weight(576, 960, "int8", bs=bs)
+    x = rng.standard_normal((T, 576), dtype=np.float32)
+    x[:, 5] *= 30   # an outlier channel, as the final norm's output has: it sets each block's step
+    nw = rng.uniform(0.5, 1.5, 576).astype(np.float32)
+    y16 = run(w, x, act_bits=16, norm_weight=nw)
+    ref16 = qlinear_ref(x, w, norm_weight=nw, act_bits=16)
+    xn = rms_norm(x, nw, 1e-5)
+    check(y16, ref16, magnitude(xn, w, act_bits=16), "act16")
+    exact = xn.astype(np.float64) @ dequantize_packed(w).astype(np.float64)[:, :576].T
+    y8 = run(w, x, norm_weight=nw)
+    err16, err8 = np.abs(y16 - exact).max(), np.abs(y8 - exact).max()
+    assert err16 * 50 < err8, (err16, err8)
+
+
+def test_act16_batch_invariance():
+    """The int16 path keeps the rows' bits whatever the batch, the tile or the thread split."""
+    w, x, extra = _invariance_case("none", "int8")
+    nw = extra["norm_weight"]
+    full = run(w, x, act_bits=16, norm_weight=nw)
+    singles = np.concatenate([run(w, x[t:t + 1], threads=1, act_bits=16, norm_weight=nw) for t in range(64)])
+    np.testing.assert_array_equal(full, singles)
+    for b in (3, 16, 33):
+        got = np.concatenate([run(w, x[i:i + b], act_bits=16, norm_weight=nw) for i in range(0, 64, b)])
+        np.testing.assert_array_equal(got, full, err_msg=f"batch {b}")
+
+
+def test_act16_refuses_int4_weights_and_lora():
+    assert "attribute act_bits = 16 needs bits = 8" in _bad(act_bits=16)
+    assert "attribute act_bits must be 8 or 16; got 12" in _bad(act_bits=12)
+    w = weight(64, 128, "int8")
+    rng = np.random.default_rng(0)
+    lora, _ = lora_case(rng, 3, 64, [128], n_slots=2, ranks=(8,), n_adapters=2)
+    feeds = feeds_for(w, np.ones((3, 64), np.float32)) | lora
+    with pytest.raises(Exception, match="act_bits = 16 takes no LoRA"):
+        session(qlinear_model(sorted(feeds), K=64, N=128, bits=8, block_size=32, act_bits=16)).run(None, feeds)
 
 
 # ---------------------------------------------------------------- bad input

@@ -20,24 +20,25 @@ import numpy as np
 from ortllm.pipeline.qlinear_pack import PackedWeight, dequantize_packed
 
 
-def quantize_activations(x: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """x [T, K] fp32 -> codes int32 [T, kb * bs] (zero past K), dx fp32 [T, kb]."""
+def quantize_activations(x: np.ndarray, block_size: int, act_bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """x [T, K] fp32 -> codes int32 [T, kb * bs] (zero past K), dx fp32 [T, kb]; act_bits 16: int16 codes,
+    dx = absmax / 32767 (the op's attribute act_bits)."""
     x = np.asarray(x, np.float32)
     t, k = x.shape
     kb = -(-k // block_size)
     xp = np.zeros((t, kb * block_size), np.float32)
     xp[:, :k] = x
     blocks = xp.reshape(t, kb, block_size)
-    dx = (np.abs(blocks).max(-1) / np.float32(127)).astype(np.float32)
+    dx = (np.abs(blocks).max(-1) / np.float32(127 if act_bits == 8 else 32767)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(dx != 0, np.float32(1) / dx, np.float32(0)).astype(np.float32)
     codes = np.rint(blocks * inv[..., None]).astype(np.int32)
     return codes.reshape(t, -1), dx
 
 
-def dequantized_activations(x: np.ndarray, block_size: int) -> np.ndarray:
+def dequantized_activations(x: np.ndarray, block_size: int, act_bits: int = 8) -> np.ndarray:
     """x_hat [T, kb * bs] float64: what the kernel's integer dot products multiply the weights by."""
-    codes, dx = quantize_activations(x, block_size)
+    codes, dx = quantize_activations(x, block_size, act_bits)
     t = codes.shape[0]
     return (codes.reshape(t, dx.shape[1], block_size) * dx[..., None].astype(np.float64)).reshape(t, -1)
 
@@ -122,11 +123,12 @@ def dora_row_scales(token_adapter, lora_scale, segments, dora, dora_scale, n) ->
 
 
 def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_adapter=None, lora_scale=None,
-                segments=(), packed_a=False, norm_weight=None, norm_eps=1e-5, dora=None, dora_scale=()) -> np.ndarray:
+                segments=(), packed_a=False, norm_weight=None, norm_eps=1e-5, dora=None, dora_scale=(),
+                act_bits=8) -> np.ndarray:
     """float32 [T, N] ([T, N / 2] with "swiglu"); norm_weight: the input is RMSNorm(x) * norm_weight."""
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, norm_eps)
-    x_hat = dequantized_activations(x, w.block_size)
+    x_hat = dequantized_activations(x, w.block_size, act_bits)
     y = x_hat @ dequantize_packed(w).astype(np.float64).T                         # [T, N]
     if token_adapter is not None:
         y += lora_terms(x, w.block_size, token_adapter, lora_scale, segments, packed_a, w.n)[0]
@@ -140,6 +142,7 @@ def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_ada
     return y.astype(np.float32)
 
 
-def magnitude(x, w: PackedWeight) -> np.ndarray:
+def magnitude(x, w: PackedWeight, act_bits: int = 8) -> np.ndarray:
     """|x_hat| @ |W_hat|^T [T, N]: the size of the terms the kernel's float32 sums round."""
-    return np.abs(dequantized_activations(x, w.block_size)) @ np.abs(dequantize_packed(w).astype(np.float64)).T
+    x_hat = dequantized_activations(x, w.block_size, act_bits)
+    return np.abs(x_hat) @ np.abs(dequantize_packed(w).astype(np.float64)).T

@@ -49,6 +49,7 @@ struct Quad {
 // call zero-fills (lora, qh).
 struct Scratch {
   std::vector<int8_t> q;
+  std::vector<int16_t> q16;
   std::vector<float> dx, sx, normed, lora, best, dora_rows;
   std::vector<int32_t> zsum, qsum32;
   std::vector<float> h[kQLinearMaxSegments];
@@ -71,14 +72,15 @@ void trim(V& v) {
   if (v.capacity() * sizeof(typename V::value_type) > kKeepBytes) V().swap(v);
 }
 void trim(Scratch& s) {
-  trim(s.q), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at), trim(s.zsum),
-      trim(s.qsum32), trim(s.dora_rows);
+  trim(s.q), trim(s.q16), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at),
+      trim(s.zsum), trim(s.qsum32), trim(s.dora_rows);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
 
 struct Ctx {
   explicit Ctx(Scratch& s)
       : q(s.q),
+        q16(s.q16),
         dx(s.dx),
         sx(s.sx),
         zsum(s.zsum),
@@ -101,6 +103,7 @@ struct Ctx {
   int64_t g_chunk = 0, t_chunk = 0, g_items = 0;
   int64_t q_chunk = 0;                             // tokens per quantization item
   std::vector<int8_t>& q;                          // [T, kpad]
+  std::vector<int16_t>& q16;                       // [T, kpad] instead, with act_bits 16
   std::vector<float>&dx, &sx;                      // [T, kb]
   std::vector<int32_t>& zsum;                      // [T, kb]
   int64_t kc = 0;                                  // 32-chunks of K (the LoRA's A scales)
@@ -136,8 +139,12 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
     if (c.a->norm_weight)
       c.isa->rms_norm_row(c.a->x + t * K, static_cast<int>(K), c.a->norm_weight, c.a->norm_eps,
                           c.normed.data() + t * K);
-    c.isa->quantize_row(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size), c.q.data() + t * c.kpad,
-                        dx, qsum);
+    if (c.d->act_bits == 16)
+      c.isa->quantize_row16(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size),
+                            c.q16.data() + t * c.kpad, dx, qsum);
+    else
+      c.isa->quantize_row(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size),
+                          c.q.data() + t * c.kpad, dx, qsum);
     // the LoRA's sums per 32-chunk of the codes are the blocks' own when the blocks are 32 long (the default)
     const bool block_sums = c.lora_sums && c.d->block_size == kLoraChunk;
     for (int64_t b = 0; b < c.kb; ++b) {
@@ -394,7 +401,8 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
 // token's LoRA term, 0 for tokens without one), which they then overwrite with the outputs.
 void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   const bool swiglu = c.d->epilogue == QLinearEpilogue::kSwiGLU;
-  const bool pair = c.isa->group_dot2 != nullptr && t1 - t0 >= kPairTokens;
+  const bool act16 = c.d->act_bits == 16;
+  const bool pair = c.isa->group_dot2 != nullptr && t1 - t0 >= kPairTokens && !act16;
   const int64_t T = c.d->num_tokens;
   alignas(32) float zeros[3][kQTile * 8];
   for (int64_t g = g0; g < g1;) {
@@ -403,7 +411,11 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
     const QGroup wg = group(c, g), w2 = group(c, g2);
     for (int64_t ts = t0; ts < t1; ts += kQTile) {
       const int nt = static_cast<int>(std::min<int64_t>(kQTile, t1 - ts));
-      const QTokens tok{c.q.data() + ts * c.kpad, c.kpad, c.dx.data() + ts * c.kb, c.zsum.data() + ts * c.kb,
+      const QTokens tok{act16 ? nullptr : c.q.data() + ts * c.kpad,
+                        act16 ? c.q16.data() + ts * c.kpad : nullptr,
+                        c.kpad,
+                        c.dx.data() + ts * c.kb,
+                        c.zsum.data() + ts * c.kb,
                         c.sx.data() + ts * c.kb};
       float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
@@ -411,6 +423,9 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
       float* up = swiglu ? v1 : zeros[2];
       if (pair && (swiglu || n == 2)) {
         c.isa->group_dot2(wg, w2, tok, nt, v0, v1);
+      } else if (act16) {
+        c.isa->group_dot16(wg, tok, nt, v0);
+        if (swiglu) c.isa->group_dot16(w2, tok, nt, v1);
       } else {
         c.isa->group_dot(wg, tok, nt, v0);
         if (swiglu) c.isa->group_dot(w2, tok, nt, v1);
@@ -472,7 +487,10 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.out_groups = d.epilogue == QLinearEpilogue::kSwiGLU ? c.groups / 2 : c.groups;
   const bool parallel = c.groups * c.group_bytes * T >= kParallelBytes;
 
-  c.q.resize(static_cast<size_t>(T * c.kpad));
+  if (d.act_bits == 16)
+    c.q16.resize(static_cast<size_t>(T * c.kpad));
+  else
+    c.q.resize(static_cast<size_t>(T * c.kpad));
   c.dx.resize(static_cast<size_t>(T * c.kb));
   c.sx.resize(static_cast<size_t>(T * c.kb));
   c.zsum.resize(static_cast<size_t>(T * c.kb));

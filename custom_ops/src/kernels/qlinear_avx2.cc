@@ -42,6 +42,17 @@ int32_t hsum(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
+// max_i |x[i]|, i < n (exact: the same value in any order).
+float absmax(const float* x, int n) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 vmax = _mm256_setzero_ps();
+  int k = 0;
+  for (; k + 8 <= n; k += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+  float amax = hmax(vmax);
+  for (; k < n; ++k) amax = amax > std::fabs(x[k]) ? amax : std::fabs(x[k]);
+  return amax;
+}
+
 // 32 floats times id, rounded half to even -> 32 int8 codes at q (|x * id| <= 127: no saturation happens);
 // returns their four int32 vectors' sum.
 __m256i codes32(const float* x, __m256 id, int8_t* q) {
@@ -61,14 +72,10 @@ __m256i codes32(const float* x, __m256 id, int8_t* q) {
 // same codes, scales and sums either way.
 void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
   const int kb = (K + bs - 1) / bs;
-  const __m256 sign = _mm256_set1_ps(-0.f);
   for (int b = 0; b < kb; ++b) {
     const int k0 = b * bs, k1 = K < k0 + bs ? K : k0 + bs;
-    __m256 vmax = _mm256_setzero_ps();
-    int k = k0;
-    for (; k + 8 <= k1; k += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
-    float amax = hmax(vmax);
-    for (; k < k1; ++k) amax = amax > std::fabs(x[k]) ? amax : std::fabs(x[k]);
+    const float amax = absmax(x + k0, k1 - k0);
+    int k;
     const float d = amax / 127.f;
     const float id = d != 0.f ? 1.f / d : 0.f;
     int32_t s = 0;
@@ -86,6 +93,65 @@ void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* 
     dx[b] = d;
     qsum[b] = s;
   }
+}
+
+// quantize_row with int16 codes (act_bits 16): dx = absmax / 32767; full blocks 16 codes per pack-and-store.
+void quantize_row16(const float* x, int K, int bs, int16_t* q, float* dx, int32_t* qsum) {
+  const int kb = (K + bs - 1) / bs;
+  for (int b = 0; b < kb; ++b) {
+    const int k0 = b * bs, k1 = K < k0 + bs ? K : k0 + bs;
+    const float amax = absmax(x + k0, k1 - k0);
+    int k;
+    const float d = amax / 32767.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    int32_t s = 0;
+    if (k1 - k0 == bs) {
+      const __m256 vid = _mm256_set1_ps(id);
+      __m256i vsum = _mm256_setzero_si256();
+      for (k = k0; k < k1; k += 16) {
+        const __m256i v0 = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i v1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vid),
+                                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        // packs works per 128-bit lane: [v0 lo, v1 lo | v0 hi, v1 hi] -> qwords (0, 2, 1, 3) puts them in order
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(v0, v1), 0xD8));
+        vsum = _mm256_add_epi32(vsum, _mm256_add_epi32(v0, v1));
+      }
+      s = hsum(vsum);
+    } else {
+      for (k = k0; k < k0 + bs; ++k) {
+        const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;  // |v| <= 32767
+        q[k] = static_cast<int16_t>(v);
+        s += v;
+      }
+    }
+    dx[b] = d;
+    qsum[b] = s;
+  }
+}
+
+// act_bits 16: madd (int16 pairs' products summed into int32 lanes), then add (qlinear_group_dot.h Dots16).
+struct Dots16 {
+  template <int NT>
+  static void block(const uint8_t* codes, int sub_blocks, const int16_t* const* qs, __m256i* lo, __m256i* hi) {
+    for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm256_setzero_si256();
+    for (int s = 0; s < sub_blocks; ++s, codes += 256) {
+      for (int i = 0; i < 8; ++i) {
+        __m256i wlo, whi;
+        widen8(codes + 32 * i, &wlo, &whi);
+        for (int t = 0; t < NT; ++t) {
+          const __m256i xq = bcast_quad16(qs[t] + 32 * s + 4 * i);
+          lo[t] = _mm256_add_epi32(lo[t], _mm256_madd_epi16(wlo, xq));
+          hi[t] = _mm256_add_epi32(hi[t], _mm256_madd_epi16(whi, xq));
+        }
+      }
+    }
+  }
+};
+
+void group_dot16(const QGroup& g, const QTokens& x, int nt, float* out) {
+  group_dot16_any<Dots16>(g, x, nt, out);
 }
 
 // Integer dots by _mm256_maddubs_epi16: int4 sums a sub-block's 8 products per row pair in int16 (each lane
@@ -278,9 +344,9 @@ void silu_mul8(const float* g, const float* u, float* out) {
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table.
 const QLinearIsa* qlinear_avx2_isa() {
-  static const QLinearIsa isa{"avx2",          avx2::quantize_row, avx2::group_dot,
-                              nullptr,         avx2::lora_shrink,  avx2::lora_expand,
-                              avx2::silu_mul8, avx2::rms_norm_row};
+  static const QLinearIsa isa{
+      "avx2",          avx2::quantize_row, avx2::group_dot,      nullptr,          avx2::lora_shrink, avx2::lora_expand,
+      avx2::silu_mul8, avx2::rms_norm_row, avx2::quantize_row16, avx2::group_dot16};
   return &isa;
 }
 }  // namespace ortllm

@@ -123,3 +123,61 @@ void group_dot_any(const QGroup& g, const QTokens& x, int nt, float* out) {
     group_dot_bits<Dots, 8>(g, x, nt, out);
   }
 }
+
+// act_bits 16 (int8 weights, int16 activation codes). Each unit defines a `struct Dots16` with
+//   template <int NT> static void block(const uint8_t* codes, int sub_blocks, const int16_t* const* qs,
+//                                       __m256i* lo, __m256i* hi);
+// which sets lo[t] / hi[t] to rows 0-3 / 4-7's two partial sums each (lanes 2r, 2r + 1: elements 4i, 4i + 1 and
+// 4i + 2, 4i + 3 of every chunk i) of token t's exact integer dot over one block: per 32-byte chunk of 8 rows x 4
+// codes, the codes widened to int16 (rows 0-3, rows 4-7) against the token's 4 codes broadcast to every 64-bit
+// lane. Here hadd pairs them, one permute puts the rows in lane order, then group_dot_t's float epilogue.
+template <class Dots16, int NT>
+void group_dot16_t(const QGroup& g, const QTokens& x, float* out) {
+  const int sub_blocks = g.bs / 32;
+  const __m256i rows = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);  // hadd's lanes (r0 r1 r4 r5 | r2 r3 r6 r7)
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_loadu_ps(out + 8 * t);
+  const uint8_t* codes = g.codes;
+  for (int b = 0; b < g.kb; ++b, codes += sub_blocks * 256) {
+    if (NT == 1) {  // decode: the weights stream once a step, as in group_dot_t
+      for (int l = 0; l < g.bs * 8; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(codes + 1536 + l), _MM_HINT_NTA);
+      if ((b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(g.d + (b + 8) * 8), _MM_HINT_NTA);
+    }
+    const int16_t* qs[NT];
+    for (int t = 0; t < NT; ++t) qs[t] = x.q16 + t * x.q_stride + b * g.bs;
+    __m256i lo[NT], hi[NT];
+    Dots16::template block<NT>(codes, sub_blocks, qs, lo, hi);
+    const __m256 d = load_f16x8(g.d + b * 8);
+    for (int t = 0; t < NT; ++t) {
+      const int tb = t * g.kb + b;
+      const __m256i isum = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[t], hi[t]), rows),
+                                            _mm256_set1_epi32(x.zsum[tb]));
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.dx[tb])), _mm256_cvtepi32_ps(isum), acc[t]);
+    }
+    if (g.m) {
+      const __m256 m = load_f16x8(g.m + b * 8);
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sx[t * g.kb + b]), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+template <class Dots16>
+void group_dot16_any(const QGroup& g, const QTokens& x, int nt, float* out) {
+  with_tokens(nt, [&](auto n) { group_dot16_t<Dots16, decltype(n)::value>(g, x, out); });
+}
+
+// The 8 rows' int8 codes of chunk i of a sub-block widened to int16: rows 0-3 in *lo, rows 4-7 in *hi.
+inline void widen8(const uint8_t* chunk, __m256i* lo, __m256i* hi) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));
+  *lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+  *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+}
+
+// A token's 4 int16 codes at p in every 64-bit lane.
+inline __m256i bcast_quad16(const int16_t* p) {
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm256_set1_epi64x(v);
+}

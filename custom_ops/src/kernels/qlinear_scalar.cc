@@ -13,23 +13,34 @@
 namespace ortllm {
 namespace {
 
-void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
+// Codes of kMax levels a side (int8: 127, int16: 32767), dx = absmax / kMax, rounded half to even; |x * (1 / dx)|
+// never rounds past kMax (it is within a few ulps of kMax at the absmax).
+template <class Code, int kMax>
+void quantize_codes(const float* x, int K, int bs, Code* q, float* dx, int32_t* qsum) {
   const int kb = (K + bs - 1) / bs;
   for (int b = 0; b < kb; ++b) {
     const int k0 = b * bs, k1 = std::min(K, k0 + bs);
     float amax = 0.f;
     for (int k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
-    const float d = amax / 127.f;
+    const float d = amax / static_cast<float>(kMax);
     const float id = d != 0.f ? 1.f / d : 0.f;
     int32_t s = 0;
     for (int k = k0; k < k0 + bs; ++k) {
       const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;
-      q[k] = static_cast<int8_t>(v);
+      q[k] = static_cast<Code>(v);
       s += v;
     }
     dx[b] = d;
     qsum[b] = s;
   }
+}
+
+void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
+  quantize_codes<int8_t, 127>(x, K, bs, q, dx, qsum);
+}
+
+void quantize_row16(const float* x, int K, int bs, int16_t* q, float* dx, int32_t* qsum) {
+  quantize_codes<int16_t, 32767>(x, K, bs, q, dx, qsum);
 }
 
 // Code of element e (0..31) of row r in one packed sub-block (layout in qlinear.h).
@@ -56,6 +67,31 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
           const uint8_t* sub = g.codes + (static_cast<int64_t>(b) * sub_blocks + s) * sub_bytes;
           const int8_t* qs = q + b * g.bs + 32 * s;
           for (int e = 0; e < 32; ++e) isum += (g.bits == 4 ? code4(sub, r, e) : code8(sub, r, e)) * qs[e];
+        }
+        isum -= x.zsum[t * g.kb + b];
+        acc[r] = std::fma(f16_to_float(g.d[b * 8 + r]) * dxb, static_cast<float>(isum), acc[r]);
+        if (g.m) acc[r] = std::fma(f16_to_float(g.m[b * 8 + r]), x.sx[t * g.kb + b], acc[r]);
+      }
+    }
+    for (int r = 0; r < 8; ++r) out[t * 8 + r] = acc[r];
+  }
+}
+
+// int8 weights on int16 activation codes (act_bits 16): group_dot's operations with x.q16.
+void group_dot16(const QGroup& g, const QTokens& x, int nt, float* out) {
+  const int sub_blocks = g.bs / 32;
+  for (int t = 0; t < nt; ++t) {
+    const int16_t* q = x.q16 + t * x.q_stride;
+    float acc[8];
+    for (int r = 0; r < 8; ++r) acc[r] = out[t * 8 + r];
+    for (int b = 0; b < g.kb; ++b) {
+      const float dxb = x.dx[t * g.kb + b];
+      for (int r = 0; r < 8; ++r) {
+        int32_t isum = 0;
+        for (int s = 0; s < sub_blocks; ++s) {
+          const uint8_t* sub = g.codes + (static_cast<int64_t>(b) * sub_blocks + s) * 256;
+          const int16_t* qs = q + b * g.bs + 32 * s;
+          for (int e = 0; e < 32; ++e) isum += code8(sub, r, e) * qs[e];
         }
         isum -= x.zsum[t * g.kb + b];
         acc[r] = std::fma(f16_to_float(g.d[b * 8 + r]) * dxb, static_cast<float>(isum), acc[r]);
@@ -114,8 +150,8 @@ void rms_norm_row(const float* x, int K, const float* w, float eps, float* xn) {
 }  // namespace
 
 const QLinearIsa& qlinear_scalar_isa() {
-  static const QLinearIsa isa{"scalar",    quantize_row, group_dot, nullptr,
-                              lora_shrink, lora_expand,  silu_mul8, rms_norm_row};
+  static const QLinearIsa isa{"scalar",    quantize_row, group_dot,    nullptr,        lora_shrink,
+                              lora_expand, silu_mul8,    rms_norm_row, quantize_row16, group_dot16};
   return isa;
 }
 

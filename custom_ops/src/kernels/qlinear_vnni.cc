@@ -69,6 +69,38 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   group_dot_any<Dots>(g, x, nt, out);
 }
 
+// act_bits 16: AVX2's Dots16 with _mm256_dpwssd_epi32 (int16 pairs' products added into the int32 lanes in one
+// instruction, where AVX2 needs madd + add); two chains per half when a token is alone or paired (dpwssd's latency).
+struct Dots16 {
+  template <int NT>
+  static void block(const uint8_t* codes, int sub_blocks, const int16_t* const* qs, __m256i* lo, __m256i* hi) {
+    constexpr int kChains = NT <= 2 ? 2 : 1;
+    __m256i l[NT][kChains], h[NT][kChains];
+    for (int t = 0; t < NT; ++t)
+      for (int c = 0; c < kChains; ++c) l[t][c] = h[t][c] = _mm256_setzero_si256();
+    for (int s = 0; s < sub_blocks; ++s, codes += 256) {
+      for (int i = 0; i < 8; ++i) {
+        __m256i wlo, whi;
+        widen8(codes + 32 * i, &wlo, &whi);
+        for (int t = 0; t < NT; ++t) {
+          const __m256i xq = bcast_quad16(qs[t] + 32 * s + 4 * i);
+          l[t][i % kChains] = _mm256_dpwssd_epi32(l[t][i % kChains], wlo, xq);
+          h[t][i % kChains] = _mm256_dpwssd_epi32(h[t][i % kChains], whi, xq);
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {  // exact integer sums: any order gives the same lanes
+      lo[t] = l[t][0], hi[t] = h[t][0];
+      for (int c = 1; c < kChains; ++c)
+        lo[t] = _mm256_add_epi32(lo[t], l[t][c]), hi[t] = _mm256_add_epi32(hi[t], h[t][c]);
+    }
+  }
+};
+
+void group_dot16(const QGroup& g, const QTokens& x, int nt, float* out) {
+  group_dot16_any<Dots16>(g, x, nt, out);
+}
+
 // ---- two groups in one 512-bit vector: lanes 0-7 group 0's rows, lanes 8-15 group 1's. Every broadcast word
 // of x and every dpbusd, cvt and fma then serves 16 rows; each lane's operations are group_dot_t's, so the
 // bits are those of two group_dot calls.
@@ -270,13 +302,14 @@ void lora_expand(const int8_t* const* qh, const float* coef, int n, int quads, c
 #pragma GCC pop_options
 
 namespace ortllm {
-// Compiled for the baseline ISA: checks the CPU and hands out the table (AVX2's, with this group_dot).
+// Compiled for the baseline ISA: checks the CPU and hands out the table (AVX2's, with these dots).
 const QLinearIsa* qlinear_vnni_isa() {
   static const QLinearIsa* isa = []() -> const QLinearIsa* {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
     if (avx2 == nullptr || !cpu_has_avx512_vnni()) return nullptr;
-    static const QLinearIsa table{"avx512vnni",      avx2->quantize_row, vnni::group_dot, vnni::group_dot2,
-                                  vnni::lora_shrink, vnni::lora_expand,  avx2->silu_mul8, avx2->rms_norm_row};
+    static const QLinearIsa table{"avx512vnni",         avx2->quantize_row, vnni::group_dot, vnni::group_dot2,
+                                  vnni::lora_shrink,    vnni::lora_expand,  avx2->silu_mul8, avx2->rms_norm_row,
+                                  avx2->quantize_row16, vnni::group_dot16};
     return &table;
   }();
   return isa;

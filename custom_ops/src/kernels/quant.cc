@@ -143,7 +143,7 @@ static uint16_t float_to_f16(float v) {
   const uint32_t abs = bits & 0x7FFFFFFFu;
   if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((abs >> 13) & 0x3FFu));  // NaN, quiet
   if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds past 65504 (or inf): inf
-  if (abs < 0x38800000u) {                                              // below 2^-14: subnormal or zero
+  if (abs < 0x38800000u) {                                               // below 2^-14: subnormal or zero
     float a;
     std::memcpy(&a, &abs, sizeof a);
     return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.f)));

@@ -227,9 +227,10 @@ void widen_f16(const uint16_t* h, int n, float* out) {
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{"scalar",         scores,  pv,   widen_e4m3, unpack_q4, scale_columns, scores_q8,      pv_q16,
-                          weights_q16,      exp_sum, vmax, vargmax,    scal,      gemm_rows,     gemm_rows_f16b, fwht,
-                          quantize_i8_codes, widen_f16};
+  static const VecOps ops{
+      "scalar",          scores,   pv,   widen_e4m3, unpack_q4, scale_columns, scores_q8,      pv_q16,
+      weights_q16,       exp_sum,  vmax, vargmax,    scal,      gemm_rows,     gemm_rows_f16b, fwht,
+      quantize_i8_codes, widen_f16};
   return ops;
 }
 

@@ -61,6 +61,7 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   N_ = attr_int(&api, info, "N", 0);
   bits_ = attr_int(&api, info, "bits", 0);
   block_size_ = attr_int(&api, info, "block_size", 0);
+  act_bits_ = attr_int(&api, info, "act_bits", 8);
   packed_a_ = attr_int(&api, info, "packed_a", 0) != 0;
   norm_eps_ = attr_float(&api, info, "norm_eps", 1e-5f);
   lora_layer_ = attr_int(&api, info, "lora_layer", -1);
@@ -84,6 +85,11 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
     err << kOp << ": attribute bits must be 4 or 8; got " << bits_;
   else if (block_size_ <= 0 || block_size_ % 32 != 0)
     err << kOp << ": attribute block_size must be a positive multiple of 32 (32, 64, 128); got " << block_size_;
+  else if (act_bits_ != 8 && act_bits_ != 16)
+    err << kOp << ": attribute act_bits must be 8 or 16; got " << act_bits_;
+  else if (act_bits_ == 16 && (bits_ != 8 || block_size_ > 128))
+    err << kOp << ": attribute act_bits = 16 needs bits = 8 and block_size <= 128 (int16 x int8 dots summed in int32); "
+        << "got bits = " << bits_ << ", block_size = " << block_size_;
   else if (epi == "none")
     epilogue_ = QLinearEpilogue::kNone;
   else if (epi == "residual")
@@ -152,7 +158,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     if (x.rank != 2) fail(kOp, ": input 'x' must be [T, K]; got shape ", shape_str(x.shape()));
     const int64_t T = x.dims[0];
     expect(kOp, "x", x, {T, K_});
-    QLinearDims dims{T, K_, N_, block_size_, static_cast<int>(bits_), epilogue_};
+    QLinearDims dims{T, K_, N_, block_size_, static_cast<int>(bits_), epilogue_, static_cast<int>(act_bits_)};
     const int64_t G = dims.groups(), kb = dims.k_blocks();
     expect_type("codes", codes, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, "uint8");
     expect(kOp, "codes", codes, {G, kb, block_size_ * bits_});
@@ -188,6 +194,9 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     }
 
     const TensorIn adapter = input(api, context, n_in, kAdapter);
+    if (adapter.value && act_bits_ == 16)
+      fail(kOp,
+           ": attribute act_bits = 16 takes no LoRA (input 'token_adapter'); use act_bits = 8 on adapted projections");
     if (adapter.value) {
       expect_type("token_adapter", adapter, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
       expect(kOp, "token_adapter", adapter, {T});

@@ -26,6 +26,8 @@
 //               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix;
 //               norm_eps (float, default 1e-5): the RMSNorm's epsilon, with norm_weight;
 //               split (ints, optional): the outputs' widths, summing to N;
+//               act_bits (int, 8 | 16, default 8; ops ABI 13): 16 quantizes x to int16 codes per block (bits 8 only,
+//               no LoRA; the int8 LM head), 8 to int8;
 //               lora_layer (int, default -1): with it, A_j, A_scale_j, B_j, B_scale_j are stacks of every layer
 //               ([n_layers, n_slots, ...], contract 7: a few graph inputs instead of four per layer and target)
 //               and the node reads layer lora_layer of each.
@@ -43,7 +45,7 @@ struct QLinearKernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* context);
 
  private:
-  int64_t K_ = 0, N_ = 0, bits_ = 0, block_size_ = 0;
+  int64_t K_ = 0, N_ = 0, bits_ = 0, block_size_ = 0, act_bits_ = 8;
   bool packed_a_ = false;
   float norm_eps_ = 1e-5f;
   int64_t lora_layer_ = -1;  // >= 0: the LoRA stacks are [n_layers, ...] and this node reads that layer
