@@ -20,7 +20,11 @@ The replay is llama-server's loop (tools/server, update_slots) with `--parallel 
   - llama_set_adapters_lora with that set (llama.cpp changes nothing when it is the current one), one
     llama_decode, a greedy token (argmax) for every slot that got logits; EOS is never a stop, so each request
     gets exactly max_tokens tokens, as the ortllm side does.
-KV: one sequence per slot (kv_unified false), n_ctx = slots x the longest request rounded up to 256.
+KV: one sequence per slot in one unified cache (llama-server's --kv-unified; --kv-split: a stream per slot,
+measured no faster here), n_ctx = slots x the longest request rounded up to 256.
+Threads: ggml's workers spin at barriers, so on a machine with fewer free cores than threads a llama_decode can
+take several times longer (seen: 2 threads 5x slower than 1 on a 2-core host under load 9); compare systems at a
+thread count the machine has free.
 Reply: per request ttft (s from its arrival to its first token) and latency (to its last token), the wall
 time from the start to the last token, decode calls, adapter switches and the mean tokens per llama_decode.
 
@@ -95,10 +99,10 @@ class LlamaCppLoraDriver(LlamaCppDriver):
         self._current = name
         return True
 
-    def _new_context(self, n_ctx: int, n_seq: int, n_batch: int):
+    def _new_context(self, n_ctx: int, n_seq: int, n_batch: int, unified: bool = True):
         L = self.L
         c = L.llama_context_default_params()
-        c.n_ctx, c.n_seq_max, c.kv_unified = n_ctx, n_seq, n_seq == 1
+        c.n_ctx, c.n_seq_max, c.kv_unified = n_ctx, n_seq, unified or n_seq == 1
         c.n_batch, c.n_ubatch = n_batch, min(n_batch, 512)
         c.n_threads = c.n_threads_batch = self.threads
         c.no_perf = True
@@ -109,13 +113,13 @@ class LlamaCppLoraDriver(LlamaCppDriver):
         return ctx
 
     # ------------------------------------------------------------ the trace
-    def replay(self, requests: list[dict], n_slots: int) -> dict:
+    def replay(self, requests: list[dict], n_slots: int, unified: bool = True) -> dict:
         L = self.L
         for r in requests:
             if r["adapter"] is not None and r["adapter"] not in self.adapters:
                 raise ValueError(f"the trace asks for adapter {r['adapter']!r}; loaded: {sorted(self.adapters)}")
         per_slot = -(-max(len(r["prompt"]) + r["max_tokens"] + 1 for r in requests) // 256) * 256
-        ctx = self._new_context(n_slots * per_slot, n_slots, N_BATCH)
+        ctx = self._new_context(n_slots * per_slot, n_slots, N_BATCH, unified)
         mem = L.llama_get_memory(ctx)
         b = L.llama_batch_init(N_BATCH, 0, 1)
         n_req = len(requests)
@@ -221,6 +225,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--slots", type=int, default=16, help="llama-server's --parallel")
     p.add_argument("--trace", type=Path, help="TRACE.json to replay")
+    p.add_argument("--kv-split", action="store_true",
+                   help="one KV stream per slot (kv_unified false) instead of one shared cache")
     p.add_argument("--logits", type=Path, help="IDS.json: a token window whose logits to save (with --out)")
     p.add_argument("--adapter", default=None, help="with --logits: the adapter (none: the base model)")
     p.add_argument("--out", type=Path)
@@ -230,7 +236,7 @@ def main(argv=None) -> int:
     try:
         driver = LlamaCppLoraDriver(a)
         if a.trace:
-            reply = driver.replay(json.loads(a.trace.read_text())["requests"], a.slots)
+            reply = driver.replay(json.loads(a.trace.read_text())["requests"], a.slots, not a.kv_split)
         elif a.logits and a.out:
             np.save(a.out, driver.adapter_logits(json.loads(a.logits.read_text()), a.adapter))
             reply = {"ok": True, "out": str(a.out)}
