@@ -90,9 +90,9 @@ def smollm2_hf(smollm2_gguf):
 QUALITY_TOKENS = 4096
 
 GATE_BUILDS = {
-    "int8": dict(quant="int8"),                         # the default: int8 compute with SmoothQuant (smooth.py)
+    "int8": dict(quant="int8"),     # the default: int8 compute with SmoothQuant (smooth.py), int8 head, fp16 KV
     "int4-b32": dict(quant="int4", block_size=32, algo="hqq", lm_head="int8", kv="fp32"),   # the weights alone
-    "int4": dict(quant="int4"),                         # the default int4 build: RTN b32, int8 head, fp32 KV
+    "int4": dict(quant="int4"),                         # the default int4 build: RTN b32, int8 head, fp16 KV
     "kv-int8": dict(kv="int8"),
     "kv-fp16": dict(kv="fp16"),     # the fp32 cache at half the bytes: its gate leaves it nothing to lose
     "kv-fp8": dict(kv="fp8"),       # no gate on held-out text (tests/calibration/test_gates.py says why)

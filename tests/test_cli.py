@@ -132,8 +132,8 @@ def test_generate_prints_the_quality_of_a_quantized_artifact(tmp_path):
     assert ortllm("build", "llama-tiny-random", "--quant", "int4", "--lm-head", "int8", "--out", art).returncode == 0
     p = ortllm("generate", art, "--prompt", "hi", "--max-tokens", "2")
     assert p.returncode == 0, p.stderr
-    # an int4 build's KV cache is fp32 unless --kv says otherwise (pipeline/build.py, DEFAULT_KV)
-    assert "quality (weights int4, LM head int8, KV fp32) vs fp32 over" in p.stderr and "PPL ratio" in p.stderr
+    # an int4 build's KV cache is fp16 unless --kv says otherwise (pipeline/build.py, DEFAULT_KV)
+    assert "quality (weights int4, LM head int8, KV fp16) vs fp32 over" in p.stderr and "PPL ratio" in p.stderr
 
 
 def test_missing_ops_library_is_one_line(tmp_path, tiny_engine):
