@@ -88,3 +88,25 @@ def test_trace_replays_on_both_systems(smollm2_engine):
     for m in ("throughput_ratio", "latency_p99_ratio", "ttft_p99_ratio"):
         assert by[("ortllm / llama.cpp", m)]["median"] > 0
     assert {r["scenario"] for r in rows} == {"lora-trace (4 adapters, 16 req/s)"}
+
+
+def test_lora_swap_rows(tiny_engine, tmp_path):
+    """`ortllm bench --scenario lora-swap` on the tiny engine artifact (plumbing; the figures are in
+    docs/adapters.md): every (condition, state) row, and under load and queued the disk-only adapter was read
+    before its step (the prefetch at submit)."""
+    import json
+
+    from tests.test_cli import ortllm
+
+    p = ortllm("bench", tiny_engine, "--scenario", "lora-swap", "--quick", "--threads", "1", "--out", tmp_path,
+               timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = {(r["scenario"], r["metric"]): r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    for cond in ("idle", "load", "queued"):
+        scen = f"lora-swap ({cond})"
+        assert rows[(scen, "ttft_ms (base model)")]["median"] > 0
+        for state in ("slot", "host", "disk"):
+            assert rows[(scen, f"ttft_ms (adapter in {state})")]["median"] > 0
+            assert rows[(scen, f"activate_ms (adapter in {state})")]["n"] == 1
+        assert rows[(scen, "prefetched (adapter in slot)")]["median"] == 1
+    assert rows[("lora-swap (queued)", "prefetched (adapter in disk)")]["median"] == 1
