@@ -38,9 +38,9 @@ def _add_build_options(p) -> None:
     p.add_argument("--smooth", type=float, default=None, metavar="ALPHA",
                    help="SmoothQuant migration strength in [0, 1] for the projections after a norm (q|k|v, gate|up); "
                         "0: off; default 0.5 for --quant int8 with int8 compute (accuracy level 4), else off")
-    p.add_argument("--smooth-down", type=float, default=None, metavar="ALPHA",
-                   help="SmoothQuant migration strength in [0, 1] for down_proj's input, carried by up_proj's rows; "
-                        "default: the recipe's for its --quant (gemma3-270m int8: 0.5), else 0 (off)")
+    p.add_argument("--smooth-down", type=float, default=0.0, metavar="ALPHA",
+                   help="SmoothQuant migration strength in [0, 1] for down_proj's input, carried by up_proj's rows "
+                        "(GLU MLPs); default 0 (off)")
     p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
     p.add_argument("--lm-head", default=None,
@@ -76,17 +76,12 @@ def _build_options(a):
     from ortllm.pipeline.recipes import known_recipes
 
     defaults = known_recipes()[a.model].build if a.model in known_recipes() else {}
-    quant = a.quant or defaults.get("quant", "fp32")
-    per_quant = defaults.get(quant, {})      # the recipe's [build.<quant>] table (models/*.toml)
-    if a.algo == "gptq":                     # GPTQ's Hessians are of unsmoothed inputs: no recipe smoothing
-        per_quant = {k: v for k, v in per_quant.items() if not k.startswith("smooth")}
     return BuildOptions(
-        quant=quant, block_size=a.block_size or defaults.get("block_size", 32),
+        quant=a.quant or defaults.get("quant", "fp32"), block_size=a.block_size or defaults.get("block_size", 32),
         algo=a.algo, lm_head=a.lm_head, lm_head_algo=a.lm_head_algo, kv=a.kv or defaults.get("kv"),
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
-        calib_tokens=a.calib_tokens, smooth=a.smooth if a.smooth is not None else per_quant.get("smooth"),
-        smooth_down=a.smooth_down if a.smooth_down is not None else per_quant.get("smooth_down", 0.0))
+        calib_tokens=a.calib_tokens, smooth=a.smooth, smooth_down=a.smooth_down)
 
 
 # ---------------------------------------------------------------- eval
