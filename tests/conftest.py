@@ -75,6 +75,13 @@ def smollm2_engine(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_engine(tmp_path_factory) -> Path:
+    """The real Gemma 3 270M (recipe gemma3-270m), engine graph, fp32 (tests/pipeline/test_gemma3.py,
+    tests/runtime/test_gemma3_invariance.py)."""
+    return _build(tmp_path_factory, "gemma3-270m", graph="engine")
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf(smollm2_gguf):
     """transformers' own GGUF loader (its dequantization and q/k un-permutation, not ours), fp32."""
     import torch

@@ -51,11 +51,6 @@ def gemma3_portable(tmp_path_factory, gemma3_gguf):
     return _build(tmp_path_factory, "portable")
 
 
-@pytest.fixture(scope="module")
-def gemma3_engine(tmp_path_factory, gemma3_gguf):
-    return _build(tmp_path_factory, "engine")
-
-
 def _close(got, ref, what, rel=1e-3):
     err, bound = np.abs(got - ref).max(), rel * np.abs(ref).max()
     assert err <= bound, f"{what}: max |dlogit| {err:.3g} > {bound:.3g}"

@@ -1,0 +1,75 @@
+"""SmolLM2's serving invariances on the real Gemma 3 270M (recipe gemma3-270m): sliding-window layers, the 262k
+head, GELU-tanh MLP and the output norms change nothing of what the engine promises.
+
+- batch invariance: each prompt's greedy tokens alone equal its tokens in a mixed batch of 8 and among 8 identical
+  prompts longer than a KV block (prefix-cache hits), with and without chunked prefill;
+- prefix caching past the 512-token window: requests sharing a 600-token prefix reuse its blocks and give the
+  tokens they give with the cache off;
+
+The base model has no chat template: prompts are plain text after <bos>. The build is the session's fp32 engine
+artifact (tests/conftest.py gemma3_engine), shared with tests/pipeline/test_gemma3.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ortllm.runtime.engine import Engine
+from ortllm.runtime.sampling_params import SamplingParams
+
+pytestmark = [pytest.mark.slow, pytest.mark.isa_paths]
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "The three primary colors are", "import numpy as np\n\nx = np.", "Water boils at",
+           "The first president of the United States was", "To make a cup of tea, first"]
+# longer than a KV block (16 tokens): identical prompts share its full blocks
+LONG = ["apples, pears, cherries, grapes, lemons, oranges, bananas, mangoes.\n"
+            "The same list again: apples, pears, cherries,",
+            "def total(items):\n    subtotal = 0\n    for item in items:\n        subtotal += item.price\n"
+            "    return subtotal\n\n\ndef total_with_tax(items, rate):\n    subtotal = 0\n    for item in items:\n"]
+
+
+def _greedy(n: int = 24, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)
+
+
+def _ids(engine: Engine, text: str) -> list[int]:
+    tok = engine.tokenizer
+    return ([tok.bos_token_id] if tok.bos_token_id is not None else []) + tok.encode(text)
+
+
+@pytest.fixture(scope="module")
+def artifact(gemma3_engine):
+    return gemma3_engine
+
+
+@pytest.mark.parametrize("overrides", [{}, {"max_batch_tokens": 32}], ids=["roomy", "chunked"])
+def test_same_tokens_alone_or_in_any_batch(artifact, overrides):
+    with Engine.from_artifact(artifact, max_num_seqs=8, **overrides) as engine:
+        prompts = [_ids(engine, p) for p in PROMPTS]
+        alone = [engine.generate([p], _greedy())[0].token_ids for p in prompts]
+        mixed = [o.token_ids for o in engine.generate(prompts, _greedy())]
+        long = _ids(engine, LONG[0])
+        long_alone = engine.generate([long], _greedy())[0].token_ids
+        same = [o.token_ids for o in engine.generate([long] * 8, _greedy())]
+        stats = engine.stats()
+    for i, (a, m) in enumerate(zip(alone, mixed)):
+        assert m == a, f"prompt {i} ({PROMPTS[i]!r}) differs in a mixed batch of 8 from alone"
+    assert all(s == long_alone for s in same), "8 identical prompts do not all give the prompt's own tokens"
+    assert stats["prefix_cache_hit_rate"] > 0, stats
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], "blocks leaked"
+
+
+def test_prefix_cache_past_the_window(gemma3_engine):
+    """A shared prefix longer than the sliding window (512): cached blocks hold keys the sliding layers no longer
+    read and the global layers still do; outputs equal those with the cache off."""
+    rng = np.random.default_rng(5)
+    shared = [2] + rng.integers(300, 200000, 599).tolist()
+    prompts = [shared + rng.integers(300, 200000, n).tolist() for n in (3, 20, 41)]
+    outs = {}
+    for cached in (True, False):
+        with Engine.from_artifact(gemma3_engine, num_blocks=256, enable_prefix_cache=cached) as engine:
+            outs[cached] = [engine.generate([p], _greedy(12))[0].token_ids for p in prompts]
+            rate = engine.stats()["prefix_cache_hit_rate"]
+        assert (rate > 0.5) if cached else (rate == 0.0), rate
+    assert outs[True] == outs[False]
