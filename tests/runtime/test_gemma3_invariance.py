@@ -5,11 +5,15 @@ head, GELU-tanh MLP and the output norms change nothing of what the engine promi
   prompts longer than a KV block (prefix-cache hits), with and without chunked prefill;
 - prefix caching past the 512-token window: requests sharing a 600-token prefix reuse its blocks and give the
   tokens they give with the cache off;
+- speculative decoding (prompt-lookup drafts): greedy tokens equal plain decoding, alone and batched;
+- mixed adapters: three PEFT LoRAs (random, every target) and the base in one batch equal each request alone.
 
 The base model has no chat template: prompts are plain text after <bos>. The build is the session's fp32 engine
 artifact (tests/conftest.py gemma3_engine), shared with tests/pipeline/test_gemma3.py.
 """
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import pytest
@@ -73,3 +77,47 @@ def test_prefix_cache_past_the_window(gemma3_engine):
             rate = engine.stats()["prefix_cache_hit_rate"]
         assert (rate > 0.5) if cached else (rate == 0.0), rate
     assert outs[True] == outs[False]
+
+
+def test_speculative_greedy_equals_plain(artifact):
+    with Engine.from_artifact(artifact, max_num_seqs=8, spec_max_tokens=8, spec_max_batch=8) as engine:
+        prompts = [_ids(engine, t) for t in LONG + PROMPTS[:3]]
+        plain = [engine.generate([p], _greedy(48, speculative=False))[0] for p in prompts]
+        alone = [engine.generate([p], _greedy(48))[0] for p in prompts]
+        mixed = engine.generate(prompts, _greedy(48))
+        stats = engine.stats()
+    for i, (p, a, m) in enumerate(zip(plain, alone, mixed)):
+        assert a.token_ids == p.token_ids, f"prompt {i}: speculative decoding alone changed the greedy tokens"
+        assert m.token_ids == p.token_ids, f"prompt {i}: speculative decoding in a batch changed the greedy tokens"
+    assert stats["spec_accepted"] > 0, stats
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], "blocks leaked"
+
+
+@pytest.fixture(scope="module")
+def adapted(gemma3_engine, tmp_path_factory):
+    """A copy of the fp32 Gemma 3 build with three PEFT LoRAs on every target (ranks 4, 8, 16)."""
+    from ortllm.pipeline.sources import load_model
+    from ortllm.runtime.adapter_files import add_adapter
+    from tests.reference.peft_lora import make_peft_lora
+    base = tmp_path_factory.mktemp("gemma3-adapted")
+    art = base / "art"
+    shutil.copytree(gemma3_engine, art)
+    weights = load_model("gemma3-270m")[1]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    for k, r in enumerate((4, 8, 16)):
+        make_peft_lora(weights, base / f"ad{k}", seed=40 + k, r=r, targets=targets)
+        add_adapter(art, base / f"ad{k}", f"ad{k}")
+    return art
+
+
+def test_mixed_adapter_batch_equals_alone(adapted):
+    names = [None, "ad0", "ad1", "ad2"]
+    jobs = [(p, names[i % len(names)]) for i, p in enumerate(PROMPTS)]
+    with Engine.from_artifact(adapted, max_num_seqs=8, max_adapters_per_batch=3) as engine:
+        ids = [_ids(engine, p) for p, _ in jobs]
+        alone = [engine.generate([p], _greedy(16, adapter=a))[0].token_ids for p, (_, a) in zip(ids, jobs)]
+        mixed = engine.generate(ids, [_greedy(16, adapter=a) for _, a in jobs])
+        base = [o.token_ids for o in engine.generate(ids, _greedy(16))]
+    assert [m.token_ids for m in mixed] == alone
+    assert any(a != b for (_, name), a, b in zip(jobs, alone, base) if name is not None), \
+        "the adapters should change the outputs"
