@@ -82,6 +82,12 @@ def gemma3_engine(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_int8(tmp_path_factory) -> Path:
+    """Gemma 3 270M, the default int8 build (QLinear), with a short calibration and in-build check."""
+    return _build(tmp_path_factory, "gemma3-270m", quant="int8", calib_tokens=1024, quality_tokens=512)
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf(smollm2_gguf):
     """transformers' own GGUF loader (its dequantization and q/k un-permutation, not ours), fp32."""
     import torch

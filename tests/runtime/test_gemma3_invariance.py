@@ -2,14 +2,15 @@
 head, GELU-tanh MLP and the output norms change nothing of what the engine promises.
 
 - batch invariance: each prompt's greedy tokens alone equal its tokens in a mixed batch of 8 and among 8 identical
-  prompts longer than a KV block (prefix-cache hits), with and without chunked prefill;
+  prompts longer than a KV block (prefix-cache hits), with and without chunked prefill, on the fp32 and the
+  default int8 (QLinear) builds;
 - prefix caching past the 512-token window: requests sharing a 600-token prefix reuse its blocks and give the
   tokens they give with the cache off;
 - speculative decoding (prompt-lookup drafts): greedy tokens equal plain decoding, alone and batched;
 - mixed adapters: three PEFT LoRAs (random, every target) and the base in one batch equal each request alone.
 
-The base model has no chat template: prompts are plain text after <bos>. The build is the session's fp32 engine
-artifact (tests/conftest.py gemma3_engine), shared with tests/pipeline/test_gemma3.py.
+The base model has no chat template: prompts are plain text after <bos>. The builds are the session's (tests/conftest.py
+gemma3_engine, shared with tests/pipeline/test_gemma3.py, and gemma3_int8).
 """
 from __future__ import annotations
 
@@ -47,9 +48,14 @@ def artifact(gemma3_engine):
     return gemma3_engine
 
 
+@pytest.fixture(scope="module", params=["fp32", "int8"])
+def any_build(request, gemma3_engine, gemma3_int8):
+    return gemma3_engine if request.param == "fp32" else gemma3_int8
+
+
 @pytest.mark.parametrize("overrides", [{}, {"max_batch_tokens": 32}], ids=["roomy", "chunked"])
-def test_same_tokens_alone_or_in_any_batch(artifact, overrides):
-    with Engine.from_artifact(artifact, max_num_seqs=8, **overrides) as engine:
+def test_same_tokens_alone_or_in_any_batch(any_build, overrides):
+    with Engine.from_artifact(any_build, max_num_seqs=8, **overrides) as engine:
         prompts = [_ids(engine, p) for p in PROMPTS]
         alone = [engine.generate([p], _greedy())[0].token_ids for p in prompts]
         mixed = [o.token_ids for o in engine.generate(prompts, _greedy())]
