@@ -129,7 +129,8 @@ def test_ortllm_serve_two_store_models_through_openai_client(two_models):
 def test_memory_budget_evicts_lru_but_never_a_model_in_use(two_models):
     store = two_models
     a, b = store.path("tiny:fp32"), store.path("tiny:int8")
-    budget = int(max(estimate_bytes(a, **OVERRIDES), estimate_bytes(b, **OVERRIDES)) * 1.5)   # room for one
+    ea, eb = estimate_bytes(a, **OVERRIDES), estimate_bytes(b, **OVERRIDES)
+    budget = max(ea, eb) + min(ea, eb) // 2       # room for either one, never both
     config = ServiceConfig(models=(("A", a), ("B", b)), memory_budget_bytes=budget, engine_overrides=OVERRIDES)
     app = create_app(config)
     pool = app.extensions["ortllm"]
