@@ -53,40 +53,51 @@ float absmax(const float* x, int n) {
   return amax;
 }
 
-// 32 floats times id, rounded half to even -> 32 int8 codes at q (|x * id| <= 127: no saturation happens);
-// returns their four int32 vectors' sum.
-__m256i codes32(const float* x, __m256 id, int8_t* q) {
+// 8 floats times id, rounded half to even (as std::nearbyint in the default mode), as int32 lanes.
+inline __m256i round8(const float* x, __m256 id) {
+  return _mm256_cvtps_epi32(
+      _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// One vector step of a full block: 32 int8 codes or 16 int16 codes at q (|x * id| <= kMax: no saturation happens);
+// returns their int32 lanes' sum vector. packs works per 128-bit lane, so a permute puts the codes in order.
+inline __m256i store_codes(const float* x, __m256 id, int8_t* q) {
   __m256i v[4];
-  for (int i = 0; i < 4; ++i)
-    v[i] = _mm256_cvtps_epi32(
-        _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  // packs work per 128-bit lane: the bytes come out as dwords [v0 lo, v1 lo, v2 lo, v3 lo | v0 hi, ...]
+  for (int i = 0; i < 4; ++i) v[i] = round8(x + 8 * i, id);
+  // bytes come out as dwords [v0 lo, v1 lo, v2 lo, v3 lo | v0 hi, ...]
   const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
                       _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   return _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
 }
+inline __m256i store_codes(const float* x, __m256 id, int16_t* q) {
+  const __m256i v0 = round8(x, id), v1 = round8(x + 8, id);
+  // [v0 lo, v1 lo | v0 hi, v1 hi] -> qwords (0, 2, 1, 3)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permute4x64_epi64(_mm256_packs_epi32(v0, v1), 0xD8));
+  return _mm256_add_epi32(v0, v1);
+}
 
-// Rounds to nearest even like std::nearbyint in the default mode. Full blocks (bs a multiple of 32) in vectors: the
-// absmax, then 32 codes per pack-and-store; a block cut by K (the last one) element by element, zero-padded. The
-// same codes, scales and sums either way.
-void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
+// quantize_row (int8 codes, kMax 127) and quantize_row16 (int16 codes, act_bits 16, kMax 32767): dx = absmax / kMax,
+// rounded half to even like std::nearbyint. Full blocks (bs a multiple of 32) in vectors: the absmax, then
+// store_codes' steps; a block cut by K (the last one) element by element, zero-padded. The same codes, scales and
+// sums either way, and as the scalar path's.
+template <class Code, int kMax>
+void quantize_codes(const float* x, int K, int bs, Code* q, float* dx, int32_t* qsum) {
+  constexpr int kStep = 32 / static_cast<int>(sizeof(Code));  // codes a store_codes step writes
   const int kb = (K + bs - 1) / bs;
   for (int b = 0; b < kb; ++b) {
     const int k0 = b * bs, k1 = K < k0 + bs ? K : k0 + bs;
-    const float amax = absmax(x + k0, k1 - k0);
-    int k;
-    const float d = amax / 127.f;
+    const float d = absmax(x + k0, k1 - k0) / static_cast<float>(kMax);
     const float id = d != 0.f ? 1.f / d : 0.f;
     int32_t s = 0;
     if (k1 - k0 == bs) {
       __m256i vsum = _mm256_setzero_si256();
-      for (k = k0; k < k1; k += 32) vsum = _mm256_add_epi32(vsum, codes32(x + k, _mm256_set1_ps(id), q + k));
+      for (int k = k0; k < k1; k += kStep) vsum = _mm256_add_epi32(vsum, store_codes(x + k, _mm256_set1_ps(id), q + k));
       s = hsum(vsum);
     } else {
-      for (k = k0; k < k0 + bs; ++k) {
-        const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;
-        q[k] = static_cast<int8_t>(v);
+      for (int k = k0; k < k0 + bs; ++k) {
+        const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;  // |v| <= kMax
+        q[k] = static_cast<Code>(v);
         s += v;
       }
     }
@@ -95,40 +106,12 @@ void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* 
   }
 }
 
-// quantize_row with int16 codes (act_bits 16): dx = absmax / 32767; full blocks 16 codes per pack-and-store.
+void quantize_row(const float* x, int K, int bs, int8_t* q, float* dx, int32_t* qsum) {
+  quantize_codes<int8_t, 127>(x, K, bs, q, dx, qsum);
+}
+
 void quantize_row16(const float* x, int K, int bs, int16_t* q, float* dx, int32_t* qsum) {
-  const int kb = (K + bs - 1) / bs;
-  for (int b = 0; b < kb; ++b) {
-    const int k0 = b * bs, k1 = K < k0 + bs ? K : k0 + bs;
-    const float amax = absmax(x + k0, k1 - k0);
-    int k;
-    const float d = amax / 32767.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    int32_t s = 0;
-    if (k1 - k0 == bs) {
-      const __m256 vid = _mm256_set1_ps(id);
-      __m256i vsum = _mm256_setzero_si256();
-      for (k = k0; k < k1; k += 16) {
-        const __m256i v0 = _mm256_cvtps_epi32(
-            _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        const __m256i v1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vid),
-                                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        // packs works per 128-bit lane: [v0 lo, v1 lo | v0 hi, v1 hi] -> qwords (0, 2, 1, 3) puts them in order
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k),
-                            _mm256_permute4x64_epi64(_mm256_packs_epi32(v0, v1), 0xD8));
-        vsum = _mm256_add_epi32(vsum, _mm256_add_epi32(v0, v1));
-      }
-      s = hsum(vsum);
-    } else {
-      for (k = k0; k < k0 + bs; ++k) {
-        const int v = k < k1 ? static_cast<int>(std::nearbyint(x[k] * id)) : 0;  // |v| <= 32767
-        q[k] = static_cast<int16_t>(v);
-        s += v;
-      }
-    }
-    dx[b] = d;
-    qsum[b] = s;
-  }
+  quantize_codes<int16_t, 32767>(x, K, bs, q, dx, qsum);
 }
 
 // act_bits 16: madd (int16 pairs' products summed into int32 lanes), then add (qlinear_group_dot.h Dots16).
