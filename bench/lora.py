@@ -15,6 +15,7 @@ Adapters are synthetic (seeded random A, B in PEFT's file format), written into 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -359,8 +360,10 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
     a session slot, in host RAM only or on disk only, beside a base-model request, in three conditions:
       idle    the engine runs nothing else;
       load    load_batch base requests are decoding; the request gets a free seat at the next step;
-      queued  load_batch + 1 decoding fill every seat; the request waits in the queue until the shortest ends
-              (~15 steps), so the prefetch started at submit has read its adapter by then.
+      queued  load_batch + 1 decoding fill every seat; the request waits in the queue until the shortest ends:
+              16 steps, or as many as three idle disk reads of this round take (measured above, against the step
+              time under load), so the prefetch started at submit has had the time to read the file. On a small
+              model 16 steps can be shorter than a disk read on a busy host.
     Besides TTFT, "activate_ms": the time the step that admitted it spent in the registry's activate (disk read
     and hash check if not prefetched, int8 packing into the slot), which every row of that step waits for; and
     "prefetched": the share of requests whose adapter was already in host RAM (or a slot) at that moment.
@@ -386,6 +389,7 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
                 return h.first_token_time - h.submitted
 
             probe(warm)                                               # warm-up, and `warm` into a slot
+            step_s = disk_s = 0.0                # this round's step time under load, idle disk activation
             for _ in range(repeats):
                 for cond in SWAP_CONDITIONS:
                     for state in SWAP_STATES:
@@ -397,8 +401,9 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
                         load = []
                         if cond != "idle":                             # base requests decoding when it arrives
                             n = load_batch + (cond == "queued")
+                            wait = max(16, math.ceil(3 * disk_s / step_s)) if step_s > 0 else 16
                             load = [engine.submit(rng.integers(3, vocab, prompt_len).tolist(),
-                                                  SamplingParams(max_tokens=16 if i == 0 else 1000, temperature=0.0,
+                                                  SamplingParams(max_tokens=wait if i == 0 else 1000, temperature=0.0,
                                                                  ignore_eos=True)) for i in range(n)]
                             while any(h.first_token_time is None for h in load):
                                 time.sleep(0.005)
@@ -408,8 +413,13 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
                             h.cancel()
                         for h in load:
                             h.result()
+                        gaps = [g for h in load for g in np.diff(h.token_times)]
+                        if cond == "load" and gaps:
+                            step_s = float(np.median(gaps))
                         if name is not None:
                             where, secs = log.first(name, since)
+                            if (cond, state) == ("idle", "disk"):
+                                disk_s = secs
                             act[(cond, state)].append(secs)
                             hit[(cond, state)].append(float(where in ("host", "slot")))
     rows = []
