@@ -421,15 +421,16 @@ print(json.dumps({{"isa": t.ops_isa(), "out": {{key: t.run(*t._isa_case(key)[:3]
                                             for key in t.ISA_CASES}}}}))
 """
 ISA_CASES = [f"{form}-{epi}-b{bs}" for form in ("int4", "int8") for epi in ("none", "residual", "swiglu")
-             for bs in (32, 64, 128)] + [f"int8-{epi}-b{bs}-a16" for epi in ("none", "residual") for bs in (32, 128)]
+             for bs in (32, 64, 128)] + [f"int8-{epi}-b{bs}-a16" for epi in ("none", "residual", "swiglu")
+                                         for bs in (32, 128)]
 
 
 @functools.lru_cache(maxsize=None)
 def _isa_case(key):
     form, epi, bs, *act = key.split("-")
     w, x, extra = _invariance_case(epi, form)
-    if act:   # act_bits 16 takes no LoRA
-        extra = {k: v for k, v in extra.items() if k in ("norm_weight", "residual")} | {"act_bits": 16}
+    if act:   # act_bits 16, its LoRA included
+        extra = extra | {"act_bits": 16}
     return weight(w.k, w.n, form, bs=int(bs[1:]), seed=3), x, epi, extra
 
 
@@ -499,15 +500,46 @@ def test_act16_batch_invariance():
         np.testing.assert_array_equal(got, full, err_msg=f"batch {b}")
 
 
-def test_act16_refuses_int4_weights_and_lora():
+def test_act16_refuses_int4_weights():
     assert "attribute act_bits = 16 needs bits = 8" in _bad(act_bits=16)
     assert "attribute act_bits must be 8 or 16; got 12" in _bad(act_bits=12)
-    w = weight(64, 128, "int8")
-    rng = np.random.default_rng(0)
-    lora, _ = lora_case(rng, 3, 64, [128], n_slots=2, ranks=(8,), n_adapters=2)
-    feeds = feeds_for(w, np.ones((3, 64), np.float32)) | lora
-    with pytest.raises(Exception, match="act_bits = 16 takes no LoRA"):
-        session(qlinear_model(sorted(feeds), K=64, N=128, bits=8, block_size=32, act_bits=16)).run(None, feeds)
+
+
+@pytest.mark.parametrize("bs", [32, 64])
+@pytest.mark.parametrize("epilogue", ["none", "residual", "swiglu"])
+def test_act16_with_lora_matches_the_reference(epilogue, bs):
+    """act_bits 16 on an adapted projection (Gemma 3's q|k|v, gate|up, down): the base on int16 codes, the LoRA on
+    the row's int8 codes as with act_bits 8, on every epilogue, mixed slots and tokens without an adapter; blocks
+    of 64 take the LoRA's chunk sums from the int8 codes, not the blocks'."""
+    rng = np.random.default_rng(5 + bs)
+    T = 24
+    k, n, widths = (576, 3072, [1536, 1536]) if epilogue == "swiglu" else (576, 960, [576, 192, 192])
+    if epilogue == "residual":
+        n, widths = 576, [576]
+    x = rng.standard_normal((T, k), dtype=np.float32)
+    x[:, 7] *= 30
+    w = weight(k, n, "int8", bs=bs)
+    lora, segs = lora_case(rng, T, k, widths, ranks=(8, 16), n_adapters=3)
+    extra = {"residual": rng.standard_normal((T, n), dtype=np.float32)} if epilogue == "residual" else {}
+    nw = rng.uniform(0.5, 1.5, k).astype(np.float32) if epilogue == "none" else None
+    y = run(w, x, epilogue, act_bits=16, norm_weight=nw, **extra, **lora)
+    ref = qlinear_ref(x, w, epilogue=epilogue, token_adapter=lora["token_adapter"], lora_scale=lora["lora_scale"],
+                      segments=segs, packed_a=True, norm_weight=nw, act_bits=16, **extra)
+    xn = x if nw is None else rms_norm(x, nw, 1e-5)
+    mag = magnitude(xn, w, act_bits=16) + lora_magnitude(xn, w, lora, segs)
+    if epilogue == "swiglu":     # as test_swiglu_epilogue bounds it
+        pre = qlinear_ref(x, w, token_adapter=lora["token_adapter"], lora_scale=lora["lora_scale"], segments=segs,
+                          packed_a=True, act_bits=16).astype(np.float64)
+        g, u = pre[:, :n // 2], pre[:, n // 2:]
+        tol = 3e-6 * (1.1 * np.abs(u) * mag[:, :n // 2] + np.abs(g) * mag[:, n // 2:]) + 1e-6 * np.abs(ref) + 1e-7
+        assert_close(y, ref, atol=tol, rtol=0, what=f"act16 lora swiglu bs={bs}")
+        return
+    check(y, ref, mag, f"act16 lora {epilogue} bs={bs}")
+    # the LoRA term is the act_bits 8 call's: with the base taken out, the two differ by the float sums only
+    base16 = run(w, x, epilogue, act_bits=16, norm_weight=nw, **extra)
+    base8 = run(w, x, epilogue, norm_weight=nw, **extra)
+    y8 = run(w, x, epilogue, norm_weight=nw, **extra, **lora)
+    np.testing.assert_allclose(y - base16, y8 - base8, atol=1e-3 * float(np.abs(y8 - base8).max()))
 
 
 # ---------------------------------------------------------------- bad input

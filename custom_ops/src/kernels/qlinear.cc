@@ -20,6 +20,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "vec.h"
@@ -51,9 +54,11 @@ struct Scratch {
   std::vector<int8_t> q;
   std::vector<int16_t> q16;
   std::vector<float> dx, sx, normed, lora, best, dora_rows;
+  std::vector<float> dx8;  // act_bits 16 with a LoRA: the int8 codes' scales, which the LoRA's shrink reads
   std::vector<int32_t> zsum, qsum32;
   std::vector<float> h[kQLinearMaxSegments];
   std::vector<int8_t> qh[kQLinearMaxSegments];
+  std::vector<float> coef[kQLinearMaxSegments];
   std::vector<Quad> quads;
   std::vector<int64_t> best_at;
   std::vector<const float*> row_scale;
@@ -73,7 +78,7 @@ void trim(V& v) {
 }
 void trim(Scratch& s) {
   trim(s.q), trim(s.q16), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at),
-      trim(s.zsum), trim(s.qsum32), trim(s.dora_rows);
+      trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dx8);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
 
@@ -82,11 +87,13 @@ struct Ctx {
       : q(s.q),
         q16(s.q16),
         dx(s.dx),
+        dx8(s.dx8),
         sx(s.sx),
         zsum(s.zsum),
         qsum32(s.qsum32),
         h(s.h),
         qh(s.qh),
+        coef(s.coef),
         lora(s.lora),
         quads(s.quads),
         normed(s.normed),
@@ -104,13 +111,19 @@ struct Ctx {
   int64_t q_chunk = 0;                             // tokens per quantization item
   std::vector<int8_t>& q;                          // [T, kpad]
   std::vector<int16_t>& q16;                       // [T, kpad] instead, with act_bits 16
-  std::vector<float>&dx, &sx;                      // [T, kb]
+  std::vector<float>&dx, &dx8, &sx;                // [T, kb]; dx8: the int8 codes' dx beside int16 ones (LoRA)
   std::vector<int32_t>& zsum;                      // [T, kb]
   int64_t kc = 0;                                  // 32-chunks of K (the LoRA's A scales)
   bool lora_sums = false;                          // qsum32 is wanted (a token has a LoRA here)
   std::vector<int32_t>& qsum32;                    // [T, kc] sums of the codes per chunk, with a LoRA
   std::vector<float> (&h)[kQLinearMaxSegments];    // [T, r_max_j]
   std::vector<int8_t> (&qh)[kQLinearMaxSegments];  // [T, r_max_j] h's int8 codes (0 past the rank)
+  // [T] lscale * dh per token, with the expand in the tiles
+  std::vector<float> (&coef)[kQLinearMaxSegments];
+  // the expand runs in the projection's tiles (lora_tile) rather than into lora: every segment on the 8-column grid
+  bool tile_expand = false;
+  void (*expand8)(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,
+                  const uint16_t* sB, float* out) = nullptr;  // lora_tile's kernel (expand8_avx2 on AVX2 tables)
   // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
   std::vector<float>& lora;
@@ -133,22 +146,30 @@ struct Ctx {
 void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
   const int zp = c.d->bits == 4 ? 8 : 0;
   const int64_t K = c.d->in_dim;
+  const bool act16 = c.d->act_bits == 16;
+  // the LoRA's sums per 32-chunk of the codes are the blocks' own when the blocks are 32 long (the default)
+  const bool block_sums = c.lora_sums && c.d->block_size == kLoraChunk;
+  // act_bits 16 with a LoRA: the shrink reads int8 codes (qlinear.h), so the row is quantized to int8 too
+  std::vector<int32_t> sums8(act16 && c.lora_sums && !block_sums ? static_cast<size_t>(c.kb) : 0);
   for (int64_t t = t0; t < t1; ++t) {
     int32_t* qsum = c.zsum.data() + t * c.kb;
     float* dx = c.dx.data() + t * c.kb;
     if (c.a->norm_weight)
       c.isa->rms_norm_row(c.a->x + t * K, static_cast<int>(K), c.a->norm_weight, c.a->norm_eps,
                           c.normed.data() + t * K);
-    if (c.d->act_bits == 16)
+    if (act16) {
       c.isa->quantize_row16(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size),
                             c.q16.data() + t * c.kpad, dx, qsum);
-    else
+      if (c.lora_sums)
+        c.isa->quantize_row(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size),
+                            c.q.data() + t * c.kpad, c.dx8.data() + t * c.kb,
+                            block_sums ? c.qsum32.data() + t * c.kc : sums8.data());
+    } else {
       c.isa->quantize_row(c.xin + t * K, static_cast<int>(K), static_cast<int>(c.d->block_size),
                           c.q.data() + t * c.kpad, dx, qsum);
-    // the LoRA's sums per 32-chunk of the codes are the blocks' own when the blocks are 32 long (the default)
-    const bool block_sums = c.lora_sums && c.d->block_size == kLoraChunk;
+    }
     for (int64_t b = 0; b < c.kb; ++b) {
-      if (block_sums) c.qsum32[t * c.kc + b] = qsum[b];
+      if (block_sums && !act16) c.qsum32[t * c.kc + b] = qsum[b];
       c.sx[t * c.kb + b] = dx[b] * static_cast<float>(qsum[b]);
       qsum[b] *= zp;  // now zp * qsum
     }
@@ -200,7 +221,8 @@ void lora_quad(void* usr, size_t i) {
   float* h[kQTile];
   for (int k = 0; k < q.n; ++k) {
     const int64_t t = q.t[k];
-    x[k] = {c.q.data() + t * c.kpad, c.dx.data() + t * c.kb, c.qsum32.data() + t * c.kc};
+    x[k] = {c.q.data() + t * c.kpad, (c.d->act_bits == 16 ? c.dx8 : c.dx).data() + t * c.kb,
+            c.qsum32.data() + t * c.kc};
     h[k] = c.h[q.seg].data() + t * sg.r_max;
   }
   const int lda = a.packed_a ? rank : static_cast<int>(sg.r_max);
@@ -213,13 +235,17 @@ void lora_quad(void* usr, size_t i) {
   // on a group boundary, else through rows [n, width] (the same values)
   const int64_t T = c.d->num_tokens, ostride = T * 8;
   const bool direct = sg.col0 % 8 == 0;
-  std::vector<float> rows(direct ? 0 : static_cast<size_t>(q.n * sg.width));
+  std::vector<float> rows(direct || c.tile_expand ? 0 : static_cast<size_t>(q.n * sg.width));
   for (int k = 0; k < q.n; ++k) {
     int8_t* codes = c.qh[q.seg].data() + q.t[k] * sg.r_max;
     quantize_h(h[k], rank, a.lora_scale[slot], codes, coef + k);
     qh[k] = codes;
-    out[k] = direct ? c.lora.data() + (sg.col0 / 8 * T + q.t[k]) * 8 : rows.data() + k * sg.width;
+    if (c.tile_expand)
+      c.coef[q.seg][static_cast<size_t>(q.t[k])] = coef[k];
+    else
+      out[k] = direct ? c.lora.data() + (sg.col0 / 8 * T + q.t[k]) * 8 : rows.data() + k * sg.width;
   }
+  if (c.tile_expand) return;  // the projection's tiles expand (lora_tile)
   c.isa->lora_expand(qh, coef, q.n, (rank + 3) / 4, sg.B + slot * sg.r_max * sg.width, sg.width,
                      sg.B_scale + slot * sg.width, out, direct ? ostride : 8);
   for (int k = 0; !direct && k < q.n; ++k) {
@@ -227,6 +253,77 @@ void lora_quad(void* usr, size_t i) {
       const int64_t col = sg.col0 + i;
       c.lora[static_cast<size_t>((col / 8 * T + q.t[k]) * 8 + col % 8)] = out[k][i];
     }
+  }
+}
+
+// The expand of 8 columns for n <= kQTile tokens of one slot, as lora_expand computes each column (qlinear.h):
+// out[t * 8 + i] = (coef[t] * sB[i]) * float(sum_r qh[t][r] * B(r, i)), B at the first column, its rank quads rows
+// of `width` columns. The integer sums are exact, so both forms give the same bits.
+void expand8_portable(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,
+                      const uint16_t* sB, float* out) {
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < 8; ++i) {
+      int32_t isum = 0;
+      for (int r = 0; r < 4 * quads; ++r) isum += qh[t][r] * B[(r / 4 * width + i) * 4 + r % 4];
+      out[t * 8 + i] = (coef[t] * f16_to_float(sB[i])) * static_cast<float>(isum);
+    }
+}
+// One 32-byte load per rank quad holds its 4 ranks of the 8 columns; |B| x sign(qh, B) per token (maddubs, the
+// pairs at most 2 * 127^2) widened by madd. The next group's columns of the quad are fetched ahead.
+__attribute__((target("avx2,fma,f16c"))) void expand8_avx2(const int8_t* const* qh, const float* coef, int n, int quads,
+                                                           const int8_t* B, int64_t width, const uint16_t* sB,
+                                                           float* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[kQTile];
+  for (int t = 0; t < kQTile; ++t) acc[t] = _mm256_setzero_si256();
+  for (int p = 0; p < quads; ++p) {
+    const int8_t* row = B + p * width * 4;
+    _mm_prefetch(reinterpret_cast<const char*>(row) + 64, _MM_HINT_T0);  // never faults
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+    const __m256i babs = _mm256_abs_epi8(b);
+    for (int t = 0; t < n; ++t) {
+      int32_t w;
+      std::memcpy(&w, qh[t] + 4 * p, sizeof w);
+      const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(w), b);
+      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(babs, x), ones));
+    }
+  }
+  const __m256 sb = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sB)));
+  for (int t = 0; t < n; ++t)
+    _mm256_storeu_ps(out + 8 * t,
+                     _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(coef[t]), sb), _mm256_cvtepi32_ps(acc[t])));
+}
+
+// With tile_expand: the LoRA of group g's 8 columns for tokens ts..ts+nt-1 into out [nt, 8] (0 for tokens without one
+// there), the value the tile's accumulation starts from. Each run of tokens of one slot reads the columns' rank quads
+// of B once: with the rows sorted by adapter (the engine feeds them so) a tile is one run, the tile's weights and
+// this B slice in L1 together, and no [G, T, 8] buffer is written and read back.
+void lora_tile(const Ctx& c, int64_t g, int64_t ts, int nt, float* out) {
+  const QLinearArgs& a = *c.a;
+  const int64_t col = g * 8;
+  int j = 0;
+  while (j < a.n_segments && (col < a.seg[j].col0 || col >= a.seg[j].col0 + a.seg[j].width)) ++j;
+  if (j == a.n_segments) {
+    std::fill_n(out, nt * 8, 0.f);
+    return;
+  }
+  const QLinearLoraSegment& sg = a.seg[j];
+  const int64_t i0 = col - sg.col0;
+  for (int k = 0; k < nt;) {
+    const int64_t t = ts + k;
+    const int rank = lora_rank(c, t, j);
+    if (rank == 0) {
+      std::fill_n(out + 8 * k, 8, 0.f);
+      ++k;
+      continue;
+    }
+    const int32_t slot = a.token_adapter[t];
+    const int8_t* qh[kQTile];
+    int n = 0;
+    for (; k + n < nt && a.token_adapter[t + n] == slot; ++n) qh[n] = c.qh[j].data() + (t + n) * sg.r_max;
+    c.expand8(qh, c.coef[j].data() + t, n, (rank + 3) / 4, sg.B + (slot * sg.r_max * sg.width + i0 * 4), sg.width,
+              sg.B_scale + slot * sg.width + i0, out + 8 * k);
+    k += n;
   }
 }
 
@@ -262,6 +359,13 @@ int64_t plan_lora(Ctx& c) {
   const int64_t T = c.d->num_tokens;
   std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(T));
   int64_t macs = 0;
+  static const bool in_tiles = [] {  // ORTLLM_QLINEAR_LORA_TILES=0: the expand into lora first (A/B measurements)
+    const char* v = std::getenv("ORTLLM_QLINEAR_LORA_TILES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  c.tile_expand = in_tiles;
+  for (int j = 0; j < a.n_segments; ++j)
+    c.tile_expand = c.tile_expand && a.seg[j].col0 % 8 == 0 && a.seg[j].width % 8 == 0;
   for (int j = 0; j < a.n_segments; ++j) {
     std::fill(count.begin(), count.end(), 0);
     for (int64_t t = 0; t < T; ++t)
@@ -278,12 +382,17 @@ int64_t plan_lora(Ctx& c) {
       const int32_t slot = a.token_adapter[order[i]];
       while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot) q.t[q.n++] = order[i++];
       c.quads.push_back(q);
-      macs += q.n * lora_rank(c, q.t[0], j) * (c.d->in_dim + a.seg[j].width);
+      macs += q.n * lora_rank(c, q.t[0], j) * (c.d->in_dim + (c.tile_expand ? 0 : a.seg[j].width));
     }
+    if (c.tile_expand) c.coef[j].resize(static_cast<size_t>(T));
   }
-  if (c.quads.empty()) return 0;
-  zero_lora_rows(c);
-  c.lbuf = c.lora.data();
+  if (c.quads.empty()) return c.tile_expand = false, 0;
+  if (c.tile_expand) {
+    c.expand8 = c.isa == &qlinear_scalar_isa() ? expand8_portable : expand8_avx2;  // AVX2 tables: AVX2 CPUs only
+  } else {
+    zero_lora_rows(c);
+    c.lbuf = c.lora.data();
+  }
   c.qsum32.resize(static_cast<size_t>(T * c.kc));
   c.lora_sums = true;
   return macs;
@@ -419,7 +528,12 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
                         c.sx.data() + ts * c.kb};
       float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
-      if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kQTile * 8, 0.f);
+      if (c.tile_expand) {
+        lora_tile(c, g, ts, nt, v0);
+        if (swiglu || n == 2) lora_tile(c, g2, ts, nt, v1);
+      } else if (!c.lbuf) {
+        std::fill(&zeros[0][0], &zeros[0][0] + 2 * kQTile * 8, 0.f);
+      }
       float* up = swiglu ? v1 : zeros[2];
       if (pair && (swiglu || n == 2)) {
         c.isa->group_dot2(wg, w2, tok, nt, v0, v1);
@@ -498,6 +612,10 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.kc = (d.in_dim + kLoraChunk - 1) / kLoraChunk;
   const int64_t lora_macs = a.token_adapter != nullptr && a.n_segments > 0 ? plan_lora(c) : 0;
   if (lora_macs > 0) plan_dora(c);
+  if (d.act_bits == 16 && c.lora_sums) {  // the LoRA's int8 codes beside the int16 ones
+    c.q.resize(static_cast<size_t>(T * c.kpad));
+    c.dx8.resize(static_cast<size_t>(T * c.kb));
+  }
   c.xin = a.norm_weight ? c.normed.data() : a.x;
   if (parallel && T >= kQuantizeSplit) {
     c.q_chunk = T > 2 * kQuantizeChunk ? kQuantizeChunk : (T + 1) / 2;

@@ -11,10 +11,12 @@
 // m = Q4_1's min + 8d), or int8 codes in -128..127 with zp = 0 (Q8_0). d and m are fp16 per
 // (row, block). Activations are quantized once per (token, block) to int8: dx = absmax / 127,
 // q_x = rint(x / dx), qsum = sum of the block's codes, sx = dx * qsum; the integer dot isum is exact.
-// act_bits = 16 (int8 weights only, no LoRA: the LM head): int16 codes instead, dx = absmax / 32767, the integer dot
-// with the int8 codes still exact in int32 (|isum| <= bs * 128 * 32767 < 2^31 for bs <= 128). The activations'
-// rounding then costs ~1/258 of the int8 form's: an int8 head on int8 activations measured +0.0007 held-out KLD
-// against an fp32 head (SmolLM2 prose), most of what the int4 build loses there.
+// act_bits = 16 (int8 weights only: the LM head, and the projections a build names): int16 codes instead,
+// dx = absmax / 32767, the integer dot with the int8 codes still exact in int32 (|isum| <= bs * 128 * 32767 < 2^31
+// for bs <= 128). The activations' rounding then costs ~1/258 of the int8 form's: an int8 head on int8 activations
+// measured +0.0007 held-out KLD against an fp32 head (SmolLM2 prose), most of what the int4 build loses there.
+// A LoRA on such a projection shrinks the row's int8 codes (quantized as above, beside the int16 ones), so its
+// term is the one an act_bits 8 call adds.
 //
 // Packed layout (pipeline/qlinear_pack.py packs; the NumPy unpacker there is what the reference
 // uses): rows in groups of 8 (N padded to N_pad = 8 * G with zero rows),
@@ -97,7 +99,7 @@ struct QLinearDims {
   int64_t block_size;  // bs, a multiple of 32
   int bits;            // 4 or 8
   QLinearEpilogue epilogue;
-  int act_bits = 8;  // 8, or 16 (bits == 8 only, no LoRA)
+  int act_bits = 8;  // 8, or 16 (bits == 8 only; a LoRA still shrinks the row's int8 codes)
   int64_t groups() const { return (out_dim + 7) / 8; }
   int64_t k_blocks() const { return (in_dim + block_size - 1) / block_size; }
   int64_t y_cols() const { return epilogue == QLinearEpilogue::kSwiGLU ? out_dim / 2 : out_dim; }

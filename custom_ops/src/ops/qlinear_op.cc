@@ -194,9 +194,6 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     }
 
     const TensorIn adapter = input(api, context, n_in, kAdapter);
-    if (adapter.value && act_bits_ == 16)
-      fail(kOp,
-           ": attribute act_bits = 16 takes no LoRA (input 'token_adapter'); use act_bits = 8 on adapted projections");
     if (adapter.value) {
       expect_type("token_adapter", adapter, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
       expect(kOp, "token_adapter", adapter, {T});

@@ -26,8 +26,9 @@
 //               packed_a (int, default 0): slot s of A_j holds a row-major [K, rank_j[s]] matrix;
 //               norm_eps (float, default 1e-5): the RMSNorm's epsilon, with norm_weight;
 //               split (ints, optional): the outputs' widths, summing to N;
-//               act_bits (int, 8 | 16, default 8; ops ABI 13): 16 quantizes x to int16 codes per block (bits 8 only,
-//               no LoRA; the int8 LM head), 8 to int8;
+//               act_bits (int, 8 | 16, default 8; ops ABI 13): 16 quantizes x to int16 codes per block (bits 8 only;
+//               the int8 LM head, and the projections a build names, e.g. Gemma 3's q|k|v), 8 to int8; a LoRA
+//               still reads x's int8 codes;
 //               lora_layer (int, default -1): with it, A_j, A_scale_j, B_j, B_scale_j are stacks of every layer
 //               ([n_layers, n_slots, ...], contract 7: a few graph inputs instead of four per layer and target)
 //               and the node reads layer lora_layer of each.
