@@ -73,6 +73,12 @@ constexpr int64_t kSerialWork = 2560;
 // run the q|k|v projection: a B = 16 decode step spent ~10% of its time writing on one thread (measured).
 constexpr int64_t kParallelTokens = 2;
 
+// fp16 caches: a tile with at least this many query rows per kv head widens each (block, kv head) of fp16 rows
+// into an L1 scratch once (vec.h widen_f16) for its fp32 dots; one with fewer has its dots read the fp16 rows in
+// place (scores_f16, pv_f16), with no second pass over the block. The same bits either way (vec.h: for D % 8 == 0;
+// other head sizes always widen).
+constexpr int64_t kF16WidenRows = 1 << 30;
+
 // Cache blocks per span of keys and per part (a whole number of spans: kPartKeys keys when the block size
 // divides 64, else the nearest whole number of spans below it, at least one).
 int64_t span_blocks(int64_t BS) {
@@ -207,7 +213,8 @@ struct ItemShape {
   int64_t span;               // keys per span (nsub * BS)
   int64_t part;               // cache blocks per part (whole spans)
   bool quantized;             // codes with an fp16 scale per row (int8, fp8, int4)
-  bool half;                  // fp16 values (no scales): widened to floats a (block, head) at a time
+  bool half;                  // fp16 values (no scales): widened to floats a (block, head) at a time, or read in place
+  bool f16_in_place;          // fp16 with few rows per kv head: the dots read the cache's fp16 rows (kF16WidenRows)
   bool int_dots;  // int8 and int4 caches: q . k and P V as integer dots (query codes . key codes, int16 weights .
                   // value codes); int4 codes are unpacked to int8 a block at a time first (vec.h unpack_q4)
   bool int4;
@@ -240,6 +247,7 @@ ItemShape item_shape(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   sh.part = part_blocks(sh.BS);
   sh.quantized = kv_has_scales(d.kv_dtype);
   sh.half = d.kv_dtype == KvDtype::kFloat16;
+  sh.f16_in_place = sh.half && sh.D % 8 == 0 && sh.hrows < kF16WidenRows;
   sh.int4 = d.kv_dtype == KvDtype::kInt4;
   sh.int_dots = int_dots(d.kv_dtype);
   sh.unrotate = sh.int4 && d.rotate;
@@ -418,6 +426,11 @@ void score_span(const Ctx& c, const WorkItem& it, const ItemShape& sh, int64_t b
       if (sh.quantized) {  // fp8 (int8 took the integer path above)
         vec.widen_e4m3(static_cast<const uint8_t*>(a.key_cache) + base * D, sp.nks[sb], Di, w.Kb);
         K = w.Kb;
+      } else if (sh.half && sh.f16_in_place) {
+        vec.scores_f16(w.Qb + gi * sh.hrows * D, static_cast<int>(sh.hrows),
+                       static_cast<const uint16_t*>(a.key_cache) + base * D, sp.nks[sb], Di, d.scale, S,
+                       static_cast<int>(sh.span));
+        continue;
       } else if (sh.half) {
         vec.widen_f16(static_cast<const uint16_t*>(a.key_cache) + base * D, sp.nks[sb] * Di, w.Kb);
         K = w.Kb;
@@ -497,6 +510,11 @@ void accumulate_span(const Ctx& c, const ItemShape& sh, const Span& sp, ItemScra
         vec.widen_e4m3(static_cast<const uint8_t*>(a.value_cache) + base * D, sp.nks[sb], static_cast<int>(D), w.Vb);
         V = w.Vb;
         vec.scale_columns(P, static_cast<int>(sh.hrows), static_cast<int>(sh.span), a.value_scales + base, sp.nks[sb]);
+      } else if (sh.half && sh.f16_in_place) {
+        vec.pv_f16(P, static_cast<int>(sh.span), static_cast<int>(sh.hrows),
+                   static_cast<const uint16_t*>(a.value_cache) + base * D, sp.nks[sb], static_cast<int>(D),
+                   w.O + gi * sh.hrows * D);
+        continue;
       } else if (sh.half) {
         vec.widen_f16(static_cast<const uint16_t*>(a.value_cache) + base * D, sp.nks[sb] * static_cast<int>(D), w.Vb);
         V = w.Vb;

@@ -68,8 +68,16 @@ struct VecOps {
   // quantize_int8's loop); every table does exactly these operations (same bits).
   void (*quantize_i8_codes)(const float* x, int D, float scale, uint8_t* codes);
   // out[i] = the float of IEEE fp16 bits h[i], i < n (exact: F16C's vcvtph2ps or f16_to_float, the same bits).
-  // fp16 caches' rows into an L1 scratch, a (block, kv head) at a time, before the fp32 scores and P V.
+  // fp16 caches' rows into an L1 scratch, a (block, kv head) at a time, before the fp32 scores and P V of a tile
+  // with many query rows (prefill), which then reads each widened row many times.
   void (*widen_f16)(const uint16_t* h, int n, float* out);
+  // scores and pv with K / V given as IEEE fp16 bits (an fp16 cache's rows), widened as the dot loops read them.
+  // For D % 8 == 0, the bits of widen_f16 then scores / pv on every table (the widening is exact; the fp32
+  // operations and their order are the same); other D agree within rounding only (scores' and pv's scalar tails
+  // are rounded as the compiler vectorizes them). For tiles of few query rows (decode: G per kv head), where a
+  // scratch pass would be a second pass over each block for three reads of it.
+  void (*scores_f16)(const float* Q, int rows, const uint16_t* K, int nkeys, int D, float alpha, float* S, int lds);
+  void (*pv_f16)(const float* P, int ldp, int rows, const uint16_t* V, int nkeys, int D, float* O);
 };
 
 const VecOps& vec_scalar_ops();

@@ -50,165 +50,161 @@ inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
 }
 
-float dot_tail(const float* a, const float* b, int from, int D) {
+// Loads of 8 consecutive entries as floats (load1: one): fp32 as is, fp16 bits (an fp16 KV cache's rows, the
+// LoRA and block-offsets tables) widened by F16C as they are read, exactly, so a loop templated on the element
+// type does the same fp32 operations on either.
+inline __m256 load8(const float* b) {
+  return _mm256_loadu_ps(b);
+}
+inline __m256 load8(const uint16_t* b) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+}
+inline float load1(const float* b) {
+  return *b;
+}
+inline float load1(const uint16_t* b) {
+  return _cvtsh_ss(*b);
+}
+
+template <class KT>
+float dot_tail(const float* a, const KT* b, int from, int D) {
   float s = 0.f;
-  for (int d = from; d < D; ++d) s += a[d] * b[d];
+  for (int d = from; d < D; ++d) s += a[d] * load1(b + d);
   return s;
 }
 
-// Two query rows x four keys per step: 8 accumulators, 6 loads per 8 FMAs (D % 8 == 0).
-void scores_2x4(const float* q0, const float* q1, const float* K, int nkeys, int D, float alpha, float* s0, float* s1) {
-  const __m256 al = _mm256_set1_ps(alpha);
+// R query rows (R <= 3) x four keys per step: 4R accumulators, each key load (and fp16 widening) feeds R FMAs
+// (D % 8 == 0). Every score is one 8-lane FMA chain over d, then hsum4's tree, then times alpha: the same bits
+// for any R, and as the one-row loop in scores_t.
+template <int R, class KT>
+void scores_rx4(const float* Q, int D, const KT* K, int nkeys, float alpha, float* S, int lds) {
+  const __m128 al = _mm_set1_ps(alpha);
   int j = 0;
   for (; j + 4 <= nkeys; j += 4) {
-    const float* k0 = K + static_cast<size_t>(j) * D;
-    const float* k1 = k0 + D;
-    const float* k2 = k1 + D;
-    const float* k3 = k2 + D;
-    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(), a02 = _mm256_setzero_ps(), a03 = _mm256_setzero_ps(),
-           a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps(), a12 = _mm256_setzero_ps(), a13 = _mm256_setzero_ps();
+    const KT* k0 = K + static_cast<size_t>(j) * D;
+    __m256 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8) {
-      const __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
-      __m256 kv = _mm256_loadu_ps(k0 + d);
-      a00 = _mm256_fmadd_ps(x0, kv, a00);
-      a10 = _mm256_fmadd_ps(x1, kv, a10);
-      kv = _mm256_loadu_ps(k1 + d);
-      a01 = _mm256_fmadd_ps(x0, kv, a01);
-      a11 = _mm256_fmadd_ps(x1, kv, a11);
-      kv = _mm256_loadu_ps(k2 + d);
-      a02 = _mm256_fmadd_ps(x0, kv, a02);
-      a12 = _mm256_fmadd_ps(x1, kv, a12);
-      kv = _mm256_loadu_ps(k3 + d);
-      a03 = _mm256_fmadd_ps(x0, kv, a03);
-      a13 = _mm256_fmadd_ps(x1, kv, a13);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 kv = load8(k0 + static_cast<size_t>(i) * D + d);
+        for (int r = 0; r < R; ++r)
+          acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(Q + static_cast<size_t>(r) * D + d), kv, acc[r][i]);
+      }
     }
-    _mm_storeu_ps(s0 + j, _mm_mul_ps(hsum4(a00, a01, a02, a03), _mm256_castps256_ps128(al)));
-    _mm_storeu_ps(s1 + j, _mm_mul_ps(hsum4(a10, a11, a12, a13), _mm256_castps256_ps128(al)));
+    for (int r = 0; r < R; ++r)
+      _mm_storeu_ps(S + static_cast<size_t>(r) * lds + j,
+                    _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), al));
   }
   for (; j < nkeys; ++j) {
-    const float* k0 = K + static_cast<size_t>(j) * D;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    const KT* k0 = K + static_cast<size_t>(j) * D;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8) {
-      const __m256 kv = _mm256_loadu_ps(k0 + d);
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, a1);
+      const __m256 kv = load8(k0 + d);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(Q + static_cast<size_t>(r) * D + d), kv, acc[r]);
     }
-    s0[j] = alpha * hsum(a0);
-    s1[j] = alpha * hsum(a1);
+    for (int r = 0; r < R; ++r) S[static_cast<size_t>(r) * lds + j] = alpha * hsum(acc[r]);
   }
 }
 
-void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds) {
+// One query row against every key, any D (the tail past D8 as scalar FMA-free sums, added after the tree).
+template <class KT>
+void scores_row(const float* q, const KT* K, int nkeys, int D, float alpha, float* s) {
   const int D8 = D & ~7;
+  int j = 0;
+  for (; j + 4 <= nkeys; j += 4) {
+    const KT* k0 = K + static_cast<size_t>(j) * D;
+    const KT* k1 = k0 + D;
+    const KT* k2 = k1 + D;
+    const KT* k3 = k2 + D;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int d = 0; d < D8; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, load8(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qv, load8(k1 + d), a1);
+      a2 = _mm256_fmadd_ps(qv, load8(k2 + d), a2);
+      a3 = _mm256_fmadd_ps(qv, load8(k3 + d), a3);
+    }
+    __m128 r4 = hsum4(a0, a1, a2, a3);
+    if (D8 != D) {
+      r4 = _mm_add_ps(r4, _mm_setr_ps(dot_tail(q, k0, D8, D), dot_tail(q, k1, D8, D), dot_tail(q, k2, D8, D),
+                                      dot_tail(q, k3, D8, D)));
+    }
+    _mm_storeu_ps(s + j, _mm_mul_ps(r4, _mm_set1_ps(alpha)));
+  }
+  for (; j < nkeys; ++j) {
+    const KT* k0 = K + static_cast<size_t>(j) * D;
+    __m256 a0 = _mm256_setzero_ps();
+    for (int d = 0; d < D8; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k0 + d), a0);
+    s[j] = alpha * (hsum(a0) + dot_tail(q, k0, D8, D));
+  }
+}
+
+// fp32 keys: rows two at a time (8 accumulators, 6 loads per 8 FMAs), a last odd row alone.
+void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds) {
   int r0 = 0;
-  if (D8 == D) {
+  if (D % 8 == 0) {
     for (; r0 + 2 <= rows; r0 += 2)
-      scores_2x4(Q + static_cast<size_t>(r0) * D, Q + static_cast<size_t>(r0 + 1) * D, K, nkeys, D, alpha,
-                 S + static_cast<size_t>(r0) * lds, S + static_cast<size_t>(r0 + 1) * lds);
+      scores_rx4<2>(Q + static_cast<size_t>(r0) * D, D, K, nkeys, alpha, S + static_cast<size_t>(r0) * lds, lds);
   }
-  for (int r = r0; r < rows; ++r) {
-    const float* q = Q + static_cast<size_t>(r) * D;
-    float* s = S + static_cast<size_t>(r) * lds;
-    int j = 0;
-    for (; j + 4 <= nkeys; j += 4) {
-      const float* k0 = K + static_cast<size_t>(j) * D;
-      const float* k1 = k0 + D;
-      const float* k2 = k1 + D;
-      const float* k3 = k2 + D;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-      for (int d = 0; d < D8; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
-      }
-      __m128 r4 = hsum4(a0, a1, a2, a3);
-      if (D8 != D) {
-        r4 = _mm_add_ps(r4, _mm_setr_ps(dot_tail(q, k0, D8, D), dot_tail(q, k1, D8, D), dot_tail(q, k2, D8, D),
-                                        dot_tail(q, k3, D8, D)));
-      }
-      _mm_storeu_ps(s + j, _mm_mul_ps(r4, _mm_set1_ps(alpha)));
-    }
-    for (; j < nkeys; ++j) {
-      const float* k0 = K + static_cast<size_t>(j) * D;
-      __m256 a0 = _mm256_setzero_ps();
-      for (int d = 0; d < D8; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k0 + d), a0);
-      s[j] = alpha * (hsum(a0) + dot_tail(q, k0, D8, D));
-    }
-  }
+  for (int r = r0; r < rows; ++r)
+    scores_row(Q + static_cast<size_t>(r) * D, K, nkeys, D, alpha, S + static_cast<size_t>(r) * lds);
 }
 
-// Two output rows x 32 dims per pass (8 accumulators): 2 broadcasts + 4 loads per 8 FMAs.
-void pv64(const float* P, int ldp, int rows, const float* V, int nkeys, float* O) {
-  int r = 0;
-  for (; r + 2 <= rows; r += 2) {
-    const float* p0 = P + static_cast<size_t>(r) * ldp;
-    const float* p1 = p0 + ldp;
-    for (int h = 0; h < 64; h += 32) {
-      float* o0 = O + static_cast<size_t>(r) * 64 + h;
-      float* o1 = o0 + 64;
-      __m256 a0 = _mm256_loadu_ps(o0), a1 = _mm256_loadu_ps(o0 + 8), a2 = _mm256_loadu_ps(o0 + 16),
-             a3 = _mm256_loadu_ps(o0 + 24), b0 = _mm256_loadu_ps(o1), b1 = _mm256_loadu_ps(o1 + 8),
-             b2 = _mm256_loadu_ps(o1 + 16), b3 = _mm256_loadu_ps(o1 + 24);
-      for (int j = 0; j < nkeys; ++j) {
-        const float* v = V + static_cast<size_t>(j) * 64 + h;
-        const __m256 w0 = _mm256_broadcast_ss(p0 + j), w1 = _mm256_broadcast_ss(p1 + j);
-        __m256 x = _mm256_loadu_ps(v);
-        a0 = _mm256_fmadd_ps(w0, x, a0);
-        b0 = _mm256_fmadd_ps(w1, x, b0);
-        x = _mm256_loadu_ps(v + 8);
-        a1 = _mm256_fmadd_ps(w0, x, a1);
-        b1 = _mm256_fmadd_ps(w1, x, b1);
-        x = _mm256_loadu_ps(v + 16);
-        a2 = _mm256_fmadd_ps(w0, x, a2);
-        b2 = _mm256_fmadd_ps(w1, x, b2);
-        x = _mm256_loadu_ps(v + 24);
-        a3 = _mm256_fmadd_ps(w0, x, a3);
-        b3 = _mm256_fmadd_ps(w1, x, b3);
-      }
-      _mm256_storeu_ps(o0, a0);
-      _mm256_storeu_ps(o0 + 8, a1);
-      _mm256_storeu_ps(o0 + 16, a2);
-      _mm256_storeu_ps(o0 + 24, a3);
-      _mm256_storeu_ps(o1, b0);
-      _mm256_storeu_ps(o1 + 8, b1);
-      _mm256_storeu_ps(o1 + 16, b2);
-      _mm256_storeu_ps(o1 + 24, b3);
-    }
+// fp16 keys read in place: rows three at a time (a decode token's G = 3 query heads of a kv head in SmolLM2
+// widen each key once), then the 2 or 1 left.
+void scores_f16(const float* Q, int rows, const uint16_t* K, int nkeys, int D, float alpha, float* S, int lds) {
+  if (D % 8 != 0) {
+    for (int r = 0; r < rows; ++r)
+      scores_row(Q + static_cast<size_t>(r) * D, K, nkeys, D, alpha, S + static_cast<size_t>(r) * lds);
+    return;
   }
-  for (; r < rows; ++r) {
-    float* o = O + static_cast<size_t>(r) * 64;
-    const float* p = P + static_cast<size_t>(r) * ldp;
-    __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16),
-           o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40),
-           o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
+  for_row_triples(rows, [&](auto R, int r) {
+    scores_rx4<R>(Q + static_cast<size_t>(r) * D, D, K, nkeys, alpha, S + static_cast<size_t>(r) * lds, lds);
+  });
+}
+
+// R output rows x 32 dims per pass (4R accumulators): R broadcasts + 4 loads per 4R FMAs. D = 64: every output is
+// fma(P_j, V_j, O) in key order, from O's value (no key skipped), for any R.
+template <int R, class VT>
+void pv64_rows(const float* P, int ldp, const VT* V, int nkeys, float* O) {
+  for (int h = 0; h < 64; h += 32) {
+    __m256 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_loadu_ps(O + static_cast<size_t>(r) * 64 + h + 8 * i);
     for (int j = 0; j < nkeys; ++j) {
-      const __m256 w = _mm256_set1_ps(p[j]);
-      const float* v = V + static_cast<size_t>(j) * 64;
-      o0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), o0);
-      o1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), o1);
-      o2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), o2);
-      o3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), o3);
-      o4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), o4);
-      o5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), o5);
-      o6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), o6);
-      o7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), o7);
+      const VT* v = V + static_cast<size_t>(j) * 64 + h;
+      __m256 w[R];
+      for (int r = 0; r < R; ++r) w[r] = _mm256_broadcast_ss(P + static_cast<size_t>(r) * ldp + j);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 x = load8(v + 8 * i);
+        for (int r = 0; r < R; ++r) acc[r][i] = _mm256_fmadd_ps(w[r], x, acc[r][i]);
+      }
     }
-    _mm256_storeu_ps(o, o0);
-    _mm256_storeu_ps(o + 8, o1);
-    _mm256_storeu_ps(o + 16, o2);
-    _mm256_storeu_ps(o + 24, o3);
-    _mm256_storeu_ps(o + 32, o4);
-    _mm256_storeu_ps(o + 40, o5);
-    _mm256_storeu_ps(o + 48, o6);
-    _mm256_storeu_ps(o + 56, o7);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(O + static_cast<size_t>(r) * 64 + h + 8 * i, acc[r][i]);
   }
 }
 
-void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O) {
-  if (D == 64) return pv64(P, ldp, rows, V, nkeys, O);
+// One output row x 64 dims (8 accumulators), the same operations as pv64_rows.
+template <class VT>
+void pv64_row(const float* p, const VT* V, int nkeys, float* o) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_loadu_ps(o + 8 * i);
+  for (int j = 0; j < nkeys; ++j) {
+    const __m256 w = _mm256_set1_ps(p[j]);
+    const VT* v = V + static_cast<size_t>(j) * 64;
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(w, load8(v + 8 * i), acc[i]);
+  }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
+}
+
+// Any D: a key whose weight is 0 adds nothing (skipped).
+template <class VT>
+void pv_any(const float* P, int ldp, int rows, const VT* V, int nkeys, int D, float* O) {
   const int D8 = D & ~7;
   for (int r = 0; r < rows; ++r) {
     float* o = O + static_cast<size_t>(r) * D;
@@ -216,13 +212,33 @@ void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, flo
     for (int j = 0; j < nkeys; ++j) {
       if (p[j] == 0.f) continue;
       const __m256 w = _mm256_set1_ps(p[j]);
-      const float* v = V + static_cast<size_t>(j) * D;
+      const VT* v = V + static_cast<size_t>(j) * D;
       int d = 0;
-      for (; d < D8; d += 8)
-        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
-      for (; d < D; ++d) o[d] += p[j] * v[d];
+      for (; d < D8; d += 8) _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, load8(v + d), _mm256_loadu_ps(o + d)));
+      for (; d < D; ++d) o[d] += p[j] * load1(v + d);
     }
   }
+}
+
+// fp32 values: rows two at a time, a last odd row alone.
+void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O) {
+  if (D != 64) return pv_any(P, ldp, rows, V, nkeys, D, O);
+  int r = 0;
+  for (; r + 2 <= rows; r += 2)
+    pv64_rows<2>(P + static_cast<size_t>(r) * ldp, ldp, V, nkeys, O + static_cast<size_t>(r) * 64);
+  if (r < rows) pv64_row(P + static_cast<size_t>(r) * ldp, V, nkeys, O + static_cast<size_t>(r) * 64);
+}
+
+// fp16 values read in place: rows three at a time (each value widened once for a decode token's three query
+// heads), then the 2 or 1 left.
+void pv_f16(const float* P, int ldp, int rows, const uint16_t* V, int nkeys, int D, float* O) {
+  if (D != 64) return pv_any(P, ldp, rows, V, nkeys, D, O);
+  for_row_triples(rows, [&](auto R, int r) {
+    if constexpr (R == 1)
+      pv64_row(P + static_cast<size_t>(r) * ldp, V, nkeys, O + static_cast<size_t>(r) * 64);
+    else
+      pv64_rows<R>(P + static_cast<size_t>(r) * ldp, ldp, V, nkeys, O + static_cast<size_t>(r) * 64);
+  });
 }
 
 void widen_e4m3(const uint8_t* codes, int nrows, int D, float* out) {
@@ -455,21 +471,6 @@ void scal(float* y, int n, float a) {
   for (; i < n; ++i) y[i] *= a;
 }
 
-// Loads of 8 consecutive B entries as floats: fp32 as is, fp16 bits widened by F16C as they stream
-// (the conversion is one instruction per 8 values, shared by the MR rows that use them).
-inline __m256 load8(const float* b) {
-  return _mm256_loadu_ps(b);
-}
-inline __m256 load8(const uint16_t* b) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-}
-inline float load1(const float* b) {
-  return *b;
-}
-inline float load1(const uint16_t* b) {
-  return _cvtsh_ss(*b);
-}
-
 // C[i][n0:n0+16] += alpha * sum_k A[i][k] * B[k][n0:n0+16], i < MR (MR <= 4): 2*MR independent
 // accumulators starting at zero, alpha applied once at the end; A entries are memory broadcasts.
 template <int MR, class TB>
@@ -657,7 +658,9 @@ const VecOps* vec_avx2_ops() {
                           avx2::gemm_rows_f16b,
                           avx2::fwht,
                           avx2::quantize_i8_codes,
-                          avx2::widen_f16};
+                          avx2::widen_f16,
+                          avx2::scores_f16,
+                          avx2::pv_f16};
   return &ops;
 }
 }  // namespace ortllm

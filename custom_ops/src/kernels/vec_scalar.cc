@@ -57,25 +57,48 @@ float e4m3_to_float(uint8_t code) {
 
 namespace {
 
-void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds) {
+inline float elem(const float* p, int i) {
+  return p[i];
+}
+inline float elem(const uint16_t* p, int i) {
+  return f16_to_float(p[i]);
+}
+
+// KT: fp32 keys, or fp16 ones (an fp16 cache's) read in place: the same float operations either way.
+template <class KT>
+void scores_t(const float* Q, int rows, const KT* K, int nkeys, int D, float alpha, float* S, int lds) {
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < nkeys; ++j) {
       float acc = 0.f;
-      for (int d = 0; d < D; ++d) acc += Q[r * D + d] * K[j * D + d];
+      for (int d = 0; d < D; ++d) acc += Q[r * D + d] * elem(K, j * D + d);
       S[r * lds + j] = alpha * acc;
     }
   }
 }
 
-void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O) {
+template <class VT>
+void pv_t(const float* P, int ldp, int rows, const VT* V, int nkeys, int D, float* O) {
   for (int r = 0; r < rows; ++r) {
     float* o = O + r * D;
     for (int j = 0; j < nkeys; ++j) {
       const float p = P[r * ldp + j];
       if (p == 0.f) continue;
-      for (int d = 0; d < D; ++d) o[d] += p * V[j * D + d];
+      for (int d = 0; d < D; ++d) o[d] += p * elem(V, j * D + d);
     }
   }
+}
+
+void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds) {
+  scores_t(Q, rows, K, nkeys, D, alpha, S, lds);
+}
+void scores_f16(const float* Q, int rows, const uint16_t* K, int nkeys, int D, float alpha, float* S, int lds) {
+  scores_t(Q, rows, K, nkeys, D, alpha, S, lds);
+}
+void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O) {
+  pv_t(P, ldp, rows, V, nkeys, D, O);
+}
+void pv_f16(const float* P, int ldp, int rows, const uint16_t* V, int nkeys, int D, float* O) {
+  pv_t(P, ldp, rows, V, nkeys, D, O);
 }
 
 void widen_e4m3(const uint8_t* codes, int nrows, int D, float* out) {
@@ -228,9 +251,9 @@ void widen_f16(const uint16_t* h, int n, float* out) {
 
 const VecOps& vec_scalar_ops() {
   static const VecOps ops{
-      "scalar",          scores,   pv,   widen_e4m3, unpack_q4, scale_columns, scores_q8,      pv_q16,
-      weights_q16,       exp_sum,  vmax, vargmax,    scal,      gemm_rows,     gemm_rows_f16b, fwht,
-      quantize_i8_codes, widen_f16};
+      "scalar",          scores,    pv,         widen_e4m3, unpack_q4, scale_columns, scores_q8,      pv_q16,
+      weights_q16,       exp_sum,   vmax,       vargmax,    scal,      gemm_rows,     gemm_rows_f16b, fwht,
+      quantize_i8_codes, widen_f16, scores_f16, pv_f16};
   return ops;
 }
 
