@@ -41,6 +41,13 @@ def _add_build_options(p) -> None:
     p.add_argument("--smooth-down", type=float, default=0.0, metavar="ALPHA",
                    help="SmoothQuant migration strength in [0, 1] for down_proj's input, carried by up_proj's rows "
                         "(GLU MLPs); default 0 (off)")
+    p.add_argument("--act16", default=None, metavar="GROUPS",
+                   help="projection groups whose int8 weights take int16 activation codes: a comma-separated list "
+                        "of qkv, o, gate_up, down, or none (default: the family's; Gemma 3 measured in "
+                        "docs/quality.md)")
+    p.add_argument("--source-mix", type=int, choices=(0, 1), default=1,
+                   help="--quant int4 on a GGUF: keep its tensors of types wider than 4 bits (Q5_0, Q6_K, Q8_0, ...) "
+                        "int8 (1, default) or round them to int4 too (0); Q4_K tensors keep their own grid")
     p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
     p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
     p.add_argument("--lm-head", default=None,
@@ -81,7 +88,8 @@ def _build_options(a):
         algo=a.algo, lm_head=a.lm_head, lm_head_algo=a.lm_head_algo, kv=a.kv or defaults.get("kv"),
         graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
-        calib_tokens=a.calib_tokens, smooth=a.smooth, smooth_down=a.smooth_down)
+        calib_tokens=a.calib_tokens, smooth=a.smooth, smooth_down=a.smooth_down, source_mix=bool(a.source_mix),
+        act16=None if a.act16 is None else tuple(g for g in a.act16.split(",") if g and g != "none"))
 
 
 # ---------------------------------------------------------------- eval

@@ -19,7 +19,8 @@ from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
 from ortllm.runtime.artifact import pid_alive as _pid_alive
 
 from .errors import BuildError
-from .quantize import ALGOS, QuantPlan, check_block_size, parse_keep
+from .families import default_act16
+from .quantize import ACT16_GROUPS, ALGOS, QuantPlan, check_block_size, parse_keep
 from .smooth import adapter_scales, check_alpha, smooth_weights
 from .sources import load_model
 from .weights import ModelWeights
@@ -67,6 +68,9 @@ class BuildOptions:
                                   # (windows of 256; calib_activations.py)
     smooth: float | None = None   # SmoothQuant alpha on the projections after a norm (pipeline/smooth.py); None: auto
     smooth_down: float = 0.0      # SmoothQuant alpha on down_proj's input, carried by up_proj's rows; 0: off
+    act16: tuple | None = None    # projection groups (quantize.ACT16_GROUPS) whose int8 weights take int16 activation
+                                  # codes; None: the family's default (families.default_act16), resolved at build
+    source_mix: bool = True       # int4: a GGUF's tensors of a type wider than 4 bits (Q5_0, Q6_K, Q8_0, ...) stay int8
 
     def __post_init__(self):
         if self.lm_head is None and self.quant in DEFAULT_LM_HEAD:
@@ -83,6 +87,12 @@ class BuildOptions:
             raise BuildError(f"--kv-block-size must be one of {', '.join(map(str, KV_BLOCK_SIZES))}; "
                              f"got {self.kv_block_size}")
         object.__setattr__(self, "keep", tuple(self.keep))
+        if self.act16 is not None:
+            object.__setattr__(self, "act16", tuple(self.act16))
+            bad = [g for g in self.act16 if g not in ACT16_GROUPS]
+            if bad:
+                raise BuildError(f"--act16 takes a comma-separated list of {', '.join(ACT16_GROUPS)} (or none); "
+                                 f"got {', '.join(map(repr, bad))}")
         if self.keep and self.quant == "fp32":
             raise BuildError("--keep keeps layers of a quantized build wider; add --quant int8|int4 or drop --keep")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
@@ -117,7 +127,14 @@ class BuildOptions:
         """A fresh plan for the graph builders (it collects each quantized tensor's error)."""
         return QuantPlan(quant=self.quant, lm_head=self.lm_head, block_size=self.block_size, algo=self.algo,
                          lm_head_algo=self.lm_head_algo, symmetric=self.symmetric, accuracy_level=self.accuracy_level,
-                         keep=parse_keep(self.keep))
+                         keep=parse_keep(self.keep), act16=self.act16 or (), source_mix=self.source_mix)
+
+    def for_model(self, cfg) -> "BuildOptions":
+        """The options with the family's defaults filled in (--act16 not given: families.default_act16 on int8
+        weights), as the manifest records them."""
+        if self.act16 is not None:
+            return self
+        return replace(self, act16=default_act16(cfg) if self.quant != "fp32" else ())
 
     @property
     def smooth_alpha(self) -> float:
@@ -234,7 +251,7 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     ref.mkdir()
     try:
         ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True, smooth=None,
-                           smooth_down=0.0)
+                           smooth_down=0.0, act16=())
         write_graph(weights, ref, ref_opts, None, {})
         report = quality_check(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
     finally:
@@ -250,6 +267,9 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
     cfg = weights.config
     meta = {"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph}
     plan = opts.quant_plan() if opts.quant != "fp32" or opts.lm_head != "fp32" else None
+    if plan is not None:      # a GGUF's tensor types and Q4_K grids (pipeline/sources.py), for int4 builds
+        plan.source_types = weights.extra.get("source_types", {})
+        plan.source_grids = weights.extra.get("source_grids", {})
     calibration = None
     if plan is None:
         write_graph(weights, tmp, opts, plan, meta)
@@ -314,6 +334,7 @@ def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, f
     log(f"loading {spec} ...")
     recipe, weights = load_model(spec, source)
     recipe_name = recipe.name if recipe else None
+    opts = opts.for_model(weights.config)
     _check_out_dir(out, force, recipe_name, weights.source_sha256, opts)
     out.parent.mkdir(parents=True, exist_ok=True)
     _clear_dead_leftovers(out)

@@ -23,6 +23,8 @@ class Family:
     fix_hf: tuple[Callable[[ModelConfig, dict], None], ...] = ()     # tensor fix-ups of a HF directory, in place
     fix_gguf: tuple[Callable[[ModelConfig, dict], None], ...] = ()   # ... of a GGUF
     gguf_names: dict = field(default_factory=dict)    # llama.cpp layer tensor -> HF suffix, over GGUF_LAYER_NAMES
+    act16: tuple[str, ...] = ()                       # int8 builds: the projection groups on int16 activation codes
+                                                      # (quantize.ACT16_GROUPS; the default of --act16)
 
 
 # ---------------------------------------------------------------- config.json
@@ -327,3 +329,10 @@ FAMILIES = {
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                   "gemma3_text": "gemma3"}
 GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
+
+
+def default_act16(cfg: ModelConfig) -> tuple[str, ...]:
+    """The projection groups an int8 build of this family puts on int16 activation codes when --act16 is not given
+    (the llama default: none, the int8 codes' speed)."""
+    family = FAMILIES.get(cfg.arch)
+    return family.act16 if family is not None else ()

@@ -65,7 +65,8 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
     path = paths[0].rsplit("/", 1)[0]
     if qlinear_ready(quant, paths):
         y = qlinear(g, x, ws, paths, quant, lora={"layer": layer, "layers": layers, "adapter": adapter},
-                    epilogue=epilogue, residual=residual, norm=norm, split=epilogue == "none")
+                    epilogue=epilogue, residual=residual, norm=norm, split=epilogue == "none",
+                    act16=quant.act16_for(paths))
         return list(y) if isinstance(y, list) else [y]
     if norm is not None:
         x = rms_norm(g, x, norm[0], norm[1], norm[2])

@@ -50,8 +50,9 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
     stacks of all n layers, read at layer i (attribute lora_layer), and lora.rank.{target}; DoRA rows: lora.dora
     and lora.{target}.dora_scale [n, slots, out]);
     `norm` = (weight [K], eps, path): the op projects RMSNorm(x) * weight (the norm before it, fused);
-    act16: an int8 weight multiplies int16 activation codes (attribute act_bits 16; no LoRA): the LM head, where the
-    final norm's few large channels set an int8 step too coarse for the rest (custom_ops/src/kernels/qlinear.h).
+    act16: an int8 weight multiplies int16 activation codes (attribute act_bits 16; a LoRA still reads int8 codes):
+    the LM head, where the final norm's few large channels set an int8 step too coarse for the rest, and the layer
+    projections a build names (--act16: Gemma 3's q|k|v; custom_ops/src/kernels/qlinear.h).
     """
     assert epilogue in EPILOGUES
     path = path or group_path(paths)
@@ -84,7 +85,7 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
         attrs["norm_eps"] = float(eps)
     if split and len(ws) > 1:
         attrs["split"] = [int(w.shape[0]) for w in ws]
-    if act16 and q.bits == 8 and lora is None:
+    if act16 and q.bits == 8:
         attrs["act_bits"] = 16
     while ins[-1] == "":
         ins.pop()

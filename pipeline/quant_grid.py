@@ -107,6 +107,27 @@ def finish(w: np.ndarray, bits: int, block_size: int, codes: np.ndarray, scales:
     return q
 
 
+def on_grid(w: np.ndarray, scale: np.ndarray, low: np.ndarray, bits: int) -> QuantizedWeight | None:
+    """w [N, K] whose every block of K / kb lies on a known grid scale * q + low, q in 0..2^bits-1 (scale, low:
+    [N, kb]; a GGUF Q4_K tensor's sub-blocks of 32, pipeline/sources.q4k_grid) -> that grid in the offset form,
+    codes found by rounding (exact: the values are on the grid), so nothing is rounded a second time but the fp16
+    scale and offset. None when w is not on the grid (a fix-up changed it)."""
+    n, k = w.shape
+    kb = scale.shape[1]
+    if k % kb or scale.shape != (n, kb) or low.shape != (n, kb):
+        return None
+    x = blocks(w, k // kb)
+    s = np.where(scale > 0, scale, 1.0)[..., None]
+    codes = np.rint((x - low[..., None]) / s)
+    peak = float(np.abs(w).max()) or 1.0
+    if codes.min() < 0 or codes.max() > (1 << bits) - 1 or \
+            float(np.abs(codes * s + low[..., None] - x).max()) > 1e-6 * peak:
+        return None
+    scale16 = np.clip(scale, FP16_MIN_SCALE, FP16_MAX).astype(np.float16).astype(np.float32)
+    offsets = low + np.float32(1 << (bits - 1)) * scale16
+    return finish(w, bits, k // kb, codes, scale16[..., None], offsets[..., None])
+
+
 def weighted_grid(x: np.ndarray, a: np.ndarray, bits: int, steps: int = 20, spread: float = 1.0
                   ) -> tuple[np.ndarray, np.ndarray]:
     """The asymmetric grid of each block that minimises the weighted error sum_k a_k (x_k - w_hat_k)^2, searched

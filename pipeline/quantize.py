@@ -28,11 +28,19 @@ import numpy as np
 
 from .errors import BuildError
 from .gptq import GPTQQuantizer
-from .quant_grid import QuantizedWeight, blocks, dequantize, finish
+from .quant_grid import QuantizedWeight, blocks, dequantize, finish, on_grid
 
 ALGOS = ("rtn", "hqq", "gptq")
 WEIGHT_DTYPES = {"fp32": None, "int8": 8, "int4": 4}
 KEEP_DTYPES = ("fp32", "int8")
+# GGUF tensor types wider than 4 bits: an int4 build keeps such tensors int8 (source_mix), as their GGUF's author
+# chose them wider (llama.cpp's Q4_K_M mix: Q5_0 / Q6_K / Q8_0 beside Q4_K); re-rounded to 4 bits they cost Gemma 3
+# most of the model (docs/quality.md)
+WIDER_SOURCES = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K")
+# The projection groups of a layer, one QLinear each in the engine graph (q|k|v fused, gate|up fused), that --act16
+# can put on int16 activation codes (QLinear act_bits 16: int8 weights only; docs/quality.md, Gemma 3).
+ACT16_GROUPS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+                "down": ("down_proj",)}
 # An int4 LM head's quantizer unless --lm-head-algo says otherwise: GPTQ on the final norm's output with each
 # block's grid searched (weighted_grid). On SmolLM2 an RTN int4 head fails the int4 gate and this one passes it
 # (docs/quality.md, "int4 LM head").
@@ -168,6 +176,10 @@ class QuantPlan:
     symmetric: bool = False
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL
     keep: tuple[tuple[str, str], ...] = ()
+    act16: tuple[str, ...] = ()         # ACT16_GROUPS whose int8 weights multiply int16 activation codes
+    source_mix: bool = True             # int4: tensors of a wider GGUF type (WIDER_SOURCES) stay int8
+    source_types: dict = field(default_factory=dict)    # HF name -> the GGUF tensor type it was read from
+    source_grids: dict = field(default_factory=dict)    # HF name -> (scale, low) [N, K / 32] of a Q4_K tensor
     report: dict = field(default_factory=dict)      # HF name -> {bits, block_size, algo, max_rel, rms_rel[, out_rel]}
     # what GPTQ reads its Hessians from: .hessian(hf_name) -> [K, K] (pipeline.calib_activations.Calibration)
     calibration: object = None
@@ -185,12 +197,22 @@ class QuantPlan:
             make_quantizer(self.lm_head_algo, 4, self.block_size, self.symmetric)
         self._quantizers: dict[tuple[str, int, bool, bool], object] = {}   # (algo, bits, symmetric, search)
 
+    def act16_for(self, paths: list[str]) -> bool:
+        """Whether the projections of one input (graph paths: q|k|v, o, gate|up or down of a layer) take their
+        input as int16 codes (an int8 weight's QLinear; graph_qlinear.qlinear act16)."""
+        targets = tuple(p.rsplit("/", 1)[1] for p in paths)
+        return any(ACT16_GROUPS[g] == targets for g in self.act16)
+
     def dtype_for(self, name: str) -> str:
         """fp32 | int8 | int4 for one HF tensor name (--keep globs first, in order)."""
         for pattern, dtype in self.keep:
             if fnmatch.fnmatchcase(name, pattern):
                 return dtype
-        return self.lm_head if name == "lm_head.weight" else self.quant
+        if name == "lm_head.weight":
+            return self.lm_head
+        if self.quant == "int4" and self.source_mix and self.source_types.get(name) in WIDER_SOURCES:
+            return "int8"
+        return self.quant
 
     @property
     def active(self) -> bool:
@@ -233,7 +255,11 @@ class QuantPlan:
         if key not in self._quantizers:
             self._quantizers[key] = make_quantizer(algo, bits, self.block_size, symmetric, search)
         quantizer = self._quantizers[key]
-        if quantizer.needs_data:
+        grid = self.source_grids.get(name) if bits == 4 and self.block_size == 32 and not symmetric else None
+        q = on_grid(w, *grid, bits) if grid is not None else None
+        if q is not None:      # the source's own 4-bit grid (Q4_K): no second rounding, whatever --algo says
+            algo = f"source grid ({self.source_types.get(name, 'Q4_K')})"
+        elif quantizer.needs_data:
             if self.calibration is None:
                 raise BuildError(f"--algo gptq needs calibration activations for {name} and none were captured; "
                                  "build with --calib-tokens N (N > 0) or use --algo rtn|hqq")

@@ -72,26 +72,59 @@ def load_gguf(path: Path) -> ModelWeights:
     reader = _open_gguf(path)
     cfg = gguf_config(reader)
     to_hf = gguf_tensor_names(cfg)
-    tensors = {}
+    tensors, types, scales, lows = {}, {}, {}, {}
     for t in reader.tensors:
         if t.name not in to_hf:
             continue  # e.g. rope_freqs: read into the config's rope_scaling
+        shape = [int(n) for n in reversed(t.shape)]
         try:
             arr = dequantize(t.data, t.tensor_type)
         except Exception as e:
             raise BuildError(f"cannot dequantize GGUF tensor {t.name} ({t.tensor_type.name}): {e}") from None
-        tensors[to_hf[t.name]] = np.ascontiguousarray(arr.reshape([int(n) for n in reversed(t.shape)]),
-                                                      dtype=np.float32)
-    fix_tensors(cfg, tensors, "gguf")
+        name = to_hf[t.name]
+        tensors[name] = np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
+        types[name] = t.tensor_type.name
+        if t.tensor_type.name == "Q4_K" and len(shape) == 2:
+            scales[name], lows[name] = q4k_grid(t.data, shape)
+    for d in (tensors, scales, lows):     # the grids are [N, K / 32]: row fix-ups apply to them as to the weight
+        fix_tensors(cfg, d, "gguf")
 
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_tokenizer_from_gguf
         return write_tokenizer_from_gguf(reader, out_dir)
 
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=sha256_file(path),
-                     source_desc=f"gguf:{path.name}")
+                     source_desc=f"gguf:{path.name}",
+                     extra={"source_types": _fixed_names(cfg, types),
+                            "source_grids": {n: (scales[n], lows[n]) for n in scales}})
     w.validate()
     return w
+
+
+def _fixed_names(cfg: ModelConfig, types: dict[str, str]) -> dict[str, str]:
+    """Each tensor's GGUF type under its name after the family's fix-ups (Phi-3's fused projections split)."""
+    out = dict(types)
+    for name in [n for n in types if n.endswith(("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"))]:
+        stem, kind = name.rsplit(".", 2)[0], out.pop(name)
+        parts = ("q_proj", "k_proj", "v_proj") if "qkv" in name else ("gate_proj", "up_proj")
+        out |= {f"{stem}.{p}.weight": kind for p in parts}
+    return out
+
+
+def q4k_grid(data, shape: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A Q4_K tensor's own 4-bit grid, per sub-block of 32 along K: scale = d * sc and low = -dmin * m (its 6-bit
+    sub-block scale and min), so that each weight is scale * q + low, q in 0..15, as gguf dequantizes it. -> scale,
+    low: fp32 [N, K / 32]. (Blocks of 256: d, dmin fp16, 12 bytes of packed 6-bit scales and mins, 128 of codes.)"""
+    from gguf.quants import Q4_K
+
+    blocks = np.asarray(data).view(np.uint8).reshape(-1, 144)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    n, k = shape
+    scale = (d * sc.astype(np.float32)).reshape(n, k // 32)
+    low = -(dmin * m.astype(np.float32)).reshape(n, k // 32)
+    return scale, low
 
 
 # ---------------------------------------------------------------- HF directory / safetensors
