@@ -7,7 +7,9 @@
 // no overflow) and widened once by _mm256_madd_epi16; int8 uses |w| x sign(x, w) and widens each.
 // Up to kQTile tokens share one unpacking of the weights (prefill); per block, one
 // fma(d * dx, isum', acc) and one fma(m, sx, acc) per token: no horizontal reductions, and each
-// output's float operations are the same whatever the number of tokens in the call.
+// output's float operations are the same whatever the number of tokens in the call. group_dot2 does
+// two int4 groups at once (several tokens a call: decode batches, prefill), each broadcast of x
+// serving 16 rows.
 #include <immintrin.h>
 
 #include <cmath>
@@ -137,21 +139,32 @@ void group_dot16(const QGroup& g, const QTokens& x, int nt, float* out) {
   group_dot16_any<Dots16>(g, x, nt, out);
 }
 
+// v as it is here: GCC may not reassociate a running sum across this point. Without it, the int16 sums of a
+// sub-block were rebuilt as one balanced tree over all their maddubs, every product of every token live at once:
+// 16 registers could not hold them and the loop spilled most of them to the stack.
+inline void pin(__m256i& v) {
+  __asm__("" : "+x"(v));
+}
+
 // Integer dots by _mm256_maddubs_epi16: int4 sums a sub-block's 8 products per row pair in int16 (each lane
 // at most 16 * 15 * 127 = 30480, no overflow) and widens once by _mm256_madd_epi16; int8 uses
 // |w| x sign(x, w) and widens each product pair (2 * 128 * 127 would overflow an int16 sum).
 struct Dots {
   template <int NT>
   static void sub4(const uint8_t* sub, const int8_t* const* qs, __m256i* isum) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i v[8];
-    unpack4(sub, v);
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* x = qs[t];
-      __m256i p = _mm256_maddubs_epi16(v[0], bcast_word(x));
-      for (int j = 1; j < 8; ++j) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(v[j], bcast_word(x + 4 * j)));
-      isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i p[NT];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * j));
+      const __m256i wl = _mm256_and_si256(w, low), wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(wl, bcast_word(qs[t] + 8 * j)),
+                                           _mm256_maddubs_epi16(wh, bcast_word(qs[t] + 8 * j + 4)));
+        p[t] = j == 0 ? a : _mm256_add_epi16(p[t], a);
+        pin(p[t]);
+      }
     }
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p[t], _mm256_set1_epi16(1)));
   }
 
   template <int NT>
@@ -186,6 +199,85 @@ struct Dots {
 
 void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   group_dot_any<Dots>(g, x, nt, out);
+}
+
+// ---- two int4 groups of one weight at once (group_dot2): each broadcast word of a token's codes, and its dx, sx and
+// zero-point term, feeds both groups' rows. Per sub-block and 32-byte chunk j, the two groups' codes are unpacked
+// once (4 vectors) and every token adds its 4 maddubs into one int16 sum per group (at most 8 maddubs a sub-block,
+// as Dots::sub4). Each lane's integer sum is Dots' exact isum and its float steps are group_dot_t's, so the bits
+// are those of two group_dot calls. The driver pairs groups from kPairTokens tokens on (qlinear.cc).
+
+// One sub-block of both groups (128 code bytes each at c0, c1) against NT tokens' 32 codes (token t's at q +
+// t * stride): p0[t], p1[t] the int16 sums of the 8 maddubs per group.
+template <int NT>
+inline void pair_sub4(const uint8_t* c0, const uint8_t* c1, const int8_t* q, int64_t stride, __m256i* p0, __m256i* p1) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c0 + 32 * j));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1 + 32 * j));
+    const __m256i w0l = _mm256_and_si256(w0, low), w0h = _mm256_and_si256(_mm256_srli_epi16(w0, 4), low);
+    const __m256i w1l = _mm256_and_si256(w1, low), w1h = _mm256_and_si256(_mm256_srli_epi16(w1, 4), low);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i xl = bcast_word(q + t * stride + 8 * j);
+      const __m256i l0 = _mm256_maddubs_epi16(w0l, xl), l1 = _mm256_maddubs_epi16(w1l, xl);
+      p0[t] = j == 0 ? l0 : _mm256_add_epi16(p0[t], l0);
+      p1[t] = j == 0 ? l1 : _mm256_add_epi16(p1[t], l1);
+      pin(p0[t]), pin(p1[t]);
+      const __m256i xh = bcast_word(q + t * stride + 8 * j + 4);
+      p0[t] = _mm256_add_epi16(p0[t], _mm256_maddubs_epi16(w0h, xh));
+      p1[t] = _mm256_add_epi16(p1[t], _mm256_maddubs_epi16(w1h, xh));
+      pin(p0[t]), pin(p1[t]);
+    }
+  }
+}
+
+template <int NT>
+void group_dot2_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* out0, float* out1) {
+  const int sub_blocks = g0.bs / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t *c0 = g0.codes, *c1 = g1.codes;
+  for (int b = 0; b < g0.kb; ++b) {
+    const int8_t* q = x.q + b * g0.bs;
+    __m256i p0[NT], p1[NT], i0[NT], i1[NT];
+    pair_sub4<NT>(c0, c1, q, x.q_stride, p0, p1);
+    for (int t = 0; t < NT; ++t) i0[t] = _mm256_madd_epi16(p0[t], ones), i1[t] = _mm256_madd_epi16(p1[t], ones);
+    for (int s = 1; s < sub_blocks; ++s) {
+      pair_sub4<NT>(c0 + 128 * s, c1 + 128 * s, q + 32 * s, x.q_stride, p0, p1);
+      for (int t = 0; t < NT; ++t) {
+        i0[t] = _mm256_add_epi32(i0[t], _mm256_madd_epi16(p0[t], ones));
+        i1[t] = _mm256_add_epi32(i1[t], _mm256_madd_epi16(p1[t], ones));
+      }
+    }
+    c0 += 128 * sub_blocks, c1 += 128 * sub_blocks;
+    const __m256 d0 = load_f16x8(g0.d + b * 8), d1 = load_f16x8(g1.d + b * 8);
+    for (int t = 0; t < NT; ++t) {
+      const int tb = t * g0.kb + b;
+      const __m256i z = _mm256_set1_epi32(x.zsum[tb]);
+      const __m256 dx = _mm256_set1_ps(x.dx[tb]);
+      float* o0 = out0 + 8 * t;
+      float* o1 = out1 + 8 * t;
+      __m256 a0 =
+          _mm256_fmadd_ps(_mm256_mul_ps(d0, dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(i0[t], z)), _mm256_loadu_ps(o0));
+      __m256 a1 =
+          _mm256_fmadd_ps(_mm256_mul_ps(d1, dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(i1[t], z)), _mm256_loadu_ps(o1));
+      if (g0.m) {
+        const __m256 sx = _mm256_set1_ps(x.sx[tb]);
+        a0 = _mm256_fmadd_ps(load_f16x8(g0.m + b * 8), sx, a0);
+        a1 = _mm256_fmadd_ps(load_f16x8(g1.m + b * 8), sx, a1);
+      }
+      _mm256_storeu_ps(o0, a0);
+      _mm256_storeu_ps(o1, a1);
+    }
+  }
+}
+
+void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  if (g0.bits != 4) {
+    group_dot(g0, x, nt, out0);
+    group_dot(g1, x, nt, out1);
+    return;
+  }
+  with_tokens(nt, [&](auto n) { group_dot2_t<decltype(n)::value>(g0, g1, x, out0, out1); });
 }
 
 // Lanes r0..r0+7 of A's ranks (fewer than 8 left: the rest masked off, never read) for one k-quad.
@@ -328,7 +420,7 @@ namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table.
 const QLinearIsa* qlinear_avx2_isa() {
   static const QLinearIsa isa{
-      "avx2",          avx2::quantize_row, avx2::group_dot,      nullptr,          avx2::lora_shrink, avx2::lora_expand,
+      "avx2",          avx2::quantize_row, avx2::group_dot,      avx2::group_dot2, avx2::lora_shrink, avx2::lora_expand,
       avx2::silu_mul8, avx2::rms_norm_row, avx2::quantize_row16, avx2::group_dot16};
   return &isa;
 }
