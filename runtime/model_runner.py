@@ -35,26 +35,46 @@ def kv_pool_size(config: EngineConfig, artifact: Artifact) -> tuple[int, int]:
     return per_block, config.cache.resolve_num_blocks(per_block)
 
 
-def logits_rows(seqs: list[ScheduledSeq]) -> np.ndarray:
+def logits_rows(seqs: list[ScheduledSeq], starts: list[int] | None = None) -> np.ndarray:
     """[R] int64 rows of the flattened batch that get logits: for each seq with needs_logits its last row,
-    and with k drafts its last k + 1 rows (the last verified token's and each draft's)."""
+    and with k drafts its last k + 1 rows (the last verified token's and each draft's). starts: each seq's first
+    row in the flattened batch (by_adapter's order; None: the seqs' own order)."""
     rows, end = [], 0
-    for s in seqs:
-        end += s.num_tokens
+    for i, s in enumerate(seqs):
+        end = (end if starts is None else starts[i]) + s.num_tokens
         if s.needs_logits:
             rows.extend(range(end - 1 - len(s.spec_token_ids), end))
     return np.asarray(rows, dtype=np.int64)
 
 
-def hidden_rows(seqs: list[ScheduledSeq]) -> list[int]:
+def hidden_rows(seqs: list[ScheduledSeq], starts: list[int] | None = None) -> list[int]:
     """Rows of the flattened batch whose final hidden state the step returns: each seq's last hidden_rows rows
-    (embedding requests), in order; none in generation steps."""
+    (embedding requests), in order; none in generation steps. starts: as logits_rows'."""
     rows, end = [], 0
-    for s in seqs:
-        end += s.num_tokens
+    for i, s in enumerate(seqs):
+        end = (end if starts is None else starts[i]) + s.num_tokens
         if s.hidden_rows:
             rows.extend(range(end - s.hidden_rows, end))
     return rows
+
+
+def by_adapter(seq_slots: list[int]) -> list[int] | None:
+    """The order a step's seqs are fed in: stably sorted by adapter slot (base rows, -1, first), so that each
+    adapter's rows are one run of the flattened batch and a QLinear token tile holds one adapter (its LoRA then
+    loads A and B once for the tile). None when the seqs are in that order already (a base-only step, one adapter).
+    Each row's values do not depend on where it sits in the batch (qlinear.h): the order changes no bits."""
+    if all(a <= b for a, b in zip(seq_slots, seq_slots[1:])):
+        return None
+    return sorted(range(len(seq_slots)), key=seq_slots.__getitem__)
+
+
+def fed_starts(seqs: list[ScheduledSeq], order: list[int]) -> list[int]:
+    """[S] each seq's first row in the batch fed in `order` (seqs' indices), by the seqs' own index."""
+    starts, row = [0] * len(seqs), 0
+    for i in order:
+        starts[i] = row
+        row += seqs[i].num_tokens
+    return starts
 
 
 class ModelRunner:
@@ -96,6 +116,7 @@ class ModelRunner:
         self._logits_bound: tuple[int, int] | None = None   # (id of the buffers' array, rows) bound now
         self._argmax = np.empty(0, np.int64)          # logits_argmax [R], bound beside the logits, grows with them
         self.argmax: np.ndarray | None = None          # the last execute()'s logits_argmax rows
+        self._order: np.ndarray | None = None          # the last execute()'s feed order (by_adapter), None: as given
         self.hidden_size = cfg["hidden_size"]
         self._hidden = np.empty((16, self.hidden_size), np.float32)   # hidden_states [E, H], grows as needed
         self._hidden_bound = -1                        # rows bound now (-1: none yet)
@@ -230,7 +251,19 @@ class ModelRunner:
         buffer the next execute() overwrites (copy it to keep it), and sets self.argmax to their first maxima [R]
         (logits_argmax; likewise a view), and self.hidden to the final hidden states [E, H] of the rows of
         hidden_rows(seqs) (embedding requests; likewise a view). all_logits: [T, V], every row of the step
-        (scoring/eval), a new array (self.argmax None)."""
+        (scoring/eval), a new array (self.argmax None).
+        The seqs are fed sorted by adapter slot (by_adapter); logits_indices and hidden_indices name each seq's
+        rows where they landed, in the seqs' order, so every output comes back in the caller's order with no copy
+        (KV writes follow positions and block tables and need nothing)."""
+        slots = adapter_slots or {}
+        seq_slots = [slots.get(s.adapter, -1) for s in seqs]
+        order = by_adapter(seq_slots) if slots else None
+        starts_at = None
+        self._order = None if order is None else np.asarray(order, np.int64)
+        if order is not None:
+            starts_at = fed_starts(seqs, order)
+            seqs_out, seqs = seqs, [seqs[i] for i in order]
+            seq_slots = [seq_slots[i] for i in order]
         # Python lists, one pass per input: cheaper than numpy temporaries for a decode step's few rows, and the
         # step's Python runs in caches cold after the weight stream
         lens = [s.num_tokens for s in seqs]
@@ -243,10 +276,15 @@ class ModelRunner:
             positions = [p for s in seqs for p in range(s.start_pos, s.start_pos + s.num_tokens)]
         width = max(len(s.block_ids) for s in seqs)
         tables = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]   # padded with the null block
-        rows = np.arange(len(ids), dtype=np.int64) if all_logits else logits_rows(seqs)
-        slots = adapter_slots or {}
-        adapter = [slots.get(s.adapter, -1) for s in seqs for _ in range(s.num_tokens)]
-        hidden = hidden_rows(seqs)
+        adapter = [a for s, a in zip(seqs, seq_slots) for _ in range(s.num_tokens)]
+        if order is None:
+            rows = np.arange(len(ids), dtype=np.int64) if all_logits else logits_rows(seqs)
+            hidden = hidden_rows(seqs)
+        else:                              # in the caller's order, at the rows where its seqs landed
+            rows = (np.asarray([r for i, s in enumerate(seqs_out) for r in range(starts_at[i], starts_at[i] +
+                                                                                 s.num_tokens)], np.int64)
+                    if all_logits else logits_rows(seqs_out, starts_at))
+            hidden = hidden_rows(seqs_out, starts_at)
 
         io = self.io
         for name, value, shape in ((C.ENGINE_INPUT_IDS, ids, (len(ids),)), (C.POSITIONS, positions, (len(ids),)),
@@ -303,6 +341,7 @@ class ModelRunner:
         out = np.empty((steps, len(seqs)), np.int64)
         self.execute(seqs, adapter_slots)
         out[0] = self.argmax
+        order = self._order                # the bound inputs are in by_adapter's order, argmax in the seqs'
         ids, pos, ctx = (self._inputs[n] for n in (C.ENGINE_INPUT_IDS, C.POSITIONS, C.CONTEXT_LENS))
         # every step's positions and context lengths up front ([steps, n] each): between two runs the loop only
         # copies. The first arithmetic ufunc after a run cost ~20 us there (`pos += 1`, whichever came first; the
@@ -312,7 +351,7 @@ class ModelRunner:
         for j in range(1, steps):       # the inputs bound by execute(), advanced in place: nothing rebound
             if stop is not None and stop[out[j - 1]].any():
                 return out[:j]
-            ids[:] = out[j - 1]
+            ids[:] = out[j - 1] if order is None else out[j - 1][order]
             pos[:] = pos_at[j]
             ctx[:] = ctx_at[j]
             self._run()
