@@ -3,9 +3,13 @@
 // Only this file's functions are compiled for AVX2+FMA+F16C (via `#pragma GCC target`, after every
 // system header so no shared inline/template code gets AVX2 bodies); vec() selects this table at
 // run time only when the CPU reports all three. Why these shapes:
-//  - scores: two query rows against 4 key rows at a time (8 accumulators, each K load feeds two
-//    FMAs), reduced by a hadd tree (one horizontal reduction per 4 scores instead of per score);
-//  - pv: two output rows x 32 dims stay in registers across a whole key block (D = 64);
+//  - scores: up to three query rows against 4 key rows at a time (12 accumulators, each K load feeds
+//    three FMAs), reduced by a hadd tree (one horizontal reduction per 4 scores instead of per score);
+//  - pv: up to three output rows x 32 dims stay in registers across a whole key block (D = 64);
+//  - scores_f16 / pv_f16: the same loops (templated on the row type) on an fp16 cache's rows, widened by
+//    F16C as they are loaded: for a decode token's three rows each key and value is widened once, where a
+//    widening pass into a scratch cost a second pass over every block (decode at context 2048: 0.55x the
+//    time). Tiles of many rows still widen once and reuse the floats (paged_attention.cc kF16WidenRows);
 //  - gemm_rows / gemm_rows_f16b: one 4x16 register-blocked micro-kernel (8 independent FMA chains)
 //    over row-pointer arrays, templated on B's element type (fp32, or fp16 widened by F16C as it
 //    streams); the fp16 one serves the LoRA shrink ([n, in] @ [in, r]) and expand ([n, r] @ [r, out])
@@ -34,7 +38,7 @@ namespace avx2 {
 namespace {
 
 // ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)): the same tree as hsum4 below, so a score is the same
-// bits whichever path computes it (two rows x four keys, one row x four keys, or a tail key): which path a
+// bits whichever path computes it (one to three rows x four keys, one row x four keys, or a tail key): which path a
 // key takes depends on how many rows and keys the tile has, i.e. on the batch and the prefill chunking.
 inline float hsum(__m256 v) {
   __m256 t = _mm256_hadd_ps(v, v);
@@ -143,20 +147,10 @@ void scores_row(const float* q, const KT* K, int nkeys, int D, float alpha, floa
   }
 }
 
-// fp32 keys: rows two at a time (8 accumulators, 6 loads per 8 FMAs), a last odd row alone.
-void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds) {
-  int r0 = 0;
-  if (D % 8 == 0) {
-    for (; r0 + 2 <= rows; r0 += 2)
-      scores_rx4<2>(Q + static_cast<size_t>(r0) * D, D, K, nkeys, alpha, S + static_cast<size_t>(r0) * lds, lds);
-  }
-  for (int r = r0; r < rows; ++r)
-    scores_row(Q + static_cast<size_t>(r) * D, K, nkeys, D, alpha, S + static_cast<size_t>(r) * lds);
-}
-
-// fp16 keys read in place: rows three at a time (a decode token's G = 3 query heads of a kv head in SmolLM2
-// widen each key once), then the 2 or 1 left.
-void scores_f16(const float* Q, int rows, const uint16_t* K, int nkeys, int D, float alpha, float* S, int lds) {
+// Rows three at a time (a decode token's G = 3 query heads of a kv head in SmolLM2 share each key load and, for
+// fp16, its widening), then the 2 or 1 left; D % 8 != 0: one row at a time.
+template <class KT>
+void scores_t(const float* Q, int rows, const KT* K, int nkeys, int D, float alpha, float* S, int lds) {
   if (D % 8 != 0) {
     for (int r = 0; r < rows; ++r)
       scores_row(Q + static_cast<size_t>(r) * D, K, nkeys, D, alpha, S + static_cast<size_t>(r) * lds);
@@ -165,6 +159,13 @@ void scores_f16(const float* Q, int rows, const uint16_t* K, int nkeys, int D, f
   for_row_triples(rows, [&](auto R, int r) {
     scores_rx4<R>(Q + static_cast<size_t>(r) * D, D, K, nkeys, alpha, S + static_cast<size_t>(r) * lds, lds);
   });
+}
+
+void scores(const float* Q, int rows, const float* K, int nkeys, int D, float alpha, float* S, int lds) {
+  scores_t(Q, rows, K, nkeys, D, alpha, S, lds);
+}
+void scores_f16(const float* Q, int rows, const uint16_t* K, int nkeys, int D, float alpha, float* S, int lds) {
+  scores_t(Q, rows, K, nkeys, D, alpha, S, lds);
 }
 
 // R output rows x 32 dims per pass (4R accumulators): R broadcasts + 4 loads per 4R FMAs. D = 64: every output is
@@ -220,18 +221,10 @@ void pv_any(const float* P, int ldp, int rows, const VT* V, int nkeys, int D, fl
   }
 }
 
-// fp32 values: rows two at a time, a last odd row alone.
-void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O) {
-  if (D != 64) return pv_any(P, ldp, rows, V, nkeys, D, O);
-  int r = 0;
-  for (; r + 2 <= rows; r += 2)
-    pv64_rows<2>(P + static_cast<size_t>(r) * ldp, ldp, V, nkeys, O + static_cast<size_t>(r) * 64);
-  if (r < rows) pv64_row(P + static_cast<size_t>(r) * ldp, V, nkeys, O + static_cast<size_t>(r) * 64);
-}
-
-// fp16 values read in place: rows three at a time (each value widened once for a decode token's three query
-// heads), then the 2 or 1 left.
-void pv_f16(const float* P, int ldp, int rows, const uint16_t* V, int nkeys, int D, float* O) {
+// D = 64: rows three at a time (each value load, and its fp16 widening, shared by three rows), then the 2 or 1
+// left; other D: pv_any.
+template <class VT>
+void pv_t(const float* P, int ldp, int rows, const VT* V, int nkeys, int D, float* O) {
   if (D != 64) return pv_any(P, ldp, rows, V, nkeys, D, O);
   for_row_triples(rows, [&](auto R, int r) {
     if constexpr (R == 1)
@@ -239,6 +232,13 @@ void pv_f16(const float* P, int ldp, int rows, const uint16_t* V, int nkeys, int
     else
       pv64_rows<R>(P + static_cast<size_t>(r) * ldp, ldp, V, nkeys, O + static_cast<size_t>(r) * 64);
   });
+}
+
+void pv(const float* P, int ldp, int rows, const float* V, int nkeys, int D, float* O) {
+  pv_t(P, ldp, rows, V, nkeys, D, O);
+}
+void pv_f16(const float* P, int ldp, int rows, const uint16_t* V, int nkeys, int D, float* O) {
+  pv_t(P, ldp, rows, V, nkeys, D, O);
 }
 
 void widen_e4m3(const uint8_t* codes, int nrows, int D, float* out) {
