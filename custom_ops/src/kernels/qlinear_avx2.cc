@@ -116,7 +116,15 @@ void quantize_row16(const float* x, int K, int bs, int16_t* q, float* dx, int32_
   quantize_codes<int16_t, 32767>(x, K, bs, q, dx, qsum);
 }
 
-// act_bits 16: madd (int16 pairs' products summed into int32 lanes), then add (qlinear_group_dot.h Dots16).
+// v as it is here: GCC may not reassociate a running sum across this point. Without it, the int16 sums of a
+// sub-block were rebuilt as one balanced tree over all their maddubs, every product of every token live at once:
+// 16 registers could not hold them and the loop spilled most of them to the stack.
+inline void pin(__m256i& v) {
+  __asm__("" : "+x"(v));
+}
+
+// act_bits 16: madd (int16 pairs' products summed into int32 lanes), then add (qlinear_group_dot.h Dots16); the
+// running sums pinned as the int4 ones are (without, the NT = 4 loop spilled 84 vectors a block to the stack).
 struct Dots16 {
   template <int NT>
   static void block(const uint8_t* codes, int sub_blocks, const int16_t* const* qs, __m256i* lo, __m256i* hi) {
@@ -129,6 +137,7 @@ struct Dots16 {
           const __m256i xq = bcast_quad16(qs[t] + 32 * s + 4 * i);
           lo[t] = _mm256_add_epi32(lo[t], _mm256_madd_epi16(wlo, xq));
           hi[t] = _mm256_add_epi32(hi[t], _mm256_madd_epi16(whi, xq));
+          pin(lo[t]), pin(hi[t]);
         }
       }
     }
@@ -137,13 +146,6 @@ struct Dots16 {
 
 void group_dot16(const QGroup& g, const QTokens& x, int nt, float* out) {
   group_dot16_any<Dots16>(g, x, nt, out);
-}
-
-// v as it is here: GCC may not reassociate a running sum across this point. Without it, the int16 sums of a
-// sub-block were rebuilt as one balanced tree over all their maddubs, every product of every token live at once:
-// 16 registers could not hold them and the loop spilled most of them to the stack.
-inline void pin(__m256i& v) {
-  __asm__("" : "+x"(v));
 }
 
 // Integer dots by _mm256_maddubs_epi16: int4 sums a sub-block's 8 products per row pair in int16 (each lane
