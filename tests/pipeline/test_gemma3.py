@@ -112,18 +112,15 @@ def test_chat_without_a_template_is_refused(gemma3_engine):
         tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
 
 
-def test_int8_build_is_served(tmp_path_factory, gemma3_gguf):
+def test_int8_build_is_served(gemma3_int8):
     """The int8 build (QLinear, SmoothQuant on the attention's and the MLP's input norms, GELU-tanh after the
-    gate|up projection): its in-build check on held-out text and the engine's completion."""
+    gate|up projection; tests/conftest.py builds it once for the session): its in-build check on held-out text and
+    the engine's completion."""
     import json
 
-    from ortllm.cli.build import build_artifact
-    from ortllm.pipeline.build import BuildOptions
     from ortllm.runtime.engine import Engine
     from ortllm.runtime.sampling_params import SamplingParams
-    out = tmp_path_factory.mktemp("gemma3") / "int8"
-    build_artifact("gemma3-270m", out, BuildOptions(quant="int8", calib_tokens=1024, quality_tokens=512),
-                   log=lambda m: None)
+    out = gemma3_int8
     fidelity = json.loads((out / "quality.json").read_text())["fidelity"]
     assert fidelity["top1_agreement"] >= 0.93 and fidelity["kld_mean"] <= 0.02, fidelity
     with Engine.from_artifact(out) as engine:
