@@ -3,12 +3,16 @@
 // Three phases per call:
 //   1. each token's activations (RMSNorm'ed first when the op carries the norm) quantized once:
 //      q [T, kb * bs] int8, dx / sx / zsum [T, kb];
-//   2. the LoRA per (segment, up to kQTile tokens of one slot): the shrink h = x @ A_j[a] as integer
-//      dots of phase 1's codes with the int8 A, h quantized to int8, the expand h @ B_j[a] as integer
-//      dots into lora [G, T, 8] (tokens without an adapter cost nothing);
+//   2. the LoRA's shrink per (segment, up to kQTile tokens of one slot): h = x @ A_j[a] as integer
+//      dots of phase 1's codes with the int8 A, h quantized to int8 (tokens without an adapter cost
+//      nothing). When phase 1 is split over the pool, each of its items runs its own tokens' quads right
+//      after quantizing them, so the LoRA adds no pass over the pool;
 //   3. the projection over work items (8-row groups x token chunks): the group's weights are
 //      unpacked once per kQTile tokens and stay in L1 across the chunk; the accumulators start from
-//      lora (0 without), and each output's epilogue (residual or SiLU(gate) * up) runs right after;
+//      the tile's LoRA, the expand h @ B_j[a] on the group's 8 columns as integer dots (lora_tile: one
+//      load of B's columns per run of tokens of one slot; the engine feeds rows sorted by adapter, so
+//      a tile is one run), 0 without; each output's epilogue (residual or SiLU(gate) * up) runs right after;
+//      segments off the 8-column grid expand in phase 2 into lora [G, T, 8] instead;
 //      with an argmax output, each item's first maximum per token, merged in column order after.
 //      DoRA rows are multiplied by their slot's per-output scale first (plan_dora: one [N] row per DoRA slot).
 // Which item computes an output never changes its value (qlinear.h), so the split is free to
@@ -60,6 +64,7 @@ struct Scratch {
   std::vector<int8_t> qh[kQLinearMaxSegments];
   std::vector<float> coef[kQLinearMaxSegments];
   std::vector<Quad> quads;
+  std::vector<int64_t> quad_begin;
   std::vector<int64_t> best_at;
   std::vector<const float*> row_scale;
 };
@@ -96,6 +101,7 @@ struct Ctx {
         coef(s.coef),
         lora(s.lora),
         quads(s.quads),
+        quad_begin(s.quad_begin),
         normed(s.normed),
         best(s.best),
         best_at(s.best_at),
@@ -127,8 +133,11 @@ struct Ctx {
   // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
   std::vector<float>& lora;
-  float* lbuf = nullptr;          // lora.data(), or nullptr without a LoRA
-  std::vector<Quad>& quads;       // the LoRA's work (plan_lora)
+  float* lbuf = nullptr;     // lora.data(), or nullptr without a LoRA
+  std::vector<Quad>& quads;  // the LoRA's work (plan_lora)
+  // with shrink_in_items: quads[quad_begin[i], quad_begin[i + 1]) are quantization item i's, run right after it
+  std::vector<int64_t>& quad_begin;
+  bool shrink_in_items = false;
   std::vector<float>& normed;     // [T, K] RMSNorm(x) * norm_weight, with a norm
   const float* xin = nullptr;     // what the projection multiplies: x, or normed
   std::vector<float>& best;       // [T, g_items] with an argmax output: each item's maximum per token
@@ -183,10 +192,16 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
   }
 }
 
+void lora_quad(void* usr, size_t i);
+
+// Quantization item i: tokens [i * q_chunk, + q_chunk), then, with shrink_in_items, the LoRA quads of those tokens
+// (their shrinks read the codes just written, in L1): the LoRA adds no pass over the pool of its own.
 void quantize_item(void* usr, size_t i) {
   Ctx& c = *static_cast<Ctx*>(usr);
   const int64_t t0 = static_cast<int64_t>(i) * c.q_chunk;
   quantize_tokens(c, t0, std::min(c.d->num_tokens, t0 + c.q_chunk));
+  for (int64_t k = c.shrink_in_items ? c.quad_begin[i] : 0; c.shrink_in_items && k < c.quad_begin[i + 1]; ++k)
+    lora_quad(usr, static_cast<size_t>(k));
 }
 
 // ---- phase 2: LoRA
@@ -354,16 +369,22 @@ void zero_lora_rows(Ctx& c) {
 // The LoRA's work: per segment, the tokens with an adapter on it, sorted by slot (counting sort), in
 // groups of up to kQTile tokens of one slot, and its buffers (none when no token has a rank > 0 here: an
 // adapter on q, k, v, o costs gate|up and down nothing). Returns the multiply-adds.
+// ORTLLM_QLINEAR_LORA_TILES=0 (for A/B measurements): the LoRA as before the tiles took its expand, all of it in a
+// phase of its own between the quantization and the projection, the expand into lora. The same bits either way.
+bool lora_in_tiles() {
+  static const bool on = [] {
+    const char* v = std::getenv("ORTLLM_QLINEAR_LORA_TILES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
 int64_t plan_lora(Ctx& c) {
   const QLinearArgs& a = *c.a;
   const int64_t T = c.d->num_tokens;
   std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(T));
   int64_t macs = 0;
-  static const bool in_tiles = [] {  // ORTLLM_QLINEAR_LORA_TILES=0: the expand into lora first (A/B measurements)
-    const char* v = std::getenv("ORTLLM_QLINEAR_LORA_TILES");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  c.tile_expand = in_tiles;
+  c.tile_expand = lora_in_tiles();
   for (int j = 0; j < a.n_segments; ++j)
     c.tile_expand = c.tile_expand && a.seg[j].col0 % 8 == 0 && a.seg[j].width % 8 == 0;
   for (int j = 0; j < a.n_segments; ++j) {
@@ -378,15 +399,26 @@ int64_t plan_lora(Ctx& c) {
     for (int64_t t = 0; t < T; ++t)
       if (lora_rank(c, t, j) > 0) order[count[a.token_adapter[t]]++] = t;  // count[s] ends at slot s's end
     for (int64_t i = 0; i < n;) {
-      Quad q{j, 0, {}};
-      const int32_t slot = a.token_adapter[order[i]];
-      while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot) q.t[q.n++] = order[i++];
+      Quad q{j, 1, {order[i++]}};
+      const int32_t slot = a.token_adapter[q.t[0]];
+      // a quad's tokens lie in one quantization item (q_chunk tokens; T when quantized in one pass)
+      while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot && order[i] / c.q_chunk == q.t[0] / c.q_chunk)
+        q.t[q.n++] = order[i++];
       c.quads.push_back(q);
       macs += q.n * lora_rank(c, q.t[0], j) * (c.d->in_dim + (c.tile_expand ? 0 : a.seg[j].width));
     }
     if (c.tile_expand) c.coef[j].resize(static_cast<size_t>(T));
   }
   if (c.quads.empty()) return c.tile_expand = false, 0;
+  // per quantization item, its quads in planned order (segments, then slots)
+  const int64_t items = (T + c.q_chunk - 1) / c.q_chunk;
+  c.quad_begin.assign(static_cast<size_t>(items) + 1, 0);
+  for (const Quad& q : c.quads) ++c.quad_begin[static_cast<size_t>(q.t[0] / c.q_chunk) + 1];
+  for (int64_t i = 0; i < items; ++i) c.quad_begin[i + 1] += c.quad_begin[i];
+  if (items > 1) {
+    std::stable_sort(c.quads.begin(), c.quads.end(),
+                     [&](const Quad& x, const Quad& y) { return x.t[0] / c.q_chunk < y.t[0] / c.q_chunk; });
+  }
   if (c.tile_expand) {
     c.expand8 = c.isa == &qlinear_scalar_isa() ? expand8_portable : expand8_avx2;  // AVX2 tables: AVX2 CPUs only
   } else {
@@ -610,6 +642,8 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.zsum.resize(static_cast<size_t>(T * c.kb));
   if (a.norm_weight) c.normed.resize(static_cast<size_t>(T * d.in_dim));
   c.kc = (d.in_dim + kLoraChunk - 1) / kLoraChunk;
+  const bool split_quantize = parallel && T >= kQuantizeSplit;
+  c.q_chunk = !split_quantize ? T : T > 2 * kQuantizeChunk ? kQuantizeChunk : (T + 1) / 2;
   const int64_t lora_macs = a.token_adapter != nullptr && a.n_segments > 0 ? plan_lora(c) : 0;
   if (lora_macs > 0) plan_dora(c);
   if (d.act_bits == 16 && c.lora_sums) {  // the LoRA's int8 codes beside the int16 ones
@@ -617,16 +651,17 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
     c.dx8.resize(static_cast<size_t>(T * c.kb));
   }
   c.xin = a.norm_weight ? c.normed.data() : a.x;
-  if (parallel && T >= kQuantizeSplit) {
-    c.q_chunk = T > 2 * kQuantizeChunk ? kQuantizeChunk : (T + 1) / 2;
+  // split over the pool, each quantization item also runs its tokens' LoRA quads (quantize_item)
+  c.shrink_in_items = split_quantize && !c.quads.empty() && lora_in_tiles();
+  if (split_quantize) {
     par.run(static_cast<size_t>((T + c.q_chunk - 1) / c.q_chunk), quantize_item, &c);
   } else {
     quantize_tokens(c, 0, T);
   }
 
-  if (lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
+  if (!c.shrink_in_items && lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
     par.run(c.quads.size(), lora_quad, &c);
-  } else {
+  } else if (!c.shrink_in_items) {
     for (size_t i = 0; i < c.quads.size(); ++i) lora_quad(&c, i);
   }
 
