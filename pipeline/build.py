@@ -21,9 +21,9 @@ from ortllm.runtime.artifact import pid_alive as _pid_alive
 from .errors import BuildError
 from .families import default_act16
 from .quantize import ACT16_GROUPS, ALGOS, QuantPlan, check_block_size, parse_keep
-from .smooth import adapter_scales, check_alpha, smooth_weights
+from .smooth import SMOOTHED, adapter_scales, check_alpha, smooth_weights
 from .sources import load_model
-from .weights import ModelWeights
+from .weights import ModelWeights, norm_names
 
 QUANTS = ("fp32", "int8", "int4")
 KV_DTYPES = tuple(C.KV_DTYPES)     # the --kv options (runtime/contract.py's table)
@@ -192,6 +192,29 @@ def write_graph(weights: ModelWeights, out: Path, opts: BuildOptions, plan: Quan
         build_portable_graph(weights, out / C.MODEL, out / C.MODEL_DATA, metadata=meta, quant=plan)
 
 
+def _unsmooth_act16(original: ModelWeights, smoothed: ModelWeights, scales: dict, act16: tuple
+                    ) -> tuple[ModelWeights, dict]:
+    """SmoothQuant taken back from the norms whose projections take int16 activation codes (--act16 qkv: the
+    attention's input norm; gate_up: the MLP's): their activations' step no longer needs it, and unsmoothed weights
+    stay on the source's grid (quant_grid.on_grid), so q|k|v of a GGUF are its own Q5_0 / Q8_0 values."""
+    roles = {"qkv": "attn_in", "gate_up": "mlp_in"}
+    undo = [roles[g] for g in act16 if g in roles]
+    if not undo:
+        return smoothed, scales
+    cfg, tensors, scales = original.config, dict(smoothed.tensors), dict(scales)
+    names = norm_names(cfg)
+    for i in range(cfg.num_layers):
+        for role in undo:
+            if role == "mlp_in" and f"model.layers.{i}.mlp.up_proj.weight" in scales:
+                continue      # --smooth-down rescaled up_proj's rows too: the MLP keeps its smoothing
+            norm = f"model.layers.{i}.{names[role]}.weight"
+            scales.pop(norm, None)
+            tensors[norm] = original.tensors[norm]
+            for t in SMOOTHED[role]:
+                tensors[f"model.layers.{i}.{t}.weight"] = original.tensors[f"model.layers.{i}.{t}.weight"]
+    return replace(smoothed, tensors=tensors), scales
+
+
 def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan, meta: dict,
                           log=print) -> dict | None:
     """write_graph, with a calibration pass (GPTQ's Hessians, SmoothQuant's channel RMS) captured in a scratch
@@ -213,11 +236,12 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
                           names=None if alpha or down else plan.calibration_names)
         info = {}
         if alpha or down:
-            weights, scales = smooth_weights(weights, alpha, cal.channel_rms, down)
+            weights, scales = _unsmooth_act16(weights, *smooth_weights(weights, alpha, cal.channel_rms, down),
+                                              plan.act16)
             save_file(adapter_scales(weights.config, scales), str(tmp / C.SMOOTHING))   # for adapters
             info["smoothquant"] = {"alpha": alpha, "norms": len(scales), **({"down_alpha": down} if down else {}),
                                    "s_range": [min(v["s_min"] for v in scales.values()),
-                                               max(v["s_max"] for v in scales.values())]}
+                                               max(v["s_max"] for v in scales.values())] if scales else None}
         if plan.needs_calibration:
             plan.calibration = cal
             info["gptq"] = ("non-sequential (fp32 activations of every layer), damp 1% of mean diag(H), chunks of "

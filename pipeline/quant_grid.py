@@ -109,7 +109,7 @@ def finish(w: np.ndarray, bits: int, block_size: int, codes: np.ndarray, scales:
 
 def on_grid(w: np.ndarray, scale: np.ndarray, low: np.ndarray, bits: int) -> QuantizedWeight | None:
     """w [N, K] whose every block of K / kb lies on a known grid scale * q + low, q in 0..2^bits-1 (scale, low:
-    [N, kb]; a GGUF Q4_K tensor's sub-blocks of 32, pipeline/sources.q4k_grid) -> that grid in the offset form,
+    [N, kb]; a GGUF tensor's blocks of 32, pipeline/sources.source_grid) -> that grid in the offset form,
     codes found by rounding (exact: the values are on the grid), so nothing is rounded a second time but the fp16
     scale and offset. None when w is not on the grid (a fix-up changed it)."""
     n, k = w.shape
@@ -117,14 +117,23 @@ def on_grid(w: np.ndarray, scale: np.ndarray, low: np.ndarray, bits: int) -> Qua
     if k % kb or scale.shape != (n, kb) or low.shape != (n, kb):
         return None
     x = blocks(w, k // kb)
-    s = np.where(scale > 0, scale, 1.0)[..., None]
+    s = np.where(scale != 0, scale, 1.0)[..., None]     # Q5_0's d may be negative (llama.cpp: d = max / -16)
     codes = np.rint((x - low[..., None]) / s)
     peak = float(np.abs(w).max()) or 1.0
-    if codes.min() < 0 or codes.max() > (1 << bits) - 1 or \
-            float(np.abs(codes * s + low[..., None] - x).max()) > 1e-6 * peak:
+    if float(np.abs(codes * s + low[..., None] - x).max()) > 1e-6 * peak:
         return None
-    scale16 = np.clip(scale, FP16_MIN_SCALE, FP16_MAX).astype(np.float16).astype(np.float32)
+    codes = codes * np.sign(s)                             # w = |scale| * codes + low
+    qmax = (1 << bits) - 1
+    lo, hi = codes.min(-1), codes.max(-1)
+    if (hi - lo).max() > qmax:
+        return None
+    scale16 = np.clip(np.abs(scale), FP16_MIN_SCALE, FP16_MAX).astype(np.float16).astype(np.float32)
     offsets = low + np.float32(1 << (bits - 1)) * scale16
+    # shift each block's codes by whole steps into 0..qmax, as near as they go to an offset of 0: it is stored in
+    # fp16, and a Q5_0 / Q8_0 block (low = -16 d, -128 d) then has offset 0, exactly
+    shift = np.clip(np.rint(offsets / scale16), -lo, qmax - hi)
+    codes = codes + shift[..., None]
+    offsets = offsets - shift * scale16
     return finish(w, bits, k // kb, codes, scale16[..., None], offsets[..., None])
 
 

@@ -179,7 +179,7 @@ class QuantPlan:
     act16: tuple[str, ...] = ()         # ACT16_GROUPS whose int8 weights multiply int16 activation codes
     source_mix: bool = True             # int4: tensors of a wider GGUF type (WIDER_SOURCES) stay int8
     source_types: dict = field(default_factory=dict)    # HF name -> the GGUF tensor type it was read from
-    source_grids: dict = field(default_factory=dict)    # HF name -> (scale, low) [N, K / 32] of a Q4_K tensor
+    source_grids: dict = field(default_factory=dict)    # HF name -> (scale, low) [N, K / 32]: sources.source_grid
     report: dict = field(default_factory=dict)      # HF name -> {bits, block_size, algo, max_rel, rms_rel[, out_rel]}
     # what GPTQ reads its Hessians from: .hessian(hf_name) -> [K, K] (pipeline.calib_activations.Calibration)
     calibration: object = None
@@ -255,9 +255,9 @@ class QuantPlan:
         if key not in self._quantizers:
             self._quantizers[key] = make_quantizer(algo, bits, self.block_size, symmetric, search)
         quantizer = self._quantizers[key]
-        grid = self.source_grids.get(name) if bits == 4 and self.block_size == 32 and not symmetric else None
+        grid = self.source_grids.get(name) if self.block_size == 32 and not symmetric else None
         q = on_grid(w, *grid, bits) if grid is not None else None
-        if q is not None:      # the source's own 4-bit grid (Q4_K): no second rounding, whatever --algo says
+        if q is not None:      # the source's own grid (Q4_K, Q5_0, Q8_0): no second rounding, whatever --algo says
             algo = f"source grid ({self.source_types.get(name, 'Q4_K')})"
         elif quantizer.needs_data:
             if self.calibration is None:

@@ -84,8 +84,9 @@ def load_gguf(path: Path) -> ModelWeights:
         name = to_hf[t.name]
         tensors[name] = np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
         types[name] = t.tensor_type.name
-        if t.tensor_type.name == "Q4_K" and len(shape) == 2:
-            scales[name], lows[name] = q4k_grid(t.data, shape)
+        grid = source_grid(t.tensor_type.name, t.data, shape) if len(shape) == 2 else None
+        if grid is not None:
+            scales[name], lows[name] = grid
     for d in (tensors, scales, lows):     # the grids are [N, K / 32]: row fix-ups apply to them as to the weight
         fix_tensors(cfg, d, "gguf")
 
@@ -109,6 +110,25 @@ def _fixed_names(cfg: ModelConfig, types: dict[str, str]) -> dict[str, str]:
         parts = ("q_proj", "k_proj", "v_proj") if "qkv" in name else ("gate_proj", "up_proj")
         out |= {f"{stem}.{p}.weight": kind for p in parts}
     return out
+
+
+# blocks of 32 that are d * (q - zero): bytes a block, zero (Q5_0: 5-bit codes, Q8_0: int8 codes, d fp16 first)
+_D_GRIDS = {"Q5_0": (22, 16), "Q8_0": (34, 128)}
+
+
+def source_grid(kind: str, data, shape: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A GGUF tensor's own grid per block of 32 along K, as scale, low fp32 [N, K / 32] (each weight scale * q + low,
+    q an integer from 0): Q4_K (q_4k_grid), Q5_0 (d, -16 d) and Q8_0 (d, -128 d); None for other types. The
+    quantizer keeps a tensor on it where its bits hold the codes (quant_grid.on_grid): no second rounding."""
+    if kind == "Q4_K":
+        return q4k_grid(data, shape)
+    if kind not in _D_GRIDS:
+        return None
+    size, zero = _D_GRIDS[kind]
+    n, k = shape
+    d = np.asarray(data).view(np.uint8).reshape(-1, size)[:, :2].copy().view(np.float16).astype(np.float32)
+    d = d.reshape(n, k // 32)
+    return d, (-np.float32(zero) * d).astype(np.float32)
 
 
 def q4k_grid(data, shape: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ from ortllm.pipeline.errors import BuildError
 from ortllm.pipeline.families import FAMILIES, default_act16
 from ortllm.pipeline.quant_grid import dequantize, on_grid
 from ortllm.pipeline.quantize import QuantPlan, RTNQuantizer
-from ortllm.pipeline.sources import q4k_grid
+from ortllm.pipeline.sources import q4k_grid, source_grid
 
 
 def q4k_bytes(rng, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +37,8 @@ def q4k_bytes(rng, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_q4k_grid_is_recovered_without_a_second_rounding():
-    """Each 32-wide sub-block maps onto the int4 offset form: the codes are the GGUF's own, the only error the fp16
+    """Each 32-wide sub-block maps onto the int4 offset form: the codes are the GGUF's own (shifted by whole steps
+    where that shrinks the offset), the only error the fp16
     rounding of the scale and offset (SmolLM2's Q4_1 shows 0.0000 in quality.json); RTN's min..max re-rounding
     costs ~100x more. Weights moved off the grid (a fix-up, smoothing) are refused, and RTN takes them."""
     from gguf import GGMLQuantizationType
@@ -52,7 +53,8 @@ def test_q4k_grid_is_recovered_without_a_second_rounding():
     q = on_grid(w, scale, low, 4)
     assert q is not None
     got = (q.data[..., None] >> np.array([0, 4], np.uint8)) & 0x0F      # low nibble first
-    np.testing.assert_array_equal(got.reshape(n, k), codes)
+    shift = got.reshape(n, k // 32, 32).astype(int) - codes.reshape(n, k // 32, 32)   # whole steps a block (on_grid)
+    np.testing.assert_array_equal(shift, np.broadcast_to(shift[..., :1], shift.shape))
     rtn = RTNQuantizer(4, 32, symmetric=False).quantize(w)
     assert q.rms_rel < 1e-3 and rtn.rms_rel > 30 * q.rms_rel, (q.rms_rel, rtn.rms_rel)
     np.testing.assert_allclose(dequantize(q), w, atol=2e-3 * float(np.abs(w).max()))
@@ -66,6 +68,34 @@ def test_q4k_grid_is_recovered_without_a_second_rounding():
     assert q2.rms_rel == q.rms_rel
     plan.quantize("model.layers.0.self_attn.o_proj.weight", w * np.float32(1.01))
     assert plan.report["model.layers.0.self_attn.o_proj.weight"]["algo"] == "rtn"
+
+
+def test_q5_0_and_q8_0_grids_are_exact_in_int8():
+    """A Q5_0 block is d * (q - 16), a Q8_0 block d * q (d of either sign): in the int8 offset form with scale |d|
+    (a Q5_0 block's codes shifted by whole steps to offset 0) they are the GGUF's values exactly; in int4 a Q5_0
+    grid does not fit and RTN takes it."""
+    from gguf import GGMLQuantizationType, quants
+
+    rng = np.random.default_rng(1)
+    n, k = 16, 256
+    for kind, zero, size in (("Q5_0", 16, 22), ("Q8_0", 128, 34)):
+        d = (rng.uniform(1e-3, 4e-3, n * k // 32) * rng.choice([-1, 1], n * k // 32)).astype(np.float16)   # d < 0 too
+        q = rng.integers(0, 32 if kind == "Q5_0" else 256, (n * k // 32, 32))
+        w = ((q - zero) * d.astype(np.float32)[:, None]).reshape(n, k).astype(np.float32)
+        dd = d.view(np.uint8).reshape(-1, 2)
+        if kind == "Q8_0":      # d, then 32 int8 codes
+            raw = np.concatenate([dd, (q - zero).astype(np.int8).view(np.uint8)], axis=1)
+        else:                   # d, the 32 high bits, then element j's low nibble (j < 16) beside j + 16's
+            qh = (((q >> 4) & 1) << np.arange(32)).sum(1).astype("<u4").view(np.uint8).reshape(-1, 4)
+            raw = np.concatenate([dd, qh, ((q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)).astype(np.uint8)], axis=1)
+        np.testing.assert_array_equal(quants.dequantize(raw, getattr(GGMLQuantizationType, kind)).reshape(n, k), w)
+        grid = source_grid(kind, raw, [n, k])
+        assert raw.reshape(-1).size == n * k // 32 * size
+        q8 = on_grid(w, *grid, 8)
+        assert q8.rms_rel == 0.0, kind
+        if kind == "Q5_0":     # codes shifted into 0..255 with the offset at 0
+            assert not q8.offsets.astype(np.float32).any()
+        assert (on_grid(w, *grid, 4) is None) == (kind == "Q5_0" or int(q.max() - q.min()) > 15)
 
 
 def test_int4_plan_keeps_wider_gguf_tensors_int8():
@@ -96,7 +126,8 @@ def test_act16_option_and_family_default():
 
 def test_act16_engine_graph_with_lora(tmp_path):
     """llama-tiny-random built int8 with --act16 qkv,down: those QLinear nodes carry act_bits 16 beside their LoRA
-    inputs, the others as before (the head always 16); the manifest records the choice (llama's default: none); the
+    inputs, the others as before (the head always 16), SmoothQuant taken back from q|k|v's norm; the manifest records
+    the choice (llama's default: none); the
     engine serves it (QLinear with a LoRA on int16 codes: tests/custom_ops/test_qlinear.py)."""
     from ortllm.cli.build import build_artifact
     from ortllm.runtime.engine import Engine
@@ -109,7 +140,12 @@ def test_act16_engine_graph_with_lora(tmp_path):
                                                                      calib_tokens=256), log=lambda m: None)
     manifest = json.loads((arts["a16"] / "manifest.json").read_text())
     assert manifest["build"]["act16"] == ["qkv", "down"]
-    assert json.loads((arts["a8"] / "manifest.json").read_text())["build"]["act16"] == []   # llama's default
+    a8 = json.loads((arts["a8"] / "manifest.json").read_text())
+    assert a8["build"]["act16"] == []   # llama's default
+    # SmoothQuant stays on the MLP's input norms only: q|k|v on int16 codes keep their unsmoothed weights
+    layers = a8["model"]["num_layers"]
+    assert a8["calibration"]["smoothquant"]["norms"] == 2 * layers
+    assert manifest["calibration"]["smoothquant"]["norms"] == layers
     nodes = [n for n in onnx.load(str(arts["a16"] / "model.onnx"), load_external_data=False).graph.node
              if n.op_type == "QLinear"]
     act = {n.name: next((a.i for a in n.attribute if a.name == "act_bits"), 8) for n in nodes}
