@@ -1,7 +1,8 @@
-"""QLinear's LoRA expand inside the projection's tiles (qlinear.cc, lora_tile): each tile's accumulators start from
-its tokens' LoRA on the tile's 8 columns, computed there rather than in a [G, T, 8] buffer first. Same bits as the
-buffer path (ORTLLM_QLINEAR_LORA_TILES=0) and, per row, whatever order the rows come in: sorted by adapter (the
-engine's feed order, one adapter a tile) or mixed (several a tile)."""
+"""QLinear's LoRA schedules (qlinear.cc): by default the shrink and the expand in a phase of their own, the expand
+into a [G, T, 8] buffer the projection starts from; with ORTLLM_QLINEAR_LORA_TILES=1 the shrinks inside the
+quantization items and the expand inside the projection's tiles (lora_tile: each tile's accumulators start from its
+tokens' LoRA on its 8 columns). Both give each row the same bits whatever order the rows come in: sorted by adapter
+(the engine's feed order, one adapter a tile) or mixed (several a tile)."""
 from __future__ import annotations
 
 import json
@@ -43,24 +44,30 @@ def test_each_row_the_same_bits_sorted_by_adapter_or_mixed(form, epilogue):
 
 _SCRIPT = """
 import json, sys
+import numpy as np
 sys.path.insert(0, {repo!r})
-from tests.custom_ops.test_qlinear import _invariance_case, run
-out = {{}}
-for form, epi in {cases!r}:
-    w, x, extra = _invariance_case(epi, form)
-    out[form + "-" + epi] = run(w, x, epi, **extra).tobytes().hex()
-print(json.dumps(out))
+from tests.custom_ops.test_qlinear_lora_tiles import CASES, outputs
+print(json.dumps(outputs()))
 """
 
 
-def test_expand_in_tiles_equals_the_expand_into_the_buffer():
-    """ORTLLM_QLINEAR_LORA_TILES=0 (the expand into the [G, T, 8] buffer before the projection) gives the same bits
-    as the expand in the tiles: the integer sums are exact, and the float steps are the same two multiplies."""
-    script = _SCRIPT.format(repo=str(REPO), cases=CASES)
-    res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ORTLLM_QLINEAR_LORA_TILES="0"),
-                         capture_output=True, text=True, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
-    buffered = json.loads(res.stdout)
+def outputs() -> dict[str, str]:
+    """Each case's outputs, rows mixed and sorted by adapter, as hex."""
+    out = {}
     for form, epi in CASES:
         w, x, extra = _invariance_case(epi, form)
-        assert run(w, x, epi, **extra).tobytes().hex() == buffered[f"{form}-{epi}"], (form, epi)
+        perm = np.argsort(extra["token_adapter"], kind="stable")
+        out[f"{form}-{epi}-mixed"] = run(w, x, epi, **extra).tobytes().hex()
+        out[f"{form}-{epi}-sorted"] = run(w, x[perm], epi, **_permuted(extra, perm)).tobytes().hex()
+    return out
+
+
+def test_expand_in_tiles_equals_the_expand_into_the_buffer():
+    """ORTLLM_QLINEAR_LORA_TILES=1 (shrinks in the quantization items, the expand in the tiles) gives the same bits
+    as the default schedule, rows mixed or sorted by adapter: the integer sums are exact, and the float steps are the
+    same multiplies in the same order."""
+    script = _SCRIPT.format(repo=str(REPO))
+    res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ORTLLM_QLINEAR_LORA_TILES="1"),
+                         capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout) == outputs()

@@ -3,21 +3,21 @@
 // Three phases per call:
 //   1. each token's activations (RMSNorm'ed first when the op carries the norm) quantized once:
 //      q [T, kb * bs] int8, dx / sx / zsum [T, kb];
-//   2. the LoRA's shrink per (segment, up to kQTile tokens of one slot): h = x @ A_j[a] as integer
-//      dots of phase 1's codes with the int8 A, h quantized to int8 (tokens without an adapter cost
-//      nothing). When phase 1 is split over the pool, each of its items runs its own tokens' quads right
-//      after quantizing them, so the LoRA adds no pass over the pool;
+//   2. the LoRA per (segment, up to kQTile tokens of one slot): the shrink h = x @ A_j[a] as integer
+//      dots of phase 1's codes with the int8 A, h quantized to int8, the expand h @ B_j[a] as integer
+//      dots into lora [G, T, 8] (tokens without an adapter cost nothing);
 //   3. the projection over work items (8-row groups x token chunks): the group's weights are
 //      unpacked once per kQTile tokens and stay in L1 across the chunk; the accumulators start from
-//      the tile's LoRA, the expand h @ B_j[a] on the group's 8 columns as integer dots (lora_tile: one
-//      load of B's columns per run of tokens of one slot; the engine feeds rows sorted by adapter, so
-//      a tile is one run), 0 without; each output's epilogue (residual or SiLU(gate) * up) runs right after;
-//      segments off the 8-column grid expand in phase 2 into lora [G, T, 8] instead;
+//      lora (0 without), and each output's epilogue (residual or SiLU(gate) * up) runs right after;
 //      with an argmax output, each item's first maximum per token, merged in column order after.
 //      DoRA rows are multiplied by their slot's per-output scale first (plan_dora: one [N] row per DoRA slot).
 // Which item computes an output never changes its value (qlinear.h), so the split is free to
 // follow the work: T = 1 splits the weight rows across the pool (each weight byte read once),
 // prefill splits rows x token chunks. Small calls run on the calling thread.
+// ORTLLM_QLINEAR_LORA_TILES=1 (lora_in_tiles) moves phase 2: the shrinks into phase 1's items when it is split
+// over the pool (each item its own tokens' quads), the expand into phase 3's tiles (lora_tile: the group's 8
+// columns, one load of B's columns per run of tokens of one slot; the engine feeds rows sorted by adapter, so a
+// tile is one run), with no lora buffer.
 #include "qlinear.h"
 
 #include <immintrin.h>
@@ -369,12 +369,13 @@ void zero_lora_rows(Ctx& c) {
 // The LoRA's work: per segment, the tokens with an adapter on it, sorted by slot (counting sort), in
 // groups of up to kQTile tokens of one slot, and its buffers (none when no token has a rank > 0 here: an
 // adapter on q, k, v, o costs gate|up and down nothing). Returns the multiply-adds.
-// ORTLLM_QLINEAR_LORA_TILES=0 (for A/B measurements): the LoRA as before the tiles took its expand, all of it in a
-// phase of its own between the quantization and the projection, the expand into lora. The same bits either way.
+// ORTLLM_QLINEAR_LORA_TILES=1: the shrink inside the quantization items and the expand inside the projection's tiles
+// (lora_tile), which a loaded 2-core host could not tell from the default (phase 2 as its own pass, the expand into
+// lora) at B = 16: off until a quiet host shows it pays. The same bits either way.
 bool lora_in_tiles() {
   static const bool on = [] {
     const char* v = std::getenv("ORTLLM_QLINEAR_LORA_TILES");
-    return v == nullptr || std::string_view(v) != "0";
+    return v != nullptr && std::string_view(v) == "1";
   }();
   return on;
 }
