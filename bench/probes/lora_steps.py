@@ -7,8 +7,7 @@ time does not count the waits of a shared machine).
         [--threads N] [--targets q_proj,k_proj,v_proj,o_proj]
 
 Prints per round the base and LoRA step medians and the overhead (LoRA / base - 1), then the rounds' overheads and
-their median. ORTLLM_QLINEAR_LORA_TILES=0 runs QLinear's previous LoRA schedule (custom_ops/src/kernels/qlinear.cc).
-Dev tooling.
+their median. Dev tooling.
 """
 from __future__ import annotations
 

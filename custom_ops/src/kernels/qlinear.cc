@@ -14,19 +14,12 @@
 // Which item computes an output never changes its value (qlinear.h), so the split is free to
 // follow the work: T = 1 splits the weight rows across the pool (each weight byte read once),
 // prefill splits rows x token chunks. Small calls run on the calling thread.
-// ORTLLM_QLINEAR_LORA_TILES=1 (lora_in_tiles) moves phase 2: the shrinks into phase 1's items when it is split
-// over the pool (each item its own tokens' quads), the expand into phase 3's tiles (lora_tile: the group's 8
-// columns, one load of B's columns per run of tokens of one slot; the engine feeds rows sorted by adapter, so a
-// tile is one run), with no lora buffer.
 #include "qlinear.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <string_view>
 #include <vector>
 
 #include "vec.h"
@@ -62,9 +55,7 @@ struct Scratch {
   std::vector<int32_t> zsum, qsum32;
   std::vector<float> h[kQLinearMaxSegments];
   std::vector<int8_t> qh[kQLinearMaxSegments];
-  std::vector<float> coef[kQLinearMaxSegments];
   std::vector<Quad> quads;
-  std::vector<int64_t> quad_begin;
   std::vector<int64_t> best_at;
   std::vector<const float*> row_scale;
 };
@@ -98,10 +89,8 @@ struct Ctx {
         qsum32(s.qsum32),
         h(s.h),
         qh(s.qh),
-        coef(s.coef),
         lora(s.lora),
         quads(s.quads),
-        quad_begin(s.quad_begin),
         normed(s.normed),
         best(s.best),
         best_at(s.best_at),
@@ -124,20 +113,11 @@ struct Ctx {
   std::vector<int32_t>& qsum32;                    // [T, kc] sums of the codes per chunk, with a LoRA
   std::vector<float> (&h)[kQLinearMaxSegments];    // [T, r_max_j]
   std::vector<int8_t> (&qh)[kQLinearMaxSegments];  // [T, r_max_j] h's int8 codes (0 past the rank)
-  // [T] lscale * dh per token, with the expand in the tiles
-  std::vector<float> (&coef)[kQLinearMaxSegments];
-  // the expand runs in the projection's tiles (lora_tile) rather than into lora: every segment on the 8-column grid
-  bool tile_expand = false;
-  void (*expand8)(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,
-                  const uint16_t* sB, float* out) = nullptr;  // lora_tile's kernel (expand8_avx2 on AVX2 tables)
   // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
   std::vector<float>& lora;
-  float* lbuf = nullptr;     // lora.data(), or nullptr without a LoRA
-  std::vector<Quad>& quads;  // the LoRA's work (plan_lora)
-  // with shrink_in_items: quads[quad_begin[i], quad_begin[i + 1]) are quantization item i's, run right after it
-  std::vector<int64_t>& quad_begin;
-  bool shrink_in_items = false;
+  float* lbuf = nullptr;          // lora.data(), or nullptr without a LoRA
+  std::vector<Quad>& quads;       // the LoRA's work (plan_lora)
   std::vector<float>& normed;     // [T, K] RMSNorm(x) * norm_weight, with a norm
   const float* xin = nullptr;     // what the projection multiplies: x, or normed
   std::vector<float>& best;       // [T, g_items] with an argmax output: each item's maximum per token
@@ -192,16 +172,11 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
   }
 }
 
-void lora_quad(void* usr, size_t i);
-
-// Quantization item i: tokens [i * q_chunk, + q_chunk), then, with shrink_in_items, the LoRA quads of those tokens
-// (their shrinks read the codes just written, in L1): the LoRA adds no pass over the pool of its own.
+// Quantization item i: tokens [i * q_chunk, + q_chunk).
 void quantize_item(void* usr, size_t i) {
   Ctx& c = *static_cast<Ctx*>(usr);
   const int64_t t0 = static_cast<int64_t>(i) * c.q_chunk;
   quantize_tokens(c, t0, std::min(c.d->num_tokens, t0 + c.q_chunk));
-  for (int64_t k = c.shrink_in_items ? c.quad_begin[i] : 0; c.shrink_in_items && k < c.quad_begin[i + 1]; ++k)
-    lora_quad(usr, static_cast<size_t>(k));
 }
 
 // ---- phase 2: LoRA
@@ -250,17 +225,13 @@ void lora_quad(void* usr, size_t i) {
   // on a group boundary, else through rows [n, width] (the same values)
   const int64_t T = c.d->num_tokens, ostride = T * 8;
   const bool direct = sg.col0 % 8 == 0;
-  std::vector<float> rows(direct || c.tile_expand ? 0 : static_cast<size_t>(q.n * sg.width));
+  std::vector<float> rows(direct ? 0 : static_cast<size_t>(q.n * sg.width));
   for (int k = 0; k < q.n; ++k) {
     int8_t* codes = c.qh[q.seg].data() + q.t[k] * sg.r_max;
     quantize_h(h[k], rank, a.lora_scale[slot], codes, coef + k);
     qh[k] = codes;
-    if (c.tile_expand)
-      c.coef[q.seg][static_cast<size_t>(q.t[k])] = coef[k];
-    else
-      out[k] = direct ? c.lora.data() + (sg.col0 / 8 * T + q.t[k]) * 8 : rows.data() + k * sg.width;
+    out[k] = direct ? c.lora.data() + (sg.col0 / 8 * T + q.t[k]) * 8 : rows.data() + k * sg.width;
   }
-  if (c.tile_expand) return;  // the projection's tiles expand (lora_tile)
   c.isa->lora_expand(qh, coef, q.n, (rank + 3) / 4, sg.B + slot * sg.r_max * sg.width, sg.width,
                      sg.B_scale + slot * sg.width, out, direct ? ostride : 8);
   for (int k = 0; !direct && k < q.n; ++k) {
@@ -268,77 +239,6 @@ void lora_quad(void* usr, size_t i) {
       const int64_t col = sg.col0 + i;
       c.lora[static_cast<size_t>((col / 8 * T + q.t[k]) * 8 + col % 8)] = out[k][i];
     }
-  }
-}
-
-// The expand of 8 columns for n <= kQTile tokens of one slot, as lora_expand computes each column (qlinear.h):
-// out[t * 8 + i] = (coef[t] * sB[i]) * float(sum_r qh[t][r] * B(r, i)), B at the first column, its rank quads rows
-// of `width` columns. The integer sums are exact, so both forms give the same bits.
-void expand8_portable(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,
-                      const uint16_t* sB, float* out) {
-  for (int t = 0; t < n; ++t)
-    for (int i = 0; i < 8; ++i) {
-      int32_t isum = 0;
-      for (int r = 0; r < 4 * quads; ++r) isum += qh[t][r] * B[(r / 4 * width + i) * 4 + r % 4];
-      out[t * 8 + i] = (coef[t] * f16_to_float(sB[i])) * static_cast<float>(isum);
-    }
-}
-// One 32-byte load per rank quad holds its 4 ranks of the 8 columns; |B| x sign(qh, B) per token (maddubs, the
-// pairs at most 2 * 127^2) widened by madd. The next group's columns of the quad are fetched ahead.
-__attribute__((target("avx2,fma,f16c"))) void expand8_avx2(const int8_t* const* qh, const float* coef, int n, int quads,
-                                                           const int8_t* B, int64_t width, const uint16_t* sB,
-                                                           float* out) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[kQTile];
-  for (int t = 0; t < kQTile; ++t) acc[t] = _mm256_setzero_si256();
-  for (int p = 0; p < quads; ++p) {
-    const int8_t* row = B + p * width * 4;
-    _mm_prefetch(reinterpret_cast<const char*>(row) + 64, _MM_HINT_T0);  // never faults
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-    const __m256i babs = _mm256_abs_epi8(b);
-    for (int t = 0; t < n; ++t) {
-      int32_t w;
-      std::memcpy(&w, qh[t] + 4 * p, sizeof w);
-      const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(w), b);
-      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(babs, x), ones));
-    }
-  }
-  const __m256 sb = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sB)));
-  for (int t = 0; t < n; ++t)
-    _mm256_storeu_ps(out + 8 * t,
-                     _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(coef[t]), sb), _mm256_cvtepi32_ps(acc[t])));
-}
-
-// With tile_expand: the LoRA of group g's 8 columns for tokens ts..ts+nt-1 into out [nt, 8] (0 for tokens without one
-// there), the value the tile's accumulation starts from. Each run of tokens of one slot reads the columns' rank quads
-// of B once: with the rows sorted by adapter (the engine feeds them so) a tile is one run, the tile's weights and
-// this B slice in L1 together, and no [G, T, 8] buffer is written and read back.
-void lora_tile(const Ctx& c, int64_t g, int64_t ts, int nt, float* out) {
-  const QLinearArgs& a = *c.a;
-  const int64_t col = g * 8;
-  int j = 0;
-  while (j < a.n_segments && (col < a.seg[j].col0 || col >= a.seg[j].col0 + a.seg[j].width)) ++j;
-  if (j == a.n_segments) {
-    std::fill_n(out, nt * 8, 0.f);
-    return;
-  }
-  const QLinearLoraSegment& sg = a.seg[j];
-  const int64_t i0 = col - sg.col0;
-  for (int k = 0; k < nt;) {
-    const int64_t t = ts + k;
-    const int rank = lora_rank(c, t, j);
-    if (rank == 0) {
-      std::fill_n(out + 8 * k, 8, 0.f);
-      ++k;
-      continue;
-    }
-    const int32_t slot = a.token_adapter[t];
-    const int8_t* qh[kQTile];
-    int n = 0;
-    for (; k + n < nt && a.token_adapter[t + n] == slot; ++n) qh[n] = c.qh[j].data() + (t + n) * sg.r_max;
-    c.expand8(qh, c.coef[j].data() + t, n, (rank + 3) / 4, sg.B + (slot * sg.r_max * sg.width + i0 * 4), sg.width,
-              sg.B_scale + slot * sg.width + i0, out + 8 * k);
-    k += n;
   }
 }
 
@@ -369,25 +269,11 @@ void zero_lora_rows(Ctx& c) {
 // The LoRA's work: per segment, the tokens with an adapter on it, sorted by slot (counting sort), in
 // groups of up to kQTile tokens of one slot, and its buffers (none when no token has a rank > 0 here: an
 // adapter on q, k, v, o costs gate|up and down nothing). Returns the multiply-adds.
-// ORTLLM_QLINEAR_LORA_TILES=1: the shrink inside the quantization items and the expand inside the projection's tiles
-// (lora_tile), which a loaded 2-core host could not tell from the default (phase 2 as its own pass, the expand into
-// lora) at B = 16: off until a quiet host shows it pays. The same bits either way.
-bool lora_in_tiles() {
-  static const bool on = [] {
-    const char* v = std::getenv("ORTLLM_QLINEAR_LORA_TILES");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  return on;
-}
-
 int64_t plan_lora(Ctx& c) {
   const QLinearArgs& a = *c.a;
   const int64_t T = c.d->num_tokens;
   std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(T));
   int64_t macs = 0;
-  c.tile_expand = lora_in_tiles();
-  for (int j = 0; j < a.n_segments; ++j)
-    c.tile_expand = c.tile_expand && a.seg[j].col0 % 8 == 0 && a.seg[j].width % 8 == 0;
   for (int j = 0; j < a.n_segments; ++j) {
     std::fill(count.begin(), count.end(), 0);
     for (int64_t t = 0; t < T; ++t)
@@ -400,32 +286,16 @@ int64_t plan_lora(Ctx& c) {
     for (int64_t t = 0; t < T; ++t)
       if (lora_rank(c, t, j) > 0) order[count[a.token_adapter[t]]++] = t;  // count[s] ends at slot s's end
     for (int64_t i = 0; i < n;) {
-      Quad q{j, 1, {order[i++]}};
-      const int32_t slot = a.token_adapter[q.t[0]];
-      // a quad's tokens lie in one quantization item (q_chunk tokens; T when quantized in one pass)
-      while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot && order[i] / c.q_chunk == q.t[0] / c.q_chunk)
-        q.t[q.n++] = order[i++];
+      Quad q{j, 0, {}};
+      const int32_t slot = a.token_adapter[order[i]];
+      while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot) q.t[q.n++] = order[i++];
       c.quads.push_back(q);
-      macs += q.n * lora_rank(c, q.t[0], j) * (c.d->in_dim + (c.tile_expand ? 0 : a.seg[j].width));
+      macs += q.n * lora_rank(c, q.t[0], j) * (c.d->in_dim + a.seg[j].width);
     }
-    if (c.tile_expand) c.coef[j].resize(static_cast<size_t>(T));
   }
-  if (c.quads.empty()) return c.tile_expand = false, 0;
-  // per quantization item, its quads in planned order (segments, then slots)
-  const int64_t items = (T + c.q_chunk - 1) / c.q_chunk;
-  c.quad_begin.assign(static_cast<size_t>(items) + 1, 0);
-  for (const Quad& q : c.quads) ++c.quad_begin[static_cast<size_t>(q.t[0] / c.q_chunk) + 1];
-  for (int64_t i = 0; i < items; ++i) c.quad_begin[i + 1] += c.quad_begin[i];
-  if (items > 1) {
-    std::stable_sort(c.quads.begin(), c.quads.end(),
-                     [&](const Quad& x, const Quad& y) { return x.t[0] / c.q_chunk < y.t[0] / c.q_chunk; });
-  }
-  if (c.tile_expand) {
-    c.expand8 = c.isa == &qlinear_scalar_isa() ? expand8_portable : expand8_avx2;  // AVX2 tables: AVX2 CPUs only
-  } else {
-    zero_lora_rows(c);
-    c.lbuf = c.lora.data();
-  }
+  if (c.quads.empty()) return 0;
+  zero_lora_rows(c);
+  c.lbuf = c.lora.data();
   c.qsum32.resize(static_cast<size_t>(T * c.kc));
   c.lora_sums = true;
   return macs;
@@ -561,12 +431,7 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
                         c.sx.data() + ts * c.kb};
       float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
-      if (c.tile_expand) {
-        lora_tile(c, g, ts, nt, v0);
-        if (swiglu || n == 2) lora_tile(c, g2, ts, nt, v1);
-      } else if (!c.lbuf) {
-        std::fill(&zeros[0][0], &zeros[0][0] + 2 * kQTile * 8, 0.f);
-      }
+      if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kQTile * 8, 0.f);
       float* up = swiglu ? v1 : zeros[2];
       if (pair && (swiglu || n == 2)) {
         c.isa->group_dot2(wg, w2, tok, nt, v0, v1);
@@ -652,17 +517,15 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
     c.dx8.resize(static_cast<size_t>(T * c.kb));
   }
   c.xin = a.norm_weight ? c.normed.data() : a.x;
-  // split over the pool, each quantization item also runs its tokens' LoRA quads (quantize_item)
-  c.shrink_in_items = split_quantize && !c.quads.empty() && lora_in_tiles();
   if (split_quantize) {
     par.run(static_cast<size_t>((T + c.q_chunk - 1) / c.q_chunk), quantize_item, &c);
   } else {
     quantize_tokens(c, 0, T);
   }
 
-  if (!c.shrink_in_items && lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
+  if (lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
     par.run(c.quads.size(), lora_quad, &c);
-  } else if (!c.shrink_in_items) {
+  } else {
     for (size_t i = 0; i < c.quads.size(); ++i) lora_quad(&c, i);
   }
 

@@ -43,8 +43,7 @@
 // a broadcast word of 4 h codes feeds their dots as the shrink's does (r_max a multiple of 4). Both are
 // products of int8 codes, 4 to a 32-bit lane: one dpbusd, or maddubs + madd on AVX2. Shrink and expand
 // run together per (segment, up to kQTile tokens of one slot) before the projection, into a [T, N_j] buffer
-// the projection's epilogue adds: each load of A and B serves all the tokens (ORTLLM_QLINEAR_LORA_TILES=1: the
-// expand inside the projection's tiles instead, qlinear.cc; the same values). The integer sums are exact
+// the projection's epilogue adds: each load of A and B serves all the tokens. The integer sums are exact
 // (|isum_c| <= 32 * 127^2, |isum| <= r * 127^2), so only the float steps above order the result, the same
 // on every path. Against the float LoRA (fp32 x, the adapter's float32 A and B) the LoRA term is within ~1%
 // rms: activation codes, A, h and B each ~0.5% (tests/custom_ops).
