@@ -42,6 +42,9 @@ _F16_MAX = float(np.finfo(np.float16).max)
 _SMOOTHED_NOTE = " times the artifact's SmoothQuant scales (runtime/smoothing.py)"
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 _MAGNITUDE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_magnitude_vector(?:\.default)?(?:\.weight)?$")
+# transformers' fused projections (Phi-3: q|k|v in qkv_proj, gate|up in gate_up_proj) -> the parts ortllm serves. A
+# fused LoRA's B A splits exactly: each part takes the same A and its own rows of B (and of a DoRA magnitude).
+FUSED_TARGETS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def target_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -92,6 +95,19 @@ def _read_peft(peft_dir: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return cfg, _read_safetensors(weights_path)
 
 
+def _split_fused(target: str, which: str, arr: np.ndarray, shapes: dict, key: str) -> dict[str, np.ndarray]:
+    """{part: its tensor} of one tensor of a LoRA on a fused projection: lora_A [r, in] is every part's, lora_B
+    [sum of outs, r] and a magnitude [sum of outs] split by rows in the fused module's order."""
+    parts = FUSED_TARGETS[target]
+    if which == "A":
+        return {part: arr for part in parts}
+    outs = [shapes[part][1] for part in parts]
+    if arr.shape[0] != sum(outs):
+        raise AdapterFileError(f"adapter tensor {key}: {arr.shape[0]} outputs, the base model's {target} has "
+                               f"{sum(outs)} ({' + '.join(map(str, outs))}); was it trained on another model?")
+    return dict(zip(parts, np.split(arr, np.cumsum(outs)[:-1], axis=0)))
+
+
 def _check_config(cfg: dict) -> None:
     refuse = [
         (cfg.get("peft_type", "LORA") != "LORA", f"peft_type is {cfg.get('peft_type')}; only LORA is supported"),
@@ -124,18 +140,24 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
     for key, arr in weights.items():
         mag = _MAGNITUDE.search(key)
         if mag:
-            magnitudes[(int(mag.group(1)), mag.group(3))] = arr.reshape(-1)
+            layer, target = int(mag.group(1)), mag.group(3)
+            split = (_split_fused(target, "B", arr.reshape(-1), shapes, key) if target in FUSED_TARGETS
+                     else {target: arr.reshape(-1)})
+            magnitudes.update({(layer, part): v for part, v in split.items()})
             continue
         m = _KEY.search(key)
         if not m:
             raise AdapterFileError(f"adapter tensor {key} is not a LoRA weight of a llama projection "
                                    f"({', '.join(shapes)})")
         layer, target, which = int(m.group(1)), m.group(3), m.group(4)
-        if target not in shapes:
-            raise AdapterFileError(f"adapter tensor {key}: module {target} is not one of {', '.join(shapes)}")
+        if target not in shapes and target not in FUSED_TARGETS:
+            raise AdapterFileError(f"adapter tensor {key}: module {target} is not one of "
+                                   f"{', '.join([*shapes, *FUSED_TARGETS])}")
         if layer >= model.num_layers:
             raise AdapterFileError(f"adapter tensor {key}: layer {layer}, the base model has {model.num_layers}")
-        pairs.setdefault((layer, target), {})[which] = arr
+        split = _split_fused(target, which, arr, shapes, key) if target in FUSED_TARGETS else {target: arr}
+        for part, v in split.items():
+            pairs.setdefault((layer, part), {})[which] = v
     dora = bool(cfg.get("use_dora"))
     if dora != bool(magnitudes):
         raise AdapterFileError(
