@@ -413,9 +413,9 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
                             h.cancel()
                         for h in load:
                             h.result()
-                        gaps = [g for h in load for g in np.diff(h.token_times)]
-                        if cond == "load" and gaps:
-                            step_s = float(np.median(gaps))
+                        if cond == "load":                 # the step time the queued wait is counted in
+                            gaps = [g for h in load for g in np.diff(h.token_times)]
+                            step_s = float(np.median(gaps)) if gaps else step_s
                         if name is not None:
                             where, secs = log.first(name, since)
                             if (cond, state) == ("idle", "disk"):

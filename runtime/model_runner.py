@@ -60,9 +60,11 @@ def hidden_rows(seqs: list[ScheduledSeq], starts: list[int] | None = None) -> li
 
 def by_adapter(seq_slots: list[int]) -> list[int] | None:
     """The order a step's seqs are fed in: stably sorted by adapter slot (base rows, -1, first), so that each
-    adapter's rows are one run of the flattened batch and a QLinear token tile holds one adapter (its LoRA then
-    loads A and B once for the tile). None when the seqs are in that order already (a base-only step, one adapter).
-    Each row's values do not depend on where it sits in the batch (qlinear.h): the order changes no bits."""
+    adapter's rows are one run of the flattened batch and a QLinear token tile holds one adapter. None when the
+    seqs are in that order already (a base-only step, one adapter). Each row's values do not depend on where it sits
+    in the batch (qlinear.h): the order changes no bits. The ops group each call's tokens by slot themselves
+    (QLinear's plan_lora, MultiLoRA's counting sort), so no kernel needs this order today: it was the ground for
+    a LoRA expand inside the projection's tiles, which measured slower (docs/adapters.md, Overhead)."""
     if all(a <= b for a, b in zip(seq_slots, seq_slots[1:])):
         return None
     return sorted(range(len(seq_slots)), key=seq_slots.__getitem__)
