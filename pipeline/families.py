@@ -12,6 +12,8 @@ from typing import Callable
 
 import numpy as np
 
+from ortllm.runtime.contract import FUSED_PROJECTIONS
+
 from .errors import BuildError
 from .weights import ModelConfig
 
@@ -253,13 +255,19 @@ def split_fused(cfg: ModelConfig, t: dict) -> None:
     """Phi-3's fused qkv_proj [(Hq + 2 Hkv) D, H] and gate_up_proj [2 I, H] (gate first) into the separate
     projections (the builders fuse them again, with LoRA targets per projection)."""
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    for name in [n for n in t if n.endswith(("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"))]:
-        w, stem = t.pop(name), name.rsplit(".", 2)[0]
-        if name.endswith("qkv_proj.weight"):
-            parts = {"q_proj": w[:q], "k_proj": w[q:q + kv], "v_proj": w[q + kv:]}
-        else:
-            parts = {"gate_proj": w[:cfg.intermediate_size], "up_proj": w[cfg.intermediate_size:]}
-        t.update({f"{stem}.{k}.weight": np.ascontiguousarray(v) for k, v in parts.items()})
+    rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": cfg.intermediate_size,
+            "up_proj": cfg.intermediate_size}
+    for name in [n for n in t if fused_of(n)]:
+        w, stem, parts = t.pop(name), name.rsplit(".", 2)[0], FUSED_PROJECTIONS[fused_of(name)]
+        cuts = np.cumsum([rows[p] for p in parts])[:-1]
+        t.update({f"{stem}.{p}.weight": np.ascontiguousarray(v) for p, v in zip(parts, np.split(w, cuts))})
+
+
+def fused_of(name: str) -> str | None:
+    """The fused projection an HF tensor name is the weight of ("qkv_proj" for ...self_attn.qkv_proj.weight), or
+    None."""
+    parts = name.split(".")
+    return parts[-2] if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in FUSED_PROJECTIONS else None
 
 
 def norms_plus_one(cfg: ModelConfig, t: dict) -> None:

@@ -42,9 +42,9 @@ _F16_MAX = float(np.finfo(np.float16).max)
 _SMOOTHED_NOTE = " times the artifact's SmoothQuant scales (runtime/smoothing.py)"
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 _MAGNITUDE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_magnitude_vector(?:\.default)?(?:\.weight)?$")
-# transformers' fused projections (Phi-3: q|k|v in qkv_proj, gate|up in gate_up_proj) -> the parts ortllm serves. A
-# fused LoRA's B A splits exactly: each part takes the same A and its own rows of B (and of a DoRA magnitude).
-FUSED_TARGETS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# A LoRA on a fused projection (Phi-3's qkv_proj, gate_up_proj; contract.FUSED_PROJECTIONS) splits exactly: each part
+# takes the same A and its own rows of B (and of a DoRA magnitude).
+FUSED_TARGETS = C.FUSED_PROJECTIONS
 
 
 def target_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:

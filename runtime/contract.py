@@ -56,6 +56,9 @@ GRAPH_KINDS = ("engine", "portable")
 LAYER_TYPES = ("full", "sliding")           # ModelConfig.layer_types: attention over every past key, or a window
 ACTIVATIONS = ("silu", "gelu_tanh")         # ModelConfig.hidden_act: the MLP gate's activation (SwiGLU, GeGLU)
 ROPE_SCALINGS = ("linear", "llama3", "factors")   # ModelConfig.rope_scaling["type"]
+# transformers' fused projections (Phi-3) -> the projections an artifact serves, in the fused rows' order: the build
+# splits the weights (pipeline/families.split_fused), the adapter import a LoRA on them (runtime/adapter_files.py)
+FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 @dataclass(frozen=True)
