@@ -15,7 +15,6 @@ Adapters are synthetic (seeded random A, B in PEFT's file format), written into 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
@@ -327,6 +326,7 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
 # ---------------------------------------------------------------- lora-swap
 SWAP_STATES = ("base", "slot", "host", "disk")      # where the probe's adapter is when it arrives (base: none)
 SWAP_CONDITIONS = ("idle", "load", "queued")
+QUEUE_BOUND_S = 30.0           # the queued condition's longest wait for the prefetch before it frees a seat anyway
 
 
 class _ActivateLog:
@@ -360,10 +360,10 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
     a session slot, in host RAM only or on disk only, beside a base-model request, in three conditions:
       idle    the engine runs nothing else;
       load    load_batch base requests are decoding; the request gets a free seat at the next step;
-      queued  load_batch + 1 decoding fill every seat; the request waits in the queue until the shortest ends:
-              16 steps, or as many as three idle disk reads of this round take (measured above, against the step
-              time under load), so the prefetch started at submit has had the time to read the file. On a small
-              model 16 steps can be shorter than a disk read on a busy host.
+      queued  load_batch + 1 decoding fill every seat; the request waits in the queue until one of them is
+              cancelled: once the prefetch started at submit has put its adapter in host RAM (at most
+              QUEUE_BOUND_S), and not before 16 steps. A fixed number of steps was too short for a disk read on a
+              busy host; waiting for the prefetch itself measures what the queue buys (its TTFT includes the wait).
     Besides TTFT, "activate_ms": the time the step that admitted it spent in the registry's activate (disk read
     and hash check if not prefetched, int8 packing into the slot), which every row of that step waits for; and
     "prefetched": the share of requests whose adapter was already in host RAM (or a slot) at that moment.
@@ -383,13 +383,21 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
             vocab, reg = engine.runner.vocab_size, engine.adapters
             one = dict(max_tokens=1, temperature=0.0, ignore_eos=True)
 
-            def probe(adapter):
+            def probe(adapter, blocker=None):
+                """TTFT of one request; with `blocker` (the queued condition) every seat is taken and the request
+                waits until `blocker` is cancelled: after 16 of its steps and once the adapter has left the disk."""
                 h = engine.submit(rng.integers(3, vocab, prompt_len).tolist(), SamplingParams(**one, adapter=adapter))
+                if blocker is not None:
+                    deadline = time.monotonic() + QUEUE_BOUND_S
+                    while time.monotonic() < deadline and (
+                            len(blocker.token_times) < 16
+                            or adapter is not None and reg.state(adapter) in ("disk", "loading")):
+                        time.sleep(0.002)
+                    blocker.cancel()
                 h.result()
                 return h.first_token_time - h.submitted
 
             probe(warm)                                               # warm-up, and `warm` into a slot
-            step_s = disk_s = 0.0                # this round's step time under load, idle disk activation
             for _ in range(repeats):
                 for cond in SWAP_CONDITIONS:
                     for state in SWAP_STATES:
@@ -401,25 +409,19 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
                         load = []
                         if cond != "idle":                             # base requests decoding when it arrives
                             n = load_batch + (cond == "queued")
-                            wait = max(16, math.ceil(3 * disk_s / step_s)) if step_s > 0 else 16
                             load = [engine.submit(rng.integers(3, vocab, prompt_len).tolist(),
-                                                  SamplingParams(max_tokens=wait if i == 0 else 1000, temperature=0.0,
-                                                                 ignore_eos=True)) for i in range(n)]
+                                                  SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True))
+                                    for _ in range(n)]
                             while any(h.first_token_time is None for h in load):
                                 time.sleep(0.005)
                         since = len(log.calls)
-                        ttft[(cond, state)].append(probe(name))
+                        ttft[(cond, state)].append(probe(name, load[0] if cond == "queued" else None))
                         for h in load:
                             h.cancel()
                         for h in load:
                             h.result()
-                        if cond == "load":                 # the step time the queued wait is counted in
-                            gaps = [g for h in load for g in np.diff(h.token_times)]
-                            step_s = float(np.median(gaps)) if gaps else step_s
                         if name is not None:
                             where, secs = log.first(name, since)
-                            if (cond, state) == ("idle", "disk"):
-                                disk_s = secs
                             act[(cond, state)].append(secs)
                             hit[(cond, state)].append(float(where in ("host", "slot")))
     rows = []
