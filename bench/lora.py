@@ -169,8 +169,10 @@ def run_overhead(artifact: Path, ranks=(8, 16, 32), counts=(1, 2, 4), batch: int
     return rows
 
 
-TRACE_RATE = 4.0          # requests/s of the scenario's trace; with --peers also SATURATED (a queue builds)
-SATURATED_RATE = 16.0
+TRACE_RATE = 4.0          # requests/s of run_trace's default trace
+SATURATED_RATE = 16.0     # a queue builds on every model here: throughput is each system's capacity
+SUSTAINED_SHARE = 0.5     # the scenario's second rate: half the base model's capacity on the saturated trace
+BASE_SYSTEM = "ortllm (base model)"
 TRACE_SLOTS = 16          # concurrent sequences: ortllm's max_num_seqs, llama-server's --parallel
 
 
@@ -197,14 +199,15 @@ def trace_summary(ttft, latency, tokens: int, wall: float) -> dict:
             "latency_p99": float(np.percentile(latency, 99))}
 
 
-def replay_ortllm(engine: Engine, trace: list[dict], names: list[str]) -> dict:
-    """Submit each request at its arrival time (greedy, EOS ignored); TTFT and latency from the submit to the
-    first and last token; wall from the start to the last token."""
+def replay_ortllm(engine: Engine, trace: list[dict], names: list[str] | None) -> dict:
+    """Submit each request at its arrival time (greedy, EOS ignored), with its adapter (names=None: on the base
+    model); TTFT and latency from the submit to the first and last token; wall from the start to the last token."""
     handles, t0 = [], time.monotonic()
     for r in trace:
         time.sleep(max(0.0, t0 + r["at"] - time.monotonic()))
         handles.append(engine.submit(r["prompt"], SamplingParams(max_tokens=r["max_tokens"], temperature=0.0,
-                                                                 ignore_eos=True, adapter=names[r["adapter"]])))
+                                                                 ignore_eos=True,
+                                                                 adapter=names[r["adapter"]] if names else None)))
     outs = [h.result() for h in handles]
     if any(len(o.token_ids) != r["max_tokens"] for o, r in zip(outs, trace)):
         raise RuntimeError("ortllm generated fewer tokens than the trace asks for")
@@ -271,11 +274,15 @@ TRACE_METRICS = (("throughput", "tok/s"), ("ttft_p50", "s"), ("ttft_p99", "s"), 
 
 
 def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float = TRACE_RATE,
-              threads: int | None = None, seed: int = 0, peers: list[str] = (), repeats: int = 1) -> list[dict]:
-    """The Zipf trace over n_adapters (ranks 8/16/32 in turn, LoRA on q, k, v, o) on ortllm and, for each peer
-    named (llama.cpp GGUF systems only), the same trace on it, alternating ortllm, peer, ortllm, ... `repeats`
-    times. Rows per system: throughput, TTFT and request latency p50/p99; with a peer, "ortllm / PEER" rows:
-    throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER / ortllm: > 1 means ortllm's is lower)."""
+              threads: int | None = None, seed: int = 0, peers: list[str] = (), repeats: int = 1,
+              base: bool = True) -> list[dict]:
+    """The Zipf trace over n_adapters (ranks 8/16/32 in turn, LoRA on q, k, v, o) on ortllm, with `base` the same
+    trace (arrivals, prompts, lengths) on the base model, and for each peer named (llama.cpp GGUF systems only)
+    the same trace on it, alternating ortllm, base, peer, ortllm, ... `repeats` times. Rows per system:
+    throughput, TTFT and request latency p50/p99; with `base`, "ortllm LoRA / base" rows: the LoRA's end-to-end
+    overhead in % per alternating pair (throughput: base / LoRA - 1; latency p50 and p99: LoRA / base - 1);
+    with a peer, "ortllm / PEER" rows: throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER /
+    ortllm: > 1 means ortllm's is lower)."""
     from .peer_runner import ALIASES, GGUF_TYPES
 
     ranks = [(8, 16, 32)[k % 3] for k in range(n_adapters)]
@@ -288,7 +295,7 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
         else:
             print(f"warning: peer {p} has no lora-trace driver (llama.cpp GGUF systems only); skipped",
                   file=sys.stderr)
-    scen = f"lora-trace ({n_adapters} adapters, {rate:g} req/s)"
+    scen = f"lora-trace ({n_adapters} adapters, {rate:.3g} req/s)"
     with tempfile.TemporaryDirectory(prefix="ortllm-lora-trace-") as tmp:
         art, names = _with_adapters(Path(artifact), Path(tmp), ranks)
         peer_sides = []
@@ -300,20 +307,31 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
                 print(f"warning: peer {s} skipped: {e}", file=sys.stderr)
         with Engine.from_artifact(art, max_num_seqs=TRACE_SLOTS, **PLAIN, **overrides) as engine:
             trace = make_trace(n_adapters, requests, rate, engine.runner.vocab_size, seed)
-            got: dict[str, list[dict]] = {"ortllm": [], **{p.system: [] for p in peer_sides}}
+            got: dict[str, list[dict]] = {"ortllm": [], **({BASE_SYSTEM: []} if base else {}),
+                                          **{p.system: [] for p in peer_sides}}
             for _ in range(repeats):
                 got["ortllm"].append(replay_ortllm(engine, trace, names))
+                if base:
+                    got[BASE_SYSTEM].append(replay_ortllm(engine, trace, None))
                 for p in peer_sides:
                     got[p.system].append(p.replay(trace, names))
     rows = []
+    mine = got["ortllm"]
     for system, runs in got.items():
-        extra = {"requests": requests, "rate": rate, "threads": threads or 2 if system != "ortllm" else threads}
+        extra = {"requests": requests, "rate": rate,
+                 "threads": threads or 2 if system not in ("ortllm", BASE_SYSTEM) else threads}
         for metric, unit in TRACE_METRICS:
             rows.append(row(scen, system, TRACE_SLOTS, metric, [r[metric] for r in runs], unit, **extra))
-        if system != "ortllm":
+        if system == BASE_SYSTEM:
+            pairs = list(zip(mine, runs))
+            rows.append(row(scen, "ortllm LoRA / base", TRACE_SLOTS, "throughput_overhead_pct",
+                            [b["throughput"] / a["throughput"] - 1 for a, b in pairs], "%", scale=100))
+            for m in ("latency_p50", "latency_p99"):
+                rows.append(row(scen, "ortllm LoRA / base", TRACE_SLOTS, f"{m}_overhead_pct",
+                                [a[m] / b[m] - 1 for a, b in pairs], "%", scale=100))
+        elif system != "ortllm":
             rows.append(row(scen, system, TRACE_SLOTS, "tokens_per_llama_decode",
                             [r["tokens_per_decode"] for r in runs], "tokens", **extra))
-            mine = got["ortllm"]
             rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "throughput_ratio",
                             [a["throughput"] / b["throughput"] for a, b in zip(mine, runs)], "x"))
             rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "latency_p99_ratio",
@@ -321,6 +339,14 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
             rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "ttft_p99_ratio",
                             [b["ttft_p99"] / a["ttft_p99"] for a, b in zip(mine, runs)], "x"))
     return rows
+
+
+def rate_at(rows: list[dict], share: float, n_adapters: int, requests: int, seed: int = 0) -> float:
+    """Requests/s that load the base model to `share` of its capacity: its throughput on a saturated replay
+    (rows of run_trace) over the mean new tokens per request of the trace (make_trace's lengths, any rate)."""
+    tp = next(r["median"] for r in rows if r["system"] == BASE_SYSTEM and r["metric"] == "throughput")
+    mean_new = float(np.mean([r["max_tokens"] for r in make_trace(n_adapters, requests, 1.0, 100, seed)]))
+    return share * tp / mean_new
 
 
 # ---------------------------------------------------------------- lora-swap

@@ -71,13 +71,19 @@ def _lora_overhead(r: BenchRun, _) -> list[dict]:
 
 
 def _lora_trace(r: BenchRun, _) -> list[dict]:
-    """Without --peers: the trace at its rate, once. With --peers llama.cpp: also at a rate that saturates both
-    systems, alternating with the peer `repeats` times."""
-    from .lora import SATURATED_RATE, TRACE_RATE, run_trace
-    rates = (TRACE_RATE, SATURATED_RATE) if r.peers else (TRACE_RATE,)
-    return [row for n in (4, 16) for rate in rates
-            for row in run_trace(r.artifact, n, requests=16 if r.quick else 64, rate=rate, threads=r.threads,
-                                 peers=r.peers, repeats=r.repeats if r.peers else 1)]
+    """For 4 and 16 adapters: the trace at a rate that saturates every system (throughput is capacity), then at
+    half the base model's capacity measured there (latency at a load the model sustains); each with the same trace
+    on the base model alternating (the LoRA's end-to-end overhead) and with --peers llama.cpp on the peer,
+    `repeats` times."""
+    from .lora import SATURATED_RATE, SUSTAINED_SHARE, rate_at, run_trace
+    requests, rows = 16 if r.quick else 64, []
+    for n in (4, 16):
+        saturated = run_trace(r.artifact, n, requests=requests, rate=SATURATED_RATE, threads=r.threads,
+                              peers=r.peers, repeats=r.repeats)
+        rows += saturated
+        rows += run_trace(r.artifact, n, requests=requests, rate=rate_at(saturated, SUSTAINED_SHARE, n, requests),
+                          threads=r.threads, peers=r.peers, repeats=r.repeats)
+    return rows
 
 
 def _lora_swap(r: BenchRun, _) -> list[dict]:

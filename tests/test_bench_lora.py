@@ -1,9 +1,13 @@
-"""`ortllm bench --scenario lora-overhead` on the tiny engine artifact: one paired row per (rank, adapters)
-configuration. Plumbing only (a 2-layer model): the figures themselves are in docs/benchmarks.md."""
+"""`ortllm bench --scenario lora-overhead` and `lora-trace` on the tiny engine artifact: one paired row per (rank,
+adapters) configuration; the trace's rows on the LoRA and the base model. Plumbing only (a 2-layer model): the
+figures themselves are in docs/adapters.md."""
 from __future__ import annotations
 
 import json
 
+import numpy as np
+
+from ortllm.bench.lora import make_trace
 from tests.test_cli import ortllm
 
 
@@ -23,3 +27,28 @@ def test_lora_overhead_rows(tiny_engine, tmp_path):
             assert steps["n"] == 10 and 0 < steps["p25"] <= steps["median"] <= steps["p75"] < 10
             base_ms, lora_ms = rows[f"step_ms (base, paired with {name})"], rows[f"step_ms ({name})"]
             assert base_ms["n"] == lora_ms["n"] == 10 and base_ms["median"] > 0 and lora_ms["median"] > 0
+
+
+def test_lora_trace_rows(tiny_engine, tmp_path):
+    """`ortllm bench --scenario lora-trace` without peers (plumbing; the figures are in docs/adapters.md): for 4
+    and 16 adapters a saturated trace and one at half the base model's measured capacity, each replayed on the
+    base model too, with the LoRA's end-to-end overhead rows."""
+    p = ortllm("bench", tiny_engine, "--scenario", "lora-trace", "--quick", "--threads", "1", "--out", tmp_path,
+               timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    scens = sorted({r["scenario"] for r in rows})
+    assert len(scens) == 4 and sum("16 req/s" in s for s in scens) == 2, scens
+    by = {(r["scenario"], r["system"], r["metric"]): r for r in rows}
+    for scen in scens:
+        for system in ("ortllm", "ortllm (base model)"):
+            assert by[(scen, system, "throughput")]["median"] > 0
+            assert 0 < by[(scen, system, "latency_p50")]["median"] <= by[(scen, system, "latency_p99")]["median"]
+        for m in ("throughput_overhead_pct", "latency_p50_overhead_pct", "latency_p99_overhead_pct"):
+            assert by[(scen, "ortllm LoRA / base", m)]["unit"] == "%"
+    for n in (4, 16):
+        sat = by[(f"lora-trace ({n} adapters, 16 req/s)", "ortllm (base model)", "throughput")]["median"]
+        half = next(r for r in rows if r["scenario"].startswith(f"lora-trace ({n} adapters")
+                    and "16 req/s" not in r["scenario"])
+        mean_new = np.mean([r["max_tokens"] for r in make_trace(n, 16, 1.0, 100)])     # --quick: 16 requests
+        assert abs(half["rate"] * mean_new / sat - 0.5) < 1e-9, (half["rate"], mean_new, sat)
