@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,20 @@ def smollm2_gguf() -> Path:
 
 # ORTLLM_TEST_ARTIFACTS=DIR (set by ci/run_tests.sh for both of `make test`'s runs): session artifacts are built
 # once into DIR, named by recipe and options, and the forced-AVX2 run reuses them (builds are atomic: a directory
-# with a manifest.json is complete).
+# with a manifest.json is complete). ORTLLM_TEST_ARTIFACTS_WAIT=1 (the forced-AVX2 run, started beside the first):
+# the first run builds every session artifact (it runs every test), so this one waits for each to appear, and
+# builds one itself only if the first run has ended without it (ci/run_tests.sh then writes DIR/builder-done).
 SHARED_ARTIFACTS = os.environ.get("ORTLLM_TEST_ARTIFACTS")
+WAIT_FOR_SHARED = os.environ.get("ORTLLM_TEST_ARTIFACTS_WAIT") == "1"
+
+
+def _built_elsewhere(out: Path) -> bool:
+    """Wait for the first run to build `out`; False if it ended without it."""
+    while not (out / "manifest.json").is_file():
+        if (Path(SHARED_ARTIFACTS) / "builder-done").exists():
+            return (out / "manifest.json").is_file()
+        time.sleep(1.0)
+    return True
 
 
 def _build(tmp_path_factory, spec: str, **opts) -> Path:
@@ -31,7 +44,7 @@ def _build(tmp_path_factory, spec: str, **opts) -> Path:
     if SHARED_ARTIFACTS:
         key = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
         out = Path(SHARED_ARTIFACTS) / f"{spec}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-        if (out / "manifest.json").is_file():
+        if (out / "manifest.json").is_file() or (WAIT_FOR_SHARED and _built_elsewhere(out)):
             return out
     else:
         out = tmp_path_factory.mktemp("artifacts") / spec
