@@ -39,6 +39,7 @@ ONLY=${PEERS_ONLY:-"llama.cpp genai transformers"}
 LLAMA_CPP_PYTHON=llama-cpp-python==0.3.36
 GENAI_PKGS=(onnxruntime-genai==0.18.0 transformers==5.23.0 onnx==1.23.2 onnx-ir==1.1.0)
 GGUF_PY=gguf==0.19.0
+SAFETENSORS_PY=safetensors==0.8.0
 TORCH=torch==2.13.0
 want() { [[ " $ONLY " == *" $1 "* ]]; }
 say() { echo "install_peers: $*"; }
@@ -60,6 +61,10 @@ if want llama.cpp && ! has llama_cpp; then
   CMAKE_ARGS="-DGGML_NATIVE=ON ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS MAKEFLAGS=-j$JOBS \
     $NICE "$VENV/bin/pip" install --quiet --no-cache-dir "$LLAMA_CPP_PYTHON"
   say "llama-cpp-python installed in $((SECONDS - t)) s"
+fi
+# the LoRA trace's driver (bench/peers/llamacpp_lora_driver.py) converts PEFT adapters with gguf and safetensors
+if want llama.cpp && ! { has gguf && has safetensors; }; then
+  say "installing $GGUF_PY $SAFETENSORS_PY"; $NICE "$VENV/bin/pip" install --quiet "$GGUF_PY" "$SAFETENSORS_PY"
 fi
 
 if want genai || want transformers; then
