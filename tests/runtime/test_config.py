@@ -12,7 +12,7 @@ def test_defaults():
     assert cfg.scheduler.max_batch_tokens == 512 and cfg.scheduler.max_num_seqs == 32
     assert cfg.scheduler.prefill_chunk == 512
     assert cfg.cache.block_size == 16 and cfg.cache.enable_prefix_cache
-    assert cfg.adapters.max_slots == 8 and cfg.adapters.max_rank == 64
+    assert cfg.adapters.max_slots == 16 and cfg.adapters.max_rank == 64
     assert cfg.threads == physical_cores() >= 1
     assert str(cfg.artifact) == "a"
 
@@ -58,7 +58,7 @@ def test_kv_block_bytes():
 
 @pytest.mark.parametrize("kwargs, msg", [
     (dict(max_batch_tokens=8, max_num_seqs=4), r"max_batch_tokens must be >= block_size \(16\); got 8"),
-    (dict(max_adapters_per_batch=9), r"max_adapters_per_batch \(9\) must be <= max_slots \(8\)"),
+    (dict(max_adapters_per_batch=17), r"max_adapters_per_batch \(17\) must be <= max_slots \(16\)"),
     (dict(threads=0), "threads must be a positive integer"),
     (dict(max_num_seqs=0), "max_num_seqs must be a positive integer; got 0"),
     (dict(max_num_seqs=600), r"max_num_seqs \(600\) must be <= max_batch_tokens \(512\)"),
