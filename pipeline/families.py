@@ -257,17 +257,21 @@ def split_fused(cfg: ModelConfig, t: dict) -> None:
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": cfg.intermediate_size,
             "up_proj": cfg.intermediate_size}
-    for name in [n for n in t if fused_of(n)]:
-        w, stem, parts = t.pop(name), name.rsplit(".", 2)[0], FUSED_PROJECTIONS[fused_of(name)]
+    for name, stem, parts in fused_tensors(list(t)):
         cuts = np.cumsum([rows[p] for p in parts])[:-1]
-        t.update({f"{stem}.{p}.weight": np.ascontiguousarray(v) for p, v in zip(parts, np.split(w, cuts))})
+        t.update({f"{stem}.{p}.weight": np.ascontiguousarray(v) for p, v in zip(parts, np.split(t.pop(name), cuts))})
 
 
-def fused_of(name: str) -> str | None:
-    """The fused projection an HF tensor name is the weight of ("qkv_proj" for ...self_attn.qkv_proj.weight), or
-    None."""
-    parts = name.split(".")
-    return parts[-2] if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in FUSED_PROJECTIONS else None
+def fused_tensors(names: list[str]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, its module's stem, the projections it splits into) for each HF tensor name among `names` that is the
+    weight of a fused projection (contract.FUSED_PROJECTIONS: "model.layers.0.self_attn.qkv_proj.weight" ->
+    ("model.layers.0.self_attn", ("q_proj", "k_proj", "v_proj")))."""
+    out = []
+    for name in names:
+        stem, module, leaf = (["", ""] + name.rsplit(".", 2))[-3:]
+        if leaf == "weight" and module in FUSED_PROJECTIONS:
+            out.append((name, stem, FUSED_PROJECTIONS[module]))
+    return out
 
 
 def norms_plus_one(cfg: ModelConfig, t: dict) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 from .errors import BuildError
 from ortllm.runtime.artifact import sha256_file
 
-from .families import FUSED_PROJECTIONS, fix_tensors, fused_of, gguf_config, gguf_tensor_names, hf_config
+from .families import fix_tensors, fused_tensors, gguf_config, gguf_tensor_names, hf_config
 from .recipes import Recipe, assemble_package_file, get_recipe, known_recipes, locate_package_file
 from .weights import ModelConfig, ModelWeights, expected_shapes
 
@@ -105,9 +105,9 @@ def load_gguf(path: Path) -> ModelWeights:
 def _fixed_names(cfg: ModelConfig, types: dict[str, str]) -> dict[str, str]:
     """Each tensor's GGUF type under its name after the family's fix-ups (Phi-3's fused projections split)."""
     out = dict(types)
-    for name in [n for n in types if fused_of(n)]:
-        stem, kind = name.rsplit(".", 2)[0], out.pop(name)
-        out |= {f"{stem}.{p}.weight": kind for p in FUSED_PROJECTIONS[fused_of(name)]}
+    for name, stem, parts in fused_tensors(list(types)):
+        kind = out.pop(name)
+        out |= {f"{stem}.{p}.weight": kind for p in parts}
     return out
 
 

@@ -42,9 +42,6 @@ _F16_MAX = float(np.finfo(np.float16).max)
 _SMOOTHED_NOTE = " times the artifact's SmoothQuant scales (runtime/smoothing.py)"
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 _MAGNITUDE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_magnitude_vector(?:\.default)?(?:\.weight)?$")
-# A LoRA on a fused projection (Phi-3's qkv_proj, gate_up_proj; contract.FUSED_PROJECTIONS) splits exactly: each part
-# takes the same A and its own rows of B (and of a DoRA magnitude).
-FUSED_TARGETS = C.FUSED_PROJECTIONS
 
 
 def target_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -96,9 +93,12 @@ def _read_peft(peft_dir: Path) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def _split_fused(target: str, which: str, arr: np.ndarray, shapes: dict, key: str) -> dict[str, np.ndarray]:
-    """{part: its tensor} of one tensor of a LoRA on a fused projection: lora_A [r, in] is every part's, lora_B
-    [sum of outs, r] and a magnitude [sum of outs] split by rows in the fused module's order."""
-    parts = FUSED_TARGETS[target]
+    """{projection: its tensor} of one LoRA tensor: {target: arr} for a served projection. A LoRA on a fused one
+    (Phi-3's qkv_proj, gate_up_proj; contract.FUSED_PROJECTIONS) splits exactly: lora_A [r, in] is every part's,
+    lora_B [sum of outs, r] and a DoRA magnitude [sum of outs] split by rows in the fused module's order."""
+    parts = C.FUSED_PROJECTIONS.get(target)
+    if parts is None:
+        return {target: arr}
     if which == "A":
         return {part: arr for part in parts}
     outs = [shapes[part][1] for part in parts]
@@ -141,8 +141,7 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
         mag = _MAGNITUDE.search(key)
         if mag:
             layer, target = int(mag.group(1)), mag.group(3)
-            split = (_split_fused(target, "B", arr.reshape(-1), shapes, key) if target in FUSED_TARGETS
-                     else {target: arr.reshape(-1)})
+            split = _split_fused(target, "B", arr.reshape(-1), shapes, key)
             magnitudes.update({(layer, part): v for part, v in split.items()})
             continue
         m = _KEY.search(key)
@@ -150,13 +149,12 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
             raise AdapterFileError(f"adapter tensor {key} is not a LoRA weight of a llama projection "
                                    f"({', '.join(shapes)})")
         layer, target, which = int(m.group(1)), m.group(3), m.group(4)
-        if target not in shapes and target not in FUSED_TARGETS:
+        if target not in shapes and target not in C.FUSED_PROJECTIONS:
             raise AdapterFileError(f"adapter tensor {key}: module {target} is not one of "
-                                   f"{', '.join([*shapes, *FUSED_TARGETS])}")
+                                   f"{', '.join([*shapes, *C.FUSED_PROJECTIONS])}")
         if layer >= model.num_layers:
             raise AdapterFileError(f"adapter tensor {key}: layer {layer}, the base model has {model.num_layers}")
-        split = _split_fused(target, which, arr, shapes, key) if target in FUSED_TARGETS else {target: arr}
-        for part, v in split.items():
+        for part, v in _split_fused(target, which, arr, shapes, key).items():
             pairs.setdefault((layer, part), {})[which] = v
     dora = bool(cfg.get("use_dora"))
     if dora != bool(magnitudes):
