@@ -275,18 +275,19 @@ TRACE_METRICS = (("throughput", "tok/s"), ("ttft_p50", "s"), ("ttft_p99", "s"), 
 
 def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float = TRACE_RATE,
               threads: int | None = None, seed: int = 0, peers: list[str] = (), repeats: int = 1,
-              base: bool = True) -> list[dict]:
+              base: bool = True, engine_overrides: dict | None = None) -> list[dict]:
     """The Zipf trace over n_adapters (ranks 8/16/32 in turn, LoRA on q, k, v, o) on ortllm, with `base` the same
     trace (arrivals, prompts, lengths) on the base model, and for each peer named (llama.cpp GGUF systems only)
     the same trace on it, alternating ortllm, base, peer, ortllm, ... `repeats` times. Rows per system:
     throughput, TTFT and request latency p50/p99; with `base`, "ortllm LoRA / base" rows: the LoRA's end-to-end
     overhead in % per alternating pair (throughput: base / LoRA - 1; latency p50 and p99: LoRA / base - 1);
     with a peer, "ortllm / PEER" rows: throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER /
-    ortllm: > 1 means ortllm's is lower)."""
+    ortllm: > 1 means ortllm's is lower). engine_overrides: EngineConfig keys for ortllm's engine
+    (bench/probes/adapter_cap.py: max_adapters_per_batch, max_slots)."""
     from .peer_runner import ALIASES, GGUF_TYPES
 
     ranks = [(8, 16, 32)[k % 3] for k in range(n_adapters)]
-    overrides = {"threads": threads} if threads else {}
+    overrides = {**({"threads": threads} if threads else {}), **(engine_overrides or {})}
     wanted = []
     for p in peers:
         s = ALIASES.get(p, p)

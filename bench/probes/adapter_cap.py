@@ -1,24 +1,22 @@
-"""What the engine's cap on distinct adapters a step costs on a saturated Zipf trace: the lora-trace scenario's trace
-(bench/lora.py make_trace: gamma arrivals at 16 requests/s, Zipf s = 1 over N adapters) replayed on the adapters
-and on the base model, for each cap in turn, round by round in one run (an engine per cap, all loaded at the start).
+"""What the engine's cap on distinct adapters a step costs on a saturated Zipf trace: the lora-trace scenario's
+replay (bench/lora.py run_trace: gamma arrivals at 16 requests/s, Zipf s = 1 over N adapters, on the adapters and on
+the base model) with each cap in turn, round by round in one run.
 
     .venv/bin/python bench/probes/adapter_cap.py ARTIFACT [--adapters 16] [--rounds 3] [--requests 64]
         [--threads 2] [--caps 4/8,8/16,16/16]
 
-A cap is max_adapters_per_batch/max_slots. Prints each round's LoRA and base throughput and p99 latency, then per
-cap the median overhead (base / LoRA throughput - 1; LoRA / base p99 latency - 1). Dev tooling; the figures and
+A cap is max_adapters_per_batch/max_slots. Prints each round's LoRA and base throughput and the overhead, then per
+cap the median overheads (base / LoRA throughput - 1; LoRA / base p99 latency - 1). Dev tooling; the figures and
 what they decided are in docs/adapters.md ("The Zipf trace").
 """
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ortllm.bench.lora import PLAIN, TRACE_SLOTS, _with_adapters, make_trace, replay_ortllm
-from ortllm.runtime.engine import Engine
+from ortllm.bench.lora import BASE_SYSTEM, SATURATED_RATE, run_trace
 
 
 def main() -> None:
@@ -31,30 +29,20 @@ def main() -> None:
     ap.add_argument("--caps", default="4/8,8/16,16/16", help="max_adapters_per_batch/max_slots, comma-separated")
     args = ap.parse_args()
     caps = [tuple(int(v) for v in c.split("/")) for c in args.caps.split(",")]
-    ranks = [(8, 16, 32)[k % 3] for k in range(args.adapters)]
-    res: dict[tuple, list[tuple]] = {c: [] for c in caps}
-    with tempfile.TemporaryDirectory(prefix="ortllm-adapter-cap-") as tmp:
-        art, names = _with_adapters(args.artifact, Path(tmp), ranks)
-        engines = {c: Engine.from_artifact(art, max_num_seqs=TRACE_SLOTS, max_adapters_per_batch=c[0],
-                                           max_slots=c[1], threads=args.threads, **PLAIN) for c in caps}
-        try:
-            trace = make_trace(args.adapters, args.requests, 16.0, engines[caps[0]].runner.vocab_size)
-            for r in range(args.rounds):
-                for c in caps:
-                    x = replay_ortllm(engines[c], trace, names)
-                    b = replay_ortllm(engines[c], trace, None)
-                    res[c].append((x["throughput"], b["throughput"], x["latency_p99"], b["latency_p99"]))
-                    print(f"round {r} cap {c[0]}/{c[1]}: LoRA {x['throughput']:.1f} base {b['throughput']:.1f} "
-                          f"tok/s ({100 * (b['throughput'] / x['throughput'] - 1):+.1f}%), p99 "
-                          f"{x['latency_p99']:.2f} vs {b['latency_p99']:.2f} s", flush=True)
-        finally:
-            for e in engines.values():
-                e.close()
-    for c, v in res.items():
-        ov = [100 * (b / x - 1) for x, b, _, _ in v]
-        p99 = [100 * (xp / bp - 1) for _, _, xp, bp in v]
-        print(f"cap {c[0]}/{c[1]}: throughput overhead median {np.median(ov):.1f}% {[round(o, 1) for o in ov]}; "
-              f"p99 latency overhead median {np.median(p99):.1f}%")
+    overheads: dict[tuple, list[tuple[float, float]]] = {c: [] for c in caps}
+    for r in range(args.rounds):
+        for c in caps:
+            rows = run_trace(args.artifact, args.adapters, requests=args.requests, rate=SATURATED_RATE,
+                             threads=args.threads, engine_overrides={"max_adapters_per_batch": c[0], "max_slots": c[1]})
+            got = {(row["system"], row["metric"]): row["median"] for row in rows}
+            tp, p99 = got[("ortllm LoRA / base", "throughput_overhead_pct")], got[("ortllm LoRA / base",
+                                                                                  "latency_p99_overhead_pct")]
+            overheads[c].append((tp, p99))
+            print(f"round {r} cap {c[0]}/{c[1]}: LoRA {got[('ortllm', 'throughput')]:.1f} base "
+                  f"{got[(BASE_SYSTEM, 'throughput')]:.1f} tok/s ({tp:+.1f}%), p99 {p99:+.1f}%", flush=True)
+    for c, v in overheads.items():
+        print(f"cap {c[0]}/{c[1]}: throughput overhead median {np.median([t for t, _ in v]):.1f}% "
+              f"{[round(t, 1) for t, _ in v]}; p99 latency overhead median {np.median([p for _, p in v]):.1f}%")
 
 
 if __name__ == "__main__":
