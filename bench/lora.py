@@ -319,7 +319,7 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
     rows = []
     mine = got["ortllm"]
     for system, runs in got.items():
-        extra = {"requests": requests, "rate": rate,
+        extra = {"requests": requests, "rate": rate, "new_tokens": sum(r["max_tokens"] for r in trace),
                  "threads": threads or 2 if system not in ("ortllm", BASE_SYSTEM) else threads}
         for metric, unit in TRACE_METRICS:
             rows.append(row(scen, system, TRACE_SLOTS, metric, [r[metric] for r in runs], unit, **extra))
@@ -342,12 +342,11 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
     return rows
 
 
-def rate_at(rows: list[dict], share: float, n_adapters: int, requests: int, seed: int = 0) -> float:
+def rate_at(rows: list[dict], share: float) -> float:
     """Requests/s that load the base model to `share` of its capacity: its throughput on a saturated replay
-    (rows of run_trace) over the mean new tokens per request of the trace (make_trace's lengths, any rate)."""
-    tp = next(r["median"] for r in rows if r["system"] == BASE_SYSTEM and r["metric"] == "throughput")
-    mean_new = float(np.mean([r["max_tokens"] for r in make_trace(n_adapters, requests, 1.0, 100, seed)]))
-    return share * tp / mean_new
+    (rows of run_trace) over the trace's mean new tokens per request."""
+    base = next(r for r in rows if r["system"] == BASE_SYSTEM and r["metric"] == "throughput")
+    return share * base["median"] / (base["new_tokens"] / base["requests"])
 
 
 # ---------------------------------------------------------------- lora-swap

@@ -81,7 +81,7 @@ def _lora_trace(r: BenchRun, _) -> list[dict]:
         saturated = run_trace(r.artifact, n, requests=requests, rate=SATURATED_RATE, threads=r.threads,
                               peers=r.peers, repeats=r.repeats)
         rows += saturated
-        rows += run_trace(r.artifact, n, requests=requests, rate=rate_at(saturated, SUSTAINED_SHARE, n, requests),
+        rows += run_trace(r.artifact, n, requests=requests, rate=rate_at(saturated, SUSTAINED_SHARE),
                           threads=r.threads, peers=r.peers, repeats=r.repeats)
     return rows
 
