@@ -173,6 +173,7 @@ TRACE_RATE = 4.0          # requests/s of run_trace's default trace
 SATURATED_RATE = 16.0     # a queue builds on every model here: throughput is each system's capacity
 SUSTAINED_SHARE = 0.5     # the scenario's second rate: half the base model's capacity on the saturated trace
 BASE_SYSTEM = "ortllm (base model)"
+LORA_VS_BASE = "ortllm LoRA / base"  # run_trace's rows of the LoRA's overhead against BASE_SYSTEM
 TRACE_SLOTS = 16          # concurrent sequences: ortllm's max_num_seqs, llama-server's --parallel
 
 
@@ -325,10 +326,10 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
             rows.append(row(scen, system, TRACE_SLOTS, metric, [r[metric] for r in runs], unit, **extra))
         if system == BASE_SYSTEM:
             pairs = list(zip(mine, runs))
-            rows.append(row(scen, "ortllm LoRA / base", TRACE_SLOTS, "throughput_overhead_pct",
+            rows.append(row(scen, LORA_VS_BASE, TRACE_SLOTS, "throughput_overhead_pct",
                             [b["throughput"] / a["throughput"] - 1 for a, b in pairs], "%", scale=100))
             for m in ("latency_p50", "latency_p99"):
-                rows.append(row(scen, "ortllm LoRA / base", TRACE_SLOTS, f"{m}_overhead_pct",
+                rows.append(row(scen, LORA_VS_BASE, TRACE_SLOTS, f"{m}_overhead_pct",
                                 [a[m] / b[m] - 1 for a, b in pairs], "%", scale=100))
         elif system != "ortllm":
             rows.append(row(scen, system, TRACE_SLOTS, "tokens_per_llama_decode",

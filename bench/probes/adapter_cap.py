@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortllm.bench.lora import BASE_SYSTEM, SATURATED_RATE, run_trace
+from ortllm.bench.lora import BASE_SYSTEM, LORA_VS_BASE, SATURATED_RATE, run_trace
 
 
 def main() -> None:
@@ -35,8 +35,7 @@ def main() -> None:
             rows = run_trace(args.artifact, args.adapters, requests=args.requests, rate=SATURATED_RATE,
                              threads=args.threads, engine_overrides={"max_adapters_per_batch": c[0], "max_slots": c[1]})
             got = {(row["system"], row["metric"]): row["median"] for row in rows}
-            tp, p99 = got[("ortllm LoRA / base", "throughput_overhead_pct")], got[("ortllm LoRA / base",
-                                                                                  "latency_p99_overhead_pct")]
+            tp, p99 = got[(LORA_VS_BASE, "throughput_overhead_pct")], got[(LORA_VS_BASE, "latency_p99_overhead_pct")]
             overheads[c].append((tp, p99))
             print(f"round {r} cap {c[0]}/{c[1]}: LoRA {got[('ortllm', 'throughput')]:.1f} base "
                   f"{got[(BASE_SYSTEM, 'throughput')]:.1f} tok/s ({tp:+.1f}%), p99 {p99:+.1f}%", flush=True)
