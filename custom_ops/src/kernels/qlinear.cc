@@ -3,9 +3,10 @@
 // Three phases per call:
 //   1. each token's activations (RMSNorm'ed first when the op carries the norm) quantized once:
 //      q [T, kb * bs] int8, dx / sx / zsum [T, kb];
-//   2. the LoRA per (segment, up to kQTile tokens of one slot): the shrink h = x @ A_j[a] as integer
-//      dots of phase 1's codes with the int8 A, h quantized to int8, the expand h @ B_j[a] as integer
-//      dots into lora [G, T, 8] (tokens without an adapter cost nothing);
+//   2. the LoRA per up to kQTile tokens of one slot: the shrink h_j = x @ A_j[a] of every segment j where the
+//      slot has a rank (q, k and v in one pass) as integer dots of phase 1's codes with the int8 A, each h_j
+//      quantized to int8, the expand h_j @ B_j[a] as integer dots into lora [G, T, 8] (tokens without an
+//      adapter cost nothing);
 //   3. the projection over work items (8-row groups x token chunks): the group's weights are
 //      unpacked once per kQTile tokens and stay in L1 across the chunk; the accumulators start from
 //      lora (0 without), and each output's epilogue (residual or SiLU(gate) * up) runs right after;
@@ -37,8 +38,10 @@ constexpr int64_t kParallelBytes = 1 << 15;     // weight bytes x tokens below w
 constexpr int64_t kParallelLoraMacs = 1 << 18;  // LoRA multiply-adds (integer) worth waking the pool for
 constexpr int64_t kPairTokens = 8;              // tokens of a work item from which group_dot2 pays (project)
 
+// The LoRA's unit of work: up to kQTile tokens of one slot, on every segment where the slot has a rank.
 struct Quad {
-  int seg;
+  int n_segs;
+  int segs[kQLinearMaxSegments];
   int n;
   int64_t t[kQTile];  // tokens of one slot
 };
@@ -199,25 +202,11 @@ void quantize_h(const float* h, int rank, float lscale, int8_t* qh, float* coef)
   *coef = lscale * dh;
 }
 
-// Up to kQTile tokens of one adapter on one segment: one pass over A[slot] and one over B[slot] for all of them.
-void lora_quad(void* usr, size_t i) {
-  Ctx& c = *static_cast<Ctx*>(usr);
-  const Quad& q = c.quads[i];
+// h of a quad's tokens on segment j (their shrink) -> int8 codes in qh, then the expand into lora [G, T, 8].
+void expand_segment(Ctx& c, const Quad& q, int j, int32_t slot) {
   const QLinearArgs& a = *c.a;
-  const QLinearLoraSegment& sg = a.seg[q.seg];
-  const int64_t K = c.d->in_dim, slot = a.token_adapter[q.t[0]];
+  const QLinearLoraSegment& sg = a.seg[j];
   const int rank = sg.rank[slot];
-  QLoraToken x[kQTile];
-  float* h[kQTile];
-  for (int k = 0; k < q.n; ++k) {
-    const int64_t t = q.t[k];
-    x[k] = {c.q.data() + t * c.kpad, (c.d->act_bits == 16 ? c.dx8 : c.dx).data() + t * c.kb,
-            c.qsum32.data() + t * c.kc};
-    h[k] = c.h[q.seg].data() + t * sg.r_max;
-  }
-  const int lda = a.packed_a ? rank : static_cast<int>(sg.r_max);
-  c.isa->lora_shrink(x, q.n, static_cast<int>(K), static_cast<int>(c.d->block_size), sg.A + slot * K * sg.r_max,
-                     sg.A_scale + slot * c.kc * sg.r_max, lda, rank, h);
   const int8_t* qh[kQTile];
   float coef[kQTile];
   float* out[kQTile];
@@ -227,8 +216,8 @@ void lora_quad(void* usr, size_t i) {
   const bool direct = sg.col0 % 8 == 0;
   std::vector<float> rows(direct ? 0 : static_cast<size_t>(q.n * sg.width));
   for (int k = 0; k < q.n; ++k) {
-    int8_t* codes = c.qh[q.seg].data() + q.t[k] * sg.r_max;
-    quantize_h(h[k], rank, a.lora_scale[slot], codes, coef + k);
+    int8_t* codes = c.qh[j].data() + q.t[k] * sg.r_max;
+    quantize_h(c.h[j].data() + q.t[k] * sg.r_max, rank, a.lora_scale[slot], codes, coef + k);
     qh[k] = codes;
     out[k] = direct ? c.lora.data() + (sg.col0 / 8 * T + q.t[k]) * 8 : rows.data() + k * sg.width;
   }
@@ -240,6 +229,35 @@ void lora_quad(void* usr, size_t i) {
       c.lora[static_cast<size_t>((col / 8 * T + q.t[k]) * 8 + col % 8)] = out[k][i];
     }
   }
+}
+
+// Up to kQTile tokens of one adapter: one shrink over its segments' A[slot] (q, k and v side by side, one pass over
+// the tokens' codes), then per segment one pass over B[slot], each load serving all the tokens.
+void lora_quad(void* usr, size_t i) {
+  Ctx& c = *static_cast<Ctx*>(usr);
+  const Quad& q = c.quads[i];
+  const QLinearArgs& a = *c.a;
+  const int64_t K = c.d->in_dim;
+  const int32_t slot = a.token_adapter[q.t[0]];
+  QLoraToken x[kQTile];
+  for (int k = 0; k < q.n; ++k) {
+    const int64_t t = q.t[k];
+    x[k] = {c.q.data() + t * c.kpad, (c.d->act_bits == 16 ? c.dx8 : c.dx).data() + t * c.kb,
+            c.qsum32.data() + t * c.kc};
+  }
+  QLoraShrink sh[kQLinearMaxSegments];
+  for (int m = 0; m < q.n_segs; ++m) {
+    const QLinearLoraSegment& sg = a.seg[q.segs[m]];
+    const int rank = sg.rank[slot];
+    sh[m] = {sg.A + slot * K * sg.r_max,
+             sg.A_scale + slot * c.kc * sg.r_max,
+             a.packed_a ? rank : static_cast<int>(sg.r_max),
+             rank,
+             {}};
+    for (int k = 0; k < q.n; ++k) sh[m].h[k] = c.h[q.segs[m]].data() + q.t[k] * sg.r_max;
+  }
+  c.isa->lora_shrink(x, q.n, static_cast<int>(K), static_cast<int>(c.d->block_size), sh, q.n_segs);
+  for (int m = 0; m < q.n_segs; ++m) expand_segment(c, q, q.segs[m], slot);
 }
 
 // lora [G, T, 8] <- 0 where no expand will write: the columns of each segment for the tokens without a LoRA on it.
@@ -266,34 +284,45 @@ void zero_lora_rows(Ctx& c) {
     }
 }
 
-// The LoRA's work: per segment, the tokens with an adapter on it, sorted by slot (counting sort), in
-// groups of up to kQTile tokens of one slot, and its buffers (none when no token has a rank > 0 here: an
-// adapter on q, k, v, o costs gate|up and down nothing). Returns the multiply-adds.
+// The LoRA's work: the tokens with an adapter (a slot with a scale), sorted by slot (counting sort), in groups of
+// up to kQTile tokens of one slot, each on the segments where the slot has a rank (a slot has one on a segment for
+// all its tokens or none), and their buffers (none when no token has a rank > 0 here: an adapter on q, k, v, o costs
+// gate|up and down nothing). Returns the multiply-adds.
 int64_t plan_lora(Ctx& c) {
   const QLinearArgs& a = *c.a;
   const int64_t T = c.d->num_tokens;
   std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(T));
+  const auto ranked = [&](int64_t t) {  // the token's slot has a rank on some segment
+    for (int j = 0; j < a.n_segments; ++j)
+      if (lora_rank(c, t, j) > 0) return true;
+    return false;
+  };
+  for (int64_t t = 0; t < T; ++t)
+    if (ranked(t)) ++count[a.token_adapter[t] + 1];
+  for (int64_t s = 0; s < a.n_slots; ++s) count[s + 1] += count[s];
+  const int64_t n = count[a.n_slots];
+  if (n == 0) return 0;
+  for (int64_t t = 0; t < T; ++t)
+    if (ranked(t)) order[count[a.token_adapter[t]]++] = t;  // count[s] ends at slot s's end
   int64_t macs = 0;
+  bool used[kQLinearMaxSegments] = {};
+  for (int64_t i = 0; i < n;) {
+    Quad q{0, {}, 0, {}};
+    const int32_t slot = a.token_adapter[order[i]];
+    while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot) q.t[q.n++] = order[i++];
+    for (int j = 0; j < a.n_segments; ++j) {
+      const int rank = lora_rank(c, q.t[0], j);
+      if (rank == 0) continue;
+      q.segs[q.n_segs++] = j, used[j] = true;
+      macs += q.n * rank * (c.d->in_dim + a.seg[j].width);
+    }
+    c.quads.push_back(q);
+  }
   for (int j = 0; j < a.n_segments; ++j) {
-    std::fill(count.begin(), count.end(), 0);
-    for (int64_t t = 0; t < T; ++t)
-      if (lora_rank(c, t, j) > 0) ++count[a.token_adapter[t] + 1];
-    for (int64_t s = 0; s < a.n_slots; ++s) count[s + 1] += count[s];
-    const int64_t n = count[a.n_slots];
-    if (n == 0) continue;
+    if (!used[j]) continue;
     c.h[j].resize(static_cast<size_t>(T * a.seg[j].r_max));
     c.qh[j].assign(static_cast<size_t>(T * a.seg[j].r_max), 0);
-    for (int64_t t = 0; t < T; ++t)
-      if (lora_rank(c, t, j) > 0) order[count[a.token_adapter[t]]++] = t;  // count[s] ends at slot s's end
-    for (int64_t i = 0; i < n;) {
-      Quad q{j, 0, {}};
-      const int32_t slot = a.token_adapter[order[i]];
-      while (i < n && q.n < kQTile && a.token_adapter[order[i]] == slot) q.t[q.n++] = order[i++];
-      c.quads.push_back(q);
-      macs += q.n * lora_rank(c, q.t[0], j) * (c.d->in_dim + a.seg[j].width);
-    }
   }
-  if (c.quads.empty()) return 0;
   zero_lora_rows(c);
   c.lbuf = c.lora.data();
   c.qsum32.resize(static_cast<size_t>(T * c.kc));

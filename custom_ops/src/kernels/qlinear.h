@@ -42,9 +42,10 @@
 // (r / 4 * N_j + n) * 4 + r % 4, so a 32-byte load holds 4 ranks of 8 columns, one column per 32-bit lane, and
 // a broadcast word of 4 h codes feeds their dots as the shrink's does (r_max a multiple of 4). Both are
 // products of int8 codes, 4 to a 32-bit lane: one dpbusd, or maddubs + madd on AVX2. Shrink and expand
-// run together per (segment, up to kQTile tokens of one slot) before the projection, into a [T, N_j] buffer
-// the projection's epilogue adds: each load of A and B serves all the tokens. The integer sums are exact
-// (|isum_c| <= 32 * 127^2, |isum| <= r * 127^2), so only the float steps above order the result, the same
+// run together per up to kQTile tokens of one slot before the projection (one shrink over the segments where the
+// slot has a rank, their A read side by side in one pass over the codes; then one expand per segment), into a
+// [T, N_j] buffer the projection's epilogue adds: each load of A and B serves all the tokens. The integer sums are
+// exact (|isum_c| <= 32 * 127^2, |isum| <= r * 127^2), so only the float steps above order the result, the same
 // on every path. Against the float LoRA (fp32 x, the adapter's float32 A and B) the LoRA term is within ~1%
 // rms: activation codes, A, h and B each ~0.5% (tests/custom_ops).
 //
@@ -165,6 +166,15 @@ struct QTokens {
 
 constexpr int kQTile = 4;  // tokens per micro-kernel call (weights unpacked once for them)
 
+// One segment's shrink for the tokens of a LoRA quad: its slot's A in k-quads with lda ranks a quad
+// (A[(k / 4 * lda + r) * 4 + k % 4]), the fp16 scales sA[c * lda + r], and h[t] [rank] the token's output row.
+struct QLoraShrink {
+  const int8_t* A;
+  const uint16_t* sA;
+  int lda, rank;
+  float* h[kQTile];
+};
+
 struct QLinearIsa {
   const char* name;
   // x[0:K] -> q[0:kb*bs] (zero past K), dx[kb], qsum[kb].
@@ -175,11 +185,10 @@ struct QLinearIsa {
   // group_dot of two groups of one weight (same kb, bs, bits, offsets or none) at once, out0 and out1 as
   // group_dot's out: the same bits as two group_dot calls. nullptr: the driver calls group_dot twice.
   void (*group_dot2)(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1);
-  // For n <= kQTile tokens of one adapter (sharing each load of A / B), r < rank:
-  // h[t][r] = the fma chain over chunks c of (dx[t][c * 32 / bs] * sA[c * lds + r]) * isum_c (qlinear.h),
-  // A in k-quads with lda ranks a quad (A[(k / 4 * lda + r) * 4 + k % 4]).
-  void (*lora_shrink)(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
-                      float* const* h);
+  // For n <= kQTile tokens of one adapter (sharing each load of A / B) and ns <= kQLinearMaxSegments segments of
+  // one input (q, k, v: their A read in one pass over the tokens' codes, as independent chains), r < s[j].rank:
+  // s[j].h[t][r] = the fma chain over chunks c of (dx[t][c * 32 / bs] * s[j].sA[c * lda + r]) * isum_c (qlinear.h).
+  void (*lora_shrink)(const QLoraToken* x, int n, int K, int bs, const QLoraShrink* s, int ns);
   // out[t][(i / 8) * ostride + i % 8] = (coef[t] * sB[i]) * float(sum_r qh[t][r] * B(r, i)), i < width, over the
   // rank quads p < quads (qh[t] holds 4 * quads codes), B in rank quads (B(r, i) = B[(r / 4 * width + i) * 4 + r % 4]).
   void (*lora_expand)(const int8_t* const* qh, const float* coef, int n, int quads, const int8_t* B, int64_t width,

@@ -306,46 +306,76 @@ inline __m256 load_f16_ranks(const uint16_t* p, int left) {
   return load_f16x8(v);
 }
 
-// h[t][r0..r0+7] for NT tokens: per 32-chunk of K the exact integer dots |A| x sign(x, A) (maddubs, widened per
-// word), then fma(dx * sA, isum, acc) in chunk order.
-template <int NT>
-void shrink_ranks(const QLoraToken* x, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int r0, int left,
-                  float* const* h) {
+// 8 ranks of one segment's A: a 256-bit vector of the shrink (fewer left: the rest masked off, never read).
+struct RankVec {
+  const int8_t* A;
+  const uint16_t* sA;
+  int lda, r0, left;
+  float* const* h;
+};
+
+// h[t][r0..r0+7] of V rank vectors (of one segment or several) for NT tokens, in one pass over the tokens' codes
+// (the V blocks of A stream side by side): per 32-chunk of K the exact integer dots |A| x sign(x, A) (maddubs,
+// widened per word), then fma(dx * sA, isum, acc) in chunk order; per lane the steps of one vector alone.
+template <int NT, int V>
+void shrink_vecs(const QLoraToken* x, int K, int bs, const RankVec* rv) {
   const __m256i ones = _mm256_set1_epi16(1);
   const int kc = (K + kLoraChunk - 1) / kLoraChunk;
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  __m256 acc[NT][V];
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < V; ++v) acc[t][v] = _mm256_setzero_ps();
   for (int c = 0; c < kc; ++c) {
-    __m256i isum[NT];
-    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+    __m256i isum[NT][V];
+    for (int t = 0; t < NT; ++t)
+      for (int v = 0; v < V; ++v) isum[t][v] = _mm256_setzero_si256();
     const int w1 = (K < (c + 1) * kLoraChunk ? K : (c + 1) * kLoraChunk) / 4;
     for (int w = c * kLoraChunk / 4; w < w1; ++w) {
-      const int8_t* quad = A + (static_cast<int64_t>(w) * lda + r0) * 4;
-      _mm_prefetch(reinterpret_cast<const char*>(quad) + kLoraPrefetchA, _MM_HINT_T0);  // never faults
-      const __m256i a = load_ranks(quad, left);
-      const __m256i aa = _mm256_abs_epi8(a);
-      for (int t = 0; t < NT; ++t) {
-        const __m256i p = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(bcast_word(x[t].q + 4 * w), a));
-        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+      for (int v = 0; v < V; ++v) {
+        const int8_t* quad = rv[v].A + (static_cast<int64_t>(w) * rv[v].lda + rv[v].r0) * 4;
+        _mm_prefetch(reinterpret_cast<const char*>(quad) + kLoraPrefetchA, _MM_HINT_T0);  // never faults
+        const __m256i a = load_ranks(quad, rv[v].left);
+        const __m256i aa = _mm256_abs_epi8(a);
+        for (int t = 0; t < NT; ++t) {
+          const __m256i p = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(bcast_word(x[t].q + 4 * w), a));
+          isum[t][v] = _mm256_add_epi32(isum[t][v], _mm256_madd_epi16(p, ones));
+        }
       }
     }
-    const __m256 sa = load_f16_ranks(sA + static_cast<int64_t>(c) * lda + r0, left);
-    for (int t = 0; t < NT; ++t) {
-      const __m256 dsa = _mm256_mul_ps(_mm256_set1_ps(x[t].dx[c * kLoraChunk / bs]), sa);
-      acc[t] = _mm256_fmadd_ps(dsa, _mm256_cvtepi32_ps(isum[t]), acc[t]);
+    for (int v = 0; v < V; ++v) {
+      const __m256 sa = load_f16_ranks(rv[v].sA + static_cast<int64_t>(c) * rv[v].lda + rv[v].r0, rv[v].left);
+      for (int t = 0; t < NT; ++t) {
+        const __m256 dsa = _mm256_mul_ps(_mm256_set1_ps(x[t].dx[c * kLoraChunk / bs]), sa);
+        acc[t][v] = _mm256_fmadd_ps(dsa, _mm256_cvtepi32_ps(isum[t][v]), acc[t][v]);
+      }
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    alignas(32) float v[8];
-    _mm256_store_ps(v, acc[t]);
-    std::memcpy(h[t] + r0, v, sizeof(float) * (left < 8 ? left : 8));
-  }
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < V; ++v) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[t][v]);
+      std::memcpy(rv[v].h[t] + rv[v].r0, out, sizeof(float) * (rv[v].left < 8 ? rv[v].left : 8));
+    }
 }
 
-void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
-                 float* const* h) {
+constexpr int kShrinkVecs = 3;  // rank vectors a pass at most
+
+template <int NT>
+void shrink_pass(const QLoraToken* x, int K, int bs, const RankVec* rv, int nv) {
+  if (nv == 3) shrink_vecs<NT, 3>(x, K, bs, rv);
+  if (nv == 2) shrink_vecs<NT, 2>(x, K, bs, rv);
+  if (nv == 1) shrink_vecs<NT, 1>(x, K, bs, rv);
+}
+
+void lora_shrink(const QLoraToken* x, int n, int K, int bs, const QLoraShrink* s, int ns) {
   with_tokens(n, [&](auto nt) {
-    for (int r = 0; r < rank; r += 8) shrink_ranks<decltype(nt)::value>(x, K, bs, A, sA, lda, r, rank - r, h);
+    RankVec rv[kShrinkVecs];
+    int nv = 0;
+    for (int j = 0; j < ns; ++j)
+      for (int r = 0; r < s[j].rank; r += 8) {
+        rv[nv++] = {s[j].A, s[j].sA, s[j].lda, r, s[j].rank - r, s[j].h};
+        if (nv == kShrinkVecs) shrink_pass<decltype(nt)::value>(x, K, bs, rv, nv), nv = 0;
+      }
+    shrink_pass<decltype(nt)::value>(x, K, bs, rv, nv);
   });
 }
 

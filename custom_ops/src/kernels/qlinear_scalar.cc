@@ -102,20 +102,22 @@ void group_dot16(const QGroup& g, const QTokens& x, int nt, float* out) {
   }
 }
 
-void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
-                 float* const* h) {
+void lora_shrink(const QLoraToken* x, int n, int K, int bs, const QLoraShrink* s, int ns) {
   const int kc = (K + kLoraChunk - 1) / kLoraChunk;
-  for (int t = 0; t < n; ++t) {
-    for (int r = 0; r < rank; ++r) {
-      float acc = 0.f;
-      for (int c = 0; c < kc; ++c) {
-        int32_t isum = 0;
-        for (int k = c * kLoraChunk; k < std::min(K, (c + 1) * kLoraChunk); ++k)
-          isum += x[t].q[k] * A[(static_cast<int64_t>(k / 4) * lda + r) * 4 + k % 4];
-        const float dsa = x[t].dx[c * kLoraChunk / bs] * f16_to_float(sA[static_cast<int64_t>(c) * lda + r]);
-        acc = std::fma(dsa, static_cast<float>(isum), acc);
+  for (int j = 0; j < ns; ++j) {
+    const int lda = s[j].lda;
+    for (int t = 0; t < n; ++t) {
+      for (int r = 0; r < s[j].rank; ++r) {
+        float acc = 0.f;
+        for (int c = 0; c < kc; ++c) {
+          int32_t isum = 0;
+          for (int k = c * kLoraChunk; k < std::min(K, (c + 1) * kLoraChunk); ++k)
+            isum += x[t].q[k] * s[j].A[(static_cast<int64_t>(k / 4) * lda + r) * 4 + k % 4];
+          const float dsa = x[t].dx[c * kLoraChunk / bs] * f16_to_float(s[j].sA[static_cast<int64_t>(c) * lda + r]);
+          acc = std::fma(dsa, static_cast<float>(isum), acc);
+        }
+        s[j].h[t][r] = acc;
       }
-      h[t][r] = acc;
     }
   }
 }

@@ -202,51 +202,94 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
 
 // ---- the LoRA on int8 stacks (qlinear.h): the same integer sums and float steps as AVX2 and scalar.
 
-// h[t][r0..r0+15] for NT tokens, 16 ranks a 512-bit vector (fewer left: the rest masked off, never read). A's
-// codes are biased to unsigned (a ^ 0x80 = a + 128, once per load for all tokens) for dpbusd; each chunk's
-// accumulator is seeded with -128 * (the chunk's code sum), so it ends at the exact sum of a * x.
-template <int NT>
-void shrink_ranks(const QLoraToken* x, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int r0, int left,
-                  float* const* h) {
-  constexpr int kChains = NT == 1 ? 2 : 1;  // independent dpbusd chains per token
-  const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+// 16 ranks of one segment's A: a 512-bit vector of the shrink (fewer left: the rest masked off, never read).
+struct RankVec {
+  const int8_t* A;
+  const uint16_t* sA;
+  int lda, r0;
+  __mmask16 mask;
+  float* const* h;
+};
+
+// h[t][r0..r0+15] of V rank vectors (of one segment or several) for NT tokens, in one pass over the tokens' codes:
+// each broadcast word of x feeds the V vectors' dpbusd, V x NT independent chains, and the V blocks of A stream
+// side by side (three cold blocks read at once instead of one after the other). A's codes are biased to unsigned
+// (a ^ 0x80 = a + 128, once per load for all tokens) for dpbusd; each chunk's accumulator is seeded with
+// -128 * (the chunk's code sum), so it ends at the exact sum of a * x. Per lane the float steps are those of one
+// vector alone: the same bits whatever V.
+template <int NT, int V>
+void shrink_vecs(const QLoraToken* x, int K, int bs, const RankVec* rv) {
+  constexpr int kChains = NT * V == 1 ? 2 : 1;  // independent dpbusd chains per (token, vector)
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   const int kc = (K + kLoraChunk - 1) / kLoraChunk;
-  __m512 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  __m512 acc[NT][V];
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < V; ++v) acc[t][v] = _mm512_setzero_ps();
   for (int c = 0; c < kc; ++c) {
-    __m512i isum[NT][kChains];
-    for (int t = 0; t < NT; ++t) {
-      isum[t][0] = _mm512_set1_epi32(-128 * x[t].qsum[c]);
-      for (int k = 1; k < kChains; ++k) isum[t][k] = _mm512_setzero_si512();
-    }
+    __m512i isum[NT][V][kChains];
+    for (int t = 0; t < NT; ++t)
+      for (int v = 0; v < V; ++v) {
+        isum[t][v][0] = _mm512_set1_epi32(-128 * x[t].qsum[c]);
+        for (int k = 1; k < kChains; ++k) isum[t][v][k] = _mm512_setzero_si512();
+      }
     const int w0 = c * kLoraChunk / 4, w1 = (K < (c + 1) * kLoraChunk ? K : (c + 1) * kLoraChunk) / 4;
     for (int w = w0; w < w1; ++w) {
-      const int8_t* quad = A + (static_cast<int64_t>(w) * lda + r0) * 4;
-      _mm_prefetch(reinterpret_cast<const char*>(quad) + kLoraPrefetchA, _MM_HINT_T0);  // never faults
-      const __m512i a = _mm512_xor_si512(_mm512_maskz_loadu_epi32(mask, quad), bias);
+      __m512i xw[NT];
       for (int t = 0; t < NT; ++t) {
         int32_t word;
         std::memcpy(&word, x[t].q + 4 * w, 4);
-        __m512i& s = isum[t][(w - w0) % kChains];
-        s = _mm512_dpbusd_epi32(s, a, _mm512_set1_epi32(word));
+        xw[t] = _mm512_set1_epi32(word);
+      }
+      for (int v = 0; v < V; ++v) {
+        const int8_t* quad = rv[v].A + (static_cast<int64_t>(w) * rv[v].lda + rv[v].r0) * 4;
+        _mm_prefetch(reinterpret_cast<const char*>(quad) + kLoraPrefetchA, _MM_HINT_T0);  // never faults
+        const __m512i a = _mm512_xor_si512(_mm512_maskz_loadu_epi32(rv[v].mask, quad), bias);
+        for (int t = 0; t < NT; ++t) {
+          __m512i& s = isum[t][v][(w - w0) % kChains];
+          s = _mm512_dpbusd_epi32(s, a, xw[t]);
+        }
       }
     }
-    const __m512 sa = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, sA + static_cast<int64_t>(c) * lda + r0));
-    for (int t = 0; t < NT; ++t) {
-      __m512i s = isum[t][0];
-      for (int k = 1; k < kChains; ++k) s = _mm512_add_epi32(s, isum[t][k]);
-      const __m512 dsa = _mm512_mul_ps(_mm512_set1_ps(x[t].dx[c * kLoraChunk / bs]), sa);
-      acc[t] = _mm512_fmadd_ps(dsa, _mm512_cvtepi32_ps(s), acc[t]);
+    for (int v = 0; v < V; ++v) {
+      const __m512 sa = _mm512_cvtph_ps(
+          _mm256_maskz_loadu_epi16(rv[v].mask, rv[v].sA + static_cast<int64_t>(c) * rv[v].lda + rv[v].r0));
+      for (int t = 0; t < NT; ++t) {
+        __m512i s = isum[t][v][0];
+        for (int k = 1; k < kChains; ++k) s = _mm512_add_epi32(s, isum[t][v][k]);
+        const __m512 dsa = _mm512_mul_ps(_mm512_set1_ps(x[t].dx[c * kLoraChunk / bs]), sa);
+        acc[t][v] = _mm512_fmadd_ps(dsa, _mm512_cvtepi32_ps(s), acc[t][v]);
+      }
     }
   }
-  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(h[t] + r0, mask, acc[t]);
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(rv[v].h[t] + rv[v].r0, rv[v].mask, acc[t][v]);
 }
 
-void lora_shrink(const QLoraToken* x, int n, int K, int bs, const int8_t* A, const uint16_t* sA, int lda, int rank,
-                 float* const* h) {
+constexpr int kShrinkVecs = 3;  // rank vectors a pass at most (NT = 4: 12 accumulators + 12 sums in 32 registers)
+
+template <int NT>
+void shrink_pass(const QLoraToken* x, int K, int bs, const RankVec* rv, int nv) {
+  if (nv == 3) shrink_vecs<NT, 3>(x, K, bs, rv);
+  if (nv == 2) shrink_vecs<NT, 2>(x, K, bs, rv);
+  if (nv == 1) shrink_vecs<NT, 1>(x, K, bs, rv);
+}
+
+void lora_shrink(const QLoraToken* x, int n, int K, int bs, const QLoraShrink* s, int ns) {
   with_tokens(n, [&](auto nt) {
-    for (int r = 0; r < rank; r += 16) shrink_ranks<decltype(nt)::value>(x, K, bs, A, sA, lda, r, rank - r, h);
+    RankVec rv[kShrinkVecs];
+    int nv = 0;
+    for (int j = 0; j < ns; ++j)
+      for (int r = 0; r < s[j].rank; r += 16) {
+        const int left = s[j].rank - r;
+        rv[nv++] = {s[j].A,
+                    s[j].sA,
+                    s[j].lda,
+                    r,
+                    left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1),
+                    s[j].h};
+        if (nv == kShrinkVecs) shrink_pass<decltype(nt)::value>(x, K, bs, rv, nv), nv = 0;
+      }
+    shrink_pass<decltype(nt)::value>(x, K, bs, rv, nv);
   });
 }
 
