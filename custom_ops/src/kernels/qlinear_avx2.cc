@@ -357,26 +357,17 @@ void shrink_vecs(const QLoraToken* x, int K, int bs, const RankVec* rv) {
     }
 }
 
-constexpr int kShrinkVecs = 3;  // rank vectors a pass at most
-
-template <int NT>
-void shrink_pass(const QLoraToken* x, int K, int bs, const RankVec* rv, int nv) {
-  if (nv == 3) shrink_vecs<NT, 3>(x, K, bs, rv);
-  if (nv == 2) shrink_vecs<NT, 2>(x, K, bs, rv);
-  if (nv == 1) shrink_vecs<NT, 1>(x, K, bs, rv);
-}
+struct Shrink {
+  using Vec = RankVec;
+  static RankVec make(const QLoraShrink& s, int r0) { return {s.A, s.sA, s.lda, r0, s.rank - r0, s.h}; }
+  template <int NT, int V>
+  static void pass(const QLoraToken* x, int K, int bs, const RankVec* v) {
+    shrink_vecs<NT, V>(x, K, bs, v);
+  }
+};
 
 void lora_shrink(const QLoraToken* x, int n, int K, int bs, const QLoraShrink* s, int ns) {
-  with_tokens(n, [&](auto nt) {
-    RankVec rv[kShrinkVecs];
-    int nv = 0;
-    for (int j = 0; j < ns; ++j)
-      for (int r = 0; r < s[j].rank; r += 8) {
-        rv[nv++] = {s[j].A, s[j].sA, s[j].lda, r, s[j].rank - r, s[j].h};
-        if (nv == kShrinkVecs) shrink_pass<decltype(nt)::value>(x, K, bs, rv, nv), nv = 0;
-      }
-    shrink_pass<decltype(nt)::value>(x, K, bs, rv, nv);
-  });
+  lora_shrink_passes<Shrink, 8>(x, n, K, bs, s, ns);
 }
 
 // 8 columns at a time: per rank quad, 32 codes (4 ranks of 8 columns, one column a 32-bit lane) against a broadcast

@@ -34,6 +34,35 @@ void with_tokens(int n, F&& f) {
   }
 }
 
+// The LoRA shrink of a quad's segments (qlinear.h, lora_shrink) in passes of up to kShrinkVecs rank vectors of
+// kLanes ranks each, taken over the segments' ranks in order (q's, then k's, then v's): the vectors of one pass read
+// their blocks of A side by side. Each unit defines a `struct Shrink` with
+//   using Vec = ...;                                  one rank vector: its segment's A, scales, rows and ranks
+//   static Vec make(const QLoraShrink& s, int r0);    ranks r0 .. r0 + kLanes - 1 of segment s (fewer left)
+//   template <int NT, int V> static void pass(const QLoraToken* x, int K, int bs, const Vec* v);
+constexpr int kShrinkVecs = 3;  // VNNI at NT = 4: 12 accumulators + 12 sums in its 32 registers
+
+template <class Shrink, int kLanes>
+void lora_shrink_passes(const QLoraToken* x, int n, int K, int bs, const QLoraShrink* s, int ns) {
+  with_tokens(n, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    typename Shrink::Vec v[kShrinkVecs];
+    int nv = 0;
+    const auto flush = [&] {
+      if (nv == 3) Shrink::template pass<NT, 3>(x, K, bs, v);
+      if (nv == 2) Shrink::template pass<NT, 2>(x, K, bs, v);
+      if (nv == 1) Shrink::template pass<NT, 1>(x, K, bs, v);
+      nv = 0;
+    };
+    for (int j = 0; j < ns; ++j)
+      for (int r = 0; r < s[j].rank; r += kLanes) {
+        v[nv++] = Shrink::make(s[j], r);
+        if (nv == kShrinkVecs) flush();
+      }
+    flush();
+  });
+}
+
 inline __m256i bcast_word(const int8_t* p) {
   int32_t w;
   std::memcpy(&w, p, 4);

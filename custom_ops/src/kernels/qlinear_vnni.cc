@@ -265,32 +265,22 @@ void shrink_vecs(const QLoraToken* x, int K, int bs, const RankVec* rv) {
     for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(rv[v].h[t] + rv[v].r0, rv[v].mask, acc[t][v]);
 }
 
-constexpr int kShrinkVecs = 3;  // rank vectors a pass at most (NT = 4: 12 accumulators + 12 sums in 32 registers)
-
-template <int NT>
-void shrink_pass(const QLoraToken* x, int K, int bs, const RankVec* rv, int nv) {
-  if (nv == 3) shrink_vecs<NT, 3>(x, K, bs, rv);
-  if (nv == 2) shrink_vecs<NT, 2>(x, K, bs, rv);
-  if (nv == 1) shrink_vecs<NT, 1>(x, K, bs, rv);
-}
+struct Shrink {
+  using Vec = RankVec;
+  static RankVec make(const QLoraShrink& s, int r0) {
+    const int left = s.rank - r0;
+    return {
+        s.A, s.sA, s.lda, r0, left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1),
+        s.h};
+  }
+  template <int NT, int V>
+  static void pass(const QLoraToken* x, int K, int bs, const RankVec* v) {
+    shrink_vecs<NT, V>(x, K, bs, v);
+  }
+};
 
 void lora_shrink(const QLoraToken* x, int n, int K, int bs, const QLoraShrink* s, int ns) {
-  with_tokens(n, [&](auto nt) {
-    RankVec rv[kShrinkVecs];
-    int nv = 0;
-    for (int j = 0; j < ns; ++j)
-      for (int r = 0; r < s[j].rank; r += 16) {
-        const int left = s[j].rank - r;
-        rv[nv++] = {s[j].A,
-                    s[j].sA,
-                    s[j].lda,
-                    r,
-                    left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1),
-                    s[j].h};
-        if (nv == kShrinkVecs) shrink_pass<decltype(nt)::value>(x, K, bs, rv, nv), nv = 0;
-      }
-    shrink_pass<decltype(nt)::value>(x, K, bs, rv, nv);
-  });
+  lora_shrink_passes<Shrink, 16>(x, n, K, bs, s, ns);
 }
 
 // 16 columns a 512-bit vector (fewer left: the rest masked off, never read or written): per rank quad, 64 codes
