@@ -26,6 +26,7 @@ import numpy as np
 
 from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.artifact import read_manifest
+from ortllm.runtime.config import SchedulerConfig
 from ortllm.runtime.contract import ModelConfig
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
@@ -284,11 +285,16 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
     overhead in % per alternating pair (throughput: base / LoRA - 1; latency p50 and p99: LoRA / base - 1);
     with a peer, "ortllm / PEER" rows: throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER /
     ortllm: > 1 means ortllm's is lower). engine_overrides: EngineConfig keys for ortllm's engine
-    (bench/probes/adapter_cap.py: max_adapters_per_batch, max_slots)."""
+    (bench/probes/adapter_cap.py: max_adapters_per_batch, max_slots); max_queued is at least the trace's length
+    unless given there."""
     from .peer_runner import ALIASES, GGUF_TYPES
 
     ranks = [(8, 16, 32)[k % 3] for k in range(n_adapters)]
-    overrides = {**({"threads": threads} if threads else {}), **(engine_overrides or {})}
+    # A replay submits each request at its arrival whatever the backlog, so a saturated trace may have nearly all of
+    # them waiting: that is the load it measures, not one to refuse (the engine's default bound, 256, made a longer
+    # trace on a slow host end in Overloaded). The queue bound is the trace's length unless the caller sets one.
+    overrides = {"max_queued": max(requests, SchedulerConfig.max_queued), **({"threads": threads} if threads else {}),
+                 **(engine_overrides or {})}
     wanted = []
     for p in peers:
         s = ALIASES.get(p, p)

@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 
-from ortllm.bench.lora import make_trace
+from ortllm.bench.lora import make_trace, run_trace
+from ortllm.runtime.config import SchedulerConfig
 from tests.test_cli import ortllm
 
 
@@ -52,3 +53,13 @@ def test_lora_trace_rows(tiny_engine, tmp_path):
                     and "16 req/s" not in r["scenario"])
         mean_new = np.mean([r["max_tokens"] for r in make_trace(n, 16, 1.0, 100)])     # --quick: 16 requests
         assert abs(half["rate"] * mean_new / sat - 0.5) < 1e-9, (half["rate"], mean_new, sat)
+
+
+def test_a_trace_longer_than_the_engines_queue_bound_replays(tiny_engine):
+    """A saturated replay submits every request at its arrival: with more requests than the engine's default queue
+    bound arriving at once, they all wait (the load the trace measures) instead of the replay ending in Overloaded."""
+    requests = SchedulerConfig.max_queued + 40
+    rows = run_trace(tiny_engine, 2, requests=requests, rate=10_000.0, threads=1, base=False)
+    by = {r["metric"]: r for r in rows if r["system"] == "ortllm"}
+    assert by["throughput"]["median"] > 0 and by["throughput"]["requests"] == requests
+    assert 0 < by["latency_p50"]["median"] <= by["latency_p99"]["median"]
