@@ -40,7 +40,8 @@ void with_tokens(int n, F&& f) {
 //   using Vec = ...;                                  one rank vector: its segment's A, scales, rows and ranks
 //   static Vec make(const QLoraShrink& s, int r0);    ranks r0 .. r0 + kLanes - 1 of segment s (fewer left)
 //   template <int NT, int V> static void pass(const QLoraToken* x, int K, int bs, const Vec* v);
-constexpr int kShrinkVecs = 3;  // VNNI at NT = 4: 12 accumulators + 12 sums in its 32 registers
+constexpr int kShrinkVecs = 3;  // VNNI at NT = 4: 12 accumulators + 12 sums in its 32 registers (AVX2: the same bound)
+static_assert(kShrinkVecs == 3, "lora_shrink_passes's flush instantiates passes of 1 to 3 vectors");
 
 template <class Shrink, int kLanes>
 void lora_shrink_passes(const QLoraToken* x, int n, int K, int bs, const QLoraShrink* s, int ns) {
