@@ -1,7 +1,8 @@
 // Memory side of QLinear's LoRA stacks: the reads of SmolLM2's q|k|v call (30 layers, rank 16, widths 576, 192, 192)
 // for N slots a step, each slot's twelve blocks (A, A_scale, B, B_scale per segment) either in twelve stacks
-// [layers, slots, block] (contract 12) or as one run per (layer, slot) (contract 13's lora_packed), with 2 MB of other
-// reads between layers as the projections' weights stream (docs/adapters.md, Overhead). Reads only, no arithmetic.
+// [layers, slots, block] (as the engine binds them) or as one run per (layer, slot) (the layout tried and reverted),
+// with 2 MB of other reads between layers as the projections' weights stream (docs/adapters.md, Overhead). Reads
+// only, no arithmetic.
 //   g++ -O2 -mavx2 bench/probes/lora_runs_membench.cc -o /tmp/lrm && /tmp/lrm 4 && /tmp/lrm 16
 #include <immintrin.h>
 
