@@ -34,7 +34,7 @@ def decode_rate(handles, end: float) -> float:
 def decode_run(engine: Engine, batch: int, rng, adapters=(None,), new_tokens: int = NEW_TOKENS) -> tuple[float, float]:
     """One batch of `batch` greedy requests (request i on adapters[i % len(adapters)]); returns (aggregate
     decode tok/s after the last prefill, Python share of the steps)."""
-    vocab = engine.runner.vocab_size
+    vocab = engine.vocab_size
     before = engine.stats()
     handles = [engine.submit(rng.integers(3, vocab, PROMPT_LEN).tolist(),
                              SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True,
@@ -64,7 +64,7 @@ def run(artifact: Path, batches=(1, 4, 8, 16, 32), repeats: int = 3, threads: in
         once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         ttft = []
         for _ in range(repeats):   # a fresh prompt each time: a repeated one would hit the prefix cache
-            h = engine.submit(rng.integers(3, engine.runner.vocab_size, n).tolist(), once)
+            h = engine.submit(rng.integers(3, engine.vocab_size, n).tolist(), once)
             h.result()
             ttft.append(h.first_token_time - h.submitted)
         rows.append(row(f"prefill {n}", system, 1, "time_to_first_token", ttft, "s"))

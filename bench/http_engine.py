@@ -83,7 +83,7 @@ def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: 
     server = HTTPServer(app, "127.0.0.1", 0, threads=max(2 * streams, 8)).start()
     ctx = mp.get_context("spawn")
     go, results = ctx.Queue(), ctx.Queue()
-    prompts = random_prompts(engine.runner.vocab_size, streams, prompt_tokens, seed=0)
+    prompts = random_prompts(engine.vocab_size, streams, prompt_tokens, seed=0)
     proc = ctx.Process(target=_client_proc, args=(server.url, prompts, max_tokens, go, results), daemon=True)
     proc.start()
     eng_tps, http_tps, ratio, ttft, itl = [], [], [], [], []

@@ -314,7 +314,7 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
             except BenchError as e:
                 print(f"warning: peer {s} skipped: {e}", file=sys.stderr)
         with Engine.from_artifact(art, max_num_seqs=TRACE_SLOTS, **PLAIN, **overrides) as engine:
-            trace = make_trace(n_adapters, requests, rate, engine.runner.vocab_size, seed)
+            trace = make_trace(n_adapters, requests, rate, engine.vocab_size, seed)
             got: dict[str, list[dict]] = {"ortllm": [], **({BASE_SYSTEM: []} if base else {}),
                                           **{p.system: [] for p in peer_sides}}
             for _ in range(repeats):
@@ -413,7 +413,7 @@ def run_swap(artifact: Path, repeats: int = 3, threads: int | None = None, load_
         with Engine.from_artifact(art, max_num_seqs=load_batch + 1, max_adapters_per_batch=4,
                                   enable_prefix_cache=False, **PLAIN, **overrides) as engine:
             log = _ActivateLog(engine.adapters)
-            vocab, reg = engine.runner.vocab_size, engine.adapters
+            vocab, reg = engine.vocab_size, engine.adapters
             one = dict(max_tokens=1, temperature=0.0, ignore_eos=True)
 
             def probe(adapter, blocker=None):

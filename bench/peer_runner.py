@@ -312,7 +312,7 @@ class OrtllmSide:
         self._params, self._decode_rate = SamplingParams, decode_rate
         self.engine = Engine.from_artifact(artifact, max_num_seqs=max(batches), threads=threads,
                                            enable_prefix_cache=False, **PLAIN)
-        self.vocab = self.engine.runner.vocab_size
+        self.vocab = self.engine.vocab_size
         self.shapes = shapes or {}
         self.python_overhead: dict[tuple, list[float]] = {}
 

@@ -82,9 +82,9 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
     req.params.max_tokens = fit_max_tokens(len(ids), req.params.max_tokens if req.max_tokens_given else None,
                                            room, what)
     if req.params.logit_bias:
-        bad = [t for t in req.params.logit_bias if t >= engine.runner.vocab_size]
+        bad = [t for t in req.params.logit_bias if t >= engine.vocab_size]
         if bad:
-            raise bad_request(f"logit_bias names token ids outside the vocabulary [0, {engine.runner.vocab_size}): "
+            raise bad_request(f"logit_bias names token ids outside the vocabulary [0, {engine.vocab_size}): "
                               f"{bad[:5]}", param="logit_bias")
     return ids
 

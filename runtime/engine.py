@@ -408,6 +408,16 @@ class Engine:
         }
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the model's logits: every token id a request may name is below it."""
+        return self.runner.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the final hidden state (the embeddings' full dimension)."""
+        return self.runner.hidden_size
+
+    @property
     def dead(self) -> BaseException | None:
         """The fatal error that stopped the engine loop, or None while it serves."""
         return self._dead

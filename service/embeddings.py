@@ -66,7 +66,7 @@ def _embed(req: protocol.EmbeddingRequest, kind: str):
     try:
         engine = res.require_engine()
         adapter = resolve_adapter(engine, res.model_name, name)
-        protocol.check_dimensions(req, engine.runner.hidden_size)
+        protocol.check_dimensions(req, engine.hidden_size)
         room, what = engine.context_length, "the model's context length"
         cfg = engine.config
         for limit, limit_name in ((cfg.scheduler.max_model_len, "max_model_len"),

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     steps = {} if a.decode_steps is None else {"decode_steps": a.decode_steps}
     with Engine.from_artifact(a.artifact, max_num_seqs=max(a.batch, 1), threads=a.threads, spec_max_tokens=0,
                               enable_prefix_cache=a.cached, **steps) as engine:
-        prompts = [rng.integers(100, engine.runner.vocab_size, a.prompt).tolist() for _ in range(a.batch)]
+        prompts = [rng.integers(100, engine.vocab_size, a.prompt).tolist() for _ in range(a.batch)]
         engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))   # warm-up
         best, first = 0.0, float("inf")
         for _ in range(3):

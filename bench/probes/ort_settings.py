@@ -30,7 +30,7 @@ def decode_rate(artifact: str, batch: int, threads: int, new_tokens: int, prompt
     rng = np.random.default_rng(seed)
     with Engine.from_artifact(artifact, max_num_seqs=batch, threads=threads, **PLAIN) as engine:
         def prompts():
-            return [rng.integers(100, engine.runner.vocab_size, prompt_tokens).tolist() for _ in range(batch)]
+            return [rng.integers(100, engine.vocab_size, prompt_tokens).tolist() for _ in range(batch)]
         first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         full = SamplingParams(max_tokens=new_tokens + 1, temperature=0.0, ignore_eos=True)
         engine.generate(prompts(), first)                       # warm

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=a.new_tokens, temperature=0.0, ignore_eos=True)
     with Engine.from_artifact(a.artifact, max_num_seqs=max(a.batch, 1), threads=a.threads, **PLAIN) as engine:
-        vocab = engine.runner.vocab_size
+        vocab = engine.vocab_size
         prompts = [rng.integers(100, vocab, a.prompt_tokens).tolist() for _ in range(a.batch)]
         engine.generate(prompts, params)
         stats = engine.stats()

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     steps = {} if a.decode_steps is None else {"decode_steps": a.decode_steps}
     with Engine.from_artifact(a.artifact, max_num_seqs=max(a.batch, 1), threads=a.threads,
                               enable_prefix_cache=False, **PLAIN, **steps) as engine:
-        vocab = engine.runner.vocab_size
+        vocab = engine.vocab_size
         engine.generate([rng.integers(100, vocab, 64).tolist() for _ in range(a.batch)],
                         SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))     # warm-up
         s0 = engine.stats()
