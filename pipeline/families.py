@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from ortllm.runtime.contract import FUSED_PROJECTIONS
+from ortllm.runtime.contract import FUSED_PROJECTIONS, rope_half_rows
 
 from .errors import BuildError
 from .weights import ModelConfig
@@ -65,6 +65,10 @@ def _no_o_bias(cfg: dict) -> None:
 def _hf_llama(cfg: dict) -> dict:
     _no_o_bias(cfg)
     return {"rope_scaling": _hf_rope_scaling(cfg)}
+
+
+def _hf_helium(cfg: dict) -> dict:
+    return {**_hf_llama(cfg), "qk_rows_interleaved": True}
 
 
 def _hf_mistral(cfg: dict) -> dict:
@@ -241,14 +245,23 @@ def gguf_tensor_names(cfg: ModelConfig) -> dict[str, str]:
 
 # ---------------------------------------------------------------- tensor fix-ups
 
-def unpermute_qk(cfg: ModelConfig, t: dict) -> None:
-    """Undo llama.cpp's q/k row permutation of llama GGUFs (its rope pairs (2i, 2i+1); HF pairs (i, i + d/2)):
-    rows stored as (head, half, pair) -> back to (head, pair, half)."""
+def _qk_rows(cfg: ModelConfig, t: dict, inverse: bool) -> None:
     for name, w in list(t.items()):
         for proj, n in (("q_proj", cfg.num_heads), ("k_proj", cfg.num_kv_heads)):
             if name.endswith(f"self_attn.{proj}.weight"):
-                t[name] = np.ascontiguousarray(
-                    w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+                order = np.asarray(rope_half_rows(w.shape[0], n))
+                t[name] = np.ascontiguousarray(w[np.argsort(order)] if inverse else w[order])
+
+
+def unpermute_qk(cfg: ModelConfig, t: dict) -> None:
+    """Undo llama.cpp's q/k row permutation of llama GGUFs (its rope pairs (2i, 2i+1); HF pairs (i, i + d/2))."""
+    _qk_rows(cfg, t, inverse=False)
+
+
+def permute_qk(cfg: ModelConfig, t: dict) -> None:
+    """unpermute_qk's inverse: q/k rows back to interleaved pairs (2i, 2i+1), as Helium's transformers model keeps
+    them."""
+    _qk_rows(cfg, t, inverse=True)
 
 
 def split_fused(cfg: ModelConfig, t: dict) -> None:
@@ -293,6 +306,11 @@ def hf_model_spec(cfg: ModelConfig, tensors: dict) -> tuple[str, str, dict, dict
     """(config class, model class, config kwargs, state dict in the family's transformers layout) of our weights:
     the inverse of hf_config and the HF fix-ups, for a transformers model holding exactly these weights."""
     name = GGUF_ARCHS.get(cfg.arch, cfg.arch)
+    if name == "helium":        # the llama layout's weights, q/k rows interleaved again for its rotary embedding
+        kw = {k: v for k, v in cfg.to_hf_config().items() if k not in ("architectures", "model_type")}
+        t = dict(tensors)
+        permute_qk(cfg, t)
+        return "HeliumConfig", "HeliumForCausalLM", kw, t
     if name == "llama":
         kw = {k: v for k, v in cfg.to_hf_config().items() if k not in ("architectures", "model_type")}
         return "LlamaConfig", "LlamaForCausalLM", kw, dict(tensors)
@@ -341,9 +359,12 @@ FAMILIES = {
     # exact Q5_0 / Q8_0 grids) held-out KLD prose 0.00574 -> 0.00353, all 0.00479 -> 0.00388, top-1 97.56%, for
     # +9% CPU time of the q|k|v call at T = 1 (docs/quality.md, Gemma 3)
     "gemma3": Family(_hf_gemma3, _gguf_gemma3, fix_hf=(norms_plus_one,), act16=("qkv",)),
+    # Kyutai's Helium: llama's blocks with an interleaved rotary embedding (pairs (2i, 2i+1)), i.e. q/k rows in the
+    # order llama.cpp's GGUFs keep them; no GGUF architecture of its own (docs/howto-add-a-model.md walks this row)
+    "helium": Family(_hf_helium, _gguf_llama, fix_hf=(unpermute_qk,)),
 }
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                  "gemma3_text": "gemma3"}
+                  "gemma3_text": "gemma3", "helium": "helium"}
 GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
 
 

@@ -108,6 +108,15 @@ def _split_fused(target: str, which: str, arr: np.ndarray, shapes: dict, key: st
     return dict(zip(parts, np.split(arr, np.cumsum(outs)[:-1], axis=0)))
 
 
+def _llama_rows(model: ModelConfig, part: str, arr: np.ndarray) -> np.ndarray:
+    """A q/k lora_B [out, r] or DoRA magnitude [out] of a model whose source pairs RoPE rows (2i, 2i+1) (Helium), in
+    the row order the artifact stores its q/k weights (ModelConfig.qk_rows_interleaved); anything else as it is."""
+    heads = {"q_proj": model.num_heads, "k_proj": model.num_kv_heads}.get(part)
+    if not model.qk_rows_interleaved or heads is None:
+        return arr
+    return np.ascontiguousarray(arr[C.rope_half_rows(arr.shape[0], heads)])
+
+
 def _check_config(cfg: dict) -> None:
     refuse = [
         (cfg.get("peft_type", "LORA") != "LORA", f"peft_type is {cfg.get('peft_type')}; only LORA is supported"),
@@ -142,7 +151,7 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
         if mag:
             layer, target = int(mag.group(1)), mag.group(3)
             split = _split_fused(target, "B", arr.reshape(-1), shapes, key)
-            magnitudes.update({(layer, part): v for part, v in split.items()})
+            magnitudes.update({(layer, part): _llama_rows(model, part, v) for part, v in split.items()})
             continue
         m = _KEY.search(key)
         if not m:
@@ -155,7 +164,7 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
         if layer >= model.num_layers:
             raise AdapterFileError(f"adapter tensor {key}: layer {layer}, the base model has {model.num_layers}")
         for part, v in _split_fused(target, which, arr, shapes, key).items():
-            pairs.setdefault((layer, part), {})[which] = v
+            pairs.setdefault((layer, part), {})[which] = _llama_rows(model, part, v) if which == "B" else v
     dora = bool(cfg.get("use_dora"))
     if dora != bool(magnitudes):
         raise AdapterFileError(

@@ -61,6 +61,13 @@ ROPE_SCALINGS = ("linear", "llama3", "factors")   # ModelConfig.rope_scaling["ty
 FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
+def rope_half_rows(n_rows: int, n_heads: int) -> list[int]:
+    """The row order that takes a q or k projection whose RoPE pairs are rows (2i, 2i+1) of each head (llama.cpp's
+    GGUFs, Helium) to transformers' llama pairs (i, i + d/2): llama_rows = rows[order]."""
+    d = n_rows // n_heads
+    return [h * d + 2 * i + half for h in range(n_heads) for half in (0, 1) for i in range(d // 2)]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture: config.json and the manifest's "model", written by the pipeline, read by the runtime.
@@ -99,6 +106,9 @@ class ModelConfig:
                                             #  "original_max_position_embeddings"} | {"type": "factors", "factors":
                                             #  [D / 2] dividing each frequency (a GGUF's rope_freqs)}
     final_logit_softcap: float | None = None   # logits = c * tanh(logits / c)
+    qk_rows_interleaved: bool = False       # the source model's q/k rows pair (2i, 2i+1) for RoPE (Helium): the build
+                                            # stores them in llama's order (rope_half_rows), and adding an adapter
+                                            # reorders its q/k lora_B rows (and DoRA magnitudes) the same way
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:

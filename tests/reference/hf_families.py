@@ -28,6 +28,7 @@ FAMILIES = {
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 64})),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict()),
+    "helium": ("HeliumConfig", "HeliumForCausalLM", dict(head_dim=16)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
         head_dim=32, num_key_value_heads=1, intermediate_size=128, sliding_window=24,
         layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=48, rope_theta=1e6,
