@@ -2,6 +2,7 @@
 
     RECIPE | GGUF | HF_DIR --build into $ORTLLM_HOME/tmp/pull-<pid>-*/--> artifact --Store.put--> blobs + manifest
     ARTIFACT_DIR (has manifest.json) -------------------------------------------^
+    hf.co/ORG/REPO[:QUANT|:FILE], URL --pipeline/hub.py: download, sha256 check--> GGUF | HF_DIR --^
 
 One pull per name at a time (a file lock): a second pull of the same name waits, then finds the name there
 and stops, saying so. The build directory is removed whatever happens; a killed pull's is collected by the
@@ -73,7 +74,8 @@ def pull(spec: str, opts, name: str | None = None, source: str | None = None, fo
     src_dir = Path(spec)
     is_artifact = src_dir.is_dir() and (src_dir / C.MANIFEST).is_file()
     manifest = read_manifest(src_dir) if is_artifact else None
-    ref = ModelRef.parse(name) if name else default_ref(spec, opts.quant, manifest)
+    hub = None if src_dir.exists() else _hub_plan(spec)     # the files to fetch, their architecture checked
+    ref = ModelRef.parse(name) if name else default_ref(hub.name if hub else spec, opts.quant, manifest)
     bars = _Progress(progress)
 
     def waiting() -> None:
@@ -87,7 +89,7 @@ def pull(spec: str, opts, name: str | None = None, source: str | None = None, fo
         if is_artifact:
             entry = _put(store, src_dir, ref, str(src_dir.resolve()), force, bars)
         else:
-            entry = _build_and_put(store, spec, opts, ref, source, force, bars)
+            entry = _build_and_put(store, spec, opts, ref, source, force, bars, hub)
     bars.close()
     if replaced:
         store.gc()          # the replaced artifact's files, unless another name holds them
@@ -103,17 +105,32 @@ def _put(store: Store, artifact: Path, ref: ModelRef, source: str, force: bool, 
     return entry
 
 
+def _hub_plan(spec: str):
+    """A hub or URL spec's HubPlan (pipeline/hub.py), or None for a recipe or a path."""
+    from ortllm.pipeline.hub import parse_spec, resolve
+
+    hub = parse_spec(spec)
+    return None if hub is None else resolve(hub, log=_log)
+
+
+def _log(message: str) -> None:
+    print(f"ortllm: {message}", file=sys.stderr, flush=True)
+
+
 def _build_and_put(store: Store, spec: str, opts, ref: ModelRef, source: str | None, force: bool,
-                   bars: _Progress) -> dict:
+                   bars: _Progress, hub=None) -> dict:
     from .build import build_artifact as build     # the pipeline's build with the in-build quality check
 
     work = store.home / "tmp" / f"pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True)
     try:
         out = work / ref.name
+        how = spec if "/" not in spec and not Path(spec).exists() else str(Path(spec).resolve())
+        if hub is not None:
+            from ortllm.pipeline.hub import download
+            spec, how = str(download(hub, work / "hub", store.home / "downloads", bars.enabled, _log)), spec
         build(spec, out, opts, source=source, force=True, log=bars.stage)
         bars.close()
-        how = spec if "/" not in spec and not Path(spec).exists() else str(Path(spec).resolve())
         flags = _flags(opts)
         if source:
             flags = f"--source {source} {flags}".strip()
