@@ -23,9 +23,9 @@ READ_ONLY_VERBS = {("adapters", "add"), ("adapters", "remove"), ("adapters", "tr
 def add_store_verbs(sub, add_build_options: Callable[[argparse.ArgumentParser], None],
                     build_options: Callable[[argparse.Namespace], object]) -> None:
     """Register the verbs; `add_build_options` / `build_options` are `ortllm build`'s (shared by `pull`)."""
-    p = sub.add_parser("pull", help="build a recipe, GGUF or HF directory (or take an artifact directory) into "
-                                    "the local store as NAME:TAG")
-    p.add_argument("model", metavar="RECIPE|GGUF|HF_DIR|ARTIFACT_DIR")
+    p = sub.add_parser("pull", help="build a recipe, GGUF or HF directory (or take an artifact directory), or download "
+                                    "a model from a Hugging Face hub and build it, into the local store as NAME:TAG")
+    p.add_argument("model", metavar="RECIPE|GGUF|HF_DIR|ARTIFACT_DIR|hf.co/ORG/REPO[:QUANT|:FILE]|URL")
     p.add_argument("--name", default=None, metavar="NAME:TAG",
                    help="store name (default: the recipe or file name, tagged with the quantization)")
     add_build_options(p)

@@ -259,10 +259,14 @@ def _choose(spec: HubSpec, files: dict[str, HubFile]) -> tuple[str, list[HubFile
 
 
 def _best(hits: list[str], tag: str) -> str:
-    """Among files whose names contain the tag: the tag as a whole word first, then single files, then the
-    shortest name (`Q4_K` prefers model-Q4_K.gguf to model-Q4_K_M.gguf)."""
+    """Among files whose names contain the tag: the tag as a whole word first, then single files, then by
+    GGUF_ORDER (`Q4_K` takes model-Q4_K_M.gguf over model-Q4_K_S.gguf), then the shortest name."""
     word = re.compile(rf"(^|[^a-z0-9]){re.escape(tag.lower())}([^a-z0-9_]|$)")
-    return min(hits, key=lambda p: (not word.search(Path(p).name.lower()), bool(_SPLIT.search(p)), len(p), p))
+
+    def rank(p: str) -> int:
+        name = Path(p).name.lower()
+        return next((i for i, t in enumerate(GGUF_ORDER) if t.lower() in name), len(GGUF_ORDER))
+    return min(hits, key=lambda p: (not word.search(Path(p).name.lower()), bool(_SPLIT.search(p)), rank(p), len(p), p))
 
 
 def _single(spec: HubSpec, f: HubFile) -> HubFile:

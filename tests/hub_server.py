@@ -56,7 +56,8 @@ class FakeHub:
     faults: dict[str, tuple[str, int | None]] = field(default_factory=dict)   # path -> ("cut", at) | ("corrupt", _)
 
     def add(self, repo_id: str, files: dict[str, bytes]) -> str:
-        commit = hashlib.sha1(repo_id.encode() + b"".join(git_oid(files[k]).encode() for k in sorted(files))).hexdigest()
+        tree = repo_id + "".join(f"{k}:{git_oid(files[k])}" for k in sorted(files))
+        commit = hashlib.sha1(tree.encode()).hexdigest()
         self.repos[repo_id] = Repo(dict(files), commit)
         return commit
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ortllm.runtime.store import Store
 from tests.hub_server import FakeHub
 
 TOKEN = "hf_ortllm_test_token"
@@ -140,6 +141,15 @@ def ortllm(hub: FakeHub, home: Path, hf_home: Path, *args, offline: bool = False
                           timeout=timeout, env=env)
 
 
+def hf_download(hub: FakeHub, hf_home: Path, repo_id: str, filename: str):
+    """huggingface_hub's own hf_hub_download in a process of the tests' environment."""
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0",
+           "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    code = "import sys; from huggingface_hub import hf_hub_download; print(hf_hub_download(*sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, repo_id, filename], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
 def ok(proc) -> str:
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-3000:])
     return proc.stdout
@@ -188,8 +198,9 @@ def test_gguf_quant_pull_resumes_a_cut_download_builds_and_generates(hub, repos,
     assert all(r.auth == f"Bearer {TOKEN}" for r in hub.requests if not r.path.startswith("/lfs/"))   # HF_TOKEN
     sha = hashlib.sha256(repos["tiny/tiny-random-GGUF"][gguf_file]).hexdigest()
     assert sha in _cache_blobs(hf_home, "tiny/tiny-random-GGUF")           # in huggingface_hub's cache
-    shown = ok(ortllm(hub, home, hf_home, "show", "tiny-random-q4_k_m"))
-    assert "hf.co/tiny/tiny-random-GGUF:q4_k_m" in shown and f"gguf:{gguf_file}" in shown
+    info = Store(home).info(Store(home).resolve("tiny-random-q4_k_m:fp32"))
+    assert info["entry"]["source"] == "hf.co/tiny/tiny-random-GGUF:q4_k_m"       # what `pull --force` repeats
+    assert info["manifest"].source["desc"] == f"gguf:{gguf_file}"
     text = ok(ortllm(hub, home, hf_home, "generate", "tiny-random-q4_k_m", "--prompt", "hello", "--max-tokens",
                      "3", "--temperature", "0"))
     assert text.strip()
@@ -213,20 +224,20 @@ def test_safetensors_repo_pull_fetches_what_the_build_reads(hub, repos, hf_home,
 
 
 def test_offline_pull_builds_from_the_cache(hub, hf_home, tmp_path):
-    """HF_HUB_OFFLINE=1 after a download: the file list and the files come from huggingface_hub's cache (checked
-    against their blob names, the hub's hashes) and the server sees no request; a repo never downloaded is an
-    error saying to pull it online."""
+    """HF_HUB_OFFLINE=1: the file list and the files come from huggingface_hub's cache (checked against their blob
+    names, the hub's hashes) and the server sees no request; what the cache lacks is an error saying so."""
     home = tmp_path / "home"
-    first = ortllm(hub, home, hf_home, "pull", "hf.co/tiny/tiny-random-GGUF:Q4_K_M", "--no-progress")
-    ok(first)                        # cached already by the test above, or downloaded now when run alone
+    gguf_file = "tiny-random-Q4_K_M.gguf"
+    ok(hf_download(hub, hf_home, "tiny/tiny-random-GGUF", gguf_file))    # as an earlier online pull leaves it
     hub.requests.clear()
-    out = ok(ortllm(hub, home, hf_home, "pull", "hf.co/tiny/tiny-random-GGUF:Q4_K_M", "--name", "off:fp32",
+    out = ok(ortllm(hub, home, hf_home, "pull", "hf.co/tiny/tiny-random-GGUF", "--name", "off:fp32",
                     "--no-progress", offline=True))
     assert "pulled off:fp32" in out and hub.requests == []
+    assert Store(home).info(Store(home).resolve("off:fp32"))["manifest"].source["desc"] == f"gguf:{gguf_file}"
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny/never-pulled", offline=True),
                "HF_HUB_OFFLINE", "tiny/never-pulled", "not in the Hugging Face cache", "pull it once online")
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny/tiny-random-GGUF:Q8_0", offline=True),
-               "no GGUF file of tiny/tiny-random-GGUF matches the quant tag 'Q8_0'", "tiny-random-Q4_K_M.gguf")
+               "no GGUF file of tiny/tiny-random-GGUF matches the quant tag 'Q8_0'", gguf_file)
     assert hub.requests == []
 
 
@@ -234,14 +245,21 @@ def test_offline_pull_builds_from_the_cache(hub, hf_home, tmp_path):
 
 def test_corrupted_download_fails_its_sha256_check_and_is_removed(hub, repos, hf_home, tmp_path):
     """A file whose bytes differ from the hub's sha256 (same size, one byte flipped in transit) is refused, named,
-    and removed from the cache, so the next pull downloads it anew. Through a hub file URL."""
+    and removed from the cache, so the next pull downloads it anew: a hub file's URL (into huggingface_hub's
+    cache), and a plain URL whose server publishes the sha256 as its ETag (into $ORTLLM_HOME/downloads)."""
+    home = tmp_path / "home"
     name = "tiny-random-Q8_0.gguf"
     hub.corrupt(name)
     url = f"{hub.url}/tiny/tiny-random-GGUF/resolve/main/{name}"
-    user_error(ortllm(hub, tmp_path / "home", hf_home, "pull", url, "--no-progress"),
+    user_error(ortllm(hub, home, hf_home, "pull", url, "--no-progress"),
                f"tiny/tiny-random-GGUF/{name} failed its sha256 check", "removed", "run the same command again")
     sha = hashlib.sha256(repos["tiny/tiny-random-GGUF"][name]).hexdigest()
     assert sha not in _cache_blobs(hf_home, "tiny/tiny-random-GGUF")
+    hub.corrupt(name)
+    url = f"{hub.url}/files/{name}"
+    user_error(ortllm(hub, home, hf_home, "pull", url, "--no-progress"), f"{url} failed its sha256 check", "removed")
+    assert [p.name for p in (home / "downloads").rglob("*") if p.is_file()] == []
+    assert [r.range for r in hub.served("/files/") if r.method == "GET"] == ["bytes=0-4095", None]
 
 
 def test_missing_repo_file_or_quant_names_what_exists(hub, hf_home, tmp_path):
