@@ -74,7 +74,7 @@ def pull(spec: str, opts, name: str | None = None, source: str | None = None, fo
     src_dir = Path(spec)
     is_artifact = src_dir.is_dir() and (src_dir / C.MANIFEST).is_file()
     manifest = read_manifest(src_dir) if is_artifact else None
-    hub = None if src_dir.exists() else _hub_plan(spec)     # the files to fetch, their architecture checked
+    hub = None if src_dir.exists() else _hub_plan(spec, store, progress)   # the files to fetch, their arch checked
     ref = ModelRef.parse(name) if name else default_ref(hub.name if hub else spec, opts.quant, manifest)
     bars = _Progress(progress)
 
@@ -105,12 +105,12 @@ def _put(store: Store, artifact: Path, ref: ModelRef, source: str, force: bool, 
     return entry
 
 
-def _hub_plan(spec: str):
+def _hub_plan(spec: str, store: Store, progress: bool):
     """A hub or URL spec's HubPlan (pipeline/hub.py), or None for a recipe or a path."""
     from ortllm.pipeline.hub import parse_spec, resolve
 
     hub = parse_spec(spec)
-    return None if hub is None else resolve(hub, log=_log)
+    return None if hub is None else resolve(hub, store.home / "downloads", progress, _log)
 
 
 def _log(message: str) -> None:
@@ -128,7 +128,7 @@ def _build_and_put(store: Store, spec: str, opts, ref: ModelRef, source: str | N
         how = spec if "/" not in spec and not Path(spec).exists() else str(Path(spec).resolve())
         if hub is not None:
             from ortllm.pipeline.hub import download
-            spec, how = str(download(hub, work / "hub", store.home / "downloads", bars.enabled, _log)), spec
+            spec, how = str(download(hub, work / "hub", _log)), spec
         build(spec, out, opts, source=source, force=True, log=bars.stage)
         bars.close()
         flags = _flags(opts)

@@ -79,6 +79,8 @@ class HubPlan:
     kind: str                       # "gguf" | "hf"
     files: list[HubFile]            # to fetch, in order (the GGUF; or config.json, tokenizer files, the shards)
     name: str                       # the store name it gets unless --name is given
+    downloads: Path                 # plain URLs: downloaded into downloads/<sha256 of the URL, 16 hex>/NAME
+    progress: bool = True           # huggingface_hub's tqdm bars (else a log line per file)
     offline: bool = False
     cached: dict[str, Path] = field(default_factory=dict)   # offline: repository path -> cached file
     fetched: dict[str, Path] = field(default_factory=dict)  # files resolve already fetched (config.json)
@@ -109,14 +111,16 @@ def parse_spec(text: str) -> HubSpec | None:
 
 # ---------------------------------------------------------------- resolve: what to fetch, and may it be built
 
-def resolve(spec: HubSpec, log: Callable[[str], None]) -> HubPlan:
+def resolve(spec: HubSpec, downloads: Path, progress: bool, log: Callable[[str], None]) -> HubPlan:
     """The files to fetch; config.json (or the GGUF header's bytes) read to refuse an unsupported architecture
     before any weight is downloaded."""
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    (enable_progress_bars if progress else disable_progress_bars)()
     if spec.url:
-        return _resolve_url(spec)
+        return _resolve_url(spec, downloads, progress)
     files, offline, cached = _listing(spec, log)
     kind, chosen = _choose(spec, files)
-    plan = HubPlan(spec, kind, chosen, _default_name(spec, kind, chosen), offline, cached)
+    plan = HubPlan(spec, kind, chosen, _default_name(spec, kind, chosen), downloads, progress, offline, cached)
     where = f"{spec.text} ({'the Hugging Face cache' if offline else _endpoint(spec)})"
     if kind == "gguf":
         f = chosen[0]
@@ -125,7 +129,7 @@ def resolve(spec: HubSpec, log: Callable[[str], None]) -> HubPlan:
             raise HubError(f"{where}: {f.path} is a GGUF of architecture '{arch}', which ortllm does not build "
                            f"(supported: {', '.join(sorted(GGUF_ARCHS))}); nothing of its weights was downloaded")
         return plan
-    config = fetch(plan, chosen[0], progress=False, log=log)
+    config = fetch(plan, chosen[0], log)
     try:
         hf_config(json.loads(config.read_text()))
     except BuildError as e:
@@ -135,7 +139,7 @@ def resolve(spec: HubSpec, log: Callable[[str], None]) -> HubPlan:
     plan.fetched[chosen[0].path] = config
     if SHARDS_INDEX in {f.path for f in chosen}:     # the shards the index names, instead of every *.safetensors
         index = next(f for f in chosen if f.path == SHARDS_INDEX)
-        plan.fetched[SHARDS_INDEX] = fetch(plan, index, progress=False, log=log)
+        plan.fetched[SHARDS_INDEX] = fetch(plan, index, log)
         shards = sorted(set(json.loads(plan.fetched[SHARDS_INDEX].read_text()).get("weight_map", {}).values()))
         missing = [s for s in shards if s not in files]
         if missing or not shards:
@@ -321,14 +325,12 @@ def _range(url: str, n: int, headers: dict) -> bytes:
 
 # ---------------------------------------------------------------- download and check
 
-def download(plan: HubPlan, stage: Path, downloads: Path, progress: bool, log: Callable[[str], None]) -> Path:
+def download(plan: HubPlan, stage: Path, log: Callable[[str], None]) -> Path:
     """Every file of the plan fetched (resuming) and checked; -> the GGUF file, or a directory under `stage` with
     exactly the repository files the build reads (links into the cache)."""
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
-    (enable_progress_bars if progress else disable_progress_bars)()
     if plan.spec.url:
-        return _download_url(plan, downloads, log)
-    paths = {f.path: plan.fetched.get(f.path) or fetch(plan, f, progress, log) for f in plan.files}
+        return _download_url(plan, log)
+    paths = {f.path: plan.fetched.get(f.path) or fetch(plan, f, log) for f in plan.files}
     if plan.kind == "gguf":
         return paths[plan.files[0].path]
     out = stage / plan.name
@@ -338,7 +340,7 @@ def download(plan: HubPlan, stage: Path, downloads: Path, progress: bool, log: C
     return out
 
 
-def fetch(plan: HubPlan, f: HubFile, progress: bool, log: Callable[[str], None]) -> Path:
+def fetch(plan: HubPlan, f: HubFile, log: Callable[[str], None]) -> Path:
     """One repository file into the cache (or the cached copy), checked against the hub's hashes."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
@@ -351,7 +353,7 @@ def fetch(plan: HubPlan, f: HubFile, progress: bool, log: Callable[[str], None])
             raise HubError(f"{spec.repo_id}/{f.path} is not in the Hugging Face cache and the hub is out of reach "
                            "(or HF_HUB_OFFLINE=1): pull it once online")
         return _checked(path, f, spec)
-    if not progress:
+    if not plan.progress:
         log(f"pulling {f.path}" + (f" ({_size(f.size)})" if f.size else ""))
     for attempt in range(1, RETRIES + 1):
         try:
@@ -414,12 +416,25 @@ def _size(n: int) -> str:
 _PLAIN = {"Accept-Encoding": "identity"}      # no Authorization: HF_TOKEN goes to hub hosts only
 
 
-def _resolve_url(spec: HubSpec) -> HubPlan:
+def _url_file(url: str, downloads: Path) -> Path:
+    return downloads / hashlib.sha256(url.encode()).hexdigest()[:16] / unquote(Path(urlparse(url).path).name)
+
+
+def _resolve_url(spec: HubSpec, downloads: Path, progress: bool) -> HubPlan:
     """A GGUF at a plain URL: its size and, when the server publishes one, its sha256 (ETag / X-Linked-Etag);
-    the architecture from its first bytes."""
+    the architecture from its first bytes. A file downloaded before (and checked then) is taken as it is."""
     from huggingface_hub.utils import get_session
     from requests.exceptions import RequestException
 
+    done = _url_file(spec.url, downloads)
+    if done.is_file():
+        with open(done, "rb") as fh:
+            arch = gguf_architecture(lambda n: (fh.seek(0), fh.read(n))[1], str(done))
+        f = HubFile(done.name, done.stat().st_size)
+        return _url_plan(spec, arch, f, downloads, progress, {f.path: done})
+    if _offline():
+        raise HubError(f"offline mode is on (HF_HUB_OFFLINE=1) and {spec.url} was never downloaded: pull it once "
+                       "online, or unset HF_HUB_OFFLINE")
     try:
         r = get_session().head(spec.url, headers=_PLAIN, allow_redirects=True, timeout=30)
     except RequestException as e:
@@ -431,24 +446,32 @@ def _resolve_url(spec: HubSpec) -> HubPlan:
     name = unquote(Path(urlparse(spec.url).path).name)
     f = HubFile(name, int(size) if size else None, etag.lower() if re.fullmatch(r"[0-9a-fA-F]{64}", etag) else None)
     arch = gguf_architecture(lambda n: _range(spec.url, n, _PLAIN), spec.url)
+    return _url_plan(spec, arch, f, downloads, progress, {})
+
+
+def _url_plan(spec: HubSpec, arch: str | None, f: HubFile, downloads: Path, progress: bool, cached: dict) -> HubPlan:
     if arch is not None and arch not in GGUF_ARCHS:
         raise HubError(f"{spec.url} is a GGUF of architecture '{arch}', which ortllm does not build (supported: "
                        f"{', '.join(sorted(GGUF_ARCHS))}); nothing of its weights was downloaded")
-    return HubPlan(spec, "gguf", [f], _default_name(spec, "gguf", [f]))
+    return HubPlan(spec, "gguf", [f], _default_name(spec, "gguf", [f]), downloads, progress, cached=cached)
 
 
-def _download_url(plan: HubPlan, downloads: Path, log: Callable[[str], None]) -> Path:
+def _download_url(plan: HubPlan, log: Callable[[str], None]) -> Path:
     """downloads/<sha256 of the URL, 16 hex>/NAME, written as NAME.incomplete and resumed from its length."""
     from huggingface_hub.file_download import http_get
     from requests.exceptions import ChunkedEncodingError, ConnectionError, RequestException, Timeout
 
     f, url = plan.files[0], plan.spec.url
-    out = downloads / hashlib.sha256(url.encode()).hexdigest()[:16] / f.path
+    out = _url_file(url, plan.downloads)
+    if f.path in plan.cached:
+        return out
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         part = out.with_name(out.name + ".incomplete")
         if f.sha256 is None:
             log(f"{url} publishes no sha256: its size is checked, its content is not")
+        elif not plan.progress:
+            log(f"pulling {f.path}" + (f" ({_size(f.size)})" if f.size else ""))
         for attempt in range(1, RETRIES + 1):
             try:
                 with open(part, "ab") as fh:

@@ -121,7 +121,8 @@ def hub(repos):
     with FakeHub() as h:
         for repo_id, files in repos.items():
             h.add(repo_id, files)
-        h.plain["tiny-random-Q8_0.gguf"] = repos["tiny/tiny-random-GGUF"]["tiny-random-Q8_0.gguf"]
+        for name in ("tiny-random-Q8_0.gguf", "tiny-random-Q4_K_M.gguf"):
+            h.plain[name] = repos["tiny/tiny-random-GGUF"][name]
         h.plain["gpt2.gguf"] = repos["other/gpt2-GGUF"]["gpt2-Q4_K_M.gguf"]
         yield h
 
@@ -209,7 +210,8 @@ def test_gguf_quant_pull_resumes_a_cut_download_builds_and_generates(hub, repos,
 def test_safetensors_repo_pull_fetches_what_the_build_reads(hub, repos, hf_home, tmp_path):
     """No quant: the safetensors weights: config.json first (its architecture checked), the tokenizer and
     generation config, and exactly the shards the index names (not consolidated.safetensors, not the .bin,
-    not the README), each checked against the hub's sha256 or git blob id; then the build and generation."""
+    not the README), each checked against the hub's sha256 or git blob id; then the build, from a directory of
+    exactly those files."""
     home = tmp_path / "home"
     ok(ortllm(hub, home, hf_home, "pull", "hf://tiny/tiny-random", "--name", "tiny-st:fp32", "--no-progress"))
     fetched = [r.path.rsplit("/", 1)[-1] for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
@@ -219,8 +221,9 @@ def test_safetensors_repo_pull_fetches_what_the_build_reads(hub, repos, hf_home,
     assert sorted(fetched) == sorted(["config.json", "model.safetensors.index.json", "generation_config.json",
                                       "tokenizer.json", "tokenizer_config.json", "model-00001-of-00002.safetensors",
                                       "model-00002-of-00002.safetensors"])
-    text = ok(ortllm(hub, home, hf_home, "generate", "tiny-st:fp32", "--prompt", "hello", "--max-tokens", "3"))
-    assert text.strip()
+    info = Store(home).info(Store(home).resolve("tiny-st:fp32"))
+    assert info["manifest"].source["desc"] == "hf:tiny-random" and info["manifest"].model.num_layers == 2
+    assert info["entry"]["source"] == "hf://tiny/tiny-random"
 
 
 def test_offline_pull_builds_from_the_cache(hub, hf_home, tmp_path):
@@ -239,6 +242,29 @@ def test_offline_pull_builds_from_the_cache(hub, hf_home, tmp_path):
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny/tiny-random-GGUF:Q8_0", offline=True),
                "no GGUF file of tiny/tiny-random-GGUF matches the quant tag 'Q8_0'", gguf_file)
     assert hub.requests == []
+
+
+def test_plain_url_pull_resumes_checks_and_keeps_the_file(hub, repos, hf_home, tmp_path):
+    """A GGUF at a plain URL (no repository): the server's sha256 ETag is checked, a cut download resumes with a
+    Range request, no HF_TOKEN is sent to a host that is not the hub's, and the file kept in
+    $ORTLLM_HOME/downloads serves the next pull of the URL without the network."""
+    from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
+
+    home = tmp_path / "home"
+    name = "tiny-random-Q4_K_M.gguf"
+    url = f"{hub.url}/files/{name}"
+    hub.cut(name, at=DOWNLOAD_CHUNK_SIZE + 4096)
+    proc = ortllm(hub, home, hf_home, "pull", url, "--no-progress", "--name", "url:fp32")
+    ok(proc)
+    assert "resuming" in proc.stderr
+    gets = [r for r in hub.served("/files/") if r.method == "GET"]
+    assert [r.range for r in gets] == ["bytes=0-4095", None, f"bytes={DOWNLOAD_CHUNK_SIZE}-"]
+    assert all(r.auth is None for r in hub.requests)
+    kept = [p for p in (home / "downloads").rglob("*") if p.is_file()]
+    assert [p.name for p in kept] == [name] and kept[0].read_bytes() == repos["tiny/tiny-random-GGUF"][name]
+    hub.requests.clear()
+    out = ortllm(hub, home, hf_home, "pull", url, "--name", "url:fp32", offline=True)
+    assert "url:fp32 is in the store" in ok(out) and hub.requests == []
 
 
 # ---------------------------------------------------------------- refusals: cheap, nothing is built
