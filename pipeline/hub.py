@@ -143,7 +143,8 @@ def resolve(spec: HubSpec, downloads: Path, progress: bool, log: Callable[[str],
         shards = sorted(set(json.loads(plan.fetched[SHARDS_INDEX].read_text()).get("weight_map", {}).values()))
         missing = [s for s in shards if s not in files]
         if missing or not shards:
-            raise HubError(f"{where}: {SHARDS_INDEX} names shards the repository lacks ({', '.join(missing[:5])})"
+            lacks = "the cache lacks (pull it once online)" if offline else "the repository lacks"
+            raise HubError(f"{where}: {SHARDS_INDEX} names shards {lacks}: {', '.join(missing[:5])}"
                            if missing else f"{where}: {SHARDS_INDEX} names no shards")
         plan.files = [f for f in chosen if not f.path.endswith(".safetensors")] + [files[s] for s in shards]
     return plan
@@ -163,8 +164,7 @@ def _listing(spec: HubSpec, log) -> tuple[dict[str, HubFile], bool, dict[str, Pa
     """(repository path -> HubFile, offline, cached paths when offline): the hub's file list with each file's size
     and hashes, or, offline or with the hub out of reach, what the cache holds of the revision."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
     from requests.exceptions import ConnectionError, Timeout
 
     if _offline():
@@ -172,14 +172,8 @@ def _listing(spec: HubSpec, log) -> tuple[dict[str, HubFile], bool, dict[str, Pa
     endpoint = _endpoint(spec)
     try:
         info = HfApi(endpoint=endpoint).model_info(spec.repo_id, revision=spec.revision, files_metadata=True)
-    except GatedRepoError:
-        raise HubError(f"{spec.repo_id} on {endpoint} is gated: accept its terms on its page, then set HF_TOKEN to "
-                       "a token of that account") from None
-    except RepositoryNotFoundError:
-        raise HubError(f"no model repository {spec.repo_id} on {endpoint}: check the name (ORG/REPO, as on its "
-                       "page); a private or gated one needs HF_TOKEN") from None
-    except RevisionNotFoundError:
-        raise HubError(f"{spec.repo_id} on {endpoint} has no revision '{spec.revision}'") from None
+    except HfHubHTTPError as e:
+        raise _refused(e, spec, spec.repo_id) from None
     except (ConnectionError, Timeout, OfflineModeIsEnabled) as e:
         files, _, cached = _cached_listing(spec, f"cannot reach {endpoint} ({type(e).__name__})", missing_ok=True)
         if not files:
@@ -187,15 +181,31 @@ def _listing(spec: HubSpec, log) -> tuple[dict[str, HubFile], bool, dict[str, Pa
                            "Face cache: check the network (or HF_ENDPOINT)") from None
         log(f"cannot reach {endpoint}: using the cached copy of {spec.repo_id}")
         return files, True, cached
-    except HfHubHTTPError as e:
-        raise HubError(f"{endpoint} answered {e.response.status_code} for {spec.repo_id}: "
-                       f"{str(e).splitlines()[0]}") from None
     files = {}
     for s in info.siblings or []:
         lfs = s.lfs
         files[s.rfilename] = HubFile(s.rfilename, lfs.size if lfs else s.size, lfs.sha256 if lfs else None,
                                      None if lfs else s.blob_id)
     return files, False, {}
+
+
+def _refused(e, spec: HubSpec, what: str) -> HubError:
+    """A hub's HTTP error (huggingface_hub's HfHubHTTPError family) as what to do about it."""
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+    endpoint = _endpoint(spec)
+    if isinstance(e, GatedRepoError):
+        return HubError(f"{spec.repo_id} on {endpoint} is gated: accept its terms on its page, then set HF_TOKEN to "
+                        "a token of that account")
+    if isinstance(e, RepositoryNotFoundError):
+        return HubError(f"no model repository {spec.repo_id} on {endpoint}: check the name (ORG/REPO, as on its "
+                        "page); a private or gated one needs HF_TOKEN")
+    if isinstance(e, RevisionNotFoundError):
+        return HubError(f"{spec.repo_id} on {endpoint} has no revision '{spec.revision}'")
+    if isinstance(e, EntryNotFoundError):
+        return HubError(f"{spec.repo_id} on {endpoint} lists {what} but does not serve it; try again later")
+    status = e.response.status_code if e.response is not None else "an error"
+    return HubError(f"{endpoint} answered {status} for {what}: {str(e).strip().splitlines()[0]}")
 
 
 def _cached_listing(spec: HubSpec, why: str, missing_ok: bool = False):
@@ -300,12 +310,17 @@ def _head_bytes(plan: HubPlan, f: HubFile, n: int) -> bytes:
             return fh.read(n)
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers
+    from huggingface_hub.errors import HfHubHTTPError
     url = hf_hub_url(plan.spec.repo_id, f.path, revision=plan.spec.revision, endpoint=plan.spec.endpoint)
-    return _range(url, n, build_hf_headers())
+    try:
+        return _range(url, n, build_hf_headers())
+    except HfHubHTTPError as e:
+        raise _refused(e, plan.spec, f"{plan.spec.repo_id}/{f.path}") from None
 
 
 def _range(url: str, n: int, headers: dict) -> bytes:
     """bytes 0..n-1 of url (a server that ignores Range is read no further than n bytes)."""
+    from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.utils import get_session, hf_raise_for_status
     from requests.exceptions import RequestException
 
@@ -319,6 +334,8 @@ def _range(url: str, n: int, headers: dict) -> bytes:
                 if len(out) >= n:
                     break
             return bytes(out[:n])
+    except HfHubHTTPError:
+        raise
     except RequestException as e:
         raise HubError(f"cannot read the header of {url}: {str(e).splitlines()[0]}") from None
 
@@ -343,7 +360,7 @@ def download(plan: HubPlan, stage: Path, log: Callable[[str], None]) -> Path:
 def fetch(plan: HubPlan, f: HubFile, log: Callable[[str], None]) -> Path:
     """One repository file into the cache (or the cached copy), checked against the hub's hashes."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     from requests.exceptions import ChunkedEncodingError, ConnectionError, Timeout
 
     spec = plan.spec
@@ -359,9 +376,6 @@ def fetch(plan: HubPlan, f: HubFile, log: Callable[[str], None]) -> Path:
         try:
             path = Path(hf_hub_download(spec.repo_id, f.path, revision=spec.revision, endpoint=spec.endpoint))
             break
-        except EntryNotFoundError:
-            raise HubError(f"{spec.repo_id} on {_endpoint(spec)} lists {f.path} but does not serve it; try again "
-                           "later") from None
         except (ChunkedEncodingError, ConnectionError, Timeout, LocalEntryNotFoundError) as e:
             reason = str(e).splitlines()[0][:160]
             if attempt == RETRIES:
@@ -369,8 +383,7 @@ def fetch(plan: HubPlan, f: HubFile, log: Callable[[str], None]) -> Path:
                                f"({reason}); run the same command again: it resumes where it stopped") from None
             log(f"download of {f.path} interrupted ({reason}); resuming")
         except HfHubHTTPError as e:
-            raise HubError(f"{_endpoint(spec)} answered {e.response.status_code} for {spec.repo_id}/{f.path}: "
-                           f"{str(e).splitlines()[0]}") from None
+            raise _refused(e, spec, f"{spec.repo_id}/{f.path}") from None
     return _checked(path, f, spec)
 
 
