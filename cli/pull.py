@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from ortllm.runtime import contract as C
-from ortllm.runtime.store import ModelRef, Store
+from ortllm.runtime.store import ModelRef, Store, StoreError
 
 
 def default_ref(spec: str, quant: str, manifest=None) -> ModelRef:
@@ -111,6 +111,29 @@ def _hub_plan(spec: str, store: Store, progress: bool):
 
     hub = parse_spec(spec)
     return None if hub is None else resolve(hub, store.home / "downloads", progress, _log)
+
+
+def pulled_from(spec: str, store: Store) -> ModelRef | None:
+    """The store model `ortllm pull SPEC` made, for a hub or URL SPEC given where a model is expected
+    (`ortllm generate hf.co/ORG/REPO:Q4_K_M ...`); None when SPEC is no such spec. Several builds of one spec (other
+    --quant): a StoreError naming them; none: a StoreError saying to pull it first."""
+    from ortllm.pipeline.hub import parse_spec
+
+    if parse_spec(spec) is None:
+        return None
+    refs = [r for r in store.refs() if _source_of(store, r).split(" ")[0] == spec]
+    if len(refs) == 1:
+        return refs[0]
+    if refs:
+        raise StoreError(f"{spec} was pulled as {', '.join(map(str, refs))}: name one of them")
+    raise StoreError(f"{spec} is not in the store: run `ortllm pull {spec}` first")
+
+
+def _source_of(store: Store, ref: ModelRef) -> str:
+    try:
+        return store.entry(ref).get("source") or ""
+    except StoreError:             # a damaged store manifest: `ortllm list` shows it
+        return ""
 
 
 def _log(message: str) -> None:

@@ -74,6 +74,11 @@ def resolve_artifact_args(args: argparse.Namespace) -> None:
         values = value if isinstance(value, list) else [value]
         out = []
         for v in values:
+            if not Path(v).exists() and not looks_like_name(str(v)):
+                from .pull import pulled_from
+                store = store or Store()
+                ref = pulled_from(str(v), store)          # a hub spec that was pulled: its store model
+                v = str(ref) if ref is not None else v
             if not Path(v).exists() and looks_like_name(str(v)):
                 if (args.verb, getattr(args, "adapters_verb", None)) in READ_ONLY_VERBS:
                     raise StoreError(f"{v} is a store model and store models are read-only; change an artifact "

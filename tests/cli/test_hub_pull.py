@@ -202,8 +202,8 @@ def test_gguf_quant_pull_resumes_a_cut_download_builds_and_generates(hub, repos,
     info = Store(home).info(Store(home).resolve("tiny-random-q4_k_m:fp32"))
     assert info["entry"]["source"] == "hf.co/tiny/tiny-random-GGUF:q4_k_m"       # what `pull --force` repeats
     assert info["manifest"].source["desc"] == f"gguf:{gguf_file}"
-    text = ok(ortllm(hub, home, hf_home, "generate", "tiny-random-q4_k_m", "--prompt", "hello", "--max-tokens",
-                     "3", "--temperature", "0"))
+    text = ok(ortllm(hub, home, hf_home, "generate", "hf.co/tiny/tiny-random-GGUF:q4_k_m", "--prompt", "hello",
+                     "--max-tokens", "3", "--temperature", "0"))          # the spec names what it pulled
     assert text.strip()
 
 
@@ -298,6 +298,8 @@ def test_missing_repo_file_or_quant_names_what_exists(hub, hf_home, tmp_path):
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny/no-such-repo"),
                "no model repository tiny/no-such-repo on", "HF_TOKEN")
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny"), "names no repository", "hf.co/ORG/REPO")
+    user_error(ortllm(hub, home, hf_home, "generate", "hf.co/tiny/tiny-random-GGUF", "--prompt", "hi"),
+               "hf.co/tiny/tiny-random-GGUF is not in the store: run `ortllm pull hf.co/tiny/tiny-random-GGUF` first")
     assert not [r for r in hub.requests if "/lfs/" in r.path]
 
 
