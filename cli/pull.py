@@ -117,11 +117,20 @@ def pulled_from(spec: str, store: Store) -> ModelRef | None:
     """The store model `ortllm pull SPEC` made, for a hub or URL SPEC given where a model is expected
     (`ortllm generate hf.co/ORG/REPO:Q4_K_M ...`); None when SPEC is no such spec. Several builds of one spec (other
     --quant): a StoreError naming them; none: a StoreError saying to pull it first."""
-    from ortllm.pipeline.hub import parse_spec
+    from ortllm.pipeline.hub import HubError, parse_spec
 
-    if parse_spec(spec) is None:
+    spec = re.sub(r"^(hf|https?):/(?=[^/])", r"\1://", spec)   # ARTIFACT arguments are Paths: "hf://" -> "hf:/"
+    wanted = parse_spec(spec)
+    if wanted is None:
         return None
-    refs = [r for r in store.refs() if _source_of(store, r).split(" ")[0] == spec]
+
+    def made_by(ref: ModelRef) -> bool:
+        try:
+            source = parse_spec(_source_of(store, ref).split(" ")[0])
+        except HubError:
+            return False
+        return source is not None and source.key() == wanted.key()
+    refs = [r for r in store.refs() if made_by(r)]
     if len(refs) == 1:
         return refs[0]
     if refs:

@@ -64,6 +64,10 @@ class HubSpec:
     endpoint: str | None = None     # None: huggingface_hub's (HF_ENDPOINT, else huggingface.co)
     url: str | None = None          # a plain URL: no repository
 
+    def key(self) -> tuple:
+        """Equal for specs of the same file(s): hf.co/ = hf:// = huggingface.co/, tags and names in any case."""
+        return (self.url, self.endpoint, self.repo_id.lower(), (self.selector or "").lower(), self.revision)
+
 
 @dataclass(frozen=True)
 class HubFile:

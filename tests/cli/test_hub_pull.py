@@ -202,7 +202,7 @@ def test_gguf_quant_pull_resumes_a_cut_download_builds_and_generates(hub, repos,
     info = Store(home).info(Store(home).resolve("tiny-random-q4_k_m:fp32"))
     assert info["entry"]["source"] == "hf.co/tiny/tiny-random-GGUF:q4_k_m"       # what `pull --force` repeats
     assert info["manifest"].source["desc"] == f"gguf:{gguf_file}"
-    text = ok(ortllm(hub, home, hf_home, "generate", "hf.co/tiny/tiny-random-GGUF:q4_k_m", "--prompt", "hello",
+    text = ok(ortllm(hub, home, hf_home, "generate", "hf://tiny/tiny-random-GGUF:Q4_K_M", "--prompt", "hello",
                      "--max-tokens", "3", "--temperature", "0"))          # the spec names what it pulled
     assert text.strip()
 

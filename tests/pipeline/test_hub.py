@@ -24,6 +24,13 @@ def test_spec_forms(text, repo, selector, revision, endpoint):
     assert parse_spec(text) == HubSpec(text, repo, selector, revision, endpoint)
 
 
+def test_spec_keys():
+    a = parse_spec("hf.co/Org/Repo:q4_k_m")
+    assert a.key() == parse_spec("hf://org/repo:Q4_K_M").key() == parse_spec("huggingface.co/org/repo:Q4_K_M").key()
+    assert a.key() != parse_spec("hf.co/org/repo:Q8_0").key() != parse_spec("hf.co/org/repo").key()
+    assert parse_spec("hf.co/org/repo").key() == parse_spec("hf.co/org/repo:latest").key()
+
+
 def test_other_specs():
     assert parse_spec("smollm2-135m-instruct") is None and parse_spec("models/x.gguf") is None
     assert parse_spec("https://example.com/files/x.GGUF").url == "https://example.com/files/x.GGUF"
