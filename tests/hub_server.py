@@ -119,8 +119,10 @@ class _Handler(BaseHTTPRequestHandler):
         if m:
             return self._resolve(m.group(1), m.group(2), m.group(3), body)
         m = re.match(r"^/lfs/([0-9a-f]{64})$", path)
-        if m and (found := self.hub.blob(m.group(1))):
-            return self._content(found[0], found[1], body, {"ETag": f'"{m.group(1)}"'})
+        if m and (found := self.hub.blob(m.group(1))):       # as the hub's CDN: the name for the progress bar
+            disposition = f'attachment; filename="{found[0].rsplit("/", 1)[-1]}";'
+            return self._content(found[0], found[1], body, {"ETag": f'"{m.group(1)}"',
+                                                             "Content-Disposition": disposition})
         m = re.match(r"^/files/(.+)$", path)
         if m and m.group(1) in self.hub.plain:
             data = self.hub.plain[m.group(1)]
