@@ -106,10 +106,13 @@ def _put(store: Store, artifact: Path, ref: ModelRef, source: str, force: bool, 
 
 
 def _hub_plan(spec: str, store: Store, progress: bool):
-    """A hub or URL spec's HubPlan (pipeline/hub.py), or None for a recipe or a path."""
-    from ortllm.pipeline.hub import parse_spec, resolve
+    """A hub or URL spec's HubPlan (pipeline/hub.py), or None for a recipe or a path (one that does not exist but
+    reads as ORG/REPO: an error saying how to pull it from the hub)."""
+    from ortllm.pipeline.hub import missing_path_hint, parse_spec, resolve
 
     hub = parse_spec(spec)
+    if hub is None and (hint := missing_path_hint(spec)) is not None:
+        raise hint
     return None if hub is None else resolve(hub, store.home / "downloads", progress, _log)
 
 

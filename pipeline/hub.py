@@ -113,6 +113,14 @@ def parse_spec(text: str) -> HubSpec | None:
                    "FILE); to pull a whole repository give hf.co/ORG/REPO[:QUANT]")
 
 
+def missing_path_hint(text: str) -> HubError | None:
+    """For a path that does not exist but reads as ORG/REPO: the error that says how to pull it from the hub."""
+    if _REPO.match(text) and not text.lower().endswith((".gguf", ".safetensors", ".json", ".bin")):
+        return HubError(f"{text} is neither a local path nor a recipe; to download it from Hugging Face: "
+                        f"ortllm pull hf.co/{text} (a GGUF repository: hf.co/{text}:Q4_K_M)")
+    return None
+
+
 # ---------------------------------------------------------------- resolve: what to fetch, and may it be built
 
 def resolve(spec: HubSpec, downloads: Path, progress: bool, log: Callable[[str], None]) -> HubPlan:

@@ -298,6 +298,8 @@ def test_missing_repo_file_or_quant_names_what_exists(hub, hf_home, tmp_path):
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny/no-such-repo"),
                "no model repository tiny/no-such-repo on", "HF_TOKEN")
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny"), "names no repository", "hf.co/ORG/REPO")
+    user_error(ortllm(hub, home, hf_home, "pull", "tiny/tiny-random-GGUF"),
+               "tiny/tiny-random-GGUF is neither a local path nor a recipe", "ortllm pull hf.co/tiny/tiny-random-GGUF")
     user_error(ortllm(hub, home, hf_home, "generate", "hf.co/tiny/tiny-random-GGUF", "--prompt", "hi"),
                "hf.co/tiny/tiny-random-GGUF is not in the store: run `ortllm pull hf.co/tiny/tiny-random-GGUF` first")
     assert not [r for r in hub.requests if "/lfs/" in r.path]

@@ -8,7 +8,7 @@ import pytest
 
 from ortllm.pipeline.errors import BuildError
 from ortllm.pipeline.gguf_header import FIRST_READ, gguf_architecture
-from ortllm.pipeline.hub import HubError, HubFile, HubSpec, _choose, parse_spec
+from ortllm.pipeline.hub import HubError, HubFile, HubSpec, _choose, missing_path_hint, parse_spec
 
 
 @pytest.mark.parametrize("text, repo, selector, revision, endpoint", [
@@ -29,6 +29,11 @@ def test_spec_keys():
     assert a.key() == parse_spec("hf://org/repo:Q4_K_M").key() == parse_spec("huggingface.co/org/repo:Q4_K_M").key()
     assert a.key() != parse_spec("hf.co/org/repo:Q8_0").key() != parse_spec("hf.co/org/repo").key()
     assert parse_spec("hf.co/org/repo").key() == parse_spec("hf.co/org/repo:latest").key()
+
+
+def test_missing_org_repo_path_hints_the_hub():
+    assert "ortllm pull hf.co/Qwen/Qwen2.5-0.5B-Instruct" in str(missing_path_hint("Qwen/Qwen2.5-0.5B-Instruct"))
+    assert missing_path_hint("models/tiny.gguf") is None and missing_path_hint("a/b/c") is None
 
 
 def test_other_specs():
