@@ -116,8 +116,9 @@ def parse_spec(text: str) -> HubSpec | None:
 def missing_path_hint(text: str) -> HubError | None:
     """For a path that does not exist but reads as ORG/REPO: the error that says how to pull it from the hub."""
     if _REPO.match(text) and not text.lower().endswith((".gguf", ".safetensors", ".json", ".bin")):
-        return HubError(f"{text} is neither a local path nor a recipe; to download it from Hugging Face: "
-                        f"ortllm pull hf.co/{text} (a GGUF repository: hf.co/{text}:Q4_K_M)")
+        return HubError(f"{text} is neither a local path nor a recipe; to download it from Hugging Face name it "
+                        f"hf.co/{text} (a GGUF repository with a quant: hf.co/{text}:Q4_K_M), e.g. "
+                        f"ortllm pull hf.co/{text}")
     return None
 
 

@@ -298,8 +298,9 @@ def test_missing_repo_file_or_quant_names_what_exists(hub, hf_home, tmp_path):
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny/no-such-repo"),
                "no model repository tiny/no-such-repo on", "HF_TOKEN")
     user_error(ortllm(hub, home, hf_home, "pull", "hf.co/tiny"), "names no repository", "hf.co/ORG/REPO")
-    user_error(ortllm(hub, home, hf_home, "pull", "tiny/tiny-random-GGUF"),
-               "tiny/tiny-random-GGUF is neither a local path nor a recipe", "ortllm pull hf.co/tiny/tiny-random-GGUF")
+    for verb in (("pull",), ("build", "--out", tmp_path / "out")):
+        user_error(ortllm(hub, home, hf_home, verb[0], "tiny/tiny-random-GGUF", *verb[1:]),
+                   "tiny/tiny-random-GGUF is neither a local path nor a recipe", "name it hf.co/tiny/tiny-random-GGUF")
     user_error(ortllm(hub, home, hf_home, "generate", "hf.co/tiny/tiny-random-GGUF", "--prompt", "hi"),
                "hf.co/tiny/tiny-random-GGUF is not in the store: run `ortllm pull hf.co/tiny/tiny-random-GGUF` first")
     assert not [r for r in hub.requests if "/lfs/" in r.path]
@@ -307,7 +308,8 @@ def test_missing_repo_file_or_quant_names_what_exists(hub, hf_home, tmp_path):
 
 def test_unsupported_architecture_is_refused_before_any_weight_byte(hub, repos, hf_home, tmp_path):
     """A GGUF's architecture is read from its first KiB by a Range request (the server sent nothing past the
-    header); a safetensors repo's from config.json (its weights never requested). Also for a plain URL."""
+    header); a safetensors repo's from config.json (its weights never requested). Also for a plain URL, and for
+    `ortllm build`."""
     import gguf
 
     from ortllm.pipeline.families import GGUF_ARCHS
@@ -325,9 +327,11 @@ def test_unsupported_architecture_is_refused_before_any_weight_byte(hub, repos, 
         assert bodies and all(r.range and r.range.startswith("bytes=0-") for r in bodies), hub.requests
         assert max(r.sent[1] for r in bodies) < data_offset, (hub.requests, data_offset)
     hub.requests.clear()
-    user_error(ortllm(hub, home, hf_home, "pull", "hf.co/other/gpt2"), "model_type 'gpt2' is not supported",
-               "weights were not downloaded")
-    assert [r.path for r in hub.requests if r.method == "GET" and "/resolve/" in r.path] == \
-        ["/other/gpt2/resolve/main/config.json"]
-    assert not hub.served("/lfs/")
+    for verb in (("pull",), ("build", "--out", tmp_path / "out")):             # `ortllm build` downloads too
+        hub.requests.clear()
+        user_error(ortllm(hub, home, hf_home, verb[0], "hf.co/other/gpt2", *verb[1:]),
+                   "model_type 'gpt2' is not supported", "weights were not downloaded")
+        fetched = {r.path for r in hub.requests if r.method == "GET" and "/resolve/" in r.path}
+        assert fetched <= {"/other/gpt2/resolve/main/config.json"}    # the second time, it is in the cache already
+        assert not hub.served("/lfs/")
 

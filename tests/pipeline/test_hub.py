@@ -32,7 +32,7 @@ def test_spec_keys():
 
 
 def test_missing_org_repo_path_hints_the_hub():
-    assert "ortllm pull hf.co/Qwen/Qwen2.5-0.5B-Instruct" in str(missing_path_hint("Qwen/Qwen2.5-0.5B-Instruct"))
+    assert "name it hf.co/Qwen/Qwen2.5-0.5B-Instruct" in str(missing_path_hint("Qwen/Qwen2.5-0.5B-Instruct"))
     assert missing_path_hint("models/tiny.gguf") is None and missing_path_hint("a/b/c") is None
 
 
