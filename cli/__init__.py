@@ -17,8 +17,9 @@ from ortllm.bench.scenarios import DEFAULT_BATCHES, SCENARIOS, SERVE_CONCURRENCY
 # ---------------------------------------------------------------- build
 
 def _add_build(sub) -> None:
-    p = sub.add_parser("build", help="build an artifact from a recipe, a GGUF file or a HF directory")
-    p.add_argument("model", metavar="RECIPE|PATH")
+    p = sub.add_parser("build", help="build an artifact from a recipe, a GGUF file or a HF directory (or a model "
+                                     "downloaded from a Hugging Face hub)")
+    p.add_argument("model", metavar="RECIPE|PATH|hf.co/ORG/REPO[:QUANT|:FILE]")
     p.add_argument("--out", required=True, type=Path, help="artifact directory to write")
     _add_build_options(p)
     p.add_argument("--force", action="store_true", help="replace whatever --out holds")

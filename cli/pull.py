@@ -2,6 +2,7 @@
 
     RECIPE | GGUF | HF_DIR --build into $ORTLLM_HOME/tmp/pull-<pid>-*/--> artifact --Store.put--> blobs + manifest
     ARTIFACT_DIR (has manifest.json) -------------------------------------------^
+    hf.co/ORG/REPO[:QUANT|:FILE], URL --pipeline/hub.py: download, sha256 check--> GGUF | HF_DIR --^
 
 One pull per name at a time (a file lock): a second pull of the same name waits, then finds the name there
 and stops, saying so. The build directory is removed whatever happens; a killed pull's is collected by the
@@ -17,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from ortllm.runtime import contract as C
-from ortllm.runtime.store import ModelRef, Store
+from ortllm.runtime.store import ModelRef, Store, StoreError
 
 
 def default_ref(spec: str, quant: str, manifest=None) -> ModelRef:
@@ -73,7 +74,8 @@ def pull(spec: str, opts, name: str | None = None, source: str | None = None, fo
     src_dir = Path(spec)
     is_artifact = src_dir.is_dir() and (src_dir / C.MANIFEST).is_file()
     manifest = read_manifest(src_dir) if is_artifact else None
-    ref = ModelRef.parse(name) if name else default_ref(spec, opts.quant, manifest)
+    hub = None if src_dir.exists() else _hub_plan(spec, store, progress)   # the files to fetch, their arch checked
+    ref = ModelRef.parse(name) if name else default_ref(hub.name if hub else spec, opts.quant, manifest)
     bars = _Progress(progress)
 
     def waiting() -> None:
@@ -87,7 +89,7 @@ def pull(spec: str, opts, name: str | None = None, source: str | None = None, fo
         if is_artifact:
             entry = _put(store, src_dir, ref, str(src_dir.resolve()), force, bars)
         else:
-            entry = _build_and_put(store, spec, opts, ref, source, force, bars)
+            entry = _build_and_put(store, spec, opts, ref, source, force, bars, hub)
     bars.close()
     if replaced:
         store.gc()          # the replaced artifact's files, unless another name holds them
@@ -103,17 +105,67 @@ def _put(store: Store, artifact: Path, ref: ModelRef, source: str, force: bool, 
     return entry
 
 
+def _hub_plan(spec: str, store: Store, progress: bool):
+    """A hub or URL spec's HubPlan (pipeline/hub.py), or None for a recipe or a path (one that does not exist but
+    reads as ORG/REPO: an error saying how to pull it from the hub)."""
+    from ortllm.pipeline.hub import missing_path_hint, parse_spec, resolve
+
+    hub = parse_spec(spec)
+    if hub is None and (hint := missing_path_hint(spec)) is not None:
+        raise hint
+    return None if hub is None else resolve(hub, store.home / "downloads", progress, _log)
+
+
+def pulled_from(spec: str, store: Store) -> ModelRef | None:
+    """The store model `ortllm pull SPEC` made, for a hub or URL SPEC given where a model is expected
+    (`ortllm generate hf.co/ORG/REPO:Q4_K_M ...`); None when SPEC is no such spec. Several builds of one spec (other
+    --quant): a StoreError naming them; none: a StoreError saying to pull it first."""
+    from ortllm.pipeline.hub import HubError, parse_spec
+
+    spec = re.sub(r"^(hf|https?):/(?=[^/])", r"\1://", spec)   # ARTIFACT arguments are Paths: "hf://" -> "hf:/"
+    wanted = parse_spec(spec)
+    if wanted is None:
+        return None
+
+    def made_by(ref: ModelRef) -> bool:
+        try:
+            source = parse_spec(_source_of(store, ref).split(" ")[0])
+        except HubError:
+            return False
+        return source is not None and source.key() == wanted.key()
+    refs = [r for r in store.refs() if made_by(r)]
+    if len(refs) == 1:
+        return refs[0]
+    if refs:
+        raise StoreError(f"{spec} was pulled as {', '.join(map(str, refs))}: name one of them")
+    raise StoreError(f"{spec} is not in the store: run `ortllm pull {spec}` first")
+
+
+def _source_of(store: Store, ref: ModelRef) -> str:
+    try:
+        return store.entry(ref).get("source") or ""
+    except StoreError:             # a damaged store manifest: `ortllm list` shows it
+        return ""
+
+
+def _log(message: str) -> None:
+    print(f"ortllm: {message}", file=sys.stderr, flush=True)
+
+
 def _build_and_put(store: Store, spec: str, opts, ref: ModelRef, source: str | None, force: bool,
-                   bars: _Progress) -> dict:
+                   bars: _Progress, hub=None) -> dict:
     from .build import build_artifact as build     # the pipeline's build with the in-build quality check
 
     work = store.home / "tmp" / f"pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True)
     try:
         out = work / ref.name
+        how = spec if "/" not in spec and not Path(spec).exists() else str(Path(spec).resolve())
+        if hub is not None:
+            from ortllm.pipeline.hub import download
+            spec, how = str(download(hub, work / "hub", _log)), spec
         build(spec, out, opts, source=source, force=True, log=bars.stage)
         bars.close()
-        how = spec if "/" not in spec and not Path(spec).exists() else str(Path(spec).resolve())
         flags = _flags(opts)
         if source:
             flags = f"--source {source} {flags}".strip()

@@ -23,9 +23,9 @@ READ_ONLY_VERBS = {("adapters", "add"), ("adapters", "remove"), ("adapters", "tr
 def add_store_verbs(sub, add_build_options: Callable[[argparse.ArgumentParser], None],
                     build_options: Callable[[argparse.Namespace], object]) -> None:
     """Register the verbs; `add_build_options` / `build_options` are `ortllm build`'s (shared by `pull`)."""
-    p = sub.add_parser("pull", help="build a recipe, GGUF or HF directory (or take an artifact directory) into "
-                                    "the local store as NAME:TAG")
-    p.add_argument("model", metavar="RECIPE|GGUF|HF_DIR|ARTIFACT_DIR")
+    p = sub.add_parser("pull", help="build a recipe, GGUF or HF directory (or take an artifact directory), or download "
+                                    "a model from a Hugging Face hub and build it, into the local store as NAME:TAG")
+    p.add_argument("model", metavar="RECIPE|GGUF|HF_DIR|ARTIFACT_DIR|hf.co/ORG/REPO[:QUANT|:FILE]|URL")
     p.add_argument("--name", default=None, metavar="NAME:TAG",
                    help="store name (default: the recipe or file name, tagged with the quantization)")
     add_build_options(p)
@@ -74,6 +74,11 @@ def resolve_artifact_args(args: argparse.Namespace) -> None:
         values = value if isinstance(value, list) else [value]
         out = []
         for v in values:
+            if not Path(v).exists() and not looks_like_name(str(v)):
+                from .pull import pulled_from
+                store = store or Store()
+                ref = pulled_from(str(v), store)          # a hub spec that was pulled: its store model
+                v = str(ref) if ref is not None else v
             if not Path(v).exists() and looks_like_name(str(v)):
                 if (args.verb, getattr(args, "adapters_verb", None)) in READ_ONLY_VERBS:
                     raise StoreError(f"{v} is a store model and store models are read-only; change an artifact "

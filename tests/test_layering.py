@@ -27,14 +27,16 @@ class Rule:
 
 
 RULES = {
-    "runtime": Rule("the engine and the artifact contract: imports nothing of ours outside runtime/", ()),
+    "runtime": Rule("the engine and the artifact contract: imports nothing of ours outside runtime/; downloads from a "
+                    "model hub are the build's (pipeline/hub.py), never the runtime's", (), ("huggingface_hub",)),
     "pipeline": Rule("the offline build: the artifact contract and the tokenizer of the runtime (artifact "
                      "verification uses hash_cache and process), calibration's text and tasks; never the engine",
                      ("runtime.contract", "runtime.artifact", "runtime.errors", "runtime.tokenizer",
                       "runtime.hash_cache", "runtime.process", "calibration.data", "calibration.adapter_tasks")),
     "protocol": Rule("the OpenAI/Ollama request and response protocol, shared by the service and the batch job: "
                      "the runtime only, and no Flask", ("runtime",), ("flask", "werkzeug")),
-    "service": Rule("the HTTP service drives the engine through the protocol", ("runtime", "protocol")),
+    "service": Rule("the HTTP service drives the engine through the protocol (a hub pull runs `ortllm pull` in a "
+                    "child process)", ("runtime", "protocol"), ("huggingface_hub",)),
     "batch": Rule("the batch job drives the engine through the protocol, without Flask", ("runtime", "protocol"),
                   ("flask", "werkzeug")),
     "calibration": Rule("eval jobs and the in-build quality check drive the engine", ("runtime",)),
