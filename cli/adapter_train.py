@@ -82,19 +82,25 @@ def add_atomically(artifact: Path, peft_dir: Path, name: str, force: bool, meta:
         final.with_name(final.name + ".tmp").unlink(missing_ok=True)
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """dst: a hard link to every file of src (a copy where links are refused); writes replace, never edit."""
+def _link_tree(src: Path, dst: Path, copy_weights: bool) -> None:
+    """dst: a hard link to every file of src (a copy where links are refused); writes replace, never edit.
+    copy_weights: the ONNX external data files are copied (onnx refuses to read a hard-linked one, and a DoRA's
+    norms are taken over the artifact's weights: runtime/base_weights.py)."""
     for f in src.rglob("*"):
         if f.is_file():
             out = dst / f.relative_to(src)
             out.parent.mkdir(parents=True, exist_ok=True)
+            if copy_weights and f.suffix == ".data":
+                shutil.copyfile(f, out)
+                continue
             try:
                 os.link(f, out)
             except OSError:
                 shutil.copyfile(f, out)
 
 
-def add_to_store(store_name: str, view: Path, peft_dir: Path, name: str, force: bool, meta: dict) -> Path:
+def add_to_store(store_name: str, view: Path, peft_dir: Path, name: str, force: bool, meta: dict,
+                 dora: bool = False) -> Path:
     """The store model NAME:TAG again, with the adapter: staged beside the store (the shared view is never
     edited), then put under the same name (the store writes its manifest last). Returns the new artifact dir."""
     store = Store()
@@ -103,7 +109,7 @@ def add_to_store(store_name: str, view: Path, peft_dir: Path, name: str, force: 
     # tmp/pull-<pid>-...: the store's garbage collection removes it if this process dies before its cleanup
     stage = store.home / "tmp" / f"pull-{os.getpid()}-train-{uuid.uuid4().hex[:8]}"
     try:
-        _link_tree(Path(view), stage)
+        _link_tree(Path(view), stage, copy_weights=dora)
         add_adapter(stage, peft_dir, name, force=force, meta=meta)
         with _sigint_deferred():
             store.put(stage, ref, source=entry.get("source") or str(ref), force=True)
@@ -149,11 +155,12 @@ def train_adapter(artifact: Path, name: str, cfg: TrainConfig, *, base: str | No
                       examples=examples)
     meta = _meta(cfg, info)
     if store_name is not None:
-        where = add_to_store(store_name, artifact, peft_dir, name, force, meta)
+        where = add_to_store(store_name, artifact, peft_dir, name, force, meta, dora=cfg.dora)
     else:
         add_atomically(artifact, peft_dir, name, force, meta)
         where = artifact
     shutil.rmtree(work, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        work.parent.rmdir()                      # .ortllm-train/ when it held only this run
+    if work_dir is None:
+        with contextlib.suppress(OSError):
+            work.parent.rmdir()                  # .ortllm-train/ (or the store's tmp/) when it held only this run
     return info, where
