@@ -203,7 +203,7 @@ def _train_adapter(a) -> None:
                                    restart=a.restart, log=lambda m: print(m, file=sys.stderr))
     what = cfg.task or Path(cfg.data).name
     print(f"trained {a.name} on {what}: loss {info['loss_first']:.3f} -> {info['loss_last']:.3f} in {info['steps']} "
-          f"steps, {info['seconds']} s")
+          f"steps, {info['seconds']} s ({info['cpu_seconds']} s CPU)")
     if info["eval_loss_before"] is not None:
         print(f"held-out loss ({info['eval_examples']} examples): {info['eval_loss_before']:.4f} -> "
               f"{info['eval_loss_after']:.4f}")

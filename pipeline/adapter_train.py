@@ -138,7 +138,8 @@ def train_lora(artifact: Path, out_dir: Path, cfg: TrainConfig, base: str | None
                work_dir: Path | None = None, progress: bool = False,
                on_step: Callable[[int, float], None] | None = None, examples=None) -> dict:
     """Train and save a PEFT LoRA into out_dir. work_dir: checkpoints (resumed when they are this run's);
-    on_step(step, loss) after each step (1-based). Returns {loss_first, loss_last, eval_loss_before,
+    on_step(step, loss) after each step (1-based). Returns {loss_first, loss_last (means of the first and last
+    10 steps, a quarter of a shorter run), eval_loss_before,
     eval_loss_after, steps, resumed_from, examples, eval_examples, seconds, cpu_seconds, config}."""
     import torch
 
@@ -230,8 +231,9 @@ def _train(artifact, out_dir, cfg, base, log, work_dir, progress, on_step, train
         log(f"held-out loss after training: {eval_after:.4f}")
     model.eval()
     model.save_pretrained(out_dir)
-    info = {"config": asdict(cfg), "loss_first": float(np.mean(losses[:10])) if losses else None,
-            "loss_last": float(np.mean(losses[-10:])) if losses else None,
+    window = max(1, min(10, total // 4))       # steps averaged at each end: 10, fewer in a short run
+    info = {"config": asdict(cfg), "loss_first": float(np.mean(losses[:window])),
+            "loss_last": float(np.mean(losses[-window:])),
             "eval_loss_before": eval_before, "eval_loss_after": eval_after, "steps": total,
             "resumed_from": start or None, "examples": len(train), "eval_examples": len(held),
             "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - cpu0, 1)}

@@ -157,6 +157,13 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path):
     from ortllm.pipeline.adapter_train import TrainConfig, train_lora
     from ortllm.runtime.adapter_files import _read_safetensors
 
+    import resource
+
+    def cpu() -> float:
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + kids.ru_utime + kids.ru_stime
+
+    cpu0 = cpu()
     art = _link_copy(tiny_engine, tmp_path / "art")
     before = _files(art)
     data, work = _pirate_data(tmp_path / "arr.jsonl"), tmp_path / "work"
@@ -203,6 +210,9 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path):
     assert straight.keys() == resumed.keys()
     for k in straight:
         np.testing.assert_allclose(resumed[k], straight[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    print(f"\nresume: Ctrl-C at step {step1}, kill -9 after the checkpoint at step {step2}, finished at 60/60 with "
+          f"the uninterrupted run's adapter; held-out loss {entry['train']['eval_loss_before']:.4f} -> "
+          f"{entry['train']['eval_loss_after']:.4f}; {cpu() - cpu0:.1f} s CPU (3 runs and a straight one)")
 
 
 def test_failed_add_leaves_the_artifact_as_it_was(tiny_engine, tmp_path):
