@@ -15,7 +15,6 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -74,7 +73,8 @@ def load_examples(artifact: Path, cfg: TrainConfig) -> tuple[list[Example], list
     encoder = ChatEncoder(Tokenizer.from_dir(artifact), eos, manifest.model.max_position_embeddings)
     if cfg.data is not None:
         return split_eval(read_jsonl(Path(cfg.data), encoder), cfg.eval_split, cfg.seed)
-    n_eval = round(cfg.eval_split * cfg.n_train) and max(1, min(100, round(cfg.eval_split * cfg.n_train)))
+    # a generated task has its own held-out prompts (calibration/adapter_tasks.py): up to 100 of them
+    n_eval = min(100, max(1, round(cfg.eval_split * cfg.n_train))) if cfg.eval_split > 0 else 0
     held = task_examples(cfg.task, n_eval, "eval", cfg.seed, encoder) if n_eval else []
     return task_examples(cfg.task, cfg.n_train, "train", cfg.seed, encoder), held
 
@@ -136,11 +136,12 @@ def _load_checkpoint(work_dir: Path | None, key: str, log) -> dict | None:
 
 def train_lora(artifact: Path, out_dir: Path, cfg: TrainConfig, base: str | None = None, log=print,
                work_dir: Path | None = None, progress: bool = False,
-               on_step: Callable[[int, float], None] | None = None, examples=None) -> dict:
+               examples: tuple[list[Example], list[Example]] | None = None) -> dict:
     """Train and save a PEFT LoRA into out_dir. work_dir: checkpoints (resumed when they are this run's);
-    on_step(step, loss) after each step (1-based). Returns {loss_first, loss_last (means of the first and last
-    10 steps, a quarter of a shorter run), eval_loss_before,
-    eval_loss_after, steps, resumed_from, examples, eval_examples, seconds, cpu_seconds, config}."""
+    progress: a tqdm bar with the loss (else a log line every tenth of the run); examples: load_examples' result
+    when the caller checked the data already. Returns {loss_first, loss_last (means of the first and last 10
+    steps, a quarter of a shorter run), eval_loss_before, eval_loss_after, steps, resumed_from, examples,
+    eval_examples, seconds, cpu_seconds, config}."""
     import torch
 
     artifact = Path(artifact)
@@ -152,12 +153,12 @@ def train_lora(artifact: Path, out_dir: Path, cfg: TrainConfig, base: str | None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        return _train(artifact, Path(out_dir), cfg, base, log, work_dir, progress, on_step, train, held, total, key)
+        return _train(artifact, Path(out_dir), cfg, base, log, work_dir, progress, train, held, total, key)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _train(artifact, out_dir, cfg, base, log, work_dir, progress, on_step, train, held, total, key) -> dict:
+def _train(artifact, out_dir, cfg, base, log, work_dir, progress, train, held, total, key) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
     from tqdm import tqdm
@@ -216,8 +217,6 @@ def _train(artifact, out_dir, cfg, base, log, work_dir, progress, on_step, train
                 log(f"step {done}/{total}  loss {np.mean(losses[-10:]):.4f}")
             if work_dir is not None and cfg.save_every and done % cfg.save_every == 0 and done < total:
                 _save_checkpoint(work_dir, state(done))
-            if on_step is not None:
-                on_step(done, losses[-1])
     except KeyboardInterrupt:
         bar.close()
         if work_dir is not None and done > start:
