@@ -73,11 +73,19 @@ def test_eval_suite_adapters_scores_trained_adapters(tiny_engine, tmp_path):
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _link_copy(src: Path, dst: Path) -> Path:
-    """An artifact to add adapters to, without copying its weights: adding writes new files and renames them into
-    place (never edits a file), so the source's files are never touched."""
-    shutil.copytree(src, dst, copy_function=os.link)
-    return dst
+@pytest.fixture
+def copy_artifact(tmp_path):
+    """copy(src, name): a copy of a session artifact to add adapters to, removed after the test (SmolLM2's weights
+    are 0.5 GB). A copy, not hard links: onnx refuses to read weights with several links (a DoRA's norms), and the
+    session artifacts are shared with a parallel pytest run."""
+    made = []
+
+    def copy(src: Path, name: str) -> Path:
+        made.append(shutil.copytree(src, tmp_path / name))
+        return made[-1]
+    yield copy
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _worked_example() -> tuple[str, str, str]:
@@ -91,7 +99,7 @@ def _worked_example() -> tuple[str, str, str]:
             next(ln for ln in lines if ln.startswith("ortllm generate ")))
 
 
-def test_docs_worked_example(smollm2_engine, tmp_path, monkeypatch, capsys):
+def test_docs_worked_example(smollm2_engine, tmp_path, monkeypatch, capsys, copy_artifact):
     """The docs' example as written: its data, its train command on an fp32 SmolLM2 engine artifact; the held-out
     loss falls, and greedy replies through the engine are the pirate's with the adapter and never without."""
     from ortllm.cli import main
@@ -100,7 +108,7 @@ def test_docs_worked_example(smollm2_engine, tmp_path, monkeypatch, capsys):
     make_data, train, generate = _worked_example()
     monkeypatch.chdir(tmp_path)
     exec(compile(make_data, "docs/adapters.md", "exec"), {})
-    art = _link_copy(smollm2_engine, tmp_path / "smollm2")
+    art = copy_artifact(smollm2_engine, "smollm2")
     cpu0, wall0 = time.process_time(), time.time()
     # `make test` runs two pytest processes on 2 cores: one torch thread each is several times cheaper in CPU
     assert main(shlex.split(train)[1:] + ["--threads", "1"]) == 0
@@ -151,7 +159,7 @@ def _files(art: Path) -> dict:
     return {p.relative_to(art): p.read_bytes() for p in art.rglob("*") if p.is_file()}
 
 
-def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path):
+def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path, copy_artifact):
     """Ctrl-C saves a checkpoint, a kill -9 leaves the last periodic one; each time the artifact is as it was, and
     the same command continues from the checkpoint's step to the adapter the uninterrupted run makes."""
     from ortllm.pipeline.adapter_train import TrainConfig, train_lora
@@ -164,7 +172,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path):
         return time.process_time() + kids.ru_utime + kids.ru_stime
 
     cpu0 = cpu()
-    art = _link_copy(tiny_engine, tmp_path / "art")
+    art = copy_artifact(tiny_engine, "art")
     before = _files(art)
     data, work = _pirate_data(tmp_path / "arr.jsonl"), tmp_path / "work"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -223,7 +231,7 @@ def test_failed_add_leaves_the_artifact_as_it_was(tiny_engine, tmp_path):
     from ortllm.runtime.artifact import load_artifact
 
     art = tmp_path / "art"
-    shutil.copytree(tiny_engine, art)      # a copy: onnx refuses to read hard-linked weights, as a DoRA's norms do
+    shutil.copytree(tiny_engine, art)
     data = _pirate_data(tmp_path / "arr.jsonl", 8)
     for seed, out, dora in ((0, "first", True), (1, "second", False)):
         train_lora(art, tmp_path / out, TrainConfig(data=str(data), rank=4, steps=2, batch=4, threads=1, seed=seed,
