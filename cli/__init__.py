@@ -12,6 +12,7 @@ from pathlib import Path
 
 # the registry only (names, help, defaults): each scenario's code is imported when it runs
 from ortllm.bench.scenarios import DEFAULT_BATCHES, SCENARIOS, SERVE_CONCURRENCY
+from ortllm.pipeline.train_config import add_arguments as add_train_arguments
 
 
 # ---------------------------------------------------------------- build
@@ -175,46 +176,45 @@ def _add_adapters(sub) -> None:
     rm = verbs.add_parser("remove", help="remove an adapter from the artifact")
     rm.add_argument("artifact", type=Path)
     rm.add_argument("name")
-    tr = verbs.add_parser("train", help="train a LoRA on a generated task (PEFT, CPU) and add it")
+    tr = verbs.add_parser("train", help="train a LoRA (PEFT, CPU) on your chats (--data FILE.jsonl) or a generated "
+                                        "task (--task) and add it (docs/adapters.md, Training on your own data)")
     tr.add_argument("artifact", type=Path)
-    tr.add_argument("--task", required=True, help="add | upper (calibration/adapter_tasks.py)")
     tr.add_argument("--name", required=True)
+    add_train_arguments(tr)
     tr.add_argument("--base", default=None, help="the artifact's source, if it was not built from a recipe")
-    tr.add_argument("--rank", type=int, default=16)
-    tr.add_argument("--steps", type=int, default=150)
-    tr.add_argument("--batch", type=int, default=8)
-    tr.add_argument("--lr", type=float, default=2e-3)
-    tr.add_argument("--eval", type=int, default=100, help="held-out prompts to score base vs adapter (0: skip)")
-    tr.add_argument("--force", action="store_true")
+    tr.add_argument("--eval", type=int, default=100, help="--task: held-out prompts to score base vs adapter (0: skip)")
+    tr.add_argument("--work-dir", type=Path, default=None,
+                    help="checkpoints of the run (default: .ortllm-train/ beside the artifact; the store's tmp/)")
+    tr.add_argument("--restart", action="store_true", help="start over instead of resuming this run's checkpoint")
+    tr.add_argument("--force", action="store_true", help="replace an adapter of the same name")
     p.set_defaults(run=_run_adapters)
 
 
 def _train_adapter(a) -> None:
-    import tempfile
+    from dataclasses import replace
 
-    from ortllm.calibration.adapter_tasks import TASKS
-    from ortllm.pipeline.adapter_train import TrainConfig, train_lora
+    from ortllm.pipeline.train_config import from_args
     from ortllm.runtime.config import physical_cores
-    from ortllm.runtime.adapter_files import add_adapter
-    from ortllm.pipeline.errors import BuildError
+    from .adapter_train import train_adapter
 
-    if a.task not in TASKS:
-        raise BuildError(f"unknown --task {a.task!r}; tasks: {', '.join(TASKS)}")
-    cfg = TrainConfig(task=a.task, rank=a.rank, alpha=2.0 * a.rank, steps=a.steps, batch=a.batch, lr=a.lr,
-                      threads=physical_cores())
-    with tempfile.TemporaryDirectory(prefix="ortllm-lora-") as tmp:
-        info = train_lora(a.artifact, Path(tmp), cfg, base=a.base, log=lambda m: print(m, file=sys.stderr))
-        add_adapter(a.artifact, Path(tmp), a.name, force=a.force,
-                    meta={"task": a.task, "train": {k: info[k] for k in ("loss_first", "loss_last", "seconds")}})
-    print(f"trained {a.name} on {a.task}: loss {info['loss_first']:.3f} -> {info['loss_last']:.3f} "
-          f"in {info['seconds']} s")
-    if a.eval:
+    cfg = from_args(a)
+    cfg = cfg if cfg.threads else replace(cfg, threads=physical_cores())
+    info, artifact = train_adapter(a.artifact, a.name, cfg, base=a.base, force=a.force,
+                                   store_name=a.store_names.get(Path(a.artifact)), work_dir=a.work_dir,
+                                   restart=a.restart, log=lambda m: print(m, file=sys.stderr))
+    what = cfg.task or Path(cfg.data).name
+    print(f"trained {a.name} on {what}: loss {info['loss_first']:.3f} -> {info['loss_last']:.3f} in {info['steps']} "
+          f"steps, {info['seconds']} s ({info['cpu_seconds']} s CPU)")
+    if info["eval_loss_before"] is not None:
+        print(f"held-out loss ({info['eval_examples']} examples): {info['eval_loss_before']:.4f} -> "
+              f"{info['eval_loss_after']:.4f}")
+    if cfg.task and a.eval:
         from ortllm.calibration.adapter_eval import task_accuracy
         from ortllm.runtime.engine import Engine
-        with Engine.from_artifact(a.artifact) as engine:
-            base = task_accuracy(engine, a.task, None, n=a.eval)
-            tuned = task_accuracy(engine, a.task, a.name, n=a.eval)
-        print(f"{a.task} accuracy on {a.eval} held-out prompts: base {base.accuracy:.1%}, "
+        with Engine.from_artifact(artifact) as engine:
+            base = task_accuracy(engine, cfg.task, None, n=a.eval)
+            tuned = task_accuracy(engine, cfg.task, a.name, n=a.eval)
+        print(f"{cfg.task} accuracy on {a.eval} held-out prompts: base {base.accuracy:.1%}, "
               f"{a.name} {tuned.accuracy:.1%}")
 
 

@@ -17,7 +17,7 @@ from ortllm.runtime.errors import OrtllmError
 from ortllm.runtime.store import Store, StoreError, looks_like_name
 
 ARTIFACT_ARGS = ("artifact", "reference")
-READ_ONLY_VERBS = {("adapters", "add"), ("adapters", "remove"), ("adapters", "train")}
+READ_ONLY_VERBS = {("adapters", "add"), ("adapters", "remove")}   # `adapters train` makes a new version
 
 
 def add_store_verbs(sub, add_build_options: Callable[[argparse.ArgumentParser], None],

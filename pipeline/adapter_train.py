@@ -1,39 +1,34 @@
-"""`ortllm adapters train`: a small LoRA on one of calibration.adapter_tasks, with PEFT on the CPU.
+"""`ortllm adapters train`: a LoRA (or DoRA) with PEFT on the CPU, on a JSONL file of chats or a generated task.
 
-The base weights are the artifact's own source (its recipe, checked against the manifest's source hash);
-the loss covers the answer tokens only (the chat prompt is context). Output: a PEFT directory that
-`add_adapter` converts into the artifact.
+The base weights are the artifact's own fp32 source (its recipe, checked against the manifest's source hash); the
+examples are rendered with the artifact's chat template and the loss covers the assistant turns only
+(pipeline/train_data.py). A held-out split's loss is measured before and after. With a work directory the run
+checkpoints every `save_every` steps and on Ctrl-C (atomically: written aside, then renamed), and a later run with
+the same artifact, data and settings resumes from the checkpoint. Output: a PEFT directory that the runtime's
+add_adapter converts into the artifact (cli/adapter_train.py joins the two).
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from ortllm.calibration.adapter_tasks import chat_prompt, make_split
 from ortllm.runtime import contract as C
 from ortllm.runtime.artifact import read_manifest
 
 from .errors import BuildError
+from .train_config import ALL_TARGETS, TrainConfig
+from .train_data import ChatEncoder, Example, batch_indices, collate, read_jsonl, split_eval, task_examples
 
-ALL_TARGETS = list(C.LORA_TARGETS)
+__all__ = ["ALL_TARGETS", "TrainConfig", "train_lora", "run_key", "CHECKPOINT"]
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    task: str = "add"
-    rank: int = 16
-    alpha: float = 32.0
-    targets: tuple[str, ...] = tuple(ALL_TARGETS)
-    steps: int = 150
-    batch: int = 8
-    lr: float = 2e-3
-    n_train: int = 2000
-    seed: int = 0
-    threads: int | None = None      # torch threads; None: torch's default (`ortllm adapters train`: physical cores)
+CHECKPOINT = "checkpoint.pt"        # in the work directory: {key, step, total, trainable, optim, sched, losses, ...}
+EVAL_BATCH = 8
 
 
 def _base_weights(artifact: Path, base: str | None):
@@ -49,67 +44,197 @@ def _base_weights(artifact: Path, base: str | None):
     return weights
 
 
-def _batches(tok, examples, batch: int, rng, eos: int):
-    """Yield (input_ids [B, L], labels [B, L] with -100 on prompt and padding, attention_mask [B, L])."""
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def run_key(artifact: Path, cfg: TrainConfig) -> str:
+    """What makes two runs the same one (a checkpoint of one resumes the other): the artifact's source weights and
+    tokenizer, the data's bytes and every setting that changes the result (not threads, not save_every)."""
+    manifest = read_manifest(artifact)
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("threads", "save_every", "data")}
+    ident = {"source": manifest.source_sha256, "settings": settings,
+             "tokenizer": {n: manifest.files.get(n, {}).get("sha256") for n in (C.TOKENIZER, C.TOKENIZER_CONFIG)},
+             "data": _file_sha256(Path(cfg.data)) if cfg.data else None}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_examples(artifact: Path, cfg: TrainConfig) -> tuple[list[Example], list[Example]]:
+    """(train, held-out) examples; every bad line of --data is reported here, before any weight is loaded."""
+    from ortllm.runtime.tokenizer import Tokenizer
+
+    artifact = Path(artifact)
+    manifest = read_manifest(artifact)
+    eos = json.loads((artifact / C.GENERATION).read_text())["eos_token_ids"]
+    encoder = ChatEncoder(Tokenizer.from_dir(artifact), eos, manifest.model.max_position_embeddings)
+    if cfg.data is not None:
+        return split_eval(read_jsonl(Path(cfg.data), encoder), cfg.eval_split, cfg.seed)
+    # a generated task has its own held-out prompts (calibration/adapter_tasks.py): up to 100 of them
+    n_eval = min(100, max(1, round(cfg.eval_split * cfg.n_train))) if cfg.eval_split > 0 else 0
+    held = task_examples(cfg.task, n_eval, "eval", cfg.seed, encoder) if n_eval else []
+    return task_examples(cfg.task, cfg.n_train, "train", cfg.seed, encoder), held
+
+
+def _eval_loss(model, examples: list[Example], pad_id: int) -> float | None:
+    """Mean loss per answer token over the held-out examples (None when there are none)."""
     import torch
 
-    encoded = []
-    for ex in examples:
-        p = tok.encode(chat_prompt(tok, ex))
-        a = tok.encode(ex.answer) + [eos]
-        encoded.append((p + a, [-100] * len(p) + a))
-    while True:
-        idx = rng.choice(len(encoded), batch, replace=False)
-        width = max(len(encoded[i][0]) for i in idx)
-        ids = torch.full((batch, width), eos, dtype=torch.long)
-        labels = torch.full((batch, width), -100, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            x, y = encoded[i]
-            ids[r, :len(x)], labels[r, :len(y)], mask[r, :len(x)] = torch.tensor(x), torch.tensor(y), 1
-        yield ids, labels, mask
+    if not examples:
+        return None
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(examples), EVAL_BATCH):
+            ids, labels, mask = collate(examples[i:i + EVAL_BATCH], pad_id)
+            logits = model(input_ids=ids, attention_mask=mask).logits            # [B, L, V]
+            target = labels[:, 1:]                                               # token t+1 from position t
+            total += torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(),
+                                                       ignore_index=-100, reduction="sum").item()
+            count += int((target != -100).sum())
+    model.train(was_training)
+    return total / max(count, 1)
 
 
-def train_lora(artifact: Path, out_dir: Path, cfg: TrainConfig, base: str | None = None, log=print) -> dict:
-    """Train and save a PEFT LoRA into out_dir; returns {loss_first, loss_last, seconds, ...}."""
+def _save_checkpoint(work_dir: Path, state: dict) -> None:
+    """torch.save aside, fsync, rename: a checkpoint is whole or absent, whenever the process dies."""
+    import torch
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tmp = work_dir / f".{CHECKPOINT}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(work_dir / CHECKPOINT)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _load_checkpoint(work_dir: Path | None, key: str, log) -> dict | None:
+    import torch
+
+    path = work_dir / CHECKPOINT if work_dir is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        ckpt = torch.load(path, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - a damaged checkpoint is started over, not fatal
+        log(f"the checkpoint {path} is unreadable ({type(e).__name__}); starting over")
+        return None
+    if ckpt.get("key") != key:
+        log(f"the checkpoint in {work_dir} is of another run (other data, settings or model); starting over")
+        return None
+    return ckpt
+
+
+def train_lora(artifact: Path, out_dir: Path, cfg: TrainConfig, base: str | None = None, log=print,
+               work_dir: Path | None = None, progress: bool = False,
+               examples: tuple[list[Example], list[Example]] | None = None) -> dict:
+    """Train and save a PEFT LoRA into out_dir. work_dir: checkpoints (resumed when they are this run's);
+    progress: a tqdm bar with the loss (else a log line every tenth of the run); examples: load_examples' result
+    when the caller checked the data already. Returns {loss_first, loss_last (means of the first and last 10
+    steps, a quarter of a shorter run), eval_loss_before, eval_loss_after, steps, resumed_from, examples,
+    eval_examples, seconds, cpu_seconds, config}."""
+    import torch
+
+    artifact = Path(artifact)
+    cfg = cfg.validate()
+    train, held = examples or load_examples(artifact, cfg)
+    total = cfg.total_steps(len(train))
+    key = run_key(artifact, cfg)
+    threads_before = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(artifact, Path(out_dir), cfg, base, log, work_dir, progress, train, held, total, key)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _train(artifact, out_dir, cfg, base, log, work_dir, progress, train, held, total, key) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
-
-    from ortllm.runtime.tokenizer import Tokenizer
+    from tqdm import tqdm
 
     from .hf_model import hf_model_from_weights
 
-    artifact = Path(artifact)
-    if not 1 <= cfg.rank <= 64:
-        raise BuildError(f"--rank must be in 1..64; got {cfg.rank}")
-    tok = Tokenizer.from_dir(artifact)
-    eos = json.loads((artifact / C.GENERATION).read_text())["eos_token_ids"][0]
+    pad_id = int(json.loads((artifact / C.GENERATION).read_text())["eos_token_ids"][0])   # masked: any id does
+    t0, cpu0 = time.time(), time.process_time()
     torch.manual_seed(cfg.seed)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     model = get_peft_model(hf_model_from_weights(_base_weights(artifact, base)),
-                           LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.targets),
-                                      lora_dropout=0.0))
+                           LoraConfig(r=cfg.rank, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.targets),
+                                      lora_dropout=0.0, use_dora=cfg.dora))
     model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / cfg.steps))
-    data = _batches(tok, make_split(cfg.task, cfg.n_train, "train", cfg.seed), cfg.batch,
-                    np.random.default_rng(cfg.seed), eos)
-    losses, t0 = [], time.time()
-    for step in range(cfg.steps):
-        ids, labels, mask = next(data)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if step % max(1, cfg.steps // 10) == 0 or step == cfg.steps - 1:
-            log(f"step {step + 1}/{cfg.steps}  loss {np.mean(losses[-10:]):.4f}")
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW(list(trainable.values()), lr=cfg.lr, weight_decay=0.0)
+    warmup = min(20, max(1, total // 10))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / total))
+
+    ckpt = _load_checkpoint(work_dir, key, log)
+    if ckpt is not None:
+        with torch.no_grad():
+            for n, p in trainable.items():
+                p.copy_(ckpt["trainable"][n])
+        opt.load_state_dict(ckpt["optim"])
+        sched.load_state_dict(ckpt["sched"])
+        start, losses, eval_before = ckpt["step"], list(ckpt["losses"]), ckpt["eval_before"]
+        log(f"resuming from the checkpoint at step {start}/{total} ({work_dir / CHECKPOINT})")
+    else:
+        start, losses = 0, []
+        eval_before = _eval_loss(model, held, pad_id)
+    if eval_before is not None:
+        log(f"held-out loss before training: {eval_before:.4f} ({len(held)} examples)")
+
+    def state(step: int) -> dict:
+        return {"key": key, "step": step, "total": total, "losses": losses, "eval_before": eval_before,
+                "trainable": {n: p.detach().clone() for n, p in trainable.items()},
+                "optim": opt.state_dict(), "sched": sched.state_dict(), "config": asdict(cfg)}
+
+    done = start
+    bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not progress, mininterval=0.5,
+               dynamic_ncols=True)
+    try:
+        for step in range(start, total):
+            ids, labels, mask = collate([train[i] for i in batch_indices(len(train), cfg.batch, step, cfg.seed)],
+                                        pad_id)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            done = step + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-10:]):.4f}", refresh=False)
+            if not progress and (step % max(1, total // 10) == 0 or done == total):
+                log(f"step {done}/{total}  loss {np.mean(losses[-10:]):.4f}")
+            if work_dir is not None and cfg.save_every and done % cfg.save_every == 0 and done < total:
+                _save_checkpoint(work_dir, state(done))
+    except KeyboardInterrupt:
+        bar.close()
+        if work_dir is not None and done > start:
+            _save_checkpoint(work_dir, state(done))
+        if work_dir is not None and (work_dir / CHECKPOINT).is_file():
+            log(f"interrupted at step {done}/{total}; the same command resumes from the checkpoint in {work_dir}")
+        raise
+    bar.close()
+    eval_after = _eval_loss(model, held, pad_id)
+    if eval_after is not None:
+        log(f"held-out loss after training: {eval_after:.4f}")
     model.eval()
-    out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
-    info = {"config": asdict(cfg), "loss_first": float(np.mean(losses[:10])), "loss_last": float(np.mean(losses[-10:])),
-            "seconds": round(time.time() - t0, 1)}
+    window = max(1, min(10, total // 4))       # steps averaged at each end: 10, fewer in a short run
+    info = {"config": asdict(cfg), "loss_first": float(np.mean(losses[:window])),
+            "loss_last": float(np.mean(losses[-window:])),
+            "eval_loss_before": eval_before, "eval_loss_after": eval_after, "steps": total,
+            "resumed_from": start or None, "examples": len(train), "eval_examples": len(held),
+            "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - cpu0, 1)}
     (out_dir / "ortllm_train.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
