@@ -2,11 +2,10 @@
 (bodies and answers: ortllm.protocol.embeddings).
 
 Each input is one engine request (Engine.submit_embed): prefill-only rows in the same continuous batches as the
-generations, its final hidden states pooled when its last chunk has run. The handler waits in short slices, so a
-client that hangs up or the per-request timeout cancels what is still queued or running."""
+generations, its final hidden states pooled when its last chunk has run. lifecycle.py waits for them as for a
+generation: a client that leaves, or the per-request timeout, cancels what is still queued or running."""
 from __future__ import annotations
 
-import logging
 import time
 
 from flask import Blueprint, g, jsonify, request
@@ -18,16 +17,13 @@ from ortllm.protocol.generation import resolve_adapter
 
 from .auth import require_api_key
 from .body import read_json_object
-from .errors import APIError, ClientGone, unavailable
-from .metrics import current_metrics
+from .errors import APIError
+from .lifecycle import start_embed
 from .openapi import GENERATE, document, json_ok
 from .resources import current_resources
 
-log = logging.getLogger("ortllm.service")
 bp = Blueprint("embeddings", __name__)
 bp.before_request(require_api_key)
-
-_POLL_S = 0.25     # how often a waiting handler checks for a hung-up client and its timeout
 
 
 @bp.post("/v1/embeddings")
@@ -59,10 +55,10 @@ def ollama_embeddings():
 
 
 def _embed(req: protocol.EmbeddingRequest, kind: str):
-    """Submit every input, wait for all; (vectors [N, d], the model that answered, prompt tokens)."""
+    """Submit every input, wait for all (lifecycle.py: timeout, client, metrics); (vectors [N, d], the model that
+    answered, prompt tokens)."""
     res, name = current_resources().route(req.model)
-    res.begin()                       # holds the model (no unloading) until the answer is built
-    handles: list[RequestHandle] = []
+    res.begin()                       # holds the model (no unloading) until the call closes
     try:
         engine = res.require_engine()
         adapter = resolve_adapter(engine, res.model_name, name)
@@ -80,44 +76,23 @@ def _embed(req: protocol.EmbeddingRequest, kind: str):
                 raise APIError(400, f"input{f'[{i}]' if several else ''} has {len(x)} characters, more than {room} "
                                "tokens can hold; shorten it", param="input", code="context_length_exceeded")
             ids.append(protocol.fit_input(engine.encode_prompt(x), i, room, what, req.truncate, several))
-        for i, x in enumerate(ids):
-            rid = g.request_id if i == 0 else f"{g.request_id}-e{i}"
-            handles.append(engine.submit_embed(x, req.pooling, adapter, request_id=rid))
-        outs = _wait(handles, res.config.request_timeout_s, request.environ.get("waitress.client_disconnected"))
-    finally:
-        for h in handles:
-            if not h.done:
-                h.cancel()
+    except BaseException:
         res.end()
-    tokens = sum(o.prompt_tokens for o in outs)
+        raise
+
+    def submit(request_id: str) -> list[RequestHandle]:
+        handles: list[RequestHandle] = []
+        try:
+            for i, x in enumerate(ids):
+                rid = request_id if i == 0 else f"{request_id}-e{i}"
+                handles.append(engine.submit_embed(x, req.pooling, adapter, request_id=rid))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return handles
+
     model = adapter or res.model_name
-    metrics = current_metrics()
-    metrics.requests.labels(model, kind, "stop").inc()
-    metrics.prompt_tokens.inc(tokens)
-    log.info("embeddings finished", extra={"request_id": g.request_id, "endpoint": kind, "inputs": len(outs),
-                                           "prompt_tokens": tokens,
-                                           "duration_s": round(time.perf_counter() - g.t_start, 4)})
+    outs = start_embed(kind, res, model, submit).wait_and_close()
+    tokens = sum(o.prompt_tokens for o in outs)
     return protocol.vectors(req, [o.embedding for o in outs]), model, tokens
-
-
-def _wait(handles: list[RequestHandle], timeout_s: float, disconnected) -> list:
-    deadline = g.t_start + timeout_s
-    outs = []
-    for h in handles:
-        while True:
-            try:
-                out = h.result(timeout=_POLL_S)
-                break
-            except TimeoutError:
-                if time.perf_counter() > deadline:
-                    raise APIError(504, f"the embeddings did not finish within the server's request timeout "
-                                   f"({timeout_s:g} s); send fewer inputs", type="timeout_error",
-                                   code="request_timeout") from None
-                if disconnected is not None and disconnected():
-                    raise ClientGone() from None
-        if out.embedding is None:
-            reason = {"deadline": "the request waited too long in the queue; retry later"}.get(
-                out.finish_reason, f"the model run for this request failed ({out.error}); retry")
-            raise unavailable(reason, "model_run_failed" if out.finish_reason == "error" else "cancelled")
-        outs.append(out)
-    return outs
