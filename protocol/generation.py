@@ -203,8 +203,9 @@ class OpenAIRenderer(Renderer):
         self._lp_sent = [0] * n            # per choice, the logprobs entries already sent
 
     def opening(self) -> list[bytes]:
-        return [sse(self._chunk(i, {"role": "assistant", "content": ""})) for i in range(len(self.gen.handles))
-                ] if self.chat else []
+        if not self.chat:
+            return []
+        return [sse(self._chunk(i, {"role": "assistant", "content": ""})) for i in range(len(self.gen.handles))]
 
     def delta(self, i: int, text: str, last: bool) -> list[bytes]:
         if self.readers[i] is None:

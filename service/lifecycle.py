@@ -44,7 +44,7 @@ EMBEDDINGS = ("embeddings", "ollama_embed", "ollama_embeddings")      # the kind
 
 # ---------------------------------------------------------------- the client
 
-_HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+_HANGUP = getattr(select, "POLLRDHUP", 0) | getattr(select, "POLLHUP", 0) | getattr(select, "POLLERR", 0)
 
 
 class ClientWatch:
@@ -56,7 +56,7 @@ class ClientWatch:
     def __init__(self, environ: dict):
         self._flag: Callable[[], bool] | None = environ.get("waitress.client_disconnected")
         channel = getattr(self._flag, "__self__", None)          # waitress' HTTPChannel: its socket
-        self._sock = getattr(channel, "socket", None)
+        self._sock = getattr(channel, "socket", None) if hasattr(select, "poll") else None
 
     def gone(self) -> bool:
         if self._flag is not None and self._flag():
