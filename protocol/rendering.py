@@ -3,7 +3,7 @@
 The service's lifecycle (service/lifecycle.py) owns a request from admission to its last byte: submit, waiting,
 streaming, the timeout, cancelling for a client that left, metrics, tracing, errors. Each API is a Renderer of
 the engine's events (OpenAI chat and completions: protocol/generation.py; Anthropic Messages: messages.py;
-Responses: responses.py; Ollama: ollama.py), called in this order:
+Responses: responses.py; Ollama: ollama.py; the embeddings routes: embeddings.py), called in this order:
 
     streamed      opening()  delta(i, text, last) ...  finished(i, out, outs) ...  closing(outs)  trailer()
                   an error once the status line is out: stream_error(err), then trailer()
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from ortllm.runtime.engine import CompletionOutput, RequestHandle
 
@@ -27,7 +27,7 @@ from .openai import GenerationRequest
 class Generation:
     """What a renderer reads of one submitted request: choice i is handles[i] (prompt p's j-th completion is
     choice p * n + j)."""
-    req: GenerationRequest
+    req: GenerationRequest | Any       # an embeddings request: protocol.embeddings.EmbeddingRequest
     request_id: str
     model: str                          # what answered: an adapter or the base model
     created: int                        # unix seconds

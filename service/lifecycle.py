@@ -26,9 +26,10 @@ from typing import Callable, Iterator
 from flask import Blueprint, Response, g, jsonify, request
 
 from ortllm.protocol import openai as protocol
+from ortllm.protocol.embeddings import EmbeddingRequest, prepare_inputs
 from ortllm.protocol.generation import prepare_all, token_text_of
 from ortllm.protocol.rendering import Generation, Renderer
-from ortllm.runtime.engine import CompletionOutput, RequestHandle
+from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
 
 from .errors import APIError, ClientGone, to_api_error, unavailable
 from .metrics import current_metrics
@@ -79,19 +80,15 @@ class ClientWatch:
 def start(kind: str, req: protocol.GenerationRequest) -> "Call":
     """Check and submit one generation request (every prompt, n each); the Call that waits for or streams it."""
     res, req.model = current_resources().route(req.model)     # which model (and adapter) answers
-    res.begin()              # holds the model (no unloading) until the call closes
-    handles: list[RequestHandle] = []
-    try:
-        engine = res.require_engine()
+
+    def submit(engine: Engine, handles: list[RequestHandle]) -> list[list[int]]:
         prompts = prepare_all(engine, req, res.model_name, res.max_prompt_chars)
         for p, ids in enumerate(prompts):
             rid = g.request_id if p == 0 else f"{g.request_id}-p{p}"
             handles += engine.submit_n(ids, req.params, req.n, request_id=rid)
-    except BaseException:
-        for h in handles:
-            h.cancel()
-        res.end()
-        raise
+        return prompts
+
+    engine, handles, prompts = _admit(res, submit)
 
     def prompt_text(p: int) -> str:
         prompt = req.prompts[p] if req.prompts else req.prompt
@@ -102,27 +99,49 @@ def start(kind: str, req: protocol.GenerationRequest) -> "Call":
     return Call(kind, res, gen, stream=req.stream)
 
 
-def answer(kind: str, req: protocol.GenerationRequest, renderer: Callable[[Generation], Renderer]) -> Response:
-    """Start one generation request and answer it with renderer(its Generation): the whole HTTP exchange."""
-    call = start(kind, req)
+def start_embed(kind: str, req: EmbeddingRequest) -> "Call":
+    """Check and submit one embeddings request (each input one engine request); the Call that waits for it."""
+    res, req.model = current_resources().route(req.model)
+
+    def submit(engine: Engine, handles: list[RequestHandle]) -> str | None:
+        adapter, ids = prepare_inputs(engine, req, res.model_name, res.max_prompt_chars)
+        for i, x in enumerate(ids):
+            rid = g.request_id if i == 0 else f"{g.request_id}-e{i}"
+            handles.append(engine.submit_embed(x, req.pooling, adapter, request_id=rid))
+        return adapter
+
+    _, handles, adapter = _admit(res, submit)
+    gen = Generation(req, g.request_id, adapter or res.model_name, int(time.time()), handles, [], g.t_start,
+                     str, str)
+    return Call(kind, res, gen)
+
+
+def _admit(res: EngineResource, submit: Callable[[Engine, list[RequestHandle]], object]):
+    """(the engine, the handles submit(engine, handles) queued, what it returned); the model is held until the
+    call closes. If submit fails, what it queued is cancelled and the model released."""
+    res.begin()              # holds the model (no unloading) until the call closes
+    handles: list[RequestHandle] = []
+    try:
+        engine = res.require_engine()
+        out = submit(engine, handles)
+    except BaseException:
+        for h in handles:
+            h.cancel()
+        res.end()
+        raise
+    return engine, handles, out
+
+
+def answer(kind: str, req, renderer: Callable[[Generation], Renderer]) -> Response:
+    """Start one request (a generation, or embeddings for the EMBEDDINGS kinds) and answer it with
+    renderer(its Generation): the whole HTTP exchange."""
+    call = start_embed(kind, req) if kind in EMBEDDINGS else start(kind, req)
     try:
         r = renderer(call.gen)
     except BaseException:
         call.close()
         raise
     return call.respond(r)
-
-
-def start_embed(kind: str, res: EngineResource, model: str, submit: Callable[[str], list[RequestHandle]]) -> "Call":
-    """Submit one embeddings request: submit(request_id) queues every input (res.begin() already called: the
-    model is released here if it fails, else when the call closes)."""
-    try:
-        handles = submit(g.request_id)
-    except BaseException:
-        res.end()
-        raise
-    gen = Generation(None, g.request_id, model, int(time.time()), handles, [], g.t_start, str, str)
-    return Call(kind, res, gen)
 
 
 # ---------------------------------------------------------------- one request
