@@ -27,7 +27,7 @@ from ortllm.runtime.sampling_params import POOLINGS
 from .bodies import MODEL
 from .errors import APIError, bad_request
 from .fields import Body, Field, boolean, integer, string
-from .generation import resolve_adapter
+from .generation import resolve_adapter, sequence_room
 from .rendering import Generation, Renderer
 
 MAX_INPUTS = 256        # inputs in one request (each is one engine request; the engine queues 256 by default)
@@ -105,12 +105,7 @@ def prepare_inputs(engine: Engine, req: EmbeddingRequest, base_name: str,
     within the room the context and the KV pool leave. (the adapter or None, each input's token ids)."""
     adapter = resolve_adapter(engine, base_name, req.model)
     check_dimensions(req, engine.hidden_size)
-    room, what = engine.context_length, "the model's context length"
-    cfg = engine.config
-    for limit, limit_name in ((cfg.scheduler.max_model_len, "max_model_len"),
-                              (engine.stats()["kv_blocks_total"] * cfg.cache.block_size, "the KV pool")):
-        if limit is not None and limit < room:
-            room, what = limit, limit_name
+    room, what = sequence_room(engine)
     several = len(req.inputs) > 1
     ids = []
     for i, x in enumerate(req.inputs):
