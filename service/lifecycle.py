@@ -1,7 +1,7 @@
 """One request's life in the service, from admission to its last byte, for every API that drives the engine.
 
+    answer(kind, req, renderer)           the whole exchange: start, then respond
     start(kind, req) / start_embed(...)   checks, then submits every prompt (n each) or input: a Call
-                                          (answer(kind, req, renderer): start, then respond)
     Call.respond(renderer)                not streamed: wait, then the renderer's JSON body
                                           streamed: the renderer's bytes as the engine's deltas arrive
     while waiting                         every _POLL_S: the request's timeout (504, or an error in the stream)
@@ -13,7 +13,7 @@
                                           stream_error)
 
 An API is a Renderer (ortllm.protocol.rendering): the engine's events in, its wire format out, no Flask. The
-routes (api.py, messages.py, responses.py, ollama.py, embeddings.py) parse the body, call start and respond.
+routes (api.py, messages.py, responses.py, ollama.py, embeddings.py) parse the body and call answer().
 """
 from __future__ import annotations
 
