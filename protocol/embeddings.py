@@ -1,6 +1,6 @@
 """Embedding requests apart from HTTP: the bodies of OpenAI's /v1/embeddings and Ollama's /api/embed and
-/api/embeddings, declared once (fields.py: validation and /openapi.json), the checks before submit, and the
-answers.
+/api/embeddings, declared once (fields.py: validation and /openapi.json), the checks before submit
+(prepare_inputs), and the answers (EmbeddingsRenderer).
 
     /v1/embeddings   input: a string, a list of strings, token ids, or a list of token-id lists;
                      encoding_format float | base64 (little-endian float32, what the openai client asks for by
@@ -15,16 +15,20 @@ tokens by default, or the last token's (`pooling`, an extension, as llama.cpp's 
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from ortllm.runtime.engine import CompletionOutput, Engine
 from ortllm.runtime.pooling import normalize
 from ortllm.runtime.sampling_params import POOLINGS
 
 from .bodies import MODEL
 from .errors import APIError, bad_request
 from .fields import Body, Field, boolean, integer, string
+from .generation import resolve_adapter, sequence_room
+from .rendering import Generation, Renderer
 
 MAX_INPUTS = 256        # inputs in one request (each is one engine request; the engine queues 256 by default)
 
@@ -95,6 +99,23 @@ def parse_ollama_embeddings(body: dict) -> EmbeddingRequest:
     return EmbeddingRequest([v["prompt"]] if v["prompt"] else [], v["model"], truncate=True, normalized=False)
 
 
+def prepare_inputs(engine: Engine, req: EmbeddingRequest, base_name: str,
+                   max_prompt_chars: int) -> tuple[str | None, list[list[int]]]:
+    """Everything checked before submit: the model (req.model: the base or an adapter), dimensions, each input
+    within the room the context and the KV pool leave. (the adapter or None, each input's token ids)."""
+    adapter = resolve_adapter(engine, base_name, req.model)
+    check_dimensions(req, engine.hidden_size)
+    room, what = sequence_room(engine)
+    several = len(req.inputs) > 1
+    ids = []
+    for i, x in enumerate(req.inputs):
+        if isinstance(x, str) and len(x) > max_prompt_chars and not req.truncate:
+            raise APIError(400, f"input{f'[{i}]' if several else ''} has {len(x)} characters, more than {room} "
+                           "tokens can hold; shorten it", param="input", code="context_length_exceeded")
+        ids.append(fit_input(engine.encode_prompt(x), i, room, what, req.truncate, several))
+    return adapter, ids
+
+
 def check_dimensions(req: EmbeddingRequest, hidden_size: int) -> None:
     if req.dimensions is not None and req.dimensions > hidden_size:
         raise bad_request(f"dimensions must be in [1, {hidden_size}] (this model's embeddings have {hidden_size}); "
@@ -139,3 +160,21 @@ def ollama_embed_body(vecs: np.ndarray, model: str, prompt_tokens: int, total_ns
 
 def ollama_embeddings_body(vecs: np.ndarray) -> dict:
     return {"embedding": vecs[0].tolist() if len(vecs) else []}
+
+
+class EmbeddingsRenderer(Renderer):
+    """The answer of each embeddings route (kind: embeddings, ollama_embed, ollama_embeddings); never streamed."""
+
+    def __init__(self, gen: Generation, kind: str):
+        super().__init__(gen)
+        self.kind = kind
+
+    def body(self, outs: list[CompletionOutput]) -> dict:
+        req, model = self.gen.req, self.gen.model
+        vecs = vectors(req, [o.embedding for o in outs])
+        tokens = sum(o.prompt_tokens for o in outs)
+        if self.kind == "embeddings":
+            return openai_body(req, vecs, model, tokens)
+        if self.kind == "ollama_embed":
+            return ollama_embed_body(vecs, model, tokens, int((time.perf_counter() - self.gen.t_arrival) * 1e9))
+        return ollama_embeddings_body(vecs)

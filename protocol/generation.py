@@ -1,6 +1,6 @@
-"""One generation request as the OpenAI API defines it, apart from HTTP: the checks before submit and the
-non-streaming response body. The HTTP handlers (api.py) and `ortllm batch` both use these, so a batch line
-and an HTTP request with the same body get the same answer."""
+"""One generation request as the OpenAI API defines it, apart from HTTP: the checks before submit, the
+non-streaming response body and the streamed chunks (OpenAIRenderer). The HTTP service and `ortllm batch` both use
+these, so a batch line and an HTTP request with the same body get the same answer."""
 from __future__ import annotations
 
 from typing import Callable
@@ -12,6 +12,7 @@ from ortllm.runtime.tokenizer import TokenizerFilesError
 from . import openai as protocol
 from . import structured
 from .errors import APIError, bad_request, model_not_found
+from .rendering import Generation, Renderer, chat_deltas, chat_reader, sse
 
 
 def resolve_adapter(engine: Engine, base_name: str, model: str | None) -> str | None:
@@ -72,12 +73,7 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
                        "hold; shorten it", param="messages" if req.messages else "prompt",
                        code="context_length_exceeded")
     ids = prompt_ids(engine, req)
-    cfg = engine.config
-    room, what = ctx, "the model's context length"
-    for limit, name in ((cfg.scheduler.max_model_len, "max_model_len"),
-                        (engine.stats()["kv_blocks_total"] * cfg.cache.block_size, "the KV pool")):
-        if limit is not None and limit < room:
-            room, what = limit, name
+    room, what = sequence_room(engine)
     # chat without max_tokens: as much as the room holds; a larger max_tokens is capped to it (fit_max_tokens)
     req.params.max_tokens = fit_max_tokens(len(ids), req.params.max_tokens if req.max_tokens_given else None,
                                            room, what)
@@ -87,6 +83,18 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
             raise bad_request(f"logit_bias names token ids outside the vocabulary [0, {engine.vocab_size}): "
                               f"{bad[:5]}", param="logit_bias")
     return ids
+
+
+def sequence_room(engine: Engine) -> tuple[int, str]:
+    """The most tokens one sequence (prompt + output) may hold, and what sets it: the model's context length,
+    max_model_len or the KV pool."""
+    cfg = engine.config
+    room, what = engine.context_length, "the model's context length"
+    for limit, name in ((cfg.scheduler.max_model_len, "max_model_len"),
+                        (engine.stats()["kv_blocks_total"] * cfg.cache.block_size, "the KV pool")):
+        if limit is not None and limit < room:
+            room, what = limit, name
+    return room, what
 
 
 def token_text_of(engine: Engine) -> Callable[[int], str]:
@@ -186,3 +194,76 @@ def max_prompt_chars(engine: Engine) -> int:
     tok = engine.tokenizer
     longest = max((len(tok.id_to_token(i) or "") for i in range(tok.vocab_size)), default=1)
     return 2 * engine.context_length * max(longest, 1) + 1024
+
+
+class OpenAIRenderer(Renderer):
+    """/v1/chat/completions (kind "chat") and /v1/completions: `data: {chunk}` server-sent events, the last choice
+    to finish carrying the usage, then `data: [DONE]`; not streamed, response_body_n's body."""
+
+    def __init__(self, gen: Generation, kind: str):
+        super().__init__(gen)
+        self.kind, self.chat = kind, kind == "chat"
+        self.id = response_id(kind, gen.request_id)
+        n = len(gen.handles)
+        # with tools, each reply goes through the parser the non-streamed answer uses (tool_calls.py)
+        self.readers = [chat_reader(gen.req, f"{gen.request_id}_{i}") for i in range(n)]
+        self._lp_sent = [0] * n            # per choice, the logprobs entries already sent
+
+    def opening(self) -> list[bytes]:
+        if not self.chat:
+            return []
+        return [sse(self._chunk(i, {"role": "assistant", "content": ""})) for i in range(len(self.gen.handles))]
+
+    def delta(self, i: int, text: str, last: bool) -> list[bytes]:
+        if self.readers[i] is None:
+            deltas = [{"content": text} if self.chat else text] if text else []
+        else:
+            deltas = chat_deltas(self.readers[i], text, last)
+        # a delta's logprobs go with its first chunk (held text: with the next)
+        return [sse(self._chunk(i, d, lp=self._new_logprobs(i))) for d in deltas]
+
+    def finished(self, i: int, out: CompletionOutput, outs: list) -> list[bytes]:
+        reader = self.readers[i]
+        reason = out.finish_reason if reader is None else reader.finish_reason(out.finish_reason)
+        final = self._chunk(i, None if self.chat else "", finish=reason, lp=self._new_logprobs(i))   # any left
+        if all(o is not None for o in outs):               # the last choice to finish carries the usage
+            final["usage"] = usage_of(outs, self.gen.req.n)
+        return [sse(final)]
+
+    def closing(self, outs: list[CompletionOutput]) -> list[bytes]:
+        if not self.gen.req.include_usage:
+            return []
+        return [sse({"id": self.id, "object": self._object, "created": self.gen.created, "model": self.gen.model,
+                     "choices": [], "usage": usage_of(outs, self.gen.req.n)})]
+
+    def stream_error(self, err: APIError) -> bytes:
+        return sse(err.body())
+
+    def trailer(self) -> list[bytes]:
+        return [b"data: [DONE]\n\n"]
+
+    def body(self, outs: list[CompletionOutput]) -> dict:
+        g = self.gen
+        prompts = [(lambda p=p: g.prompt_text(p), ids) for p, ids in enumerate(g.prompts)]
+        return response_body_n(self.kind, outs, g.req, request_id=g.request_id, model=g.model, created=g.created,
+                               token_text=g.token_text, prompts=prompts)
+
+    @property
+    def _object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _new_logprobs(self, i: int):
+        h = self.gen.handles[i]
+        if self.gen.req.logprobs is None or h.logprobs is None:
+            return None
+        n = len(h.logprobs)
+        entries, self._lp_sent[i] = h.logprobs[self._lp_sent[i]:n], n
+        return logprobs_of(self.kind, entries, self.gen.req.logprobs, self.gen.token_text) if entries else None
+
+    def _chunk(self, i: int, delta: dict | str | None, finish: str | None = None, lp=None) -> dict:
+        if self.chat:
+            choice = {"index": i, "delta": delta or {}, "logprobs": lp, "finish_reason": finish}
+        else:
+            choice = {"index": i, "text": delta or "", "logprobs": lp, "finish_reason": finish}
+        return {"id": self.id, "object": self._object, "created": self.gen.created, "model": self.gen.model,
+                "system_fingerprint": None, "choices": [choice]}

@@ -14,7 +14,15 @@ translated into the chat body it means and read by openai.parse_chat: one valida
 
 The reply goes through the chat path's tool-call parser (tool_calls.py); ContentBlocks turns its deltas into
 text and tool_use blocks and the stream events that build them, so a streamed answer and a non-streamed one
-are built by the same code. Errors use Anthropic's envelope ({"type": "error", "error": {"type", "message"}}).
+are built by the same code (MessagesRenderer). Streamed as Anthropic streams a message, `event: TYPE` +
+`data: {...}`:
+
+    message_start                                   (the message, no content, stop_reason null)
+    content_block_start, content_block_delta ..., content_block_stop     per block: text (text_delta) or
+                                                    tool_use (input_json_delta: the input's JSON text)
+    message_delta                                   (stop_reason, stop_sequence, usage)
+    message_stop
+ Errors use Anthropic's envelope ({"type": "error", "error": {"type", "message"}}).
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ from .bodies import MAX_TOOLS, MIN_P, NAME_PATTERN, SEED
 from .errors import APIError, bad_request
 from .fields import Body, Field, boolean, integer, number, string
 from .openai import GenerationRequest, parse_chat
+from .rendering import ChatAnswer, Generation, sse
 from .structured import check_schema
 
 MAX_STOP_SEQUENCES = 16
@@ -286,3 +295,45 @@ def error_body(err: APIError, request_id: str | None) -> dict:
                                                                 err.status < 500 else "api_error"),
                                        "message": err.message},
             "request_id": request_id}
+
+
+class MessagesRenderer(ChatAnswer):
+    """One message built from the engine's text deltas, streamed or not."""
+
+    def __init__(self, gen: Generation, mr: MessagesRequest):
+        super().__init__(gen)
+        self.mr = mr
+        self.id = f"msg_{gen.request_id}"
+        self.blocks = ContentBlocks(gen.request_id)
+
+    def feed_deltas(self, deltas: list[dict]) -> list[dict]:
+        return self.blocks.feed(deltas)
+
+    def close(self, out) -> tuple[dict, list[dict]]:
+        closing = self.blocks.close()
+        matched = self.gen.handles[0].detok.stop_reason       # the stop string or token id that ended it
+        stop = stop_reason(out.finish_reason, matched, self.mr.stop_sequences, self.blocks.has_calls)
+        usage = message_usage(out.prompt_tokens, len(out.token_ids), out.cached_tokens)
+        return self._message(self.blocks.content(), stop, usage), closing
+
+    def _message(self, content: list[dict], stop: tuple, usage: dict) -> dict:
+        return message_object(message_id=self.id, model=self.gen.model, content=content, stop=stop, usage=usage)
+
+    def opening(self) -> list[bytes]:
+        start = self._message([], (None, None), message_usage(len(self.gen.prompts[0]), 0, 0))
+        return [self.event({"type": "message_start", "message": start})]
+
+    def final_events(self, answer: dict) -> list[dict]:
+        return [{"type": "message_delta", "usage": answer["usage"],
+                 "delta": {"stop_reason": answer["stop_reason"], "stop_sequence": answer["stop_sequence"]}},
+                {"type": "message_stop"}]
+
+    def event(self, e: dict) -> bytes:
+        return sse(e, e["type"])
+
+    def stream_error(self, err: APIError) -> bytes:
+        return self.event(error_body(err, self.gen.request_id))
+
+    @staticmethod
+    def error_body(err: APIError, request_id: str | None) -> dict:
+        return error_body(err, request_id)

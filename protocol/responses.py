@@ -24,9 +24,10 @@ import json
 from dataclasses import dataclass
 
 from .bodies import MAX_TOOLS, MIN_P, MODEL, NAME_PATTERN, REPETITION_PENALTY, SEED, TEMPERATURE, TOP_K, TOP_P
-from .errors import bad_request
+from .errors import APIError, bad_request
 from .fields import Body, Field, boolean, integer, string
 from .openai import GenerationRequest, parse_chat
+from .rendering import ChatAnswer, Generation, sse
 from .structured import check_schema
 
 _TEXT_PARTS = {"type": "array", "items": {
@@ -296,3 +297,55 @@ def response_usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -
     return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt_tokens + output_tokens}
+
+
+class ResponsesRenderer(ChatAnswer):
+    """One response built from the engine's text deltas, streamed or not. Streamed as OpenAI streams a response:
+    `event: TYPE` + `data: {...}` per event, numbered by sequence_number:
+
+        response.created, response.in_progress               (the response, status in_progress, no output)
+        response.output_item.added                           (a message, or a function_call)
+          response.content_part.added, response.output_text.delta ..., response.output_text.done,
+          response.content_part.done                         (a message)
+          response.function_call_arguments.delta ..., .done  (a function call)
+        response.output_item.done
+        response.completed | response.incomplete             (the whole response, as the non-streamed answer)
+
+    An error after the stream has begun is an `error` event, then the stream ends."""
+
+    def __init__(self, gen: Generation, rr: ResponseRequest):
+        super().__init__(gen)
+        self.rr = rr
+        self.id = f"resp_{gen.request_id}"
+        self.items = OutputItems(gen.request_id)
+        self.seq = 0
+
+    def feed_deltas(self, deltas: list[dict]) -> list[dict]:
+        return self.items.feed(deltas)
+
+    def close(self, out) -> tuple[dict, list[dict]]:
+        status = response_status(out.finish_reason)
+        closing = self.items.close(status)
+        usage = response_usage(out.prompt_tokens, len(out.token_ids), out.cached_tokens)
+        return self._object(status, self.items.items, usage), closing
+
+    def _object(self, status: str, output: list[dict], usage: dict | None) -> dict:
+        return response_object(self.rr, response_id=self.id, model=self.gen.model, created=self.gen.created,
+                               status=status, output=output, usage=usage)
+
+    def opening(self) -> list[bytes]:
+        start = self._object("in_progress", [], None)
+        return [self.event({"type": "response.created", "response": start}),
+                self.event({"type": "response.in_progress", "response": start})]
+
+    def final_events(self, answer: dict) -> list[dict]:
+        kind = "response.incomplete" if answer["status"] == "incomplete" else "response.completed"
+        return [{"type": kind, "response": answer}]
+
+    def event(self, e: dict) -> bytes:
+        e = {"type": e["type"], "sequence_number": self.seq, **{k: v for k, v in e.items() if k != "type"}}
+        self.seq += 1
+        return sse(e, e["type"])
+
+    def stream_error(self, err: APIError) -> bytes:
+        return self.event({"type": "error", "code": err.code, "message": err.message, "param": err.param})

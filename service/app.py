@@ -1,5 +1,6 @@
 """The application factory (docs/architecture.md, Conventions): `create_app(config)` attaches the engine and the
-metrics in init_app, registers the blueprints, and maps every error to the OpenAI envelope in one handler."""
+metrics in init_app, registers the blueprints, and maps every error to its API's envelope in one handler
+(lifecycle.error_response)."""
 from __future__ import annotations
 
 import logging
@@ -7,15 +8,14 @@ import os
 import time
 import uuid
 
-from flask import Flask, g, jsonify, request
+from flask import Flask, g, request
 
 from ortllm.runtime.engine import Engine
 
-from . import metrics, resources, tracing
+from . import lifecycle, metrics, resources, tracing
 from .api import bp as api_bp
 from .config import ServiceConfig
 from .embeddings import bp as embeddings_bp
-from .errors import APIError, to_api_error
 from .logs import RequestIdFilter
 from .messages import bp as messages_bp
 from .ollama import bp as ollama_bp
@@ -63,18 +63,6 @@ def create_app(config: ServiceConfig | None = None, engine: Engine | None = None
                                 "duration_s": round(time.perf_counter() - g.get("t_start", time.perf_counter()), 4)})
         return resp
 
-    @app.errorhandler(Exception)
-    def _error(e: Exception):
-        err = to_api_error(e)
-        if err is None:
-            log.exception("unhandled error", extra={"path": request.path})
-            err = APIError(500, f"internal error ({type(e).__name__}); report request id "
-                           f"{g.get('request_id')}", type="server_error", code="internal_error")
-        elif err.status >= 500:
-            log.warning("request failed", extra={"status": err.status, "code": err.code, "error": err.message})
-        resp = jsonify(err.body())
-        resp.status_code = err.status
-        resp.headers.update(err.headers)
-        return resp
+    app.register_error_handler(Exception, lifecycle.error_response)    # every route's one error handler
 
     return app

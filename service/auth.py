@@ -1,4 +1,5 @@
-"""Bearer-key check shared by the API blueprints (`--api-key`); no key configured: open."""
+"""The API-key check shared by the API blueprints (`--api-key`): `Authorization: Bearer KEY`, or `x-api-key: KEY`
+(the header Anthropic's clients send); no key configured: open."""
 from __future__ import annotations
 
 import hmac
@@ -12,8 +13,8 @@ def require_api_key() -> None:
     key = current_app.config["ORTLLM"].api_key
     if key is None:
         return
-    got = request.headers.get("Authorization", "")
-    scheme, _, token = got.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        raise APIError(401, "invalid or missing API key; send `Authorization: Bearer KEY`",
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    got = request.headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
+    if not hmac.compare_digest(got.encode(), key.encode()):
+        raise APIError(401, "invalid or missing API key; send `Authorization: Bearer KEY` (or `x-api-key: KEY`)",
                        type="authentication_error", code="invalid_api_key")

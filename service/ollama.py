@@ -5,7 +5,8 @@ own.
 
 An Ollama body (declared in protocol/bodies.py: its options take the OpenAI fields' schemas) is translated into
 the OpenAI body it means (options -> sampling fields, format -> response_format) and goes through
-protocol.parse_chat / parse_completion and api.start: one validation and one generation path.
+protocol.parse_chat / parse_completion and lifecycle.answer: one validation and one generation path; the answer
+(NDJSON lines, streamed or not) is rendered by protocol/ollama.py.
 
     options.num_predict -> max_tokens        options.repeat_penalty -> repetition_penalty
     options.temperature/top_p/top_k/min_p/seed/stop/presence_penalty/frequency_penalty -> the same names
@@ -15,23 +16,22 @@ protocol.parse_chat / parse_completion and api.start: one validation and one gen
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
-from typing import Iterator
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, jsonify, request
 
 from ortllm.protocol import openai as protocol
 from ortllm.protocol.bodies import OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS, OLLAMA_SHOW
 from ortllm.protocol.generation import resolve_adapter
+from ortllm.protocol.ollama import OllamaRenderer
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.errors import OrtllmError
 
-from .api import Call, start
 from .auth import require_api_key
 from .body import read_json_object
 from .errors import model_not_found
+from .lifecycle import answer
 from .openapi import GENERATE, POST, READ, document, json_ok, streamed
 from .resources import current_resources
 
@@ -85,7 +85,7 @@ def generate():
         msgs = [{"role": "system", "content": v["system"]}] if v["system"] is not None else []
         req = protocol.parse_chat({**oa, "messages": msgs + [{"role": "user", "content": v["prompt"]}]})
         kind = "chat"
-    return _answer(start(kind, req), "response")
+    return answer(kind, req, lambda gen: OllamaRenderer(gen, "response"))
 
 
 @bp.post("/chat")
@@ -101,70 +101,7 @@ def chat():
         messages = [{"role": "system", "content": modelfile["system"]}, *messages]
     extra = {"tools": v["tools"]} if v["tools"] else {}
     req = protocol.parse_chat({**_openai_body(v), "messages": messages, **extra})
-    return _answer(start("chat", req), "message")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _payload(call: Call, field: str, text: str) -> dict:
-    return {"model": call.model, "created_at": _now(),
-            field: {"role": "assistant", "content": text} if field == "message" else text}
-
-
-def _final(call: Call, field: str, out, text: str) -> dict:
-    ns = lambda s: int(s * 1e9)          # noqa: E731
-    h = call.handles[0]
-    line = {**_payload(call, field, text), "done": True, "done_reason": out.finish_reason,
-            "total_duration": ns(time.perf_counter() - call.t_arrival), "prompt_eval_count": out.prompt_tokens,
-            "eval_count": len(out.token_ids)}
-    if h.first_token_time is not None:
-        line["prompt_eval_duration"] = ns(h.first_token_time - h.submitted)
-        line["eval_duration"] = ns(max(0.0, time.monotonic() - h.first_token_time))
-    if field == "message" and call.req.tools and out.finish_reason == "stop":
-        reader = call.req.tools.reader(call.request_id)          # the OpenAI path's parser; Ollama's arguments
-        reader.feed(out.text)                                   # are an object, not JSON text
-        reader.finish()
-        try:
-            calls = [{"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
-                     for c in reader.calls]
-        except ValueError:
-            calls = []
-        if calls:
-            line["message"] = {"role": "assistant", "content": reader.content, "tool_calls": calls}
-    return line
-
-
-def _answer(call: Call, field: str):
-    if not call.req.stream:
-        try:
-            out = call.wait()[0]
-        finally:
-            call.close()
-        return jsonify(_final(call, field, out, out.text))
-    resp = Response(_ndjson(call, field), mimetype="application/x-ndjson")
-    resp.call_on_close(call.close)
-    return resp
-
-
-def _ndjson(call: Call, field: str) -> Iterator[bytes]:
-    line = lambda o: json.dumps(o, separators=(",", ":")).encode() + b"\n"    # noqa: E731
-    try:
-        for _, delta, finish in call.events():
-            if delta and not call.req.tools:
-                yield line(_payload(call, field, delta))
-            if finish is not None:
-                out = call._finish(0, call.handles[0].result(timeout=5))
-                yield line(_final(call, field, out, out.text if call.req.tools else ""))
-    except Exception as e:  # noqa: BLE001 - the status line has gone out: say it in the stream, as Ollama does
-        from .errors import ClientGone, to_api_error
-        if isinstance(e, ClientGone):
-            return
-        err = to_api_error(e)
-        yield line({"error": err.message if err else f"internal error ({type(e).__name__})"})
-    finally:
-        call.close()
+    return answer("chat", req, lambda gen: OllamaRenderer(gen, "message"))
 
 
 # ---------------------------------------------------------------- models

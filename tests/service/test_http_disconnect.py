@@ -107,3 +107,44 @@ def test_dropped_non_streaming_requests_are_cancelled(smol_live):
     for s in socks:
         s.close()
     assert _settle(smol_live, baseline) < 1.0
+
+
+# ---------------------------------------------------------------- a client that leaves alone (issue 47 item 5)
+# Read in-process (engine stats), not over HTTP: a /metrics scrape is itself traffic that wakes the server.
+
+def _freed_alone(live, s: socket.socket) -> float:
+    """Seconds from closing s (the only open request) until the engine holds no KV block and runs nothing."""
+    end = time.monotonic() + 30
+    while _used(live) == 0:            # admitted: its prefill holds KV blocks
+        assert time.monotonic() < end, "the request never got KV blocks"
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    s.close()
+    while True:
+        st = live.engine.stats()
+        if st["kv_blocks_total"] == st["kv_blocks_free"] and st["running"] == 0 and st["waiting"] == 0:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > 30:
+            return float("inf")
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-streaming"])
+def test_the_only_request_dropped_is_freed_without_other_traffic(smol_live, stream):
+    """Issue 47: the last of 10 streams dropped one after another was cancelled only 20.2 s later, when the next
+    connection arrived, and a non-streaming chat whose client timed out ran on to 8162 tokens. Now the request's
+    own wait polls its client's socket (lifecycle.ClientWatch): the only request, dropped with nothing else
+    arriving, is cancelled and its KV freed within a second, 3 times over."""
+    live = smol_live
+    assert live.wait_idle_kv(0) == 0
+    body = {"messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+            "max_tokens": 1500, "ignore_eos": True, "stream": stream}
+    times = []
+    for _ in range(3):
+        s = _open(live, body, "/v1/chat/completions")
+        if stream:
+            _first_chunk(s)
+        times.append(_freed_alone(live, s))
+    print(f"\nthe only {'stream' if stream else 'request'} dropped: freed after "
+          f"{', '.join(f'{t:.3f}' for t in times)} s")
+    assert max(times) < LIMIT_S, times
