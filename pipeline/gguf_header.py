@@ -20,7 +20,7 @@ FIRST_READ = 4096                 # bytes of the first read; each further read d
 MAX_READ = 16 << 20               # past this the prefix is not worth more reads: the build checks it
 
 
-class _Short(Exception):
+class _Short(BuildError):
     """The prefix ends inside the value being read: read more."""
 
 

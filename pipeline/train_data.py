@@ -45,7 +45,7 @@ class Example:
         return sum(1 for t in self.labels if t != IGNORE)
 
 
-class _BadLine(ValueError):
+class _BadLine(BuildError, ValueError):
     pass
 
 
