@@ -320,78 +320,6 @@ def _bench_plots(out: Path, rows: list[dict]) -> list[str]:
     return plots.write_plots(out, rows)
 
 
-# ---------------------------------------------------------------- serve
-
-def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="serve engine artifacts (directories or store names) over an OpenAI-compatible "
-                                     "HTTP API")
-    p.add_argument("artifact", type=Path, nargs="+", metavar="ARTIFACT",
-                   help="one model, loaded at start; or several, each loaded on its first request")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed when ready)")
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on the API")
-    p.add_argument("--max-queued", type=int, default=None, help="queued requests before 429 (default: engine's)")
-    p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
-    p.add_argument("--http-threads", type=int, default=64, help="concurrent HTTP requests (streams included)")
-    p.add_argument("--spec-max-tokens", type=int, default=None, metavar="K",
-                   help="prompt-lookup speculative decoding: up to K drafted tokens per decode row in steps of at "
-                        "most 2 decode rows (default 8; 0: off)")
-    p.add_argument("--decode-steps", type=int, default=None, metavar="K",
-                   help="multi-step decoding: greedy decode batches run up to K model steps per schedule, text "
-                        "streaming K tokens at a time (default 4; 1: off)")
-    p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
-    p.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
-                   help="with several models: unload one after this long without requests")
-    p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
-                   help="with several models: GiB their weights and KV pools may take (default: 80%% of RAM); "
-                        "least recently used idle models are unloaded to make room")
-    r = p.add_argument_group("scale-out on Ray Serve (pip install 'ortllm[ray]'; docs/service.md)")
-    r.add_argument("--ray", action="store_true", help="run engine replicas as a Ray Serve application, routed "
-                   "by adapter residency and prompt prefix")
-    r.add_argument("--address", default=None, help="cluster to join (e.g. auto, or ray://HEAD:10001); default: "
-                   "a local Ray instance")
-    r.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
-    r.add_argument("--min-replicas", type=int, default=None, help="autoscale between --min-replicas and "
-                   "--max-replicas instead of a fixed --replicas")
-    r.add_argument("--max-replicas", type=int, default=None)
-    r.add_argument("--threads-per-replica", type=int, default=1, help="each replica's engine threads = the CPUs "
-                   "Ray reserves for it (default 1)")
-    p.set_defaults(run=_run_serve)
-
-
-def _run_serve(a) -> int:
-    from ortllm.service import logs
-    from ortllm.service.config import ServiceConfig
-    from ortllm.service.server import serve
-
-    overrides = {k: v for k, v in (("max_queued", a.max_queued), ("threads", a.threads)) if v is not None}
-    for name in ("spec_max_tokens", "decode_steps"):
-        if getattr(a, name) is not None:
-            overrides[name] = getattr(a, name)
-    from .store_verbs import served_models
-    models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
-    config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,
-                           api_key=a.api_key, model_name=a.model_name or (models[0][0] if len(models) == 1 else None),
-                           http_threads=a.http_threads, request_timeout_s=a.request_timeout,
-                           drain_timeout_s=a.drain_timeout, engine_overrides=overrides,
-                           models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
-                           memory_budget_bytes=int(a.memory_budget * 2**30) if a.memory_budget else None)
-    logs.configure()
-    if a.ray:
-        from ortllm.runtime.errors import ConfigError
-        from ortllm.service.ray_serve import RayOptions, serve_forever
-        if len(models) != 1:
-            raise ConfigError("ortllm serve --ray: serve one model per Ray application")
-        if a.threads is not None:
-            raise ConfigError("ortllm serve --ray: give --threads-per-replica, not --threads")
-        return serve_forever(config, RayOptions(address=a.address, replicas=a.replicas, min_replicas=a.min_replicas,
-                                                max_replicas=a.max_replicas,
-                                                threads_per_replica=a.threads_per_replica))
-    return serve(config)
-
-
 # ---------------------------------------------------------------- batch
 
 def _add_batch(sub) -> None:
@@ -432,7 +360,8 @@ def make_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_adapters(sub)
     _add_bench(sub)
-    _add_serve(sub)
+    from .serve import add_serve
+    add_serve(sub)
     _add_batch(sub)
     from .store_verbs import add_store_verbs
     add_store_verbs(sub, _add_build_options, _build_options)
@@ -443,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
         from .store_verbs import resolve_artifact_args
+        if hasattr(args, "prepare"):
+            args.prepare(args)           # options from other sources than the command line (serve: env, file)
         resolve_artifact_args(args)      # store names (NAME:TAG) -> their artifact directories
         return args.run(args)
     except KeyboardInterrupt:
