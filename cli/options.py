@@ -101,8 +101,11 @@ class Option:
 
     def parse(self, text: object, where: str) -> object:
         """A value from an env var (text) or a TOML file (typed) -> the option's value; ConfigError naming where."""
-        if self.repeat and isinstance(text, list):
-            return [self.parse(t, where) for t in text]
+        if self.repeat:
+            return [self._parse_one(t, where) for t in (text if isinstance(text, list) else [text])]
+        return self._parse_one(text, where)
+
+    def _parse_one(self, text: object, where: str) -> object:
         if self.is_bool:
             if isinstance(text, bool):
                 return text
@@ -118,8 +121,6 @@ class Option:
             raise ConfigError(f"{where}: invalid value {text!r} ({e})") from None
         if (choices := self.choice_values()) is not None and value not in choices:
             raise ConfigError(f"{where}: must be one of {', '.join(map(str, choices))}; got {text!r}")
-        if self.repeat:
-            value = [value]
         return value
 
 
@@ -133,7 +134,7 @@ class Bool(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         if option_string.startswith("--no-"):
             value = False
-        elif values is None:
+        elif values is None or values == []:
             value = True
         elif str(values).lower() in TRUE + FALSE:
             value = str(values).lower() in TRUE
