@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers soak adapters browser clean
+.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers soak adapters browser terminal serve-sizing clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -40,7 +40,7 @@ serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm serve $(DEFAULT_ARTIFACT) --host $(HOST) --port $(PORT)
 
 # The whole suite on this CPU's best ops path, then the ops-numerics tests again on the AVX2 path (ci/run_tests.sh).
-test: $(STAMP) ops browser lint
+test: $(STAMP) ops browser terminal lint
 	PYTEST_ARGS='$(PYTEST_ARGS)' bash ci/run_tests.sh
 
 # ruff over the whole tree (rules and each exception: pyproject.toml [tool.ruff]), and clang-format over
@@ -54,6 +54,12 @@ browser:
 	@command -v chromedriver >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
 	  echo "warning: could not install chromium + chromium-driver; the browser test will be skipped"
+
+# tmux for the `ortllm run` terminal test (tests/cli/test_run.py; skipped, saying why, if apt fails).
+terminal:
+	@command -v tmux >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; } || \
+	  echo "warning: could not install tmux; the ortllm run terminal test will be skipped"
 
 test-asan: $(STAMP)
 	bash ci/test_asan.sh

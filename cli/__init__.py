@@ -13,6 +13,16 @@ from pathlib import Path
 # the registry only (names, help, defaults): each scenario's code is imported when it runs
 from ortllm.bench.scenarios import DEFAULT_BATCHES, SCENARIOS, SERVE_CONCURRENCY
 
+from .options import Option, add_options, fill_defaults
+
+# The verb being parsed: only its options are declared (their defaults import the config they come from, e.g.
+# ortllm.pipeline.build for build and pull); None: every verb's (tests, --help of the whole command).
+_VERB: list[str | None] = [None]
+
+
+def _declares(*verbs: str) -> bool:
+    return _VERB[0] is None or _VERB[0] in verbs
+
 
 # ---------------------------------------------------------------- build
 
@@ -21,75 +31,33 @@ def _add_build(sub) -> None:
     p.add_argument("model", metavar="RECIPE|PATH")
     p.add_argument("--out", required=True, type=Path, help="artifact directory to write")
     _add_build_options(p)
-    p.add_argument("--force", action="store_true", help="replace whatever --out holds")
+    add_options(p, BUILD_VERB_OPTIONS)
     p.set_defaults(run=_run_build)
 
 
+BUILD_VERB_OPTIONS = (Option("--force", "replace whatever --out holds", default=False),)
+
+
 def _add_build_options(p) -> None:
-    """The build options `ortllm build` and `ortllm pull` share."""
-    p.add_argument("--source", help="weights for recipes that take a local path (e.g. tinyllama-1.1b-chat)")
-    p.add_argument("--quant", default=None, help="fp32|int8|int4 (default: the recipe's)")
-    p.add_argument("--block-size", type=int, default=None,
-                   help="quantization block size, a power of two >= 16: 16|32|64|128|256 (default: recipe's)")
-    p.add_argument("--algo", default="rtn",
-                   help="rtn|hqq|gptq (gptq: error feedback from calibration activations of the fp32 model)")
-    p.add_argument("--calib-tokens", type=int, default=8192, metavar="N",
-                   help="calibration tokens for --algo gptq and --smooth (windows of 256; default 8192)")
-    p.add_argument("--smooth", type=float, default=None, metavar="ALPHA",
-                   help="SmoothQuant migration strength in [0, 1] for the projections after a norm (q|k|v, gate|up); "
-                        "0: off; default 0.5 for --quant int8 with int8 compute (accuracy level 4), else off")
-    p.add_argument("--smooth-down", type=float, default=0.0, metavar="ALPHA",
-                   help="SmoothQuant migration strength in [0, 1] for down_proj's input, carried by up_proj's rows "
-                        "(GLU MLPs); default 0 (off)")
-    p.add_argument("--act16", default=None, metavar="GROUPS",
-                   help="projection groups whose int8 weights take int16 activation codes: a comma-separated list "
-                        "of qkv, o, gate_up, down, or none (default: the family's; Gemma 3 measured in "
-                        "docs/quality.md)")
-    p.add_argument("--source-mix", type=int, choices=(0, 1), default=1,
-                   help="--quant int4 on a GGUF: keep its tensors of types wider than 4 bits (Q5_0, Q6_K, Q8_0, ...) "
-                        "int8 (1, default) or round them to int4 too (0); Q4_K tensors keep their own grid")
-    p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
-    p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
-    p.add_argument("--lm-head", default=None,
-                   help="fp32|int8|int4 (default: int4 for --quant int4, else fp32)")
-    p.add_argument("--lm-head-algo", default=None,
-                   help="rtn|hqq|gptq: the quantizer of an int4 LM head (default gptq, from the final norm's "
-                        "output with a searched grid; it needs --calib-tokens > 0)")
-    p.add_argument("--keep", action="append", default=[], metavar="PATTERN=fp32|int8",
-                   help="keep HF tensors matching the glob wider, e.g. 'model.layers.*.mlp.down_proj.weight=int8' "
-                        "(repeatable; first match wins)")
-    p.add_argument("--kv", default=None, help="KV cache dtype fp32|fp16|int8|fp8|int4 (default: fp32; fp16 halves its "
-                                              "bytes at no measurable quality cost, int8 and int4 cost quality on "
-                                              "held-out text: docs/quality.md)")
-    p.add_argument("--kv-block-size", type=int, default=16, help="tokens per paged KV block (engine graph)")
-    p.add_argument("--kv-rotate", type=int, choices=(0, 1), default=1,
-                   help="Hadamard-rotate keys (int4: and values) before a quantized KV cache (1, default) or not "
-                        "(0, for comparison)")
-    p.add_argument("--graph", default="engine",
-                   help="engine (paged KV, multi-LoRA; needs the ops library) | portable (stock ONNX Runtime)")
-    p.add_argument("--exporter", default="native", help="native|optimum (optimum also writes optimum/)")
+    """The build options `ortllm build` and `ortllm pull` share (cli/build_options.py)."""
+    if _declares("build", "pull"):
+        from .build_options import BUILD_OPTIONS
+        add_options(p, BUILD_OPTIONS)
 
 
 def _run_build(a) -> int:
     from .build import build_artifact
 
-    build_artifact(a.model, a.out, _build_options(a), source=a.source, force=a.force,
+    opts = _build_options(a)
+    fill_defaults(a, BUILD_VERB_OPTIONS)
+    build_artifact(a.model, a.out, opts, source=a.source, force=a.force,
                    log=lambda m: print(m, file=sys.stderr))
     return 0
 
 
 def _build_options(a):
-    from ortllm.pipeline.build import BuildOptions
-    from ortllm.pipeline.recipes import known_recipes
-
-    defaults = known_recipes()[a.model].build if a.model in known_recipes() else {}
-    return BuildOptions(
-        quant=a.quant or defaults.get("quant", "fp32"), block_size=a.block_size or defaults.get("block_size", 32),
-        algo=a.algo, lm_head=a.lm_head, lm_head_algo=a.lm_head_algo, kv=a.kv or defaults.get("kv"),
-        graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
-        accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
-        calib_tokens=a.calib_tokens, smooth=a.smooth, smooth_down=a.smooth_down, source_mix=bool(a.source_mix),
-        act16=None if a.act16 is None else tuple(g for g in a.act16.split(",") if g and g != "none"))
+    from .build_options import build_options
+    return build_options(a)
 
 
 # ---------------------------------------------------------------- eval
@@ -130,24 +98,38 @@ def _run_eval(a) -> int:
 
 # ---------------------------------------------------------------- generate
 
+def _generate_text():
+    from .generate import generate_text
+    return generate_text
+
+
+GENERATE_OPTIONS = (
+    Option("--prompt", "the text to complete (with --chat: the user's message)", default=None),
+    Option("--chat", "wrap the prompt in the model's chat template", _generate_text),
+    Option("--system", "system message (with --chat)", _generate_text),
+    Option("--adapter", "LoRA adapter of the artifact (ortllm adapters list)", _generate_text),
+    Option("--max-tokens", "tokens to generate at most", _generate_text, metavar="N"),
+    Option("--temperature", "0 = greedy", _generate_text, metavar="T"),
+    Option("--seed", "same seed, same text", _generate_text, metavar="S"),
+    Option("--threads", "intra-op threads", _generate_text, default_text="physical cores", metavar="N"),
+)
+
+
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="print a completion for one prompt")
     p.add_argument("artifact", type=Path)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--system", default=None, help="system message (with --chat)")
-    p.add_argument("--adapter", default=None, help="LoRA adapter of the artifact (ortllm adapters list)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: physical cores)")
-    p.set_defaults(run=_run_generate)
+    if _declares("generate"):
+        add_options(p, GENERATE_OPTIONS)
+    p.set_defaults(run=_run_generate, prepare=lambda a: fill_defaults(a, GENERATE_OPTIONS))
 
 
 def _run_generate(a) -> int:
     from ortllm.runtime.artifact import quality_line
+    from ortllm.runtime.errors import EmptyPrompt
     from .generate import generate_text
 
+    if a.prompt is None:
+        raise EmptyPrompt("ortllm generate needs --prompt TEXT (for a chat: ortllm run MODEL)")
     if a.artifact.is_dir() and (line := quality_line(a.artifact)):
         print(f"ortllm: {line}", file=sys.stderr)
 
@@ -157,6 +139,45 @@ def _run_generate(a) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
+
+
+# ---------------------------------------------------------------- run
+
+def _chat_options():
+    from .run import ChatOptions
+    return ChatOptions
+
+
+RUN_OPTIONS = tuple(Option("--" + name.replace("_", "-"), doc, _chat_options, metavar=meta) for name, doc, meta in (
+    ("system", "system message of the conversation", "TEXT"),
+    ("adapter", "LoRA adapter of the artifact (ortllm adapters list)", "NAME"),
+    ("temperature", "0 = greedy; /set temperature T in a session", "T"),
+    ("top_p", "nucleus sampling (1: off)", "P"),
+    ("top_k", "sample from the K most likely tokens (0: off)", "K"),
+    ("min_p", "drop tokens below P x the most likely one's probability (0: off)", "P"),
+    ("repetition_penalty", "penalty on tokens already seen (1: off)", "R"),
+    ("max_tokens", "tokens per reply at most", "N"),
+    ("seed", "same seed, same replies", "S"))) + (
+    Option("--threads", "intra-op threads", lambda: __import__("ortllm.runtime.config", fromlist=["x"]).EngineConfig,
+           default_text="physical cores", metavar="N"),)
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="chat with a model in the terminal (streamed, with history), or answer one "
+                                   "prompt (given, or piped on stdin); in-process, no server")
+    p.add_argument("artifact", type=Path, metavar="MODEL", help="artifact directory or store name (NAME[:TAG])")
+    p.add_argument("prompt", nargs="?", default=None, help="answer this and exit (default: an interactive session, "
+                   "or stdin when it is not a terminal)")
+    if _declares("run"):
+        add_options(p, RUN_OPTIONS)
+    p.set_defaults(run=_run_run, prepare=lambda a: fill_defaults(a, RUN_OPTIONS))
+
+
+def _run_run(a) -> int:
+    from .run import ChatOptions, run_chat
+    import dataclasses
+    options = ChatOptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ChatOptions)})
+    return run_chat(a.artifact, a.prompt, options, threads=a.threads)
 
 
 # ---------------------------------------------------------------- adapters
@@ -351,12 +372,15 @@ def _run_batch(a) -> int:
 
 # ---------------------------------------------------------------- main
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The command line; with argv, only the options of its verb are declared (the others' imports skipped)."""
+    _VERB[0] = None if argv is None else next((x for x in argv if not x.startswith("-")), "")
     parser = argparse.ArgumentParser(prog="ortllm", description="small llama-family models with many LoRA "
                                      "adapters on CPUs, on ONNX Runtime")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     _add_build(sub)
     _add_generate(sub)
+    _add_run(sub)
     _add_eval(sub)
     _add_adapters(sub)
     _add_bench(sub)
@@ -369,7 +393,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = make_parser(argv).parse_args(argv)
     try:
         from .store_verbs import resolve_artifact_args
         if hasattr(args, "prepare"):

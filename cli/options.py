@@ -90,6 +90,8 @@ class Option:
     def add_to(self, parser) -> None:
         kw: dict = {"dest": self.key, "default": argparse.SUPPRESS, "help": self.help_text().replace("%", "%%")}
         if self.is_bool:
+            if self.takes_value:
+                kw["metavar"] = "0|1"
             parser.add_argument(self.flag, *self.aliases, action=Bool, takes_value=self.takes_value, **kw)
             return
         kw.update(type=self.value_type(), metavar=self.metavar)
