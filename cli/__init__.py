@@ -13,7 +13,7 @@ from pathlib import Path
 # the registry only (names, help, defaults): each scenario's code is imported when it runs
 from ortllm.bench.scenarios import DEFAULT_BATCHES, SCENARIOS, SERVE_CONCURRENCY
 
-from .options import Option, add_options, fill_defaults
+from .options import Bool, Option, add_options, fill_defaults
 
 # The verb being parsed: only its options are declared (their defaults import the config they come from, e.g.
 # ortllm.pipeline.build for build and pull); None: every verb's (tests, --help of the whole command).
@@ -73,7 +73,8 @@ def _add_eval(sub) -> None:
     p.add_argument("--ctx", type=int, default=2048, help="tokens per fidelity window")
     p.add_argument("--humaneval-n", type=int, default=164, help="HumanEval problems (the first N)")
     p.add_argument("--max-tokens", type=int, default=384, help="completion budget per HumanEval problem")
-    p.add_argument("--no-pass-at-1", action="store_true", help="HumanEval NLL only (skip generation)")
+    p.add_argument("--pass-at-1", action=Bool, default=True,
+                   help="HumanEval pass@1 by generation (--no-pass-at-1: NLL only) (default: on)")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(run=_run_eval)
 
@@ -84,7 +85,7 @@ def _run_eval(a) -> int:
 
     opts = EvalOptions(suites=tuple(s.strip() for s in a.suite.split(",") if s.strip()), tokens=a.tokens,
                        ctx=a.ctx, humaneval_n=a.humaneval_n, max_tokens=a.max_tokens,
-                       pass_at_1=not a.no_pass_at_1, threads=a.threads)
+                       pass_at_1=a.pass_at_1, threads=a.threads)
     command = "ortllm " + " ".join(sys.argv[1:])
     if len(a.artifact) == 1:
         reports = [evaluate(a.artifact[0], a.reference, a.out, opts, command=command)]
@@ -278,7 +279,7 @@ def _add_bench(sub) -> None:
                    help="held-out positions scored per system, prose, code and chat together (default 4096)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
+    p.add_argument("--quick", action=Bool, default=False, help="fewer shapes and repeats (smoke run) (default: off)")
     p.add_argument("--slo-ttft", type=float, default=1000.0, metavar="MS",
                    help="serve: goodput counts requests with time to first token <= MS (default 1000)")
     p.add_argument("--slo-tpot", type=float, default=100.0, metavar="MS",
@@ -353,8 +354,10 @@ def _add_batch(sub) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="engine intra-op threads (default: physical cores; with --ray: per worker, 1 if unset)")
     p.add_argument("--model-name", default=None, help="the base model's `model` (default: the artifact's recipe)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary line still prints)")
-    p.add_argument("--ray", action="store_true", help="run on Ray Data, one engine per worker (pip install ray)")
+    p.add_argument("--progress", action=Bool, default=True,
+                   help="a progress bar (the summary line prints either way) (default: on)")
+    p.add_argument("--ray", action=Bool, default=False,
+                   help="run on Ray Data, one engine per worker (pip install ray) (default: off)")
     p.add_argument("--num-workers", type=int, default=2, help="with --ray: engine actors")
     p.add_argument("--address", default=None,
                    help="with --ray: cluster to join (e.g. auto, or HEAD_IP:6379); default: a local Ray instance")
@@ -365,7 +368,7 @@ def _run_batch(a) -> int:
     from ortllm.batch import BatchOptions, run_batch
 
     opts = BatchOptions(max_num_seqs=a.max_num_seqs, threads=a.threads, model_name=a.model_name,
-                        progress=not a.no_progress, ray=a.ray, num_workers=a.num_workers, address=a.address)
+                        progress=a.progress, ray=a.ray, num_workers=a.num_workers, address=a.address)
     summary = run_batch(a.artifact, a.input, a.output, opts)
     return 130 if summary.interrupted else 0
 

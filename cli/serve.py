@@ -22,7 +22,7 @@ from pathlib import Path
 from ortllm.runtime.config import DEFAULT_KV_BUDGET_BYTES, CacheConfig
 from ortllm.runtime.errors import ConfigError
 
-from .options import Option, add_options, env_name, flag_names, format_value, layer, read_toml
+from .options import Bool, Option, add_options, env_name, flag_names, format_value, layer, read_toml
 
 GIB = 1 << 30
 
@@ -142,7 +142,7 @@ def add_serve(sub) -> None:
                         "ORTLLM_ARTIFACT, or `artifact` in the config file)")
     p.add_argument("--config", type=Path, default=None, metavar="FILE",
                    help="TOML file of serve options (keys: the flags' names; env ORTLLM_CONFIG)")
-    p.add_argument("--print-config", action="store_true",
+    p.add_argument("--print-config", action=Bool, default=False,
                    help="print every option's value and where it came from (flag, env, file, default), then exit")
     s = p.add_argument_group("sizing (the memory plan printed at start; a plan that does not fit is refused)")
     add_options(s, SIZING)
@@ -235,28 +235,11 @@ def run_serve(a) -> int:
 
 def _serve(a, values: dict) -> int:
     from ortllm.service import logs
-    from ortllm.service.config import ServiceConfig
     from ortllm.service.server import serve
 
     from .store_verbs import served_models
     models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
-    overrides = engine_overrides({k: v for k, (v, _) in values.items()})
-    per_model = {}
-    for key, own in a.model_settings.items():
-        matches = [n for (n, p), given in zip(models, a.artifact_given) if key in (n, str(p), given)]
-        if not matches:
-            raise ConfigError(f"config file: [models.\"{key}\"] names no served model; served: "
-                              f"{', '.join(n or str(p) for n, p in models)}")
-        per_model[matches[0] or ""] = own
-    if len(models) == 1 and per_model:
-        overrides = {**overrides, **next(iter(per_model.values()))}
-    config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,
-                           api_key=a.api_key, model_name=a.model_name or (models[0][0] if len(models) == 1 else None),
-                           http_threads=a.http_threads, request_timeout_s=a.request_timeout,
-                           drain_timeout_s=a.drain_timeout, engine_overrides=overrides,
-                           models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
-                           model_overrides=per_model if len(models) > 1 else {},
-                           memory_budget_bytes=int(a.memory_budget * GIB) if a.memory_budget else None)
+    config = service_config(a, values, models)
     logs.configure()
     if a.ray:
         from ortllm.service.ray_serve import serve_forever
@@ -269,6 +252,29 @@ def _serve(a, values: dict) -> int:
                                                 max_replicas=a.max_replicas,
                                                 threads_per_replica=a.threads_per_replica))
     return serve(config, names=plan_names())
+
+
+def service_config(a, values: dict, models: tuple):
+    """The ServiceConfig of resolved serve options (`settings`) for these served models ((name, dir), ...)."""
+    from ortllm.service.config import ServiceConfig
+
+    overrides = engine_overrides({k: v for k, (v, _) in values.items()})
+    per_model = {}
+    for key, own in a.model_settings.items():
+        matches = [n for (n, p), given in zip(models, a.artifact_given) if key in (n, str(p), given)]
+        if not matches:
+            raise ConfigError(f"config file: [models.\"{key}\"] names no served model; served: "
+                              f"{', '.join(n or str(p) for n, p in models)}")
+        per_model[matches[0] or ""] = own
+    if len(models) == 1 and per_model:
+        overrides = {**overrides, **next(iter(per_model.values()))}
+    return ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,
+                         api_key=a.api_key, model_name=a.model_name or (models[0][0] if len(models) == 1 else None),
+                         http_threads=a.http_threads, request_timeout_s=a.request_timeout,
+                         drain_timeout_s=a.drain_timeout, engine_overrides=overrides,
+                         models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
+                         model_overrides=per_model if len(models) > 1 else {},
+                         memory_budget_bytes=int(a.memory_budget * GIB) if a.memory_budget else None)
 
 
 def plan_names() -> dict[str, str]:
