@@ -68,6 +68,14 @@ test-asan: $(STAMP)
 bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,memory,ops --out $(BENCH_OUT)
 
+# `ortllm serve --parallel 64 --ctx-size 2048 --kv-cache-size auto` on TinyLlama's shapes (int4): 64 concurrent streams
+# of ~2,000-token contexts must all complete (ci/serve_sizing.py; minutes, never in make test).
+SIZING_ARTIFACT := artifacts/tinyllama-1.1b-shape-int4
+$(SIZING_ARTIFACT)/manifest.json: runtime/contract.py | $(STAMP)
+	$(BIN)/ortllm build tinyllama-1.1b-shape --quant int4 --out $(SIZING_ARTIFACT) --force
+serve-sizing: $(STAMP) ops $(SIZING_ARTIFACT)/manifest.json
+	$(BIN)/python ci/serve_sizing.py $(SIZING_ARTIFACT) --parallel 64 --ctx-size 2048 --out $(BENCH_OUT)/serve-sizing.json
+
 # The held-out quality table of docs/quality.md: every build option of SmolLM2 scored on held-out prose, code and
 # chat, on this CPU's best ops path and on the AVX2 path (ci/quality_table.sh; tens of minutes, never in make test).
 QUALITY_OUT ?= quality-results
