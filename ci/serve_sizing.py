@@ -133,6 +133,7 @@ def main() -> int:
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=Path(__file__).parent).stdout.strip(),
         }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=2))
         print(json.dumps({k: v for k, v in summary.items() if k != "memory_plan"}, indent=2))
         passed = len(ok) == args.parallel and code == 0
