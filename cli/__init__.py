@@ -13,7 +13,7 @@ from pathlib import Path
 # the registry only (names, help, defaults): each scenario's code is imported when it runs
 from ortllm.bench.scenarios import DEFAULT_BATCHES, SCENARIOS, SERVE_CONCURRENCY
 
-from .options import Bool, Option, add_options, fill_defaults
+from .options import Bool, Option, Parser, add_options, fill_defaults
 
 # The verb being parsed: only its options are declared (their defaults import the config they come from, e.g.
 # ortllm.pipeline.build for build and pull); None: every verb's (tests, --help of the whole command).
@@ -378,7 +378,7 @@ def _run_batch(a) -> int:
 def make_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The command line; with argv, only the options of its verb are declared (the others' imports skipped)."""
     _VERB[0] = None if argv is None else next((x for x in argv if not x.startswith("-")), "")
-    parser = argparse.ArgumentParser(prog="ortllm", description="small llama-family models with many LoRA "
+    parser = Parser(prog="ortllm", description="small llama-family models with many LoRA "
                                      "adapters on CPUs, on ONNX Runtime")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     _add_build(sub)

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import difflib
 import inspect
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -124,6 +125,20 @@ class Option:
         if (choices := self.choice_values()) is not None and value not in choices:
             raise ConfigError(f"{where}: must be one of {', '.join(map(str, choices))}; got {text!r}")
         return value
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse in the CLI's error shape: one `ortllm: error: ...` line, exit 1; a bad choice names the choices."""
+
+    def _check_value(self, action, value):
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentError(action, f"must be one of {', '.join(map(str, action.choices))}; "
+                                                 f"got {value!r}")
+
+    def error(self, message: str):
+        if m := re.match(r"argument ([^:]+): (.*)", message, re.S):
+            message = f"{m.group(1).split('/')[0]} {m.group(2)}"
+        self.exit(1, f"ortllm: error: {message} (see {self.prog} --help)\n")
 
 
 class Bool(argparse.Action):
