@@ -15,6 +15,7 @@ The API key never needs the command line (where `ps` shows it): ORTLLM_API_KEY, 
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -137,7 +138,7 @@ def add_serve(sub) -> None:
                                      "HTTP API", epilog="Every option can also come from an ORTLLM_<NAME> env var "
                        "(ORTLLM_CTX_SIZE=2048, ORTLLM_API_KEY=...) or a --config TOML file (ctx_size = 2048; "
                        "[models.\"NAME\"] tables size one model); a flag wins over the env, the env over the file.")
-    p.add_argument("artifact", type=Path, nargs="*", metavar="ARTIFACT", default=argparse_suppress(),
+    p.add_argument("artifact", type=Path, nargs="*", metavar="ARTIFACT", default=argparse.SUPPRESS,
                    help="one model, loaded at start; or several, each loaded on its first request (env "
                         "ORTLLM_ARTIFACT, or `artifact` in the config file)")
     p.add_argument("--config", type=Path, default=None, metavar="FILE",
@@ -150,11 +151,6 @@ def add_serve(sub) -> None:
     r = p.add_argument_group("scale-out on Ray Serve (pip install 'ortllm[ray]'; docs/service.md)")
     add_options(r, RAY)
     p.set_defaults(run=run_serve, prepare=settings)
-
-
-def argparse_suppress():
-    import argparse
-    return argparse.SUPPRESS
 
 
 def settings(a, env=None) -> dict:
@@ -175,7 +171,7 @@ def settings(a, env=None) -> dict:
     a.model_settings = {name: _model_overrides(table, f"{path}: models.{name}") for name, table in per_model.items()}
     if a.api_key_file is not None and out["api_key"][1] == "default":
         try:
-            key = a.api_key_file.read_text().splitlines()[0].strip() if a.api_key_file.read_text().strip() else ""
+            key = next(iter(a.api_key_file.read_text().splitlines()), "").strip()
         except OSError as e:
             raise ConfigError(f"--api-key-file {a.api_key_file}: cannot read it ({e.strerror})") from None
         if not key:

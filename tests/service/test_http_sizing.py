@@ -115,3 +115,23 @@ def test_memory_plan_printed_and_refusals_say_what_to_lower(tiny_engine):
     p = _serve(tiny_engine, "--parallel", 600)           # validated by the config tree, named by its flag
     assert p.returncode == 1 and "max_num_seqs (600) must be <= max_batch_tokens (512)" in p.stderr
     assert "lower max_num_seqs (--parallel) or raise max_batch_tokens (--max-batch-tokens)" in p.stderr
+
+
+def test_each_model_of_a_multi_model_server_gets_its_own_plan(tiny_engine):
+    """[models."NAME"] sizes: each served model is planned (and later loaded) with its own sizes on top of the
+    shared ones; the plan pins each pool to the blocks it printed."""
+    import io
+
+    from ortllm.service.server import plan_models
+
+    config = ServiceConfig(models=(("a", tiny_engine), ("b", tiny_engine)),
+                           engine_overrides={"max_num_seqs": 4, "memory_budget_bytes": "auto"},
+                           model_overrides={"b": {"max_model_len": 64, "max_num_seqs": 2}})
+    out = io.StringIO()
+    planned = plan_models(config, out)
+    text = out.getvalue()
+    assert "memory plan for a:" in text and "memory plan for b:" in text
+    a, b = planned.overrides_for("a", tiny_engine), planned.overrides_for("b", tiny_engine)
+    assert "memory_budget_bytes" not in a and "memory_budget_bytes" not in b
+    assert a["num_blocks"] == 4 * (512 // 16) + 1             # auto: at most 4 sequences of the model's 512
+    assert b["num_blocks"] == 2 * (64 // 16) + 1 and b["max_model_len"] == 64 and b["max_num_seqs"] == 2
