@@ -73,7 +73,8 @@ def stream(url: str, prompt: list[int], max_tokens: int, out: dict) -> None:
     out["seconds"] = time.monotonic() - t0
 
 
-def sample(url: str, stop: threading.Event, seen: dict) -> None:
+def sample(url: str, stop: threading.Event, seen: dict, results: list[dict]) -> None:
+    t0, last = time.monotonic(), 0.0
     while not stop.wait(1.0):
         try:
             text = requests.get(url + "/metrics", timeout=10).text
@@ -87,6 +88,13 @@ def sample(url: str, stop: threading.Event, seen: dict) -> None:
         m = re.search(r"^ortllm_preemptions_total(?:{[^}]*})? ([0-9.e+]+)$", text, re.M)
         if m:
             seen["preemptions"] = float(m.group(1))
+        if time.monotonic() - last >= 30:          # progress, for a run of many minutes
+            last = time.monotonic()
+            running = re.search(r"^ortllm_requests_running ([0-9.e+]+)$", text, re.M)
+            usage = re.search(r"^ortllm_kv_usage_ratio ([0-9.e+]+)$", text, re.M)
+            print(f"[{last - t0:6.0f} s] finished {sum('seconds' in r for r in results)}/{len(results)}, running "
+                  f"{running.group(1) if running else '?'}, KV {float(usage.group(1)) if usage else 0:.0%}, "
+                  f"preemptions {seen.get('preemptions', 0):.0f}", flush=True)
 
 
 def main() -> int:
@@ -108,7 +116,7 @@ def main() -> int:
         results = [{} for _ in prompts]
         seen: dict = {}
         stop = threading.Event()
-        sampler = threading.Thread(target=sample, args=(url, stop, seen), daemon=True)
+        sampler = threading.Thread(target=sample, args=(url, stop, seen, results), daemon=True)
         sampler.start()
         t0 = time.monotonic()
         threads = [threading.Thread(target=stream, args=(url, p, args.max_tokens, r)) for p, r in zip(prompts, results)]
