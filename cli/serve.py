@@ -6,7 +6,7 @@ config file may size each model of a multi-model server on its own:
 
     artifact = ["smollm2-135m-instruct:int4", "tinyllama:int4"]
     parallel = 8
-    [models."tinyllama:int4"]              # its served name or its path as given
+    [models."tinyllama:int4"]              # its served name, its path as given, or its directory's name
     ctx_size = 1024
     kv_cache_size = "auto"
 
@@ -257,7 +257,7 @@ def service_config(a, values: dict, models: tuple):
     overrides = engine_overrides({k: v for k, (v, _) in values.items()})
     per_model = {}
     for key, own in a.model_settings.items():
-        matches = [n for (n, p), given in zip(models, a.artifact_given) if key in (n, str(p), given)]
+        matches = [n for (n, p), given in zip(models, a.artifact_given) if key in (n, str(p), given, p.name)]
         if not matches:
             raise ConfigError(f"config file: [models.\"{key}\"] names no served model; served: "
                               f"{', '.join(n or str(p) for n, p in models)}")
