@@ -1,8 +1,9 @@
 """`ortllm serve` sized for many long contexts, checked end to end (minutes; `make serve-sizing`, never make test).
 
-    python ci/serve_sizing.py ARTIFACT [--parallel 64] [--ctx-size 2048] [--max-tokens 96] [--out RESULT.json]
+    python ci/serve_sizing.py ARTIFACT [--parallel 64] [--ctx-size 2048] [--max-tokens 96] [--kv-cache-size auto]
+                                       [--out RESULT.json]
 
-Starts `ortllm serve ARTIFACT --parallel P --ctx-size C --kv-cache-size auto` on 127.0.0.1, keeps its printed
+Starts `ortllm serve ARTIFACT --parallel P --ctx-size C --kv-cache-size auto` (or GiB) on 127.0.0.1, keeps its printed
 memory plan, then opens P concurrent streams, each a distinct prompt of C - max_tokens token ids (no prefix is
 shared, so every stream holds its own ~C tokens of KV) generating max_tokens tokens with ignore_eos. It passes if
 every stream ends with finish_reason "length", [DONE] and max_tokens completion tokens (nothing lost, no error),
@@ -30,7 +31,7 @@ def start(artifact: Path, args) -> tuple[subprocess.Popen, str, list[str]]:
     exe = Path(sys.executable).with_name("ortllm")
     cmd = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "ortllm"]), "serve",
            str(artifact), "--port", "0", "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
-           "--kv-cache-size", "auto", "--max-queued", str(args.parallel), "--request-timeout", "14400"]
+           "--kv-cache-size", args.kv_cache_size, "--max-queued", str(args.parallel), "--request-timeout", "14400"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     plan = []
@@ -103,6 +104,7 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=64)
     ap.add_argument("--ctx-size", type=int, default=2048)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--kv-cache-size", default="auto", help="GiB or auto (a small pool: preemption at scale)")
     ap.add_argument("--out", type=Path, default=Path("serve-sizing.json"))
     args = ap.parse_args()
 
@@ -132,7 +134,8 @@ def main() -> int:
         code = proc.wait(120)
         summary = {
             "command": " ".join(sys.argv), "artifact": str(args.artifact), "parallel": args.parallel,
-            "ctx_size": args.ctx_size, "prompt_tokens": prompt_len, "max_tokens": args.max_tokens,
+            "ctx_size": args.ctx_size, "kv_cache_size": args.kv_cache_size, "prompt_tokens": prompt_len,
+            "max_tokens": args.max_tokens,
             "memory_plan": [ln for ln in plan if ln.startswith("  ")], "limits": limits,
             "streams": len(results), "complete": len(ok), "errors": [r for r in results if r not in ok][:5],
             "wall_s": round(wall, 1), "first_token_s_max": round(max(r.get("first_token_s") or 0 for r in results), 1),
