@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers soak adapters browser clean
+.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers soak adapters browser terminal serve-sizing clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -40,7 +40,7 @@ serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm serve $(DEFAULT_ARTIFACT) --host $(HOST) --port $(PORT)
 
 # The whole suite on this CPU's best ops path, then the ops-numerics tests again on the AVX2 path (ci/run_tests.sh).
-test: $(STAMP) ops browser lint
+test: $(STAMP) ops browser terminal lint
 	PYTEST_ARGS='$(PYTEST_ARGS)' bash ci/run_tests.sh
 
 # ruff over the whole tree (rules and each exception: pyproject.toml [tool.ruff]), and clang-format over
@@ -55,12 +55,26 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
 	  echo "warning: could not install chromium + chromium-driver; the browser test will be skipped"
 
+# tmux for the `ortllm run` terminal test (tests/cli/test_run.py; skipped, saying why, if apt fails).
+terminal:
+	@command -v tmux >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; } || \
+	  echo "warning: could not install tmux; the ortllm run terminal test will be skipped"
+
 test-asan: $(STAMP)
 	bash ci/test_asan.sh
 
 # Figures for docs/benchmarks.md (minutes; never part of make test).
 bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,memory,ops --out $(BENCH_OUT)
+
+# `ortllm serve --parallel 64 --ctx-size 2048 --kv-cache-size auto` on TinyLlama's shapes (int4): 64 concurrent streams
+# of ~2,000-token contexts must all complete (ci/serve_sizing.py; minutes, never in make test).
+SIZING_ARTIFACT := artifacts/tinyllama-1.1b-shape-int4
+$(SIZING_ARTIFACT)/manifest.json: runtime/contract.py | $(STAMP)
+	$(BIN)/ortllm build tinyllama-1.1b-shape --quant int4 --out $(SIZING_ARTIFACT) --force
+serve-sizing: $(STAMP) ops $(SIZING_ARTIFACT)/manifest.json
+	$(BIN)/python ci/serve_sizing.py $(SIZING_ARTIFACT) --parallel 64 --ctx-size 2048 --out $(BENCH_OUT)/serve-sizing.json
 
 # The held-out quality table of docs/quality.md: every build option of SmolLM2 scored on held-out prose, code and
 # chat, on this CPU's best ops path and on the AVX2 path (ci/quality_table.sh; tens of minutes, never in make test).

@@ -14,6 +14,16 @@ from pathlib import Path
 from ortllm.bench.scenarios import DEFAULT_BATCHES, SCENARIOS, SERVE_CONCURRENCY
 from ortllm.pipeline.train_config import add_arguments as add_train_arguments
 
+from .options import Bool, Option, Parser, add_options, fill_defaults
+
+# The verb being parsed: only its options are declared (their defaults import the config they come from, e.g.
+# ortllm.pipeline.build for build and pull); None: every verb's (tests, --help of the whole command).
+_VERB: list[str | None] = [None]
+
+
+def _declares(*verbs: str) -> bool:
+    return _VERB[0] is None or _VERB[0] in verbs
+
 
 # ---------------------------------------------------------------- build
 
@@ -23,75 +33,33 @@ def _add_build(sub) -> None:
     p.add_argument("model", metavar="RECIPE|PATH|hf.co/ORG/REPO[:QUANT|:FILE]")
     p.add_argument("--out", required=True, type=Path, help="artifact directory to write")
     _add_build_options(p)
-    p.add_argument("--force", action="store_true", help="replace whatever --out holds")
+    add_options(p, BUILD_VERB_OPTIONS)
     p.set_defaults(run=_run_build)
 
 
+BUILD_VERB_OPTIONS = (Option("--force", "replace whatever --out holds", default=False),)
+
+
 def _add_build_options(p) -> None:
-    """The build options `ortllm build` and `ortllm pull` share."""
-    p.add_argument("--source", help="weights for recipes that take a local path (e.g. tinyllama-1.1b-chat)")
-    p.add_argument("--quant", default=None, help="fp32|int8|int4 (default: the recipe's)")
-    p.add_argument("--block-size", type=int, default=None,
-                   help="quantization block size, a power of two >= 16: 16|32|64|128|256 (default: recipe's)")
-    p.add_argument("--algo", default="rtn",
-                   help="rtn|hqq|gptq (gptq: error feedback from calibration activations of the fp32 model)")
-    p.add_argument("--calib-tokens", type=int, default=8192, metavar="N",
-                   help="calibration tokens for --algo gptq and --smooth (windows of 256; default 8192)")
-    p.add_argument("--smooth", type=float, default=None, metavar="ALPHA",
-                   help="SmoothQuant migration strength in [0, 1] for the projections after a norm (q|k|v, gate|up); "
-                        "0: off; default 0.5 for --quant int8 with int8 compute (accuracy level 4), else off")
-    p.add_argument("--smooth-down", type=float, default=0.0, metavar="ALPHA",
-                   help="SmoothQuant migration strength in [0, 1] for down_proj's input, carried by up_proj's rows "
-                        "(GLU MLPs); default 0 (off)")
-    p.add_argument("--act16", default=None, metavar="GROUPS",
-                   help="projection groups whose int8 weights take int16 activation codes: a comma-separated list "
-                        "of qkv, o, gate_up, down, or none (default: the family's; Gemma 3 measured in "
-                        "docs/quality.md)")
-    p.add_argument("--source-mix", type=int, choices=(0, 1), default=1,
-                   help="--quant int4 on a GGUF: keep its tensors of types wider than 4 bits (Q5_0, Q6_K, Q8_0, ...) "
-                        "int8 (1, default) or round them to int4 too (0); Q4_K tensors keep their own grid")
-    p.add_argument("--symmetric", action="store_true", help="symmetric int8/int4 (no zero points)")
-    p.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits accuracy_level (4: int8 compute)")
-    p.add_argument("--lm-head", default=None,
-                   help="fp32|int8|int4 (default: int4 for --quant int4, else fp32)")
-    p.add_argument("--lm-head-algo", default=None,
-                   help="rtn|hqq|gptq: the quantizer of an int4 LM head (default gptq, from the final norm's "
-                        "output with a searched grid; it needs --calib-tokens > 0)")
-    p.add_argument("--keep", action="append", default=[], metavar="PATTERN=fp32|int8",
-                   help="keep HF tensors matching the glob wider, e.g. 'model.layers.*.mlp.down_proj.weight=int8' "
-                        "(repeatable; first match wins)")
-    p.add_argument("--kv", default=None, help="KV cache dtype fp32|fp16|int8|fp8|int4 (default: fp32; fp16 halves its "
-                                              "bytes at no measurable quality cost, int8 and int4 cost quality on "
-                                              "held-out text: docs/quality.md)")
-    p.add_argument("--kv-block-size", type=int, default=16, help="tokens per paged KV block (engine graph)")
-    p.add_argument("--kv-rotate", type=int, choices=(0, 1), default=1,
-                   help="Hadamard-rotate keys (int4: and values) before a quantized KV cache (1, default) or not "
-                        "(0, for comparison)")
-    p.add_argument("--graph", default="engine",
-                   help="engine (paged KV, multi-LoRA; needs the ops library) | portable (stock ONNX Runtime)")
-    p.add_argument("--exporter", default="native", help="native|optimum (optimum also writes optimum/)")
+    """The build options `ortllm build` and `ortllm pull` share (cli/build_options.py)."""
+    if _declares("build", "pull"):
+        from .build_options import BUILD_OPTIONS
+        add_options(p, BUILD_OPTIONS)
 
 
 def _run_build(a) -> int:
     from .build import build_artifact
 
-    build_artifact(a.model, a.out, _build_options(a), source=a.source, force=a.force,
+    opts = _build_options(a)
+    fill_defaults(a, BUILD_VERB_OPTIONS)
+    build_artifact(a.model, a.out, opts, source=a.source, force=a.force,
                    log=lambda m: print(m, file=sys.stderr))
     return 0
 
 
 def _build_options(a):
-    from ortllm.pipeline.build import BuildOptions
-    from ortllm.pipeline.recipes import known_recipes
-
-    defaults = known_recipes()[a.model].build if a.model in known_recipes() else {}
-    return BuildOptions(
-        quant=a.quant or defaults.get("quant", "fp32"), block_size=a.block_size or defaults.get("block_size", 32),
-        algo=a.algo, lm_head=a.lm_head, lm_head_algo=a.lm_head_algo, kv=a.kv or defaults.get("kv"),
-        graph=a.graph, exporter=a.exporter, kv_block_size=a.kv_block_size, symmetric=a.symmetric,
-        accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
-        calib_tokens=a.calib_tokens, smooth=a.smooth, smooth_down=a.smooth_down, source_mix=bool(a.source_mix),
-        act16=None if a.act16 is None else tuple(g for g in a.act16.split(",") if g and g != "none"))
+    from .build_options import build_options
+    return build_options(a)
 
 
 # ---------------------------------------------------------------- eval
@@ -107,7 +75,8 @@ def _add_eval(sub) -> None:
     p.add_argument("--ctx", type=int, default=2048, help="tokens per fidelity window")
     p.add_argument("--humaneval-n", type=int, default=164, help="HumanEval problems (the first N)")
     p.add_argument("--max-tokens", type=int, default=384, help="completion budget per HumanEval problem")
-    p.add_argument("--no-pass-at-1", action="store_true", help="HumanEval NLL only (skip generation)")
+    p.add_argument("--pass-at-1", action=Bool, default=True,
+                   help="HumanEval pass@1 by generation (--no-pass-at-1: NLL only) (default: on)")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(run=_run_eval)
 
@@ -118,7 +87,7 @@ def _run_eval(a) -> int:
 
     opts = EvalOptions(suites=tuple(s.strip() for s in a.suite.split(",") if s.strip()), tokens=a.tokens,
                        ctx=a.ctx, humaneval_n=a.humaneval_n, max_tokens=a.max_tokens,
-                       pass_at_1=not a.no_pass_at_1, threads=a.threads)
+                       pass_at_1=a.pass_at_1, threads=a.threads)
     command = "ortllm " + " ".join(sys.argv[1:])
     if len(a.artifact) == 1:
         reports = [evaluate(a.artifact[0], a.reference, a.out, opts, command=command)]
@@ -132,24 +101,38 @@ def _run_eval(a) -> int:
 
 # ---------------------------------------------------------------- generate
 
+def _generate_text():
+    from .generate import generate_text
+    return generate_text
+
+
+GENERATE_OPTIONS = (
+    Option("--prompt", "the text to complete (with --chat: the user's message)", default=None),
+    Option("--chat", "wrap the prompt in the model's chat template", _generate_text),
+    Option("--system", "system message (with --chat)", _generate_text),
+    Option("--adapter", "LoRA adapter of the artifact (ortllm adapters list)", _generate_text),
+    Option("--max-tokens", "tokens to generate at most", _generate_text, metavar="N"),
+    Option("--temperature", "0 = greedy", _generate_text, metavar="T"),
+    Option("--seed", "same seed, same text", _generate_text, metavar="S"),
+    Option("--threads", "intra-op threads", _generate_text, default_text="physical cores", metavar="N"),
+)
+
+
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="print a completion for one prompt")
     p.add_argument("artifact", type=Path)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--system", default=None, help="system message (with --chat)")
-    p.add_argument("--adapter", default=None, help="LoRA adapter of the artifact (ortllm adapters list)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: physical cores)")
-    p.set_defaults(run=_run_generate)
+    if _declares("generate"):
+        add_options(p, GENERATE_OPTIONS)
+    p.set_defaults(run=_run_generate, prepare=lambda a: fill_defaults(a, GENERATE_OPTIONS))
 
 
 def _run_generate(a) -> int:
     from ortllm.runtime.artifact import quality_line
+    from ortllm.runtime.errors import EmptyPrompt
     from .generate import generate_text
 
+    if a.prompt is None:
+        raise EmptyPrompt("ortllm generate needs --prompt TEXT (for a chat: ortllm run MODEL)")
     if a.artifact.is_dir() and (line := quality_line(a.artifact)):
         print(f"ortllm: {line}", file=sys.stderr)
 
@@ -159,6 +142,45 @@ def _run_generate(a) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
+
+
+# ---------------------------------------------------------------- run
+
+def _chat_options():
+    from .run import ChatOptions
+    return ChatOptions
+
+
+RUN_OPTIONS = tuple(Option("--" + name.replace("_", "-"), doc, _chat_options, metavar=meta) for name, doc, meta in (
+    ("system", "system message of the conversation", "TEXT"),
+    ("adapter", "LoRA adapter of the artifact (ortllm adapters list)", "NAME"),
+    ("temperature", "0 = greedy; /set temperature T in a session", "T"),
+    ("top_p", "nucleus sampling (1: off)", "P"),
+    ("top_k", "sample from the K most likely tokens (0: off)", "K"),
+    ("min_p", "drop tokens below P x the most likely one's probability (0: off)", "P"),
+    ("repetition_penalty", "penalty on tokens already seen (1: off)", "R"),
+    ("max_tokens", "tokens per reply at most", "N"),
+    ("seed", "same seed, same replies", "S"))) + (
+    Option("--threads", "intra-op threads", lambda: __import__("ortllm.runtime.config", fromlist=["x"]).EngineConfig,
+           default_text="physical cores", metavar="N"),)
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="chat with a model in the terminal (streamed, with history), or answer one "
+                                   "prompt (given, or piped on stdin); in-process, no server")
+    p.add_argument("artifact", type=Path, metavar="MODEL", help="artifact directory or store name (NAME[:TAG])")
+    p.add_argument("prompt", nargs="?", default=None, help="answer this and exit (default: an interactive session, "
+                   "or stdin when it is not a terminal)")
+    if _declares("run"):
+        add_options(p, RUN_OPTIONS)
+    p.set_defaults(run=_run_run, prepare=lambda a: fill_defaults(a, RUN_OPTIONS))
+
+
+def _run_run(a) -> int:
+    from .run import ChatOptions, run_chat
+    import dataclasses
+    options = ChatOptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ChatOptions)})
+    return run_chat(a.artifact, a.prompt, options, threads=a.threads)
 
 
 # ---------------------------------------------------------------- adapters
@@ -258,7 +280,7 @@ def _add_bench(sub) -> None:
                    help="held-out positions scored per system, prose, code and chat together (default 4096)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
+    p.add_argument("--quick", action=Bool, default=False, help="fewer shapes and repeats (smoke run) (default: off)")
     p.add_argument("--slo-ttft", type=float, default=1000.0, metavar="MS",
                    help="serve: goodput counts requests with time to first token <= MS (default 1000)")
     p.add_argument("--slo-tpot", type=float, default=100.0, metavar="MS",
@@ -321,78 +343,6 @@ def _bench_plots(out: Path, rows: list[dict]) -> list[str]:
     return plots.write_plots(out, rows)
 
 
-# ---------------------------------------------------------------- serve
-
-def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="serve engine artifacts (directories or store names) over an OpenAI-compatible "
-                                     "HTTP API")
-    p.add_argument("artifact", type=Path, nargs="+", metavar="ARTIFACT",
-                   help="one model, loaded at start; or several, each loaded on its first request")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed when ready)")
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on the API")
-    p.add_argument("--max-queued", type=int, default=None, help="queued requests before 429 (default: engine's)")
-    p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
-    p.add_argument("--http-threads", type=int, default=64, help="concurrent HTTP requests (streams included)")
-    p.add_argument("--spec-max-tokens", type=int, default=None, metavar="K",
-                   help="prompt-lookup speculative decoding: up to K drafted tokens per decode row in steps of at "
-                        "most 2 decode rows (default 8; 0: off)")
-    p.add_argument("--decode-steps", type=int, default=None, metavar="K",
-                   help="multi-step decoding: greedy decode batches run up to K model steps per schedule, text "
-                        "streaming K tokens at a time (default 4; 1: off)")
-    p.add_argument("--model-name", default=None, help="the `model` clients send (default: the artifact's recipe)")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a generation is cancelled")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
-    p.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
-                   help="with several models: unload one after this long without requests")
-    p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
-                   help="with several models: GiB their weights and KV pools may take (default: 80%% of RAM); "
-                        "least recently used idle models are unloaded to make room")
-    r = p.add_argument_group("scale-out on Ray Serve (pip install 'ortllm[ray]'; docs/service.md)")
-    r.add_argument("--ray", action="store_true", help="run engine replicas as a Ray Serve application, routed "
-                   "by adapter residency and prompt prefix")
-    r.add_argument("--address", default=None, help="cluster to join (e.g. auto, or ray://HEAD:10001); default: "
-                   "a local Ray instance")
-    r.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
-    r.add_argument("--min-replicas", type=int, default=None, help="autoscale between --min-replicas and "
-                   "--max-replicas instead of a fixed --replicas")
-    r.add_argument("--max-replicas", type=int, default=None)
-    r.add_argument("--threads-per-replica", type=int, default=1, help="each replica's engine threads = the CPUs "
-                   "Ray reserves for it (default 1)")
-    p.set_defaults(run=_run_serve)
-
-
-def _run_serve(a) -> int:
-    from ortllm.service import logs
-    from ortllm.service.config import ServiceConfig
-    from ortllm.service.server import serve
-
-    overrides = {k: v for k, v in (("max_queued", a.max_queued), ("threads", a.threads)) if v is not None}
-    for name in ("spec_max_tokens", "decode_steps"):
-        if getattr(a, name) is not None:
-            overrides[name] = getattr(a, name)
-    from .store_verbs import served_models
-    models = served_models(a)           # ((name, artifact dir), ...): store names as given, else recipe names
-    config = ServiceConfig(artifact=a.artifact[0] if len(models) == 1 else None, host=a.host, port=a.port,
-                           api_key=a.api_key, model_name=a.model_name or (models[0][0] if len(models) == 1 else None),
-                           http_threads=a.http_threads, request_timeout_s=a.request_timeout,
-                           drain_timeout_s=a.drain_timeout, engine_overrides=overrides,
-                           models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
-                           memory_budget_bytes=int(a.memory_budget * 2**30) if a.memory_budget else None)
-    logs.configure()
-    if a.ray:
-        from ortllm.runtime.errors import ConfigError
-        from ortllm.service.ray_serve import RayOptions, serve_forever
-        if len(models) != 1:
-            raise ConfigError("ortllm serve --ray: serve one model per Ray application")
-        if a.threads is not None:
-            raise ConfigError("ortllm serve --ray: give --threads-per-replica, not --threads")
-        return serve_forever(config, RayOptions(address=a.address, replicas=a.replicas, min_replicas=a.min_replicas,
-                                                max_replicas=a.max_replicas,
-                                                threads_per_replica=a.threads_per_replica))
-    return serve(config)
-
-
 # ---------------------------------------------------------------- batch
 
 def _add_batch(sub) -> None:
@@ -405,8 +355,10 @@ def _add_batch(sub) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="engine intra-op threads (default: physical cores; with --ray: per worker, 1 if unset)")
     p.add_argument("--model-name", default=None, help="the base model's `model` (default: the artifact's recipe)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary line still prints)")
-    p.add_argument("--ray", action="store_true", help="run on Ray Data, one engine per worker (pip install ray)")
+    p.add_argument("--progress", action=Bool, default=True,
+                   help="a progress bar (the summary line prints either way) (default: on)")
+    p.add_argument("--ray", action=Bool, default=False,
+                   help="run on Ray Data, one engine per worker (pip install ray) (default: off)")
     p.add_argument("--num-workers", type=int, default=2, help="with --ray: engine actors")
     p.add_argument("--address", default=None,
                    help="with --ray: cluster to join (e.g. auto, or HEAD_IP:6379); default: a local Ray instance")
@@ -417,23 +369,27 @@ def _run_batch(a) -> int:
     from ortllm.batch import BatchOptions, run_batch
 
     opts = BatchOptions(max_num_seqs=a.max_num_seqs, threads=a.threads, model_name=a.model_name,
-                        progress=not a.no_progress, ray=a.ray, num_workers=a.num_workers, address=a.address)
+                        progress=a.progress, ray=a.ray, num_workers=a.num_workers, address=a.address)
     summary = run_batch(a.artifact, a.input, a.output, opts)
     return 130 if summary.interrupted else 0
 
 
 # ---------------------------------------------------------------- main
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ortllm", description="small llama-family models with many LoRA "
+def make_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The command line; with argv, only the options of its verb are declared (the others' imports skipped)."""
+    _VERB[0] = None if argv is None else next((x for x in argv if not x.startswith("-")), "")
+    parser = Parser(prog="ortllm", description="small llama-family models with many LoRA "
                                      "adapters on CPUs, on ONNX Runtime")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     _add_build(sub)
     _add_generate(sub)
+    _add_run(sub)
     _add_eval(sub)
     _add_adapters(sub)
     _add_bench(sub)
-    _add_serve(sub)
+    from .serve import add_serve
+    add_serve(sub)
     _add_batch(sub)
     from .store_verbs import add_store_verbs
     add_store_verbs(sub, _add_build_options, _build_options)
@@ -441,9 +397,12 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = make_parser(argv).parse_args(argv)
     try:
         from .store_verbs import resolve_artifact_args
+        if hasattr(args, "prepare"):
+            args.prepare(args)           # options from other sources than the command line (serve: env, file)
         resolve_artifact_args(args)      # store names (NAME:TAG) -> their artifact directories
         return args.run(args)
     except KeyboardInterrupt:

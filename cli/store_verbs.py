@@ -16,6 +16,8 @@ from typing import Callable
 from ortllm.runtime.errors import OrtllmError
 from ortllm.runtime.store import Store, StoreError, looks_like_name
 
+from .options import Bool
+
 ARTIFACT_ARGS = ("artifact", "reference")
 READ_ONLY_VERBS = {("adapters", "add"), ("adapters", "remove")}   # `adapters train` makes a new version
 
@@ -38,7 +40,7 @@ def add_store_verbs(sub, add_build_options: Callable[[argparse.ArgumentParser], 
 
     show = sub.add_parser("show", help="a store model's manifest, quality summary and adapters")
     show.add_argument("name", metavar="NAME[:TAG]")
-    show.add_argument("--verify", action="store_true", help="re-hash every file against the manifest")
+    show.add_argument("--verify", action=Bool, default=False, help="re-hash every file against the manifest")
     show.set_defaults(run=_run_show)
 
     rm = sub.add_parser("rm", help="remove store names; files no name refers to are deleted")
@@ -48,7 +50,7 @@ def add_store_verbs(sub, add_build_options: Callable[[argparse.ArgumentParser], 
     cp = sub.add_parser("cp", help="another name for a store model (no file is copied)")
     cp.add_argument("src", metavar="SRC")
     cp.add_argument("dst", metavar="DST")
-    cp.add_argument("--force", action="store_true", help="replace DST if it exists")
+    cp.add_argument("--force", action=Bool, default=False, help="replace DST if it exists")
     cp.set_defaults(run=_run_cp)
 
     ps = sub.add_parser("ps", help="what running `ortllm serve` processes hold")
@@ -56,7 +58,7 @@ def add_store_verbs(sub, add_build_options: Callable[[argparse.ArgumentParser], 
 
     for name, parser in sub.choices.items():           # --verify wherever an artifact is loaded
         if name not in ("show", "pull", "build") and any(a.dest in ARTIFACT_ARGS for a in parser._actions):
-            parser.add_argument("--verify", action="store_true",
+            parser.add_argument("--verify", action=Bool, default=False,
                                 help="re-hash every artifact file at load (default: unchanged files are "
                                      "trusted through the hash cache)")
 

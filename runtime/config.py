@@ -23,6 +23,7 @@ from .errors import ConfigError
 
 # Default KV budget when neither num_blocks nor memory_budget_bytes is set.
 DEFAULT_KV_BUDGET_BYTES = 512 << 20
+AUTO = "auto"      # CacheConfig.memory_budget_bytes = "auto": sized from the memory available (runtime/memory_plan.py)
 
 
 def physical_cores() -> int:
@@ -130,9 +131,12 @@ class SchedulerConfig:
 class CacheConfig:
     block_size: int = 16                    # tokens per KV block (a power of two)
     num_blocks: int | None = None           # blocks in the pool, block 0 included (reserved as the null block)
-    memory_budget_bytes: int | None = None  # alternative to num_blocks: size the pool from a byte budget
+    # alternative to num_blocks: size the pool from a byte budget; "auto": auto_share of the memory available after
+    # the weights, adapter slots and headroom, at most what max_num_seqs sequences of max_model_len tokens fill
+    memory_budget_bytes: int | str | None = None
     kv_dtype: str | None = None             # float32 | int8 | fp8_e4m3; None: the artifact's build option
     enable_prefix_cache: bool = True
+    auto_share: float = 0.5                 # memory_budget_bytes="auto": the share of the free memory the KV pool takes
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -143,8 +147,13 @@ class CacheConfig:
         if self.num_blocks is not None:
             _require(_is_int(self.num_blocks) and self.num_blocks >= 2,
                      f"num_blocks must be >= 2 (block 0 is the reserved null block); got {self.num_blocks!r}")
-        if self.memory_budget_bytes is not None:
-            _positive_int("memory_budget_bytes", self.memory_budget_bytes)
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes != AUTO:
+            _require(_is_int(self.memory_budget_bytes) and self.memory_budget_bytes >= 1,
+                     f"memory_budget_bytes must be a positive integer or {AUTO!r}; got {self.memory_budget_bytes!r}")
+        _require(isinstance(self.auto_share, (int, float)) and not isinstance(self.auto_share, bool)
+                 and 0 < self.auto_share <= 1,
+                 f"auto_share must be in (0, 1] (the share of the free memory an auto-sized KV pool takes); "
+                 f"got {self.auto_share!r}")
         if self.kv_dtype is not None:
             dtype = KV_ALIASES.get(self.kv_dtype, self.kv_dtype)
             _require(dtype in KV_DTYPE_NAMES,
@@ -160,9 +169,12 @@ class CacheConfig:
         return 2 * num_layers * self.block_size * num_kv_heads * kv_row_bytes(dtype, head_dim)
 
     def resolve_num_blocks(self, bytes_per_block: int) -> int:
-        """num_blocks if set, else as many blocks as the byte budget holds (default DEFAULT_KV_BUDGET_BYTES)."""
+        """num_blocks if set, else as many blocks as the byte budget holds (default DEFAULT_KV_BUDGET_BYTES). An
+        "auto" budget is resolved against the machine first (runtime/memory_plan.py: plan_memory)."""
         if self.num_blocks is not None:
             return self.num_blocks
+        _require(self.memory_budget_bytes != AUTO, 'memory_budget_bytes="auto" is resolved by '
+                 "memory_plan.plan_memory (it needs the artifact and the free memory); pass its num_blocks")
         budget = self.memory_budget_bytes or DEFAULT_KV_BUDGET_BYTES
         n = budget // bytes_per_block
         _require(n >= 2, f"memory_budget_bytes ({budget}) holds {n} KV blocks of {bytes_per_block} bytes; "

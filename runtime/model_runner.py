@@ -20,19 +20,12 @@ from .artifact import Artifact, ArtifactError
 from .config import EngineConfig
 from .errors import ConfigError
 from .lora_stacks import quantize_a, quantize_b
+from .memory_plan import kv_pool_size
 from .ops_library import register_ops
 from .scheduler import ScheduledSeq
 
 PACKED = ("a", "a_scale", "b", "b_scale")      # an int8 stack's arrays per adapted projection, in write order
 _KV_NUMPY = C.KV_STORAGE
-
-
-def kv_pool_size(config: EngineConfig, artifact: Artifact) -> tuple[int, int]:
-    """(bytes per KV block over all layers, blocks in the pool) for this config and artifact."""
-    cfg = artifact.model_config
-    per_block = config.cache.bytes_per_block(cfg["num_layers"], cfg["num_kv_heads"], cfg["head_dim"],
-                                             C.KV_DTYPES[artifact.manifest["build"]["kv"]])
-    return per_block, config.cache.resolve_num_blocks(per_block)
 
 
 def logits_rows(seqs: list[ScheduledSeq], starts: list[int] | None = None) -> np.ndarray:

@@ -17,7 +17,7 @@ from . import contract as C
 from .artifact import load_artifact
 from .engine import Engine, engine_config
 from .errors import ConfigError, OrtllmError
-from .model_runner import kv_pool_size
+from .memory_plan import kv_pool_size
 
 
 class MemoryBudgetExceeded(OrtllmError):

@@ -21,7 +21,7 @@ from .body import read_json_object
 from .errors import APIError, bad_request, model_not_found
 from .lifecycle import answer
 from .openapi import GENERATE, READ, document, json_ok, streamed
-from .resources import EngineResource, current_resources
+from .resources import EngineResource, current_resources, engine_limits
 
 log = logging.getLogger("ortllm.service")
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -55,8 +55,9 @@ def get_model(model: str):
 
 
 def _model_card(res: EngineResource, engine: Engine, adapter: str | None) -> dict:
+    limits = engine_limits(engine)
     card = {"id": adapter or res.model_name, "object": "model", "created": res.created, "owned_by": "ortllm",
-            "root": res.model_name, "max_model_len": engine.context_length}
+            "root": res.model_name, "max_model_len": limits["max_model_len"], "limits": limits}
     if adapter is not None:
         card["parent"] = res.model_name
     return card
@@ -66,6 +67,8 @@ def _pool_cards(res: EngineResource) -> list[dict]:
     """A served model of a multi-model server, and its adapters, without loading it ("loaded" says if it is)."""
     base = {"object": "model", "created": res.created, "owned_by": "ortllm", "root": res.model_name,
             "loaded": res.engine is not None}
+    if res.engine is not None:
+        base["limits"] = engine_limits(res.engine)
     cards = [{**base, "id": res.model_name}]
     for a in res.adapter_names():
         cards += [{**base, "id": f"{res.model_name}:{a}", "parent": res.model_name},

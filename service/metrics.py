@@ -40,6 +40,10 @@ class _EngineCollector:
         steps = CounterMetricFamily("ortllm_engine_steps", "engine steps run")
         steps.add_metric([], float(s["steps"]))
         yield steps
+        preempted = CounterMetricFamily("ortllm_preemptions", "sequences preempted when the KV pool ran out (their "
+                                        "KV recomputed when they resume)")
+        preempted.add_metric([], float(s["preemptions"]))
+        yield preempted
         yield gauge("ortllm_engine_python_overhead_ratio", "share of step time outside session.run",
                     s["python_overhead"])
         for key, name, doc in (("spec_drafted", "ortllm_spec_draft_tokens", "speculative draft tokens verified"),

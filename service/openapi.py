@@ -124,6 +124,9 @@ def _obj(required: list[str], **props) -> dict:
 _USAGE = _obj(["prompt_tokens", "completion_tokens", "total_tokens"], prompt_tokens=_INT, completion_tokens=_INT,
               total_tokens=_INT, prompt_tokens_details={"type": "object", "properties": {"cached_tokens": _INT}})
 _FINISH = {"enum": ["stop", "length", "tool_calls"]}
+# what one served model accepts (service/resources.py engine_limits; `ortllm serve --ctx-size --parallel ...`)
+_LIMITS = _obj(["max_model_len", "max_num_seqs"], max_model_len=_INT, max_num_seqs=_INT, max_queued=_INT,
+               max_batch_tokens=_INT, kv_cache_tokens=_INT, kv_cache_bytes=_INT)
 _LOGPROBS = {"type": ["object", "null"]}
 _TOOL_CALL = _obj(["id", "type", "function"], id=_STR, type={"const": "function"},
                   function=_obj(["name", "arguments"], name=_STR, arguments={**_STR, "description": "JSON text"}))
@@ -192,13 +195,15 @@ RESPONSES = {
                                             content={"type": ["string", "null"]},
                                             tool_calls={"type": "array", "items": _TOOL_CALL}))}),
     "Model": _obj(["id", "object", "owned_by"], id=_STR, object={"const": "model"}, created={"type": "integer"},
-                  owned_by=_STR, root=_STR, parent=_STR, max_model_len=_INT, loaded={"type": "boolean"}),
+                  owned_by=_STR, root=_STR, parent=_STR, max_model_len=_INT, loaded={"type": "boolean"},
+                  limits=_LIMITS),
     "ModelList": _obj(["object", "data"], object={"const": "list"}, data={"type": "array", "items": _ref("Model")}),
     "ModelDeleted": _obj(["id", "object", "deleted"], id=_STR, object={"const": "model"}, deleted={"const": True}),
     "Tokens": _obj(["tokens", "count", "max_model_len"], tokens={"type": "array", "items": {"type": "integer"}},
                    count=_INT, max_model_len=_INT),
     "Text": _obj(["prompt"], prompt=_STR),
-    "Health": _obj(["status"], status={"enum": ["ok", "loading", "failed", "dead", "draining", "degraded"]}),
+    "Health": _obj(["status"], status={"enum": ["ok", "loading", "failed", "dead", "draining", "degraded"]},
+                   limits={"type": "object", "description": "the served model's Limits (several models: by name)"}),
     "OllamaGenerate": _obj(["model", "created_at", "response", "done"], **_OLLAMA_ANSWER, response=_STR),
     "OllamaChat": _obj(["model", "created_at", "message", "done"], **_OLLAMA_ANSWER, message=_obj(
         ["role", "content"], role={"const": "assistant"}, content=_STR,

@@ -23,13 +23,13 @@ import threading
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ray import serve
 from ray.exceptions import RayActorError, RayError
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from .config import ServiceConfig
+from .config import RayOptions, ServiceConfig
 from .ray_routing import IMBALANCE, AffinityPolicy, ReplicaView, RouteHint, route_hint
 
 log = logging.getLogger("ortllm.service")
@@ -38,34 +38,6 @@ APP, ENGINE, INGRESS = "ortllm", "EngineReplica", "Ingress"
 STATS_PERIOD_S = 0.5            # replicas report residency and queue depth this often
 FAN_OUT_TIMEOUT_S = 2.0         # /health and /metrics wait this long for each replica
 _END = object()
-
-
-@dataclass(frozen=True)
-class RayOptions:
-    address: str | None = None          # an existing cluster (e.g. auto, ray://HEAD:10001); None: a local one
-    replicas: int = 2                   # fixed number of engine replicas (when min/max are None)
-    min_replicas: int | None = None     # autoscaling between these two
-    max_replicas: int | None = None
-    threads_per_replica: int = 1        # each engine's intra-op threads = the CPUs Ray reserves for it
-    target_ongoing: int = 8             # autoscaling: in-flight requests per replica it aims at
-
-    def __post_init__(self) -> None:
-        from ortllm.runtime.errors import ConfigError
-        if (self.min_replicas is None) != (self.max_replicas is None):
-            raise ConfigError("give both --min-replicas and --max-replicas (autoscaling), or --replicas N")
-        lo, hi = (self.min_replicas, self.max_replicas) if self.autoscaling else (self.replicas, self.replicas)
-        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-            raise ConfigError(f"replicas must be integers with 1 <= min <= max; got {lo}..{hi}")
-        if not (isinstance(self.threads_per_replica, int) and self.threads_per_replica >= 1):
-            raise ConfigError(f"threads_per_replica must be >= 1; got {self.threads_per_replica!r}")
-
-    @property
-    def autoscaling(self) -> bool:
-        return self.min_replicas is not None
-
-    @property
-    def most_replicas(self) -> int:
-        return self.max_replicas if self.autoscaling else self.replicas
 
 
 # ---------------------------------------------------------------- the engine replica

@@ -83,9 +83,9 @@ class EngineResource:
         t0 = time.perf_counter()
         if self.pool is not None:
             engine = self.pool.manager.load(self.model_name, self.path, evict=self.pool.evict,
-                                            **self.config.engine_overrides)
+                                            **self.config.overrides_for(self.model_name, self.path))
         else:
-            engine = Engine.from_artifact(self.path, **self.config.engine_overrides)
+            engine = Engine.from_artifact(self.path, **self.config.overrides_for(self.model_name, self.path))
         self.loads += 1
         self._on_loaded(engine)
         log.info("engine ready", extra={"artifact": str(self.path), "model": self.model_name,
@@ -160,7 +160,7 @@ class EngineResource:
         if age is not None and age <= window:    # a model run failed recently
             return 503, {"status": "degraded", "failed_steps": stats["failed_steps"],
                          "last_error": stats["last_step_error"], "window_s": window}
-        return 200, {"status": "ok", "model": self.model_name}
+        return 200, {"status": "ok", "model": self.model_name, "limits": engine_limits(self.engine)}
 
     # ---------------------------------------------------------------- in flight / draining
     def begin(self) -> None:
@@ -347,7 +347,8 @@ class ModelPool:
         if self.draining:
             return 503, {"status": "draining", "in_flight": self.in_flight}
         return 200, {"status": "ok", "models": {m.model_name: "loaded" if m.engine is not None else "not loaded"
-                                                for m in self.models}}
+                                                for m in self.models},
+                     "limits": {m.model_name: engine_limits(m.engine) for m in self.models if m.engine is not None}}
 
     @property
     def draining(self) -> bool:
@@ -409,6 +410,17 @@ def read_modelfile(path: Path | None) -> dict:
         return json.loads((Path(path) / MODELFILE).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def engine_limits(engine: Engine) -> dict:
+    """What one engine accepts: the longest sequence (prompt + generated), sequences running at once, tokens per
+    step, requests waiting before 429, and its KV pool (/v1/models, /health; `ortllm serve` sizes them)."""
+    s = engine.config.scheduler
+    stats = engine.stats()
+    return {"max_model_len": min(engine.context_length, s.max_model_len or engine.context_length),
+            "max_num_seqs": s.max_num_seqs, "max_queued": s.max_queued, "max_batch_tokens": s.max_batch_tokens,
+            "kv_cache_tokens": (stats["kv_blocks_total"]) * engine.config.cache.block_size,
+            "kv_cache_bytes": stats["kv_pool_bytes"]}
 
 
 def default_memory_budget() -> int:

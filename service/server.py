@@ -10,12 +10,15 @@ import signal
 import sys
 import threading
 
+from dataclasses import replace
+
 from flask import Flask
 from waitress import create_server
 from waitress import wasyncore
 
 from .app import create_app
 from .config import ServiceConfig
+from .resources import default_memory_budget
 
 log = logging.getLogger("ortllm.service")
 
@@ -58,8 +61,43 @@ class HTTPServer:
         self.stop()
 
 
-def serve(config: ServiceConfig, out=sys.stdout) -> int:
-    """Run until SIGTERM/SIGINT; 0 after a drain, 1 if the model failed to load."""
+def plan_models(config: ServiceConfig, out=sys.stdout, names: dict[str, str] | None = None) -> ServiceConfig:
+    """Print each served model's memory plan (runtime/memory_plan.py) and refuse one that does not fit, saying what
+    to lower (names: config key -> the flag that sets it, for the messages). Returns config with each KV pool pinned
+    to the planned number of blocks, so the engines allocate what was printed."""
+    from ortllm.runtime.artifact import load_artifact
+    from ortllm.runtime.engine import engine_config
+    from ortllm.runtime.errors import ConfigError
+    from ortllm.runtime.memory_plan import plan_memory
+
+    models = config.models or ((config.model_name, config.artifact),)
+    pinned: dict[str, dict] = {}
+    for name, path in models:
+        overrides = config.overrides_for(name, path)
+        plan = plan_memory(engine_config(path, **overrides), load_artifact(path, verify=False))
+        label = name or load_artifact(path, verify=False).manifest.recipe or path.name
+        print(f"ortllm: memory plan for {label}:", file=out)
+        for line in plan.lines(names):
+            print(f"  {line}", file=out)
+        out.flush()
+        problems = plan.problems(names, context_given="max_model_len" in overrides)
+        if config.models and plan.total > (config.memory_budget_bytes or default_memory_budget()):
+            problems.append(f"it needs more than the models' memory budget ({plan.total / 2**30:.2f} GiB > "
+                            f"{(config.memory_budget_bytes or default_memory_budget()) / 2**30:.2f} GiB); "
+                            f"raise {(names or {}).get('memory_budget', 'memory_budget_bytes')} or size it smaller")
+        if problems:
+            raise ConfigError(f"the memory plan of {label} does not fit: " + "; and ".join(problems))
+        own = {k: v for k, v in overrides.items() if k != "memory_budget_bytes"}
+        pinned[str(name) if config.models else ""] = {**own, "num_blocks": plan.num_blocks}
+    if config.models:
+        return replace(config, model_overrides=pinned)
+    return replace(config, engine_overrides=pinned[""])
+
+
+def serve(config: ServiceConfig, out=sys.stdout, names: dict[str, str] | None = None) -> int:
+    """Print the memory plan (refusing one that does not fit), then run until SIGTERM/SIGINT; 0 after a drain,
+    1 if the model failed to load."""
+    config = plan_models(config, out, names)
     app = create_app(config)
     res = app.extensions["ortllm"]
     server = HTTPServer(app, config.host, config.port, config.http_threads).start()

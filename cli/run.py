@@ -1,0 +1,197 @@
+"""`ortllm run MODEL [PROMPT]`: chat with a model in the terminal, like `ollama run`, on the Engine in-process.
+
+    ortllm run smollm2-135m-instruct:int4              an interactive session: history, streamed replies
+    ortllm run DIR "Why is the sky blue?"              one reply, then exit (the prompt from stdin if piped)
+
+In a session: `/set temperature 0.2` (any `ChatOptions` field; `/set` alone lists them), `/show`, `/history`,
+`/clear` (forget the history), `/bye` or Ctrl-D to leave, `\"\"\"` to start and end a multi-line message. Ctrl-C
+stops a reply (what came so far stays in the history) and never the session.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass
+
+from ortllm.runtime.errors import OrtllmError
+from ortllm.runtime.sampling_params import SamplingParams
+
+PROMPT, MORE = ">>> ", "... "
+FENCE = '"""'
+HELP = ('commands: /set KEY VALUE (e.g. /set temperature 0.2; /set alone lists the keys), /show, /history, /clear, '
+        f'/bye; {FENCE} starts and ends a multi-line message; Ctrl-C stops a reply, Ctrl-D leaves')
+
+
+@dataclass
+class ChatOptions:
+    """What `ortllm run` samples with: its flags' defaults and the keys of /set."""
+    system: str | None = None           # system message of the conversation
+    adapter: str | None = None          # LoRA adapter of the artifact (ortllm adapters list)
+    temperature: float = 0.8            # 0: greedy
+    top_p: float = 0.95                 # 1: off
+    top_k: int = 0                      # 0: off
+    min_p: float = 0.0                  # 0: off
+    repetition_penalty: float = 1.0     # 1: off
+    max_tokens: int = 1024              # per reply (capped to the room the context leaves)
+    seed: int | None = None             # same seed, same reply
+
+    def params(self) -> SamplingParams:
+        keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed", "adapter")
+        return SamplingParams(**{k: getattr(self, k) for k in keys}).validate()
+
+    def set(self, key: str, text: str) -> None:
+        """/set KEY VALUE: parsed by the field's type, checked as SamplingParams; nothing changes on an error."""
+        hints = typing.get_type_hints(ChatOptions)
+        if key not in hints:
+            raise OrtllmError(f"unknown setting {key!r}; settings: {', '.join(hints)}")
+        kind = [t for t in typing.get_args(hints[key]) if t is not type(None)] or [hints[key]]
+        if text.lower() in ("none", "off", "") and type(None) in typing.get_args(hints[key]):
+            value = None
+        else:
+            try:
+                value = kind[0](text)
+            except ValueError:
+                raise OrtllmError(f"{key} takes a {kind[0].__name__}; got {text!r}") from None
+        old = getattr(self, key)
+        setattr(self, key, value)
+        try:
+            self.params()
+        except OrtllmError:
+            setattr(self, key, old)
+            raise
+
+
+class Chat:
+    """One conversation on an engine: the history, and a reply streamed to `out`."""
+
+    def __init__(self, engine, options: ChatOptions, out=sys.stdout):
+        self.engine, self.options, self.out = engine, options, out
+        self.history: list[dict] = []
+
+    def prompt_ids(self, text: str) -> list[int]:
+        tok = self.engine.tokenizer
+        system = [{"role": "system", "content": self.options.system}] if self.options.system else []
+        messages = system + self.history + [{"role": "user", "content": text}]
+        if tok.chat_template:
+            return tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+        # a base model without a chat template: the turns as plain text
+        plain = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
+        return tok.encode(plain, add_special_tokens=True)
+
+    def reply(self, text: str) -> str:
+        """Stream the model's answer to `text`; Ctrl-C stops it (the part so far is kept). Returns the answer."""
+        handle = self.engine.submit(self.prompt_ids(text), self.options.params())
+        answer = ""
+        try:
+            for delta in handle:
+                answer += delta
+                self.out.write(delta)
+                self.out.flush()
+        except KeyboardInterrupt:
+            handle.cancel()
+            self.out.write(" [stopped]")
+        self.out.write("\n")
+        self.out.flush()
+        self.history += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
+        return answer
+
+
+def read_message(read=input) -> str | None:
+    """One message from the terminal: a line, or the lines between two \"\"\" fences. None at Ctrl-D."""
+    try:
+        line = read(PROMPT)
+    except EOFError:
+        return None
+    if not line.lstrip().startswith(FENCE):
+        return line
+    lines = [line.lstrip()[len(FENCE):]]
+    while FENCE not in lines[-1]:
+        try:
+            lines.append(read(MORE))
+        except EOFError:
+            break
+    text = "\n".join(lines)
+    return (text[:text.rindex(FENCE)] if FENCE in text else text).strip("\n")
+
+
+def command(chat: Chat, line: str, out) -> bool:
+    """A /command; False when it ends the session."""
+    word, _, rest = line.strip().partition(" ")
+    if word in ("/bye", "/exit", "/quit"):
+        return False
+    if word == "/set":
+        key, _, value = rest.strip().partition(" ")
+        if not key:
+            out.write("settings: " + ", ".join(f.name for f in dataclasses.fields(ChatOptions)) + "\n")
+        else:
+            try:
+                chat.options.set(key, value.strip())
+                out.write(f"set {key} = {getattr(chat.options, key)!r}\n")
+            except OrtllmError as e:
+                out.write(f"error: {e}\n")
+    elif word == "/show":
+        for f in dataclasses.fields(ChatOptions):
+            out.write(f"{f.name} = {getattr(chat.options, f.name)!r}\n")
+    elif word == "/history":
+        for m in chat.history:
+            out.write(f"{m['role']}: {m['content']}\n")
+    elif word == "/clear":
+        chat.history.clear()
+        out.write("history cleared\n")
+    else:
+        out.write(HELP + "\n")
+    return True
+
+
+def interactive(chat: Chat, out=sys.stdout, read=input) -> None:
+    try:
+        import readline  # noqa: F401 - line editing and history for input()
+    except ImportError:
+        pass
+    out.write(f"ortllm: chatting with {chat.engine.artifact.manifest.recipe or chat.engine.artifact.path.name}; "
+              "/? for help, /bye to leave\n")
+    while True:
+        try:
+            text = read_message(read)
+        except KeyboardInterrupt:
+            out.write("\n(Ctrl-D or /bye to leave)\n")
+            continue
+        if text is None:
+            out.write("\n")
+            return
+        if not text.strip():
+            continue
+        if text.startswith("/") and not text.startswith(FENCE):
+            if not command(chat, text, out):
+                return
+            continue
+        try:
+            chat.reply(text)
+            out.write("\n")
+        except KeyboardInterrupt:           # before the first token (while the prompt was being sent)
+            out.write(" [stopped]\n\n")
+        except OrtllmError as e:
+            out.write(f"error: {e}\n")
+
+
+def run_chat(artifact, prompt: str | None, options: ChatOptions, threads: int | None = None,
+             stdin=sys.stdin, out=sys.stdout) -> int:
+    from ortllm.runtime.artifact import load_artifact
+    from ortllm.runtime.engine import Engine
+
+    if load_artifact(artifact, verify=False).graph != "engine":
+        raise OrtllmError(f"{artifact} is a portable artifact; ortllm run needs an engine artifact (ortllm build "
+                          "--graph engine), or use ortllm generate")
+    if prompt is None and not stdin.isatty():
+        prompt = stdin.read()
+    options.params()                                # bad flags fail before the model loads
+    with Engine.from_artifact(artifact, **({"threads": threads} if threads else {})) as engine:
+        chat = Chat(engine, options, out)
+        if prompt is not None:
+            if not prompt.strip():
+                raise OrtllmError("the prompt is empty; pass some text, or no prompt for a session")
+            chat.reply(prompt.strip())
+            return 0
+        interactive(chat, out)
+    return 0
