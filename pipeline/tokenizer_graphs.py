@@ -165,7 +165,13 @@ def _gpt2_encoder(spec: dict) -> onnx.ModelProto:
 
 
 def _hf_json_encoder(spec: dict, config: str) -> onnx.ModelProto:
-    """input_text[N] --HfJsonTokenizer (tokenizer.json embedded)--> input_ids[N, L]"""
+    """input_text[N] --HfJsonTokenizer (tokenizer.json embedded)--> input_ids[N, L]
+
+    The op adds BOS/EOS as the post-processor and tokenizer_config.json's add_bos_token / add_eos_token say; the
+    graph's contract is Tokenizer.encode's (nothing added), so the embedded copies have neither (Llama 3's GGUF
+    adds BOS)."""
+    config = json.dumps(json.loads(config) | {"add_bos_token": False, "add_eos_token": False}, ensure_ascii=False)
+    spec = {k: v for k, v in spec.items() if k != "post_processor"}
     node = helper.make_node(
         "HfJsonTokenizer", ["input_text"], ["input_ids"], name="/tokenizer/HfJsonTokenizer", domain=_DOMAIN,
         tokenizer_vocab=json.dumps(spec, ensure_ascii=False), tokenizer_config=config)
