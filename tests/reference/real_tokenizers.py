@@ -371,15 +371,21 @@ _KEYS = {"tokenizer.ggml.bos_token_id": "bos", "tokenizer.ggml.eos_token_id": "e
          "tokenizer.ggml.eot_token_id": "eot"}
 
 
+@cache
+def _transformers_gguf_tokenizer(path: Path):
+    """transformers' tokenizer of a GGUF, loaded when first asked (a minute or more for a big vocabulary)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
 def _from_gguf(name: str, family: str, path: Path, pre: str | None = None, template: str | None = None):
     """The tokenizer keys of a real GGUF (pre and chat template replaced when given); reference: transformers'
     tokenizer loaded from that GGUF."""
-    from gguf import GGUFReader
-    from transformers import AutoTokenizer
+    from ortllm.pipeline.gguf_reader import open_gguf
 
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     value = lambda key: reader.fields[key].contents() if key in reader.fields else None  # noqa: E731
-    ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
     return GGUFTokenizer(
         name=name, family=family, model=value("tokenizer.ggml.model"), pre=pre or value("tokenizer.ggml.pre"),
         tokens=list(value("tokenizer.ggml.tokens")), token_types=[int(t) for t in value("tokenizer.ggml.token_type")],
@@ -387,7 +393,7 @@ def _from_gguf(name: str, family: str, path: Path, pre: str | None = None, templ
         ids={short: int(value(key)) for key, short in _KEYS.items() if key in reader.fields},
         add_bos=value("tokenizer.ggml.add_bos_token"), add_space_prefix=value("tokenizer.ggml.add_space_prefix"),
         chat_template=template or value("tokenizer.chat_template"),
-        reference=lambda text: ref(text, add_special_tokens=False).input_ids,
+        reference=lambda text: _transformers_gguf_tokenizer(path)(text, add_special_tokens=False).input_ids,
         reference_name=f"transformers' GGUF tokenizer of {path.name}")
 
 
@@ -405,8 +411,39 @@ def smollm2(pre: str | None = None) -> GGUFTokenizer:
     return _from_gguf("gpt2" if pre == "gpt2" else "smollm2", "llama3", smollm2_gguf_path(), pre=pre)
 
 
+def _spm_from_pieces(tok: GGUFTokenizer):
+    """A sentencepiece BPE model rebuilt from a GGUF's pieces, scores and types (the GGUF's token types are
+    sentencepiece's piece types): identity normalizer, byte fallback, dummy prefix as the GGUF says."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    for piece, score, kind in zip(tok.tokens, tok.scores, tok.token_types):
+        proto.pieces.add(piece=piece, score=score, type=kind)
+    t = proto.trainer_spec
+    t.model_type, t.vocab_size, t.byte_fallback = pb.TrainerSpec.BPE, len(tok.tokens), True
+    t.unk_id, t.bos_id, t.eos_id = tok.ids["unk"], tok.ids["bos"], tok.ids["eos"]
+    t.pad_id = tok.ids.get("pad", -1)
+    n = proto.normalizer_spec
+    n.name, n.add_dummy_prefix, n.remove_extra_whitespaces, n.escape_whitespaces = \
+        "identity", bool(tok.add_space_prefix), False, True
+    return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+
+
 def gemma3() -> GGUFTokenizer:
-    return _from_gguf("gemma3", "gemma3", gemma3_gguf_path(), template=GEMMA3_TEMPLATE)
+    """Gemma 3's GGUF tokenizer. transformers' GGUF tokenizer is no reference for it (transformers 4.57 splits
+    "capital" into "▁c", "ap", "it", "al"; Gemma's pieces are "▁capital"): sentencepiece over Gemma's pieces,
+    scores and types is."""
+    tok = _from_gguf("gemma3", "gemma3", gemma3_gguf_path(), template=GEMMA3_TEMPLATE)
+    proc = _spm_from_pieces(tok)
+    # Gemma's user-defined pieces include runs of literal spaces; sentencepiece matches user-defined pieces after
+    # it has turned spaces into U+2581, so those never match there, while llama.cpp (tokenizer_st_partition) and
+    # transformers' added tokens match them in the raw text: the text is cut at them too, as llama.cpp cuts it.
+    cut = {t: i for i, (t, k) in enumerate(zip(tok.tokens, tok.token_types)) if k in (CONTROL, USER_DEFINED)}
+    tok.reference = lambda text: split_specials(text, cut, proc.encode)
+    tok.reference_name = ("sentencepiece over the GGUF's pieces, scores and types, text cut at the control and "
+                          "user-defined pieces")
+    return tok
 
 
 def all_tokenizers(tmp: Path) -> dict[str, Callable[[], GGUFTokenizer]]:
