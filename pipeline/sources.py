@@ -58,9 +58,9 @@ def load_path(path: Path) -> ModelWeights:
 # ---------------------------------------------------------------- GGUF
 
 def _open_gguf(path: Path):
-    from gguf import GGUFReader
+    from .gguf_reader import open_gguf
     try:
-        return GGUFReader(path)
+        return open_gguf(path)
     except Exception as e:  # the reader raises ValueError/IndexError/... on damaged files
         raise BuildError(f"cannot read GGUF {path} ({path.stat().st_size} bytes): damaged or truncated "
                          f"({type(e).__name__}: {e})") from None

@@ -3,22 +3,29 @@
 Three sources, one result (a :class:`TokenizerInfo` and the two files):
 
 - a GGUF whose ``tokenizer.ggml.model`` is ``gpt2``: a byte-level BPE rebuilt with the ``tokenizers``
-  library from the GGUF's tokens, merges and token types;
-- a GGUF whose ``tokenizer.ggml.model`` is ``llama`` (SentencePiece BPE: Gemma, Llama 2, Mistral): a BPE with
-  byte fallback whose merges come from the pieces' scores (transformers' ``generate_merges``, as its
+  library from the GGUF's tokens, merges and token types, splitting text as the original tokenizer does
+  (by ``tokenizer.ggml.pre``: GPT-2's regex, Llama 3's, Qwen2's or Mistral's tekken; see ``_BPE_PRE``);
+- a GGUF whose ``tokenizer.ggml.model`` is ``llama`` (SentencePiece BPE: Gemma, Llama 2, Mistral, Phi-3): a BPE
+  with byte fallback whose merges come from the pieces' scores (transformers' ``generate_merges``, as its
   SentencePiece converter makes them), tokenizing as llama.cpp's SPM tokenizer does: the pair whose merged
   piece scores highest first, user-defined pieces (Gemma's newline and whitespace runs) matched in the raw text;
 - a local Hugging Face model directory: its tokenizer files, copied;
 - nothing (random-weight recipes): a byte-level BPE over the 256 bytes plus three ChatML specials.
 
+Each is checked token for token against a reference on a real vocabulary (docs/tokenizers.md,
+tests/pipeline/test_tokenizer_families.py): tiktoken for Llama 3, mistral-common's Tekkenizer for tekken,
+sentencepiece for Mistral's and Phi-3's pieces, transformers' Qwen2 tokenizer for qwen2, transformers' GGUF
+tokenizer for SmolLM2 and Gemma 3.
+
 Why not save what transformers' GGUF loader builds: for a llama-architecture GGUF it makes a
 SentencePiece/byte-level hybrid (``byte_fallback``, a ``ByteFallback``/``Replace`` decoder chain, BOS added
-although the GGUF says not to, ``eos_token`` set to the BOS token) that onnxruntime-extensions misreads.
-What we write tokenizes exactly like transformers' GGUF tokenizer (tests/pipeline/test_tokenizer.py):
-same pre-tokenizer (GPT-2's ByteLevel regex), no normalizer, same vocabulary, merges and special tokens,
-and a plain ByteLevel decoder. Where we differ from transformers on purpose, we follow the GGUF:
-``add_bos_token`` (SmolLM2: false), ``eos_token`` (SmolLM2: ``<|im_end|>``) and no lossy
-``clean_up_tokenization_spaces``.
+although the GGUF says not to, ``eos_token`` set to the BOS token) that onnxruntime-extensions misreads, and it
+splits every byte-level BPE with GPT-2's regex whatever ``tokenizer.ggml.pre`` says (wrong for Llama 3's digit
+groups, Qwen2's single digits, tekken's case splits). Where ``pre`` is GPT-2's, what we write tokenizes exactly
+like transformers' GGUF tokenizer (tests/pipeline/test_tokenizer.py): same pre-tokenizer, no normalizer, same
+vocabulary, merges and special tokens, and a plain ByteLevel decoder. Where we differ from transformers on
+purpose, we follow the GGUF: ``add_bos_token`` (SmolLM2: false), ``eos_token`` (SmolLM2: ``<|im_end|>``) and no
+lossy ``clean_up_tokenization_spaces``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from ortllm.runtime.contract import TOKENIZER as TOKENIZER_JSON
 from ortllm.runtime.contract import TOKENIZER_CONFIG
@@ -41,13 +48,39 @@ CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 # GGUF token types (gguf.TokenType / llama.cpp llama_token_type).
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_BYTE = 1, 3, 4, 6
 
-# `tokenizer.ggml.pre` values (llama.cpp names) for which transformers' GGUF loader and the original
-# tokenizer split text with GPT-2's ByteLevel regex. transformers ignores `pre` for llama-architecture
-# GGUFs and always applies this split, so it is what "tokenizes like transformers" means here.
-# Note: llama.cpp additionally splits every digit apart for smollm/starcoder/refact/codeshell; transformers
-# does not, and neither do we (the reference is transformers; the two differ only where whitespace runs
-# meet digits, e.g. "x  1").
-_GPT2_REGEX_PRE = frozenset({"default", "gpt2", "smollm", "starcoder", "refact", "codeshell", "mpt", "olmo"})
+
+# How a byte-level BPE GGUF (tokenizer.ggml.model "gpt2") splits text before BPE, by `tokenizer.ggml.pre` (llama.cpp's
+# names): the original tokenizer's regex, an NFC normalizer where the original has one, and `ignore_merges` where
+# the original is a tiktoken vocabulary (a word that is a whole token is that token, merges or not).
+@dataclass(frozen=True)
+class _BpeSplit:
+    regex: str | None         # None: GPT-2's ByteLevel regex
+    nfc: bool = False
+    ignore_merges: bool = False
+
+
+# GPT-2's regex. transformers' GGUF loader applies it for every pre value and calls that "default"; so do we for
+# these. llama.cpp additionally splits every digit apart for smollm/starcoder/refact/codeshell; transformers does
+# not, and neither do we (the two differ only where whitespace runs meet digits, e.g. "x  1").
+_GPT2 = _BpeSplit(None)
+# Llama 3's tiktoken pattern (llama-models' tokenizer.py; llama.cpp LLAMA_VOCAB_PRE_TYPE_LLAMA3): digits in
+# groups of 1 to 3.
+_LLAMA3 = _BpeSplit(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                    r"|\s*[\r\n]+|\s+(?!\S)|\s+", ignore_merges=True)
+# Qwen2's (transformers' Qwen2 tokenizer; llama.cpp LLAMA_VOCAB_PRE_TYPE_QWEN2): single digits, NFC first.
+_QWEN2 = _BpeSplit(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                   r"|\s*[\r\n]+|\s+(?!\S)|\s+", nfc=True)
+# Mistral's tekken (mistral-common's tekken JSON "pattern"; llama.cpp LLAMA_VOCAB_PRE_TYPE_TEKKEN): words split
+# at case changes, single digits.
+_TEKKEN = _BpeSplit(r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+", ignore_merges=True)
+_BPE_PRE = {
+    **dict.fromkeys(("default", "gpt2", "smollm", "starcoder", "refact", "codeshell", "mpt", "olmo"), _GPT2),
+    **dict.fromkeys(("llama-bpe", "llama3", "llama-v3"), _LLAMA3),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), _QWEN2),
+    "tekken": _TEKKEN,
+}
 
 BYTE_TOKENIZER_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (
@@ -123,10 +156,10 @@ def _open_reader(reader_or_path):
         path = Path(reader_or_path)
         if not path.is_file():
             raise TokenizerError(f"GGUF file not found: {path}; pass the path of a .gguf file")
-        from gguf import GGUFReader
+        from .gguf_reader import open_gguf
 
         try:
-            return GGUFReader(path)
+            return open_gguf(path)
         except Exception as e:  # gguf raises ValueError/struct errors on foreign files
             raise TokenizerError(f"{path} is not a readable GGUF file ({e}); pass a .gguf model file") from e
     if not hasattr(reader_or_path, "fields"):
@@ -154,9 +187,9 @@ def _read_gguf_vocab(reader) -> _GGUFVocab:
             "BPE ('llama'): use an HF model directory for this model instead"
         )
     pre = _field_value(reader, "tokenizer.ggml.pre") or "default"
-    if model == "gpt2" and pre not in _GPT2_REGEX_PRE:
+    if model == "gpt2" and pre not in _BPE_PRE:
         raise TokenizerError(
-            f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_GPT2_REGEX_PRE))}); "
+            f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_BPE_PRE))}); "
             "use an HF model directory for this model instead"
         )
     tokens = _field_value(reader, "tokenizer.ggml.tokens")
@@ -223,10 +256,23 @@ def _post_processor(bos: tuple[str, int] | None, eos: tuple[str, int] | None):
     )
 
 
-def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], unk: str | None) -> Tokenizer:
-    """A GPT-2 style byte-level BPE, pre-tokenized the way transformers' GGUF loader does it."""
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=unk is not None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
+def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], unk: str | None,
+                    split: _BpeSplit = _GPT2) -> Tokenizer:
+    """A GPT-2 style byte-level BPE; text split before BPE as `split` says (GPT-2's regex by default).
+
+    GPT-2's regex: ByteLevel(use_regex=True), as transformers' GGUF loader; another regex: Split(regex, isolated)
+    then ByteLevel(use_regex=False), as transformers' Llama 3 / Qwen2 / tekken tokenizer.json files have it.
+    """
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=unk is not None,
+                               ignore_merges=split.ignore_merges))
+    if split.regex is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split.regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    if split.nfc:
+        tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
     return tok
 
@@ -235,7 +281,6 @@ def _spm_bpe(v: _GGUFVocab) -> Tokenizer:
     """A SentencePiece BPE vocabulary (tokenizer.ggml.model "llama") as a `tokenizers` BPE: merges of the normal
     pieces ordered by the merged piece's score (transformers' generate_merges), byte pieces <0xNN> for the
     fallback, spaces as U+2581 (no prefix space unless the GGUF asks for one), the decoder undoing both."""
-    from tokenizers import normalizers
     from transformers.convert_slow_tokenizer import generate_merges
 
     normal = {t: i for i, (t, k) in enumerate(zip(v.tokens, v.token_types)) if k == _TOKEN_NORMAL}
@@ -314,7 +359,7 @@ def write_tokenizer_from_gguf(reader_or_path, out_dir: Path) -> TokenizerInfo:
         tok = _spm_bpe(v)
     else:
         tok = _byte_level_bpe({t: i for i, t in enumerate(tokens)}, _split_merges(v.merges),
-                              tokens[v.unk_id] if v.unk_id is not None else None)
+                              tokens[v.unk_id] if v.unk_id is not None else None, _BPE_PRE[v.pre])
     # Same flags as transformers' GGUF loader: matched in raw text, never normalized.
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special_ids])
     tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in added_ids])
@@ -331,6 +376,8 @@ def write_tokenizer_from_gguf(reader_or_path, out_dir: Path) -> TokenizerInfo:
     )
     if v.model == "llama":
         config["tokenizer_class"] = "LlamaTokenizerFast"    # a SentencePiece BPE, not GPT-2's byte-level one
+    elif _BPE_PRE[v.pre].regex is not None:
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"   # tokenizer.json as written (GPT2Tokenizer's differs)
     files = _write_files(Path(out_dir), tok, config)
     eos_ids = tuple(dict.fromkeys(([v.eos_id] if v.eos_id is not None else []) + list(v.extra_eos_ids)))
     return TokenizerInfo(vocab_size=len(tokens), bos_token_id=v.bos_id, eos_token_ids=eos_ids,

@@ -78,21 +78,21 @@ def write_tokenizer_graphs(artifact_dir: Path) -> dict[str, str]:
         texts.append(tok.apply_chat_template(_CHAT, add_generation_prompt=True))
 
     results = {}
-    byte_level = _byte_level_reason(spec)
+    bpe_decoder = _bpe_decoder_reason(spec)
     encoders: list[tuple[str, Callable[[], onnx.ModelProto]]] = [
         ("HfJsonTokenizer", lambda: _hf_json_encoder(spec, config)),
     ]
-    if byte_level is None:
+    if _byte_level_reason(spec) is None:
         encoders.insert(0, ("GPT2Tokenizer", lambda: _gpt2_encoder(spec)))
     results[TOKENIZER_ONNX] = _write_first_exact(
         artifact_dir / TOKENIZER_ONNX, encoders, lambda m: _check_encoder(m, tok, texts, spec))
-    if byte_level is None:
+    if bpe_decoder is None:
         results[DETOKENIZER_ONNX] = _write_first_exact(
             artifact_dir / DETOKENIZER_ONNX, [("BpeDecoder", lambda: _bpe_decoder(spec))],
             lambda m: _check_decoder(m, tok, texts, spec))
     else:
         (artifact_dir / DETOKENIZER_ONNX).unlink(missing_ok=True)
-        results[DETOKENIZER_ONNX] = f"skipped: no exact ONNX detokenizer for this tokenizer ({byte_level})"
+        results[DETOKENIZER_ONNX] = f"skipped: no exact ONNX detokenizer for this tokenizer ({bpe_decoder})"
     return results
 
 
@@ -113,21 +113,29 @@ def _write_first_exact(path: Path, candidates, check) -> str:
     return "skipped: not exact; " + "; ".join(failures)
 
 
-def _byte_level_reason(spec: dict) -> str | None:
-    """None when tokenizer.json is a GPT-2 style byte-level BPE, else what differs."""
-    model, pre, norm, dec = spec.get("model", {}), spec.get("pre_tokenizer"), spec.get("normalizer"), \
-        spec.get("decoder")
+def _bpe_decoder_reason(spec: dict) -> str | None:
+    """None when tokenizer.json is a byte-level BPE (GPT-2's byte alphabet, a ByteLevel decoder) whatever splits
+    its text (GPT-2's regex, or Llama 3's / Qwen2's / tekken's as a Split): BpeDecoder decodes it; else what differs."""
+    model, dec = spec.get("model", {}), spec.get("decoder")
     if model.get("type") != "BPE" or model.get("byte_fallback") or model.get("continuing_subword_prefix"):
         return "model is not a plain BPE"
+    if not (dec and dec.get("type") == "ByteLevel"):
+        return f"decoder is {(dec or {}).get('type')}, not ByteLevel"
+    if any(isinstance(m, list) for m in model.get("merges", [])):
+        return "merges are stored as pairs"
+    return None
+
+
+def _byte_level_reason(spec: dict) -> str | None:
+    """None when tokenizer.json is a GPT-2 style byte-level BPE (GPT2Tokenizer encodes it), else what differs."""
+    pre, norm = spec.get("pre_tokenizer"), spec.get("normalizer")
+    if (reason := _bpe_decoder_reason(spec)) is not None:
+        return reason
     if not (pre and pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
             and not pre.get("add_prefix_space")):
         return f"pre_tokenizer is {(pre or {}).get('type')}, not GPT-2 ByteLevel"
     if norm and not (norm.get("type") == "Sequence" and not norm.get("normalizers")):
         return f"has a {norm.get('type')} normalizer"
-    if not (dec and dec.get("type") == "ByteLevel"):
-        return f"decoder is {(dec or {}).get('type')}, not ByteLevel"
-    if any(isinstance(m, list) for m in model.get("merges", [])):
-        return "merges are stored as pairs"
     return None
 
 
@@ -157,7 +165,13 @@ def _gpt2_encoder(spec: dict) -> onnx.ModelProto:
 
 
 def _hf_json_encoder(spec: dict, config: str) -> onnx.ModelProto:
-    """input_text[N] --HfJsonTokenizer (tokenizer.json embedded)--> input_ids[N, L]"""
+    """input_text[N] --HfJsonTokenizer (tokenizer.json embedded)--> input_ids[N, L]
+
+    The op adds BOS/EOS as the post-processor and tokenizer_config.json's add_bos_token / add_eos_token say; the
+    graph's contract is Tokenizer.encode's (nothing added), so the embedded copies have neither (Llama 3's GGUF
+    adds BOS)."""
+    config = json.dumps(json.loads(config) | {"add_bos_token": False, "add_eos_token": False}, ensure_ascii=False)
+    spec = {k: v for k, v in spec.items() if k != "post_processor"}
     node = helper.make_node(
         "HfJsonTokenizer", ["input_text"], ["input_ids"], name="/tokenizer/HfJsonTokenizer", domain=_DOMAIN,
         tokenizer_vocab=json.dumps(spec, ensure_ascii=False), tokenizer_config=config)
@@ -214,7 +228,7 @@ def _session(model: onnx.ModelProto):
 
 def _check_encoder(model: onnx.ModelProto, tok: Tokenizer, texts: list[str], spec: dict) -> str | None:
     session = _session(model)
-    if spec.get("model", {}).get("type") == "BPE" and _byte_level_reason(spec) is None:
+    if _bpe_decoder_reason(spec) is None:
         # every whole-character token, as text: each chunk's tokens glued into one string
         texts = texts + [tok.decode(ids, skip_special_tokens=False) for ids in _vocab_chunks(spec)]
     for text in texts:

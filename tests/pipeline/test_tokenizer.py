@@ -247,8 +247,8 @@ def test_tiny_sentencepiece_gguf_merges_by_score(tmp_path):
 def test_gguf_without_tokenizer_or_with_unknown_pre_is_refused(tmp_path):
     with pytest.raises(TokenizerError, match="no tokenizer"):
         write_tokenizer_from_gguf(_tiny_gguf(tmp_path / "none.gguf", None), tmp_path / "out")
-    with pytest.raises(TokenizerError, match="'qwen2'"):
-        write_tokenizer_from_gguf(_tiny_gguf(tmp_path / "qwen.gguf", "gpt2", pre="qwen2"), tmp_path / "out")
+    with pytest.raises(TokenizerError, match="'chatglm-bpe' is not supported .*llama-bpe.*qwen2.*tekken"):
+        write_tokenizer_from_gguf(_tiny_gguf(tmp_path / "glm.gguf", "gpt2", pre="chatglm-bpe"), tmp_path / "out")
 
 
 def test_tiny_gpt2_gguf_builds(tmp_path):

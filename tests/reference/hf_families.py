@@ -36,13 +36,14 @@ FAMILIES = {
 }
 
 
-def tiny_model(family: str, seed: int = 0):
-    """transformers' model of the family with re-drawn seeded weights, fp32, eval mode, eager attention."""
+def tiny_model(family: str, seed: int = 0, **overrides):
+    """transformers' model of the family with re-drawn seeded weights, fp32, eval mode, eager attention;
+    `overrides` change the config (e.g. vocab_size for a real tokenizer)."""
     import torch
     import transformers
 
     cfg_cls, model_cls, over = FAMILIES[family]
-    cfg = getattr(transformers, cfg_cls)(**(BASE | over))
+    cfg = getattr(transformers, cfg_cls)(**(BASE | over | overrides))
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg).eval()
@@ -80,9 +81,10 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "mistral": "LLAMA", "llama3": "LLAMA", "phi3": "PHI3"}
 
 
-def write_gguf(model, family: str, path: Path) -> Path:
+def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
     """The model as llama.cpp's converter writes it (F32): gguf's own tensor name map, q/k rows permuted for llama,
-    Llama 3's RoPE scaling as a rope_freqs tensor, the `<arch>.*` keys, and a byte-level gpt2 tokenizer."""
+    Llama 3's RoPE scaling as a rope_freqs tensor, the `<arch>.*` keys, and a byte-level gpt2 tokenizer (or
+    `tokenizer`: an object whose add_to(writer) writes the tokenizer keys, e.g. real_tokenizers.GGUFTokenizer)."""
     import gguf
 
     from ortllm.pipeline.tokenizer import _bytes_to_unicode
@@ -104,13 +106,16 @@ def write_gguf(model, family: str, path: Path) -> Path:
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
-    tokens = _bytes_to_unicode() + ["\u0120\u0120"] + [f"<extra_{i}>" for i in range(cfg.vocab_size - 257)]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 257 + [3] * (cfg.vocab_size - 257))
-    w.add_token_merges(["\u0120 \u0120"])
-    w.add_eos_token_id(2)
+    if tokenizer is not None:
+        tokenizer.add_to(w)
+    else:
+        tokens = _bytes_to_unicode() + ["\u0120\u0120"] + [f"<extra_{i}>" for i in range(cfg.vocab_size - 257)]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types([1] * 257 + [3] * (cfg.vocab_size - 257))
+        w.add_token_merges(["\u0120 \u0120"])
+        w.add_eos_token_id(2)
     rs = getattr(cfg, "rope_scaling", None) or {}
     if rs.get("rope_type") == "llama3":    # llama.cpp's convert_hf_to_gguf: a divisor per frequency
         inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
