@@ -220,9 +220,9 @@ def _qlinear_node_session(art, node_name_part: str):
 
 @pytest.mark.isa_paths
 def test_int4_qlinear_mix_is_the_weighted_sum_of_single_adapter_deltas(mixed_int4):
-    """On the int4 artifact's q|k|v and down_proj QLinear nodes (linear in the LoRA term: no SwiGLU), with the adapters as the engine wrote them into its
-    slots: y(mix) - y(base) = sum_i w_i (y(adapter i alone) - y(base)) per output, within float32 steps; the same on
-    the AVX2 path (isa_paths)."""
+    """On the int4 artifact's q|k|v and down_proj QLinear nodes (linear in the LoRA term: no SwiGLU), with the
+    adapters as the engine wrote them into its slots: y(mix) - y(base) = sum_i w_i (y(adapter i alone) - y(base))
+    per output, within float32 steps; the same on the AVX2 path (isa_paths)."""
     with Engine.from_artifact(mixed_int4, num_blocks=64) as engine:
         names = [a for a, _, _ in ADAPTERS]
         slots, failed = engine.adapters.activate(names)
