@@ -356,7 +356,8 @@ int64_t plan_lora(Ctx& c) {
 
 // Mixed tokens: per segment, the terms with a rank there added in k order into layer 0 (the first taken as it is;
 // a token whose only such term is k = 0 has its value there already). Plain float adds in the row's own order, on
-// the calling thread: the same bits whatever the batch or the ISA table.
+// the calling thread: the same bits whatever the batch or the ISA table. A segment on the 8-column grid goes a
+// group (8 contiguous floats of a layer) at a time, which the compiler vectorizes; one off it, a column at a time.
 void merge_terms(Ctx& c) {
   const QLinearArgs& a = *c.a;
   const int64_t T = c.d->num_tokens, layer = c.groups * T * 8;
@@ -368,6 +369,20 @@ void merge_terms(Ctx& c) {
         if (lora_rank(c, t * c.terms + k, j) > 0) ks[n++] = k;
       if (n == 0 || (n == 1 && ks[0] == 0)) continue;
       const QLinearLoraSegment& sg = a.seg[j];
+      if (sg.col0 % 8 == 0 && sg.width % 8 == 0) {
+        for (int64_t g = sg.col0 / 8; g < (sg.col0 + sg.width) / 8; ++g) {
+          float* out = l0 + (g * T + t) * 8;
+          float v[8];
+          const float* first = out + ks[0] * layer;
+          for (int r = 0; r < 8; ++r) v[r] = first[r];
+          for (int64_t i = 1; i < n; ++i) {
+            const float* term = out + ks[i] * layer;
+            for (int r = 0; r < 8; ++r) v[r] += term[r];
+          }
+          for (int r = 0; r < 8; ++r) out[r] = v[r];
+        }
+        continue;
+      }
       for (int64_t col = sg.col0; col < sg.col0 + sg.width; ++col) {
         const int64_t at = (col / 8 * T + t) * 8 + col % 8;
         float v = l0[ks[0] * layer + at];
