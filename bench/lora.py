@@ -8,6 +8,12 @@ lora-overhead: 16 concurrent sequences decoding, all base vs spread over 1, 2, 4
   - paired steps: the same decode step (16 sequences at context 128, in the engine's own session, pool and
     adapter slots) run with all tokens on the base and with the adapters, alternating step by step (order
     ABBA), so both halves of a pair see the same machine; step throughput ratio = base time / LoRA time.
+lora-mix: the cost of adapter mixes (SamplingParams(adapters={...})), by the same paired steps (16 sequences at
+context 128, rank 16 on q, k, v, o): every row on adapter a, on b, on the mix a*0.7 + b*0.3; request i on adapter
+i % 4, and every row mixing 2 of the 4 (the 6 pairs in turn). Rows: each configuration's step overhead against its
+own interleaved base steps, per round (the configurations alternate, their order reversed every other round), and
+per round the two ratios the mixes must keep: overhead(a + b) / (overhead(a) + overhead(b)) <= 1, and
+overhead(2 of 4 mixed) / overhead(4 adapters) <= 2.
 lora-trace: requests arriving with gamma-distributed gaps, each for an adapter drawn Zipf (s = 1) over 4 or
 16 adapters of ranks 8/16/32; metric throughput and time to first token.
 Adapters are synthetic (seeded random A, B in PEFT's file format), written into a copy of the artifact.
@@ -29,7 +35,7 @@ from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.config import SchedulerConfig
 from ortllm.runtime.contract import ModelConfig
 from ortllm.runtime.engine import Engine
-from ortllm.runtime.sampling_params import SamplingParams
+from ortllm.runtime.sampling_params import SamplingParams, adapter_names
 from ortllm.runtime.scheduler import ScheduledSeq
 
 from .engine import PLAIN, decode_run
@@ -87,12 +93,13 @@ def _with_adapters(artifact: Path, work: Path, ranks: list[int]) -> tuple[Path, 
     return art, names
 
 
-def paired_steps(engine: Engine, adapters: list[str], batch: int = 16, context: int = 128, pairs: int = 100,
+def paired_steps(engine: Engine, adapters: list, batch: int = 16, context: int = 128, pairs: int = 100,
                  seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Seconds per decode step of `batch` sequences at `context` cached tokens, (all base, request i on
-    adapters[i % n]), pair by pair. Runs on the engine's runner directly (ModelRunner.execute, the call the
-    engine makes per step, with its Python input preparation): call only while the engine is idle, on an
-    engine without the prefix cache (the sequences are written into blocks 1.. of the pool)."""
+    adapters[i % n]: an adapter's name or a mix, an AdapterSpec of runtime/sampling_params.py), pair by pair. Runs
+    on the engine's runner directly (ModelRunner.execute, the call the engine makes per step, with its Python input
+    preparation): call only while the engine is idle, on an engine without the prefix cache (the sequences are
+    written into blocks 1.. of the pool)."""
     runner = engine.runner
     context = min(context, engine.context_length - 2)      # tiny test models have short contexts
     per_seq = -(-(context + 1) // runner.block_size)
@@ -103,7 +110,7 @@ def paired_steps(engine: Engine, adapters: list[str], batch: int = 16, context: 
     tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(batch)]
     runner.execute([ScheduledSeq(f"p{i}", rng.integers(3, runner.vocab_size, context).tolist(), 0, tables[i], True,
                                  None) for i in range(batch)])                # prefill: [batch x context] once
-    slots, failed = engine.adapters.activate(list(adapters))
+    slots, failed = engine.adapters.activate(sorted({n for a in adapters for n in adapter_names(a)}))
     if failed:
         raise BenchError("could not load adapters into slots: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
     last = rng.integers(3, runner.vocab_size, batch).tolist()
@@ -167,6 +174,41 @@ def run_overhead(artifact: Path, ranks=(8, 16, 32), counts=(1, 2, 4), batch: int
         q25, q75 = np.percentile(b / x, [25, 75])
         rows.append(row("lora-overhead", "ortllm", batch, f"step_throughput_vs_base ({name})", (b / x).tolist(),
                         "ratio", p25=float(q25), p75=float(q75)))
+    return rows
+
+
+def mix_configs(names: list[str]) -> dict[str, list]:
+    """lora-mix's configurations over 4 adapters: each row's AdapterSpec, cycled over the batch."""
+    def mix(*terms):
+        return SamplingParams(adapters=dict(terms)).validate().adapter_mix
+    a, b = names[:2]
+    pairs = [(names[i], names[j]) for i in range(4) for j in range(i + 1, 4)]      # the 6 pairs of 4
+    return {"adapter a": [a], "adapter b": [b], "mix a*0.7 + b*0.3": [mix((a, 0.7), (b, 0.3))],
+            "4 adapters": names[:4], "2 of 4 mixed": [mix((x, 0.6), (y, 0.4)) for x, y in pairs]}
+
+
+def run_mix(artifact: Path, rank: int = 16, batch: int = 16, rounds: int = 3, pairs: int = 100,
+            threads: int | None = None) -> list[dict]:
+    """The lora-mix scenario (module docstring): paired steps per configuration, `rounds` rounds alternating the
+    configurations; the overhead of a round is the median over its pairs of LoRA step / base step - 1."""
+    overrides = {"threads": threads} if threads else {}
+    with tempfile.TemporaryDirectory(prefix="ortllm-lora-mix-") as tmp:
+        art, names = _with_adapters(Path(artifact), Path(tmp), [rank] * 4)
+        configs = mix_configs(names)
+        over: dict[str, list[float]] = {c: [] for c in configs}
+        with Engine.from_artifact(art, max_num_seqs=batch, max_adapters_per_batch=4, enable_prefix_cache=False,
+                                  **PLAIN, **overrides) as engine:
+            for k in range(rounds):
+                for c in (list(configs) if k % 2 == 0 else list(reversed(configs))):
+                    b, x = paired_steps(engine, configs[c], batch, pairs=pairs, seed=k)
+                    over[c].append(float(np.median(x / b)) - 1)
+    scen, extra = "lora-mix", {"rank": rank, "pairs": pairs}
+    rows = [row(scen, "ortllm", batch, f"step_overhead ({c})", v, "%", scale=100, **extra) for c, v in over.items()]
+    o = {c: np.asarray(v) for c, v in over.items()}
+    rows.append(row(scen, "ortllm", batch, "mix_vs_sum_of_singles", o["mix a*0.7 + b*0.3"] / (
+        o["adapter a"] + o["adapter b"]), "ratio", **extra))
+    rows.append(row(scen, "ortllm", batch, "mixed_2of4_vs_4_adapters", o["2 of 4 mixed"] / o["4 adapters"], "ratio",
+                    **extra))
     return rows
 
 

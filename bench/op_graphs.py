@@ -27,9 +27,10 @@ PA_OUTPUTS = ["attn", "key_cache_out", "value_cache_out", "key_scales_out", "val
 LORA_INPUTS = ["x", "base_y", "A", "B", "scale", "rank", "token_adapter"]
 QLINEAR_INPUTS = ["x", "codes", "scales", "offsets", "residual", "token_adapter", "lora_scale",
                   *(f"{n}{j}" for j in range(3) for n in ("A", "A_scale", "B", "B_scale", "rank")), "norm_weight",
-                  "dora", "dora_scale0", "dora_scale1", "dora_scale2"]
-QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, *[I8, F16, I8, F16, I32] * 3, F32, I32, F32, F32, F32]
-QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, *[3, 3, 3, 2, 1] * 3, 1, 1, 2, 2, 2]
+                  "dora", "dora_scale0", "dora_scale1", "dora_scale2", "token_adapter_weight"]
+QLINEAR_TYPES = [F32, U8, F16, F16, F32, I32, F32, *[I8, F16, I8, F16, I32] * 3, F32, I32, F32, F32, F32, F32]
+QLINEAR_RANKS = [2, 3, 3, 3, 2, 1, 1, *[3, 3, 3, 2, 1] * 3, 1, 1, 2, 2, 2, 2]
+MIX_INPUTS = ("token_adapter", "token_adapter_weight")   # [T] or [T, M] (adapter mixes): no declared rank
 
 
 # ---------------------------------------------------------------- graphs and sessions
@@ -175,13 +176,17 @@ def multi_lora_node(inputs, outputs, name: str | None = None, **attrs) -> onnx.N
     return helper.make_node("MultiLoRA", inputs, outputs, name=name, domain="ortllm", **attrs)
 
 
-def multi_lora_model(block_size: int | None = None, packed_a: bool = False) -> onnx.ModelProto:
+def multi_lora_model(block_size: int | None = None, packed_a: bool = False, mix: bool = False) -> onnx.ModelProto:
     """One MultiLoRA node (A, B fp16); with block_size, also the optional offsets input [k_blocks, out] fp16;
-    packed_a: the attribute (slot s of A is a row-major [in, rank[s]] matrix)."""
+    packed_a: the attribute (slot s of A is a row-major [in, rank[s]] matrix); mix: token_adapter of any rank ([T]
+    or [T, M]) and input 10, token_adapter_weight, of the same shape."""
     names = LORA_INPUTS + (["offsets"] if block_size is not None else [])
     types = [F32, F32, F16, F16, F32, I32, I32, F16]
-    ranks = [2, 2, 3, 3, 1, 1, 1, 2]
+    ranks = [2, 2, 3, 3, 1, 1, None if mix else 1, 2]
     inputs = [value_info(n, t, r) for n, t, r in zip(names, types, ranks)]
+    if mix:
+        names = names + [""] * (10 - len(names)) + ["token_adapter_weight"]
+        inputs.append(value_info("token_adapter_weight", F32, None))
     attrs = ({"block_size": block_size} if block_size else {}) | ({"packed_a": 1} if packed_a else {})
     return model([multi_lora_node(names, ["y"], **attrs)], inputs, [value_info("y", F32, 2)])
 
@@ -201,7 +206,8 @@ def qlinear_model(present: list[str], n_outputs: int = 1, argmax: bool = False, 
     names = [n if n in present else "" for n in QLINEAR_INPUTS]
     while names and not names[-1]:
         names.pop()
-    inputs = [value_info(n, t, None if n.rstrip("012") in ("A", "A_scale", "B", "B_scale", "dora_scale") else r)
+    inputs = [value_info(n, t, None if n.rstrip("012") in ("A", "A_scale", "B", "B_scale", "dora_scale")
+                         or n in MIX_INPUTS else r)
               for n, t, r in zip(QLINEAR_INPUTS, QLINEAR_TYPES, QLINEAR_RANKS) if n in present]
     out_names = ["y", "y1", "y2"][:n_outputs]
     outputs = [value_info(n, F32, 2) for n in out_names]

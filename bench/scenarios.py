@@ -70,6 +70,11 @@ def _lora_overhead(r: BenchRun, _) -> list[dict]:
     return run_overhead(r.artifact, repeats=r.repeats, threads=r.threads, step_pairs=10 if r.quick else 100)
 
 
+def _lora_mix(r: BenchRun, _) -> list[dict]:
+    from .lora import run_mix
+    return run_mix(r.artifact, rounds=r.repeats, threads=r.threads, pairs=10 if r.quick else 100)
+
+
 def _lora_trace(r: BenchRun, _) -> list[dict]:
     """For 4 and 16 adapters: the trace at a rate that saturates every system (throughput is capacity), then at
     half the base model's capacity measured there (latency at a load the model sustains); each with the same trace
@@ -123,6 +128,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("quality", "held-out KLD, top-1 and PPL ratio of ARTIFACT and each --peers system against --reference "
              "(prose, code, chat; added to the peer scenarios when --reference is given)", _quality),
     Scenario("lora-overhead", "16 sequences over 0/1/2/4 adapters of rank 8/16/32", _lora_overhead),
+    Scenario("lora-mix", "adapter mixes: a, b and a*0.7 + b*0.3 on every row; 4 adapters and every row mixing 2 "
+             "of them, paired decode steps", _lora_mix),
     Scenario("lora-trace", "Zipf over 4 and 16 adapters (with --peers llama.cpp: against llama.cpp served one "
              "adapter set per batch, as its server does)", _lora_trace),
     Scenario("lora-swap", "time to first token of a request whose adapter is in a slot, in host RAM or on disk, "

@@ -37,7 +37,7 @@ def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], 
 
         x -> MatMul | MatMulNBits (q|k|v or gate|up fused) -> Split -> base_i --+
         x -------------------------> MultiLoRA(A_i, B_i, scale, rank, token_adapter [, offsets_i],
-                                               lora.dora, dora_scale_i) -> y_i
+                                               lora.dora, dora_scale_i, token_adapter_weight) -> y_i
     """
     outs = []
     for p, w, path in zip(project(g, x, ws, paths, quant), ws, paths):
@@ -46,7 +46,8 @@ def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], 
         a = g.input(C.lora_name(layer, target, "a"), F16, ["lora_slots", in_dim, "lora_rank"])
         b = g.input(C.lora_name(layer, target, "b"), F16, ["lora_slots", "lora_rank", out_dim])
         dora = g.input(C.lora_stack_name(target, "dora_scale"), F32, [layers, "lora_slots", out_dim])
-        ins = [x, p.y, a, b, C.LORA_SCALE, C.lora_rank_name(target), adapter, p.offsets or "", C.LORA_DORA, dora]
+        ins = [x, p.y, a, b, C.LORA_SCALE, C.lora_rank_name(target), adapter, p.offsets or "", C.LORA_DORA, dora,
+               C.TOKEN_ADAPTER_WEIGHT]
         attrs = {"packed_a": 1, "lora_layer": layer} | ({"block_size": p.block_size} if p.offsets else {})
         outs.append(g.op("MultiLoRA", ins, f"{path}/lora", domain=C.OPS_DOMAIN, **attrs))
     return outs
@@ -195,7 +196,8 @@ def build_engine_graph(weights: ModelWeights, model_path, data_path, kv: str = "
         "block_tables": g.input(C.BLOCK_TABLES, I32, ["S", "max_blocks"]),
     }
     logits_rows = g.input(C.LOGITS_INDICES, I64, ["S"])
-    batch["adapter"] = g.input(C.TOKEN_ADAPTER, I32, ["T"])
+    batch["adapter"] = g.input(C.TOKEN_ADAPTER, I32, ["T", "adapter_terms"])    # a token's mix: slots, weights
+    g.input(C.TOKEN_ADAPTER_WEIGHT, F32, ["T", "adapter_terms"])
     hidden_rows = g.input(C.HIDDEN_INDICES, I64, ["E"])
     g.input(C.LORA_SCALE, F32, ["lora_slots"])
     g.input(C.LORA_DORA, I32, ["lora_slots"])

@@ -22,6 +22,7 @@ from .quantize import QuantizedWeight, RTNQuantizer, hf_name
 F16, F32, I8 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.INT8
 SEG0, SEG_INPUTS, NORM = 7, 5, 22   # the op's input positions (custom_ops/README.md): LoRA segments, norm weight
 DORA, DORA_SCALE0 = 23, 24          # DoRA: the slots' flags, then one scale stack per segment
+ADAPTER_WEIGHT = 27                 # the weights of each token's adapter mix (token_adapter [T, M])
 ARGMAX_OUT = 3                      # the op's optional output: each row's first maximum (after y and the splits)
 EPILOGUES = ("none", "residual", "swiglu")
 
@@ -43,7 +44,7 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
 
         x [T, K] --> QLinear(codes, scales [, offsets] [, residual],
                              token_adapter, lora.scale, (A, A_scale, B, B_scale, rank) per target
-                             [, norm weight], lora.dora, dora_scale per target) --> y
+                             [, norm weight], lora.dora, dora_scale per target, token_adapter_weight) --> y
 
     ws are HF [out, in] weights fused along out in order; `lora` = {"layer": i, "layers": n, "adapter":
     token_adapter input} gives each path its LoRA segment (graph inputs lora.{target}.a|a_scale|b|b_scale, the int8
@@ -59,7 +60,7 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
     qs = [quant.quantize(hf_name(p), w) for w, p in zip(ws, paths)]
     q = qs[0] if len(qs) == 1 else QuantizedWeight.concat(qs)
     p = pack(q)
-    ins = [""] * (DORA_SCALE0 + 3)   # the op's inputs by position; "" = absent
+    ins = [""] * (ADAPTER_WEIGHT + 1)   # the op's inputs by position; "" = absent
     ins[:5] = [x, g.weight(f"{path}.qcodes{p.bits}", p.codes), g.weight(f"{path}.qscales", p.scales),
                g.weight(f"{path}.qoffsets", p.offsets) if p.offsets is not None else "", residual or ""]
     attrs = {}
@@ -78,6 +79,7 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
                 C.lora_rank_name(target)]
             ins[DORA_SCALE0 + j] = g.input(name("dora_scale"), F32, [layers, "lora_slots", out_dim])
         ins[DORA] = g.input(C.LORA_DORA, TensorProto.INT32, ["lora_slots"])
+        ins[ADAPTER_WEIGHT] = C.TOKEN_ADAPTER_WEIGHT
         attrs["lora_layer"] = lora["layer"]
     if norm is not None:
         weight, eps, norm_path = norm

@@ -14,7 +14,8 @@ is checked by the same schema whichever API it came through.
 """
 from __future__ import annotations
 
-from ortllm.runtime.sampling_params import LOGIT_BIAS_RANGE, MAX_LOGPROBS, PENALTY_RANGE, REPETITION_PENALTY_RANGE
+from ortllm.runtime.sampling_params import (LOGIT_BIAS_RANGE, MAX_LOGPROBS, MAX_MIX, PENALTY_RANGE,
+                                            REPETITION_PENALTY_RANGE)
 
 from .fields import Body, Field, boolean, integer, number, string
 
@@ -46,6 +47,13 @@ STOP = Field("stop", {"anyOf": [{"type": "string", "minLength": 1},
                       "description": f"a non-empty string or a list of at most {MAX_STOP} non-empty strings"},
              description="stop strings, left out of the text")
 MAX_TOKENS = integer("max_tokens", None, 1, description="capped to the room the context leaves")
+ADAPTER_MIX = Field("adapters", {"type": "object", "minProperties": 1, "maxProperties": MAX_MIX,
+                                 "propertyNames": {"minLength": 1}, "additionalProperties": {"type": "number"}},
+                    description=f"extension: a weighted mix of up to {MAX_MIX} of the model's adapters for this "
+                                "request, adapter name -> weight (any finite number); the delta is the sum of "
+                                "weight * scale * B A over them (PEFT's add_weighted_adapter, combination_type cat). "
+                                "`model` then names the base model; DoRA adapters are not mixed",
+                    hint=f"an object of 1 to {MAX_MIX} \"adapter name\": weight")
 
 
 def _sampling(max_tokens: Field) -> list[Field]:
@@ -76,6 +84,7 @@ def _sampling(max_tokens: Field) -> list[Field]:
         string("guided_regex", minLength=1, description="vLLM's extension: the output matches this regular expression"),
         Field("guided_choice", {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
               description="vLLM's extension: the output is one of these strings"),
+        ADAPTER_MIX,
     ]
 
 
@@ -176,9 +185,10 @@ _OLLAMA_STREAM = boolean("stream", True, "NDJSON lines, one per delta, the last 
 
 OLLAMA_GENERATE = Body("OllamaGenerateRequest", [
     OLLAMA_MODEL, string("prompt", required=True), string("system", description="a system message (not with raw)"),
-    boolean("raw", False, "true: the prompt as is, no chat template"), _OLLAMA_STREAM, _FORMAT, _OPTIONS,
+    boolean("raw", False, "true: the prompt as is, no chat template"), _OLLAMA_STREAM, _FORMAT, _OPTIONS, ADAPTER_MIX,
 ])
-OLLAMA_CHAT = Body("OllamaChatRequest", [OLLAMA_MODEL, MESSAGES, TOOLS, _OLLAMA_STREAM, _FORMAT, _OPTIONS])
+OLLAMA_CHAT = Body("OllamaChatRequest", [OLLAMA_MODEL, MESSAGES, TOOLS, _OLLAMA_STREAM, _FORMAT, _OPTIONS,
+                                          ADAPTER_MIX])
 OLLAMA_SHOW = Body("OllamaShowRequest", [OLLAMA_MODEL, string("name", deprecated=True,
                                                                description="older clients' name for model")])
 

@@ -24,6 +24,22 @@ def resolve_adapter(engine: Engine, base_name: str, model: str | None) -> str | 
     raise model_not_found(model, base_name, engine.adapters.names())
 
 
+def check_adapter_mix(engine: Engine, adapter: str | None, mix: dict | None) -> None:
+    """A request's `adapters` (a weighted mix): with the base model as `model`, naming served adapters (400s naming
+    the field; the engine then checks weights, DoRA and the per-step cap)."""
+    if not mix:
+        return
+    if adapter is not None:
+        raise bad_request(f"model names the adapter {adapter!r} and adapters mixes {', '.join(map(repr, mix))}: "
+                          "name the base model in model, and every adapter (with its weight) in adapters",
+                          param="adapters")
+    served = engine.adapters.names()
+    unknown = [a for a in mix if a not in served]
+    if unknown:
+        raise bad_request(f"adapters names {unknown[0]!r}, which is not an adapter of this model; served adapters: "
+                          f"{', '.join(served) or 'none'}", param="adapters")
+
+
 def prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
     if req.messages is not None:
         tok = engine.tokenizer
@@ -65,6 +81,7 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
                 raise bad_request(f"{name} is not supported here (one completion per line); use the HTTP API",
                                   param=name)
     req.params.adapter = resolve_adapter(engine, base_name, req.model)
+    check_adapter_mix(engine, req.params.adapter, req.params.adapters)
     ctx = engine.context_length
     chars = (len(req.prompt) if isinstance(req.prompt, str) else
              sum(len(m["content"]) for m in req.messages or ()) + len(req.prefill))

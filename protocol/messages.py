@@ -30,7 +30,7 @@ import copy
 import json
 from dataclasses import dataclass
 
-from .bodies import MAX_TOOLS, MIN_P, NAME_PATTERN, SEED
+from .bodies import ADAPTER_MIX, MAX_TOOLS, MIN_P, NAME_PATTERN, SEED
 from .errors import APIError, bad_request
 from .fields import Body, Field, boolean, integer, number, string
 from .openai import GenerationRequest, parse_chat
@@ -98,7 +98,7 @@ MESSAGES = Body("MessagesRequest", [
     TOOLS, TOOL_CHOICE, OUTPUT_CONFIG,
     boolean("stream", False, "server-sent events: message_start ... message_stop"),
     Field("metadata", {"type": "object"}, description="accepted, not used"),
-    SEED, MIN_P,
+    SEED, MIN_P, ADAPTER_MIX,
 ])
 COUNT_TOKENS = Body("MessagesCountTokensRequest", [MODEL, CONVERSATION, SYSTEM, TOOLS, TOOL_CHOICE])
 
@@ -117,8 +117,8 @@ def parse_messages(body: dict, count_only: bool = False) -> MessagesRequest:
         turns = turns[:-1]
     chat: dict = {"model": v["model"], "messages": _messages(v["system"], turns)}
     if not count_only:
-        chat.update({k: v[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", "seed", "min_p")
-                     if v[k] is not None})
+        chat.update({k: v[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", "seed", "min_p",
+                                       "adapters") if v[k] is not None})
     if v["tools"]:
         tools = []
         for i, t in enumerate(v["tools"]):

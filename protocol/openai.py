@@ -168,7 +168,7 @@ def _sampling(v: dict, max_tokens: int | None, logprobs: int | None) -> tuple[Sa
         stop=[stop] if isinstance(stop, str) else list(stop or []), stop_token_ids=list(v["stop_token_ids"] or []),
         ignore_eos=v["ignore_eos"], logprobs=logprobs, priority=v["priority"],
         logit_bias={int(k): float(b) for k, b in lb.items()} if lb else None,
-        speculative=v["speculative"],
+        speculative=v["speculative"], adapters=v["adapters"],
     )
     return params, max_tokens is not None
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 12       # graph input/output names, shapes and semantics below
+CONTRACT_VERSION = 13       # graph input/output names, shapes and semantics below
                             # (2: float16 lora.* stacks, lora.rank per target;
                             #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
                             #  4: key_scales / value_scales float16 (ops ABI 4);
@@ -29,7 +29,9 @@ CONTRACT_VERSION = 12       # graph input/output names, shapes and semantics bel
                             #  10: float16 KV caches (--kv fp16: PagedAttention kv_dtype float16) (ops ABI 11);
                             #  11: DoRA rows: lora.dora and lora.{target}.dora_scale (ops ABI 12);
                             #  12: an int8 LM head's QLinear quantizes its input to int16 codes (act_bits 16,
-                            #      ops ABI 13))
+                            #      ops ABI 13);
+                            #  13: adapter mixes: token_adapter [T, M] slots and token_adapter_weight [T, M]
+                            #      (ops ABI 14))
 
 # ---- artifact files
 MANIFEST = "manifest.json"
@@ -234,7 +236,10 @@ def present_value(layer: int) -> str:
 #   logits_indices  [R]                 int64   rows of the batch that get logits (never prefill rows): one
 #                                               per sampling sequence, several for a row with drafts
 #                                               (speculative decoding); the graph gathers any R rows
-#   token_adapter   [T]                 int32   adapter slot of each token, -1 = base model
+#   token_adapter   [T, M]              int32   each token's adapter mix: up to M <= 4 slots (MAX_ADAPTER_TERMS),
+#                                               -1 after them (all -1: the base model), in the request's order
+#                                               (fixed per request: the order its terms are added in)
+#   token_adapter_weight [T, M]         float32 their weights (1 for a one-adapter request; padding's are unread)
 #   hidden_indices  [E]                 int64   rows of the batch whose final hidden state is returned
 #                                               (embedding requests' rows; E = 0 in generation steps: the Gather
 #                                               and the norm after the last layer then run on no rows)
@@ -278,11 +283,13 @@ BLOCK_TABLES = "block_tables"
 LOGITS_INDICES = "logits_indices"
 LOGITS_ARGMAX = "logits_argmax"
 TOKEN_ADAPTER = "token_adapter"
+TOKEN_ADAPTER_WEIGHT = "token_adapter_weight"
+MAX_ADAPTER_TERMS = 4       # adapters one request may mix (the ops' kQLinearMaxTerms)
 HIDDEN_INDICES = "hidden_indices"
 HIDDEN_STATES = "hidden_states"
 ENGINE_INPUT_DTYPES = {ENGINE_INPUT_IDS: "int64", POSITIONS: "int32", CU_SEQLENS: "int32", CONTEXT_LENS: "int32",
                        BLOCK_TABLES: "int32", LOGITS_INDICES: "int64", TOKEN_ADAPTER: "int32",
-                       HIDDEN_INDICES: "int64"}   # the step inputs'
+                       TOKEN_ADAPTER_WEIGHT: "float32", HIDDEN_INDICES: "int64"}   # the step inputs'
 LORA_SCALE = "lora.scale"
 LORA_DORA = "lora.dora"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

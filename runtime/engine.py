@@ -35,7 +35,7 @@ from .model_runner import ModelRunner, logits_rows
 from .pooling import normalize as l2_normalize, pool
 from .sampler import RowState, Sampler, TokenLogprobs, has_penalty, log_softmax, request_generator
 from .speculative import accept
-from .sampling_params import SamplingParams, fit_max_tokens
+from .sampling_params import SamplingParams, adapter_names, fit_max_tokens
 from .scheduler import ERROR, ModelRunnerOutput, Scheduler, SchedulerOutput
 from .tokenizer import Tokenizer
 
@@ -247,8 +247,8 @@ class Engine:
         if self._dead is not None:
             raise EngineDeadError("the engine stopped after an internal error; restart it") from self._dead
         params = (params or SamplingParams()).validate()
-        if params.adapter is not None:
-            self.adapters.check(params.adapter)
+        if params.adapter_mix is not None:   # known adapters; a mix: no DoRA, within the per-step cap
+            self.adapters.check_spec(params.adapter_mix, self.config.scheduler.max_adapters_per_batch)
         if params.logit_bias:
             bad = [t for t in params.logit_bias if t >= self.runner.vocab_size]
             if bad:
@@ -282,8 +282,8 @@ class Engine:
             if n > 1:
                 self._forks[base] = handles[1:]
             self._cv.notify()
-        if params.adapter is not None:     # from disk to host RAM while it waits (no-op if in a slot or RAM)
-            self.adapters.prefetch([params.adapter])
+        if params.adapter_names:           # from disk to host RAM while it waits (no-op if in a slot or RAM)
+            self.adapters.prefetch(list(params.adapter_names))
         return handles
 
     def _release_forks(self, parent_id: str) -> None:
@@ -449,7 +449,7 @@ class Engine:
                     t0 = time.perf_counter()
                     out = self.scheduler.schedule()
                 self._finish(out.finished)
-                self.adapters.sweep({h.params.adapter for h in list(self._handles.values())})
+                self.adapters.sweep({n for h in list(self._handles.values()) for n in h.params.adapter_names})
                 if not out.seqs:
                     time.sleep(0.001)   # only finishes this step, or nothing admissible yet
                     continue
@@ -466,9 +466,10 @@ class Engine:
         """t0: when schedule() began; the step's Python share is everything but session.run."""
         slots, failed = self.adapters.activate(out.adapters)
         if failed:   # damaged adapter files: only their requests fail
-            bad = [s for s in out.seqs if s.adapter in failed]
-            self._fail([s.req_id for s in bad], lambda rid: str(failed[self._handles[rid].params.adapter]))
-            out.seqs = [s for s in out.seqs if s.adapter not in failed]
+            bad = [s for s in out.seqs if failed.keys() & set(adapter_names(s.adapter))]
+            self._fail([s.req_id for s in bad], lambda rid: "; ".join(
+                str(failed[n]) for n in self._handles[rid].params.adapter_names if n in failed))
+            out.seqs = [s for s in out.seqs if s not in bad]
             if not out.seqs:
                 return
         self.adapters.prefetch(self.scheduler.queued_adapters())

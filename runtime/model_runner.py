@@ -63,6 +63,24 @@ def by_adapter(seq_slots: list[int]) -> list[int] | None:
     return sorted(range(len(seq_slots)), key=seq_slots.__getitem__)
 
 
+def seq_terms(spec, slots: dict[str | None, int]) -> list[tuple[int, float]]:
+    """A seq's AdapterSpec (sampling_params: None, a name, or ((name, weight), ...)) as its (slot, weight) terms in
+    the spec's order, the order the ops add them in; adapters without a slot here (none given) are left out."""
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        return [(slots[spec], 1.0)] if spec in slots else []
+    return [(slots[name], w) for name, w in spec if name in slots]
+
+
+def adapter_rows(terms: list[list[tuple[int, float]]]) -> tuple[list[list[int]], list[list[float]]]:
+    """Per seq, its token_adapter and token_adapter_weight rows [M] (M: the most terms of any seq, at least 1),
+    -1 and weight 0 after its terms."""
+    m = max(1, max(map(len, terms), default=1))
+    return ([[s for s, _ in t] + [-1] * (m - len(t)) for t in terms],
+            [[w for _, w in t] + [0.0] * (m - len(t)) for t in terms])
+
+
 def fed_starts(seqs: list[ScheduledSeq], order: list[int]) -> list[int]:
     """[S] each seq's first row in the batch fed in `order` (seqs' indices), by the seqs' own index."""
     starts, row = [0] * len(seqs), 0
@@ -251,14 +269,15 @@ class ModelRunner:
         rows where they landed, in the seqs' order, so every output comes back in the caller's order with no copy
         (KV writes follow positions and block tables and need nothing)."""
         slots = adapter_slots or {}
-        seq_slots = [slots.get(s.adapter, -1) for s in seqs]
+        terms = [seq_terms(s.adapter, slots) for s in seqs]      # [(slot, weight), ...] a seq: its adapter mix
+        seq_slots = [t[0][0] if t else -1 for t in terms]
         order = by_adapter(seq_slots) if slots else None
         starts_at = None
         self._order = None if order is None else np.asarray(order, np.int64)
         if order is not None:
             starts_at = fed_starts(seqs, order)
             seqs_out, seqs = seqs, [seqs[i] for i in order]
-            seq_slots = [seq_slots[i] for i in order]
+            terms = [terms[i] for i in order]
         # Python lists, one pass per input: cheaper than numpy temporaries for a decode step's few rows, and the
         # step's Python runs in caches cold after the weight stream
         lens = [s.num_tokens for s in seqs]
@@ -271,7 +290,11 @@ class ModelRunner:
             positions = [p for s in seqs for p in range(s.start_pos, s.start_pos + s.num_tokens)]
         width = max(len(s.block_ids) for s in seqs)
         tables = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]   # padded with the null block
-        adapter = [a for s, a in zip(seqs, seq_slots) for _ in range(s.num_tokens)]
+        mix_slots, mix_weights = adapter_rows(terms)              # [S, M] each
+        if len(ids) != len(seqs):                                 # a row per token
+            mix_slots = [r for s, r in zip(seqs, mix_slots) for _ in range(s.num_tokens)]
+            mix_weights = [r for s, r in zip(seqs, mix_weights) for _ in range(s.num_tokens)]
+        n_terms = len(mix_slots[0])
         if order is None:
             rows = np.arange(len(ids), dtype=np.int64) if all_logits else logits_rows(seqs)
             hidden = hidden_rows(seqs)
@@ -285,7 +308,9 @@ class ModelRunner:
         for name, value, shape in ((C.ENGINE_INPUT_IDS, ids, (len(ids),)), (C.POSITIONS, positions, (len(ids),)),
                                    (C.CU_SEQLENS, cu, (len(seqs) + 1,)), (C.CONTEXT_LENS, starts, (len(seqs),)),
                                    (C.BLOCK_TABLES, tables, (len(seqs), width)), (C.LOGITS_INDICES, rows, rows.shape),
-                                   (C.TOKEN_ADAPTER, adapter, (len(ids),)), (C.HIDDEN_INDICES, hidden, (len(hidden),))):
+                                   (C.TOKEN_ADAPTER, mix_slots, (len(ids), n_terms)),
+                                   (C.TOKEN_ADAPTER_WEIGHT, mix_weights, (len(ids), n_terms)),
+                                   (C.HIDDEN_INDICES, hidden, (len(hidden),))):
             self._bind_step_input(name, value, shape)
         self._bind_hidden(len(hidden))
         self.argmax = None
@@ -361,7 +386,7 @@ class ModelRunner:
     def _bind_step_input(self, name: str, value, shape: tuple[int, ...]) -> None:
         """Bind a step input (value: a list, nested for 2-D, a range or an array, of that shape); while the shape
         stays (steady decode), the bound array is overwritten in place and nothing is rebound (binding makes an
-        OrtValue: ~10 us each, seven per step)."""
+        OrtValue: ~10 us each, eight per step)."""
         bound = self._inputs.get(name)
         if bound is None or bound.shape != shape:
             bound = np.empty(shape, C.ENGINE_INPUT_DTYPES[name])

@@ -15,7 +15,7 @@ from .errors import OrtllmError
 
 # Must equal ORTLLM_OPS_ABI_VERSION in custom_ops/src/ops/register.cc; bump both together whenever
 # an op's inputs, outputs or attributes change.
-OPS_ABI_VERSION = 13
+OPS_ABI_VERSION = 14
 ENV_OVERRIDE = "ORTLLM_OPS_LIBRARY"
 BUILD_COMMAND = "make ops"
 

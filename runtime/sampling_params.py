@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable, Union
 
 from .errors import InvalidSamplingParams, PromptTooLong
 
@@ -16,6 +16,12 @@ PENALTY_RANGE = (-2.0, 2.0)                  # frequency_penalty, presence_penal
 REPETITION_PENALTY_RANGE = (0.01, 100.0)     # bounded: a penalty near 0 divides logits into inf, softmax into NaN
 GUIDE_KINDS = ("json_schema", "json_object", "regex", "choice", "lark")
 POOLINGS = ("mean", "last")                  # an embedding request's pooling of its final hidden states
+MAX_MIX = 4                                  # adapters one request may mix (contract.MAX_ADAPTER_TERMS)
+
+# What a request runs with, canonical: None (the base model), an adapter's name (one adapter of weight 1: `adapter`,
+# or `adapters` with one name at 1.0, bit for bit the same), or a mix, ((name, weight), ...) sorted by name. The order
+# is the one the ops add the terms in: fixed per request, never by slot or batch, so a mixed row is batch-invariant.
+AdapterSpec = Union[str, tuple[tuple[str, float], ...], None]
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None         # None: none; n: chosen token's logprob plus the top n
     adapter: str | None = None          # LoRA adapter name; None: base model
+    adapters: dict[str, float] | None = None   # a mix: up to 4 adapter names -> weights (finite; the delta is
+                                        # sum_i w_i * scale_i * B_i A_i); instead of `adapter`
     priority: int = 0                   # higher is scheduled first
     deadline_s: float | None = None     # still queued (no token out) this long after submission: "deadline"
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling (OpenAI)
@@ -64,6 +72,21 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+
+    @property
+    def adapter_mix(self) -> AdapterSpec:
+        """The canonical AdapterSpec of adapter / adapters (validate() first)."""
+        if not self.adapters:
+            return self.adapter
+        if len(self.adapters) == 1:
+            (name, w), = self.adapters.items()
+            if float(w) == 1.0:
+                return name
+        return tuple(sorted((name, float(w)) for name, w in self.adapters.items()))
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        return adapter_names(self.adapter_mix)
 
     @property
     def greedy(self) -> bool:
@@ -106,6 +129,11 @@ class SamplingParams:
             _int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
         if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
             raise InvalidSamplingParams(f"adapter must be a non-empty name or null; got {self.adapter!r}")
+        if self.adapters is not None:
+            _mix("adapters", self.adapters)
+            if self.adapter is not None and self.adapters:
+                raise InvalidSamplingParams("give adapter (one name) or adapters (names -> weights), not both; "
+                                            f"got adapter={self.adapter!r} and adapters={self.adapters!r}")
         _int("priority", self.priority)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
@@ -125,6 +153,36 @@ class SamplingParams:
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, "> 0 (seconds) or null", lambda v: v > 0)
         return self
+
+
+def adapter_names(spec: AdapterSpec) -> tuple[str, ...]:
+    """The adapters an AdapterSpec uses (what the scheduler counts and the engine loads)."""
+    if spec is None:
+        return ()
+    return (spec,) if isinstance(spec, str) else tuple(name for name, _ in spec)
+
+
+def adapter_cache_key(spec: AdapterSpec, content_key: Callable[[str], str]) -> str | None:
+    """The prefix cache's key for the KV an AdapterSpec computes: an adapter's content key (its sha256), or for a mix
+    each adapter's content key with its weight (exact, float.hex), in the spec's order: KV is shared only by requests
+    with the same weights of the same adapter files."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return content_key(spec)
+    return "mix:" + ",".join(f"{content_key(name)}*{w.hex()}" for name, w in spec)
+
+
+def _mix(name: str, v: object) -> None:
+    if not isinstance(v, dict):
+        raise InvalidSamplingParams(f"{name} must map adapter names to weights, e.g. {{\"a\": 0.7, \"b\": 0.3}}; "
+                                    f"got {v!r}")
+    if len(v) > MAX_MIX:
+        raise InvalidSamplingParams(f"{name} mixes at most {MAX_MIX} adapters; got {len(v)} ({', '.join(map(str, v))})")
+    for key, w in v.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidSamplingParams(f"{name} keys must be non-empty adapter names; got {key!r}")
+        _float(f"{name}[{key!r}]", w, "a finite number (the adapter's weight)", lambda _: True)
 
 
 def has_penalty(p: SamplingParams) -> bool:

@@ -49,7 +49,7 @@ import numpy as np
 from .block_pool import BlockPool, extend_block_hashes
 from .config import CacheConfig, SchedulerConfig
 from .errors import ConfigError, EmptyPrompt, InvalidTokenIds, Overloaded, PromptTooLong, RequestError
-from .sampling_params import SamplingParams
+from .sampling_params import AdapterSpec, SamplingParams, adapter_cache_key, adapter_names
 from .speculative import SpecState
 
 STOP, LENGTH, CANCELLED, ERROR, DEADLINE = "stop", "length", "cancelled", "error", "deadline"
@@ -66,7 +66,7 @@ class ScheduledSeq:
     start_pos: int             # = tokens already in the KV cache (context_lens[s])
     block_ids: list[int]       # block table covering start_pos + n tokens; pad with block 0 (null)
     needs_logits: bool         # last prefill chunk or decode: sample a token from this seq's last row
-    adapter: str | None        # None: base model
+    adapter: AdapterSpec       # None: base model; an adapter's name; or a mix ((name, weight), ...) (sampling_params)
     spec_token_ids: list[int] = field(default_factory=list)   # [k] drafts: the last k of token_ids; logits
                                                                # for the last k + 1 rows (needs_logits)
     hidden_rows: int = 0       # embedding requests: the last hidden_rows rows return their final hidden state
@@ -314,7 +314,7 @@ class Scheduler(SchedulerInterface):
             raise PromptTooLong(len(prompt), capacity, generated, what)
         if len(self.waiting) >= self.config.max_queued:
             raise Overloaded(len(self.waiting), self.config.max_queued)
-        key = None if params.adapter is None else self._adapter_key(params.adapter)
+        key = adapter_cache_key(params.adapter_mix, self._adapter_key)   # a mix: each adapter's key and weight
         req = Request(req_id, params, prompt, len(prompt), self.clock(), self._arrivals, adapter_key=key,
                       stop_ids=params.stop_ids(self.eos_token_ids))
         self._arrivals += 1
@@ -346,8 +346,8 @@ class Scheduler(SchedulerInterface):
         """Adapters of waiting requests, most wanted first: what to prefetch while the step runs."""
         out: dict[str, None] = {}
         for r in sorted(self.waiting, key=self._waiting_key):
-            if r.params.adapter is not None:
-                out.setdefault(r.params.adapter)
+            for name in r.params.adapter_names:
+                out.setdefault(name)
         return list(out)
 
     # ---- one step ----
@@ -378,7 +378,7 @@ class Scheduler(SchedulerInterface):
         drafts = self._draft(sched, budget)
         steps = self._decode_steps(sched) if not drafts and not preempted else 1
         seqs = [self._scheduled_seq(self.requests[rid], n, drafts.get(rid, [])) for rid, n in sched.items()]
-        adapters = sorted({s.adapter for s in seqs if s.adapter is not None})
+        adapters = sorted({name for s in seqs for name in adapter_names(s.adapter)})
         return SchedulerOutput(self._step, seqs, dict(sched), sum(sched.values()), adapters, preempted, finished,
                                steps)
 
@@ -420,15 +420,15 @@ class Scheduler(SchedulerInterface):
     def _admit(self, sched: dict[str, int], chunk: int, budget: Callable[[], int]) -> None:
         if not self.waiting:     # the common decode step: nothing to admit, no one to age
             return
-        adapters = {r.params.adapter for r in self.running if r.params.adapter is not None}
+        adapters = {name for r in self.running for name in r.params.adapter_names}   # distinct, mixes' each
         cap = self.config.max_adapters_per_batch
         admitted: list[Request] = []
         for req in sorted(self.waiting, key=self._waiting_key):
             if budget() <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             urgent = req.preempted or req.skipped_steps >= self.config.aging_steps
-            name = req.params.adapter
-            if name is not None and name not in adapters and len(adapters) >= cap:
+            names = req.params.adapter_names
+            if len(adapters.union(names)) > cap:
                 if urgent:
                     break       # hold later requests back so running adapters drain and this one gets a slot
                 continue
@@ -454,8 +454,7 @@ class Scheduler(SchedulerInterface):
             self._admissions += 1
             self.waiting.remove(req)
             self.running.append(req)
-            if name is not None:
-                adapters.add(name)
+            adapters.update(names)
             sched[req.req_id] = n
             admitted.append(req)
         for w in self.waiting:
@@ -493,8 +492,7 @@ class Scheduler(SchedulerInterface):
     def _waiting_key(self, req: Request) -> tuple:
         """Priority first; then preempted, aged, resident adapter; then arrival."""
         aged = req.skipped_steps >= self.config.aging_steps
-        name = req.params.adapter
-        resident = name is None or self._is_resident(name)
+        resident = all(self._is_resident(name) for name in req.params.adapter_names)
         return (-req.params.priority, not req.preempted, not aged, not resident, req.arrival_seq)
 
     def _scheduled_seq(self, req: Request, n: int, drafts: list[int]) -> ScheduledSeq:
@@ -502,7 +500,7 @@ class Scheduler(SchedulerInterface):
         last, pooling = start + n == req.num_tokens, req.params.pooling
         hidden = n if pooling == "mean" else int(last) if pooling == "last" else 0
         return ScheduledSeq(req.req_id, req.token_ids[start:start + n] + drafts, start, list(req.block_ids),
-                            last and pooling is None, req.params.adapter, drafts, hidden)
+                            last and pooling is None, req.params.adapter_mix, drafts, hidden)
 
     # ---- step results ----
     def update_from_output(self, scheduler_output: SchedulerOutput,

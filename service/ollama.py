@@ -40,7 +40,7 @@ bp.before_request(require_api_key)
 
 def _openai_body(v: dict) -> dict:
     """The sampling part of a read() Ollama body as OpenAI fields."""
-    out = {"model": v["model"], "stream": v["stream"]}
+    out = {"model": v["model"], "stream": v["stream"]} | ({"adapters": v["adapters"]} if v["adapters"] else {})
     for k, value in (v["options"] or {}).items():
         if k in OLLAMA_OPTIONS and value is not None:
             if k == "num_predict" and value < 0:      # Ollama's -1 / -2: until the context is full

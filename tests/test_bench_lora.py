@@ -63,3 +63,15 @@ def test_a_trace_longer_than_the_engines_queue_bound_replays(tiny_engine):
     by = {r["metric"]: r for r in rows if r["system"] == "ortllm"}
     assert by["throughput"]["median"] > 0 and by["throughput"]["requests"] == requests
     assert 0 < by["latency_p50"]["median"] <= by["latency_p99"]["median"]
+
+
+def test_lora_mix_rows(tiny_engine, tmp_path):
+    """`ortllm bench --scenario lora-mix` (plumbing on the tiny model; the figures are in docs/adapters.md): one
+    overhead row per configuration (a round each with --quick) and the two ratios the mixes are held to."""
+    p = ortllm("bench", tiny_engine, "--scenario", "lora-mix", "--quick", "--threads", "1", "--out", tmp_path,
+               timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = {r["metric"]: r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    for c in ("adapter a", "adapter b", "mix a*0.7 + b*0.3", "4 adapters", "2 of 4 mixed"):
+        assert rows[f"step_overhead ({c})"]["unit"] == "%" and rows[f"step_overhead ({c})"]["n"] == 1
+    assert rows["mix_vs_sum_of_singles"]["unit"] == rows["mixed_2of4_vs_4_adapters"]["unit"] == "ratio"

@@ -10,6 +10,9 @@ The LoRA runs on the same activation codes with the int8 stacks (codes and fp16 
 qlinear.h, decoded here from those formulas): per 32-chunk exact integer dots, h in float64, h quantized to
 int8 as the kernel does it in float32, then the expand's exact integer dots. Only h's float32 accumulation in
 the kernel can move one of its int8 codes by one (`lora_terms` bounds that).
+Adapter mixes: token_adapter [T, M] (-1 padding after a row's slots) with weights [T, M] (token_adapter_weight;
+None: 1): a token's LoRA is the sum over its terms of w * lscale * (x A) B, each term's coef (lscale * w) * dh in
+float32 as the kernel forms it; a [T] token_adapter is one term of weight 1.
 DoRA rows (a slot flagged in `dora`): before the epilogue, the columns of each segment where the slot has a rank are
 multiplied by the slot's scale on that segment (dora_scale[j][a]): y = epilogue(g * (x_hat W^T + lora)).
 """
@@ -80,24 +83,34 @@ def quantize_h(h) -> tuple[np.ndarray, np.float32]:
     return np.rint(h32 * inv).astype(np.int64), dh
 
 
-def lora_terms(x, block_size, token_adapter, lora_scale, segments, packed_a, n):
+def mix_terms(token_adapter, weights=None) -> tuple[np.ndarray, np.ndarray]:
+    """token_adapter [T] or [T, M], weights like it or None -> (slots [T, M] int, weights [T, M] float32)."""
+    ta = np.asarray(token_adapter).reshape(len(token_adapter), -1)
+    w = np.ones(ta.shape, np.float32) if weights is None else np.asarray(weights, np.float32).reshape(ta.shape)
+    return ta, w
+
+
+def lora_terms(x, block_size, token_adapter, lora_scale, segments, packed_a, n, weights=None):
     """([T, N] float64 LoRA per token on each segment's columns, [T, N] bound of one int8 code of h off per rank);
-    segments = [(A, A_scale, B, B_scale, rank), ...] as the op takes them."""
+    segments = [(A, A_scale, B, B_scale, rank), ...] as the op takes them; token_adapter [T] or [T, M] with weights
+    (mixes)."""
     codes, dx = quantize_activations(x, block_size)
     out, step = np.zeros((len(x), n)), np.zeros((len(x), n))
+    slots, wts = mix_terms(token_adapter, weights)
     col = 0
     for A, sA, B, sB, rank in segments:
         k, width = A.shape[1], B.shape[2]
-        for t, a in enumerate(token_adapter):
+        for t, k_ in np.ndindex(slots.shape):
+            a, w = int(slots[t, k_]), wts[t, k_]
             r = int(rank[a]) if a >= 0 else 0
-            if r == 0 or lora_scale[a] == 0:
+            if r == 0 or lora_scale[a] == 0 or w == 0:
                 continue
             qa, sa = lora_a(A[a], sA[a], k, r, r if packed_a else A.shape[2])
             qh, dh = quantize_h(lora_h(codes[t], dx[t], block_size, qa, sa))
             qb = lora_b(B[a], r, width)
-            coef = np.float64(np.float32(lora_scale[a]) * dh)
+            coef = np.float64(np.float32(np.float32(lora_scale[a]) * w) * dh)
             out[t, col:col + width] += coef * sB[a].astype(np.float64) * (qh @ qb)
-            step[t, col:col + width] += coef * sB[a].astype(np.float64) * np.abs(qb).sum(0)
+            step[t, col:col + width] += abs(coef) * sB[a].astype(np.float64) * np.abs(qb).sum(0)
         col += width
     return out, step
 
@@ -112,6 +125,7 @@ def dora_row_scales(token_adapter, lora_scale, segments, dora, dora_scale, n) ->
     """[T, N] float64: each token's DoRA scale on the output columns (1 for tokens of other slots, and on segments
     where a DoRA slot has rank 0)."""
     g = np.ones((len(token_adapter), n))
+    token_adapter = mix_terms(token_adapter)[0][:, 0]   # a DoRA slot is its row's only term
     col = 0
     for j, (_, _, B, _, rank) in enumerate(segments):
         width = B.shape[-1]
@@ -124,14 +138,15 @@ def dora_row_scales(token_adapter, lora_scale, segments, dora, dora_scale, n) ->
 
 def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_adapter=None, lora_scale=None,
                 segments=(), packed_a=False, norm_weight=None, norm_eps=1e-5, dora=None, dora_scale=(),
-                act_bits=8) -> np.ndarray:
+                act_bits=8, token_adapter_weight=None) -> np.ndarray:
     """float32 [T, N] ([T, N / 2] with "swiglu"); norm_weight: the input is RMSNorm(x) * norm_weight."""
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, norm_eps)
     x_hat = dequantized_activations(x, w.block_size, act_bits)
     y = x_hat @ dequantize_packed(w).astype(np.float64).T                         # [T, N]
     if token_adapter is not None:
-        y += lora_terms(x, w.block_size, token_adapter, lora_scale, segments, packed_a, w.n)[0]
+        y += lora_terms(x, w.block_size, token_adapter, lora_scale, segments, packed_a, w.n,
+                        token_adapter_weight)[0]
         if dora is not None:
             y *= dora_row_scales(token_adapter, lora_scale, segments, dora, dora_scale, w.n)
     if epilogue == "residual":

@@ -142,3 +142,43 @@ def test_playground_adapter_picker(live_with_adapters, browser, tmp_path):
     shot = Path(os.environ.get("ORTLLM_TEST_ARTIFACTS", tmp_path)) / "playground-adapter.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(shot))
+
+
+def test_adapter_mixes_over_openai_ollama_and_anthropic(live_with_adapters):
+    """`adapters` {name: weight} in an OpenAI (extra_body), Ollama or Anthropic body: the engine's mix, the same
+    greedy text on every API; bad mixes are 400s naming the field; /openapi.json declares it."""
+    import anthropic
+    import openai
+    live = live_with_adapters
+    mix = {"qv": 0.6, "mlp": -0.4}
+    want = live.engine.generate(["abc"], SamplingParams(max_tokens=8, temperature=0.0, adapters=mix))[0]
+    plain = live.engine.generate(["abc"], SamplingParams(max_tokens=8, temperature=0.0))[0]
+    assert want.token_ids != plain.token_ids, "the mix must change the tokens"
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key=KEY)
+    got = client.completions.create(model=live.model, prompt="abc", max_tokens=8, temperature=0,
+                                    extra_body={"adapters": mix})
+    assert got.choices[0].text == want.text
+    r = live.post("/api/generate", headers=AUTH, json={"model": live.model, "prompt": "abc", "raw": True,
+                                                       "stream": False, "adapters": mix,
+                                                       "options": {"temperature": 0, "num_predict": 8}})
+    assert r.status_code == 200 and r.json()["response"] == want.text, r.text
+    msgs = anthropic.Anthropic(base_url=live.url, api_key=KEY).messages.create(
+        model=live.model, max_tokens=8, messages=[{"role": "user", "content": "abc"}],
+        extra_body={"adapters": mix, "temperature": 0})
+    oai = client.chat.completions.create(model=live.model, max_tokens=8, temperature=0,
+                                         messages=[{"role": "user", "content": "abc"}], extra_body={"adapters": mix})
+    assert msgs.content[0].text == oai.choices[0].message.content
+    for body, needle in (({"adapters": {f"a{i}": 0.1 for i in range(5)}}, "adapters"),
+                         ({"adapters": {"qv": 0.5, "nope": 0.5}}, "'nope', which is not an adapter of this model"),
+                         ({"adapters": {"qv": "x"}}, "adapters"),
+                         ({"model": "qv", "adapters": {"mlp": 0.5}}, "name the base model in model")):
+        r = live.post("/v1/completions", headers=AUTH, json={"model": live.model, "prompt": "abc", "max_tokens": 2,
+                                                             **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "adapters" and needle in r.text, r.text
+    for weight, needle in (("NaN", "NaN is not valid JSON"), ("1e999", "1e999 is out of range")):
+        r = live.post("/v1/completions", headers={**AUTH, "Content-Type": "application/json"},     # non-finite
+                      data='{"prompt": "abc", "max_tokens": 2, "adapters": {"qv": %s}}' % weight)
+        assert r.status_code == 400 and needle in r.text, r.text
+    schema = live.get("/openapi.json").json()["components"]["schemas"]
+    for body in ("CompletionRequest", "ChatCompletionRequest", "OllamaChatRequest", "MessagesRequest"):
+        assert "adapters" in schema[body]["properties"], body

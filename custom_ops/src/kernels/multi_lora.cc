@@ -83,13 +83,17 @@ void expand_item(void* usr, size_t i) {
   expand(c, c.groups[gi], col0, std::min(kColChunk, c.d->out_dim - col0));
 }
 
-}  // namespace
-
-void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& par) {
+// Term k of every token (slot token_adapter[t * terms + k]): y[t] += scale * (w * (x A)) B.
+void multi_lora_term(const MultiLoraDims& d, const MultiLoraArgs& a, int64_t k, const Parallel& par) {
+  const auto slot_of = [&](int64_t t) {
+    const int64_t e = t * a.terms + k;
+    return a.weight != nullptr && a.weight[e] == 0.f ? -1 : a.token_adapter[e];  // weight 0: nothing to add
+  };
   // counting sort of the active tokens by slot
   std::vector<int64_t> count(static_cast<size_t>(d.num_slots) + 1, 0);
+  std::vector<float> w_rows;  // [n_active] each row's weight, sorted like the rows (with weights)
   for (int64_t t = 0; t < d.num_tokens; ++t)
-    if (a.token_adapter[t] >= 0) ++count[a.token_adapter[t] + 1];
+    if (slot_of(t) >= 0) ++count[slot_of(t) + 1];
   for (int64_t s = 0; s < d.num_slots; ++s) count[s + 1] += count[s];
   const int64_t n_active = count[d.num_slots];
   if (n_active == 0) return;
@@ -98,12 +102,14 @@ void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& 
   std::vector<float> h(static_cast<size_t>(n_active * d.max_rank), 0.f);  // [n_active, r_max]
   {
     std::vector<int64_t> fill(count.begin(), count.end() - 1);
+    if (a.weight != nullptr) w_rows.resize(static_cast<size_t>(n_active));
     for (int64_t t = 0; t < d.num_tokens; ++t) {
-      const int32_t s = a.token_adapter[t];
+      const int32_t s = slot_of(t);
       if (s < 0) continue;
       const int64_t i = fill[s]++;
       x_rows[i] = a.x + t * d.in_dim;
       y_rows[i] = a.y + t * d.out_dim;
+      if (a.weight != nullptr) w_rows[static_cast<size_t>(i)] = a.weight[t * a.terms + k];
     }
     for (int64_t i = 0; i < n_active; ++i) h_rows[i] = h.data() + i * d.max_rank;
   }
@@ -118,9 +124,15 @@ void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& 
   if (groups.empty()) return;
 
   Ctx c{&d, &a, groups.data(), x_rows.data(), y_rows.data(), h_rows.data(), {}, {}, &vec()};
+  // h row i *= its weight, between the shrink and the expand (w = 1 leaves h as it is)
+  const auto weigh = [&](const Group& g) {
+    for (int64_t i = g.begin; !w_rows.empty() && i < g.end; ++i)
+      for (int r = 0; r < a.rank[g.slot]; ++r) h_rows[static_cast<size_t>(i)][r] *= w_rows[static_cast<size_t>(i)];
+  };
   if (macs < kParallelMacs) {
     for (const Group& g : groups) {
       shrink(c, g, 0, g.end - g.begin);
+      weigh(g);
       expand(c, g, 0, d.out_dim);
     }
     return;
@@ -131,12 +143,20 @@ void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& 
     for (int64_t c0 = 0; c0 < d.out_dim; c0 += kColChunk) c.expand_items.emplace_back(static_cast<int32_t>(gi), c0);
   }
   par.run(c.shrink_items.size(), shrink_item, &c);
+  for (const Group& g : groups) weigh(g);
   par.run(c.expand_items.size(), expand_item, &c);
+}
+
+}  // namespace
+
+// The terms in k order: each row's adds into y follow its own terms, whatever else the batch holds.
+void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& par) {
+  for (int64_t k = 0; k < a.terms; ++k) multi_lora_term(d, a, k, par);
 }
 
 void dora_scale_rows(const MultiLoraDims& d, const MultiLoraArgs& a, const int32_t* dora, const float* g) {
   for (int64_t t = 0; t < d.num_tokens; ++t) {
-    const int32_t s = a.token_adapter[t];
+    const int32_t s = a.token_adapter[t * a.terms];  // a DoRA slot is its row's only term (the op checks)
     if (s < 0 || dora[s] == 0 || a.rank[s] == 0 || a.scale[s] == 0.f) continue;
     float* y = a.y + t * d.out_dim;
     const float* gs = g + s * d.out_dim;

@@ -38,12 +38,13 @@ constexpr int64_t kParallelBytes = 1 << 15;     // weight bytes x tokens below w
 constexpr int64_t kParallelLoraMacs = 1 << 18;  // LoRA multiply-adds (integer) worth waking the pool for
 constexpr int64_t kPairTokens = 8;              // tokens of a work item from which group_dot2 pays (project)
 
-// The LoRA's unit of work: up to kQTile tokens of one slot, on every segment where the slot has a rank.
+// The LoRA's unit of work: up to kQTile terms of one slot, on every segment where the slot has a rank. A term is
+// (token t, k-th adapter of its mix), numbered e = t * M + k (M = adapter_terms; e = t without mixes).
 struct Quad {
   int n_segs;
   int segs[kQLinearMaxSegments];
   int n;
-  int64_t t[kQTile];  // tokens of one slot
+  int64_t t[kQTile];  // terms of one slot
 };
 
 // A call's buffers, kept per calling thread from call to call (the session's thread lives as long as the session):
@@ -114,11 +115,14 @@ struct Ctx {
   int64_t kc = 0;                                  // 32-chunks of K (the LoRA's A scales)
   bool lora_sums = false;                          // qsum32 is wanted (a token has a LoRA here)
   std::vector<int32_t>& qsum32;                    // [T, kc] sums of the codes per chunk, with a LoRA
-  std::vector<float> (&h)[kQLinearMaxSegments];    // [T, r_max_j]
-  std::vector<int8_t> (&qh)[kQLinearMaxSegments];  // [T, r_max_j] h's int8 codes (0 past the rank)
+  std::vector<float> (&h)[kQLinearMaxSegments];    // [T * M, r_max_j], a row per term
+  std::vector<int8_t> (&qh)[kQLinearMaxSegments];  // [T * M, r_max_j] h's int8 codes (0 past the rank)
   // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
+  // With mixes, layers [M, G, T, 8]: term k expands into layer k, and merge_terms adds a row's terms into layer 0.
   std::vector<float>& lora;
+  int64_t terms = 1;   // M: terms per token (adapter_terms)
+  int64_t layers = 1;  // layers of lora: M when a token of the call mixes, else 1
   float* lbuf = nullptr;          // lora.data(), or nullptr without a LoRA
   std::vector<Quad>& quads;       // the LoRA's work (plan_lora)
   std::vector<float>& normed;     // [T, K] RMSNorm(x) * norm_weight, with a norm
@@ -184,11 +188,25 @@ void quantize_item(void* usr, size_t i) {
 
 // ---- phase 2: LoRA
 
-int lora_rank(const Ctx& c, int64_t t, int j) {
+// Term e's rank on segment j: 0 without a slot, with a zero scale or weight.
+int lora_rank(const Ctx& c, int64_t e, int j) {
   const QLinearArgs& a = *c.a;
-  const int32_t s = a.token_adapter[t];
-  if (s < 0 || a.lora_scale[s] == 0.f) return 0;
+  const int32_t s = a.token_adapter[e];
+  if (s < 0 || a.lora_scale[s] == 0.f || (a.adapter_weight != nullptr && a.adapter_weight[e] == 0.f)) return 0;
   return a.seg[j].rank[s];
+}
+
+// Whether some term of token t has a rank on segment j (its columns then get a LoRA term).
+bool token_ranked(const Ctx& c, int64_t t, int j) {
+  for (int64_t k = 0; k < c.terms; ++k)
+    if (lora_rank(c, t * c.terms + k, j) > 0) return true;
+  return false;
+}
+
+// Term e's weight times its slot's scale (lscale * 1 = lscale exactly: a weight-1 term is the one-adapter LoRA).
+float term_scale(const Ctx& c, int64_t e, int32_t slot) {
+  const QLinearArgs& a = *c.a;
+  return a.adapter_weight != nullptr ? a.lora_scale[slot] * a.adapter_weight[e] : a.lora_scale[slot];
 }
 
 // h [rank] -> qh [rank] int8 codes (qh past the rank stays 0) and coef = lscale * dh, as quantize_row does it
@@ -212,21 +230,23 @@ void expand_segment(Ctx& c, const Quad& q, int j, int32_t slot) {
   float* out[kQTile];
   // column col of token t goes to lora[(col / 8 * T + t) * 8 + col % 8]: straight there when the segment starts
   // on a group boundary, else through rows [n, width] (the same values)
-  const int64_t T = c.d->num_tokens, ostride = T * 8;
+  const int64_t T = c.d->num_tokens, ostride = T * 8, layer = c.groups * T * 8;
   const bool direct = sg.col0 % 8 == 0;
   std::vector<float> rows(direct ? 0 : static_cast<size_t>(q.n * sg.width));
   for (int k = 0; k < q.n; ++k) {
-    int8_t* codes = c.qh[j].data() + q.t[k] * sg.r_max;
-    quantize_h(c.h[j].data() + q.t[k] * sg.r_max, rank, a.lora_scale[slot], codes, coef + k);
+    const int64_t e = q.t[k], t = e / c.terms;  // term e of token t goes to layer e % M
+    int8_t* codes = c.qh[j].data() + e * sg.r_max;
+    quantize_h(c.h[j].data() + e * sg.r_max, rank, term_scale(c, e, slot), codes, coef + k);
     qh[k] = codes;
-    out[k] = direct ? c.lora.data() + (sg.col0 / 8 * T + q.t[k]) * 8 : rows.data() + k * sg.width;
+    out[k] = direct ? c.lora.data() + (e % c.terms) * layer + (sg.col0 / 8 * T + t) * 8 : rows.data() + k * sg.width;
   }
   c.isa->lora_expand(qh, coef, q.n, (rank + 3) / 4, sg.B + slot * sg.r_max * sg.width, sg.width,
                      sg.B_scale + slot * sg.width, out, direct ? ostride : 8);
   for (int k = 0; !direct && k < q.n; ++k) {
+    const int64_t e = q.t[k], t = e / c.terms;
     for (int64_t i = 0; i < sg.width; ++i) {
       const int64_t col = sg.col0 + i;
-      c.lora[static_cast<size_t>((col / 8 * T + q.t[k]) * 8 + col % 8)] = out[k][i];
+      c.lora[static_cast<size_t>((e % c.terms) * layer + (col / 8 * T + t) * 8 + col % 8)] = out[k][i];
     }
   }
 }
@@ -241,7 +261,7 @@ void lora_quad(void* usr, size_t i) {
   const int32_t slot = a.token_adapter[q.t[0]];
   QLoraToken x[kQTile];
   for (int k = 0; k < q.n; ++k) {
-    const int64_t t = q.t[k];
+    const int64_t t = q.t[k] / c.terms;  // the term's token
     x[k] = {c.q.data() + t * c.kpad, (c.d->act_bits == 16 ? c.dx8 : c.dx).data() + t * c.kb,
             c.qsum32.data() + t * c.kc};
   }
@@ -267,43 +287,47 @@ void lora_quad(void* usr, size_t i) {
 void zero_lora_rows(Ctx& c) {
   const QLinearArgs& a = *c.a;
   const int64_t T = c.d->num_tokens, N = c.d->out_dim;
-  c.lora.resize(static_cast<size_t>(c.groups * T * 8));
+  c.lora.resize(static_cast<size_t>(c.layers * c.groups * T * 8));  // layers > 0 are read only where written
   int64_t covered = 0;
   bool grid = N % 8 == 0;
   for (int j = 0; j < a.n_segments; ++j)
     grid = grid && a.seg[j].col0 % 8 == 0 && a.seg[j].width % 8 == 0, covered += a.seg[j].width;
   if (!grid || covered != N) {
-    std::fill(c.lora.begin(), c.lora.end(), 0.f);
+    std::fill_n(c.lora.begin(), c.groups * T * 8, 0.f);
     return;
   }
   for (int j = 0; j < a.n_segments; ++j)
     for (int64_t t = 0; t < T; ++t) {
-      if (lora_rank(c, t, j) > 0) continue;
+      if (token_ranked(c, t, j)) continue;
       for (int64_t g = a.seg[j].col0 / 8; g < (a.seg[j].col0 + a.seg[j].width) / 8; ++g)
         std::fill_n(c.lora.data() + (g * T + t) * 8, 8, 0.f);
     }
 }
 
-// The LoRA's work: the tokens with an adapter (a slot with a scale), sorted by slot (counting sort), in groups of
-// up to kQTile tokens of one slot, each on the segments where the slot has a rank (a slot has one on a segment for
-// all its tokens or none), and their buffers (none when no token has a rank > 0 here: an adapter on q, k, v, o costs
-// gate|up and down nothing). Returns the multiply-adds.
+// The LoRA's work: the terms with an adapter (a slot with a scale and a non-zero weight), sorted by slot (counting
+// sort), in groups of up to kQTile terms of one slot, each on the segments where the slot has a rank (a slot has one
+// on a segment for all its terms or none), and their buffers (none when no term has a rank > 0 here: an adapter on
+// q, k, v, o costs gate|up and down nothing). Returns the multiply-adds.
 int64_t plan_lora(Ctx& c) {
   const QLinearArgs& a = *c.a;
-  const int64_t T = c.d->num_tokens;
-  std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(T));
-  const auto ranked = [&](int64_t t) {  // the token's slot has a rank on some segment
+  const int64_t T = c.d->num_tokens, E = T * c.terms;
+  std::vector<int64_t> count(static_cast<size_t>(a.n_slots) + 1), order(static_cast<size_t>(E));
+  const auto ranked = [&](int64_t e) {  // the term's slot has a rank on some segment
     for (int j = 0; j < a.n_segments; ++j)
-      if (lora_rank(c, t, j) > 0) return true;
+      if (lora_rank(c, e, j) > 0) return true;
     return false;
   };
-  for (int64_t t = 0; t < T; ++t)
-    if (ranked(t)) ++count[a.token_adapter[t] + 1];
+  c.layers = 1;
+  for (int64_t e = 0; e < E; ++e) {
+    if (!ranked(e)) continue;
+    ++count[a.token_adapter[e] + 1];
+    if (e % c.terms > 0) c.layers = c.terms;  // a later term: this call mixes
+  }
   for (int64_t s = 0; s < a.n_slots; ++s) count[s + 1] += count[s];
   const int64_t n = count[a.n_slots];
   if (n == 0) return 0;
-  for (int64_t t = 0; t < T; ++t)
-    if (ranked(t)) order[count[a.token_adapter[t]]++] = t;  // count[s] ends at slot s's end
+  for (int64_t e = 0; e < E; ++e)
+    if (ranked(e)) order[count[a.token_adapter[e]]++] = e;  // count[s] ends at slot s's end
   int64_t macs = 0;
   bool used[kQLinearMaxSegments] = {};
   for (int64_t i = 0; i < n;) {
@@ -320,14 +344,52 @@ int64_t plan_lora(Ctx& c) {
   }
   for (int j = 0; j < a.n_segments; ++j) {
     if (!used[j]) continue;
-    c.h[j].resize(static_cast<size_t>(T * a.seg[j].r_max));
-    c.qh[j].assign(static_cast<size_t>(T * a.seg[j].r_max), 0);
+    c.h[j].resize(static_cast<size_t>(E * a.seg[j].r_max));
+    c.qh[j].assign(static_cast<size_t>(E * a.seg[j].r_max), 0);
   }
   zero_lora_rows(c);
   c.lbuf = c.lora.data();
   c.qsum32.resize(static_cast<size_t>(T * c.kc));
   c.lora_sums = true;
   return macs;
+}
+
+// Mixed tokens: per segment, the terms with a rank there added in k order into layer 0 (the first taken as it is;
+// a token whose only such term is k = 0 has its value there already). Plain float adds in the row's own order, on
+// the calling thread: the same bits whatever the batch or the ISA table. A segment on the 8-column grid goes a
+// group (8 contiguous floats of a layer) at a time, which the compiler vectorizes; one off it, a column at a time.
+void merge_terms(Ctx& c) {
+  const QLinearArgs& a = *c.a;
+  const int64_t T = c.d->num_tokens, layer = c.groups * T * 8;
+  float* l0 = c.lora.data();
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < a.n_segments; ++j) {
+      int64_t ks[kQLinearMaxTerms], n = 0;
+      for (int64_t k = 0; k < c.terms; ++k)
+        if (lora_rank(c, t * c.terms + k, j) > 0) ks[n++] = k;
+      if (n == 0 || (n == 1 && ks[0] == 0)) continue;
+      const QLinearLoraSegment& sg = a.seg[j];
+      if (sg.col0 % 8 == 0 && sg.width % 8 == 0) {
+        for (int64_t g = sg.col0 / 8; g < (sg.col0 + sg.width) / 8; ++g) {
+          float* out = l0 + (g * T + t) * 8;
+          float v[8];
+          const float* first = out + ks[0] * layer;
+          for (int r = 0; r < 8; ++r) v[r] = first[r];
+          for (int64_t i = 1; i < n; ++i) {
+            const float* term = out + ks[i] * layer;
+            for (int r = 0; r < 8; ++r) v[r] += term[r];
+          }
+          for (int r = 0; r < 8; ++r) out[r] = v[r];
+        }
+        continue;
+      }
+      for (int64_t col = sg.col0; col < sg.col0 + sg.width; ++col) {
+        const int64_t at = (col / 8 * T + t) * 8 + col % 8;
+        float v = l0[ks[0] * layer + at];
+        for (int64_t i = 1; i < n; ++i) v += l0[ks[i] * layer + at];
+        l0[at] = v;
+      }
+    }
 }
 
 // DoRA's multiply, out[r] = v[r] * g[r] for r < 8, into an aligned buffer the epilogue then reads. On the AVX2 tables
@@ -350,11 +412,11 @@ void plan_dora(Ctx& c) {
   const int64_t T = c.d->num_tokens, width = c.groups * 8;
   std::vector<int64_t> row_of(static_cast<size_t>(a.n_slots), -1);
   int64_t rows = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t s = a.token_adapter[t];
+  for (int64_t t = 0; t < T; ++t) {  // a DoRA slot is a row's only term (the op checks)
+    const int32_t s = a.token_adapter[t * c.terms];
     if (s < 0 || a.dora[s] == 0 || row_of[s] >= 0) continue;
     bool ranked = false;
-    for (int j = 0; j < a.n_segments; ++j) ranked = ranked || lora_rank(c, t, j) > 0;
+    for (int j = 0; j < a.n_segments; ++j) ranked = ranked || lora_rank(c, t * c.terms, j) > 0;
     if (ranked) row_of[s] = rows++;
   }
   if (rows == 0) return;
@@ -369,7 +431,7 @@ void plan_dora(Ctx& c) {
   }
   c.row_scale.assign(static_cast<size_t>(T), nullptr);
   for (int64_t t = 0; t < T; ++t) {
-    const int32_t s = a.token_adapter[t];
+    const int32_t s = a.token_adapter[t * c.terms];
     if (s >= 0 && row_of[s] >= 0) c.row_scale[t] = c.dora_rows.data() + row_of[s] * width;
   }
   c.scale_of = c.row_scale.data();
@@ -539,6 +601,7 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.kc = (d.in_dim + kLoraChunk - 1) / kLoraChunk;
   const bool split_quantize = parallel && T >= kQuantizeSplit;
   c.q_chunk = !split_quantize ? T : T > 2 * kQuantizeChunk ? kQuantizeChunk : (T + 1) / 2;
+  c.terms = a.adapter_terms;
   const int64_t lora_macs = a.token_adapter != nullptr && a.n_segments > 0 ? plan_lora(c) : 0;
   if (lora_macs > 0) plan_dora(c);
   if (d.act_bits == 16 && c.lora_sums) {  // the LoRA's int8 codes beside the int16 ones
@@ -557,6 +620,7 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   } else {
     for (size_t i = 0; i < c.quads.size(); ++i) lora_quad(&c, i);
   }
+  if (c.layers > 1) merge_terms(c);
 
   c.t_chunk = std::min(T, kTokenChunk);
   const int64_t t_items = (T + c.t_chunk - 1) / c.t_chunk;

@@ -49,6 +49,14 @@
 // on every path. Against the float LoRA (fp32 x, the adapter's float32 A and B) the LoRA term is within ~1%
 // rms: activation codes, A, h and B each ~0.5% (tests/custom_ops).
 //
+// Mixes (a token with several terms, ops ABI 14): each term (token, k) is shrunk, quantized and expanded exactly as a
+// one-adapter token of its slot would be, but with coef = (lscale * w_k) * dh, into its own layer k of the LoRA
+// buffer; then the token's terms are added in k order, per segment over the terms with a rank there (the first one
+// taken as it is, so a one-term row is the one-adapter value), into layer 0, which the projection starts from. The
+// order of the adds is the row's own (the caller fixes its terms' order per request), so a mixed row gets the same
+// bits alone or in any batch, on every ISA table (the adds are the driver's). DoRA slots are not mixed (the op
+// refuses them in a row with several terms or a weight other than 1).
+//
 // DoRA rows (PEFT use_dora): a slot flagged in `dora` carries a per-output scale g = m / ||W + s B A||_row (the
 // magnitude over the norm of each output's merged weight row, precomputed when the adapter is added); such a row's
 // value is multiplied by g[n] before the epilogue: y = epilogue(g * (x W^T + lora)). Segments where the slot's rank
@@ -74,6 +82,7 @@ constexpr int kQLinearMaxOutputs = 3;    // epilogue "none": y split along N int
 constexpr int kQLinearArgmaxOutput = 3;  // the op's optional int64 output: each row's first maximum (QLinearArgs)
 
 constexpr int kLoraChunk = 32;  // elements of K per fp16 scale of A
+constexpr int kQLinearMaxTerms = 4;  // adapters one token may mix (token_adapter's second extent)
 // Software prefetch distances of the LoRA kernels (lora_shrink, lora_expand on AVX2 and VNNI). Each quad reads its
 // slot's A (one linear run, ~9 KB at rank 16) and B (rank / 4 rows of width * 4 bytes, read 32 or 64 bytes of every
 // row per column chunk: short strided streams the hardware prefetcher barely trains on), cold: a step streams 84 MB
@@ -114,9 +123,15 @@ struct QLinearArgs {
   const uint16_t* d;      // [G, kb, 8] fp16 bits
   const uint16_t* m;      // [G, kb, 8] fp16 bits, or nullptr (no block offsets)
   const float* residual;  // [T, N] with kResidual (may alias y), else nullptr
-  // LoRA (token_adapter == nullptr: none)
-  const int32_t* token_adapter;  // [T], -1 or a slot
-  const float* lora_scale;       // [n_slots]
+  // LoRA (token_adapter == nullptr: none). A token mixes up to adapter_terms adapters (ops ABI 14): term k of token
+  // t is slot token_adapter[t * adapter_terms + k] (-1: none; a row's -1s come after its slots) with weight
+  // adapter_weight[same index] (nullptr: every weight 1), and the token's LoRA term is the sum over its terms, in k
+  // order, of w_k * lscale[slot_k] * (x A_k) B_k (each term computed as one adapter's, its coef = (lscale * w) * dh;
+  // qlinear.cc, plan_lora / merge_terms). One term of weight 1 is the one-adapter LoRA, bit for bit.
+  const int32_t* token_adapter;   // [T, adapter_terms], -1 or a slot
+  int64_t adapter_terms = 1;      // M, 1..kQLinearMaxTerms
+  const float* adapter_weight;    // [T, adapter_terms] finite weights, or nullptr
+  const float* lora_scale;        // [n_slots]
   int64_t n_slots;
   bool packed_a;
   int n_segments;

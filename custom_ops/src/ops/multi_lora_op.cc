@@ -3,6 +3,7 @@
 // (the optional block offsets, then the adapters, then DoRA rows' scales) on the session's intra-op pool.
 #include "multi_lora_op.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "../kernels/block_offsets.h"
@@ -12,7 +13,8 @@ namespace ortllm {
 namespace {
 
 constexpr const char* kOp = "MultiLoRA";
-enum Input { kX, kBaseY, kA, kB, kScale, kRank, kAdapter, kOffsets, kDora, kDoraScale };
+enum Input { kX, kBaseY, kA, kB, kScale, kRank, kAdapter, kOffsets, kDora, kDoraScale, kAdapterWeight };
+constexpr int64_t kMaxTerms = 4;  // adapters one token may mix (token_adapter [T, M])
 
 void expect_type(const char* name, const TensorIn& in, ONNXTensorElementDataType type, const char* type_name) {
   if (in.type != type)
@@ -53,15 +55,40 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
     expect_shape(kOp, "B", B.shape(), {n_slots, r_max, out});
     expect_shape(kOp, "scale", scale.shape(), {n_slots});
     expect_shape(kOp, "rank", rank.shape(), {n_slots});
-    expect_shape(kOp, "token_adapter", token_adapter.shape(), {T});
+    // [T], or [T, M] (ops ABI 14): up to M <= 4 slots a token, mixed with input 'token_adapter_weight' (1 without)
+    if (token_adapter.rank == 2 && (token_adapter.dims[1] < 1 || token_adapter.dims[1] > kMaxTerms))
+      fail(kOp, ": input 'token_adapter' [T, M] needs M in [1, ", kMaxTerms, "]; got shape ",
+           shape_str(token_adapter.shape()));
+    const int64_t M = token_adapter.rank == 2 ? token_adapter.dims[1] : 1;
+    expect_shape(kOp, "token_adapter", token_adapter.shape(),
+                 token_adapter.rank == 2 ? std::vector<int64_t>{T, M} : std::vector<int64_t>{T});
+    const TensorIn weight = input(api, ctx, n_in, kAdapterWeight);
+    const float* w = nullptr;
+    if (weight.value) {
+      expect_type("token_adapter_weight", weight, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+      expect_shape(kOp, "token_adapter_weight", weight.shape(),
+                   token_adapter.rank == 2 ? std::vector<int64_t>{T, M} : std::vector<int64_t>{T});
+      w = weight.as<float>();
+    }
     const int32_t* rk = rank.as<int32_t>();
     for (int64_t s = 0; s < n_slots; ++s)
       if (rk[s] < 0 || rk[s] > r_max)
         fail(kOp, ": input 'rank'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
     const int32_t* ta = token_adapter.as<int32_t>();
     for (int64_t t = 0; t < T; ++t)
-      if (ta[t] < -1 || ta[t] >= n_slots)
-        fail(kOp, ": input 'token_adapter'[", t, "] = ", ta[t], " is not -1 or a slot in [0, ", n_slots, ")");
+      for (int64_t k = 0; k < M; ++k) {
+        const int32_t s = ta[t * M + k];
+        if (s < -1 || s >= n_slots) {
+          if (token_adapter.rank == 1)
+            fail(kOp, ": input 'token_adapter'[", t, "] = ", s, " is not -1 or a slot in [0, ", n_slots, ")");
+          fail(kOp, ": input 'token_adapter'[", t, "][", k, "] = ", s, " is not -1 or a slot in [0, ", n_slots, ")");
+        }
+        if (s >= 0 && k > 0 && ta[t * M + k - 1] < 0)
+          fail(kOp, ": input 'token_adapter'[", t, "][", k, "] = ", s,
+               " follows a -1 in its row; a row's slots come first, then its -1s");
+        if (w != nullptr && !std::isfinite(w[t * M + k]))
+          fail(kOp, ": input 'token_adapter_weight'[", t, "][", k, "] = ", w[t * M + k], " is not a finite number");
+      }
 
     const TensorIn offsets = input(api, ctx, n_in, kOffsets);
     const uint16_t* off = nullptr;
@@ -84,7 +111,18 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
       bool used = false;
       for (int64_t s = 0; s < n_slots; ++s)
         if (f[s] != 0 && f[s] != 1) fail(kOp, ": input 'dora'[", s, "] = ", f[s], " is not 0 or 1");
-      for (int64_t t = 0; t < T && !used; ++t) used = ta[t] >= 0 && f[ta[t]] != 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < M; ++k) {
+          const int64_t e = t * M + k;
+          if (ta[e] < 0 || f[ta[e]] == 0) continue;
+          used = true;
+          if (M > 1 && ta[t * M + (k == 0 ? 1 : 0)] >= 0)
+            fail(kOp, ": input 'token_adapter'[", t, "][", k, "] = ", ta[e],
+                 " is a DoRA slot (input 'dora') in a row that mixes adapters; DoRA adapters are not mixed");
+          if (w != nullptr && w[e] != 1.f)
+            fail(kOp, ": input 'token_adapter_weight'[", t, "][", k, "] = ", w[e],
+                 " weighs a DoRA slot (input 'dora'); DoRA adapters take weight 1 only");
+        }
       if (used) {
         const TensorIn gs = input(api, ctx, n_in, kDoraScale);
         if (!gs.value) fail(kOp, ": a token of a slot flagged in input 'dora' needs input 'dora_scale'");
@@ -113,7 +151,7 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
     Parallel par{ort_parallel_for, ctx};
     if (off != nullptr) add_block_offsets({T, in, out, block_size_}, x.as<float>(), off, yp, par);
     MultiLoraDims dims{T, in, out, n_slots, r_max, packed_a_};
-    MultiLoraArgs args{x.as<float>(), A.as<uint16_t>(), B.as<uint16_t>(), scale.as<float>(), rk, ta, yp};
+    MultiLoraArgs args{x.as<float>(), A.as<uint16_t>(), B.as<uint16_t>(), scale.as<float>(), rk, ta, yp, M, w};
     multi_lora(dims, args, par);
     if (dflag != nullptr) dora_scale_rows(dims, args, dflag, g);
     return nullptr;
@@ -145,7 +183,7 @@ ONNXTensorElementDataType MultiLoraOp::GetInputType(size_t i) const {
     case kAdapter:
     case kDora:
       return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-    default:  // x, base_y, scale, dora_scale
+    default:  // x, base_y, scale, dora_scale, token_adapter_weight
       return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
 }

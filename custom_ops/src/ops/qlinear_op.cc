@@ -3,6 +3,7 @@
 // session's intra-op pool. No exception leaves ComputeV2.
 #include "qlinear_op.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -22,7 +23,8 @@ enum Input {
   kSeg0,
   kNormWeight = kSeg0 + kSegInputs * kQLinearMaxSegments,
   kDora,
-  kDoraScale0
+  kDoraScale0,
+  kAdapterWeight = kDoraScale0 + kQLinearMaxSegments
 };
 
 OrtStatusPtr make_status(OrtErrorCode code, const std::string& msg) {
@@ -196,7 +198,26 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     const TensorIn adapter = input(api, context, n_in, kAdapter);
     if (adapter.value) {
       expect_type("token_adapter", adapter, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
-      expect(kOp, "token_adapter", adapter, {T});
+      // [T]: one slot a token; [T, M]: up to M <= 4 slots a token, mixed with the weights of input
+      // 'token_adapter_weight' [T, M] (1 without it)
+      if (adapter.rank == 2 && (adapter.dims[1] < 1 || adapter.dims[1] > kQLinearMaxTerms))
+        fail(kOp, ": input 'token_adapter' [T, M] needs M in [1, ", kQLinearMaxTerms, "]; got shape ",
+             shape_str(adapter.shape()));
+      const int64_t M = adapter.rank == 2 ? adapter.dims[1] : 1;
+      if (adapter.rank == 2)
+        expect(kOp, "token_adapter", adapter, {T, M});
+      else
+        expect(kOp, "token_adapter", adapter, {T});
+      a.adapter_terms = M;
+      const TensorIn weight = input(api, context, n_in, kAdapterWeight);
+      if (weight.value) {
+        expect_type("token_adapter_weight", weight, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
+        if (adapter.rank == 2)
+          expect(kOp, "token_adapter_weight", weight, {T, M});
+        else
+          expect(kOp, "token_adapter_weight", weight, {T});
+        a.adapter_weight = weight.as<float>();
+      }
       const TensorIn lscale = input(api, context, n_in, kLoraScale);
       if (!lscale.value) fail(kOp, ": input 'token_adapter' needs input 'lora_scale' [n_slots]");
       expect_type("lora_scale", lscale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
@@ -207,12 +228,22 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       a.n_slots = slots;
       a.packed_a = packed_a_;
       bool any = false;
-      for (int64_t t = 0; t < T; ++t) {
-        if (a.token_adapter[t] < -1 || a.token_adapter[t] >= slots)
-          fail(kOp, ": input 'token_adapter'[", t, "] = ", a.token_adapter[t], " is not -1 or a slot in [0, ", slots,
-               ")");
-        any = any || a.token_adapter[t] >= 0;
-      }
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < M; ++k) {
+          const int32_t s = a.token_adapter[t * M + k];
+          if (s < -1 || s >= slots) {
+            if (M == 1 && adapter.rank == 1)
+              fail(kOp, ": input 'token_adapter'[", t, "] = ", s, " is not -1 or a slot in [0, ", slots, ")");
+            fail(kOp, ": input 'token_adapter'[", t, "][", k, "] = ", s, " is not -1 or a slot in [0, ", slots, ")");
+          }
+          if (s >= 0 && k > 0 && a.token_adapter[t * M + k - 1] < 0)
+            fail(kOp, ": input 'token_adapter'[", t, "][", k, "] = ", s,
+                 " follows a -1 in its row; a row's slots come first, then its -1s");
+          if (a.adapter_weight != nullptr && !std::isfinite(a.adapter_weight[t * M + k]))
+            fail(kOp, ": input 'token_adapter_weight'[", t, "][", k, "] = ", a.adapter_weight[t * M + k],
+                 " is not a finite number");
+          any = any || s >= 0;
+        }
       // No token with an adapter (the common decode step): the stacks are neither read nor checked, which
       // saves reading nine tensors' type and shape per call (microseconds each).
       if (!any) a.token_adapter = nullptr;
@@ -228,8 +259,19 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         for (int64_t s = 0; s < slots; ++s)
           if (dora_flag[s] != 0 && dora_flag[s] != 1)
             fail(kOp, ": input 'dora'[", s, "] = ", dora_flag[s], " is not 0 or 1");
-        for (int64_t t = 0; t < T && !any_dora; ++t)
-          any_dora = a.token_adapter[t] >= 0 && dora_flag[a.token_adapter[t]];
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t k = 0; k < M; ++k) {
+            const int64_t e = t * M + k;
+            const int32_t s = a.token_adapter[e];
+            if (s < 0 || !dora_flag[s]) continue;
+            any_dora = true;
+            if (M > 1 && a.token_adapter[t * M + (k == 0 ? 1 : 0)] >= 0)
+              fail(kOp, ": input 'token_adapter'[", t, "][", k, "] = ", s,
+                   " is a DoRA slot (input 'dora') in a row that mixes adapters; DoRA adapters are not mixed");
+            if (a.adapter_weight != nullptr && a.adapter_weight[e] != 1.f)
+              fail(kOp, ": input 'token_adapter_weight'[", t, "][", k, "] = ", a.adapter_weight[e],
+                   " weighs a DoRA slot (input 'dora'); DoRA adapters take weight 1 only");
+          }
       }
       int64_t col = 0;
       for (int j = 0; any && j < kQLinearMaxSegments; ++j) {
@@ -375,6 +417,7 @@ ONNXTensorElementDataType QLinearOp::GetInputType(size_t i) const {
     case kDoraScale0:
     case kDoraScale0 + 1:
     case kDoraScale0 + 2:
+    case kAdapterWeight:
       return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     default:  // A_j, A_scale_j, B_j, B_scale_j, rank_j
       switch ((i - kSeg0) % kSegInputs) {

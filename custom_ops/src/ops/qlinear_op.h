@@ -1,11 +1,12 @@
 // ORT wrapper of the QLinear kernel (kernels/qlinear.h), on Ort::CustomOpBase with status returns
-// (its 27 inputs, most optional, are read by index rather than through a Lite signature).
+// (its 28 inputs, most optional, are read by index rather than through a Lite signature).
 //   inputs : 0 x [T, K] f32
 //            1 codes [G, kb, bs * bits] u8  (G = ceil(N / 8), kb = ceil(K / bs); packed layout)
 //            2 scales [G, kb, 8] f16        (d per row and block)
 //            3 offsets [G, kb, 8] f16       optional: m per row and block (w = d * (q - zp) + m)
 //            4 residual [T, N] f32          required with epilogue "residual" (y may take its buffer)
-//            5 token_adapter [T] i32        optional (-1 or a slot); with it, 6 and one or more segments
+//            5 token_adapter [T] i32        optional (-1 or a slot); with it, 6 and one or more segments;
+//              or [T, M] i32 (M <= 4, ops ABI 14): up to M slots a token, mixed (a row's -1s after its slots)
 //            6 lora_scale [n_slots] f32
 //            7 + 5j .. 11 + 5j (j < 3): A_j [n_slots, K, r_max_j] i8, A_scale_j [n_slots, ceil(K / 32), r_max_j]
 //                                      f16, B_j [n_slots, r_max_j, N_j] i8, B_scale_j [n_slots, N_j] f16,
@@ -16,6 +17,8 @@
 //            23 dora [n_slots] i32      optional (ops ABI 12): 1 where the slot holds a DoRA adapter, else 0
 //            24 + j dora_scale_j [n_slots, N_j] f32 ([n_layers, ...] with lora_layer), with dora, one per LoRA
 //                                      segment: a DoRA row's per-output scale (y = epilogue(g * (x W^T + lora)))
+//            27 token_adapter_weight [T, M] (or [T]) f32  optional (ops ABI 14): each term's weight (1 without it):
+//                                      a token's LoRA is sum_k w_k * lora_scale[slot_k] * (x A) B, in k order
 //   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:]);
 //            with attribute split = [N_0, N_1(, N_2)] (epilogue "none"): y_j [T, N_j] = columns N_0 + .. of y,
 //            outputs 1 and 2 optional (q, k, v straight out of the fused q|k|v projection, no Split node)
@@ -63,7 +66,7 @@ struct QLinearKernel {
 constexpr int kQLinearSegInputs = 5;  // per LoRA segment j: A_j, A_scale_j, B_j, B_scale_j, rank_j
 
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
-  static constexpr size_t kInputs = 9 + kQLinearSegInputs * kQLinearMaxSegments + kQLinearMaxSegments;
+  static constexpr size_t kInputs = 10 + kQLinearSegInputs * kQLinearMaxSegments + kQLinearMaxSegments;
 
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "QLinear"; }

@@ -14,7 +14,7 @@
 #include "paged_attention_op.h"
 #include "qlinear_op.h"
 
-#define ORTLLM_OPS_ABI_VERSION 13  // bump on any change of op inputs, outputs or attributes
+#define ORTLLM_OPS_ABI_VERSION 14  // bump on any change of op inputs, outputs or attributes
 
 namespace {
 
