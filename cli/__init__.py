@@ -329,7 +329,18 @@ def _add_serve(sub) -> None:
                    help="one model, loaded at start; or several, each loaded on its first request")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed when ready)")
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on the API")
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on the API; without it, "
+                   "pull / create / delete / copy / blobs / adapters are answered only on a loopback bind")
+    p.add_argument("--allowed-path", action="append", default=[], type=Path, metavar="DIR",
+                   help="a directory whose files requests may name (pull, /v1/adapters); repeatable (default: the "
+                        "store, $ORTLLM_HOME)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a page origin (http://localhost:3000, or *) allowed to call the API; repeatable (default: "
+                        "none, CORS off)")
+    p.add_argument("--max-request-size", type=_size, default=1 << 20, metavar="SIZE",
+                   help="largest request body, e.g. 1M (default 1M); larger get 413")
+    p.add_argument("--max-upload-size", type=_size, default=1 << 30, metavar="SIZE",
+                   help="largest file sent to POST /api/blobs, e.g. 512M (default 1G); larger get 413")
     p.add_argument("--max-queued", type=int, default=None, help="queued requests before 429 (default: engine's)")
     p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
     p.add_argument("--http-threads", type=int, default=64, help="concurrent HTTP requests (streams included)")
@@ -361,6 +372,18 @@ def _add_serve(sub) -> None:
     p.set_defaults(run=_run_serve)
 
 
+def _size(text: str) -> int:
+    """'1048576', '512K', '1M', '4G' (binary units) -> bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    num, unit = text.strip().upper().removesuffix("IB").removesuffix("B"), ""
+    if num and num[-1] in units:
+        num, unit = num[:-1], num[-1]
+    try:
+        return int(float(num) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is a number of bytes with K, M or G; got {text!r}") from None
+
+
 def _run_serve(a) -> int:
     from ortllm.service import logs
     from ortllm.service.config import ServiceConfig
@@ -377,7 +400,9 @@ def _run_serve(a) -> int:
                            http_threads=a.http_threads, request_timeout_s=a.request_timeout,
                            drain_timeout_s=a.drain_timeout, engine_overrides=overrides,
                            models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
-                           memory_budget_bytes=int(a.memory_budget * 2**30) if a.memory_budget else None)
+                           memory_budget_bytes=int(a.memory_budget * 2**30) if a.memory_budget else None,
+                           allowed_paths=tuple(a.allowed_path), cors_origins=tuple(a.cors_origin),
+                           max_body_bytes=a.max_request_size, max_upload_bytes=a.max_upload_size)
     logs.configure()
     if a.ray:
         from ortllm.runtime.errors import ConfigError

@@ -1,6 +1,6 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API on the chat path
 (protocol/messages.py translates the body; api.start submits it; the reply is read by the chat path's tool-call
-parser). Errors, before or during a stream, are in Anthropic's envelope; the key may come as `x-api-key` (the
+parser). Errors, before or during a stream, are in Anthropic's envelope; the key (auth.py) may come as `x-api-key` (the
 `anthropic` client's header) or `Authorization: Bearer`.
 
 Streamed as Anthropic streams a message, `event: TYPE` + `data: {...}`:
@@ -13,12 +13,11 @@ Streamed as Anthropic streams a message, `event: TYPE` + `data: {...}`:
 """
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Iterator
 
-from flask import Blueprint, current_app, g, jsonify, request
+from flask import Blueprint, g, jsonify, request
 
 from ortllm.protocol.generation import prompt_ids, resolve_adapter
 from ortllm.protocol.messages import (COUNT_TOKENS, MESSAGES, ContentBlocks, MessagesRequest, error_body,
@@ -32,18 +31,6 @@ from .resources import current_resources
 
 log = logging.getLogger("ortllm.service")
 bp = Blueprint("anthropic", __name__, url_prefix="/v1")
-
-
-@bp.before_request
-def _require_key() -> None:
-    key = current_app.config["ORTLLM"].api_key
-    if key is None:
-        return
-    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
-    got = request.headers.get("x-api-key") or (bearer.strip() if scheme.lower() == "bearer" else "")
-    if not hmac.compare_digest(got.encode(), key.encode()):
-        raise APIError(401, "invalid or missing API key; send `x-api-key: KEY` (or `Authorization: Bearer KEY`)",
-                       type="authentication_error", code="invalid_api_key")
 
 
 @bp.errorhandler(Exception)

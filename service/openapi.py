@@ -19,7 +19,8 @@ _ERRORS = {
     400: "invalid request: `param` names the field (its type, range or combination with another), or the prompt "
          "does not fit the context",
     401: "missing or wrong API key (servers started with --api-key)",
-    403: "managing adapters needs a server started with --api-key",
+    403: "refused: managing the store or adapters needs --api-key on a server not bound to loopback, a path outside "
+         "--allowed-path, or a page of an origin not in --cors-origin",
     404: "unknown model (`model_not_found`)",
     409: "a model or adapter of that name is already served",
     413: "request body too large",

@@ -35,7 +35,8 @@ def doc_live(smollm2_engine, lora, tmp_path_factory):
     shutil.copytree(smollm2_engine, art)
     add_adapter(art, lora, "tuned")
     # max_model_len bounds a chat without max_tokens (it fills the room left): minimal bodies stay short
-    live = start_live(art, ServiceConfig(api_key=KEY), num_blocks=128, max_model_len=192)
+    live = start_live(art, ServiceConfig(api_key=KEY, allowed_paths=(lora.parent,)), num_blocks=128,
+                      max_model_len=192)
     yield live
     stop_live(live)
 
