@@ -23,7 +23,7 @@ from typing import Iterator
 from flask import Blueprint, Response, jsonify, request
 
 from ortllm.protocol import openai as protocol
-from ortllm.protocol.bodies import OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS, OLLAMA_SHOW
+from ortllm.protocol.bodies import CHAT_FROM_OLLAMA, OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS, OLLAMA_SHOW
 from ortllm.protocol.generation import resolve_adapter
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.errors import OrtllmError
@@ -100,7 +100,7 @@ def chat():
                                                        for m in messages):
         messages = [{"role": "system", "content": modelfile["system"]}, *messages]
     extra = {"tools": v["tools"]} if v["tools"] else {}
-    req = protocol.parse_chat({**_openai_body(v), "messages": messages, **extra})
+    req = protocol.parse_chat({**_openai_body(v), "messages": messages, **extra}, CHAT_FROM_OLLAMA)
     return _answer(start("chat", req), "message")
 
 

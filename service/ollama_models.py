@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from importlib.resources import files
 from pathlib import Path
 from typing import Iterator
 
@@ -47,6 +48,7 @@ from .server_paths import server_path
 bp = Blueprint("ollama_models", __name__, url_prefix="/api")
 
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+_DIGEST_PARAM = {"description": "sha256:<64 hex digits>", "pattern": _DIGEST.pattern.replace("(", "").replace(")", "")}
 _PROGRESS = {"type": "object", "required": ["status"], "properties": {
     "status": {"type": "string"}, "digest": {"type": "string"}, "total": {"type": "integer"},
     "completed": {"type": "integer"}}}
@@ -121,13 +123,17 @@ def pull():
 
 
 def _pull_lines(spec: str) -> Iterator[dict]:
-    """A store name -> served; a recipe -> built; anything else is a path on the server, read only under the
-    allowed roots (server_paths.py)."""
+    """A store name -> served; a recipe -> built; another name -> 404; anything else is a path on the server, read
+    only under the allowed roots (server_paths.py)."""
     store = _store()
     if looks_like_name(spec):
         try:
             ref = store.resolve(spec)
-        except StoreError:
+        except StoreError as e:
+            if spec.partition(":")[0] not in _recipes():
+                raise APIError(404, f"{e}; nor is {spec!r} a recipe ({', '.join(sorted(_recipes()))}): pull a "
+                               "recipe, or a GGUF file or HF directory on the server by its path", param="model",
+                               code="model_not_found") from None
             ref = None
         if ref is not None:           # already in the store: serve it
             yield {"status": "pulling manifest"}
@@ -167,6 +173,11 @@ def _put_artifact(store: Store, src: Path) -> Iterator[dict]:
     yield {"status": "writing manifest"}
     _serve(ref, store)
     yield {"status": "success"}
+
+
+def _recipes() -> set[str]:
+    """The recipe names `ortllm pull` builds (the TOML files of the ortllm.models package: data, read not imported)."""
+    return {p.name.removesuffix(".toml") for p in files("ortllm.models").iterdir() if p.name.endswith(".toml")}
 
 
 def _store_name(text: str) -> str:
@@ -258,7 +269,7 @@ def _digest(text: str) -> str:
 
 @bp.route("/blobs/<digest>", methods=["HEAD"])
 @document("Ollama: whether the server has a blob", ok=_EMPTY_OK, errors=(400, 401, 403, 404),
-          params={"digest": "sha256:<hex>"})
+          params={"digest": _DIGEST_PARAM})
 def blob_exists(digest: str):
     if not (_uploads(_store()) / f"sha256-{_digest(digest)}").is_file():
         return Response(status=404)
@@ -267,7 +278,7 @@ def blob_exists(digest: str):
 
 @bp.post("/blobs/<digest>")
 @document("Ollama: send a file (its sha256 checked) for POST /api/create to name", ok=_EMPTY_OK, status=201,
-          errors=(400, 401, 403, 413), params={"digest": "sha256:<hex>"})
+          errors=(400, 401, 403, 413), params={"digest": _DIGEST_PARAM})
 def blob_upload(digest: str):
     sha = _digest(digest)
     request.max_content_length = current_app.config["ORTLLM"].max_upload_bytes     # 413 beyond (--max-upload-size)
@@ -282,7 +293,7 @@ def blob_upload(digest: str):
                 f.write(chunk)
         if h.hexdigest() != sha:
             raise bad_request(f"the body's sha256 is {h.hexdigest()}, not the {sha} the path names; send the file "
-                              "again", param="digest")
+                              "again", param="digest", code="digest_mismatch")
         tmp.replace(folder / f"sha256-{sha}")
     finally:
         tmp.unlink(missing_ok=True)

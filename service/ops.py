@@ -37,12 +37,17 @@ def metrics():
 @bp.get("/openapi.json")
 @document("This document (OpenAPI 3.1): `model` lists what is served now", ok=json_ok("OpenAPI"))
 def openapi():
+    pool = current_resources()
+    bounds = {}
     try:
         models = [c["id"] for c in model_cards()]
+        if not pool.lazy:              # one model: its limits (several: each its own, not one number)
+            engine = pool.default.require_engine()
+            bounds = {"token_id": engine.vocab_size - 1, "tokenizer_token_id": engine.tokenizer.vocab_size - 1,
+                      "embedding_width": engine.hidden_size}
     except APIError:                   # still loading: the names known without the engine
-        res = current_resources()
-        models = [res.model_name] if res.model_name else []
-    return jsonify(build_spec(current_app, models))
+        models = [pool.model_name] if pool.model_name else []
+    return jsonify(build_spec(current_app, models, bounds, key=current_app.config["ORTLLM"].api_key is not None))
 
 
 @bp.post("/tokenize")
