@@ -7,8 +7,8 @@
 #   ci/schemathesis_contract.sh [SEED...]      (default seeds 1 2 3; ARTIFACT=DIR serves another engine artifact)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-ST=${ST:-$(dirname "$PY")/schemathesis}
+PY=$(realpath "${PY:-.venv/bin/python}")
+ST=$(realpath "${ST:-$(dirname "$PY")/schemathesis}")
 seeds=("${@:-1 2 3}")
 work=$(mktemp -d "${TMPDIR:-/tmp}/ortllm-contract.XXXXXX")
 server=
@@ -25,10 +25,12 @@ for _ in $(seq 120); do
 done
 [ -n "$url" ] || { cat "$work/serve.log"; exit 1; }
 failed=0
+repo=$PWD
 for seed in ${seeds[*]}; do
   echo "== schemathesis, seed $seed, against $url =="
-  PYTHONPATH=. SCHEMATHESIS_HOOKS=tests.service.contract_checks $ST run "$url/openapi.json" --checks all \
-    --exclude-checks positive_data_acceptance -n 25 --seed "$seed" --request-timeout 120 --output-truncate false \
-    --no-color || failed=1
+  # in the work directory: schemathesis keeps a crash cache in its cwd (.schemathesis/) and replays it
+  (cd "$work" && PYTHONPATH=$repo SCHEMATHESIS_HOOKS=tests.service.contract_checks $ST run "$url/openapi.json" \
+    --checks all --exclude-checks positive_data_acceptance -n 25 --seed "$seed" --request-timeout 120 \
+    --output-truncate false --no-color) || failed=1
 done
 exit $failed

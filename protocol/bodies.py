@@ -86,6 +86,8 @@ def _sampling(max_tokens: Field) -> list[Field]:
     ]
 
 
+_GUIDED = ("guided_json", "guided_regex", "guided_choice")
+
 # ---------------------------------------------------------------- /v1/completions
 
 PROMPT = Field("prompt", {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
@@ -114,7 +116,7 @@ COMPLETION = Body("CompletionRequest", [
          "request); send fewer prompts or a smaller n", "n"),
     Rule({"anyOf": [sent("guided_json", "guided_regex"), sent("guided_json", "guided_choice"),
                     sent("guided_regex", "guided_choice")]},
-         "send one of guided_json, guided_regex, guided_choice", "guided_json"),
+         "send one of guided_json, guided_regex, guided_choice", lambda given: [g for g in _GUIDED if g in given][1]),
 ])
 
 # ---------------------------------------------------------------- /v1/chat/completions
@@ -181,7 +183,6 @@ RESPONSE_FORMAT = Field("response_format", {
     "if": {"properties": {"type": {"const": "json_schema"}}}, "then": {"required": ["json_schema"]}},
     description="json_object: any JSON object; json_schema: one that validates against json_schema.schema")
 
-_GUIDED = ("guided_json", "guided_regex", "guided_choice")
 _GUIDING_FORMAT = sent_as("response_format", properties={"type": {"enum": ["json_object", "json_schema"]}})
 _STRUCTURED = {"anyOf": [_GUIDING_FORMAT, *[sent(g) for g in _GUIDED]]}
 _FORCED_CALL = {"allOf": [sent("tool_choice"), {"properties": {"tool_choice": {"not": {"enum": ["none", "auto"]}}}}]}

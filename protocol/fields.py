@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
@@ -171,7 +171,7 @@ class Rule:
     schemathesis' give up on a body with more than a few of those)."""
     forbid: dict
     message: str
-    param: str
+    param: str | Callable[[dict], str]        # or a function of the sent fields that names the one to blame
 
 
 def both(*schemas: dict) -> dict:
@@ -223,7 +223,7 @@ class Body:
         given = {k: out[k] for k in self.fields if body.get(k) is not None}
         for r in self.rules:
             if _Validator(r.forbid).is_valid(given):
-                raise bad_request(r.message, param=r.param)
+                raise bad_request(r.message, param=r.param(given) if callable(r.param) else r.param)
         return out
 
     def schema(self, extra: dict[str, dict] | None = None, bounds: dict[str, int] | None = None) -> dict:

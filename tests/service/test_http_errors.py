@@ -70,7 +70,7 @@ CASES = [
     ("max_tokens-fraction", CMPL, _body(max_tokens=2.5), JSON, 400, "max_tokens"),
     ("n-with-many-prompts", CMPL, _body(prompt=["a"] * 9, n=3), JSON, 400, "n"),
     ("best_of-above-one", CMPL, _body(best_of=2, n=2), JSON, 400, "best_of"),
-    ("two-guides", CMPL, _body(guided_regex="a", guided_choice=["a"]), JSON, 400, "guided_json"),
+    ("two-guides", CMPL, _body(guided_regex="a", guided_choice=["a"]), JSON, 400, "guided_choice"),
     ("detokenize-oov", "/detokenize", b'{"tokens": [99999]}', JSON, 400, None),
     ("tokenize-no-prompt", "/tokenize", b'{}', JSON, 400, "prompt"),
 ]
