@@ -13,7 +13,9 @@ BUILD_VENV  ?= $(if $(wildcard $(STAMP)),$(VENV),.venv-build)
 SERVE_STAMP := $(SERVE_VENV)/.installed
 BUILD_STAMP := $(BUILD_VENV)/.installed-build
 # PyPI's Linux torch is the multi-GB CUDA build; PyTorch's CPU index has the CPU one (pyproject.toml, build extra).
-TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
+# Where that index cannot be reached pip retries it (about a minute here) and takes a CPU wheel it finds elsewhere
+# (pip's find-links); TORCH_INDEX= skips it.
+TORCH_INDEX ?= --extra-index-url https://download.pytorch.org/whl/cpu
 OPS    := runtime/lib/libortllm_ops.so
 # The default int4 build of SmolLM2 (RTN block 32, int8 LM head, fp16 KV cache): the one the README's figures and
 # the quality bar describe; FP32_ARTIFACT is its fp32 reference (bench-vs-peers' quality column).
