@@ -57,8 +57,8 @@ def _turn(role: str, *blocks: str) -> dict:
 CONVERSATION = Field("messages", {"type": "array", "minItems": 1, "items": {
     "type": "object", "required": ["role", "content"],
     "properties": {"role": {"enum": ["user", "assistant"]},
-                   "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _BLOCK}],
-                               "description": "a string or a list of content blocks"}},
+                   "content": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _BLOCK}],
+                               "description": "a string or a non-empty list of content blocks"}},
     "allOf": [_turn("user", "text", "tool_result"), _turn("assistant", "text", "tool_use")]}},
                      required=True, description="the conversation, user and assistant turns (tool_use blocks in the "
                                                 "assistant's, tool_result blocks in the user's); a last assistant turn "

@@ -17,8 +17,11 @@ from ortllm.protocol.fields import Body
 
 _ERRORS = {
     400: "invalid request: `param` names the field (its type, range or combination with another); and what no "
-         "schema can say: the prompt does not fit the context (context_length_exceeded), a JSON Schema or regular "
-         "expression that is not one, tool_choice naming a function that tools does not define",
+         "schema can say: the prompt does not fit the context (context_length_exceeded), a JSON Schema that is not "
+         "one (invalid_json_schema) or that the grammar engine cannot compile, nor a regular expression "
+         "(invalid_grammar), text that must be JSON (invalid_json), two tools of one name (duplicate_tool_name), "
+         "tool_choice naming a function that tools does not define (unknown_tool), a blob whose sha256 is not its "
+         "digest (digest_mismatch)",
     401: "missing or wrong API key (servers started with --api-key)",
     403: "refused: managing the store or adapters needs --api-key on a server not bound to loopback, a path outside "
          "--allowed-path, or a page of an origin not in --cors-origin",

@@ -7,6 +7,7 @@ message (Anthropic's, which has no code), listed in the document's 400 descripti
 
     context_length_exceeded   the prompt's tokens do not fit the context (a count of tokens, not of characters)
     invalid_json_schema       a JSON Schema (response_format, tools' parameters, guided_json) that is not one
+    invalid_grammar           a valid one (or a regular expression) the grammar engine (llguidance) cannot compile
     invalid_json              text that must be JSON (guided_json as text, a Responses function_call's arguments)
     duplicate_tool_name       two tools of one name
     unknown_tool              tool_choice names a function that tools does not define
@@ -20,11 +21,11 @@ import re
 import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-UNSCHEMATIZABLE = {"context_length_exceeded", "invalid_json_schema", "invalid_json", "duplicate_tool_name",
-                   "unknown_tool", "digest_mismatch"}
+UNSCHEMATIZABLE = {"context_length_exceeded", "invalid_json_schema", "invalid_grammar", "invalid_json",
+                   "duplicate_tool_name", "unknown_tool", "digest_mismatch"}
 # the same refusals in Anthropic's envelope (no code): their messages
-_MESSAGES = re.compile(r"at most \d+ fit \(|is not a valid JSON schema|must be a JSON schema object|is defined twice|"
-                       r"which is not in tools|is not valid JSON|must be JSON text")
+_MESSAGES = re.compile(r"at most \d+ fit \(|is not a valid JSON schema|must be a JSON schema object|cannot be compiled|"
+                       r"is defined twice|which is not in tools|is not valid JSON|must be JSON text")
 
 
 def unschematizable(response) -> bool:
