@@ -5,6 +5,10 @@
             required, description; null counts as absent for an optional field (OpenAI clients send nulls)
     Body    the fields of one request body: read(body) validates each present field against its schema and
             returns {name: value or default}; schema() is the body's JSON Schema for the API document
+    Rule    a constraint between fields (a forbidden combination), checked by read() and published as `not`
+    BOUND   a served model's limit (largest token id, embedding width), published where the document knows it
+
+An "integer" is JSON Schema's (21493.0 is one) and read() hands it on as an int.
 
 A field that fails its schema is a 400 naming it (`param`): the field, dotted into nested objects
 (`response_format.json_schema.schema`, `options.temperature`); inside a list it stays the list's name
