@@ -7,8 +7,10 @@
 #   ci/schemathesis_contract.sh [SEED...]      (default seeds 1 2 3; ARTIFACT=DIR serves another engine artifact)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=$(realpath "${PY:-.venv/bin/python}")
-ST=$(realpath "${ST:-$(dirname "$PY")/schemathesis}")
+PY=${PY:-.venv/bin/python}
+ST=${ST:-$(dirname "$PY")/schemathesis}
+[[ $PY = /* ]] || PY=$PWD/$PY          # absolute (schemathesis runs in the work directory), venv kept
+[[ $ST = /* ]] || ST=$PWD/$ST
 seeds=("${@:-1 2 3}")
 work=$(mktemp -d "${TMPDIR:-/tmp}/ortllm-contract.XXXXXX")
 server=
