@@ -18,17 +18,24 @@ cleanup() { if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "
 trap cleanup EXIT
 art=${ARTIFACT:-$work/tiny}
 [ -f "$art/manifest.json" ] || $PY -m ortllm build llama-tiny-random --out "$art" >/dev/null
-ORTLLM_HOME=$work/home $PY -m ortllm serve "$art" --host 127.0.0.1 --port 0 > "$work/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 120); do
-  url=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/serve.log" | head -1 || true)
-  [ -n "$url" ] && break
-  sleep 1
-done
-[ -n "$url" ] || { cat "$work/serve.log"; exit 1; }
+start_server() {     # a fresh one-model server and store per seed (a pull would make it serve several models,
+                     # whose per-model limits the document does not carry)
+  if [ -n "$server" ]; then kill "$server"; wait "$server" 2>/dev/null || true; fi
+  rm -rf "$work/home"
+  ORTLLM_HOME=$work/home $PY -m ortllm serve "$art" --host 127.0.0.1 --port 0 > "$work/serve.log" 2>&1 &
+  server=$!
+  url=
+  for _ in $(seq 120); do
+    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/serve.log" | head -1 || true)
+    [ -n "$url" ] && break
+    sleep 1
+  done
+  [ -n "$url" ] || { cat "$work/serve.log"; exit 1; }
+}
 failed=0
 repo=$PWD
 for seed in ${seeds[*]}; do
+  start_server
   echo "== schemathesis, seed $seed, against $url =="
   # in the work directory: schemathesis keeps a crash cache in its cwd (.schemathesis/) and replays it
   (cd "$work" && PYTHONPATH=$repo SCHEMATHESIS_HOOKS=tests.service.contract_checks $ST run "$url/openapi.json" \

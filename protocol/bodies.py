@@ -32,7 +32,9 @@ NAME_PATTERN = "^[A-Za-z0-9_-]{1,64}$"   # function and json_schema names (OpenA
 assert MAX_TOP_LOGPROBS <= MAX_LOGPROBS
 
 _JSON_SCHEMA = {"type": "object", "description": "a JSON Schema (checked against the JSON Schema meta-schema)"}
-TOKEN_ID = {"type": "integer", "minimum": 0, BOUND: "token_id"}    # published maximum: the model's last token id
+# a token id: below 2**31 always (an int32 for the engine); the served model's last one where the document knows it
+MAX_TOKEN_ID = 2**31 - 1
+TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID, BOUND: "token_id"}
 _TOKEN_IDS = {"type": "array", "minItems": 1, "items": TOKEN_ID}
 # NAME[:TAG] as runtime/store.py's ModelRef.parse reads it
 STORE_NAME_PATTERN = (f"^{_STORE_NAME_RE.pattern.strip('^$')}(:({_STORE_TAG_RE.pattern.strip('^$')})?)?$")
@@ -59,7 +61,7 @@ def _sampling(max_tokens: Field) -> list[Field]:
     return [
         MODEL, max_tokens, TEMPERATURE, TOP_P, TOP_K, MIN_P, REPETITION_PENALTY, FREQUENCY_PENALTY, PRESENCE_PENALTY,
         SEED, STOP,
-        Field("stop_token_ids", {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        Field("stop_token_ids", {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}},
               description="extension: token ids that end the generation"),
         boolean("ignore_eos", False, "extension: go on past the end-of-sequence token"),
         integer("priority", 0, -1000, 1000, "extension: higher is scheduled first"),
@@ -284,7 +286,7 @@ TOKENIZE = Body("TokenizeRequest", [
     boolean("add_special_tokens", True, "for prompt: add the tokenizer's special tokens (BOS)"),
 ], alternatives=[["prompt"], ["messages"]])
 DETOKENIZE = Body("DetokenizeRequest", [Field("tokens", {"type": "array", "items": {
-                                                  "type": "integer", "minimum": 0, BOUND: "tokenizer_token_id"}},
+    "type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID, BOUND: "tokenizer_token_id"}},
                                               required=True, description="token ids")])
 ADAPTER = Body("AdapterLoadRequest", [
     string("name", required=True, minLength=1, description="the model name it is served as: 1-64 letters, "

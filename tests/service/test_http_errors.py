@@ -50,6 +50,7 @@ CASES = [
     ("stop-empty-string", CMPL, _body(stop=[""]), JSON, 400, "stop"),
     ("token-ids-out-of-vocab", CMPL, _body(prompt=[1, 2, 99999]), JSON, 400, None),
     ("token-ids-negative", CMPL, _body(prompt=[1, -2]), JSON, 400, None),
+    ("token-ids-huge", CMPL, _body(prompt=[[1, 2**70], "a"]), JSON, 400, "prompt"),   # was a 500 (OverflowError)
     ("n-nine", CMPL, _body(n=9), JSON, 400, "n"),
     ("logprobs-too-many", CMPL, _body(logprobs=50), JSON, 400, "logprobs"),
     ("unknown-model", CMPL, _body(model="gpt-4"), JSON, 404, "model"),
