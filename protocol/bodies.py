@@ -17,11 +17,15 @@ from __future__ import annotations
 from ortllm.runtime.sampling_params import (LOGIT_BIAS_RANGE, MAX_LOGPROBS, MAX_MIX, PENALTY_RANGE,
                                             REPETITION_PENALTY_RANGE)
 
-from .fields import Body, Field, boolean, integer, number, string
+from ortllm.runtime.store import _NAME as _STORE_NAME_RE, _TAG as _STORE_TAG_RE
+
+from .fields import (BOUND, DECIMAL_BOUND, Body, Field, Rule, both, boolean, equals, integer, number, sent, sent_as,
+                     string)
 
 MAX_STOP = 4            # OpenAI's limit on stop strings
 MAX_N = 8               # completions per prompt (n): one prefill, n continuations
 MAX_PROMPTS = 32        # prompts in one /v1/completions request
+MAX_PROMPTS_MANY_N = 8  # ... with n >= 3 (so prompts x n <= 64 completions in one request)
 MAX_TOP_LOGPROBS = 5    # OpenAI's limit on completions' `logprobs` / chat's `top_logprobs`
 MAX_TOOLS = 128
 MAX_LOGIT_BIAS = 300
@@ -29,7 +33,12 @@ NAME_PATTERN = "^[A-Za-z0-9_-]{1,64}$"   # function and json_schema names (OpenA
 assert MAX_TOP_LOGPROBS <= MAX_LOGPROBS
 
 _JSON_SCHEMA = {"type": "object", "description": "a JSON Schema (checked against the JSON Schema meta-schema)"}
-_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+# a token id: below 2**31 always (an int32 for the engine); the served model's last one where the document knows it
+MAX_TOKEN_ID = 2**31 - 1
+TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID, BOUND: "token_id"}
+_TOKEN_IDS = {"type": "array", "minItems": 1, "items": TOKEN_ID}
+# NAME[:TAG] as runtime/store.py's ModelRef.parse reads it
+STORE_NAME_PATTERN = (f"^{_STORE_NAME_RE.pattern.strip('^$')}(:({_STORE_TAG_RE.pattern.strip('^$')})?)?$")
 
 # ---------------------------------------------------------------- sampling (completions and chat)
 
@@ -60,12 +69,12 @@ def _sampling(max_tokens: Field) -> list[Field]:
     return [
         MODEL, max_tokens, TEMPERATURE, TOP_P, TOP_K, MIN_P, REPETITION_PENALTY, FREQUENCY_PENALTY, PRESENCE_PENALTY,
         SEED, STOP,
-        Field("stop_token_ids", {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        Field("stop_token_ids", {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}},
               description="extension: token ids that end the generation"),
         boolean("ignore_eos", False, "extension: go on past the end-of-sequence token"),
         integer("priority", 0, -1000, 1000, "extension: higher is scheduled first"),
         Field("logit_bias", {"type": "object", "maxProperties": MAX_LOGIT_BIAS,
-                             "propertyNames": {"pattern": "^[0-9]+$"},
+                             "propertyNames": {"pattern": "^[0-9]+$", DECIMAL_BOUND: "token_id"},
                              "additionalProperties": {"type": "number", "minimum": LOGIT_BIAS_RANGE[0],
                                                       "maximum": LOGIT_BIAS_RANGE[1]}},
               description="token id (as a string) -> bias added to its logit before sampling",
@@ -88,6 +97,8 @@ def _sampling(max_tokens: Field) -> list[Field]:
     ]
 
 
+_GUIDED = ("guided_json", "guided_regex", "guided_choice")
+
 # ---------------------------------------------------------------- /v1/completions
 
 PROMPT = Field("prompt", {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS,
@@ -103,7 +114,20 @@ COMPLETION = Body("CompletionRequest", [
     boolean("echo", False, "the prompt before the completion (with logprobs: the prompt's too); not with stream"),
     Field("suffix", {"type": "string", "maxLength": 0}, description="not supported (null or empty)",
           hint="null or empty (suffix is not supported)"),
-    integer("best_of", None, 1, description="must equal n (ranking candidates is not supported)"),
+    Field("best_of", {"type": "integer", "minimum": 1, "maximum": 1}, description="1 only (ranking several "
+          "candidates is not supported)", hint="1 (ranking several candidates is not supported)"),
+], rules=[
+    Rule(both(equals("max_tokens", 0), {"not": equals("echo", True)}),
+         "max_tokens must be >= 1 (0 only with echo: true, to score the prompt); got 0", "max_tokens"),
+    Rule(both(equals("echo", True), equals("stream", True)),
+         "echo cannot be combined with stream; send stream: false", "echo"),
+    Rule(both(sent_as("n", minimum=3), sent_as("prompt", type="array", minItems=MAX_PROMPTS_MANY_N + 1,
+                                                contains={"type": ["string", "array"]})),
+         f"with n >= 3, at most {MAX_PROMPTS_MANY_N} prompts (at most {MAX_N * MAX_PROMPTS_MANY_N} completions in one "
+         "request); send fewer prompts or a smaller n", "n"),
+    Rule({"anyOf": [sent("guided_json", "guided_regex"), sent("guided_json", "guided_choice"),
+                    sent("guided_regex", "guided_choice")]},
+         "send one of guided_json, guided_regex, guided_choice", lambda given: [g for g in _GUIDED if g in given][1]),
 ])
 
 # ---------------------------------------------------------------- /v1/chat/completions
@@ -118,14 +142,32 @@ _CALLS = {"type": "array", "items": {
                        "name": {"type": "string"},
                        "arguments": {"anyOf": [{"type": "string"}, {"type": "object"}],
                                      "description": "JSON text (OpenAI) or an object (Ollama)"}}}}}}
+_MESSAGE = {"role": {"enum": ["system", "user", "assistant", "developer", "tool"]},
+            "content": {"anyOf": [{"type": "string"}, {**_TEXT_PARTS, "minItems": 1}, {"type": "null"}],
+                        "description": "a string or a list of {type: text, text} parts"},
+            "tool_calls": _CALLS, "tool_call_id": {"type": "string"}, "name": {"type": "string"}}
+
+
+def _role(*roles: str) -> dict:
+    return {"required": ["role"], "properties": {"role": {"enum": list(roles)}}}
+
+
+_CONTENT = {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}}
+# OpenAI's message types: system, developer, user and tool messages have content; a tool message answers a call
+# (tool_call_id); an assistant message has content or tool_calls
 MESSAGES = Field("messages", {"type": "array", "minItems": 1, "items": {
-    "type": "object", "required": ["role"],
-    "properties": {"role": {"enum": ["system", "user", "assistant", "developer", "tool"]},
-                   "content": {"anyOf": [{"type": "string"}, _TEXT_PARTS, {"type": "null"}],
-                               "description": "a string or a list of {type: text, text} parts"},
-                   "tool_calls": _CALLS, "tool_call_id": {"type": "string"}, "name": {"type": "string"}}}},
+    "type": "object", "required": ["role"], "properties": _MESSAGE,
+    "allOf": [{"if": _role("system", "developer", "user", "tool"), "then": _CONTENT},
+              {"if": _role("tool"), "then": {"required": ["tool_call_id"]}},
+              {"if": _role("assistant"), "then": {"anyOf": [
+                  _CONTENT, {"required": ["tool_calls"], "properties": {"tool_calls": {"minItems": 1}}}],
+                  "description": "an assistant message with content or tool_calls"}}]}},
                  required=True, description="the conversation, rendered with the model's chat template "
                                             "(developer is treated as system)")
+# Ollama's messages: content may be left out (""), a tool message names no call
+OLLAMA_MESSAGES = Field("messages", {"type": "array", "minItems": 1, "items": {
+    "type": "object", "required": ["role"], "properties": {**_MESSAGE, "tool_name": {"type": "string"}}}},
+                        required=True, description="the conversation, rendered with the model's chat template")
 TOOLS = Field("tools", {"type": "array", "maxItems": MAX_TOOLS, "items": {
     "type": "object", "required": ["function"],
     "properties": {"type": {"const": "function"},
@@ -152,13 +194,31 @@ RESPONSE_FORMAT = Field("response_format", {
     "if": {"properties": {"type": {"const": "json_schema"}}}, "then": {"required": ["json_schema"]}},
     description="json_object: any JSON object; json_schema: one that validates against json_schema.schema")
 
+_GUIDING_FORMAT = sent_as("response_format", properties={"type": {"enum": ["json_object", "json_schema"]}})
+_STRUCTURED = {"anyOf": [_GUIDING_FORMAT, *[sent(g) for g in _GUIDED]]}
+_FORCED_CALL = {"allOf": [sent("tool_choice"), {"properties": {"tool_choice": {"not": {"enum": ["none", "auto"]}}}}]}
 CHAT = Body("ChatCompletionRequest", [
     MESSAGES, *_sampling(MAX_TOKENS),
     integer("max_completion_tokens", None, 1, description="the same as max_tokens (OpenAI's newer name)"),
     boolean("logprobs", False, "each chosen token's logprob"),
     integer("top_logprobs", None, 0, MAX_TOP_LOGPROBS, "with logprobs: the top n too"),
     RESPONSE_FORMAT, TOOLS, TOOL_CHOICE,
+], rules=[
+    COMPLETION.rules[-1],                           # one guided_* field at most
+    Rule(both(sent("top_logprobs"), {"not": equals("logprobs", True)}), "top_logprobs needs logprobs: true",
+         "top_logprobs"),
+    Rule(both(_GUIDING_FORMAT, {"anyOf": [sent(g) for g in _GUIDED]}),
+         "send response_format (json_object or json_schema) or guided_*, not both", "response_format"),
+    Rule(both(_FORCED_CALL, {"not": sent_as("tools", minItems=1)}),
+         "tool_choice needs tools: send the functions in tools", "tool_choice"),
+    Rule(both(_FORCED_CALL, _STRUCTURED),
+         "a forced function call (tool_choice required or a named function) cannot be combined with "
+         "response_format or guided_*", "tool_choice"),
 ])
+
+# /api/chat's conversation read as a chat body: Ollama's messages (not published: the route publishes OLLAMA_CHAT)
+CHAT_FROM_OLLAMA = Body("ChatFromOllama", [OLLAMA_MESSAGES if f.name == "messages" else f
+                                           for f in CHAT.fields.values()], rules=CHAT.rules)
 
 # ---------------------------------------------------------------- Ollama: /api/generate, /api/chat, /api/show
 
@@ -166,8 +226,9 @@ CHAT = Body("ChatCompletionRequest", [
 OLLAMA_OPTIONS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "seed": SEED,
                   "stop": STOP, "repeat_penalty": REPETITION_PENALTY, "presence_penalty": PRESENCE_PENALTY,
                   "frequency_penalty": FREQUENCY_PENALTY,
-                  "num_predict": integer("max_tokens", None, description="a negative value: until the context is "
-                                                                         "full (Ollama's -1 and -2)")}
+                  "num_predict": Field("max_tokens", {"type": "integer", "not": {"const": 0}},
+                                       description="a negative value: until the context is full (Ollama's -1 and -2); "
+                                                   "not 0", hint="a non-zero integer")}
 # options Ollama defines that do not change sampling here (memory and threading are the server's)
 OLLAMA_IGNORED = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
                   "num_keep", "low_vram", "vocab_only", "repeat_last_n", "typical_p", "penalize_newline", "mirostat",
@@ -184,10 +245,11 @@ _FORMAT = Field("format", {"anyOf": [{"enum": ["json", ""]}, {"type": "object"}]
 _OLLAMA_STREAM = boolean("stream", True, "NDJSON lines, one per delta, the last with done: true")
 
 OLLAMA_GENERATE = Body("OllamaGenerateRequest", [
-    OLLAMA_MODEL, string("prompt", required=True), string("system", description="a system message (not with raw)"),
+    OLLAMA_MODEL, string("prompt", required=True, minLength=1),
+    string("system", description="a system message (not with raw)"),
     boolean("raw", False, "true: the prompt as is, no chat template"), _OLLAMA_STREAM, _FORMAT, _OPTIONS, ADAPTER_MIX,
 ])
-OLLAMA_CHAT = Body("OllamaChatRequest", [OLLAMA_MODEL, MESSAGES, TOOLS, _OLLAMA_STREAM, _FORMAT, _OPTIONS,
+OLLAMA_CHAT = Body("OllamaChatRequest", [OLLAMA_MODEL, OLLAMA_MESSAGES, TOOLS, _OLLAMA_STREAM, _FORMAT, _OPTIONS,
                                           ADAPTER_MIX])
 OLLAMA_SHOW = Body("OllamaShowRequest", [OLLAMA_MODEL, string("name", deprecated=True,
                                                                description="older clients' name for model")])
@@ -203,12 +265,12 @@ OLLAMA_PULL = Body("OllamaPullRequest", [
 ], served_model=False)
 OLLAMA_DELETE = Body("OllamaDeleteRequest", [_STORE_NAME], served_model=False)
 OLLAMA_COPY = Body("OllamaCopyRequest", [string("source", required=True, minLength=1, description="a store name"),
-                                         string("destination", required=True, minLength=1,
+                                         string("destination", required=True, pattern=STORE_NAME_PATTERN,
                                                 description="the new store name (replaced if it exists)")])
 OLLAMA_PARAMETERS = Field("parameters", _OPTIONS.schema,
                           description="default options of the new model's requests (a request's own win)")
 OLLAMA_CREATE = Body("OllamaCreateRequest", [
-    string("model", required=True, minLength=1, description="the new store name, NAME[:TAG]"),
+    string("model", required=True, pattern=STORE_NAME_PATTERN, description="the new store name, NAME[:TAG]"),
     string("from", required=True, minLength=1, description="the base: a store name or a served model"),
     Field("adapters", {"type": "object", "minProperties": 1,
                        "additionalProperties": {"type": "string", "pattern": "^sha256[:-][0-9a-f]{64}$"}},
@@ -219,9 +281,10 @@ OLLAMA_CREATE = Body("OllamaCreateRequest", [
     OLLAMA_PARAMETERS,
     Field("license", {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
           description="kept with the model"),
-    Field("files", {"type": "object"}, description="not supported: pull a GGUF path instead"),
-    string("quantize", description="not supported: pull with the quantization wanted"),
-    Field("messages", {"type": "array"}, description="not supported"),
+    Field("files", {"type": "object", "maxProperties": 0}, description="not supported (null or empty): pull a GGUF "
+                                                                       "path instead"),
+    string("quantize", maxLength=0, description="not supported (null or empty): pull with the quantization wanted"),
+    Field("messages", {"type": "array", "maxItems": 0}, description="not supported (null or empty)"),
     _OLLAMA_STREAM,
 ], served_model=False)
 
@@ -232,7 +295,8 @@ TOKENIZE = Body("TokenizeRequest", [
     Field("messages", MESSAGES.schema, description="a conversation, rendered as chat renders it"),
     boolean("add_special_tokens", True, "for prompt: add the tokenizer's special tokens (BOS)"),
 ], alternatives=[["prompt"], ["messages"]])
-DETOKENIZE = Body("DetokenizeRequest", [Field("tokens", {"type": "array", "items": {"type": "integer"}},
+DETOKENIZE = Body("DetokenizeRequest", [Field("tokens", {"type": "array", "items": {
+    "type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID, BOUND: "tokenizer_token_id"}},
                                               required=True, description="token ids")])
 ADAPTER = Body("AdapterLoadRequest", [
     string("name", required=True, minLength=1, description="the model name it is served as: 1-64 letters, "

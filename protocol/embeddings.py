@@ -24,20 +24,21 @@ from ortllm.runtime.engine import CompletionOutput, Engine
 from ortllm.runtime.pooling import normalize
 from ortllm.runtime.sampling_params import POOLINGS
 
-from .bodies import MODEL
+from .bodies import MODEL, TOKEN_ID
 from .errors import APIError, bad_request
-from .fields import Body, Field, boolean, integer, string
+from .fields import BOUND, Body, Field, boolean, string
 from .generation import resolve_adapter, sequence_room
 from .rendering import Generation, Renderer
 
 MAX_INPUTS = 256        # inputs in one request (each is one engine request; the engine queues 256 by default)
 
 _TEXT = {"type": "string", "minLength": 1}
-_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+_IDS = {"type": "array", "minItems": 1, "items": TOKEN_ID}
 _POOLING = string("pooling", "mean", enum=list(POOLINGS),
                   description="extension: mean over the input's tokens, or the last token's final hidden state")
-_DIMENSIONS = integer("dimensions", None, 1, description="keep the first n entries of each vector, renormalized; "
-                                                          "at most the model's hidden size")
+_DIMENSIONS = Field("dimensions", {"type": "integer", "minimum": 1, BOUND: "embedding_width"},
+                    description="keep the first n entries of each vector, renormalized; at most the model's hidden "
+                                "size")
 
 EMBEDDINGS = Body("EmbeddingRequest", [
     Field("input", {"anyOf": [_TEXT, _IDS, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS,

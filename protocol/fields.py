@@ -5,6 +5,10 @@
             required, description; null counts as absent for an optional field (OpenAI clients send nulls)
     Body    the fields of one request body: read(body) validates each present field against its schema and
             returns {name: value or default}; schema() is the body's JSON Schema for the API document
+    Rule    a constraint between fields (a forbidden combination), checked by read() and published as `not`
+    BOUND   a served model's limit (largest token id, embedding width), published where the document knows it
+
+An "integer" is JSON Schema's (21493.0 is one) and read() hands it on as an int.
 
 A field that fails its schema is a 400 naming it (`param`): the field, dotted into nested objects
 (`response_format.json_schema.schema`, `options.temperature`); inside a list it stays the list's name
@@ -16,16 +20,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from jsonschema import Draft202012Validator, validators
+from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from .errors import bad_request
 
-# "integer" is a JSON integer as Python parses it (1.0 is a float here): token ids, counts and seeds stay ints
-_Validator = validators.extend(Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool)))
+# "integer" is JSON Schema's: any number without a fractional part, 21493.0 included (the reference APIs publish
+# `type: integer`, and a JSON encoder may write 21493.0 for it); read() hands such a value on as an int, so token
+# ids, counts and seeds stay ints below the protocol.
+_Validator = Draft202012Validator
 _TYPES = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
           "object": "an object", "array": "a list", "null": "null"}
 
@@ -40,22 +45,90 @@ class Field:
     hint: str = ""                        # what the value must be, for messages where the schema is a union
     _validator: Any = field(default=None, repr=False, compare=False)
 
-    def check(self, value) -> None:
-        """A 400 naming the field if value does not match its schema."""
+    def check(self, value):
+        """value, its integers as ints (as_declared); a 400 naming the field if it does not match its schema."""
         if self._validator is None:
             self._validator = _Validator(self.schema)
         err = next(iter(self._validator.iter_errors(value)), None)
         if err is not None:
             raise bad_request(_message(self, err), param=_param(self.name, err))
+        return as_declared(self.schema, value)
 
-    def published(self, extra: dict | None = None) -> dict:
-        """The field's schema in the API document: with its description, default and (optional fields) null."""
-        s = {**self.schema, **(extra or {})}
+    def published(self, extra: dict | None = None, bounds: dict[str, int] | None = None) -> dict:
+        """The field's schema in the API document: with its description, default and (optional fields) null;
+        bounds: the served model's limits (BOUND keys) where known, else those keys are left out. A field whose
+        schema is false (accepted only as null: a parameter not supported here) is published as null."""
+        if self.schema is False:
+            return {"type": "null", **({"description": self.description} if self.description else {})}
+        s = {**with_bounds(self.schema, bounds or {}), **(extra or {})}
         if self.description:
             s["description"] = self.description
         if self.default is not None:
             s["default"] = self.default
         return s if self.required else _or_null(s)
+
+
+# A model's limit in a schema: {"type": "integer", BOUND: "token_id"} is published as "maximum": the served
+# model's largest token id, where the document knows it (service/openapi.py); validation ignores the key (the
+# engine checks the value against the model it reaches).
+# {"type": "string", DECIMAL_BOUND: "token_id"} likewise: a pattern of the decimals from 0 to that maximum.
+BOUND = "x-ortllm-maximum"
+DECIMAL_BOUND = "x-ortllm-decimal-maximum"
+
+
+def with_bounds(schema, bounds: dict[str, int]):
+    """schema with each BOUND / DECIMAL_BOUND key replaced by the maximum it names (left out where bounds has
+    none)."""
+    if isinstance(schema, list):
+        return [with_bounds(s, bounds) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: with_bounds(v, bounds) for k, v in schema.items() if k not in (BOUND, DECIMAL_BOUND)}
+    if schema.get(BOUND) in bounds:
+        out["maximum"] = bounds[schema[BOUND]]
+    if schema.get(DECIMAL_BOUND) in bounds:
+        out["pattern"] = f"^0*({decimals_up_to(bounds[schema[DECIMAL_BOUND]])})$"
+    return out
+
+
+def decimals_up_to(m: int) -> str:
+    """A regular expression of the decimal numbers 0..m (no leading zeros): 258 -> [0-9]|[1-9][0-9]|1[0-9]{2}|..."""
+    top = str(m)
+    k = len(top)
+    alts = ["[0-9]"] if k > 1 else []
+    alts += [f"[1-9][0-9]{{{j - 1}}}" for j in range(2, k)]
+    for i, d in enumerate(top):                  # top's first i digits, a smaller digit here, any digits after
+        lo = 1 if i == 0 and k > 1 else 0
+        if int(d) > lo:
+            rest = f"[0-9]{{{k - i - 1}}}" if k - i - 1 else ""
+            alts.append(f"{top[:i]}[{lo}-{int(d) - 1}]{rest}")
+    alts.append(top)
+    return "|".join(alts)
+
+
+def _says_integer(schema: dict) -> bool:
+    t = schema.get("type")
+    return t == "integer" or (isinstance(t, list) and "integer" in t)
+
+
+def as_declared(schema, v):
+    """v (valid against schema) with each integral float where the schema says integer made an int, into lists,
+    objects and the alternative of anyOf / oneOf that v matches."""
+    if not isinstance(schema, dict):
+        return v
+    if isinstance(v, float) and not isinstance(v, bool):
+        return int(v) if _says_integer(schema) and v.is_integer() else v
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            branch = next((b for b in schema[key] if _Validator(b).is_valid(v)), None)
+            if branch is not None:
+                v = as_declared(branch, v)
+    if isinstance(v, list) and isinstance(schema.get("items"), dict):
+        return [as_declared(schema["items"], x) for x in v]
+    if isinstance(v, dict) and ("properties" in schema or isinstance(schema.get("additionalProperties"), dict)):
+        props, rest = schema.get("properties", {}), schema.get("additionalProperties")
+        return {k: as_declared(props.get(k, rest if isinstance(rest, dict) else {}), x) for k, x in v.items()}
+    return v
 
 
 def integer(name: str, default=None, lo: int | None = None, hi: int | None = None, description: str = "",
@@ -95,16 +168,46 @@ def _or_null(s: dict) -> dict:
     return {"anyOf": [s, {"type": "null"}]}
 
 
+@dataclass
+class Rule:
+    """A constraint between fields: a body whose sent fields match `forbid` (a JSON Schema of the body) is a 400
+    with `message`, naming `param`. Published as allOf [{not: forbid}] (no if/then: schema-driven generators such as
+    schemathesis' give up on a body with more than a few of those)."""
+    forbid: dict
+    message: str
+    param: str | Callable[[dict], str]        # or a function of the sent fields that names the one to blame
+
+
+def both(*schemas: dict) -> dict:
+    return {"allOf": list(schemas)}
+
+
+def sent(*names: str) -> dict:
+    """A body schema: each of names is sent and not null (null counts as absent)."""
+    return {"required": list(names), "properties": {n: {"not": {"type": "null"}} for n in names}}
+
+
+def sent_as(name: str, **schema) -> dict:
+    """A body schema: name is sent, not null, and matches schema."""
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}, **schema}}}
+
+
+def equals(name: str, value) -> dict:
+    return {"required": [name], "properties": {name: {"const": value}}}
+
+
 class Body:
-    """One request body. alternatives: groups of which at least one must be sent (published as anyOf).
-    served_model: its `model` names a served model (the document lists them); False for the store's names."""
+    """One request body. alternatives: groups of which at least one must be sent (published as anyOf); rules:
+    constraints between fields (Rule). served_model: its `model` names a served model (the document lists them);
+    False for the store's names."""
 
     def __init__(self, name: str, fields: Sequence[Field], description: str = "",
-                 alternatives: Sequence[Sequence[str]] = (), served_model: bool = True):
+                 alternatives: Sequence[Sequence[str]] = (), served_model: bool = True, rules: Sequence[Rule] = ()):
         self.name, self.description, self.served_model = name, description, served_model
         self.fields = {f.name: f for f in fields}
         assert len(self.fields) == len(fields), f"{name}: a field is declared twice"
         self.alternatives = [list(a) for a in alternatives]
+        self.rules = list(rules)
 
     def read(self, body: dict) -> dict[str, Any]:
         """{name: value} for every declared field (the default where absent or null), each checked."""
@@ -117,23 +220,28 @@ class Body:
                                       param=f.name)
                 out[f.name] = f.default
                 continue
-            f.check(v)
-            out[f.name] = v
+            out[f.name] = f.check(v)
         if self.alternatives and not any(all(out[n] is not None for n in a) for a in self.alternatives):
             names = " or ".join(", ".join(a) for a in self.alternatives)
             raise bad_request(f"send {names}", param=self.alternatives[0][0])
+        given = {k: out[k] for k in self.fields if body.get(k) is not None}
+        for r in self.rules:
+            if _Validator(r.forbid).is_valid(given):
+                raise bad_request(r.message, param=r.param(given) if callable(r.param) else r.param)
         return out
 
-    def schema(self, extra: dict[str, dict] | None = None) -> dict:
+    def schema(self, extra: dict[str, dict] | None = None, bounds: dict[str, int] | None = None) -> dict:
         """The body's JSON Schema; extra: name -> keywords added to that field's schema (e.g. the served models
-        as the enum of `model`, known only at request time)."""
+        as the enum of `model`, known only at request time); bounds: the served model's limits (BOUND)."""
         extra = {k: v for k, v in (extra or {}).items() if k != "model" or self.served_model}
-        s = {"type": "object", "properties": {n: f.published(extra.get(n)) for n, f in self.fields.items()}}
+        s = {"type": "object", "properties": {n: f.published(extra.get(n), bounds) for n, f in self.fields.items()}}
         required = [n for n, f in self.fields.items() if f.required]
         if required:
             s["required"] = required
-        if self.alternatives:
-            s["anyOf"] = [{"required": a} for a in self.alternatives]
+        if self.alternatives:           # each sent and not null (null counts as absent)
+            s["anyOf"] = [sent(*a) for a in self.alternatives]
+        if self.rules:
+            s["allOf"] = [{"not": r.forbid, "description": r.message} for r in self.rules]
         if self.description:
             s["description"] = self.description
         return s
@@ -223,6 +331,8 @@ def _message(f: Field, err: ValidationError) -> str:
         return f"{where} must match {err.validator_value}; got {_show(v)}"
     if kw == "propertyNames":
         return f"{where} keys must match {s['propertyNames'].get('pattern', 'the schema')}; got {err.message}"
+    if kw == "not" and err.validator_value == {"type": "null"}:
+        return f"{where} must not be null"
     if kw in ("anyOf", "oneOf") and s.get("description"):
         return f"{where} must be {s['description']}; got {_show(v)}"
     return f"{where}: {err.message}"

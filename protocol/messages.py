@@ -31,8 +31,8 @@ import json
 from dataclasses import dataclass
 
 from .bodies import ADAPTER_MIX, MAX_TOOLS, MIN_P, NAME_PATTERN, SEED
-from .errors import APIError, bad_request
-from .fields import Body, Field, boolean, integer, number, string
+from .errors import APIError
+from .fields import Body, Field, Rule, both, boolean, integer, number, sent_as, string
 from .openai import GenerationRequest, parse_chat
 from .rendering import ChatAnswer, Generation, sse
 from .structured import check_schema
@@ -54,13 +54,25 @@ _BLOCK = {
         {"if": {"properties": {"type": {"const": "text"}}}, "then": {"required": ["text"]}},
         {"if": {"properties": {"type": {"const": "tool_use"}}}, "then": {"required": ["id", "name", "input"]}},
         {"if": {"properties": {"type": {"const": "tool_result"}}}, "then": {"required": ["tool_use_id"]}}]}
+
+
+def _turn(role: str, *blocks: str) -> dict:
+    """A turn of `role` takes these block types only."""
+    return {"if": {"required": ["role"], "properties": {"role": {"const": role}}},
+            "then": {"properties": {"content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+                "properties": {"type": {"enum": list(blocks)}}}}]}}}}
+
+
 CONVERSATION = Field("messages", {"type": "array", "minItems": 1, "items": {
     "type": "object", "required": ["role", "content"],
     "properties": {"role": {"enum": ["user", "assistant"]},
-                   "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _BLOCK}],
-                               "description": "a string or a list of content blocks"}}}},
-                     required=True, description="the conversation, user and assistant turns; a last assistant turn is "
-                                                "continued (prefill)")
+                   "content": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _BLOCK}],
+                               "description": "a string or a non-empty list of content blocks"}},
+    "allOf": [_turn("user", "text", "tool_result"), _turn("assistant", "text", "tool_use")]}},
+                     required=True, description="the conversation, user and assistant turns (tool_use blocks in the "
+                                                "assistant's, tool_result blocks in the user's); a last assistant turn "
+                                                "of text after another turn or a system prompt is continued "
+                                                "(prefill), any other is answered")
 SYSTEM = Field("system", {"anyOf": [{"type": "string"}, _TEXT_BLOCKS], "description": "a string or text blocks"},
                description="the system prompt")
 TOOLS = Field("tools", {"type": "array", "maxItems": MAX_TOOLS, "items": {
@@ -99,8 +111,15 @@ MESSAGES = Body("MessagesRequest", [
     boolean("stream", False, "server-sent events: message_start ... message_stop"),
     Field("metadata", {"type": "object"}, description="accepted, not used"),
     SEED, MIN_P, ADAPTER_MIX,
+], rules=[                          # those of the chat body it becomes
+    Rule(both(sent_as("tool_choice", properties={"type": {"not": {"const": "none"}}}),
+              {"not": sent_as("tools", minItems=1)}), "tool_choice needs tools: send them in tools", "tool_choice"),
+    Rule(both(sent_as("tool_choice", properties={"type": {"enum": ["any", "tool"]}}),
+              sent_as("output_config", required=["format"], properties={"format": {"type": "object"}})),
+         "a forced tool use (tool_choice any or tool) cannot be combined with output_config.format", "tool_choice"),
 ])
-COUNT_TOKENS = Body("MessagesCountTokensRequest", [MODEL, CONVERSATION, SYSTEM, TOOLS, TOOL_CHOICE])
+COUNT_TOKENS = Body("MessagesCountTokensRequest", [MODEL, CONVERSATION, SYSTEM, TOOLS, TOOL_CHOICE],
+                    rules=MESSAGES.rules[:1])
 
 
 @dataclass
@@ -112,8 +131,10 @@ class MessagesRequest:
 def parse_messages(body: dict, count_only: bool = False) -> MessagesRequest:
     v = (COUNT_TOKENS if count_only else MESSAGES).read(body)
     turns, prefill = v["messages"], ""
-    if turns[-1]["role"] == "assistant":          # prefill: the reply continues this text
-        prefill = _prefill(turns[-1]["content"])
+    last = turns[-1]
+    if last["role"] == "assistant" and (len(turns) > 1 or v["system"]) and (
+            isinstance(last["content"], str) or all(b["type"] == "text" for b in last["content"])):
+        prefill = _text(last["content"])          # prefill: the reply continues this text
         turns = turns[:-1]
     chat: dict = {"model": v["model"], "messages": _messages(v["system"], turns)}
     if not count_only:
@@ -132,8 +153,6 @@ def parse_messages(body: dict, count_only: bool = False) -> MessagesRequest:
         kind = choice["type"]
         chat["tool_choice"] = ({"type": "function", "function": {"name": choice["name"]}} if kind == "tool"
                                else {"any": "required"}.get(kind, kind))
-        if kind != "none" and not v["tools"]:
-            raise bad_request(f"tool_choice {kind!r} needs tools: send them in tools", param="tool_choice")
     fmt = (v.get("output_config") or {}).get("format")
     if fmt is not None:
         chat["response_format"] = {"type": "json_schema", "json_schema": {
@@ -149,13 +168,6 @@ def _text(content) -> str:
     return content if isinstance(content, str) else "".join(b["text"] for b in content)
 
 
-def _prefill(content) -> str:
-    if isinstance(content, list) and any(b["type"] != "text" for b in content):
-        raise bad_request("a last assistant message (prefill) takes text blocks only; end with a user message to "
-                          "send tool_use blocks back", param="messages")
-    return _text(content)
-
-
 def _messages(system, messages: list[dict]) -> list[dict]:
     out: list[dict] = [{"role": "system", "content": _text(system)}] if system else []
     for i, m in enumerate(messages):
@@ -166,15 +178,11 @@ def _messages(system, messages: list[dict]) -> list[dict]:
         if m["role"] == "assistant":
             calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": b["input"]}}
                      for b in content if b["type"] == "tool_use"]
-            if any(b["type"] == "tool_result" for b in content):
-                raise bad_request(f"messages[{i}]: tool_result blocks belong in a user turn", param="messages")
             msg = {"role": "assistant", "content": "".join(b["text"] for b in content if b["type"] == "text")}
             out.append({**msg, "tool_calls": calls} if calls else msg)
             continue
         text: list[str] = []
-        for b in content:
-            if b["type"] == "tool_use":
-                raise bad_request(f"messages[{i}]: tool_use blocks belong in an assistant turn", param="messages")
+        for b in content:                 # (CONVERSATION: a user turn has no tool_use blocks)
             if b["type"] == "tool_result":
                 result = _text(b.get("content") or "")
                 out.append({"role": "tool", "tool_call_id": b["tool_use_id"],

@@ -16,6 +16,7 @@ from ortllm.runtime.sampling_params import SamplingParams
 
 from . import structured
 from .bodies import CHAT, COMPLETION
+from .fields import Body
 from .errors import bad_request
 
 
@@ -87,26 +88,18 @@ def parse_completion(body: dict) -> GenerationRequest:
     several = isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt)
     prompts = list(prompt) if several else [prompt]
     echo, n, logprobs = v["echo"], v["n"], v["logprobs"]
-    if v["best_of"] not in (None, n):
-        raise bad_request("best_of must equal n (ranking several candidates is not supported)", param="best_of")
     echo_only = echo and v["max_tokens"] == 0     # lm-eval's loglikelihood: score the prompt only
-    if v["max_tokens"] == 0 and not echo:
-        raise bad_request("max_tokens must be >= 1 (0 only with echo: true, to score the prompt); got 0",
-                          param="max_tokens")
     params, given = _sampling(v, 1 if echo_only else v["max_tokens"], logprobs)
     params.guide = structured.guided_fields(v)
-    if echo and v["stream"]:
-        raise bad_request("echo cannot be combined with stream; send stream: false", param="echo")
     if echo and logprobs is not None:
         params.prompt_logprobs = True
-    if len(prompts) * n > 64:
-        raise bad_request(f"{len(prompts)} prompts x n={n} is more than 64 completions; send fewer", param="n")
     return GenerationRequest(v["model"], prompts[0], None, params, given, v["stream"], _include_usage(v), logprobs,
                              echo, n, prompts, echo_only=echo_only)
 
 
-def parse_chat(body: dict) -> GenerationRequest:
-    v = CHAT.read(body)
+def parse_chat(body: dict, decl: Body = CHAT) -> GenerationRequest:
+    """decl: CHAT, or CHAT_FROM_OLLAMA for /api/chat's conversation (Ollama's messages)."""
+    v = decl.read(body)
     clean = []
     for i, m in enumerate(v["messages"]):
         content = m.get("content")
@@ -117,20 +110,12 @@ def parse_chat(body: dict) -> GenerationRequest:
             msg["tool_calls"] = _message_tool_calls(m["tool_calls"], i)
         clean.append(msg)
     top = v["top_logprobs"]
-    if top is not None and not v["logprobs"]:
-        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     logprobs = (top or 0) if v["logprobs"] else None
     max_tokens = v["max_completion_tokens"] if v["max_completion_tokens"] is not None else v["max_tokens"]
-    guide = structured.response_format_guide(v["response_format"])
-    extra = structured.guided_fields(v)
-    if guide is not None and extra is not None:
-        raise bad_request(f"send response_format or {extra.param}, not both", param=extra.param)
-    guide = guide or extra
+    # one of response_format and guided_*, and neither with a forced call (CHAT's rules)
+    guide = structured.response_format_guide(v["response_format"]) or structured.guided_fields(v)
     tools = structured.parse_tools(v["tools"], v["tool_choice"])
     if tools is not None and tools.choice != "auto":
-        if guide is not None:
-            raise bad_request(f"tool_choice {tools.choice!r} forces a function call; it cannot be combined with "
-                              f"{guide.param}", param="tool_choice")
         guide = tools.guide()
     params, given = _sampling(v, max_tokens, logprobs)
     params.guide = guide
@@ -146,8 +131,7 @@ def _message_tool_calls(calls: list[dict], i: int) -> list[dict]:
         try:
             args = json.loads(args) if isinstance(args, str) else args
         except ValueError:
-            raise bad_request(f"messages[{i}].tool_calls[].function.arguments must be JSON text",
-                              param="messages") from None
+            pass              # as OpenAI: the text as it came (a model's call may be cut short), rendered as is
         out.append({"name": c["function"]["name"], "arguments": args})
     return out
 

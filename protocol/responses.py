@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .bodies import MAX_TOOLS, MIN_P, MODEL, NAME_PATTERN, REPETITION_PENALTY, SEED, TEMPERATURE, TOP_K, TOP_P
 from .errors import APIError, bad_request
-from .fields import Body, Field, boolean, integer, string
+from .fields import Body, Field, Rule, both, boolean, integer, sent, sent_as, string
 from .openai import GenerationRequest, parse_chat
 from .rendering import ChatAnswer, Generation, sse
 from .structured import check_schema
@@ -85,6 +85,7 @@ TEXT = Field("text", {"type": "object", "properties": {"format": {
     "if": {"properties": {"type": {"const": "json_schema"}}}, "then": {"required": ["schema"]}}}},
     description="format json_object: any JSON object; json_schema: one that validates against format.schema")
 
+_FORCED = {"allOf": [sent("tool_choice"), {"properties": {"tool_choice": {"not": {"enum": ["none", "auto"]}}}}]}
 RESPONSE = Body("ResponseRequest", [
     MODEL, INPUT,
     string("instructions", description="a system message before the input"),
@@ -93,15 +94,24 @@ RESPONSE = Body("ResponseRequest", [
     boolean("parallel_tool_calls", True, "accepted: the model may answer with several calls either way"),
     TEXT,
     boolean("stream", False, "server-sent events: response.created ... response.completed"),
-    string("previous_response_id", description="not supported: responses are not stored here; send the whole "
-                                               "conversation in input"),
-    Field("conversation", {"anyOf": [{"type": "string"}, {"type": "object"}]},
-          description="not supported: nothing is stored here; send the whole conversation in input"),
+    Field("previous_response_id", False, description="not supported (null only): responses are not stored here; "
+                                                     "send the whole conversation in input",
+          hint="null (responses are not stored here: send the whole conversation in input)"),
+    Field("conversation", False, description="not supported (null only): nothing is stored here; send the whole "
+                                             "conversation in input",
+          hint="null (nothing is stored here: send the whole conversation in input)"),
     boolean("store", None, "accepted; responses are never stored (the answer says store: false)"),
     Field("metadata", {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string"}},
           description="returned with the response"),
     string("user", description="accepted, not used"),
     SEED, TOP_K, MIN_P, REPETITION_PENALTY,
+], rules=[                          # those of the chat body it becomes
+    Rule(both(_FORCED, {"not": sent_as("tools", minItems=1)}), "tool_choice needs tools: send the functions in tools",
+         "tool_choice"),
+    Rule(both(_FORCED, sent_as("text", required=["format"], properties={"format": {
+        "properties": {"type": {"enum": ["json_object", "json_schema"]}}}})),
+         "a forced function call (tool_choice required or a named function) cannot be combined with text.format "
+         "json_object or json_schema", "tool_choice"),
 ])
 
 _SAMPLING = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "stream")
@@ -115,12 +125,7 @@ class ResponseRequest:
 
 
 def parse_response(body: dict) -> ResponseRequest:
-    v = RESPONSE.read(body)
-    for name in ("previous_response_id", "conversation"):
-        if v[name] is not None:
-            raise bad_request(f"{name} is not supported: this server stores no responses (store is off); send the "
-                              "whole conversation in input, earlier answers' output items included", param=name,
-                              code="unsupported_parameter")
+    v = RESPONSE.read(body)           # previous_response_id, conversation: null only (their schema: false)
     chat = {k: v[k] for k in _SAMPLING if v[k] is not None}
     chat["messages"] = _messages(v["instructions"], v["input"])
     if v["max_output_tokens"] is not None:
@@ -179,7 +184,7 @@ def _messages(instructions: str | None, inp) -> list[dict]:
                 args = json.loads(item["arguments"])
             except ValueError:
                 raise bad_request(f"input[{i}].arguments must be JSON text; got {item['arguments'][:60]!r}",
-                                  param="input") from None
+                                  param="input", code="invalid_json") from None
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
             if out and out[-1]["role"] == "assistant":

@@ -30,12 +30,14 @@ def check_schema(schema, param: str) -> dict:
     from jsonschema import exceptions, validators
 
     if not isinstance(schema, dict):
-        raise bad_request(f"{param} must be a JSON schema object; got {json.dumps(schema)[:60]}", param=param)
+        raise bad_request(f"{param} must be a JSON schema object; got {json.dumps(schema)[:60]}", param=param,
+                          code="invalid_json_schema")
     try:
         validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
     except exceptions.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise bad_request(f"{param} is not a valid JSON schema at {where}: {e.message}", param=param) from None
+        raise bad_request(f"{param} is not a valid JSON schema at {where}: {e.message}", param=param,
+                          code="invalid_json_schema") from None
     return schema
 
 
@@ -52,11 +54,8 @@ def response_format_guide(rf: dict | None) -> Guide | None:
 
 def guided_fields(v: dict) -> Guide | None:
     """vLLM's extension fields (read() values): guided_json (schema or JSON text), guided_regex, guided_choice;
-    at most one."""
+    at most one (the bodies' rules)."""
     given = [k for k in ("guided_json", "guided_regex", "guided_choice") if v.get(k) is not None]
-    if len(given) > 1:
-        raise bad_request(f"send one of guided_json, guided_regex, guided_choice; got {', '.join(given)}",
-                          param=given[1])
     if not given:
         return None
     k, spec = given[0], v[given[0]]
@@ -65,7 +64,7 @@ def guided_fields(v: dict) -> Guide | None:
             try:
                 spec = json.loads(spec)
             except ValueError as e:
-                raise bad_request(f"guided_json is not valid JSON: {e}", param=k) from None
+                raise bad_request(f"guided_json is not valid JSON: {e}", param=k, code="invalid_json") from None
         return Guide("json_schema", check_schema(spec, k), k)
     if k == "guided_regex":
         return Guide("regex", spec, k)
@@ -112,16 +111,15 @@ class ToolSpec:
 
 def parse_tools(tools: list | None, choice) -> ToolSpec | None:
     """tools and tool_choice (their shapes checked by bodies.TOOLS / TOOL_CHOICE) -> ToolSpec; None: no tools."""
-    if not tools:
-        if choice not in (None, "none", "auto"):
-            raise bad_request("tool_choice needs tools: send the functions in tools", param="tool_choice")
+    if not tools:             # a forced call needs tools (CHAT's rules)
         return None
     clean, seen = [], set()
     for i, t in enumerate(tools):
         fn = t["function"]
         name = fn["name"]
         if name in seen:
-            raise bad_request(f"tools[{i}].function.name {name!r} is defined twice", param="tools")
+            raise bad_request(f"tools[{i}].function.name {name!r} is defined twice", param="tools",
+                              code="duplicate_tool_name")
         seen.add(name)
         params = fn.get("parameters")
         if params is None:
@@ -135,7 +133,7 @@ def parse_tools(tools: list | None, choice) -> ToolSpec | None:
     mode = choice["function"]["name"] if isinstance(choice, dict) else choice or "auto"
     if mode not in ("auto", "required") and mode not in seen:
         raise bad_request(f"tool_choice names the function {mode!r}, which is not in tools "
-                          f"({', '.join(sorted(seen))})", param="tool_choice")
+                          f"({', '.join(sorted(seen))})", param="tool_choice", code="unknown_tool")
     return ToolSpec(clean, mode)
 
 

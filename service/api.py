@@ -1,14 +1,13 @@
 """The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (plain or SSE), /v1/models,
-and /v1/adapters (load / unload LoRA adapters at run time; needs the server's API key).
+and /v1/adapters (load / unload LoRA adapters at run time; who may: auth.MANAGE).
 
 One request = one engine handle per choice (n per prompt), submitted, waited for or streamed, timed out and
 cancelled by lifecycle.py; the answer is rendered by protocol.generation.OpenAIRenderer."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, jsonify, request
 
 from ortllm.runtime.engine import Engine
 
@@ -16,16 +15,15 @@ from ortllm.protocol import openai as protocol
 from ortllm.protocol.bodies import ADAPTER, CHAT, COMPLETION
 from ortllm.protocol.generation import OpenAIRenderer, resolve_adapter
 
-from .auth import require_api_key
 from .body import read_json_object
 from .errors import APIError, bad_request, model_not_found
 from .lifecycle import answer
 from .openapi import GENERATE, READ, document, json_ok, streamed
 from .resources import EngineResource, current_resources, engine_limits
+from .server_paths import server_path
 
 log = logging.getLogger("ortllm.service")
 bp = Blueprint("openai", __name__, url_prefix="/v1")
-bp.before_request(require_api_key)
 
 
 @bp.get("/models")
@@ -86,14 +84,13 @@ def load_adapter():
 
     res = current_resources()
     engine = res.require_engine()
-    _require_configured_key()
     v = ADAPTER.read(read_json_object(request))
     name, path = v["name"], v["path"]
     if name == res.model_name or name in engine.adapters.names():
         raise APIError(409, f"a model named {name!r} is already served; DELETE /v1/adapters/{name} first",
                        param="name", code="adapter_exists")
     try:
-        entry = add_adapter(engine.artifact.path, Path(path), name, force=True)
+        entry = add_adapter(engine.artifact.path, server_path(path, "path"), name, force=True)
     except AdapterFileError as e:
         raise bad_request(str(e), param="path") from None
     engine.add_adapter(name, entry)
@@ -110,19 +107,12 @@ def unload_adapter(name: str):
 
     res = current_resources()
     engine = res.require_engine()
-    _require_configured_key()
     if name not in engine.adapters.names():
         raise model_not_found(name, res.model_name, engine.adapters.names())
     engine.retire_adapter(name)
     remove_adapter(engine.artifact.path, name)
     log.info("adapter unloaded", extra={"adapter": name})
     return jsonify({"id": name, "object": "model", "deleted": True})
-
-
-def _require_configured_key() -> None:
-    if current_app.config["ORTLLM"].api_key is None:
-        raise APIError(403, "managing adapters needs an API key: start the server with --api-key KEY",
-                       type="permission_error", code="api_key_required")
 
 
 @bp.post("/completions")

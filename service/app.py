@@ -12,7 +12,7 @@ from flask import Flask, g, request
 
 from ortllm.runtime.engine import Engine
 
-from . import lifecycle, metrics, resources, tracing
+from . import auth, lifecycle, metrics, resources, tracing
 from .api import bp as api_bp
 from .config import ServiceConfig
 from .embeddings import bp as embeddings_bp
@@ -53,6 +53,12 @@ def create_app(config: ServiceConfig | None = None, engine: Engine | None = None
     def _start():
         g.request_id = uuid.uuid4().hex[:20]
         g.t_start = time.perf_counter()
+
+    auth.init_app(app)     # after _start: its 401 / 403 carry the request id
+    if config.api_key is None and not auth.is_loopback(config.host):
+        log.warning(f"serving on {config.host} without an API key: anyone who can reach this address can run "
+                    "generations (pulls, creates, deletes and adapter loads are refused until a key is set); "
+                    "start with --api-key KEY, or bind to 127.0.0.1")
 
     @app.after_request
     def _finish(resp):

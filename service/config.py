@@ -5,6 +5,7 @@ deployment of `ortllm serve --ray` (service/ray_serve.py)."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,12 +23,16 @@ class ServiceConfig:
     artifact: Path | None = None             # engine-graph artifact; None only when an Engine is handed in
     host: str = "127.0.0.1"
     port: int = 8000                         # 0: any free port (tests)
-    api_key: str | None = None               # set: /v1/*, /tokenize, /detokenize need `Authorization: Bearer KEY`
+    api_key: str | None = None               # set: every route but /health, /metrics, /openapi.json, / needs it
     model_name: str | None = None            # the name clients send as `model`; None: the artifact's recipe
     # waitress worker threads = concurrent HTTP requests (streams included); None: room for every running and
     # queued sequence (max_num_seqs + max_queued) and a few more for /health and /metrics, at least 64
     http_threads: int | None = None
     max_body_bytes: int = 1 << 20            # larger request bodies get 413
+    max_upload_bytes: int = 1 << 30          # POST /api/blobs (an adapter's files): larger get 413
+    # Server directories whose files requests may name (pull, /v1/adapters); (): the store ($ORTLLM_HOME)
+    allowed_paths: tuple = ()
+    cors_origins: tuple = ()                 # origins whose pages may call the API ("*": any); (): CORS off
     request_timeout_s: float = 600.0         # a generation running longer is cancelled (504 / error chunk)
     drain_timeout_s: float = 30.0            # SIGTERM/SIGINT: in-flight requests get this long to finish
     health_error_window_s: float = 10.0      # /health says "degraded" this long after a failed model run
@@ -48,6 +53,8 @@ class ServiceConfig:
         object.__setattr__(self, "model_overrides", {str(k): dict(v) for k, v in self.model_overrides.items()})
         if self.http_threads is None:
             object.__setattr__(self, "http_threads", default_http_threads(self.engine_overrides))
+        object.__setattr__(self, "allowed_paths", tuple(Path(p) for p in self.allowed_paths))
+        object.__setattr__(self, "cors_origins", tuple(str(o).rstrip("/") for o in self.cors_origins))
         names = [n for n, _ in self.models]
         _check(len(set(names)) == len(names), f"served model names must differ; got {', '.join(names)}: "
                "give them store names (ortllm cp) or serve fewer")
@@ -61,6 +68,11 @@ class ServiceConfig:
                f"http_threads must be a positive integer (concurrent HTTP requests); got {self.http_threads!r}")
         _check(isinstance(self.max_body_bytes, int) and self.max_body_bytes >= 1024,
                f"max_body_bytes must be an integer >= 1024; got {self.max_body_bytes!r}")
+        _check(isinstance(self.max_upload_bytes, int) and self.max_upload_bytes >= 1024,
+               f"max_upload_bytes must be an integer >= 1024; got {self.max_upload_bytes!r}")
+        for o in self.cors_origins:
+            _check(o == "*" or re.fullmatch(r"https?://[^/\s]+", o) is not None,
+                   f"a CORS origin is a scheme and host as a browser sends it (http://localhost:3000) or *; got {o!r}")
         for name in ("request_timeout_s", "drain_timeout_s", "health_error_window_s"):
             v = getattr(self, name)
             _check(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,

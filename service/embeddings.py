@@ -10,13 +10,11 @@ from flask import Blueprint, request
 
 from ortllm.protocol import embeddings as protocol
 
-from .auth import require_api_key
 from .body import read_json_object
 from .lifecycle import answer
 from .openapi import GENERATE, document, json_ok
 
 bp = Blueprint("embeddings", __name__)
-bp.before_request(require_api_key)
 
 
 def _answer(kind: str, req: protocol.EmbeddingRequest):

@@ -25,6 +25,8 @@ def to_api_error(e: BaseException) -> APIError | None:
         msg = e.description or e.name
         if status == 413:
             msg = "request body too large; " + msg
+        # RFC 9110: a 405 says what the route takes (Allow); werkzeug keeps it in valid_methods
+        allow = {"Allow": ", ".join(sorted(e.valid_methods))} if getattr(e, "valid_methods", None) else {}
         return APIError(status, msg, type=_HTTP_TYPES.get(status, "invalid_request_error"),
-                        code=e.name.lower().replace(" ", "_"))
+                        code=e.name.lower().replace(" ", "_"), headers=allow)
     return protocol_errors.to_api_error(e)

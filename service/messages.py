@@ -9,14 +9,12 @@ from flask import Blueprint, jsonify, request
 from ortllm.protocol.generation import prompt_ids, resolve_adapter
 from ortllm.protocol.messages import COUNT_TOKENS, MESSAGES, MessagesRenderer, parse_messages
 
-from .auth import require_api_key
 from .body import read_json_object
 from .lifecycle import answer, speaks
 from .openapi import GENERATE, POST, document, json_ok, streamed
 from .resources import current_resources
 
 bp = Blueprint("anthropic", __name__, url_prefix="/v1")
-bp.before_request(require_api_key)
 speaks(bp, MessagesRenderer)
 
 

@@ -22,13 +22,12 @@ from importlib.metadata import PackageNotFoundError, version
 from flask import Blueprint, jsonify, request
 
 from ortllm.protocol import openai as protocol
-from ortllm.protocol.bodies import OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS, OLLAMA_SHOW
+from ortllm.protocol.bodies import CHAT_FROM_OLLAMA, OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS, OLLAMA_SHOW
 from ortllm.protocol.generation import resolve_adapter
 from ortllm.protocol.ollama import OllamaRenderer
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.errors import OrtllmError
 
-from .auth import require_api_key
 from .body import read_json_object
 from .errors import model_not_found
 from .lifecycle import answer
@@ -36,7 +35,6 @@ from .openapi import GENERATE, POST, READ, document, json_ok, streamed
 from .resources import current_resources
 
 bp = Blueprint("ollama", __name__, url_prefix="/api")
-bp.before_request(require_api_key)
 
 def _openai_body(v: dict) -> dict:
     """The sampling part of a read() Ollama body as OpenAI fields."""
@@ -100,7 +98,7 @@ def chat():
                                                        for m in messages):
         messages = [{"role": "system", "content": modelfile["system"]}, *messages]
     extra = {"tools": v["tools"]} if v["tools"] else {}
-    req = protocol.parse_chat({**_openai_body(v), "messages": messages, **extra})
+    req = protocol.parse_chat({**_openai_body(v), "messages": messages, **extra}, CHAT_FROM_OLLAMA)
     return answer("chat", req, lambda gen: OllamaRenderer(gen, "message"))
 
 

@@ -23,11 +23,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
+from importlib.resources import files
 from pathlib import Path
 from typing import Iterator
 
-from flask import Blueprint, Response, jsonify, request, stream_with_context
+from flask import Blueprint, Response, current_app, jsonify, request, stream_with_context
 
 from ortllm.protocol.bodies import OLLAMA_COPY, OLLAMA_CREATE, OLLAMA_DELETE, OLLAMA_PULL
 from ortllm.protocol.errors import APIError, bad_request
@@ -37,20 +39,20 @@ from ortllm.runtime.artifact import file_entry, read_manifest
 from ortllm.runtime.errors import OrtllmError
 from ortllm.runtime.store import DEFAULT_TAG, ModelRef, Store, StoreError, looks_like_name
 
-from .auth import require_api_key
 from .body import read_json_object
 from .openapi import document
 from .resources import MODELFILE, current_resources, read_modelfile
+from .server_paths import server_path
 
+# Who may call these (every one changes the store or what is served): auth.MANAGE, applied by auth.check_access.
 bp = Blueprint("ollama_models", __name__, url_prefix="/api")
-bp.before_request(require_api_key)
 
-BLOB_LIMIT = 4 << 30              # bytes of one uploaded blob (an adapter's weights)
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+_DIGEST_PARAM = {"description": "sha256:<64 hex digits>", "pattern": _DIGEST.pattern.replace("(", "").replace(")", "")}
 _PROGRESS = {"type": "object", "required": ["status"], "properties": {
     "status": {"type": "string"}, "digest": {"type": "string"}, "total": {"type": "integer"},
     "completed": {"type": "integer"}}}
-_MANAGE = (400, 401, 404, 409, 413, 415, 503)
+_MANAGE = (400, 401, 403, 404, 409, 413, 415, 503)
 
 
 def _progress_ok(description: str) -> dict:
@@ -121,12 +123,17 @@ def pull():
 
 
 def _pull_lines(spec: str) -> Iterator[dict]:
+    """A store name -> served; a recipe -> built; another name -> 404; anything else is a path on the server, read
+    only under the allowed roots (server_paths.py)."""
     store = _store()
-    path = Path(spec)
-    if looks_like_name(spec) and not path.exists():
+    if looks_like_name(spec):
         try:
             ref = store.resolve(spec)
-        except StoreError:
+        except StoreError as e:
+            if spec.partition(":")[0] not in _recipes():
+                raise APIError(404, f"{e}; nor is {spec!r} a recipe ({', '.join(sorted(_recipes()))}): pull a "
+                               "recipe, or a GGUF file or HF directory on the server by its path", param="model",
+                               code="model_not_found") from None
             ref = None
         if ref is not None:           # already in the store: serve it
             yield {"status": "pulling manifest"}
@@ -134,10 +141,13 @@ def _pull_lines(spec: str) -> Iterator[dict]:
             _serve(ref, store)
             yield {"status": "success"}
             return
+        yield from _build(store, spec)
+        return
+    path = server_path(spec, "model")
     if path.is_dir() and (path / C.MANIFEST).is_file():
         yield from _put_artifact(store, path)
         return
-    yield from _build(store, spec)
+    yield from _build(store, str(path))
 
 
 def _put_artifact(store: Store, src: Path) -> Iterator[dict]:
@@ -165,21 +175,29 @@ def _put_artifact(store: Store, src: Path) -> Iterator[dict]:
     yield {"status": "success"}
 
 
+def _recipes() -> set[str]:
+    """The recipe names `ortllm pull` builds (the TOML files of the ortllm.models package: data, read not imported)."""
+    return {p.name.removesuffix(".toml") for p in files("ortllm.models").iterdir() if p.name.endswith(".toml")}
+
+
 def _store_name(text: str) -> str:
     base = re.sub(r"\.(gguf|safetensors)$", "", text.lower())
     return re.sub(r"[^a-z0-9._-]+", "-", base).strip("-._")[:100] or "model"
 
 
 def _build(store: Store, spec: str) -> Iterator[dict]:
-    """A recipe, GGUF file or HF directory: `ortllm pull` in a child process (the build is the pipeline's)."""
+    """A recipe, or a GGUF file or HF directory (an allowed absolute path): `ortllm pull` in a child process (the
+    build is the pipeline's). It runs in an empty directory, so a recipe name is never read as a relative path."""
     name = spec if looks_like_name(spec) else _store_name(Path(spec).name)
     ref = _ref(name if ":" in name else f"{name}:{DEFAULT_TAG}")
     cmd = [sys.executable, "-m", "ortllm", "pull", spec, "--name", str(ref), "--no-progress", "--force"]
     env = {**os.environ, "ORTLLM_HOME": str(store.home)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    yield {"status": "pulling manifest"}
+    (store.home / "tmp").mkdir(parents=True, exist_ok=True)
+    cwd = tempfile.mkdtemp(prefix="pull-cwd-", dir=store.home / "tmp")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     tail: list[str] = []
     try:
+        yield {"status": "pulling manifest"}
         for raw in proc.stdout:
             line = raw.strip()
             if line:
@@ -190,6 +208,7 @@ def _build(store: Store, spec: str) -> Iterator[dict]:
         if proc.poll() is None:       # the client left: stop the build
             proc.kill()
             proc.wait()
+        shutil.rmtree(cwd, ignore_errors=True)
     if proc.returncode != 0:
         err = next((t for t in reversed(tail) if "error" in t), tail[-1] if tail else "the build failed")
         raise bad_request(f"cannot pull {spec!r}: {err.removeprefix('ortllm: error: ')}", param="model")
@@ -249,8 +268,8 @@ def _digest(text: str) -> str:
 
 
 @bp.route("/blobs/<digest>", methods=["HEAD"])
-@document("Ollama: whether the server has a blob", ok=_EMPTY_OK, errors=(400, 401, 404),
-          params={"digest": "sha256:<hex>"})
+@document("Ollama: whether the server has a blob", ok=_EMPTY_OK, errors=(400, 401, 403, 404),
+          params={"digest": _DIGEST_PARAM})
 def blob_exists(digest: str):
     if not (_uploads(_store()) / f"sha256-{_digest(digest)}").is_file():
         return Response(status=404)
@@ -259,10 +278,10 @@ def blob_exists(digest: str):
 
 @bp.post("/blobs/<digest>")
 @document("Ollama: send a file (its sha256 checked) for POST /api/create to name", ok=_EMPTY_OK, status=201,
-          errors=(400, 401, 413), params={"digest": "sha256:<hex>"})
+          errors=(400, 401, 403, 413), params={"digest": _DIGEST_PARAM})
 def blob_upload(digest: str):
     sha = _digest(digest)
-    request.max_content_length = BLOB_LIMIT
+    request.max_content_length = current_app.config["ORTLLM"].max_upload_bytes     # 413 beyond (--max-upload-size)
     folder = _uploads(_store())
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -274,7 +293,7 @@ def blob_upload(digest: str):
                 f.write(chunk)
         if h.hexdigest() != sha:
             raise bad_request(f"the body's sha256 is {h.hexdigest()}, not the {sha} the path names; send the file "
-                              "again", param="digest")
+                              "again", param="digest", code="digest_mismatch")
         tmp.replace(folder / f"sha256-{sha}")
     finally:
         tmp.unlink(missing_ok=True)

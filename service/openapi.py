@@ -16,10 +16,15 @@ from flask import Flask
 from ortllm.protocol.fields import Body
 
 _ERRORS = {
-    400: "invalid request: `param` names the field (its type, range or combination with another), or the prompt "
-         "does not fit the context",
+    400: "invalid request: `param` names the field (its type, range or combination with another); and what no "
+         "schema can say: the prompt does not fit the context (context_length_exceeded), a JSON Schema that is not "
+         "one (invalid_json_schema) or that the grammar engine cannot compile, nor a regular expression "
+         "(invalid_grammar), text that must be JSON (invalid_json), two tools of one name (duplicate_tool_name), "
+         "tool_choice naming a function that tools does not define (unknown_tool), a blob whose sha256 is not its "
+         "digest (digest_mismatch)",
     401: "missing or wrong API key (servers started with --api-key)",
-    403: "managing adapters needs a server started with --api-key",
+    403: "refused: managing the store or adapters needs --api-key on a server not bound to loopback, a path outside "
+         "--allowed-path, or a page of an origin not in --cors-origin",
     404: "unknown model (`model_not_found`)",
     409: "a model or adapter of that name is already served",
     413: "request body too large",
@@ -41,11 +46,19 @@ def json_ok(name: str, description: str = "the answer") -> dict:
     return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
 
 
+_SSE_EVENT = {"type": "object", "description": "one server-sent event per delta: data is a JSON object (OpenAI's "
+                                             "streams end with data: [DONE]); Anthropic's and the Responses API's "
+                                             "name their events",
+              "properties": {"event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"}}}
+
+
 def streamed(name: str, stream_type: str, description: str) -> dict:
-    """A JSON answer, or with stream true a stream of `stream_type` (text/event-stream, application/x-ndjson)."""
-    return {"description": description, "content": {
-        "application/json": {"schema": _ref(name)},
-        stream_type: {"schema": {"type": "string", "description": "one event or line per delta"}}}}
+    """A JSON answer, or with stream true a stream of `stream_type` (text/event-stream: events; application/x-ndjson:
+    JSON lines)."""
+    stream = (_SSE_EVENT if stream_type == "text/event-stream"
+              else {"type": "string", "description": "one JSON object per line, per delta"})
+    return {"description": description, "content": {"application/json": {"schema": _ref(name)},
+                                                     stream_type: {"schema": stream}}}
 
 
 @dataclass
@@ -55,13 +68,14 @@ class Operation:
     ok: dict
     errors: tuple[int, ...]
     status: int = 200
-    params: dict[str, str] = field(default_factory=dict)     # path parameter -> description
+    params: dict[str, str | dict] = field(default_factory=dict)  # path parameter -> description, or a dict of
+    #                                                              it and schema keywords (pattern, ...)
     more: dict[int, dict] = field(default_factory=dict)      # other answers than errors in the envelope
     error_schema: str = "Error"                              # the errors' envelope (Anthropic's routes: theirs)
 
 
 def document(summary: str, *, body: Body | None = None, ok: dict, errors: tuple[int, ...] = (), status: int = 200,
-             params: dict[str, str] | None = None, more: dict[int, dict] | None = None,
+             params: dict[str, str | dict] | None = None, more: dict[int, dict] | None = None,
              error_schema: str = "Error") -> Callable:
     """Describe a view for /openapi.json (apply it under the route decorator)."""
     def deco(view):
@@ -70,8 +84,11 @@ def document(summary: str, *, body: Body | None = None, ok: dict, errors: tuple[
     return deco
 
 
-def build_spec(app: Flask, models: list[str]) -> dict:
-    """The document for this app; models: the names `model` may take (base models and adapters)."""
+def build_spec(app: Flask, models: list[str], bounds: dict[str, int] | None = None, key: bool = False) -> dict:
+    """The document for this app; models: the names `model` may take (base models and adapters); bounds: the
+    served model's limits (fields.BOUND: token_id, embedding_width) where one model is served; key: the server
+    has an API key (every operation but the public ones requires it)."""
+    from .auth import PUBLIC
     paths: dict[str, dict] = {}
     schemas = dict(RESPONSES)
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
@@ -87,24 +104,38 @@ def build_spec(app: Flask, models: list[str]) -> dict:
                     "responses": {str(op.status): op.ok, **{str(s): _error(s, op.error_schema) for s in op.errors},
                                   **{str(s): r for s, r in op.more.items()}}}
             if op.body is not None:
-                schemas[op.body.name] = op.body.schema({"model": {"enum": models}})
+                schemas[op.body.name] = op.body.schema({"model": {"enum": models}}, bounds)
                 item["requestBody"] = {"required": True, "content": {"application/json": {"schema":
                                                                                           _ref(op.body.name)}}}
             if rule.arguments:
                 item["parameters"] = [
-                    {"name": a, "in": "path", "required": True, "description": op.params.get(a, ""),
-                     "schema": {"type": "string", **({"enum": models} if a == "model" else {})}}
+                    {"name": a, "in": "path", "required": True, "description": _param_text(op.params.get(a, "")),
+                     "schema": {"type": "string", **({"enum": models} if a == "model" else {}),
+                                **_param_schema(op.params.get(a, ""))}}
                     for a in sorted(rule.arguments)]
+            if rule.endpoint in PUBLIC:
+                item["security"] = []            # never a key (service/auth.py)
             paths.setdefault(path, {})[method.lower()] = item
     return {
         "openapi": "3.1.0",
         "info": {"title": "ortllm", "version": "1",
                  "description": "OpenAI- and Ollama-compatible generation on an ortllm engine (CPU, ONNX Runtime)."},
         "paths": paths,
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": schemas},
-        "security": [{"bearer": []}, {}],
-        "x-security-note": "a key is needed only when the server was started with --api-key",
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                           "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+                       "schemas": schemas},
+        # this server's: with --api-key every operation but /health, /metrics, /openapi.json and / needs the key
+        "security": [{"bearer": []}, {"apiKey": []}] if key else [{}],
     }
+
+
+def _param_text(p) -> str:
+    return p if isinstance(p, str) else p.get("description", "")
+
+
+def _param_schema(p) -> dict:
+    """A path parameter declared as {description, pattern, ...}: its schema keywords."""
+    return {} if isinstance(p, str) else {k: v for k, v in p.items() if k != "description"}
 
 
 def _error(status: int, schema: str = "Error") -> dict:

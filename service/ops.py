@@ -9,7 +9,6 @@ from ortllm.protocol.bodies import DETOKENIZE, TOKENIZE
 from ortllm.runtime.errors import InvalidTokenIds
 
 from .api import model_cards
-from .auth import require_api_key
 from .body import read_json_object
 from .errors import APIError
 from .metrics import current_metrics
@@ -37,18 +36,22 @@ def metrics():
 @bp.get("/openapi.json")
 @document("This document (OpenAPI 3.1): `model` lists what is served now", ok=json_ok("OpenAPI"))
 def openapi():
+    pool = current_resources()
+    bounds = {}
     try:
         models = [c["id"] for c in model_cards()]
+        if not pool.lazy:              # one model: its limits (several: each its own, not one number)
+            engine = pool.default.require_engine()
+            bounds = {"token_id": engine.vocab_size - 1, "tokenizer_token_id": engine.tokenizer.vocab_size - 1,
+                      "embedding_width": engine.hidden_size}
     except APIError:                   # still loading: the names known without the engine
-        res = current_resources()
-        models = [res.model_name] if res.model_name else []
-    return jsonify(build_spec(current_app, models))
+        models = [pool.model_name] if pool.model_name else []
+    return jsonify(build_spec(current_app, models, bounds, key=current_app.config["ORTLLM"].api_key is not None))
 
 
 @bp.post("/tokenize")
 @document("Token ids of a prompt or a conversation", body=TOKENIZE, ok=json_ok("Tokens"), errors=POST)
 def tokenize():
-    require_api_key()
     engine = current_resources().require_engine()
     v = TOKENIZE.read(read_json_object(request))
     if v["messages"] is not None:
@@ -63,7 +66,6 @@ def tokenize():
 @bp.post("/detokenize")
 @document("Text of token ids", body=DETOKENIZE, ok=json_ok("Text"), errors=POST)
 def detokenize():
-    require_api_key()
     engine = current_resources().require_engine()
     tokens = DETOKENIZE.read(read_json_object(request))["tokens"]
     vocab = engine.tokenizer.vocab_size

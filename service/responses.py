@@ -6,13 +6,11 @@ from flask import Blueprint, request
 
 from ortllm.protocol.responses import RESPONSE, ResponsesRenderer, parse_response
 
-from .auth import require_api_key
 from .body import read_json_object
 from .lifecycle import answer
 from .openapi import GENERATE, document, streamed
 
 bp = Blueprint("responses", __name__, url_prefix="/v1")
-bp.before_request(require_api_key)
 
 
 @bp.post("/responses")

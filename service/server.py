@@ -28,7 +28,9 @@ class HTTPServer:
         self.app = app
         # channel_request_lookahead > 0 lets waitress notice a client that hung up while its request runs
         # (environ["waitress.client_disconnected"]); a generation for a gone client is then cancelled.
+        cfg = app.config["ORTLLM"]       # waitress' own body limit (default 1 GiB) must not undercut the app's
         self.server = create_server(app, host=host, port=port, threads=threads, channel_request_lookahead=4,
+                                    max_request_body_size=max(cfg.max_body_bytes, cfg.max_upload_bytes),
                                     ident="ortllm", connection_limit=max(100, 4 * threads),
                                     cleanup_interval=10, asyncore_use_poll=True)
         self.host, self.port = host, self.server.effective_port

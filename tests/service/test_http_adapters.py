@@ -32,7 +32,7 @@ def live_with_adapters(tiny_engine, lora_dirs, tmp_path, make_live):
     shutil.copytree(tiny_engine, art)
     add_adapter(art, lora_dirs / "l0", "qv")
     add_adapter(art, lora_dirs / "l1", "mlp")
-    return make_live(art, ServiceConfig(api_key=KEY, http_threads=32), num_blocks=256)
+    return make_live(art, ServiceConfig(api_key=KEY, http_threads=32, allowed_paths=(lora_dirs,)), num_blocks=256)
 
 
 def test_models_and_generation_through_openai_client(live_with_adapters):
@@ -82,8 +82,10 @@ def test_load_and_unload_at_run_time(live_with_adapters, lora_dirs):
     r = live.post("/v1/adapters", json=body, headers=AUTH)
     assert r.status_code == 201 and r.json()["parent"] == live.model
     assert live.post("/v1/adapters", json=body, headers=AUTH).status_code == 409
-    bad = live.post("/v1/adapters", json={"name": "x", "path": "/nonexistent"}, headers=AUTH)
+    bad = live.post("/v1/adapters", json={"name": "x", "path": str(lora_dirs / "nonexistent")}, headers=AUTH)
     assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
+    outside = live.post("/v1/adapters", json={"name": "x", "path": "/nonexistent"}, headers=AUTH)
+    assert outside.status_code == 403 and "--allowed-path" in outside.json()["error"]["message"]
     out = live.post("/v1/completions", headers=AUTH, json={"model": "late", "prompt": "abc", "max_tokens": 6})
     assert out.status_code == 200 and out.json()["model"] == "late"
 
@@ -98,9 +100,13 @@ def test_load_and_unload_at_run_time(live_with_adapters, lora_dirs):
     assert requests_delete(live, "/v1/adapters/late").status_code == 404
 
 
-def test_adapter_management_needs_a_configured_key(tiny_live, lora_dirs):
-    r = tiny_live.post("/v1/adapters", json={"name": "x", "path": str(lora_dirs / "l0")})
-    assert r.status_code == 403 and "--api-key" in r.json()["error"]["message"]
+def test_adapter_management_needs_a_key_off_loopback(tiny_live, lora_dirs):
+    """The one rule of service/auth.py (MANAGE): no key and a non-loopback bind -> 403 naming --api-key."""
+    from ortllm.service.app import create_app
+    config = ServiceConfig(host="0.0.0.0", allowed_paths=(lora_dirs,))
+    client = create_app(config, engine=tiny_live.engine).test_client()
+    r = client.post("/v1/adapters", json={"name": "x", "path": str(lora_dirs / "l0")})
+    assert r.status_code == 403 and "--api-key" in r.get_json()["error"]["message"]
 
 
 def requests_delete(live, path):

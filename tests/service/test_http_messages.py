@@ -132,13 +132,21 @@ def test_output_config_json_schema(smol_live):
     jsonschema.validate(json.loads(m.content[0].text), schema)
 
 
+def test_a_last_tool_use_turn_is_answered(smol_live):
+    """A last assistant turn with a tool_use block is no prefill (only text is continued): it is a finished turn and
+    the reply is a new one (the document cannot say "the last message" apart from the others)."""
+    c = _client(smol_live)
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}
+    m = c.messages.create(model=smol_live.model, max_tokens=4, messages=[*QUESTION, call], **GREEDY)
+    assert m.role == "assistant" and m.usage.output_tokens >= 1
+
+
 @pytest.mark.parametrize("kw, field", [
     ({"max_tokens": 0}, "max_tokens"),
     ({"extra_body": {"temperature": 3}}, "temperature"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages"),
-    ({"messages": [*QUESTION, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
-                                                                  "input": {}}]}]}, "prefill"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]}, "messages"),
     ({"tools": [{"name": "bad name!", "input_schema": {"type": "object"}}]}, "tools"),
     ({"tool_choice": {"type": "tool"}, "tools": [WEATHER]}, "tool_choice"),
     ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),

@@ -146,7 +146,10 @@ def test_create_with_adapter_system_parameters_and_template(store_live, pulled, 
 def test_management_errors(store_live, pulled):
     c = _client(store_live)
     with pytest.raises(ollama.ResponseError) as e:
-        c.pull("/no/such/file.gguf")
+        c.pull("/no/such/file.gguf")            # outside the allowed roots (default: the store)
+    assert e.value.status_code == 403 and "--allowed-path" in str(e.value)
+    with pytest.raises(ollama.ResponseError) as e:
+        c.pull(str(Store().home / "no/such/file.gguf"))
     assert e.value.status_code == 400 and "no/such" in str(e.value)
     with pytest.raises(ollama.ResponseError) as e:
         c.create(model="x", from_="no-such-base")

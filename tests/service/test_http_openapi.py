@@ -35,7 +35,8 @@ def doc_live(smollm2_engine, lora, tmp_path_factory):
     shutil.copytree(smollm2_engine, art)
     add_adapter(art, lora, "tuned")
     # max_model_len bounds a chat without max_tokens (it fills the room left): minimal bodies stay short
-    live = start_live(art, ServiceConfig(api_key=KEY), num_blocks=128, max_model_len=192)
+    live = start_live(art, ServiceConfig(api_key=KEY, allowed_paths=(lora.parent,)), num_blocks=128,
+                      max_model_len=192)
     yield live
     stop_live(live)
 
@@ -69,7 +70,11 @@ def _minimal(s: dict):
     t = next(x for x in t if x != "null") if isinstance(t, list) else t
     if t == "object":
         required = list(s.get("required", [])) + (s["anyOf"][0]["required"] if "anyOf" in s else [])
-        return {k: _minimal(s["properties"][k]) for k in required}
+        out = {k: _minimal(s["properties"][k]) for k in required}
+        for rule in s.get("allOf", []):       # if/then: what the value chosen so far needs too
+            if "if" in rule and jsonschema.Draft202012Validator(rule["if"]).is_valid(out):
+                out.update({k: _minimal(s["properties"][k]) for k in rule["then"].get("required", []) if k not in out})
+        return out
     if t == "array":
         return [_minimal(s.get("items", {}))] * s.get("minItems", 0)
     if t == "string":
