@@ -30,7 +30,7 @@ from ortllm.runtime.config import SchedulerConfig
 from ortllm.runtime.contract import ModelConfig
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
-from ortllm.runtime.scheduler import ScheduledSeq
+from ortllm.runtime.scheduler_messages import ScheduledSeq
 
 from .engine import PLAIN, decode_run
 from .errors import BenchError

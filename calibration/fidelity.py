@@ -106,7 +106,7 @@ class EngineScorer:
         self.runner = runner
 
     def logits(self, ids: list[int], chunk: int = 512) -> Iterator[np.ndarray]:
-        from ortllm.runtime.scheduler import ScheduledSeq
+        from ortllm.runtime.scheduler_messages import ScheduledSeq
 
         blocks = list(range(1, 1 + -(-len(ids) // self.runner.block_size)))
         for start in range(0, len(ids), chunk):

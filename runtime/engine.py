@@ -36,7 +36,8 @@ from .pooling import normalize as l2_normalize, pool
 from .sampler import RowState, Sampler, TokenLogprobs, has_penalty, log_softmax, request_generator
 from .speculative import accept
 from .sampling_params import SamplingParams, fit_max_tokens
-from .scheduler import ERROR, ModelRunnerOutput, Scheduler, SchedulerOutput
+from .scheduler import Scheduler
+from .scheduler_messages import ERROR, ModelRunnerOutput, SchedulerOutput
 from .tokenizer import Tokenizer
 
 

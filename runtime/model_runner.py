@@ -21,7 +21,7 @@ from .config import EngineConfig
 from .errors import ConfigError
 from .lora_stacks import quantize_a, quantize_b
 from .ops_library import register_ops
-from .scheduler import ScheduledSeq
+from .scheduler_messages import ScheduledSeq
 
 PACKED = ("a", "a_scale", "b", "b_scale")      # an int8 stack's arrays per adapted projection, in write order
 _KV_NUMPY = C.KV_STORAGE

@@ -24,7 +24,7 @@ from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.ops_library import ops_isa
-from ortllm.runtime.scheduler import ScheduledSeq
+from ortllm.runtime.scheduler_messages import ScheduledSeq
 
 BATCH, CONTEXT = 16, 128
 
