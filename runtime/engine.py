@@ -29,13 +29,13 @@ from .artifact import load_artifact
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .contract import TOKENIZER as TOKENIZER_JSON
-from .errors import EmptyPrompt, EngineDeadError, InvalidTokenIds, OrtllmError, PromptTooLong, RequestError
+from .errors import EmptyPrompt, EngineDeadError, InvalidTokenIds, OrtllmError, RequestError
 from .guided import GuidedDecoding, consume, forced_tokens, unpack_mask
 from .model_runner import ModelRunner, logits_rows
 from .pooling import normalize as l2_normalize, pool
 from .sampler import RowState, Sampler, TokenLogprobs, has_penalty, log_softmax, request_generator
 from .speculative import accept
-from .sampling_params import SamplingParams, fit_max_tokens
+from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .scheduler_messages import ERROR, ModelRunnerOutput, SchedulerOutput
 from .tokenizer import Tokenizer
@@ -198,7 +198,8 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks=self.runner.num_blocks,
                                    eos_token_ids=self.eos_token_ids, vocab_size=self.runner.vocab_size,
                                    is_resident=self.adapters.is_resident,
-                                   adapter_key=self.adapters.content_key)
+                                   adapter_key=self.adapters.content_key, context_length=self.context_length)
+        self.limits = self.scheduler.limits     # how many tokens a sequence may hold (runtime/limits.py)
         self.sampler = Sampler()
         self.guided = GuidedDecoding(self.artifact.path / TOKENIZER_JSON, self.runner.vocab_size, self.eos_token_ids)
         self._masker = ThreadPoolExecutor(1, thread_name_prefix="ortllm-masks")   # masks while the model runs
@@ -255,11 +256,7 @@ class Engine:
             if bad:
                 raise InvalidTokenIds(f"logit_bias token ids must be in [0, {self.runner.vocab_size}); got {bad[:5]}")
         ids = self.encode_prompt(prompt)
-        room, what = self.context_length, "the model's context length"
-        mml = self.config.scheduler.max_model_len
-        if mml is not None and mml < room:
-            room, what = mml, "max_model_len"
-        max_tokens = fit_max_tokens(len(ids), params.max_tokens, room, what)   # the one context rule
+        max_tokens = self.limits.fit_max_tokens(len(ids), params.max_tokens)   # the one context rule
         if max_tokens != params.max_tokens:
             params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens})
         base = request_id or f"req-{next(self._ids)}"
@@ -320,12 +317,7 @@ class Engine:
         ids = self.encode_prompt(prompt)
         if not ids:
             raise EmptyPrompt("the input is empty; send at least one token")
-        room, what = self.context_length, "the model's context length"
-        mml = self.config.scheduler.max_model_len
-        if mml is not None and mml < room:
-            room, what = mml, "max_model_len"
-        if len(ids) > room:
-            raise PromptTooLong(len(ids), room, what=what)
+        self.limits.check_prompt(len(ids))
         rid = request_id or f"emb-{next(self._ids)}"
         h = RequestHandle(self, rid, ids, params, None, None)
         h.hidden = np.empty((len(ids) if pooling == "mean" else 1, self.runner.hidden_size), np.float32)

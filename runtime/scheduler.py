@@ -49,7 +49,8 @@ import numpy as np
 
 from .block_pool import BlockPool, extend_block_hashes
 from .config import CacheConfig, SchedulerConfig
-from .errors import ConfigError, EmptyPrompt, InvalidTokenIds, Overloaded, PromptTooLong, RequestError
+from .errors import ConfigError, EmptyPrompt, InvalidTokenIds, Overloaded, RequestError
+from .limits import SequenceLimits
 from .sampling_params import SamplingParams
 from .scheduler_messages import (CANCELLED, DEADLINE, ERROR, FINISH_REASONS, LENGTH, STOP,  # noqa: F401
                                  ModelRunnerOutput, RequestUpdate, ScheduledSeq, SchedulerOutput, SchedulerStats)
@@ -106,7 +107,7 @@ class SchedulerInterface(abc.ABC):
         """Queue a request; it runs from a later schedule().
 
         Raises at once, queueing nothing: InvalidSamplingParams, EmptyPrompt, InvalidTokenIds, PromptTooLong
-        (prompt + max_tokens can never fit the KV pool or max_model_len), RequestError (id in use),
+        (prompt + max_tokens can never fit: self.limits, runtime/limits.py), RequestError (id in use),
         Overloaded (max_queued requests already waiting).
         """
 
@@ -168,11 +169,13 @@ class Scheduler(SchedulerInterface):
                  eos_token_ids: Collection[int] = (), vocab_size: int | None = None,
                  is_resident: Callable[[str], bool] | Container[str] | None = None,
                  adapter_key: Callable[[str], str] | None = None,
+                 context_length: int | None = None,
                  clock: Callable[[], float] = time.monotonic):
         """num_blocks: the pool size (block 0 included) if cache.num_blocks was left to a memory budget.
         is_resident: adapter name -> already in a session slot (a callable or a set); None: all are.
         adapter_key: adapter name -> its content key (the engine passes the manifest's sha256), read once per
-        request for the prefix-cache hashes; None: the name itself (only for tests without a model)."""
+        request for the prefix-cache hashes; None: the name itself (only for tests without a model).
+        context_length: the model's positions, one of the limits (self.limits); None: the pool and max_model_len."""
         num_blocks = num_blocks or cache.num_blocks
         if num_blocks is None:
             raise ConfigError("Scheduler needs num_blocks: set CacheConfig.num_blocks or pass "
@@ -192,6 +195,8 @@ class Scheduler(SchedulerInterface):
         else:
             self._is_resident = is_resident.__contains__
         self._adapter_key = adapter_key or (lambda name: name)
+        # how many tokens a sequence may hold: the one place that decides it (runtime/limits.py)
+        self.limits = SequenceLimits.of(config, self.pool.num_usable, self.block_size, context_length)
         self.clock = clock
         self.requests: dict[str, Request] = {}   # unfinished requests by id
         self.waiting: list[Request] = []           # unordered; ordered by _waiting_key in schedule()
@@ -223,13 +228,7 @@ class Scheduler(SchedulerInterface):
             bad = [t for t in prompt if not 0 <= t < self.vocab_size]
             if bad:
                 raise InvalidTokenIds(f"token ids must be in [0, {self.vocab_size}); got {bad[:5]}")
-        capacity, what = self.pool.num_usable * self.block_size, (
-            f"KV pool of {self.pool.num_usable} blocks x {self.block_size} tokens; raise num_blocks")
-        if self.config.max_model_len is not None and self.config.max_model_len < capacity:
-            capacity, what = self.config.max_model_len, "max_model_len"
-        generated = 0 if params.pooling else params.max_tokens      # an embedding request generates nothing
-        if len(prompt) + generated > capacity:
-            raise PromptTooLong(len(prompt), capacity, generated, what)
+        self.limits.admit(len(prompt), 0 if params.pooling else params.max_tokens)   # an embedding generates nothing
         if len(self.waiting) >= self.config.max_queued:
             raise Overloaded(len(self.waiting), self.config.max_queued)
         key = None if params.adapter is None else self._adapter_key(params.adapter)

@@ -67,12 +67,7 @@ def _embed(req: protocol.EmbeddingRequest, kind: str):
         engine = res.require_engine()
         adapter = resolve_adapter(engine, res.model_name, name)
         protocol.check_dimensions(req, engine.hidden_size)
-        room, what = engine.context_length, "the model's context length"
-        cfg = engine.config
-        for limit, limit_name in ((cfg.scheduler.max_model_len, "max_model_len"),
-                                  (engine.stats()["kv_blocks_total"] * cfg.cache.block_size, "the KV pool")):
-            if limit is not None and limit < room:
-                room, what = limit, limit_name
+        room, what = engine.limits.room, engine.limits.what      # runtime/limits.py
         several = len(req.inputs) > 1
         ids = []
         for i, x in enumerate(req.inputs):
