@@ -31,13 +31,14 @@ from .detokenizer import IncrementalDetokenizer
 from .contract import TOKENIZER as TOKENIZER_JSON
 from .errors import EmptyPrompt, EngineDeadError, InvalidTokenIds, OrtllmError, RequestError
 from .guided import GuidedDecoding, consume, forced_tokens, unpack_mask
-from .model_runner import ModelRunner, logits_rows
+from .model_runner import KVPoolLayout, ModelRunner, logits_rows
 from .pooling import normalize as l2_normalize, pool
 from .sampler import RowState, Sampler, TokenLogprobs, has_penalty, log_softmax, request_generator
 from .speculative import accept
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .scheduler_messages import ERROR, ModelRunnerOutput, SchedulerOutput
+from .scheduler_messages import ERROR, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from .scoring import WindowScorer
 from .tokenizer import Tokenizer
 
 
@@ -409,6 +410,29 @@ class Engine:
     def hidden_size(self) -> int:
         """Width of the final hidden state (the embeddings' full dimension)."""
         return self.runner.hidden_size
+
+    @property
+    def kv_pool(self) -> KVPoolLayout:
+        """The KV pool this engine's session holds: dtype, block size, blocks, bytes."""
+        return self.runner.kv_layout()
+
+    # ---------------------------------------------------------------- direct steps (scoring, benchmarks)
+    # The model run the loop makes, called from outside it: only while the engine is idle (no request in flight),
+    # since they write the KV pool's blocks the caller names and share the session's output buffers.
+    def scorer(self) -> WindowScorer:
+        """Logits of whole token windows through this engine's session (runtime/scoring.py; KV in blocks 1..)."""
+        return WindowScorer(self.runner)
+
+    def execute(self, seqs: list[ScheduledSeq], adapter_slots: dict[str | None, int] | None = None,
+                all_logits: bool = False) -> np.ndarray:
+        """One model step of these seqs, as the loop runs it (ModelRunner.execute): logits [R, V] of their
+        needs_logits rows (a view the next step overwrites), or [T, V] of every row (all_logits). adapter_slots:
+        from engine.adapters.activate(names), which loads the seqs' adapters into session slots."""
+        return self.runner.execute(seqs, adapter_slots=adapter_slots, all_logits=all_logits)
+
+    def end_profiling(self) -> str:
+        """Stop ORT's per-node profile (ORTLLM_ORT_PROFILE set at load); the path of its JSON trace."""
+        return self.runner.session.end_profiling()
 
     @property
     def dead(self) -> BaseException | None:

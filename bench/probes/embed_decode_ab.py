@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             try:
                 for name in (first, "with" if first == "without" else "without"):
                     engines[name] = load(*paths[name])
-                prompt = np.random.default_rng(0).integers(100, engines["with"].runner.vocab_size, 64).tolist()
+                prompt = np.random.default_rng(0).integers(100, engines["with"].vocab_size, 64).tolist()
                 for r in range(a.rounds // 2):
                     for name in (("without", "with") if r % 2 == 0 else ("with", "without")):
                         h = engines[name].submit(prompt, params)
