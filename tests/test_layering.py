@@ -30,9 +30,11 @@ class Rule:
 RULES = {
     "runtime": Rule("the engine and the artifact contract: imports nothing of ours outside runtime/", ()),
     "pipeline": Rule("the offline build: the artifact contract and the tokenizer of the runtime (artifact "
-                     "verification uses hash_cache and process), calibration's text and tasks; never the engine",
+                     "verification uses hash_cache, which writes through atomic_files, and process), calibration's "
+                     "text and tasks; never the engine",
                      ("runtime.contract", "runtime.artifact", "runtime.errors", "runtime.tokenizer",
-                      "runtime.hash_cache", "runtime.process", "calibration.data", "calibration.adapter_tasks")),
+                      "runtime.hash_cache", "runtime.process", "runtime.atomic_files", "calibration.data",
+                      "calibration.adapter_tasks")),
     "protocol": Rule("the OpenAI/Ollama request and response protocol, shared by the service and the batch job: "
                      "the runtime only, and no Flask", ("runtime",), ("flask", "werkzeug")),
     "service": Rule("the HTTP service drives the engine through the protocol", ("runtime", "protocol")),
