@@ -93,10 +93,17 @@ def test_the_three_questions():
 
 
 def test_the_engine_and_its_scheduler_share_one_limits(tiny_engine):
+    """Regression: the engine capped max_tokens to the context and max_model_len only, so a request past the KV pool
+    got the scheduler's PromptTooLong from Engine.submit and a capped max_tokens over HTTP; both cap it now."""
     from ortllm.runtime.engine import Engine
+    from ortllm.runtime.sampling_params import SamplingParams
 
-    with Engine.from_artifact(tiny_engine, num_blocks=64, max_model_len=256) as engine:
+    with Engine.from_artifact(tiny_engine, num_blocks=9, max_model_len=256) as engine:   # 8 usable blocks x 16
         assert engine.limits is engine.scheduler.limits
-        assert (engine.limits.room, engine.limits.what) == (256, MAX_MODEL_LEN)
-        assert engine.limits.context_length == engine.context_length
+        assert engine.limits.context_length == engine.context_length and engine.limits.max_model_len == 256
         assert engine.limits.kv_pool_tokens == engine.stats()["kv_blocks_total"] * engine.config.cache.block_size
+        assert engine.limits.room == 128 and "KV pool" in engine.limits.what
+        out = engine.generate([list(range(3, 103))], SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
+        assert len(out[0].token_ids) == 28 and out[0].finish_reason == "length"
+        with pytest.raises(PromptTooLong, match="at most 128 fit .the KV pool"):
+            engine.submit_embed(list(range(3, 132)))
