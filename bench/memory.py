@@ -47,9 +47,9 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def kv_bytes_per_token(runner) -> float:
-    """KV pool bytes per cached token over all layers (K and V, plus the 8-bit caches' scales)."""
-    return runner.bytes_per_block / runner.block_size
+def kv_bytes_per_token(pool) -> float:
+    """KV pool bytes per cached token over all layers (K and V, plus the 8-bit caches' scales); pool: Engine.kv_pool."""
+    return pool.bytes_per_token
 
 
 def child(artifact: Path, batch: int, new_tokens: int, threads: int | None) -> dict:
@@ -66,9 +66,9 @@ def child(artifact: Path, batch: int, new_tokens: int, threads: int | None) -> d
         at_load = peak_rss_bytes()
         decode_run(engine, batch, np.random.default_rng(0), new_tokens=new_tokens)
         after_decode = peak_rss_bytes()
-        runner = engine.runner
-        return {"kv_bytes_per_token": kv_bytes_per_token(runner), "kv": runner.kv, "block_size": runner.block_size,
-                "kv_pool_bytes": runner.bytes_per_block * runner.num_blocks, "num_blocks": runner.num_blocks,
+        pool = engine.kv_pool
+        return {"kv_bytes_per_token": kv_bytes_per_token(pool), "kv": pool.kv, "block_size": pool.block_size,
+                "kv_pool_bytes": pool.pool_bytes, "num_blocks": pool.num_blocks,
                 "rss_after_imports": after_imports, "peak_rss_at_load": at_load, "peak_rss_after_decode": after_decode}
 
 

@@ -125,7 +125,7 @@ def run_humaneval(cand, ref, opts: EvalOptions) -> dict:
         with Engine.from_artifact(cand.path, num_blocks=blocks, **overrides) as engine:
             with _progress(len(problems), "humaneval nll", opts.progress) as bar:
                 out["nll_per_token"], out["solution_tokens"] = solution_nll(
-                    EngineScorer(None, ctx, runner=engine.runner), tok, problems, bar)
+                    EngineScorer(None, ctx, engine=engine), tok, problems, bar)
             if opts.pass_at_1:
                 with _progress(len(problems), "humaneval pass@1", opts.progress) as bar:
                     out["pass_at_1"], out["results"] = pass_at_1(engine, problems, opts.max_tokens, bar)

@@ -90,28 +90,18 @@ class PairedStats:
 # ---------------------------------------------------------------- scorers
 
 class EngineScorer:
-    """Logits of one window through the engine graph and its paged KV pool (ModelRunner, blocks 1..)."""
+    """Logits of one window through the engine graph and its paged KV pool (runtime/scoring.py)."""
 
-    def __init__(self, artifact: Artifact | None, ctx: int, threads: int | None = None, runner=None):
-        """A new session sized for `ctx` tokens, or an idle engine's `runner` (engine.runner)."""
-        if runner is None:
-            from ortllm.runtime.config import EngineConfig
-            from ortllm.runtime.model_runner import ModelRunner
-
-            block = artifact.manifest.kv_block_size
-            over = {"num_blocks": 2 + -(-ctx // block), "block_size": block}
-            if threads:
-                over["threads"] = threads
-            runner = ModelRunner(artifact, EngineConfig.from_overrides(artifact.path, **over))
-        self.runner = runner
+    def __init__(self, artifact: Artifact | None, ctx: int, threads: int | None = None, engine=None):
+        """A new session sized for `ctx` tokens, or an idle engine's own (Engine.scorer)."""
+        if engine is not None:
+            self._scorer = engine.scorer()
+        else:
+            from ortllm.runtime.scoring import WindowScorer
+            self._scorer = WindowScorer.from_artifact(artifact, ctx, threads)
 
     def logits(self, ids: list[int], chunk: int = 512) -> Iterator[np.ndarray]:
-        from ortllm.runtime.scheduler import ScheduledSeq
-
-        blocks = list(range(1, 1 + -(-len(ids) // self.runner.block_size)))
-        for start in range(0, len(ids), chunk):
-            part = ids[start:start + chunk]
-            yield self.runner.execute([ScheduledSeq("score", part, start, blocks, True, None)], all_logits=True)
+        return self._scorer.logits(ids, chunk)
 
 
 class PortableScorer:

@@ -10,11 +10,8 @@ next `ortllm rm`. The name is written last, so nothing half-written is ever list
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import sys
-import uuid
 from pathlib import Path
 
 from ortllm.runtime import contract as C
@@ -156,9 +153,7 @@ def _build_and_put(store: Store, spec: str, opts, ref: ModelRef, source: str | N
                    bars: _Progress, hub=None) -> dict:
     from .build import build_artifact as build     # the pipeline's build with the in-build quality check
 
-    work = store.home / "tmp" / f"pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    work.mkdir(parents=True)
-    try:
+    with store.scratch("pull") as work:     # on the store's file system; removed whatever happens
         out = work / ref.name
         how = spec if "/" not in spec and not Path(spec).exists() else str(Path(spec).resolve())
         if hub is not None:
@@ -170,8 +165,6 @@ def _build_and_put(store: Store, spec: str, opts, ref: ModelRef, source: str | N
         if source:
             flags = f"--source {source} {flags}".strip()
         return _put(store, out, ref, f"{how} {flags}".strip(), force, bars)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _flags(opts) -> str:

@@ -27,7 +27,7 @@ from ortllm.runtime.sampling_params import POOLINGS
 from .bodies import MODEL, TOKEN_ID
 from .errors import APIError, bad_request
 from .fields import BOUND, Body, Field, boolean, string
-from .generation import resolve_adapter, sequence_room
+from .generation import resolve_adapter
 from .rendering import Generation, Renderer
 
 MAX_INPUTS = 256        # inputs in one request (each is one engine request; the engine queues 256 by default)
@@ -106,7 +106,7 @@ def prepare_inputs(engine: Engine, req: EmbeddingRequest, base_name: str,
     within the room the context and the KV pool leave. (the adapter or None, each input's token ids)."""
     adapter = resolve_adapter(engine, base_name, req.model)
     check_dimensions(req, engine.hidden_size)
-    room, what = sequence_room(engine)
+    room, what = engine.limits.room, engine.limits.what      # runtime/limits.py
     several = len(req.inputs) > 1
     ids = []
     for i, x in enumerate(req.inputs):

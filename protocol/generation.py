@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Callable
 
 from ortllm.runtime.engine import CompletionOutput, Engine
-from ortllm.runtime.sampling_params import fit_max_tokens
 from ortllm.runtime.tokenizer import TokenizerFilesError
 
 from . import openai as protocol
@@ -90,28 +89,15 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
                        "hold; shorten it", param="messages" if req.messages else "prompt",
                        code="context_length_exceeded")
     ids = prompt_ids(engine, req)
-    room, what = sequence_room(engine)
-    # chat without max_tokens: as much as the room holds; a larger max_tokens is capped to it (fit_max_tokens)
-    req.params.max_tokens = fit_max_tokens(len(ids), req.params.max_tokens if req.max_tokens_given else None,
-                                           room, what)
+    # chat without max_tokens: as much as the room holds; a larger max_tokens is capped to it (runtime/limits.py)
+    req.params.max_tokens = engine.limits.fit_max_tokens(len(ids),
+                                                         req.params.max_tokens if req.max_tokens_given else None)
     if req.params.logit_bias:
         bad = [t for t in req.params.logit_bias if t >= engine.vocab_size]
         if bad:
             raise bad_request(f"logit_bias names token ids outside the vocabulary [0, {engine.vocab_size}): "
                               f"{bad[:5]}", param="logit_bias")
     return ids
-
-
-def sequence_room(engine: Engine) -> tuple[int, str]:
-    """The most tokens one sequence (prompt + output) may hold, and what sets it: the model's context length,
-    max_model_len or the KV pool."""
-    cfg = engine.config
-    room, what = engine.context_length, "the model's context length"
-    for limit, name in ((cfg.scheduler.max_model_len, "max_model_len"),
-                        (engine.stats()["kv_blocks_total"] * cfg.cache.block_size, "the KV pool")):
-        if limit is not None and limit < room:
-            room, what = limit, name
-    return room, what
 
 
 def token_text_of(engine: Engine) -> Callable[[int], str]:

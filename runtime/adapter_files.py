@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from . import contract as C
-from .artifact import file_entry, read_manifest
+from .artifact import read_manifest
+from .artifact_editor import ArtifactDraft
 from .contract import ModelConfig
 from .errors import AdapterFileError
 from .smoothing import Smoothing
@@ -233,46 +234,35 @@ def _dora_scale(w: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float, m: np
     return g
 
 
-def _write_manifest(artifact: Path, manifest: dict) -> None:
-    tmp = artifact / (C.MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    tmp.replace(artifact / C.MANIFEST)
-
-
 def add_adapter(artifact: Path, peft_dir: Path, name: str, force: bool = False, meta: dict | None = None) -> dict:
-    """meta: extra manifest fields (e.g. {"task": "add"} for adapters `ortllm adapters train` made)."""
-    from safetensors.numpy import save_file
+    """Convert a PEFT directory into the artifact, in place (the manifest rewritten last); its manifest entry.
+    meta: extra manifest fields (e.g. {"task": "add"} for adapters `ortllm adapters train` made)."""
+    draft = ArtifactDraft.in_place(artifact)
+    entry = add_adapter_to(draft, peft_dir, name, force, meta)
+    draft.commit()
+    return entry
 
-    artifact = Path(artifact)
-    current = read_manifest(artifact)
+
+def add_adapter_to(draft: ArtifactDraft, peft_dir: Path, name: str, force: bool = False,
+                   meta: dict | None = None) -> dict:
+    """add_adapter into a draft (runtime/artifact_editor.py), not yet committed: Ollama's create adds the adapter
+    to a new artifact made from its base."""
     if not _NAME.match(name):
         raise AdapterFileError(f"adapter name {name!r} must be 1-64 letters, digits, '.', '_' or '-' (no '/')")
-    if name in current.adapters and not force:
+    if name in draft.adapters and not force:
         raise AdapterFileError(f"the artifact already has an adapter named {name!r}; remove it first or pass --force")
-    tensors, info = convert_peft(Path(peft_dir), current.model, artifact)
-    manifest = current.to_dict()
+    tensors, info = convert_peft(Path(peft_dir), ModelConfig.from_dict(draft.manifest["model"]), draft.path)
     rel = f"adapters/{name}.safetensors"
-    (artifact / "adapters").mkdir(exist_ok=True)
-    tmp = artifact / (rel + ".tmp")
-    save_file(tensors, str(tmp), metadata={"rank": str(info["rank"]), "scale": repr(info["scale"])})
-    tmp.replace(artifact / rel)
-    entry = file_entry(artifact / rel)
-    manifest.setdefault("adapters", {})[name] = {"file": rel, **info, **entry, **(meta or {})}
-    manifest["files"][rel] = entry
-    _write_manifest(artifact, manifest)
-    return manifest["adapters"][name]
+    entry = draft.write_tensors(rel, tensors, {"rank": str(info["rank"]), "scale": repr(info["scale"])})
+    return draft.add_adapter(name, {"file": rel, **info, **entry, **(meta or {})})
 
 
 def remove_adapter(artifact: Path, name: str) -> None:
-    artifact = Path(artifact)
-    manifest = read_manifest(artifact).to_dict()
-    entry = manifest.get("adapters", {}).pop(name, None)
-    if entry is None:
-        known = ", ".join(sorted(manifest.get("adapters", {}))) or "none"
+    draft = ArtifactDraft.in_place(artifact)
+    if draft.remove_adapter(name) is None:
+        known = ", ".join(sorted(draft.adapters)) or "none"
         raise AdapterFileError(f"the artifact has no adapter named {name!r} (adapters: {known})")
-    manifest["files"].pop(entry["file"], None)
-    _write_manifest(artifact, manifest)
-    (artifact / entry["file"]).unlink(missing_ok=True)
+    draft.commit()
 
 
 def list_adapters(artifact: Path) -> dict[str, dict]:

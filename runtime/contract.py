@@ -42,6 +42,8 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION = "generation.json"
 CONFIG = "config.json"      # the llama config (ModelConfig.to_dict)
 QUALITY = "quality.json"    # measured quality of a quantized build against its fp32 reference
+MODELFILE = "modelfile.json"   # a model Ollama's create made (runtime/model_create.py): the defaults its requests
+# get, {from, adapter, system, parameters, template, license}
 SMOOTHING = "smoothing.safetensors"   # a SmoothQuant'ed build's rescales (pipeline/smooth.py), float32, per
 # smoothed projection smoothing_name(i, target, "in") [in] and/or (..., "out") [out]: the graph's weight is
 # diag(out) W diag(in) (W [out, in] the model's), its input x / in and so its output y * out; adapters are mapped

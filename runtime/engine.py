@@ -1,8 +1,14 @@
 """The engine: continuous batching over one engine-graph session, served from its own thread.
 
-    callers (any thread) --submit--> Scheduler queue
-    engine thread, per step:  schedule() -> ModelRunner.execute() -> Sampler -> update_from_output()
-                              -> IncrementalDetokenizer -> each request's handle (text deltas, result)
+    callers (any thread) --submit--> InputProcessor (runtime/request_input.py: checks, SequenceLimits, handles)
+                                     --> Scheduler queue
+    engine thread, per step:  schedule() -> ModelRunner.execute() -> Sampler -> update_from_output()   (this module)
+                              -> OutputProcessor (runtime/request_output.py: detokenizer, stop strings, logprobs,
+                                 pooled embeddings) -> each request's handle (text deltas, result)
+
+This module is the core loop and the public API; the input and output sides are their own modules, and what a
+sequence may hold is runtime/limits.py's (Engine.limits). Direct steps outside the loop (Engine.execute,
+Engine.scorer) serve scoring and benchmarks while the engine is idle: nothing outside runtime/ reaches its runner.
 
 Embedding requests (submit_embed, embed) are prefill-only rows of the same steps; the graph's hidden_states
 give their final hidden states, pooled (runtime/pooling.py) when their last chunk has run.
@@ -13,12 +19,9 @@ EngineDeadError and later submits raise it.
 """
 from __future__ import annotations
 
-import itertools
-import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -27,16 +30,19 @@ import numpy as np
 from .adapters import AdapterRegistry
 from .artifact import load_artifact
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
 from .contract import TOKENIZER as TOKENIZER_JSON
-from .errors import EmptyPrompt, EngineDeadError, InvalidTokenIds, OrtllmError, PromptTooLong, RequestError
+from .errors import EngineDeadError, OrtllmError, RequestError
 from .guided import GuidedDecoding, consume, forced_tokens, unpack_mask
-from .model_runner import ModelRunner, logits_rows
-from .pooling import normalize as l2_normalize, pool
-from .sampler import RowState, Sampler, TokenLogprobs, has_penalty, log_softmax, request_generator
+from .model_runner import KVPoolLayout, ModelRunner
+from .pooling import normalize as l2_normalize
+from .sampler import RowState, Sampler, has_penalty
 from .speculative import accept
-from .sampling_params import SamplingParams, adapter_names, fit_max_tokens
-from .scheduler import ERROR, ModelRunnerOutput, Scheduler, SchedulerOutput
+from .sampling_params import SamplingParams, adapter_names
+from .scheduler import Scheduler
+from .scheduler_messages import ERROR, ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from .request_input import InputProcessor
+from .request_output import CompletionOutput, OutputProcessor, RequestHandle
+from .scoring import WindowScorer
 from .tokenizer import Tokenizer
 
 
@@ -46,105 +52,6 @@ def engine_config(path: str | Path, **overrides) -> EngineConfig:
     overrides.setdefault("block_size", manifest["build"].get("kv_block_size", 16))
     overrides.setdefault("max_model_len", manifest["model"]["max_position_embeddings"])
     return EngineConfig.from_overrides(path, **overrides)
-
-
-@dataclass
-class CompletionOutput:
-    request_id: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    prompt_tokens: int
-    logprobs: list[TokenLogprobs] | None = None
-    error: str | None = None
-    cached_tokens: int = 0                       # prompt tokens whose KV came from the prefix cache
-    prompt_logprobs: list[TokenLogprobs | None] | None = None   # params.prompt_logprobs: one per prompt token
-    embedding: np.ndarray | None = None          # embedding requests: the pooled final hidden state [H] float32
-                                                 # (not normalized; runtime/pooling.py)
-
-
-@dataclass
-class _Event:
-    delta: str
-    finish_reason: str | None = None
-
-
-class RequestHandle:
-    """What submit() returns: iterate for text deltas, or result() for the whole completion. For submit_embed
-    (detok None): result().embedding, and no deltas."""
-
-    def __init__(self, engine: "Engine", req_id: str, prompt_ids: list[int], params: SamplingParams,
-                 detok: IncrementalDetokenizer | None, generator, matcher=None):
-        self.engine, self.request_id, self.params = engine, req_id, params
-        self.prompt_ids = prompt_ids
-        self.detok = detok
-        self.generator = generator
-        self.matcher = matcher                        # llguidance LLMatcher (params.guide), else None
-        self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
-        self.prompt_logprobs: list[TokenLogprobs | None] | None = [None] if params.prompt_logprobs else None
-        self.cached_tokens = 0
-        # an embedding request's final hidden states by prompt position (mean pooling; last: one row), [n, H]
-        self.hidden: np.ndarray | None = None
-        self.embedding: np.ndarray | None = None
-        self.submitted = time.monotonic()
-        self.scheduled_time: float | None = None      # first step that ran it (queue time = this - submitted)
-        self.first_token_time: float | None = None
-        self.token_times: list[float] = []            # time.monotonic() of each generated token (decode rates, ITL)
-        self.detok_time_s = 0.0                       # time in the incremental detokenizer (tracing's detokenize)
-        self._events: queue.Queue[_Event] = queue.Queue()
-        self._done = threading.Event()
-        self._output: CompletionOutput | None = None
-
-    # engine thread
-    def _push(self, delta: str, n_tokens: int = 1) -> None:
-        now = time.monotonic()
-        self.token_times.extend([now] * n_tokens)
-        if self.first_token_time is None:
-            self.first_token_time = now
-        if delta:
-            self._events.put(_Event(delta))
-
-    def _finish(self, reason: str, error: str | None = None) -> None:
-        if self._done.is_set():
-            return
-        detok = self.detok
-        tail = detok.flush() if reason != ERROR and detok is not None else ""
-        self._output = CompletionOutput(self.request_id, detok.text if detok else "",
-                                        list(detok.output_token_ids) if detok else [], reason, len(self.prompt_ids),
-                                        self.logprobs, error, self.cached_tokens, self.prompt_logprobs,
-                                        self.embedding)
-        self._events.put(_Event(tail, reason))
-        self._done.set()
-
-    # caller threads
-    def __iter__(self) -> Iterator[str]:
-        while True:
-            delta, finish = self.next_delta()
-            if delta:
-                yield delta
-            if finish is not None:
-                return
-
-    def next_delta(self, timeout: float | None = None) -> tuple[str, str | None]:
-        """The next (text delta, finish_reason or None); raises TimeoutError if none comes within `timeout` s,
-        so a server can check its client and deadline between deltas."""
-        try:
-            ev = self._events.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"no output from request {self.request_id} within {timeout} s") from None
-        return ev.delta, ev.finish_reason
-
-    def result(self, timeout: float | None = None) -> CompletionOutput:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
-        return self._output
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def cancel(self) -> None:
-        self.engine.cancel(self.request_id)
 
 
 class _StepAbort:
@@ -197,14 +104,19 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks=self.runner.num_blocks,
                                    eos_token_ids=self.eos_token_ids, vocab_size=self.runner.vocab_size,
                                    is_resident=self.adapters.is_resident,
-                                   adapter_key=self.adapters.content_key)
+                                   adapter_key=self.adapters.content_key, context_length=self.context_length)
+        self.limits = self.scheduler.limits     # how many tokens a sequence may hold (runtime/limits.py)
         self.sampler = Sampler()
         self.guided = GuidedDecoding(self.artifact.path / TOKENIZER_JSON, self.runner.vocab_size, self.eos_token_ids)
+        # the input side: prompts and params checked and made into handles before anything is queued
+        self.input = InputProcessor(self, self.tokenizer, self.limits, self.adapters, self.guided, self.eos_token_ids,
+                                    self.runner.vocab_size, self.runner.hidden_size, config.seed,
+                                    config.scheduler.max_adapters_per_batch)
         self._masker = ThreadPoolExecutor(1, thread_name_prefix="ortllm-masks")   # masks while the model runs
         self._forks: dict[str, list[RequestHandle]] = {}   # parent req_id -> n-1 siblings waiting for its prefill
-        self._entropy = np.random.SeedSequence(config.seed)
-        self._handles: dict[str, RequestHandle] = {}
-        self._ids = itertools.count()
+        # the output side: each request's handle by id, and what the steps' updates give them
+        self.output = OutputProcessor(self.scheduler.finish_requests)
+        self._handles = self.output.handles
         self._cv = threading.Condition()
         self._stop = False
         self._dead: BaseException | None = None
@@ -215,7 +127,6 @@ class Engine:
         self._last_step_error: tuple[float, str] | None = None   # (time.monotonic(), message)
         self._step_time = 0.0
         self._run_time = 0.0
-        self._tokens_out = 0
         self._stop_key: frozenset[int] | None = None     # _stop_table's cache: the stop ids and their [V] table
         self._stop_tab: np.ndarray | None = None
         self._thread = threading.Thread(target=self._loop, name="ortllm-engine", daemon=True)
@@ -228,9 +139,8 @@ class Engine:
 
     # ---------------------------------------------------------------- requests in
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=True)
-        return [int(t) for t in prompt]
+        """Token ids of a prompt: text encoded with the tokenizer's special tokens, token ids as given."""
+        return self.input.encode_prompt(prompt)
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None) -> RequestHandle:
@@ -246,36 +156,8 @@ class Engine:
         Ids: request_id, request_id-1, ..., request_id-(n-1)."""
         if self._dead is not None:
             raise EngineDeadError("the engine stopped after an internal error; restart it") from self._dead
-        params = (params or SamplingParams()).validate()
-        if params.adapter_mix is not None:   # known adapters; a mix: no DoRA, within the per-step cap
-            self.adapters.check_spec(params.adapter_mix, self.config.scheduler.max_adapters_per_batch)
-        if params.logit_bias:
-            bad = [t for t in params.logit_bias if t >= self.runner.vocab_size]
-            if bad:
-                raise InvalidTokenIds(f"logit_bias token ids must be in [0, {self.runner.vocab_size}); got {bad[:5]}")
-        ids = self.encode_prompt(prompt)
-        room, what = self.context_length, "the model's context length"
-        mml = self.config.scheduler.max_model_len
-        if mml is not None and mml < room:
-            room, what = mml, "max_model_len"
-        max_tokens = fit_max_tokens(len(ids), params.max_tokens, room, what)   # the one context rule
-        if max_tokens != params.max_tokens:
-            params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens})
-        base = request_id or f"req-{next(self._ids)}"
-        matcher = self.guided.compile(params.guide) if params.guide is not None else None   # InvalidGrammar: 400
-        handles = []
-        for i in range(n):
-            detok = IncrementalDetokenizer(lambda t: self.tokenizer.decode(t, skip_special_tokens=True), ids,
-                                           stop=params.stop, stop_token_ids=params.stop_ids(self.eos_token_ids),
-                                           stream=self.tokenizer.decode_stream)
-            if params.greedy:
-                gen = None
-            elif i and params.seed is not None:
-                gen = np.random.Generator(np.random.Philox(np.random.SeedSequence([params.seed, i])))
-            else:
-                gen = request_generator(params.seed, self._entropy)
-            m = None if matcher is None else (matcher if i == 0 else matcher.deep_copy())
-            handles.append(RequestHandle(self, base if i == 0 else f"{base}-{i}", ids, params, detok, gen, m))
+        handles = self.input.generation(prompt, params, n, request_id)
+        base, ids, params = handles[0].request_id, handles[0].prompt_ids, handles[0].params
         with self._cv:
             self.scheduler.add_request(base, ids, params)
             self._handles[base] = handles[0]
@@ -313,24 +195,10 @@ class Engine:
         normalized). Raises RequestError (empty or longer than the context), Overloaded at once."""
         if self._dead is not None:
             raise EngineDeadError("the engine stopped after an internal error; restart it") from self._dead
-        params = SamplingParams(max_tokens=1, adapter=adapter, priority=priority, pooling=pooling).validate()
-        if adapter is not None:
-            self.adapters.check(adapter)
-        ids = self.encode_prompt(prompt)
-        if not ids:
-            raise EmptyPrompt("the input is empty; send at least one token")
-        room, what = self.context_length, "the model's context length"
-        mml = self.config.scheduler.max_model_len
-        if mml is not None and mml < room:
-            room, what = mml, "max_model_len"
-        if len(ids) > room:
-            raise PromptTooLong(len(ids), room, what=what)
-        rid = request_id or f"emb-{next(self._ids)}"
-        h = RequestHandle(self, rid, ids, params, None, None)
-        h.hidden = np.empty((len(ids) if pooling == "mean" else 1, self.runner.hidden_size), np.float32)
+        h = self.input.embedding(prompt, pooling, adapter, priority, request_id)
         with self._cv:
-            self.scheduler.add_request(rid, ids, params)
-            self._handles[rid] = h
+            self.scheduler.add_request(h.request_id, h.prompt_ids, h.params)
+            self._handles[h.request_id] = h
             self._cv.notify()
         return h
 
@@ -388,7 +256,7 @@ class Engine:
             "steps": self._steps, "running": s.num_running, "waiting": s.num_waiting,
             "preemptions": s.num_preemptions, "kv_blocks_total": s.num_usable_blocks,
             "kv_blocks_free": s.num_free_blocks, "kv_usage": s.kv_usage,
-            "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "tokens_generated": self._tokens_out,
+            "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "tokens_generated": self.output.tokens_out,
             "kv_pool_bytes": self.runner.kv_pool_bytes(),
             # Python share of the step: its wall time outside session.run (building the run's inputs included)
             "python_overhead": (1 - self._run_time / self._step_time) if self._step_time else 0.0,
@@ -400,7 +268,7 @@ class Engine:
             "spec_acceptance_rate": s.spec_acceptance_rate, "spec_propose_time_s": s.spec_propose_time_s,
             # guided requests: tokens their grammar forced, verified as drafts / accepted (runtime/guided.py)
             "forced_drafted": s.forced_drafted, "forced_accepted": s.forced_accepted,
-            "tokens_per_step": self._tokens_out / self._steps if self._steps else 0.0,
+            "tokens_per_step": self.output.tokens_out / self._steps if self._steps else 0.0,
             # model steps fed the previous step's argmax without a schedule (SchedulerConfig.decode_steps)
             "chained_steps": self._chained_steps,
             "last_step_error": self._last_step_error[1] if self._last_step_error else None,
@@ -416,6 +284,29 @@ class Engine:
     def hidden_size(self) -> int:
         """Width of the final hidden state (the embeddings' full dimension)."""
         return self.runner.hidden_size
+
+    @property
+    def kv_pool(self) -> KVPoolLayout:
+        """The KV pool this engine's session holds: dtype, block size, blocks, bytes."""
+        return self.runner.kv_layout()
+
+    # ---------------------------------------------------------------- direct steps (scoring, benchmarks)
+    # The model run the loop makes, called from outside it: only while the engine is idle (no request in flight),
+    # since they write the KV pool's blocks the caller names and share the session's output buffers.
+    def scorer(self) -> WindowScorer:
+        """Logits of whole token windows through this engine's session (runtime/scoring.py; KV in blocks 1..)."""
+        return WindowScorer(self.runner)
+
+    def execute(self, seqs: list[ScheduledSeq], adapter_slots: dict[str | None, int] | None = None,
+                all_logits: bool = False) -> np.ndarray:
+        """One model step of these seqs, as the loop runs it (ModelRunner.execute): logits [R, V] of their
+        needs_logits rows (a view the next step overwrites), or [T, V] of every row (all_logits). adapter_slots:
+        from engine.adapters.activate(names), which loads the seqs' adapters into session slots."""
+        return self.runner.execute(seqs, adapter_slots=adapter_slots, all_logits=all_logits)
+
+    def end_profiling(self) -> str:
+        """Stop ORT's per-node profile (ORTLLM_ORT_PROFILE set at load); the path of its JSON trace."""
+        return self.runner.session.end_profiling()
 
     @property
     def dead(self) -> BaseException | None:
@@ -492,30 +383,7 @@ class Engine:
         with self._cv:
             updates = self.scheduler.update_from_output(out, ModelRunnerOutput(tokens, forced))
         for u in updates:
-            h = self._handles.get(u.req_id)
-            if h is None:
-                continue
-            if h.hidden is not None:          # an embedding request: its last chunk ran
-                if u.finish_reason is not None:
-                    h.embedding = pool(h.hidden, h.params.pooling)
-                    self._handles.pop(u.req_id)._finish(u.finish_reason)
-                continue
-            self._tokens_out += len(u.new_token_ids)
-            before = len(h.detok.output_token_ids)
-            t_detok = time.perf_counter()
-            h._push(h.detok.step(u.new_token_ids), len(u.new_token_ids))
-            h.detok_time_s += time.perf_counter() - t_detok
-            if h.logprobs is not None:
-                # the tokens the detokenizer took: up to a stop string or stop token id among several
-                used = len(h.detok.output_token_ids) - before + isinstance(h.detok.stop_reason, int)
-                h.logprobs += [x for x in lp[u.req_id][:max(1, used)] if x is not None]
-            more = alive.get(u.req_id, True)
-            if (h.detok.finished or not more) and u.finish_reason is None:   # a stop string or the grammar ended
-                self.scheduler.finish_requests(u.req_id, "stop")
-                err = h.matcher.get_error() if h.matcher is not None and h.matcher.is_error() else None
-                self._handles.pop(u.req_id)._finish(ERROR if err else "stop", err and f"grammar: {err}")
-            elif u.finish_reason is not None:
-                self._handles.pop(u.req_id)._finish(u.finish_reason)
+            self.output.apply(u, lp.get(u.req_id, ()), alive.get(u.req_id, True))
             if u.req_id in self._forks:
                 self._release_forks(u.req_id)
         self._steps += steps
@@ -535,7 +403,7 @@ class Engine:
         guided = [i for i, s in enumerate(rows) if self._handles[s.req_id].matcher is not None]
         masks = (self._masker.submit(self.guided.fill_masks, [self._handles[rows[i].req_id].matcher for i in guided],
                                      [rows[i].spec_token_ids for i in guided]) if guided else None)
-        scored = [s for s in out.seqs if self._wants_prompt_logprobs(s)]
+        scored = [s for s in out.seqs if self.output.wants_prompt_logprobs(s)]
         try:
             logits = self.runner.execute(out.seqs, adapter_slots=slots, all_logits=bool(scored))
         except Exception as e:  # noqa: BLE001 - this step's requests fail; the engine goes on
@@ -544,9 +412,9 @@ class Engine:
             self._run_failed(out, e)
             return None
         if len(self.runner.hidden):
-            self._keep_hidden(out.seqs, self.runner.hidden)
+            self.output.keep_hidden(out.seqs, self.runner.hidden)
         if scored:
-            logits = self._record_prompt_logprobs(out.seqs, logits)
+            logits = self.output.record_prompt_logprobs(out.seqs, logits)
         if masks is not None:
             words = masks.result()
             row = 0
@@ -560,23 +428,6 @@ class Engine:
         alive, forced = self._advance_grammars([rows[i].req_id for i in guided], tokens)
         lp = {s.req_id: sampled.logprobs[o:o + len(tokens[s.req_id])] for s, o in zip(rows, first)}
         return tokens, forced, alive, lp, 1
-
-    def _keep_hidden(self, seqs, hidden: np.ndarray) -> None:
-        """hidden: [E, H], the step's hidden_states rows (model_runner.hidden_rows order). Each embedding request
-        keeps its rows by prompt position (mean pooling), or its last row (last-token pooling)."""
-        row = 0
-        for s in seqs:
-            if not s.hidden_rows:
-                continue
-            h = self._handles.get(s.req_id)
-            if h is not None and h.hidden is not None:
-                rows = hidden[row:row + s.hidden_rows]
-                if h.params.pooling == "last":
-                    h.hidden[0] = rows[-1]
-                else:
-                    end = s.start_pos + s.num_tokens
-                    h.hidden[end - s.hidden_rows:end] = rows
-            row += s.hidden_rows
 
     def _run_steps(self, out: SchedulerOutput, slots: dict[str | None, int]):
         """out.decode_steps greedy model steps, each fed the previous one's argmax (SchedulerConfig.decode_steps),
@@ -643,29 +494,6 @@ class Engine:
                 self._handles.pop(rid)._finish(ERROR, msg)
             if rid in self._forks:
                 self._release_forks(rid)
-
-    def _wants_prompt_logprobs(self, s) -> bool:
-        h = self._handles.get(s.req_id)
-        # the length check skips a prompt recomputed after preemption: its logprobs are already recorded
-        return (h is not None and h.prompt_logprobs is not None and s.start_pos < len(h.prompt_ids) - 1
-                and len(h.prompt_logprobs) == s.start_pos + 1)
-
-    def _record_prompt_logprobs(self, seqs, logits: np.ndarray) -> np.ndarray:
-        """logits: [T, V], every row of the step. Appends the prompt tokens' logprobs (row j of a prefill chunk
-        predicts the token after it) to the requests that asked; returns the [R, V] rows to sample from."""
-        start = 0
-        for s in seqs:
-            if self._wants_prompt_logprobs(s):
-                h = self._handles[s.req_id]
-                upto = min(s.num_tokens, len(h.prompt_ids) - 1 - s.start_pos)   # rows predicting prompt tokens
-                lp = log_softmax(np.asarray(logits[start:start + upto], dtype=np.float32))
-                n = h.params.logprobs or 0
-                for j in range(upto):
-                    tid = h.prompt_ids[s.start_pos + j + 1]
-                    top = np.argsort(-lp[j], kind="stable")[:n] if n else np.zeros(0, np.int64)
-                    h.prompt_logprobs.append(TokenLogprobs(tid, float(lp[j, tid]), top.tolist(), lp[j, top].tolist()))
-            start += s.num_tokens
-        return logits[logits_rows(seqs)]
 
     def _row_states(self, s) -> list[RowState]:
         """The sampler rows of one scheduled seq: one, or with k drafts k + 1 (row j sees drafts[:j] as output)."""

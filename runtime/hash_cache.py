@@ -17,6 +17,8 @@ import os
 import threading
 from pathlib import Path
 
+from .atomic_files import atomic_write
+
 MAX_ENTRIES = 20_000
 
 
@@ -102,11 +104,8 @@ class HashCache:
             merged = {**self._read(), **self._new}
             if len(merged) > MAX_ENTRIES:      # keep the newest: ours last
                 merged = dict(list(merged.items())[-MAX_ENTRIES:])
-            tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             try:
-                self.file.parent.mkdir(parents=True, exist_ok=True)
-                tmp.write_text(json.dumps(merged))
-                tmp.replace(self.file)
+                atomic_write(self.file, json.dumps(merged))
                 self._new.clear()
             except OSError:
-                tmp.unlink(missing_ok=True)
+                pass

@@ -11,6 +11,7 @@ import functools
 import itertools
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -22,10 +23,27 @@ from .errors import ConfigError
 from .lora_stacks import quantize_a, quantize_b
 from .memory_plan import kv_pool_size
 from .ops_library import register_ops
-from .scheduler import ScheduledSeq
+from .scheduler_messages import ScheduledSeq
 
 PACKED = ("a", "a_scale", "b", "b_scale")      # an int8 stack's arrays per adapted projection, in write order
 _KV_NUMPY = C.KV_STORAGE
+
+
+@dataclass(frozen=True)
+class KVPoolLayout:
+    """The paged KV pool a session holds (what memory reports and direct-step callers size against)."""
+    kv: str                     # the artifact's KV dtype name ("fp32", "int8", "fp8")
+    block_size: int             # tokens per block
+    num_blocks: int             # blocks in the pool, the null block 0 included
+    bytes_per_block: int        # over all layers: K and V, plus the 8-bit caches' scales
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.bytes_per_block * self.num_blocks
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.bytes_per_block / self.block_size
 
 
 def logits_rows(seqs: list[ScheduledSeq], starts: list[int] | None = None) -> np.ndarray:
@@ -393,6 +411,9 @@ class ModelRunner:
             self._inputs[name] = bound
             self.io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(bound))   # shares bound's memory
         bound[...] = value
+
+    def kv_layout(self) -> KVPoolLayout:
+        return KVPoolLayout(self.kv, self.block_size, self.num_blocks, self.bytes_per_block)
 
     def kv_pool_bytes(self) -> int:
         return sum(a.nbytes for n, a in self._arrays.items() if "cache" in n or "scales" in n)

@@ -1,5 +1,6 @@
 """Continuous-batching scheduler, vLLM v1 style: an interface, one implementation, plain messages
-(docs/architecture.md, Conventions).
+(runtime/scheduler_messages.py, which the runner and the engine import without this module; docs/architecture.md,
+Conventions).
 
 The engine loop, one step at a time:
 
@@ -48,97 +49,15 @@ import numpy as np
 
 from .block_pool import BlockPool, extend_block_hashes
 from .config import CacheConfig, SchedulerConfig
-from .errors import ConfigError, EmptyPrompt, InvalidTokenIds, Overloaded, PromptTooLong, RequestError
-from .sampling_params import AdapterSpec, SamplingParams, adapter_cache_key, adapter_names
+from .errors import ConfigError, EmptyPrompt, InvalidTokenIds, Overloaded, RequestError
+from .limits import SequenceLimits
+from .sampling_params import SamplingParams, adapter_cache_key, adapter_names
+from .scheduler_messages import (CANCELLED, DEADLINE, ERROR, FINISH_REASONS, LENGTH, STOP,  # noqa: F401
+                                 ModelRunnerOutput, RequestUpdate, ScheduledSeq, SchedulerOutput, SchedulerStats)
 from .speculative import SpecState
 
-STOP, LENGTH, CANCELLED, ERROR, DEADLINE = "stop", "length", "cancelled", "error", "deadline"
-FINISH_REASONS = (STOP, LENGTH, CANCELLED, ERROR, DEADLINE)
 
-
-# ---- messages ------------------------------------------------------------------------------------------
-
-@dataclass
-class ScheduledSeq:
-    """One sequence's share of a step. Its tokens occupy positions start_pos .. start_pos + len(token_ids) - 1."""
-    req_id: str
-    token_ids: list[int]       # [n] tokens fed this step: a prefill chunk, or the last sampled token (decode)
-    start_pos: int             # = tokens already in the KV cache (context_lens[s])
-    block_ids: list[int]       # block table covering start_pos + n tokens; pad with block 0 (null)
-    needs_logits: bool         # last prefill chunk or decode: sample a token from this seq's last row
-    adapter: AdapterSpec       # None: base model; an adapter's name; or a mix ((name, weight), ...) (sampling_params)
-    spec_token_ids: list[int] = field(default_factory=list)   # [k] drafts: the last k of token_ids; logits
-                                                               # for the last k + 1 rows (needs_logits)
-    hidden_rows: int = 0       # embedding requests: the last hidden_rows rows return their final hidden state
-                               # (mean pooling: every row; last-token pooling: the last row of the last chunk)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclass
-class SchedulerOutput:
-    step: int
-    seqs: list[ScheduledSeq]               # batch order: decodes, then running prefill chunks, then admissions
-    num_scheduled_tokens: dict[str, int]   # req_id -> tokens this step
-    total_num_scheduled_tokens: int        # <= max_batch_tokens
-    adapters: list[str]                    # distinct adapters this step (<= max_adapters_per_batch): load first
-    preempted_req_ids: list[str]           # lost their KV this step; queued again, recomputed later
-    finished: dict[str, str]               # req_id -> reason, ended since the last step outside
-                                           # update_from_output (finish_requests, deadline); KV now free
-    # model steps this output covers (SchedulerConfig.decode_steps): > 1 only when every seq decodes one token by
-    # the raw argmax; each seq's block_ids then cover decode_steps more tokens, and step j + 1 feeds step j's
-    # token. The runner output gives each seq 1..decode_steps tokens (fewer: the steps ended early).
-    decode_steps: int = 1
-
-
-@dataclass
-class ModelRunnerOutput:
-    # req_id -> token, for every scheduled seq with needs_logits; a seq with drafts gets a list: the drafts
-    # the target accepted, then its own next token (speculative.accept)
-    sampled_token_ids: dict[str, int | list[int]]
-    # req_id -> the tokens its grammar forces after those (guided requests): next step's drafts for it
-    forced_token_ids: dict[str, list[int]] = field(default_factory=dict)
-
-
-@dataclass
-class RequestUpdate:
-    req_id: str
-    new_token_ids: list[int]               # appended this step (the stop token included)
-    finish_reason: str | None              # None: still running
-
-
-@dataclass
-class SchedulerStats:
-    step: int
-    num_running: int
-    num_waiting: int
-    num_preemptions: int                   # total since start
-    num_free_blocks: int                   # free + cached-but-unreferenced
-    num_usable_blocks: int                 # pool size minus the null block
-    num_cached_blocks: int
-    prefix_cache_queries: int              # prompt tokens looked up at admission
-    prefix_cache_hits: int                 # of those, found cached
-    spec_rows: int = 0                     # decode rows that carried drafts
-    spec_drafted: int = 0                  # draft tokens verified
-    spec_accepted: int = 0                 # of those, accepted
-    spec_propose_time_s: float = 0.0       # spent proposing drafts (inside schedule())
-    forced_drafted: int = 0                # grammar-forced draft tokens verified (guided requests)
-    forced_accepted: int = 0               # of those, accepted
-
-    @property
-    def spec_acceptance_rate(self) -> float:
-        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-
-    @property
-    def kv_usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.num_usable_blocks
-
+# ---- the scheduler's own state (its messages: runtime/scheduler_messages.py) ------------------------------
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -188,7 +107,7 @@ class SchedulerInterface(abc.ABC):
         """Queue a request; it runs from a later schedule().
 
         Raises at once, queueing nothing: InvalidSamplingParams, EmptyPrompt, InvalidTokenIds, PromptTooLong
-        (prompt + max_tokens can never fit the KV pool or max_model_len), RequestError (id in use),
+        (prompt + max_tokens can never fit: self.limits, runtime/limits.py), RequestError (id in use),
         Overloaded (max_queued requests already waiting).
         """
 
@@ -250,11 +169,13 @@ class Scheduler(SchedulerInterface):
                  eos_token_ids: Collection[int] = (), vocab_size: int | None = None,
                  is_resident: Callable[[str], bool] | Container[str] | None = None,
                  adapter_key: Callable[[str], str] | None = None,
+                 context_length: int | None = None,
                  clock: Callable[[], float] = time.monotonic):
         """num_blocks: the pool size (block 0 included) if cache.num_blocks was left to a memory budget.
         is_resident: adapter name -> already in a session slot (a callable or a set); None: all are.
         adapter_key: adapter name -> its content key (the engine passes the manifest's sha256), read once per
-        request for the prefix-cache hashes; None: the name itself (only for tests without a model)."""
+        request for the prefix-cache hashes; None: the name itself (only for tests without a model).
+        context_length: the model's positions, one of the limits (self.limits); None: the pool and max_model_len."""
         num_blocks = num_blocks or cache.num_blocks
         if num_blocks is None:
             raise ConfigError("Scheduler needs num_blocks: set CacheConfig.num_blocks or pass "
@@ -274,6 +195,8 @@ class Scheduler(SchedulerInterface):
         else:
             self._is_resident = is_resident.__contains__
         self._adapter_key = adapter_key or (lambda name: name)
+        # how many tokens a sequence may hold: the one place that decides it (runtime/limits.py)
+        self.limits = SequenceLimits.of(config, self.pool.num_usable, self.block_size, context_length)
         self.clock = clock
         self.requests: dict[str, Request] = {}   # unfinished requests by id
         self.waiting: list[Request] = []           # unordered; ordered by _waiting_key in schedule()
@@ -305,13 +228,7 @@ class Scheduler(SchedulerInterface):
             bad = [t for t in prompt if not 0 <= t < self.vocab_size]
             if bad:
                 raise InvalidTokenIds(f"token ids must be in [0, {self.vocab_size}); got {bad[:5]}")
-        capacity, what = self.pool.num_usable * self.block_size, (
-            f"KV pool of {self.pool.num_usable} blocks x {self.block_size} tokens; raise num_blocks")
-        if self.config.max_model_len is not None and self.config.max_model_len < capacity:
-            capacity, what = self.config.max_model_len, "max_model_len"
-        generated = 0 if params.pooling else params.max_tokens      # an embedding request generates nothing
-        if len(prompt) + generated > capacity:
-            raise PromptTooLong(len(prompt), capacity, generated, what)
+        self.limits.admit(len(prompt), 0 if params.pooling else params.max_tokens)   # an embedding generates nothing
         if len(self.waiting) >= self.config.max_queued:
             raise Overloaded(len(self.waiting), self.config.max_queued)
         key = adapter_cache_key(params.adapter_mix, self._adapter_key)   # a mix: each adapter's key and weight

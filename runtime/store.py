@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 
 from . import contract as C
 from .artifact import ArtifactError, Manifest
+from .atomic_files import atomic_file, atomic_write, link_or_copy
 from .errors import OrtllmError
 from .hash_cache import HashCache, ortllm_home
 from .process import pid_alive
@@ -72,20 +73,6 @@ def looks_like_name(text: str) -> bool:
     return "/" not in str(text) and bool(_NAME.match(name)) and (not tag or bool(_TAG.match(tag)))
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 class Store:
     def __init__(self, home: str | os.PathLike | None = None):
         self.home = Path(home).expanduser() if home is not None else ortllm_home()
@@ -111,6 +98,18 @@ class Store:
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def scratch(self, kind: str) -> Iterator[Path]:
+        """A new directory $ORTLLM_HOME/tmp/<kind>-<pid>-<random>/ for a build or a draft (`ortllm pull`, Ollama's
+        create), on the store's file system so its files link into blobs; removed whatever happens (a killed
+        process's by the next collection)."""
+        work = self.home / "tmp" / f"{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        work.mkdir(parents=True)
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def writing(self):
         """Held (shared) while blobs, views or manifests are added; garbage collection waits for it."""
@@ -216,12 +215,7 @@ class Store:
         tmp.mkdir(parents=True)
         try:
             for name, sha in files.items():
-                dst = tmp / name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(self.blob(sha), dst)
-                except OSError:      # no hard links here: a copy (ORT refuses external data behind a symlink)
-                    shutil.copyfile(self.blob(sha), dst)
+                link_or_copy(self.blob(sha), tmp / name)
             try:
                 tmp.rename(view)
             except OSError:           # another process made it first
@@ -268,7 +262,7 @@ class Store:
             entry = {"schema": 1, "name": str(ref), "artifact": f"sha256-{digest}", "source": source,
                      "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             self._make_view(entry)
-            _atomic_write(self._manifest_path(ref), json.dumps(entry, indent=2, sort_keys=True) + "\n")
+            atomic_write(self._manifest_path(ref), json.dumps(entry, indent=2, sort_keys=True) + "\n", fsync=True)
         cache.save()
         return entry
 
@@ -284,10 +278,8 @@ class Store:
                     progress(size)
                 return
             damaged = st.st_ino            # a damaged blob: written again, and views relinked to the new one
-        self.blobs.mkdir(parents=True, exist_ok=True)
-        tmp = self.blobs / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         h = hashlib.sha256()
-        try:
+        with atomic_file(dst) as tmp:
             with open(src, "rb") as fi, open(tmp, "wb") as fo:
                 while block := fi.read(1 << 22):
                     h.update(block)
@@ -300,10 +292,6 @@ class Store:
                 raise StoreError(f"{src} does not match its sha256 in the artifact's manifest ({name}): the source "
                                  "artifact is damaged; rebuild it with --force, then pull again")
             os.chmod(tmp, 0o444)
-            tmp.replace(dst)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
         if damaged is not None:
             self._relink(damaged, dst)
         cache.remember(dst, sha)
@@ -315,9 +303,8 @@ class Store:
         for f in self.views.rglob("*"):
             with contextlib.suppress(OSError):
                 if not f.is_symlink() and f.is_file() and f.stat().st_ino == old_ino:
-                    tmp = f.with_name(f".{f.name}.relink-{os.getpid()}")
-                    os.link(blob, tmp)
-                    tmp.replace(f)
+                    with atomic_file(f) as tmp:
+                        os.link(blob, tmp)
 
     def copy(self, src: str, dst: str, force: bool = False) -> ModelRef:
         """`ortllm cp`: a second name for the same artifact (a new small manifest; no file is copied)."""
@@ -328,7 +315,7 @@ class Store:
         with self.writing():
             if self.has(dref) and not force:
                 raise StoreError(f"{dref} is already in the store; `ortllm rm {dref}` first or pass --force")
-            _atomic_write(self._manifest_path(dref), json.dumps(entry, indent=2, sort_keys=True) + "\n")
+            atomic_write(self._manifest_path(dref), json.dumps(entry, indent=2, sort_keys=True) + "\n", fsync=True)
         return dref
 
     # ---------------------------------------------------------------- removing
@@ -361,7 +348,7 @@ class Store:
             except StoreError:
                 keep_blobs.add(entry["artifact"].removeprefix("sha256-"))
         freed = 0
-        for work in (self.home / "tmp").glob("pull-*-*"):      # build directories of killed pulls
+        for work in (self.home / "tmp").glob("*-*-*"):      # scratch directories (pulls, creates) of killed processes
             pid = work.name.split("-")[1]
             if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(work, ignore_errors=True)
@@ -391,7 +378,7 @@ class Store:
     def register_server(self, state: dict) -> Path:
         """Write this process's server state (replaced atomically at each change)."""
         path = self.servers / f"{os.getpid()}.json"
-        _atomic_write(path, json.dumps({**state, "pid": os.getpid()}, indent=2) + "\n")
+        atomic_write(path, json.dumps({**state, "pid": os.getpid()}, indent=2) + "\n", fsync=True)
         return path
 
     def unregister_server(self) -> None:

@@ -6,10 +6,10 @@ A model pulled or created here is served at once: it loads on its first request,
     pull   a store name already there -> served;  an artifact directory -> Store.put (progress per file);
            a recipe, GGUF file or HF directory -> `ortllm pull SPEC --name NAME:latest` in a child process
            (the build is the pipeline's; the service does not import it), its log lines as status lines
-    create from + adapters + system + parameters + template -> a new artifact (the base's files linked, the
-           adapter converted in, modelfile.json with the defaults, the template in tokenizer_config.json)
-           -> Store.put: only the new files take space. Requests to it carry its adapter (every API) and,
-           on the Ollama routes, its system message and parameters unless they send their own.
+    create from + adapters + system + parameters + template -> runtime/model_create.py: a new artifact (the
+           base's files linked, the adapter converted in, modelfile.json with the defaults, the template in
+           tokenizer_config.json) -> Store.put: only the new files take space. Requests to it carry its adapter
+           (every API) and, on the Ollama routes, its system message and parameters unless they send their own.
 
 Progress is streamed as Ollama streams it: NDJSON lines {"status", "digest"?, "total"?, "completed"?}, the last
 {"status": "success"}; with stream: false one JSON object, the last line. An error after the stream started is
@@ -20,11 +20,10 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
+import shutil
 import tempfile
-import uuid
 from importlib.resources import files
 from pathlib import Path
 from typing import Iterator
@@ -34,14 +33,15 @@ from flask import Blueprint, Response, current_app, jsonify, request, stream_wit
 from ortllm.protocol.bodies import OLLAMA_COPY, OLLAMA_CREATE, OLLAMA_DELETE, OLLAMA_PULL
 from ortllm.protocol.errors import APIError, bad_request
 from ortllm.runtime import contract as C
-from ortllm.runtime.adapter_files import add_adapter
-from ortllm.runtime.artifact import file_entry, read_manifest
-from ortllm.runtime.errors import OrtllmError
+from ortllm.runtime.artifact import read_manifest
+from ortllm.runtime.atomic_files import atomic_file
+from ortllm.runtime.errors import AdapterFileError, OrtllmError
+from ortllm.runtime.model_create import create_model
 from ortllm.runtime.store import DEFAULT_TAG, ModelRef, Store, StoreError, looks_like_name
 
 from .body import read_json_object
 from .openapi import document
-from .resources import MODELFILE, current_resources, read_modelfile
+from .resources import current_resources
 from .server_paths import server_path
 
 # Who may call these (every one changes the store or what is served): auth.MANAGE, applied by auth.check_access.
@@ -283,10 +283,8 @@ def blob_upload(digest: str):
     sha = _digest(digest)
     request.max_content_length = current_app.config["ORTLLM"].max_upload_bytes     # 413 beyond (--max-upload-size)
     folder = _uploads(_store())
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     h = hashlib.sha256()
-    try:
+    with atomic_file(folder / f"sha256-{sha}") as tmp:
         with open(tmp, "wb") as f:
             while chunk := request.stream.read(1 << 20):
                 h.update(chunk)
@@ -294,9 +292,6 @@ def blob_upload(digest: str):
         if h.hexdigest() != sha:
             raise bad_request(f"the body's sha256 is {h.hexdigest()}, not the {sha} the path names; send the file "
                               "again", param="digest", code="digest_mismatch")
-        tmp.replace(folder / f"sha256-{sha}")
-    finally:
-        tmp.unlink(missing_ok=True)
     return Response(status=201)
 
 
@@ -347,60 +342,22 @@ def _check_template(template: str) -> None:
 
 
 def _create_lines(v: dict, ref: ModelRef, base: Path, base_name: str) -> Iterator[dict]:
+    """runtime/model_create.py's progress as Ollama's lines; the uploaded blobs it names checked first."""
     store = _store()
-    yield {"status": f"using {base_name} as the base"}
-    inherited = read_modelfile(base)
-    work = store.home / "tmp" / f"create-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    art = work / "artifact"
+    files = _adapter_blobs(store, v["adapters"] or {})
     try:
-        _link_artifact(base, art)
-        manifest = read_manifest(art).to_dict()
-        adapter = inherited.get("adapter")
-        if v["adapters"]:
-            adapter = ref.name[:64]
-            yield {"status": f"converting adapter {adapter}"}
-            peft = _peft_dir(store, v["adapters"], work / "peft")
-            try:
-                add_adapter(art, peft, adapter, force=True)
-            except OrtllmError as e:
-                raise bad_request(f"adapters: {e}", param="adapters") from None
-            manifest = read_manifest(art).to_dict()
-        if v["template"] is not None:
-            yield {"status": "writing template"}
-            _replace_json(art, C.TOKENIZER_CONFIG, manifest,
-                          lambda cfg: {**cfg, "chat_template": v["template"]})
-        modelfile = {"from": base_name, "adapter": adapter,
-                     "system": v["system"] if v["system"] is not None else inherited.get("system"),
-                     "parameters": {**inherited.get("parameters", {}), **(v["parameters"] or {})},
-                     "template": v["template"] if v["template"] is not None else inherited.get("template"),
-                     "license": v["license"] if v["license"] is not None else inherited.get("license")}
-        _write_file(art, MODELFILE, json.dumps(modelfile, indent=2, sort_keys=True) + "\n", manifest)
-        (art / (C.MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        (art / (C.MANIFEST + ".tmp")).replace(art / C.MANIFEST)
-        yield {"status": "writing manifest"}
-        store.put(art, ref, source=f"created from {base_name}", force=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        for status in create_model(store, ref, base, base_name, adapter_files=files, system=v["system"],
+                                   parameters=v["parameters"], template=v["template"], license=v["license"]):
+            yield {"status": status}
+    except AdapterFileError as e:
+        raise bad_request(str(e), param="adapters") from None
     _serve(ref, store)
     yield {"status": "success"}
 
 
-def _link_artifact(src: Path, dst: Path) -> None:
-    """dst: the artifact at src, each file a hard link (a copy where links fail). Files that change are replaced
-    (written beside and renamed), never written through a link."""
-    files = [*read_manifest(src).files, C.MANIFEST]
-    for name in files:
-        d = dst / name
-        d.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src / name, d)
-        except OSError:
-            shutil.copyfile(src / name, d)
-
-
-def _peft_dir(store: Store, adapters: dict[str, str], out: Path) -> Path:
-    """The uploaded files as a PEFT directory (adapter_config.json + adapter_model.safetensors)."""
-    out.mkdir(parents=True)
+def _adapter_blobs(store: Store, adapters: dict[str, str]) -> dict[str, Path]:
+    """The uploaded files `adapters` names (file name -> digest), by file name."""
+    out = {}
     for name, digest in adapters.items():
         blob = _uploads(store) / f"sha256-{_digest(digest)}"
         if not blob.is_file():
@@ -408,20 +365,5 @@ def _peft_dir(store: Store, adapters: dict[str, str], out: Path) -> Path:
                               "first (ollama's client: create_blob)", param="adapters")
         if Path(name).name != name:
             raise bad_request(f"adapters: {name!r} must be a file name, not a path", param="adapters")
-        os.link(blob, out / name) if blob.stat().st_dev == out.stat().st_dev else shutil.copyfile(blob, out / name)
+        out[name] = blob
     return out
-
-
-def _write_file(art: Path, name: str, text: str, manifest: dict) -> None:
-    tmp = art / (name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(art / name)
-    manifest["files"][name] = file_entry(art / name)
-
-
-def _replace_json(art: Path, name: str, manifest: dict, change) -> None:
-    try:
-        current = json.loads((art / name).read_text())
-    except (OSError, ValueError):
-        current = {}
-    _write_file(art, name, json.dumps(change(current), indent=2, ensure_ascii=False) + "\n", manifest)

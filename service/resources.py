@@ -8,7 +8,6 @@ room), and is unloaded after `keep_alive_s` without requests. A request holds it
 up the engine until its response is closed (`begin()` ... `end()`), so a model never goes under a request."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from flask import Flask, current_app
 
+from ortllm.runtime.artifact_editor import read_defaults
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import OrtllmError
 from ortllm.runtime.session_manager import MemoryBudgetExceeded, SessionManager
@@ -54,7 +54,7 @@ class EngineResource:
         self._idle = threading.Condition(self._lock)
         self.ready = threading.Event()
         # a model made by POST /api/create: its defaults (system, parameters, template, adapter), else {}
-        self.modelfile = read_modelfile(self.path if engine is None else engine.artifact.path)
+        self.modelfile = read_defaults(self.path if engine is None else engine.artifact.path)
         if engine is not None:
             self._on_loaded(engine)
 
@@ -399,25 +399,12 @@ class ModelPool:
             self._state_file = None
 
 
-MODELFILE = "modelfile.json"      # in an artifact POST /api/create made: {from, system, parameters, template, ...}
-
-
-def read_modelfile(path: Path | None) -> dict:
-    """The defaults of a model POST /api/create made (its artifact's modelfile.json), else {}."""
-    if path is None:
-        return {}
-    try:
-        return json.loads((Path(path) / MODELFILE).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def engine_limits(engine: Engine) -> dict:
     """What one engine accepts: the longest sequence (prompt + generated), sequences running at once, tokens per
     step, requests waiting before 429, and its KV pool (/v1/models, /health; `ortllm serve` sizes them)."""
     s = engine.config.scheduler
     stats = engine.stats()
-    return {"max_model_len": min(engine.context_length, s.max_model_len or engine.context_length),
+    return {"max_model_len": engine.limits.room,
             "max_num_seqs": s.max_num_seqs, "max_queued": s.max_queued, "max_batch_tokens": s.max_batch_tokens,
             "kv_cache_tokens": (stats["kv_blocks_total"]) * engine.config.cache.block_size,
             "kv_cache_bytes": stats["kv_pool_bytes"]}

@@ -8,6 +8,7 @@ fixed in the code, by moving what both sides need to where the rules let both re
 """
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -30,9 +31,11 @@ RULES = {
     "runtime": Rule("the engine and the artifact contract: imports nothing of ours outside runtime/; downloads from a "
                     "model hub are the build's (pipeline/hub.py), never the runtime's", (), ("huggingface_hub",)),
     "pipeline": Rule("the offline build: the artifact contract and the tokenizer of the runtime (artifact "
-                     "verification uses hash_cache and process), calibration's text and tasks; never the engine",
+                     "verification uses hash_cache, which writes through atomic_files, and process), calibration's "
+                     "text and tasks; never the engine",
                      ("runtime.contract", "runtime.artifact", "runtime.errors", "runtime.tokenizer",
-                      "runtime.hash_cache", "runtime.process", "calibration.data", "calibration.adapter_tasks")),
+                      "runtime.hash_cache", "runtime.process", "runtime.atomic_files", "calibration.data",
+                      "calibration.adapter_tasks")),
     "protocol": Rule("the OpenAI/Ollama request and response protocol, shared by the service and the batch job: "
                      "the runtime only, and no Flask", ("runtime",), ("flask", "werkzeug")),
     "service": Rule("the HTTP service drives the engine through the protocol (a hub pull runs `ortllm pull` in a "
@@ -140,6 +143,32 @@ def test_planted_violations_are_caught(tmp_path):
     for e in expected:
         assert any(v.startswith(e) for v in got), (e, got)
     assert not [v for v in got if v.startswith(("pipeline.ok", "service.app", "protocol.p ", "cli "))], got
+
+
+def runner_users(graph: Graph) -> list[str]:
+    """Every `.runner` outside runtime/ (module:line). The engine's model runner (its ORT session, KV pool and output
+    buffers) is runtime's own: calibration, bench and the service use the engine's API for what they need
+    (Engine.scorer, Engine.execute, Engine.kv_pool, Engine.vocab_size, Engine.end_profiling)."""
+    out = []
+    for mod, path in sorted(graph.modules.items()):
+        if mod.split(".")[0] == "runtime":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == "runner":
+                out.append(f"{mod}:{node.lineno}")
+    return out
+
+
+def test_nothing_outside_runtime_touches_an_engines_runner(tmp_path):
+    """A planted `engine.runner` in bench and in calibration is caught; runtime's own use and `from .runner import`
+    (batch/runner.py, a module of its own) are not."""
+    assert runner_users(Graph()) == []
+    g = _tree(tmp_path, {
+        "runtime/__init__.py": "", "runtime/engine.py": "def f(self):\n    return self.runner.vocab_size\n",
+        "bench/__init__.py": "", "bench/b.py": "def f(engine):\n    return engine.runner.block_size\n",
+        "calibration/__init__.py": "", "calibration/c.py": "def f(e):\n    x = 1\n    return e.runner\n",
+        "batch/__init__.py": "", "batch/runner.py": "X = 1\n", "batch/job.py": "from .runner import X\n"})
+    assert runner_users(g) == ["bench.b:2", "calibration.c:3"]
 
 
 def importers_of_the_tests(graph: Graph) -> list[str]:

@@ -24,7 +24,7 @@ from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.ops_library import ops_isa
-from ortllm.runtime.scheduler import ScheduledSeq
+from ortllm.runtime.scheduler_messages import ScheduledSeq
 
 BATCH, CONTEXT = 16, 128
 
@@ -56,21 +56,21 @@ def main() -> None:
 
 
 def run(engine: Engine, names: list[str], rounds: int, pairs: int) -> list[tuple[float, float]]:
-    runner, rng = engine.runner, np.random.default_rng(0)
-    per_seq = -(-(CONTEXT + 1) // runner.block_size)
+    rng = np.random.default_rng(0)
+    per_seq = -(-(CONTEXT + 1) // engine.kv_pool.block_size)
     tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(BATCH)]
-    runner.execute([ScheduledSeq(f"p{i}", rng.integers(3, runner.vocab_size, CONTEXT).tolist(), 0, tables[i], True,
+    engine.execute([ScheduledSeq(f"p{i}", rng.integers(3, engine.vocab_size, CONTEXT).tolist(), 0, tables[i], True,
                                  None) for i in range(BATCH)])
     slots, failed = engine.adapters.activate(names)
     if failed:
         raise SystemExit(f"could not load adapters: {failed}")
-    last = rng.integers(3, runner.vocab_size, BATCH).tolist()
+    last = rng.integers(3, engine.vocab_size, BATCH).tolist()
 
     def step(lora: bool) -> tuple[float, float]:
         seqs = [ScheduledSeq(f"p{i}", [last[i]], CONTEXT, tables[i], True, names[i % len(names)] if lora else None)
                 for i in range(BATCH)]
         cpu, wall = time.thread_time(), time.perf_counter()
-        runner.execute(seqs, adapter_slots=slots)
+        engine.execute(seqs, adapter_slots=slots)
         return time.thread_time() - cpu, time.perf_counter() - wall
 
     for _ in range(3):

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         prompts = [rng.integers(100, vocab, a.prompt_tokens).tolist() for _ in range(a.batch)]
         engine.generate(prompts, params)
         stats = engine.stats()
-        trace = engine.runner.session.end_profiling()
+        trace = engine.end_profiling()
     events = json.loads(Path(trace).read_text())
     by_op, calls = collections.Counter(), collections.Counter()
     runs = 0
