@@ -25,6 +25,12 @@ CONTEXT = "the model's context length"
 MAX_MODEL_LEN = "max_model_len"
 
 
+def configured_sequence_tokens(config: SchedulerConfig, context_length: int) -> int:
+    """The sequence length the config asks for, before any KV pool exists (the memory plan sizes the pool from it,
+    and reports a max_model_len past the model's context as a problem): max_model_len, else the model's context."""
+    return config.max_model_len or context_length
+
+
 @dataclass(frozen=True)
 class SequenceLimits:
     kv_pool_blocks: int                 # usable KV blocks (the null block excluded)

@@ -20,6 +20,7 @@ from pathlib import Path
 from . import contract as C
 from .config import AUTO, DEFAULT_KV_BUDGET_BYTES, EngineConfig
 from .errors import ConfigError
+from .limits import configured_sequence_tokens
 
 GIB = 1 << 30
 RUNTIME_BYTES = 256 << 20       # ONNX Runtime, the tokenizer, Python and the server around the session
@@ -36,7 +37,7 @@ class MemoryPlan:
     block_size: int
     bytes_per_block: int
     kv_dtype: str
-    max_model_len: int           # the most tokens one sequence holds (prompt + generated)
+    seq_tokens: int              # the most tokens one sequence holds (prompt + generated): max_model_len
     model_context: int           # the model's own context length
     max_num_seqs: int
     max_batch_tokens: int
@@ -54,11 +55,11 @@ class MemoryPlan:
     @property
     def full_sequences(self) -> int:
         """Sequences of max_model_len tokens the KV pool holds at once."""
-        return self.kv_tokens // max(1, self.max_model_len)
+        return self.kv_tokens // max(1, self.seq_tokens)
 
     def limits(self) -> dict:
         """The serving limits this plan gives (what /v1/models and /health report)."""
-        return {"max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
+        return {"max_model_len": self.seq_tokens, "max_num_seqs": self.max_num_seqs,
                 "max_batch_tokens": self.max_batch_tokens, "kv_cache_tokens": self.kv_tokens,
                 "kv_cache_bytes": self.kv}
 
@@ -68,7 +69,7 @@ class MemoryPlan:
                   if self.auto else "")
         out = [f"weights   {_gib(self.weights)}",
                f"KV cache  {_gib(self.kv)}  {self.kv_dtype}, {self.num_blocks - 1} blocks x {self.block_size} = "
-               f"{self.kv_tokens} tokens: {self.full_sequences} sequences of {self.max_model_len} "
+               f"{self.kv_tokens} tokens: {self.full_sequences} sequences of {self.seq_tokens} "
                f"({n('max_model_len')}) at once, {self.max_num_seqs} running ({n('max_num_seqs')}){kv_how}",
                f"adapters  {_gib(self.adapters)}  slot stacks + adapter weights in host RAM",
                f"headroom  {_gib(self.headroom)}  activations of {self.max_batch_tokens} batch tokens "
@@ -77,9 +78,9 @@ class MemoryPlan:
         if self.full_sequences < self.max_num_seqs and self.full_sequences >= 1:
             out.append(f"note: at full context {self.full_sequences} of {self.max_num_seqs} sequences fit the KV pool "
                        "at once; the others wait or are preempted and resumed")
-        if self.kv_tokens < self.max_model_len:
+        if self.kv_tokens < self.seq_tokens:
             out.append(f"note: one sequence holds at most {self.kv_tokens} tokens (the KV pool), fewer than "
-                       f"{n('max_model_len')} {self.max_model_len}")
+                       f"{n('max_model_len')} {self.seq_tokens}")
         return out
 
     def problems(self, names: dict[str, str] | None = None, context_given: bool = True) -> list[str]:
@@ -87,12 +88,12 @@ class MemoryPlan:
         context was asked for (a pool too small for one such sequence is then refused, else only noted)."""
         n = _namer(names)
         out = []
-        if self.max_model_len > self.model_context:
-            out.append(f"{n('max_model_len')} {self.max_model_len} is more than the model's context length "
+        if self.seq_tokens > self.model_context:
+            out.append(f"{n('max_model_len')} {self.seq_tokens} is more than the model's context length "
                        f"({self.model_context}); lower {n('max_model_len')} to at most {self.model_context}")
-        if context_given and self.kv_tokens < self.max_model_len:
+        if context_given and self.kv_tokens < self.seq_tokens:
             out.append(f"the KV pool holds {self.kv_tokens} tokens, fewer than one sequence of {n('max_model_len')} "
-                       f"{self.max_model_len}; raise {n('memory_budget_bytes')} (or use {AUTO}) or lower "
+                       f"{self.seq_tokens}; raise {n('memory_budget_bytes')} (or use {AUTO}) or lower "
                        f"{n('max_model_len')}")
         if self.available is not None and self.total > self.available:
             biggest = max((("KV cache", self.kv), ("weights", self.weights), ("adapters", self.adapters)),
@@ -118,7 +119,7 @@ def plan_memory(config: EngineConfig, artifact, available: int | None = None) ->
     dtype = cache.kv_dtype or C.KV_DTYPES[artifact.manifest["build"]["kv"]]
     per_block = cache.bytes_per_block(cfg["num_layers"], cfg["num_kv_heads"], cfg["head_dim"], dtype)
     model_context = int(cfg["max_position_embeddings"])
-    max_model_len = sched.max_model_len or model_context
+    seq_tokens = configured_sequence_tokens(sched, model_context)
     weights = artifact.file(C.MODEL_DATA).stat().st_size
     adapters = adapter_slot_bytes(cfg, config, artifact.manifest["build"].get("quant", "fp32")) + min(
         config.adapters.host_budget_bytes, _adapter_file_bytes(artifact.path))
@@ -128,13 +129,13 @@ def plan_memory(config: EngineConfig, artifact, available: int | None = None) ->
     auto = cache.num_blocks is None and cache.memory_budget_bytes == AUTO
     if auto:
         free = (available or 2 * DEFAULT_KV_BUDGET_BYTES) - weights - adapters - headroom
-        wanted = sched.max_num_seqs * -(-max_model_len // cache.block_size) + 1
+        wanted = sched.max_num_seqs * -(-seq_tokens // cache.block_size) + 1
         num_blocks = max(2, min(int(cache.auto_share * max(free, 0)) // per_block, wanted))
     else:
         num_blocks = cache.resolve_num_blocks(per_block)
     return MemoryPlan(weights=weights, kv=num_blocks * per_block, adapters=adapters, headroom=headroom,
                       available=available, num_blocks=num_blocks, block_size=cache.block_size,
-                      bytes_per_block=per_block, kv_dtype=dtype, max_model_len=max_model_len,
+                      bytes_per_block=per_block, kv_dtype=dtype, seq_tokens=seq_tokens,
                       model_context=model_context, max_num_seqs=sched.max_num_seqs,
                       max_batch_tokens=sched.max_batch_tokens, auto=auto, auto_share=cache.auto_share)
 
