@@ -120,7 +120,7 @@ SERVICE = (
     Option("--allowed-path", "a directory whose files requests may name (pull, /v1/adapters); repeatable", _service,
            "allowed_paths", type=Path, metavar="DIR", repeat=True, default_text="the store, $ORTLLM_HOME"),
     Option("--cors-origin", "a page origin (http://localhost:3000, or *) allowed to call the API; repeatable",
-           _service, "cors_origins", metavar="ORIGIN", repeat=True, default_text="none: CORS off"),
+           _service, "cors_origins", type=str, metavar="ORIGIN", repeat=True, default_text="none: CORS off"),
     Option("--max-request-size", "largest request body, e.g. 1M; larger get 413", _service, "max_body_bytes",
            type=size, metavar="SIZE", default_text="1M"),
     Option("--max-upload-size", "largest file sent to POST /api/blobs, e.g. 512M; larger get 413", _service,
