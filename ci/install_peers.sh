@@ -25,11 +25,11 @@
 #       openvino-int8/           int8 per channel, asymmetric (`openvino-int8`)
 #       openvino-int4-awq/       int4 asymmetric g32 + AWQ + scale estimation on data of its own (--dataset auto:
 #                                no data set to download), its best data-free 4-bit recipe (`openvino-awq`)
-#   .venv-peers-ov/              OpenVINO's own virtualenv (git-ignored): optimum-intel and nncf need transformers
-#                                < 5 (optimum-intel 2.2 pins it), onnxruntime-genai's builder >= 5, so they cannot
-#                                share .venv-peers; openvino, openvino-genai, openvino-tokenizers, optimum-intel,
-#                                nncf, torch 2.13.0 (CPU); optimum-intel pulls a CUDA torchvision that breaks
-#                                transformers' imports: it is uninstalled
+#   .venv-peers-ov/              OpenVINO's own virtualenv (git-ignored): optimum-intel 2.2 requires transformers
+#                                < 5.6, .venv-peers pins 5.23 for onnxruntime-genai's builder, so they cannot share
+#                                one; openvino, openvino-genai, openvino-tokenizers, optimum-intel, nncf,
+#                                transformers 5.5.4, torch 2.13.0 (CPU); optimum-intel pulls a CUDA torchvision that
+#                                breaks transformers' imports: it is uninstalled
 #
 # Needs ortllm's venv (.venv, `make setup`) for the weights. Environment knobs:
 #   MODEL=NAME     the ortllm recipe (smollm2-135m-instruct, tinyllama-1.1b-shape, llama-tiny-random, ...)
@@ -47,7 +47,8 @@ JOBS=${PEERS_JOBS:-$(nproc)}
 NICE="nice -n ${PEERS_NICE:-0}"
 ONLY=${PEERS_ONLY:-"llama.cpp genai transformers openvino"}
 OV_VENV=${ORTLLM_PEERS_OV_VENV:-.venv-peers-ov}
-OV_PKGS=(openvino==2026.4.1 openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0 optimum-intel==2.2.0 nncf==3.4.0)
+OV_PKGS=(openvino==2026.4.1 openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0 optimum-intel==2.2.0 nncf==3.4.0
+         transformers==5.5.4)
 LLAMA_CPP_PYTHON=llama-cpp-python==0.3.36
 GENAI_PKGS=(onnxruntime-genai==0.18.0 transformers==5.23.0 onnx==1.23.2 onnx-ir==1.1.0)
 GGUF_PY=gguf==0.19.0

@@ -59,15 +59,15 @@ class OpenVinoDriver:
         self.ir = self._ir_info()
 
     def _ir_info(self) -> dict:
-        """What optimum-cli wrote: its weight compression options (openvino_model.xml's rt_info), or {}."""
-        try:
-            rt = self.ov.Core().read_model(os.path.join(self.dir, "openvino_model.xml")).get_rt_info()
-            keys = ("mode", "group_size", "ratio", "all_layers", "awq", "scale_estimation", "dataset",
-                    "backup_mode", "sensitivity_metric")
-            return {k: str(rt["nncf"]["weight_compression"][k]) for k in keys
-                    if rt["nncf"]["weight_compression"].has(k)} if rt.has("nncf") else {}
-        except Exception:  # noqa: BLE001 - informational only
-            return {}
+        """What optimum-cli wrote: nncf's weight compression options (the rt_info at the end of openvino_model.xml)."""
+        import re
+        with open(os.path.join(self.dir, "openvino_model.xml"), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 16384))
+            tail = f.read().decode(errors="replace")
+        keys = ("mode", "group_size", "ratio", "all_layers", "awq", "scale_estimation", "backup_mode", "gptq")
+        found = dict(re.findall(r'<(\w+) value="([^"]*)" />', tail.split("<weight_compression>")[-1]))
+        return {k: found[k] for k in keys if k in found} if "<weight_compression>" in tail else {}
 
     def info(self) -> dict:
         ov_core = self.ov.Core()
@@ -75,7 +75,8 @@ class OpenVinoDriver:
             ov_core.get_property("CPU", "SUPPORTED_PROPERTIES") else None
         return {"system": self.system, "version": self.version, "weight_compression": self.ir,
                 "kv_cache_precision": str(kv), "inference_precision": str(ov_core.get_property(
-                    "CPU", "INFERENCE_PRECISION_HINT")), "properties": self.properties}
+                    "CPU", "INFERENCE_PRECISION_HINT")), "cpu_pinning": bool(ov_core.get_property(
+                    "CPU", "ENABLE_CPU_PINNING")), "properties": self.properties}
 
     def run(self, batch: int, prompt_len: int, new: int, seed: int):
         og, ov = self.og, self.ov
