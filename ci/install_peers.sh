@@ -235,8 +235,9 @@ fi
 
 # OpenVINO: optimum-intel's exporter (nncf compresses the weights; openvino-tokenizers converts the tokenizer) on
 # hf/, four ways. Embedding and head stay int8 (nncf's default backup mode) in the int4 exports, as optimum-cli
-# does unless --all-layers is given. SmolLM2's hidden 576 is no multiple of 128: nncf's group-size fallback decides
-# what the g128 export does with those rows (see its log).
+# does unless --all-layers is given. SmolLM2's hidden 576 is no multiple of 128: nncf's default fallback is an
+# error, so the g128 export says --group-size-fallback adjust (the largest group >= 32 that divides a row; its log's
+# bitwidth table lists the result).
 ov_export() {   # DIR NAME OPTIONS...
   local dir=$1 name=$2 t; shift 2
   [ -f "$dir/openvino_model.xml" ] && return 0
@@ -254,7 +255,8 @@ if want openvino; then
     "$ASSETS"/openvino-int4-awq
   ov_export "$ASSETS/openvino-int4" openvino-int4 --weight-format int4 --group-size 32 --ratio 1.0
   ov_export "$ASSETS/openvino-int8" openvino-int8 --weight-format int8
-  ov_export "$ASSETS/openvino-int4-sym" openvino-int4-sym --weight-format int4 --sym --group-size 128 --ratio 1.0
+  ov_export "$ASSETS/openvino-int4-sym" openvino-int4-sym --weight-format int4 --sym --group-size 128 --ratio 1.0 \
+      --group-size-fallback adjust
   ov_export "$ASSETS/openvino-int4-awq" openvino-int4-awq --weight-format int4 --group-size 32 --ratio 1.0 \
       --awq --scale-estimation --dataset auto
 fi
