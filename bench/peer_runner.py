@@ -50,8 +50,9 @@ GENAI_MODELS = {"onnxruntime-genai": ("genai-int4", "int4 symmetric, block 32, R
                                                               "RTN, accuracy_level 4")}
 # OpenVINO GenAI per system: <assets>/<dir> (optimum-cli export openvino from hf/) and its weight compression
 OPENVINO_MODELS = {"openvino": ("openvino-int4", "int4 asymmetric, group 32, RTN (embedding and head int8)"),
-                   "openvino-int4-sym": ("openvino-int4-sym", "int4 symmetric, group 128, RTN (embedding and head "
-                                                              "int8)"),
+                   "openvino-int4-sym": ("openvino-int4-sym", "int4 symmetric, group 128 (nncf's adjusted group where "
+                                                              "a row is no multiple of 128), RTN (embedding and "
+                                                              "head int8)"),
                    "openvino-int8": ("openvino-int8", "int8 asymmetric per output channel"),
                    "openvino-awq": ("openvino-int4-awq", "int4 asymmetric, group 32, AWQ + scale estimation on "
                                                          "--dataset auto (data-free; embedding and head int8)")}
