@@ -42,11 +42,16 @@ MAX_SECONDS, QUICK_MAX_SECONDS = 60.0, 20.0      # per run (one system at one le
 MAX_REQUESTS_PER_SLOT = 8                        # per run: C x this, at most
 ORTLLM_PARALLEL = 32                             # ortllm serve's sequences: the engine's max_num_seqs default
 SLOT_TOKENS = 512                                # llama-server's context per slot: 256 in + 128 out, with room
-# llama-server peers: the GGUF each serves (peer_runner's files of the same weights)
+# llama.cpp peers: the GGUF each serves (peer_runner's files of the same weights). "llama-server*": llama.cpp's
+# own C++ server (continuous batching over `--parallel` slots). "llama-cpp-python-server*": llama-cpp-python's
+# Python server (`python -m llama_cpp.server`), the stand-in where llama-server is not built: one request at a
+# time (no batching; later requests queue), so it shows what a Python wrapper serves, not llama.cpp's best.
 SYSTEMS = {"llama-server": "llama.cpp", "llama-server-q4_0": "llama.cpp-q4_0",
-           "llama-server-q8_0": "llama.cpp-q8_0", "llama-server-q4_k": "llama.cpp-q4_k"}
-UNITS = {"output_tokens_per_s": "tok/s", "ttft": "ms", "itl": "ms", "errors": "count", "goodput": "req/s",
-         "goodput_fraction": "fraction", "request_throughput": "req/s"}
+           "llama-server-q8_0": "llama.cpp-q8_0", "llama-server-q4_k": "llama.cpp-q4_k",
+           "llama-cpp-python-server": "llama.cpp", "llama-cpp-python-server-q4_0": "llama.cpp-q4_0",
+           "llama-cpp-python-server-q8_0": "llama.cpp-q8_0"}
+UNITS = {"output_tokens_per_s": "tok/s", "output_tokens_mean": "tokens", "ttft": "ms", "itl": "ms",
+         "errors": "count", "goodput": "req/s", "goodput_fraction": "fraction", "request_throughput": "req/s"}
 GUIDELLM_VENV = Path(os.environ.get("ORTLLM_GUIDELLM_VENV", REPO / ".venv-guidellm"))
 
 
@@ -65,6 +70,17 @@ def llama_server_bin() -> Path:
     if not p.is_file():
         raise BenchError(f"llama-server is not built at {p}: run `PEERS_ONLY=llama-server make bench-peers` "
                          "(or set ORTLLM_LLAMA_SERVER to a llama-server executable)")
+    return p
+
+
+def llama_cpp_python() -> Path:
+    """A python whose llama_cpp has its server extras: ORTLLM_LLAMA_CPP_SERVER_PYTHON, else .venv-peers'."""
+    p = Path(os.environ.get("ORTLLM_LLAMA_CPP_SERVER_PYTHON", PEERS_VENV / "bin" / "python"))
+    probe = subprocess.run([str(p), "-c", "import llama_cpp.server.app"], capture_output=True, timeout=120) \
+        if p.is_file() else None
+    if probe is None or probe.returncode != 0:
+        raise BenchError(f"llama-cpp-python's server does not import with {p}: run `PEERS_ONLY=llama-cpp-server "
+                         "make bench-peers` (or set ORTLLM_LLAMA_CPP_SERVER_PYTHON to such a python)")
     return p
 
 
@@ -87,17 +103,25 @@ def _free_port() -> int:
 
 class LlamaServer:
     """`llama-server` in a child process on 127.0.0.1 (continuous batching, `parallel` slots of SLOT_TOKENS
-    context each); enter returns once /health answers 200 (model loaded), exit stops it (SIGTERM, then kill)."""
+    context each), or with `python` llama-cpp-python's server; enter returns once it answers 200 (model loaded),
+    exit stops it (SIGTERM, then kill)."""
 
     def __init__(self, gguf: Path, log_path: Path, threads: int, parallel: int, alias: str,
-                 start_timeout: float = 300.0, grace: float = 10.0):
+                 python: Path | None = None, start_timeout: float = 300.0, grace: float = 10.0):
         self.log_path, self.start_timeout, self.grace = Path(log_path), start_timeout, grace
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [str(llama_server_bin()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
-                    "--threads", str(threads), "--threads-batch", str(threads), "--parallel", str(parallel),
-                    "--ctx-size", str(parallel * SLOT_TOKENS), "--cont-batching", "--alias", alias,
-                    "--no-webui", "--metrics"]
+        if python:                # llama-cpp-python's server: one context, requests queue (no interrupting)
+            self.cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                        "--port", str(self.port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                        "--n_ctx", str(SLOT_TOKENS), "--model_alias", alias, "--interrupt_requests", "False"]
+            self.ready_path = "/v1/models"
+        else:
+            self.cmd = [str(llama_server_bin()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
+                        "--threads", str(threads), "--threads-batch", str(threads), "--parallel", str(parallel),
+                        "--ctx-size", str(parallel * SLOT_TOKENS), "--cont-batching", "--alias", alias,
+                        "--no-webui", "--metrics"]
+            self.ready_path = "/health"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "LlamaServer":
@@ -122,7 +146,7 @@ class LlamaServer:
                 raise BenchError(f"llama-server exited with {self.proc.returncode} before it was ready "
                                  f"(log: {self.log_path})")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as r:
                     if r.status == 200:
                         return
             except OSError:
@@ -136,8 +160,8 @@ class LlamaServer:
 
 def guidellm_config(url: str, model: str, processor: Path, out: Path, concurrency: int | None = None,
                     rate: float | None = None, max_seconds: float = MAX_SECONDS, max_requests: int | None = None,
-                    slo_ttft_ms: float = SLO_TTFT_MS, slo_itl_ms: float = SLO_ITL_MS) -> dict:
-    """GuideLLM's scenario file of one run (`guidellm benchmark run --scenario FILE`): its OpenAI HTTP backend
+                    slo_ttft_ms: float = SLO_TTFT_MS, slo_itl_ms: float = SLO_ITL_MS, validate: bool = True) -> dict:
+    """GuideLLM's scenario file of one run (`guidellm run --scenario FILE`): its OpenAI HTTP backend
     on /v1/completions, streaming; synthetic prompts counted with `processor`'s tokenizer; a closed loop of
     `concurrency` streams, or Poisson arrivals at `rate` req/s; bounded by seconds and requests; its goodput at
     the SLO (its `tpot_ms` objective is the per-request inter-token latency); the JSON report at `out`."""
@@ -148,7 +172,7 @@ def guidellm_config(url: str, model: str, processor: Path, out: Path, concurrenc
         constraints.append({"kind": "max_requests", "count": int(max_requests)})
     return {"spec": {
         "backend": {"kind": "openai_http", "target": url, "model": model, "request_format": "/v1/completions",
-                    "stream": True},
+                    "stream": True, "validate_backend": validate},     # validate: GET /health first
         "tokenizer": {"kind": "huggingface_auto", "model": str(processor)},
         "profile": profile,
         "data": [{"kind": "synthetic_text", "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS}],
@@ -176,7 +200,8 @@ def parse_report(doc: dict) -> list[dict]:
         r = {"output_tokens_per_s": tok / duration if tok is not None and duration > 0 else
              _dist(m, "output_tokens_per_second").get("mean", 0.0),
              "request_throughput": ok / duration if duration > 0 else 0.0, "errors": float(errored),
-             "completed": ok, "incomplete": int(totals.get("incomplete", 0)), "duration_s": duration}
+             "completed": ok, "incomplete": int(totals.get("incomplete", 0)), "duration_s": duration,
+             "output_tokens_mean": float(_dist(m, "output_token_count").get("mean", 0.0))}
         for key, name in (("ttft", "time_to_first_token_ms"), ("itl", "inter_token_latency_ms")):
             pct = _dist(m, name).get("percentiles") or {}
             for q in ("p50", "p99"):
@@ -205,7 +230,7 @@ def run_guidellm(url: str, model: str, processor: Path, work: Path, name: str, t
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     with open(log, "w") as f:
         try:
-            p = subprocess.run([str(guidellm_bin()), "benchmark", "run", "--scenario", str(cfg),
+            p = subprocess.run([str(guidellm_bin()), "run", "--scenario", str(cfg),
                                 "--disable-console-interactive"], stdout=f, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env, timeout=timeout, preexec_fn=_die_with_parent())
         except subprocess.TimeoutExpired:
@@ -227,7 +252,8 @@ def _warm(url: str) -> None:
 
 def run(artifact: Path, peers: list[str], concurrency=CONCURRENCY, rates=(), threads: int | None = 2,
         repeats: int = 1, quick: bool = False, slo_ttft_ms: float = SLO_TTFT_MS, slo_itl_ms: float = SLO_ITL_MS,
-        max_seconds: float | None = None, log_dir: Path | None = None, progress=None) -> list[dict]:
+        max_seconds: float | None = None, max_requests: int | None = None, log_dir: Path | None = None,
+        progress=None) -> list[dict]:
     """`ortllm serve` on the artifact and one llama-server per peer (all up for the whole run), each loaded by
     GuideLLM at every concurrency level and Poisson rate, the systems alternating within each level, `repeats`
     times; every server stopped at the end (always). Rows {scenario "serve-guidellm", system, batch =
@@ -237,8 +263,9 @@ def run(artifact: Path, peers: list[str], concurrency=CONCURRENCY, rates=(), thr
     model = model_of(artifact) or artifact.name           # the `model` ortllm serve answers to by default
     ggufs = {s: peer_gguf(s, model) for s in peers}          # every peer checked before anything starts
     guidellm_bin()
-    if ggufs:
+    if any(not s.startswith("llama-cpp-python") for s in ggufs):
         llama_server_bin()
+    python = llama_cpp_python() if any(s.startswith("llama-cpp-python") for s in ggufs) else None
     max_seconds = max_seconds or (QUICK_MAX_SECONDS if quick else MAX_SECONDS)
     loads = [{"concurrency": int(c)} for c in sorted({int(c) for c in concurrency})] + \
         [{"rate": float(r)} for r in rates]
@@ -250,20 +277,22 @@ def run(artifact: Path, peers: list[str], concurrency=CONCURRENCY, rates=(), thr
                                                   http_threads=max(64, 2 * max([1, *map(int, concurrency)]))))
         urls = {"ortllm": ortllm.url}
         for s, g in ggufs.items():
-            urls[s] = stack.enter_context(LlamaServer(g, work / f"{s}.log", threads, ORTLLM_PARALLEL, model)).url
+            urls[s] = stack.enter_context(LlamaServer(g, work / f"{s}.log", threads, ORTLLM_PARALLEL, model,
+                                                      python if s.startswith("llama-cpp-python") else None)).url
         for url in urls.values():
             _warm(url)
         for r in range(repeats):
             for load in loads:
                 c, rate = load.get("concurrency"), load.get("rate")
                 tag = f"c{c}" if rate is None else f"rate{rate:g}"
-                cap = c * MAX_REQUESTS_PER_SLOT if rate is None else max(1, int(rate * max_seconds))
+                cap = max_requests or (c * MAX_REQUESTS_PER_SLOT if rate is None else max(1, int(rate * max_seconds)))
                 order = list(urls) if r % 2 == 0 else list(urls)[::-1]
                 for system in order:
                     la = os.getloadavg()[0]
                     got = run_guidellm(urls[system], model, artifact, work, f"{system}-{tag}-r{r}",
                                        timeout=max_seconds + 300, max_seconds=max_seconds, max_requests=cap,
-                                       slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms, **load)
+                                       slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
+                                       validate=not system.startswith("llama-cpp-python"), **load)   # no /health
                     key = (system, c or 0, rate)
                     load_avg.setdefault(key, []).append(la)
                     for metric, v in got.items():
