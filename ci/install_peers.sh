@@ -26,10 +26,12 @@
 #   PEERS_JOBS=N   compile/quantize jobs (default: all cores)         PEERS_NICE=N  nice level (default 0)
 #   PEERS_FORCE=1  rebuild the model directories                      PEERS_ONLY="llama.cpp genai transformers"
 #
-# Opt-in parts (PEERS_ONLY="llama-server guidellm"), for `ortllm bench --scenario serve-guidellm`:
+# Opt-in parts (PEERS_ONLY="llama-server llama-cpp-server guidellm"), for `ortllm bench --scenario serve-guidellm`:
 #   .venv-peers/bin/llama-server llama.cpp's own HTTP server, built from the llama.cpp source the pinned
 #                                llama-cpp-python vendors (its sdist's vendor/llama.cpp; -DGGML_NATIVE=ON, static,
 #                                target llama-server only): ~10-15 min on 2 idle cores
+#   llama-cpp-server             llama-cpp-python's server extras (fastapi, uvicorn, ...) in .venv-peers: the
+#                                stand-in peer `llama-cpp-python-server` where llama-server is not built
 #   .venv-guidellm/              GuideLLM (the load tool) in its own venv: it needs torch and transformers of its own
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +90,10 @@ if want llama-server && [ ! -x "$VENV/bin/llama-server" ]; then
   cp "$src/build/bin/llama-server" "$VENV/bin/llama-server"
   rm -rf "$src"; trap - EXIT
   say "llama-server built in $((SECONDS - t)) s"
+fi
+if want llama-cpp-server && ! has llama_cpp.server.app; then
+  say "installing ${LLAMA_CPP_PYTHON/==/[server]==}'s server extras (llama_cpp itself: PEERS_ONLY=llama.cpp)"
+  $NICE "$VENV/bin/pip" install --quiet "${LLAMA_CPP_PYTHON/==/[server]==}"
 fi
 if want guidellm && [ ! -x "$GUIDELLM_VENV/bin/guidellm" ]; then
   say "installing ${GUIDELLM_PKGS[*]} into $GUIDELLM_VENV"
