@@ -51,7 +51,8 @@ SYSTEMS = {"llama-server": "llama.cpp", "llama-server-q4_0": "llama.cpp-q4_0",
            "llama-cpp-python-server": "llama.cpp", "llama-cpp-python-server-q4_0": "llama.cpp-q4_0",
            "llama-cpp-python-server-q8_0": "llama.cpp-q8_0"}
 UNITS = {"output_tokens_per_s": "tok/s", "output_tokens_mean": "tokens", "ttft": "ms", "itl": "ms",
-         "errors": "count", "goodput": "req/s", "goodput_fraction": "fraction", "request_throughput": "req/s"}
+         "errors": "count", "completed": "count", "incomplete": "count", "goodput": "req/s",
+         "goodput_fraction": "fraction", "request_throughput": "req/s"}
 GUIDELLM_VENV = Path(os.environ.get("ORTLLM_GUIDELLM_VENV", REPO / ".venv-guidellm"))
 
 
@@ -203,7 +204,7 @@ def parse_report(doc: dict) -> list[dict]:
              "completed": ok, "incomplete": int(totals.get("incomplete", 0)), "duration_s": duration,
              "output_tokens_mean": float(_dist(m, "output_token_count").get("mean", 0.0))}
         for key, name in (("ttft", "time_to_first_token_ms"), ("itl", "inter_token_latency_ms")):
-            pct = _dist(m, name).get("percentiles") or {}
+            pct = (_dist(m, name).get("percentiles") or {}) if ok else {}   # none completed: no latency
             for q in ("p50", "p99"):
                 if q in pct:
                     r[f"{key}_{q}"] = float(pct[q])
@@ -298,9 +299,10 @@ def run(artifact: Path, peers: list[str], concurrency=CONCURRENCY, rates=(), thr
                     for metric, v in got.items():
                         if metric in UNITS or metric.rsplit("_", 1)[0] in UNITS:
                             samples.setdefault((*key, metric), []).append(v)
-                    progress(f"serve-guidellm {system} {tag} round {r + 1}/{repeats}: "
+                    progress(f"serve-guidellm {system} {tag} round {r + 1}/{repeats}: {got['completed']} done, "
+                             f"{got['incomplete']} cut by the bound, {got['errors']:.0f} errors; "
                              f"{got['output_tokens_per_s']:.4g} tok/s, TTFT p99 {got.get('ttft_p99', float('nan')):.4g}"
-                             f" ms, {got['errors']:.0f} errors, load average {la:.1f}")
+                             f" ms; load average {la:.1f}")
     extra = {"slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms, "prompt_tokens": PROMPT_TOKENS,
              "max_tokens": OUTPUT_TOKENS, "threads": threads, "parallel": ORTLLM_PARALLEL, "max_seconds": max_seconds,
              "load_tool": _guidellm_version()}
