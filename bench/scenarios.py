@@ -107,6 +107,13 @@ def _serve(r: BenchRun, _) -> list[dict]:
                slo_ttft_ms=r.slo_ttft_ms, slo_tpot_ms=r.slo_tpot_ms, log_dir=r.out / "serve-logs")
 
 
+def _serve_guidellm(r: BenchRun, _) -> list[dict]:
+    from .serve_guidellm import CONCURRENCY, run
+    levels = CONCURRENCY if r.concurrency == SERVE_CONCURRENCY else r.concurrency
+    return run(r.artifact, r.peers, levels, threads=r.threads or 2, repeats=r.repeats, quick=r.quick,
+               slo_ttft_ms=r.slo_ttft_ms, slo_itl_ms=r.slo_tpot_ms, log_dir=r.out / "guidellm-logs")
+
+
 def _memory(r: BenchRun, _) -> list[dict]:
     from .memory import run
     return run(r.artifact, repeats=r.repeats, threads=r.threads, quick=r.quick, peers=r.peers,
@@ -138,6 +145,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("speculative", "prompt-lookup drafts on vs off, alternating, on input-grounded and open-ended chat "
              "prompts (B=1 and 8 unless --batches)", _speculative),
     Scenario("serve", "HTTP load on `ortllm serve`: TTFT/TPOT/ITL p50/p90/p99, throughput, goodput", _serve),
+    Scenario("serve-guidellm", "`ortllm serve` and --peers llama-server[-q4_0,-q8_0] (llama.cpp's own server, "
+             "same slots and threads) under GuideLLM: 256 in, 128 out at 1, 4, 16, 64 streams; tok/s, TTFT/ITL "
+             "p50/p99, errors, goodput at the SLO (ITL against --slo-tpot)", _serve_guidellm),
     Scenario("memory", "KV bytes per token, peak RSS at load and after a B=16 decode, in a fresh process",
              _memory),
 )}
@@ -150,7 +160,7 @@ def select(names: list[str], peers: list[str], reference: Path | None = None) ->
     unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:
         raise BenchError(f"unknown --scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    if peers and not set(names) & {*PEER_SCENARIOS, "quality", "memory", "lora-trace"}:
+    if peers and not set(names) & {*PEER_SCENARIOS, "quality", "memory", "lora-trace", "serve-guidellm"}:
         names = [*names, *PEER_SCENARIOS]
     if reference is not None and set(names) & set(PEER_SCENARIOS) and "quality" not in names:
         names = [*names, "quality"]

@@ -35,6 +35,14 @@
 #   MODEL=NAME     the ortllm recipe (smollm2-135m-instruct, tinyllama-1.1b-shape, llama-tiny-random, ...)
 #   PEERS_JOBS=N   compile/quantize jobs (default: all cores)         PEERS_NICE=N  nice level (default 0)
 #   PEERS_FORCE=1  rebuild the model directories                      PEERS_ONLY="llama.cpp genai transformers openvino"
+#
+# Opt-in parts (PEERS_ONLY="llama-server llama-cpp-server guidellm"), for `ortllm bench --scenario serve-guidellm`:
+#   .venv-peers/bin/llama-server llama.cpp's own HTTP server, built from the llama.cpp source the pinned
+#                                llama-cpp-python vendors (its sdist's vendor/llama.cpp; -DGGML_NATIVE=ON, static,
+#                                target llama-server only): ~10-15 min on 2 idle cores
+#   llama-cpp-server             llama-cpp-python's server extras (fastapi, uvicorn, ...) in .venv-peers: the
+#                                stand-in peer `llama-cpp-python-server` where llama-server is not built
+#   .venv-guidellm/              GuideLLM (the load tool) in its own venv: it needs torch and transformers of its own
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +58,8 @@ OV_VENV=${ORTLLM_PEERS_OV_VENV:-.venv-peers-ov}
 OV_PKGS=(openvino==2026.4.1 openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0 optimum-intel==2.2.0 nncf==3.4.0
          transformers==5.5.4)
 LLAMA_CPP_PYTHON=llama-cpp-python==0.3.36
+GUIDELLM_VENV=${ORTLLM_GUIDELLM_VENV:-.venv-guidellm}
+GUIDELLM_PKGS=(guidellm==0.8.1 torch==2.13.0)   # torch pinned: unpinned pulls a CUDA build
 GENAI_PKGS=(onnxruntime-genai==0.18.0 transformers==5.23.0 onnx==1.23.2 onnx-ir==1.1.0)
 GGUF_PY=gguf==0.19.0
 SAFETENSORS_PY=safetensors==0.8.0
@@ -76,6 +86,36 @@ if want llama.cpp && ! has llama_cpp; then
     $NICE "$VENV/bin/pip" install --quiet --no-cache-dir "$LLAMA_CPP_PYTHON"
   say "llama-cpp-python installed in $((SECONDS - t)) s"
 fi
+# llama.cpp's server, from the same llama.cpp source as llama-cpp-python: its sdist (only it from source; its build
+# tools as wheels), cmake on vendor/llama.cpp, the one target; static, so the binary can be copied into the venv.
+if want llama-server && [ ! -x "$VENV/bin/llama-server" ]; then
+  say "building llama-server from the $LLAMA_CPP_PYTHON sdist's llama.cpp with $JOBS job(s) (minutes)"
+  t=$SECONDS
+  src=$(mktemp -d)
+  trap 'rm -rf "$src"' EXIT
+  $NICE "$VENV/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python "$LLAMA_CPP_PYTHON" -d "$src"
+  tar -xzf "$src"/llama_cpp_python-*.tar.gz -C "$src"
+  lcpp=$(ls -d "$src"/llama_cpp_python-*/vendor/llama.cpp)
+  $NICE cmake -S "$lcpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+      -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF > "$src/cmake.log"
+  $NICE cmake --build "$src/build" --target llama-server -j "$JOBS" > "$src/build.log" \
+    || { tail -n 20 "$src/build.log" >&2; echo "install_peers: the llama-server build failed" >&2; exit 1; }
+  cp "$src/build/bin/llama-server" "$VENV/bin/llama-server"
+  rm -rf "$src"; trap - EXIT
+  say "llama-server built in $((SECONDS - t)) s"
+fi
+if want llama-cpp-server && ! has llama_cpp.server.app; then
+  say "installing ${LLAMA_CPP_PYTHON/==/[server]==}'s server extras (llama_cpp itself: PEERS_ONLY=llama.cpp)"
+  $NICE "$VENV/bin/pip" install --quiet "${LLAMA_CPP_PYTHON/==/[server]==}"
+fi
+if want guidellm && [ ! -x "$GUIDELLM_VENV/bin/guidellm" ]; then
+  say "installing ${GUIDELLM_PKGS[*]} into $GUIDELLM_VENV"
+  [ -x "$GUIDELLM_VENV/bin/python" ] || "$PYTHON" -m venv "$GUIDELLM_VENV"
+  echo '*' > "$GUIDELLM_VENV/.gitignore"
+  $NICE "$GUIDELLM_VENV/bin/pip" install --quiet "${GUIDELLM_PKGS[@]}"
+fi
+
 # the LoRA trace's driver (bench/peers/llamacpp_lora_driver.py) converts PEFT adapters with gguf and safetensors
 if want llama.cpp && ! { has gguf && has safetensors; }; then
   say "installing $GGUF_PY $SAFETENSORS_PY"; $NICE "$VENV/bin/pip" install --quiet "$GGUF_PY" "$SAFETENSORS_PY"
@@ -261,6 +301,8 @@ if want openvino; then
       --awq --scale-estimation --dataset auto
 fi
 
+want llama-server && say "llama-server: $("$VENV/bin/llama-server" --version 2>&1 | grep -m1 version || echo missing)"
+want guidellm && say "guidellm: $("$GUIDELLM_VENV/bin/python" -c "import importlib.metadata as m; print(m.version('guidellm'))" 2>/dev/null || echo missing)"
 for pkg in llama_cpp:llama-cpp-python onnxruntime_genai:onnxruntime-genai transformers:transformers gguf:gguf; do
   mod=${pkg%%:*}
   if has "$mod"; then say "ok: $mod $("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('${pkg#*:}'))")"
