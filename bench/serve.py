@@ -52,12 +52,13 @@ class ServeProcess:
     and kills it if it is still there `grace` s later. The child also gets SIGTERM if the bench dies."""
 
     def __init__(self, artifact: Path, log_path: Path, threads: int | None = None, http_threads: int = 64,
-                 start_timeout: float = 600.0, grace: float = 20.0):
+                 start_timeout: float = 600.0, grace: float = 20.0, parallel: int | None = None):
         self.log_path, self.start_timeout, self.grace = Path(log_path), start_timeout, grace
         self.cmd = [sys.executable, "-m", "ortllm", "serve", str(artifact), "--host", "127.0.0.1", "--port", "0",
                     "--http-threads", str(http_threads), "--drain-timeout", "5",
                     "--spec-max-tokens", "0",   # random prompts: plain decoding (bench/engine.py, PLAIN)
-                    *(["--threads", str(threads)] if threads else [])]
+                    *(["--threads", str(threads)] if threads else []),
+                    *(["--parallel", str(parallel)] if parallel else [])]
         self.proc: subprocess.Popen | None = None
         self.url = ""
 

@@ -2,7 +2,7 @@
 here wrote (docs/benchmarks.md, Serving under GuideLLM).
 
 Both servers run as their users run them, on 127.0.0.1, on the same engine threads and the same number of
-parallel sequences (ortllm serve: the engine's max_num_seqs; llama-server: `--parallel`, continuous batching).
+parallel sequences (`--parallel` on both; llama-server with continuous batching).
 GuideLLM (PyPI `guidellm`, in its own venv: ci/install_peers.sh) sends synthetic prompts of PROMPT_TOKENS tokens,
 counted with the artifact's own tokenizer (no hub access), asking OUTPUT_TOKENS tokens out, over its OpenAI
 HTTP backend, streaming. Per concurrency level (and Poisson rate, if asked), the systems alternate
@@ -40,7 +40,7 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 256, 128
 SLO_TTFT_MS, SLO_ITL_MS = 1000.0, 100.0
 MAX_SECONDS, QUICK_MAX_SECONDS = 60.0, 20.0      # per run (one system at one level)
 MAX_REQUESTS_PER_SLOT = 8                        # per run: C x this, at most
-ORTLLM_PARALLEL = 32                             # ortllm serve's sequences: the engine's max_num_seqs default
+ORTLLM_PARALLEL = 32                             # sequences at once: ortllm serve --parallel, llama-server --parallel
 SLOT_TOKENS = 512                                # llama-server's context per slot: 256 in + 128 out, with room
 # llama.cpp peers: the GGUF each serves (peer_runner's files of the same weights). "llama-server*": llama.cpp's
 # own C++ server (continuous batching over `--parallel` slots). "llama-cpp-python-server*": llama-cpp-python's
@@ -275,7 +275,8 @@ def run(artifact: Path, peers: list[str], concurrency=CONCURRENCY, rates=(), thr
     load_avg: dict[tuple, list[float]] = {}
     with ExitStack() as stack:
         ortllm = stack.enter_context(ServeProcess(artifact, work / "ortllm-serve.log", threads=threads,
-                                                  http_threads=max(64, 2 * max([1, *map(int, concurrency)]))))
+                                                  http_threads=max(64, 2 * max([1, *map(int, concurrency)])),
+                                                  parallel=ORTLLM_PARALLEL))
         urls = {"ortllm": ortllm.url}
         for s, g in ggufs.items():
             urls[s] = stack.enter_context(LlamaServer(g, work / f"{s}.log", threads, ORTLLM_PARALLEL, model,
