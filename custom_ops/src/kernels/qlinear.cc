@@ -121,8 +121,8 @@ struct Ctx {
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
   // With mixes, layers [M, G, T, 8]: term k expands into layer k, and merge_terms adds a row's terms into layer 0.
   std::vector<float>& lora;
-  int64_t terms = 1;   // M: terms per token (adapter_terms)
-  int64_t layers = 1;  // layers of lora: M when a token of the call mixes, else 1
+  int64_t terms = 1;              // M: terms per token (adapter_terms)
+  int64_t layers = 1;             // layers of lora: M when a token of the call mixes, else 1
   float* lbuf = nullptr;          // lora.data(), or nullptr without a LoRA
   std::vector<Quad>& quads;       // the LoRA's work (plan_lora)
   std::vector<float>& normed;     // [T, K] RMSNorm(x) * norm_weight, with a norm

@@ -81,7 +81,7 @@ constexpr int kQLinearMaxSegments = 3;   // LoRA targets sharing one fused weigh
 constexpr int kQLinearMaxOutputs = 3;    // epilogue "none": y split along N into up to 3 outputs (q, k, v)
 constexpr int kQLinearArgmaxOutput = 3;  // the op's optional int64 output: each row's first maximum (QLinearArgs)
 
-constexpr int kLoraChunk = 32;  // elements of K per fp16 scale of A
+constexpr int kLoraChunk = 32;       // elements of K per fp16 scale of A
 constexpr int kQLinearMaxTerms = 4;  // adapters one token may mix (token_adapter's second extent)
 // Software prefetch distances of the LoRA kernels (lora_shrink, lora_expand on AVX2 and VNNI). Each quad reads its
 // slot's A (one linear run, ~9 KB at rank 16) and B (rank / 4 rows of width * 4 bytes, read 32 or 64 bytes of every
@@ -128,10 +128,10 @@ struct QLinearArgs {
   // adapter_weight[same index] (nullptr: every weight 1), and the token's LoRA term is the sum over its terms, in k
   // order, of w_k * lscale[slot_k] * (x A_k) B_k (each term computed as one adapter's, its coef = (lscale * w) * dh;
   // qlinear.cc, plan_lora / merge_terms). One term of weight 1 is the one-adapter LoRA, bit for bit.
-  const int32_t* token_adapter;   // [T, adapter_terms], -1 or a slot
-  int64_t adapter_terms = 1;      // M, 1..kQLinearMaxTerms
-  const float* adapter_weight;    // [T, adapter_terms] finite weights, or nullptr
-  const float* lora_scale;        // [n_slots]
+  const int32_t* token_adapter;  // [T, adapter_terms], -1 or a slot
+  int64_t adapter_terms = 1;     // M, 1..kQLinearMaxTerms
+  const float* adapter_weight;   // [T, adapter_terms] finite weights, or nullptr
+  const float* lora_scale;       // [n_slots]
   int64_t n_slots;
   bool packed_a;
   int n_segments;
