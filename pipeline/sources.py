@@ -166,7 +166,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 def add_safetensors(tensors: LazyTensors, path: Path) -> None:
     """Each tensor of a safetensors file (8-byte header length, JSON header, raw little-endian data) into `tensors`,
-    read from an mmap of the file when accessed (as fp32; BF16 and F16 widened)."""
+    read from the file when accessed (as fp32; BF16 and F16 widened)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -178,7 +178,6 @@ def add_safetensors(tensors: LazyTensors, path: Path) -> None:
         except (ValueError, UnicodeDecodeError):
             raise BuildError(f"{path} has a damaged safetensors header") from None
     base = 8 + n
-    raw = np.memmap(path, dtype=np.uint8, mode="r") if size > base else np.zeros(0, np.uint8)
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -187,12 +186,13 @@ def add_safetensors(tensors: LazyTensors, path: Path) -> None:
         start, end = info["data_offsets"]
         if base + end > size:
             raise BuildError(f"{path} is truncated: tensor {name} ends at byte {base + end}, file has {size}")
-        tensors.add(name, info["shape"], lambda raw=raw, a=base + start, b=base + end, info=info:
-                    _st_tensor(raw[a:b], info["dtype"], info["shape"]))
+        tensors.add(name, info["shape"], lambda at=base + start, info=info: _st_tensor(path, at, info))
 
 
-def _st_tensor(raw: np.ndarray, dtype: str, shape: list[int]) -> np.ndarray:
-    arr = raw.view(_ST_DTYPES[dtype]).reshape(shape)
+def _st_tensor(path: Path, at: int, info: dict) -> np.ndarray:
+    """One tensor read from its bytes (a plain read, not an mmap: the file's pages do not stay in the process)."""
+    dtype, shape = info["dtype"], info["shape"]
+    arr = np.fromfile(path, dtype=_ST_DTYPES[dtype], count=int(np.prod(shape)), offset=at).reshape(shape)
     if dtype == "BF16":
         arr = (arr.astype(np.uint32) << 16).view(np.float32)
     return np.ascontiguousarray(arr, dtype=np.float32)
