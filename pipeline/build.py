@@ -269,7 +269,16 @@ QualityCheck = Callable[[ModelWeights, Path, Path, "BuildOptions", "BuildOptions
 def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan | None,
                   quality_check: QualityCheck, calibration: dict | None = None) -> None:
     """quality.json: each quantized tensor's error and a short paired fidelity check against the same
-    weights built in fp32 (fp32 KV) in a scratch directory beside `tmp`."""
+    weights built in fp32 (fp32 KV) in a scratch directory beside `tmp` (skipped, and said so, when the weights
+    carry extra["fidelity_skipped"])."""
+    skipped = weights.extra.get("fidelity_skipped")
+    if skipped:       # per-tensor errors only (a shape recipe: pipeline/shape_weights.py)
+        report = {"build": asdict(opts), "reference": None, "fidelity": {}, "fidelity_skipped": skipped,
+                  "tensors": plan.report if plan else {}}
+        if calibration is not None:
+            report["calibration"] = calibration
+        (tmp / C.QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        return
     ref = tmp.with_name(tmp.name.replace(".building-", ".fp32ref.building-"))   # cleaned like tmp if killed
     shutil.rmtree(ref, ignore_errors=True)
     ref.mkdir()

@@ -15,7 +15,7 @@ import numpy as np
 from ortllm.runtime.contract import FUSED_PROJECTIONS, rope_half_rows
 
 from .errors import BuildError
-from .weights import ModelConfig
+from .weights import LazyTensors, ModelConfig, tensor_shape
 
 
 @dataclass(frozen=True)
@@ -245,12 +245,21 @@ def gguf_tensor_names(cfg: ModelConfig) -> dict[str, str]:
 
 # ---------------------------------------------------------------- tensor fix-ups
 
+def _rewrite(t: dict, name: str, fix: Callable[[np.ndarray], np.ndarray]) -> None:
+    """t[name] = fix(t[name]): now for a dict, when the tensor is read for LazyTensors (one tensor at a time)."""
+    if isinstance(t, LazyTensors):
+        t.transform(name, fix)
+    else:
+        t[name] = fix(t[name])
+
+
 def _qk_rows(cfg: ModelConfig, t: dict, inverse: bool) -> None:
-    for name, w in list(t.items()):
+    for name in list(t):
         for proj, n in (("q_proj", cfg.num_heads), ("k_proj", cfg.num_kv_heads)):
             if name.endswith(f"self_attn.{proj}.weight"):
-                order = np.asarray(rope_half_rows(w.shape[0], n))
-                t[name] = np.ascontiguousarray(w[np.argsort(order)] if inverse else w[order])
+                order = np.asarray(rope_half_rows(tensor_shape(t, name)[0], n))
+                order = np.argsort(order) if inverse else order
+                _rewrite(t, name, lambda w, order=order: np.ascontiguousarray(w[order]))
 
 
 def unpermute_qk(cfg: ModelConfig, t: dict) -> None:
@@ -272,6 +281,13 @@ def split_fused(cfg: ModelConfig, t: dict) -> None:
             "up_proj": cfg.intermediate_size}
     for name, stem, parts in fused_tensors(list(t)):
         cuts = np.cumsum([rows[p] for p in parts])[:-1]
+        if isinstance(t, LazyTensors):      # each part reads its rows of the fused tensor when it is read
+            load, k = t.loader(name), tensor_shape(t, name)[1]
+            del t[name]
+            for p, a, b in zip(parts, [0, *cuts], [*cuts, sum(rows[p] for p in parts)]):
+                t.add(f"{stem}.{p}.weight", (int(b - a), k),
+                      lambda load=load, a=int(a), b=int(b): np.ascontiguousarray(load()[a:b]))
+            continue
         t.update({f"{stem}.{p}.weight": np.ascontiguousarray(v) for p, v in zip(parts, np.split(t.pop(name), cuts))})
 
 
@@ -290,7 +306,7 @@ def fused_tensors(names: list[str]) -> list[tuple[str, str, tuple[str, ...]]]:
 def norms_plus_one(cfg: ModelConfig, t: dict) -> None:
     """Gemma's RMSNorms multiply by (1 + w): fold the 1 in (llama.cpp's converter does the same for its GGUFs)."""
     for name in [n for n in t if n.endswith("norm.weight")]:
-        t[name] = (t[name] + np.float32(1.0)).astype(np.float32)
+        _rewrite(t, name, lambda w: (w + np.float32(1.0)).astype(np.float32))
 
 
 def fix_tensors(cfg: ModelConfig, tensors: dict, source: str) -> None:

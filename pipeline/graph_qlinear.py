@@ -17,6 +17,7 @@ from ortllm.runtime import contract as C
 from .graph_blocks import group_path
 from .onnx_builder import GraphBuilder
 from .qlinear_pack import pack
+from .quant_grid import quantize_by_rows
 from .quantize import QuantizedWeight, RTNQuantizer, hf_name
 
 F16, F32, I8 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.INT8
@@ -112,7 +113,7 @@ def embedding(g: GraphBuilder, ids: str, table: np.ndarray, quant) -> str:
     name = EMBED_TABLE
     if quant is None or quant.lm_head == "fp32" or table.shape[1] % EMBED_BLOCK:
         return g.op("Gather", [g.weight(name, table), ids], "/model/embed_tokens", axis=0)
-    q = RTNQuantizer(8, EMBED_BLOCK, symmetric=True).quantize(table)
+    q = quantize_by_rows(RTNQuantizer(8, EMBED_BLOCK, symmetric=True).quantize, table)
     quant.report[name] = {"bits": 8, "block_size": EMBED_BLOCK, "algo": "rtn", "max_rel": q.max_rel,
                           "rms_rel": q.rms_rel}
     g.opsets.setdefault("com.microsoft", 1)

@@ -59,7 +59,25 @@ def _per_block(v: np.ndarray, n: int, kb: int, groups: int) -> np.ndarray:
     return np.ascontiguousarray(v.reshape(groups, 8, kb).transpose(0, 2, 1)).astype(np.float16)
 
 
+PACK_ROWS = 8192      # rows packed at a time (a multiple of 8): the int32 codes of a 128256-row head stay small
+
+
 def pack(q: QuantizedWeight) -> PackedWeight:
+    """The engine layout, PACK_ROWS rows at a time (groups of 8 rows are independent: the same bytes)."""
+    if q.n <= PACK_ROWS:
+        return _pack(q)
+    kb = q.k_blocks
+    scales = q.scales.reshape(q.n, kb)
+    parts = [_pack(QuantizedWeight(min(PACK_ROWS, q.n - a), q.k, q.bits, q.block_size, q.data[a:a + PACK_ROWS],
+                                   scales[a:a + PACK_ROWS].reshape(-1),
+                                   None if q.offsets is None else q.offsets[a:a + PACK_ROWS]))
+             for a in range(0, q.n, PACK_ROWS)]
+    return PackedWeight(q.n, q.k, q.bits, q.block_size, np.concatenate([p.codes for p in parts]),
+                        np.concatenate([p.scales for p in parts]),
+                        None if q.offsets is None else np.concatenate([p.offsets for p in parts]))
+
+
+def _pack(q: QuantizedWeight) -> PackedWeight:
     if q.bits not in ZERO_POINT:
         raise ValueError(f"QLinear packs 4- or 8-bit weights; got {q.bits} bits")
     if q.block_size % 32:

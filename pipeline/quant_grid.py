@@ -178,3 +178,35 @@ def weighted_grid(x: np.ndarray, a: np.ndarray, bits: int, steps: int = 20, spre
         best = np.where(take, err, best)
         best_scale, best_offset = np.where(take, scale, best_scale), np.where(take, offset, best_offset)
     return best_scale.astype(np.float32), best_offset.astype(np.float16)
+
+
+# A tensor above this many values (1 GiB of fp32: an 8B model's 128256 x 4096 embedding and head) is quantized in row
+# chunks of CHUNK_ELEMS, so the quantizer's fp32 temporaries stay a few chunk sizes; smaller ones in one go, as ever.
+CHUNK_ABOVE = 1 << 28
+CHUNK_ELEMS = 1 << 25
+
+
+def quantize_by_rows(quantize, w: np.ndarray) -> QuantizedWeight:
+    """quantize(w) [N, K] -> QuantizedWeight, in row chunks when w is large (rows are independent: the same weight;
+    the errors combined over the chunks: max_rel from the peaks, rms_rel from the squared norms)."""
+    n, k = w.shape
+    if w.size <= CHUNK_ABOVE:
+        return quantize(w)
+    step = max(1, CHUNK_ELEMS // k)
+    parts, peaks, sq_err, sq = [], [], 0.0, 0.0
+    for a in range(0, n, step):
+        chunk = np.asarray(w[a:a + step], np.float32)
+        q = quantize(chunk)
+        peak = float(np.abs(chunk).max())
+        norm2 = float(np.square(chunk, dtype=np.float64).sum())
+        parts.append(q)
+        peaks.append((peak, q.max_rel * peak))
+        sq, sq_err = sq + norm2, sq_err + (q.rms_rel ** 2) * norm2
+    first = parts[0]
+    peak = max(p for p, _ in peaks)
+    out = QuantizedWeight(n, k, first.bits, first.block_size, np.concatenate([q.data for q in parts]),
+                          np.concatenate([q.scales for q in parts]),
+                          None if first.offsets is None else np.concatenate([q.offsets for q in parts]))
+    out.max_rel = max(e for _, e in peaks) / peak if peak else 0.0
+    out.rms_rel = float(np.sqrt(sq_err / sq)) if sq else 0.0
+    return out

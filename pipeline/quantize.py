@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import BuildError
 from .gptq import GPTQQuantizer
-from .quant_grid import QuantizedWeight, blocks, dequantize, finish, on_grid
+from .quant_grid import QuantizedWeight, blocks, dequantize, finish, on_grid, quantize_by_rows
 
 ALGOS = ("rtn", "hqq", "gptq")
 WEIGHT_DTYPES = {"fp32": None, "int8": 8, "int4": 4}
@@ -265,7 +265,7 @@ class QuantPlan:
                                  "build with --calib-tokens N (N > 0) or use --algo rtn|hqq")
             q = quantizer.quantize(w, self.calibration.hessian(name))
         else:
-            q = quantizer.quantize(w)
+            q = quantize_by_rows(quantizer.quantize, w)     # a large head or embedding in row chunks
         self.report[name] = {"bits": bits, "block_size": self.block_size, "algo": algo, "max_rel": q.max_rel,
                              "rms_rel": q.rms_rel}
         if search:

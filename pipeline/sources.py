@@ -12,7 +12,7 @@ from ortllm.runtime.artifact import sha256_file
 
 from .families import fix_tensors, fused_tensors, gguf_config, gguf_tensor_names, hf_config
 from .recipes import Recipe, assemble_package_file, get_recipe, known_recipes, locate_package_file
-from .weights import ModelConfig, ModelWeights, expected_shapes
+from .weights import LazyTensors, ModelConfig, ModelWeights, expected_shapes
 
 def load_model(spec: str, source: str | Path | None = None) -> tuple[Recipe | None, ModelWeights]:
     """`spec` is a recipe name or a path (GGUF file, HF directory, safetensors file)."""
@@ -32,6 +32,8 @@ def load_model(spec: str, source: str | Path | None = None) -> tuple[Recipe | No
             return recipe, load_path(Path(source))
         if kind == "random":
             return recipe, random_weights(recipe)
+        if kind == "random-dir":
+            return recipe, random_dir_weights(recipe)
         raise BuildError(f"recipe '{spec}' has unknown source kind '{kind}'")
     path = Path(spec)
     if path.exists() or "/" in spec or path.suffix in (".gguf", ".safetensors"):
@@ -67,22 +69,16 @@ def _open_gguf(path: Path):
 
 
 def load_gguf(path: Path) -> ModelWeights:
-    from gguf.quants import dequantize
-
     reader = _open_gguf(path)
     cfg = gguf_config(reader)
     to_hf = gguf_tensor_names(cfg)
-    tensors, types, scales, lows = {}, {}, {}, {}
+    tensors, types, scales, lows = LazyTensors(), {}, {}, {}
     for t in reader.tensors:
         if t.name not in to_hf:
             continue  # e.g. rope_freqs: read into the config's rope_scaling
         shape = [int(n) for n in reversed(t.shape)]
-        try:
-            arr = dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise BuildError(f"cannot dequantize GGUF tensor {t.name} ({t.tensor_type.name}): {e}") from None
         name = to_hf[t.name]
-        tensors[name] = np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
+        tensors.add(name, shape, lambda t=t, shape=shape: _dequantize(t, shape))   # read when the build needs it
         types[name] = t.tensor_type.name
         grid = source_grid(t.tensor_type.name, t.data, shape) if len(shape) == 2 else None
         if grid is not None:
@@ -100,6 +96,16 @@ def load_gguf(path: Path) -> ModelWeights:
                             "source_grids": {n: (scales[n], lows[n]) for n in scales}})
     w.validate()
     return w
+
+
+def _dequantize(t, shape: list[int]) -> np.ndarray:
+    """One GGUF tensor (the reader's mmap) -> fp32 [shape] in HF order."""
+    from gguf.quants import dequantize
+    try:
+        arr = dequantize(t.data, t.tensor_type)
+    except Exception as e:
+        raise BuildError(f"cannot dequantize GGUF tensor {t.name} ({t.tensor_type.name}): {e}") from None
+    return np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
 
 
 def _fixed_names(cfg: ModelConfig, types: dict[str, str]) -> dict[str, str]:
@@ -152,17 +158,25 @@ _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Plain safetensors reader: 8-byte header length, JSON header, raw little-endian data. BF16 -> fp32."""
-    out = {}
+    """Plain safetensors reader: every tensor of the file as fp32 (BF16 and F16 widened)."""
+    lazy = LazyTensors()
+    add_safetensors(lazy, path)
+    return {name: lazy[name] for name in lazy}
+
+
+def add_safetensors(tensors: LazyTensors, path: Path) -> None:
+    """Each tensor of a safetensors file (8-byte header length, JSON header, raw little-endian data) into `tensors`,
+    read from the file when accessed (as fp32; BF16 and F16 widened)."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8:
-        raise BuildError(f"{path} is not a safetensors file (only {len(raw)} bytes)")
-    (n,) = struct.unpack("<Q", raw[:8])
-    try:
-        header = json.loads(raw[8:8 + n])
-    except (ValueError, UnicodeDecodeError):
-        raise BuildError(f"{path} has a damaged safetensors header") from None
+        head = f.read(8)
+        if len(head) < 8:
+            raise BuildError(f"{path} is not a safetensors file (only {size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise BuildError(f"{path} has a damaged safetensors header") from None
     base = 8 + n
     for name, info in header.items():
         if name == "__metadata__":
@@ -170,17 +184,22 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         if info["dtype"] not in _ST_DTYPES:
             raise BuildError(f"{path}: tensor {name} has dtype {info['dtype']}; supported: F32, F16, BF16")
         start, end = info["data_offsets"]
-        if base + end > len(raw):
-            raise BuildError(f"{path} is truncated: tensor {name} ends at byte {base + end}, file has {len(raw)}")
-        arr = np.frombuffer(raw, dtype=_ST_DTYPES[info["dtype"]], count=(end - start) // np.dtype(
-            _ST_DTYPES[info["dtype"]]).itemsize, offset=base + start).reshape(info["shape"])
-        if info["dtype"] == "BF16":
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        out[name] = np.ascontiguousarray(arr, dtype=np.float32)
-    return out
+        if base + end > size:
+            raise BuildError(f"{path} is truncated: tensor {name} ends at byte {base + end}, file has {size}")
+        tensors.add(name, info["shape"], lambda at=base + start, info=info: _st_tensor(path, at, info))
 
 
-def load_hf_dir(path: Path, files: list[Path] | None = None) -> ModelWeights:
+def _st_tensor(path: Path, at: int, info: dict) -> np.ndarray:
+    """One tensor read from its bytes (a plain read, not an mmap: the file's pages do not stay in the process)."""
+    dtype, shape = info["dtype"], info["shape"]
+    arr = np.fromfile(path, dtype=_ST_DTYPES[dtype], count=int(np.prod(shape)), offset=at).reshape(shape)
+    if dtype == "BF16":
+        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def load_hf_dir(path: Path, files: list[Path] | None = None, digest: str | None = None) -> ModelWeights:
+    """digest: the source's identity when known (else the sha256 of its files)."""
     try:
         cfg = hf_config(json.loads((path / "config.json").read_text()))
     except (KeyError, ValueError) as e:
@@ -188,16 +207,16 @@ def load_hf_dir(path: Path, files: list[Path] | None = None) -> ModelWeights:
     files = files or sorted(path.glob("*.safetensors"))
     if not files:
         raise BuildError(f"{path} has no *.safetensors weights (convert .bin checkpoints to safetensors first)")
-    tensors = {}
+    tensors = LazyTensors()
     for f in files:
-        tensors.update(read_safetensors(f))
+        add_safetensors(tensors, f)
     fix_tensors(cfg, tensors, "hf")
 
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_tokenizer_from_hf
         return write_tokenizer_from_hf(path, out_dir)
 
-    digest = sha256_file(files[0]) if len(files) == 1 else _combined_sha(files)
+    digest = digest or (sha256_file(files[0]) if len(files) == 1 else _combined_sha(files))
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
                      source_desc=f"hf:{path.name}")
     w.validate()
@@ -225,18 +244,52 @@ def random_weights(recipe: Recipe) -> ModelWeights:
     except TypeError as e:
         raise BuildError(f"recipe '{recipe.name}' [architecture] is invalid: {e}") from None
     rng = np.random.default_rng(int(recipe.source.get("seed", 0)))
-    tensors = {}
-    for name, shape in expected_shapes(cfg).items():
-        if len(shape) == 1:
-            tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
-        else:
-            scale = 1.0 if name == "model.embed_tokens.weight" else 1.0 / np.sqrt(shape[1])
-            tensors[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+    tensors = LazyTensors()
+    for name, shape in expected_shapes(cfg).items():   # one draw sequence, as ever: each tensor made again on access
+        state = rng.bit_generator.state                 # from the generator's state where its draws begin
+        _random_tensor(rng, name, shape)
+        tensors.add(name, shape, lambda state=state, name=name, shape=shape: _random_tensor(
+            _rng_at(state), name, shape))
 
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_byte_tokenizer
         return write_byte_tokenizer(out_dir, cfg.vocab_size)
 
     digest = f"random:{recipe.name}:seed={recipe.source.get('seed', 0)}"
-    return ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
-                        source_desc=f"random:{recipe.name}")
+    w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
+                     source_desc=f"random:{recipe.name}")
+    if recipe.source.get("fidelity_check", True) is False:
+        from .shape_weights import NO_FIDELITY
+        w.extra["fidelity_skipped"] = NO_FIDELITY
+    return w
+
+
+def _rng_at(state: dict) -> np.random.Generator:
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state
+    return rng
+
+
+def _random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    if len(shape) == 1:
+        return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    scale = 1.0 if name == "model.embed_tokens.weight" else 1.0 / np.sqrt(shape[1])
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+
+
+def random_dir_weights(recipe: Recipe) -> ModelWeights:
+    """A shape recipe at user size (pipeline/shape_weights.py): its fp16 safetensors directory, read lazily, with
+    a byte tokenizer; quality.json says why the in-build fidelity check is skipped."""
+    from .shape_weights import NO_FIDELITY, shape_dir
+
+    path = shape_dir(recipe)
+    w = load_hf_dir(path, digest=f"random-dir:{recipe.name}:seed={recipe.source.get('seed', 0)}")
+    vocab = w.config.vocab_size
+
+    def write_tokenizer(out_dir: Path):
+        from .tokenizer import write_byte_tokenizer
+        return write_byte_tokenizer(out_dir, vocab)
+
+    w.write_tokenizer, w.source_desc = write_tokenizer, f"random:{recipe.name}"
+    w.extra["fidelity_skipped"] = NO_FIDELITY
+    return w

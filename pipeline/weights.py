@@ -5,6 +5,7 @@ Tensor names follow transformers' LlamaForCausalLM (`model.layers.3.self_attn.q_
 """
 from __future__ import annotations
 
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,7 +14,7 @@ from ortllm.runtime.contract import ModelConfig
 
 from .errors import BuildError
 
-__all__ = ["ModelConfig", "ModelWeights", "expected_shapes", "layer_tensor_shapes", "norm_names"]
+__all__ = ["LazyTensors", "ModelConfig", "ModelWeights", "expected_shapes", "layer_tensor_shapes", "norm_names"]
 
 
 def norm_names(cfg: ModelConfig) -> dict[str, str | None]:
@@ -58,10 +59,73 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+class LazyTensors(MutableMapping):
+    """HF name -> fp32 array, each read from its source when accessed and not kept, so a build holds one tensor
+    (or one layer's few) at a time: an 8B model's 32 GB of fp32 never sits in RAM. Each name has a shape, known
+    without reading, and a loader (a safetensors slice of an mmap, one GGUF tensor dequantized); `transform` chains
+    a per-tensor fix-up (pipeline/families.py) onto the loader. Arrays assigned (t[name] = arr) are kept as given.
+    Iteration follows insertion order, as a dict's."""
+
+    def __init__(self):
+        self._loaders: dict[str, Callable[[], np.ndarray]] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._held: dict[str, np.ndarray] = {}
+
+    def add(self, name: str, shape: tuple[int, ...], loader: Callable[[], np.ndarray]) -> None:
+        self._held.pop(name, None)
+        self._loaders[name], self._shapes[name] = loader, tuple(int(n) for n in shape)
+
+    def transform(self, name: str, fix: Callable[[np.ndarray], np.ndarray], shape: tuple | None = None) -> None:
+        """t[name] = fix(t[name]), applied when the tensor is read (shape: the fixed tensor's, if it changes)."""
+        if name in self._held:
+            self._held[name] = fix(self._held[name])
+            return
+        load = self._loaders[name]
+        self.add(name, shape or self._shapes[name], lambda: fix(load()))
+
+    def loader(self, name: str) -> Callable[[], np.ndarray]:
+        return self._loaders[name] if name in self._loaders else (lambda: self._held[name])
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._held:
+            return self._held[name]
+        if name not in self._loaders:
+            raise KeyError(name)
+        return np.ascontiguousarray(self._loaders[name](), dtype=np.float32)
+
+    def __setitem__(self, name: str, arr: np.ndarray) -> None:
+        self._loaders.pop(name, None)
+        self._held[name], self._shapes[name] = arr, tuple(arr.shape)
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self._shapes:
+            raise KeyError(name)
+        self._loaders.pop(name, None)
+        self._held.pop(name, None)
+        del self._shapes[name]
+
+    def __iter__(self):
+        return iter(list(self._shapes))
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def __contains__(self, name) -> bool:
+        return name in self._shapes
+
+
+def tensor_shape(tensors, name: str) -> tuple[int, ...]:
+    """A tensor's shape without reading it from a lazy source."""
+    return tensors.shape(name) if isinstance(tensors, LazyTensors) else tuple(tensors[name].shape)
+
+
 @dataclass
 class ModelWeights:
     config: ModelConfig
-    tensors: dict[str, np.ndarray]          # HF name -> fp32 array
+    tensors: dict[str, np.ndarray] | LazyTensors    # HF name -> fp32 array (LazyTensors: read on access)
     # Writes the tokenizer files into an artifact dir and returns a pipeline.tokenizer.TokenizerInfo.
     write_tokenizer: object = None
     source_sha256: str | None = None
@@ -76,9 +140,12 @@ class ModelWeights:
             raise BuildError(f"source lacks {len(missing)} tensors, e.g. {missing[0]}; "
                              f"is it a complete {self.config.arch} checkpoint?")
         for name, shape in want.items():
+            if tensor_shape(self.tensors, name) != shape:
+                raise BuildError(f"tensor {name} has shape {tensor_shape(self.tensors, name)}, "
+                                 f"the config implies {shape}")
+            if isinstance(self.tensors, LazyTensors):
+                continue          # read as fp32 on access
             got = self.tensors[name]
-            if tuple(got.shape) != shape:
-                raise BuildError(f"tensor {name} has shape {tuple(got.shape)}, the config implies {shape}")
             if got.dtype != np.float32:
                 self.tensors[name] = got.astype(np.float32)
 

@@ -1,0 +1,73 @@
+"""Streaming builds: tensors read on access (weights.LazyTensors) give the arrays the eager readers gave, row-chunked
+quantization and packing give the same bytes, and a shape recipe's safetensors directory loads lazily."""
+from __future__ import annotations
+
+import numpy as np
+
+from ortllm.pipeline import quant_grid
+from ortllm.pipeline.families import split_fused
+from ortllm.pipeline.qlinear_pack import _pack, pack
+from ortllm.pipeline.quantize import RTNQuantizer
+from ortllm.pipeline.recipes import get_recipe
+from ortllm.pipeline.shape_weights import NO_FIDELITY, write_shape_dir
+from ortllm.pipeline.sources import load_hf_dir, random_weights
+from ortllm.pipeline.weights import LazyTensors, ModelConfig, expected_shapes
+
+
+def test_random_weights_are_the_eager_generators_draws():
+    """The lazy tensors are the very draws of one generator in expected_shapes order (the artifacts stay the same)."""
+    recipe = get_recipe("llama-tiny-random")
+    w = random_weights(recipe)
+    assert isinstance(w.tensors, LazyTensors)
+    rng = np.random.default_rng(int(recipe.source["seed"]))
+    for name, shape in expected_shapes(w.config).items():
+        if len(shape) == 1:
+            want = (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+        else:
+            scale = 1.0 if name == "model.embed_tokens.weight" else 1.0 / np.sqrt(shape[1])
+            want = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+        assert np.array_equal(w.tensors[name], want), name
+    assert "fidelity_skipped" not in w.extra       # the test recipe keeps its in-build check
+    assert get_recipe("tinyllama-1.1b-shape").source["fidelity_check"] is False   # its build says NO_FIDELITY
+    assert "KLD" in NO_FIDELITY
+
+
+def test_row_chunks_quantize_and_pack_the_same(monkeypatch):
+    w = np.random.default_rng(0).standard_normal((20000, 64), dtype=np.float32)
+    for bits, symmetric in ((4, False), (8, True)):
+        quantizer = RTNQuantizer(bits, 32, symmetric)
+        whole = quantizer.quantize(w)
+        monkeypatch.setattr(quant_grid, "CHUNK_ABOVE", 1000)
+        monkeypatch.setattr(quant_grid, "CHUNK_ELEMS", 64 * 3001)     # uneven chunks, the last one short
+        chunked = quant_grid.quantize_by_rows(quantizer.quantize, w)
+        monkeypatch.undo()
+        assert np.array_equal(whole.data, chunked.data) and np.array_equal(whole.scales, chunked.scales)
+        assert (whole.offsets is None) == (chunked.offsets is None)
+        assert np.isclose(whole.max_rel, chunked.max_rel) and np.isclose(whole.rms_rel, chunked.rms_rel)
+        a, b = _pack(whole), pack(chunked)                             # 20000 rows: packed 8192 at a time
+        for x, y in ((a.codes, b.codes), (a.scales, b.scales), (a.offsets, b.offsets)):
+            assert (x is None and y is None) or np.array_equal(x, y)
+
+
+def test_shape_dir_loads_lazily_with_per_tensor_fixups(tmp_path):
+    cfg = ModelConfig(**get_recipe("llama-tiny-random").architecture, bos_token_id=None, eos_token_ids=(0,))
+    write_shape_dir(cfg, 7, tmp_path / "shape", log=lambda *_: None)
+    w = load_hf_dir(tmp_path / "shape", digest="random-dir:test")
+    assert isinstance(w.tensors, LazyTensors) and w.source_sha256 == "random-dir:test"
+    shapes = expected_shapes(cfg)
+    assert {n: w.tensors.shape(n) for n in w.tensors} == shapes
+    emb = w.tensors["model.embed_tokens.weight"]
+    assert emb.dtype == np.float32 and abs(float(emb.std()) - 1.0) < 0.05       # N(0, 1), fp16 on disk
+
+    # Phi-3's fused split on lazy tensors gives the rows the eager split gives
+    fused = {"model.layers.0.self_attn.qkv_proj.weight": np.concatenate(
+        [w.tensors[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])}
+    lazy = LazyTensors()
+    lazy.add("model.layers.0.self_attn.qkv_proj.weight", fused["model.layers.0.self_attn.qkv_proj.weight"].shape,
+             lambda: fused["model.layers.0.self_attn.qkv_proj.weight"])
+    eager = dict(fused)
+    split_fused(cfg, lazy)
+    split_fused(cfg, eager)
+    assert list(lazy) == list(eager)
+    for name in eager:
+        assert lazy.shape(name) == eager[name].shape and np.array_equal(lazy[name], eager[name])
