@@ -11,27 +11,8 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 FORMAT_VERSION = 1          # layout of the artifact directory and manifest.json
-CONTRACT_VERSION = 13       # graph input/output names, shapes and semantics below
-                            # (2: float16 lora.* stacks, lora.rank per target;
-                            #  3: lora.*.a slots packed [in, rank] (MultiLoRA packed_a = 1);
-                            #  4: key_scales / value_scales float16 (ops ABI 4);
-                            #  5: quantized projections are ortllm::QLinear (ops ABI 5);
-                            #  6: QLinear's lora stacks int8 with fp16 scales (ops ABI 6);
-                            #  7: QLinear's lora stacks one input per target and kind and the KV caches
-                            #     one input per kind, all layers stacked (ORT's run costs ~0.6 us a bound
-                            #     input: 848 LoRA inputs were ~0.5 ms of a ~4.6 ms decode step), and
-                            #     logits_argmax (ops ABI 8);
-                            #  8: ModelConfig's family features (q/k/v biases, q/k norms, output norms,
-                            #     GELU-tanh, embedding and attention scales, sliding layers, RoPE per layer
-                            #     type and scaled, logit softcap): rope tables model.rope.{full,sliding}.*;
-                            #  9: hidden_indices / hidden_states: the final norm's output on the rows an
-                            #     embedding request pools;
-                            #  10: float16 KV caches (--kv fp16: PagedAttention kv_dtype float16) (ops ABI 11);
-                            #  11: DoRA rows: lora.dora and lora.{target}.dora_scale (ops ABI 12);
-                            #  12: an int8 LM head's QLinear quantizes its input to int16 codes (act_bits 16,
-                            #      ops ABI 13);
-                            #  13: adapter mixes: token_adapter [T, M] slots and token_adapter_weight [T, M]
-                            #      (ops ABI 14))
+CONTRACT_VERSION = 13       # graph input/output names, shapes and semantics below (what each version changed:
+                            # docs/notes/contract.md)
 
 # ---- artifact files
 MANIFEST = "manifest.json"
