@@ -223,9 +223,11 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path, copy
           f"{entry['train']['eval_loss_after']:.4f}; {cpu() - cpu0:.1f} s CPU (3 runs and a straight one)")
 
 
-def test_failed_add_leaves_the_artifact_as_it_was(tiny_engine, tmp_path):
+def test_failed_add_leaves_the_artifact_as_it_was(tiny_engine, tmp_path, monkeypatch):
     """A failure after the adapter file is in place but before the manifest lists it (here: the manifest cannot
-    be written) puts the replaced adapter (a DoRA, as --dora trains) back; the artifact still verifies."""
+    be written: the disk is full when the editor writes it) puts the replaced adapter (a DoRA, as --dora trains)
+    back; the artifact still verifies."""
+    import ortllm.runtime.artifact_editor as editor
     from ortllm.cli.adapter_train import add_atomically
     from ortllm.pipeline.adapter_train import TrainConfig, train_lora
     from ortllm.runtime.artifact import load_artifact
@@ -238,10 +240,17 @@ def test_failed_add_leaves_the_artifact_as_it_was(tiny_engine, tmp_path):
                                                     dora=dora), log=lambda m: None)
     assert add_atomically(art, tmp_path / "first", "arr", force=False, meta={})["dora"] is True     # --dora
     before = _files(art)
-    (art / "manifest.json.tmp").mkdir()            # add_adapter's manifest write fails: a directory is in the way
-    with pytest.raises(OSError):
+    real_write = editor.atomic_write
+
+    def disk_full(path, *a, **kw):                  # the manifest write fails, as on a full disk (ENOSPC)
+        if Path(path).name == "manifest.json":
+            raise OSError(28, "No space left on device", str(path))
+        return real_write(path, *a, **kw)
+
+    monkeypatch.setattr(editor, "atomic_write", disk_full)
+    with pytest.raises(OSError, match="No space left"):
         add_atomically(art, tmp_path / "second", "arr", force=True, meta={})
-    (art / "manifest.json.tmp").rmdir()
+    monkeypatch.setattr(editor, "atomic_write", real_write)
     assert _files(art) == before
     load_artifact(art, verify=True, full=True)
 
