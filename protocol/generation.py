@@ -24,8 +24,8 @@ def resolve_adapter(engine: Engine, base_name: str, model: str | None) -> str | 
 
 
 def check_adapter_mix(engine: Engine, adapter: str | None, mix: dict | None) -> None:
-    """A request's `adapters` (a weighted mix): with the base model as `model`, naming served adapters (400s naming
-    the field; the engine then checks weights, DoRA and the per-step cap)."""
+    """A request's `adapters` (a weighted mix): with the base model as `model` (else 400), naming served adapters
+    (else 404, as for an unknown `model`); the engine then checks weights, DoRA and the per-step cap."""
     if not mix:
         return
     if adapter is not None:
@@ -34,9 +34,9 @@ def check_adapter_mix(engine: Engine, adapter: str | None, mix: dict | None) -> 
                           param="adapters")
     served = engine.adapters.names()
     unknown = [a for a in mix if a not in served]
-    if unknown:
-        raise bad_request(f"adapters names {unknown[0]!r}, which is not an adapter of this model; served adapters: "
-                          f"{', '.join(served) or 'none'}", param="adapters")
+    if unknown:     # a missing resource, as an unknown adapter in `model` is: 404
+        raise APIError(404, f"adapters names {unknown[0]!r}, which is not an adapter of this model; served "
+                       f"adapters: {', '.join(served) or 'none'}", param="adapters", code="model_not_found")
 
 
 def prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:

@@ -152,7 +152,8 @@ def test_playground_adapter_picker(live_with_adapters, browser, tmp_path):
 
 def test_adapter_mixes_over_openai_ollama_and_anthropic(live_with_adapters):
     """`adapters` {name: weight} in an OpenAI (extra_body), Ollama or Anthropic body: the engine's mix, the same
-    greedy text on every API; bad mixes are 400s naming the field; /openapi.json declares it."""
+    greedy text on every API; bad mixes are 400s naming the field (an unknown adapter a 404, as in `model`);
+    /openapi.json declares it."""
     import anthropic
     import openai
     live = live_with_adapters
@@ -174,13 +175,14 @@ def test_adapter_mixes_over_openai_ollama_and_anthropic(live_with_adapters):
     oai = client.chat.completions.create(model=live.model, max_tokens=8, temperature=0,
                                          messages=[{"role": "user", "content": "abc"}], extra_body={"adapters": mix})
     assert msgs.content[0].text == oai.choices[0].message.content
-    for body, needle in (({"adapters": {f"a{i}": 0.1 for i in range(5)}}, "adapters"),
-                         ({"adapters": {"qv": 0.5, "nope": 0.5}}, "'nope', which is not an adapter of this model"),
-                         ({"adapters": {"qv": "x"}}, "adapters"),
-                         ({"model": "qv", "adapters": {"mlp": 0.5}}, "name the base model in model")):
+    for body, status, needle in (
+            ({"adapters": {f"a{i}": 0.1 for i in range(5)}}, 400, "adapters"),
+            ({"adapters": {"qv": 0.5, "nope": 0.5}}, 404, "'nope', which is not an adapter of this model"),
+            ({"adapters": {"qv": "x"}}, 400, "adapters"),
+            ({"model": "qv", "adapters": {"mlp": 0.5}}, 400, "name the base model in model")):
         r = live.post("/v1/completions", headers=AUTH, json={"model": live.model, "prompt": "abc", "max_tokens": 2,
                                                              **body})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "adapters" and needle in r.text, r.text
+        assert r.status_code == status and r.json()["error"]["param"] == "adapters" and needle in r.text, r.text
     for weight, needle in (("NaN", "NaN is not valid JSON"), ("1e999", "1e999 is out of range")):
         r = live.post("/v1/completions", headers={**AUTH, "Content-Type": "application/json"},     # non-finite
                       data='{"prompt": "abc", "max_tokens": 2, "adapters": {"qv": %s}}' % weight)
