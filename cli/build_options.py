@@ -52,7 +52,8 @@ BUILD_OPTIONS = (
     Option("--calib-tokens", "calibration tokens for --algo gptq and --smooth (windows of 256)", _opts, metavar="N"),
     Option("--smooth", "SmoothQuant migration strength in [0, 1] for the projections after a norm (q|k|v, gate|up); "
            "0: off", _opts, metavar="ALPHA",
-           default_text="0.5 for --quant int8 with int8 compute (--accuracy-level 4) and --algo rtn|hqq, else off"),
+           default_text="0.5 for --quant int8 with int8 compute (--accuracy-level 4) and --algo rtn|hqq, "
+                        "and for Gemma 3's --quant int4 without gptq; else off"),
     Option("--smooth-down", "SmoothQuant migration strength in [0, 1] for down_proj's input, carried by up_proj's "
            "rows (GLU MLPs)", _opts, metavar="ALPHA"),
     Option("--act16", "projection groups whose int8 weights take int16 activation codes: a comma-separated list of "

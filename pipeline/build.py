@@ -19,7 +19,7 @@ from ortllm.runtime.artifact import ArtifactError, file_entry, read_manifest
 from ortllm.runtime.artifact import pid_alive as _pid_alive
 
 from .errors import BuildError
-from .families import default_act16
+from .families import default_act16, default_int4_smooth
 from .quantize import ACT16_GROUPS, ALGOS, QuantPlan, check_block_size, parse_keep
 from .smooth import SMOOTHED, adapter_scales, check_alpha, smooth_weights
 from .sources import load_model
@@ -130,11 +130,15 @@ class BuildOptions:
                          keep=parse_keep(self.keep), act16=self.act16 or (), source_mix=self.source_mix)
 
     def for_model(self, cfg) -> "BuildOptions":
-        """The options with the family's defaults filled in (--act16 not given: families.default_act16 on int8
-        weights), as the manifest records them."""
-        if self.act16 is not None:
-            return self
-        return replace(self, act16=default_act16(cfg) if self.quant != "fp32" else ())
+        """The options with the family's defaults filled in, as the manifest records them: --act16 not given:
+        families.default_act16 on quantized weights; --smooth not given on an int4 build without GPTQ:
+        families.default_int4_smooth where the family has one (else smooth_alpha's rule)."""
+        filled = {}
+        if self.act16 is None:
+            filled["act16"] = default_act16(cfg) if self.quant != "fp32" else ()
+        if self.smooth is None and self.quant == "int4" and self.algo != "gptq" and default_int4_smooth(cfg):
+            filled["smooth"] = default_int4_smooth(cfg)
+        return replace(self, **filled) if filled else self
 
     @property
     def smooth_alpha(self) -> float:

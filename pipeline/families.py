@@ -27,6 +27,8 @@ class Family:
     gguf_names: dict = field(default_factory=dict)    # llama.cpp layer tensor -> HF suffix, over GGUF_LAYER_NAMES
     act16: tuple[str, ...] = ()                       # int8 builds: the projection groups on int16 activation codes
                                                       # (quantize.ACT16_GROUPS; the default of --act16)
+    int4_smooth: float = 0.0                          # int4 builds: the SmoothQuant alpha when --smooth is not given
+                                                      # (pipeline/smooth.py; 0: none, the int4 rule of BuildOptions)
 
 
 # ---------------------------------------------------------------- config.json
@@ -373,8 +375,10 @@ FAMILIES = {
     # q|k|v on int16 activation codes: Gemma 3 270M's int8 build loses most to k's and v's int8 activations (the
     # normed hidden state's few large channels set their blocks' step); with it (and q|k|v unsmoothed, on the GGUF's
     # exact Q5_0 / Q8_0 grids) held-out KLD prose 0.00574 -> 0.00353, all 0.00479 -> 0.00388, top-1 97.56%, for
-    # +9% CPU time of the q|k|v call at T = 1 (docs/quality.md, Gemma 3)
-    "gemma3": Family(_hf_gemma3, _gguf_gemma3, fix_hf=(norms_plus_one,), act16=("qkv",)),
+    # +9% CPU time of the q|k|v call at T = 1. Its int4 build smooths the MLP's norm (only gate|up, int8 on the Q5_0
+    # grid, move; q|k|v keep their int16 codes and exact grids): held-out KLD code 0.00542 -> 0.00367, all 0.00442
+    # -> 0.00369, for a calibration pass at build time (docs/quality.md, Gemma 3)
+    "gemma3": Family(_hf_gemma3, _gguf_gemma3, fix_hf=(norms_plus_one,), act16=("qkv",), int4_smooth=0.5),
     # Kyutai's Helium: llama's blocks with an interleaved rotary embedding (pairs (2i, 2i+1)), i.e. q/k rows in the
     # order llama.cpp's GGUFs keep them; no GGUF architecture of its own (docs/howto-add-a-model.md walks this row)
     "helium": Family(_hf_helium, _gguf_llama, fix_hf=(unpermute_qk,)),
@@ -389,3 +393,9 @@ def default_act16(cfg: ModelConfig) -> tuple[str, ...]:
     (the llama default: none, the int8 codes' speed)."""
     family = FAMILIES.get(cfg.arch)
     return family.act16 if family is not None else ()
+
+
+def default_int4_smooth(cfg: ModelConfig) -> float:
+    """The SmoothQuant alpha an int4 build of this family takes when --smooth is not given (llama: 0, none)."""
+    family = FAMILIES.get(cfg.arch)
+    return family.int4_smooth if family is not None else 0.0
