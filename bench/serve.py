@@ -20,10 +20,7 @@ failed at that level over all repeats.
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,6 +31,7 @@ import numpy as np
 
 from ortllm.runtime.artifact import read_manifest
 
+from .child_server import ChildServer
 from .client import StreamResult, random_prompts, stream_completion
 from .errors import BenchError
 from .results import row
@@ -46,70 +44,28 @@ PERCENTILES = (50, 90, 99)
 _URL = re.compile(r"serving .* at (http://[\d.]+:\d+) ")
 
 
-class ServeProcess:
-    """`ortllm serve` in a child process; stdout and stderr go to `log_path`. Use as a context manager: enter
-    returns once the server printed its URL (model loaded and warmed up); exit sends SIGTERM (drain, exit 0)
-    and kills it if it is still there `grace` s later. The child also gets SIGTERM if the bench dies."""
+class ServeProcess(ChildServer):
+    """`ortllm serve` in a child process (bench/child_server.py); ready once it printed its URL (model loaded and
+    warmed up); exit drains it with SIGTERM."""
+    name = "ortllm serve"
 
     def __init__(self, artifact: Path, log_path: Path, threads: int | None = None, http_threads: int = 64,
                  start_timeout: float = 600.0, grace: float = 20.0, parallel: int | None = None):
-        self.log_path, self.start_timeout, self.grace = Path(log_path), start_timeout, grace
-        self.cmd = [sys.executable, "-m", "ortllm", "serve", str(artifact), "--host", "127.0.0.1", "--port", "0",
-                    "--http-threads", str(http_threads), "--drain-timeout", "5",
-                    "--spec-max-tokens", "0",   # random prompts: plain decoding (bench/engine.py, PLAIN)
-                    *(["--threads", str(threads)] if threads else []),
-                    *(["--parallel", str(parallel)] if parallel else [])]
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
+        super().__init__([sys.executable, "-m", "ortllm", "serve", str(artifact), "--host", "127.0.0.1", "--port", "0",
+                          "--http-threads", str(http_threads), "--drain-timeout", "5",
+                          "--spec-max-tokens", "0",   # random prompts: plain decoding (bench/engine.py, PLAIN)
+                          *(["--threads", str(threads)] if threads else []),
+                          *(["--parallel", str(parallel)] if parallel else [])],
+                         log_path, start_timeout, grace)
 
-    def __enter__(self) -> "ServeProcess":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent())
-        try:
-            self.url = self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def _ready(self) -> str | None:
+        m = _URL.search(self.log_path.read_text(errors="replace"))
+        return m.group(1) if m else None
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _wait_ready(self) -> str:
-        end = time.monotonic() + self.start_timeout
-        while time.monotonic() < end:
-            text = self.log_path.read_text(errors="replace")
-            if m := _URL.search(text):
-                return m.group(1)
-            if self.proc.poll() is not None:
-                last = (text.strip().splitlines() or ["(no output)"])[-1].removeprefix("ortllm: error: ")
-                raise BenchError(f"ortllm serve exited with {self.proc.returncode} before it was ready: {last} "
-                                 f"(log: {self.log_path})")
-            time.sleep(0.1)
-        raise BenchError(f"ortllm serve was not ready within {self.start_timeout:.0f} s (log: {self.log_path})")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=self.grace)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _die_with_parent():
-    """preexec_fn for Linux: the child gets SIGTERM when the thread that started it dies (no orphan server).
-    The libc function is looked up here, before the fork; None where prctl is not available."""
-    try:
-        import ctypes
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, int(signal.SIGTERM))     # PR_SET_PDEATHSIG
+    def _exited_message(self) -> str:
+        text = self.log_path.read_text(errors="replace")
+        last = (text.strip().splitlines() or ["(no output)"])[-1].removeprefix("ortllm: error: ")
+        return f"ortllm serve exited with {self.proc.returncode} before it was ready: {last} (log: {self.log_path})"
 
 
 def run_load(url: str, prompts: list, max_tokens: int, concurrency: int,

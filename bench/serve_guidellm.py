@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
@@ -32,7 +30,8 @@ from pathlib import Path
 from .errors import BenchError
 from .peer_runner import GGUF_FILES, GGUF_TYPES, PEERS_VENV, REPO, assets_dir, gguf_path, model_of
 from .results import row
-from .serve import ServeProcess, _die_with_parent
+from .child_server import ChildServer, die_with_parent, free_port
+from .serve import ServeProcess
 
 SCENARIO = "serve-guidellm"
 CONCURRENCY = (1, 4, 16, 64)
@@ -96,67 +95,35 @@ def peer_gguf(system: str, model: str | None) -> Path:
     return Path(g)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LlamaServer:
+class LlamaServer(ChildServer):
     """`llama-server` in a child process on 127.0.0.1 (continuous batching, `parallel` slots of SLOT_TOKENS
-    context each), or with `python` llama-cpp-python's server; enter returns once it answers 200 (model loaded),
-    exit stops it (SIGTERM, then kill)."""
+    context each), or with `python` llama-cpp-python's server (bench/child_server.py); ready once it answers 200
+    (model loaded)."""
+    name = "llama-server"
 
     def __init__(self, gguf: Path, log_path: Path, threads: int, parallel: int, alias: str,
                  python: Path | None = None, start_timeout: float = 300.0, grace: float = 10.0):
-        self.log_path, self.start_timeout, self.grace = Path(log_path), start_timeout, grace
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        port = free_port()
         if python:                # llama-cpp-python's server: one context, requests queue (no interrupting)
-            self.cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-                        "--port", str(self.port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-                        "--n_ctx", str(SLOT_TOKENS), "--model_alias", alias, "--interrupt_requests", "False"]
+            cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                   "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                   "--n_ctx", str(SLOT_TOKENS), "--model_alias", alias, "--interrupt_requests", "False"]
             self.ready_path = "/v1/models"
         else:
-            self.cmd = [str(llama_server_bin()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
-                        "--threads", str(threads), "--threads-batch", str(threads), "--parallel", str(parallel),
-                        "--ctx-size", str(parallel * SLOT_TOKENS), "--cont-batching", "--alias", alias,
-                        "--no-webui", "--metrics"]
+            cmd = [str(llama_server_bin()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                   "--threads", str(threads), "--threads-batch", str(threads), "--parallel", str(parallel),
+                   "--ctx-size", str(parallel * SLOT_TOKENS), "--cont-batching", "--alias", alias,
+                   "--no-webui", "--metrics"]
             self.ready_path = "/health"
-        self.proc: subprocess.Popen | None = None
+        super().__init__(cmd, log_path, start_timeout, grace)
+        self.base = f"http://127.0.0.1:{port}"
 
-    def __enter__(self) -> "LlamaServer":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent())
+    def _ready(self) -> str | None:
         try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _wait_ready(self) -> None:
-        end = time.monotonic() + self.start_timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise BenchError(f"llama-server exited with {self.proc.returncode} before it was ready "
-                                 f"(log: {self.log_path})")
-            try:
-                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise BenchError(f"llama-server was not ready within {self.start_timeout:.0f} s (log: {self.log_path})")
-
-    def stop(self) -> None:
-        ServeProcess.stop(self)       # the same SIGTERM-then-kill
+            with urllib.request.urlopen(self.base + self.ready_path, timeout=2) as r:
+                return self.base if r.status == 200 else None
+        except OSError:
+            return None
 
 
 def guidellm_config(url: str, model: str, processor: Path, out: Path, concurrency: int | None = None,
@@ -233,7 +200,7 @@ def run_guidellm(url: str, model: str, processor: Path, work: Path, name: str, t
         try:
             p = subprocess.run([str(guidellm_bin()), "run", "--scenario", str(cfg),
                                 "--disable-console-interactive"], stdout=f, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, env=env, timeout=timeout, preexec_fn=_die_with_parent())
+                               stdin=subprocess.DEVNULL, env=env, timeout=timeout, preexec_fn=die_with_parent())
         except subprocess.TimeoutExpired:
             raise BenchError(f"GuideLLM did not finish within {timeout:.0f} s (log: {log})") from None
     if p.returncode != 0 or not report.is_file():

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 from pathlib import Path
 
 from .client import random_prompts
 from .provenance import command, provenance
+from .child_server import free_port
 from .serve import ServeProcess, run_load, summarize
 
 CONCURRENCY, REQUESTS, MAX_TOKENS, ROUNDS = 16, 48, 64, 3
@@ -23,9 +23,7 @@ CONCURRENCY, REQUESTS, MAX_TOKENS, ROUNDS = 16, 48, 64, 3
 class RayServeProcess(ServeProcess):
     def __init__(self, artifact: Path, log_path: Path, replicas: int, threads_per_replica: int):
         super().__init__(artifact, log_path, start_timeout=300.0, grace=60.0)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.cmd = [sys.executable, "-m", "ortllm", "serve", str(artifact), "--ray", "--port", str(port),
                     "--replicas", str(replicas), "--threads-per-replica", str(threads_per_replica),
                     "--drain-timeout", "5", "--spec-max-tokens", "0"]   # as ServeProcess: plain decoding
