@@ -117,7 +117,7 @@ QUALITY_OUT ?= quality-results
 quality: $(STAMP) ops
 	bash ci/quality_table.sh $(QUALITY_OUT)
 
-# `ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, alternating (docs/service.md).
+# `ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, alternating (docs/service.md; figures: docs/notes/service.md).
 bench-ray: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/python -m ortllm.bench.serve_ray $(DEFAULT_ARTIFACT) --out $(BENCH_OUT)/serve-ray
 

@@ -8,7 +8,7 @@ deltas on its own thread, as the service does; (b) HTTP: the service on that eng
 `streams` streaming clients in a separate process (so client-side JSON parsing does not take the server's GIL).
 Greedy, ignore_eos, fixed random prompts: both sides generate exactly streams x max_tokens tokens. Reported:
 aggregate generated tokens/s for both, their ratio, and the HTTP clients' TTFT and inter-chunk latency.
-A benchmark, not a test; figures go to docs/service.md with the machine and the command.
+A benchmark, not a test; figures go to docs/notes/service.md with the machine and the command.
 """
 from __future__ import annotations
 

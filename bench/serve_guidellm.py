@@ -1,5 +1,5 @@
 """`serve-guidellm` scenario: `ortllm serve` and llama.cpp's own `llama-server` under GuideLLM, a load tool no one
-here wrote (docs/benchmarks.md, Serving under GuideLLM).
+here wrote (docs/notes/benchmarks.md, Serving under GuideLLM).
 
 Both servers run as their users run them, on 127.0.0.1, on the same engine threads and the same number of
 parallel sequences (`--parallel` on both; llama-server with continuous batching).

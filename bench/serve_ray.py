@@ -1,5 +1,5 @@
 """`make bench-ray`: HTTP throughput of `ortllm serve --ray` (2 replicas x 1 thread) against the single-process
-`ortllm serve --threads 2` on the same artifact, both up at once, load alternating between them (docs/service.md).
+`ortllm serve --threads 2` on the same artifact, both up at once, load alternating between them (docs/notes/service.md).
 
 Per round and system: a closed loop of CONCURRENCY streaming clients over REQUESTS random 64-token prompts (fresh
 per round: no prefix-cache hits), 64 new tokens, greedy, ignore_eos; output tokens / wall. Prints one JSON line

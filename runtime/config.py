@@ -73,7 +73,7 @@ class SchedulerConfig:
     max_num_seqs: int = 32             # running sequences; each decodes one token per step
     max_queued: int = 256              # waiting requests before add_request raises Overloaded
     # distinct adapters in one step (the base model does not count). 16: on a saturated Zipf trace over 16 adapters
-    # a cap of 4 held requests back (+39% time against the base model), 8 or 16 cost +11-12% (docs/adapters.md)
+    # a cap of 4 held requests back (+39% time against the base model), 8 or 16 cost +11-12% (docs/notes/adapters.md)
     max_adapters_per_batch: int = 16
     long_prefill_chunk: int | None = None  # max prefill tokens of one sequence per step; None: max_batch_tokens
     aging_steps: int = 16              # steps a waiting request may be bypassed before it goes first

@@ -75,7 +75,7 @@ def by_adapter(seq_slots: list[int]) -> list[int] | None:
     seqs are in that order already (a base-only step, one adapter). Each row's values do not depend on where it sits
     in the batch (qlinear.h): the order changes no bits. The ops group each call's tokens by slot themselves
     (QLinear's plan_lora, MultiLoRA's counting sort), so no kernel needs this order today: it was the ground for
-    a LoRA expand inside the projection's tiles, which measured slower (docs/adapters.md, Overhead)."""
+    a LoRA expand inside the projection's tiles, which measured slower (docs/notes/adapters.md, Overhead)."""
     if all(a <= b for a, b in zip(seq_slots, seq_slots[1:])):
         return None
     return sorted(range(len(seq_slots)), key=seq_slots.__getitem__)

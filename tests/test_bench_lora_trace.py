@@ -92,7 +92,7 @@ def test_trace_replays_on_both_systems(smollm2_engine):
 
 def test_lora_swap_rows(tiny_engine, tmp_path):
     """`ortllm bench --scenario lora-swap` on the tiny engine artifact (plumbing; the figures are in
-    docs/adapters.md): every (condition, state) row, and under load and queued the disk-only adapter was read
+    docs/notes/adapters.md): every (condition, state) row, and under load and queued the disk-only adapter was read
     before its step (the prefetch at submit)."""
     import json
 

@@ -7,7 +7,7 @@ the base model) with each cap in turn, round by round in one run.
 
 A cap is max_adapters_per_batch/max_slots. Prints each round's LoRA and base throughput and the overhead, then per
 cap the median overheads (base / LoRA throughput - 1; LoRA / base p99 latency - 1). Dev tooling; the figures and
-what they decided are in docs/adapters.md ("The Zipf trace").
+what they decided are in docs/notes/adapters.md ("The Zipf trace against llama.cpp ...").
 """
 from __future__ import annotations
 

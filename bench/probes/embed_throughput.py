@@ -1,6 +1,6 @@
 """Embeddings' throughput beside generation, over HTTP on 127.0.0.1: texts/s of POST /v1/embeddings and generated
 tokens/s of POST /v1/chat/completions, each alone and both at once on one server (one engine: the embeddings
-are prefill-only rows of the same batches). docs/service.md records the figures.
+are prefill-only rows of the same batches). docs/notes/service.md records the figures.
 
     .venv/bin/python bench/probes/embed_throughput.py ARTIFACT [--seconds 20] [--gen-clients 4] [--embed-clients 2]
                                                      [--batch 8] [--max-tokens 64]

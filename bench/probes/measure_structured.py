@@ -1,4 +1,4 @@
-"""Figures for docs/service.md: the per-token cost of a structured-output mask, the model steps a schema with long
+"""Figures for docs/notes/service.md: the per-token cost of a structured-output mask, the model steps a schema with long
 fixed keys takes with its forced tokens verified as drafts against one step per token, and the aggregate
 throughput of a 16-client HTTP load with a JSON schema on every request against the same load without.
 
