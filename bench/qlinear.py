@@ -66,20 +66,31 @@ def nbits_runner(rng, T, K, N, threads, with_offsets: bool):
     return Runner(_graph(nodes, inits, feeds, K, N, copies, domains), feeds, threads), copies
 
 
+def lora_stack_feeds(rng, k: int, widths: list[int], slots: int, rank: int,
+                     a_std: float | None = None) -> dict[str, np.ndarray]:
+    """QLinear's LoRA stacks for `slots` random adapters of rank `rank` on input width k, per output segment j of
+    width widths[j]: A{j} [slots, k, rank] int8 (~ a_std, default 1 / sqrt(k)), A_scale{j} [slots, k / 32, rank],
+    B{j} [slots, rank, widths[j]] int8 (~ 0.05), B_scale{j} [slots, widths[j]] (the runtime's writer's quantization,
+    runtime/lora_stacks.py) and rank{j} [slots]. token_adapter and lora_scale are the caller's."""
+    a_std = a_std if a_std is not None else 1 / np.sqrt(k)
+    feeds = {}
+    for j, width in enumerate(widths):
+        packed = [(*quantize_a((rng.standard_normal((k, rank)) * a_std).astype(np.float32)),
+                   *quantize_b((rng.standard_normal((rank, width)) * 0.05).astype(np.float32))) for _ in range(slots)]
+        shapes = ((slots, k, rank), (slots, -(-k // 32), rank), (slots, rank, width), (slots, width))
+        for i, (name, shape) in enumerate(zip(("A", "A_scale", "B", "B_scale"), shapes)):
+            feeds[f"{name}{j}"] = np.stack([p[i] for p in packed]).reshape(shape)
+        feeds[f"rank{j}"] = np.full(slots, rank, np.int32)
+    return feeds
+
+
 def qlinear_runner(rng, T, K, N, threads, adapters: int = 0, rank: int = 16, slots: int = 8):
     kb, G, copies = K // BLOCK, -(-N // 8), _copies(K, N, T)
     feeds = {"x": rng.standard_normal((T, K), dtype=np.float32)}
     extra = []
     if adapters:
-        stacks = [(quantize_a(rng.standard_normal((K, rank), dtype=np.float32) * 0.05),
-                   quantize_b(rng.standard_normal((rank, N), dtype=np.float32) * 0.05)) for _ in range(slots)]
         feeds |= {"token_adapter": (np.arange(T) % adapters).astype(np.int32),
-                  "lora_scale": np.ones(slots, np.float32),
-                  "A0": np.stack([a[0] for a, _ in stacks]).reshape(slots, K, rank),        # int8 stacks (lora_stacks)
-                  "A_scale0": np.stack([a[1] for a, _ in stacks]),
-                  "B0": np.stack([b[0] for _, b in stacks]).reshape(slots, rank, N),
-                  "B_scale0": np.stack([b[1] for _, b in stacks]),
-                  "rank0": np.full(slots, rank, np.int32)}
+                  "lora_scale": np.ones(slots, np.float32), **lora_stack_feeds(rng, K, [N], slots, rank, a_std=0.05)}
         extra = ["token_adapter", "lora_scale", "A0", "A_scale0", "B0", "B_scale0", "rank0"]
     nodes, inits = [], []
     for i in range(copies):

@@ -15,27 +15,19 @@ import time
 import numpy as np
 
 from ortllm.bench.op_graphs import qlinear_model, session
+from ortllm.bench.qlinear import lora_stack_feeds
 from ortllm.pipeline.qlinear_pack import pack
 from ortllm.pipeline.quantize import RTNQuantizer
-from ortllm.runtime.lora_stacks import quantize_a, quantize_b
 from ortllm.runtime.ops_library import ops_isa
 
 ROWS, SLOTS, RANK = 16, 4, 16
 
 
 def lora_stacks(rng, k: int, widths: list[int]) -> dict[str, np.ndarray]:
-    """QLinear's LoRA inputs: every row on one of SLOTS adapters of rank RANK (A ~ 1 / sqrt(K), B ~ 0.05), per
-    segment the int8 stacks the runtime's writer makes (runtime/lora_stacks.py)."""
-    feeds = {"token_adapter": rng.integers(0, SLOTS, ROWS).astype(np.int32),
-             "lora_scale": rng.uniform(0.5, 2.0, SLOTS).astype(np.float32)}
-    for j, width in enumerate(widths):
-        packed = [(*quantize_a((rng.standard_normal((k, RANK)) / np.sqrt(k)).astype(np.float32)),
-                   *quantize_b((rng.standard_normal((RANK, width)) * 0.05).astype(np.float32))) for _ in range(SLOTS)]
-        shapes = ((SLOTS, k, RANK), (SLOTS, -(-k // 32), RANK), (SLOTS, RANK, width), (SLOTS, width))
-        for i, (name, shape) in enumerate(zip(("A", "A_scale", "B", "B_scale"), shapes)):
-            feeds[f"{name}{j}"] = np.stack([p[i] for p in packed]).reshape(shape)
-        feeds[f"rank{j}"] = np.full(SLOTS, RANK, np.int32)
-    return feeds
+    """QLinear's LoRA inputs: every row on one of SLOTS adapters of rank RANK (bench/qlinear.py)."""
+    return {"token_adapter": rng.integers(0, SLOTS, ROWS).astype(np.int32),
+            "lora_scale": rng.uniform(0.5, 2.0, SLOTS).astype(np.float32),
+            **lora_stack_feeds(rng, k, widths, SLOTS, RANK)}
 
 
 def case(k, widths, epilogue, threads):

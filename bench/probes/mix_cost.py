@@ -21,9 +21,9 @@ import time
 import numpy as np
 
 from ortllm.bench.op_graphs import qlinear_model, session
+from ortllm.bench.qlinear import lora_stack_feeds
 from ortllm.pipeline.qlinear_pack import pack
 from ortllm.pipeline.quantize import RTNQuantizer
-from ortllm.runtime.lora_stacks import quantize_a, quantize_b
 from ortllm.runtime.ops_library import ops_isa
 
 ROWS, SLOTS, RANK = 16, 4, 16
@@ -31,15 +31,8 @@ PAIRS = [(i, j) for i in range(SLOTS) for j in range(i + 1, SLOTS)]
 
 
 def stacks(rng, k: int, widths: list[int]) -> dict[str, np.ndarray]:
-    feeds = {"lora_scale": rng.uniform(0.5, 2.0, SLOTS).astype(np.float32)}
-    for j, width in enumerate(widths):
-        packed = [(*quantize_a((rng.standard_normal((k, RANK)) / np.sqrt(k)).astype(np.float32)),
-                   *quantize_b((rng.standard_normal((RANK, width)) * 0.05).astype(np.float32))) for _ in range(SLOTS)]
-        shapes = ((SLOTS, k, RANK), (SLOTS, -(-k // 32), RANK), (SLOTS, RANK, width), (SLOTS, width))
-        for i, (name, shape) in enumerate(zip(("A", "A_scale", "B", "B_scale"), shapes)):
-            feeds[f"{name}{j}"] = np.stack([p[i] for p in packed]).reshape(shape)
-        feeds[f"rank{j}"] = np.full(SLOTS, RANK, np.int32)
-    return feeds
+    return {"lora_scale": rng.uniform(0.5, 2.0, SLOTS).astype(np.float32),
+            **lora_stack_feeds(rng, k, widths, SLOTS, RANK)}
 
 
 def forms() -> dict[str, tuple[np.ndarray, np.ndarray]]:
