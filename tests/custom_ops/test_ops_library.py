@@ -65,7 +65,7 @@ def test_not_linked_to_onnxruntime_and_exports_only_entry_points():
     exported = {line.split()[-1] for line in syms.splitlines()
                 if " FUNC " in line and " GLOBAL " in line and " UND " not in line}
     assert {"RegisterCustomOps", "OrtllmOpsAbiVersion"} <= exported
-    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa"}, exported
+    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa", "OrtllmOpsSchema"}, exported
 
 
 def test_ops_library_module_never_imports_torch():
