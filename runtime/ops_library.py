@@ -96,7 +96,7 @@ class OpInput:
 class OpAttribute:
     name: str
     type: str               # "int", "float", "string" or "ints"
-    default: str | None     # None: required (an optional list: absent)
+    default: str | None     # None: required
     doc: str
 
 
@@ -129,6 +129,20 @@ class OpSchema:
             ins.pop()
         return ins
 
+    def markdown(self) -> str:
+        """The inputs and attributes as Markdown tables (custom_ops/README.md carries them, checked by a test)."""
+        def shape(inp: OpInput) -> str:
+            stacked = inp.shape.startswith("[n_layers,]")
+            forms = " or ".join(f"`[{f.strip()}]`" for f in inp.shape.removeprefix("[n_layers,]").split("|"))
+            return forms + (f" (`[n_layers, ...]` with {self.stack_attr})" if stacked else "")
+        rows = ["| # | input | shape | type | |", "|---|---|---|---|---|"]
+        rows += [f"| {i} | {inp.name}{' (optional)' if inp.optional else ''} | {shape(inp)} | "
+                 f"{' / '.join(inp.types)} | {inp.doc} |" for i, inp in enumerate(self.inputs)]
+        rows += ["", "| attribute | type | default | |", "|---|---|---|---|"]
+        rows += [f"| {a.name} | {a.type} | {'required' if a.default is None else a.default} | {a.doc} |"
+                 for a in self.attributes]
+        return "\n".join(rows)
+
 
 def ops_schema_json(path: Path | None = None) -> dict:
     """OrtllmOpsSchema() of the library (default: ops_library_path()), parsed: {"abi_version", "ops": [...]}."""
@@ -160,3 +174,8 @@ def op_schema(name: str, path: Path | None = None) -> OpSchema:
     if name not in schemas:
         raise KeyError(f"the ops library has no op {name!r}; it has {sorted(schemas)}")
     return schemas[name]
+
+
+if __name__ == "__main__":  # python -m ortllm.runtime.ops_library: every op's tables, as custom_ops/README.md has them
+    for op in ops_schema_json()["ops"]:
+        print(f"## {op['name']}\n\n{op_schema(op['name']).markdown()}\n")

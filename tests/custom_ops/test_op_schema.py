@@ -93,3 +93,19 @@ def test_the_abi_version_is_one_constant():
     assert "runtime/ops_library.py" in (REPO / "custom_ops" / "CMakeLists.txt").read_text()
     for src in (REPO / "custom_ops" / "src").rglob("*.[ch]*"):
         assert not re.search(r"ABI_VERSION\s+\d", src.read_text()), f"{src} defines an ops ABI version of its own"
+
+
+def test_the_readme_lists_each_table():
+    """custom_ops/README.md carries each op's inputs and attributes as the library declares them (regenerate with
+    `python -m ortllm.runtime.ops_library`)."""
+    readme = (REPO / "custom_ops" / "README.md").read_text()
+    for op in OPS:
+        assert op_schema(op).markdown() in readme, f"custom_ops/README.md's {op} tables differ from the library's"
+
+
+def test_bench_graphs_name_the_inputs_as_the_tables_do():
+    """The op benches' and the op tests' graphs (bench/op_graphs.py) keep their own input lists: the same names, in
+    the same positions, as the tables."""
+    from ortllm.bench.op_graphs import LORA_INPUTS, PA_INPUTS, QLINEAR_INPUTS
+    for op, names in (("QLinear", QLINEAR_INPUTS), ("PagedAttention", PA_INPUTS), ("MultiLoRA", LORA_INPUTS)):
+        assert [i.name for i in op_schema(op).inputs][:len(names)] == list(names), op

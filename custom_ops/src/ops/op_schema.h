@@ -29,7 +29,7 @@ struct InputSpec {
 struct AttrSpec {
   const char* name;
   const char* type;           // "int", "float", "string" or "ints"
-  const char* default_value;  // nullptr: required (or, for an optional list, absent)
+  const char* default_value;  // nullptr: required
   const char* doc;            // one line
 };
 

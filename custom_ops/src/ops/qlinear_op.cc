@@ -32,14 +32,8 @@ constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, F16 = ONNX_TENSOR_ELEM
                I32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
 
 // Segment j of the LoRA (j < kQLinearMaxSegments) covers output columns [N_0 + .. + N_{j-1}, + N_j); present
-// segments cover N exactly. G = ceil(N / 8) row groups, kb = ceil(K / block_size) blocks (the packed layout).
-#define ORTLLM_QLINEAR_SEGMENT(j)                                                                                     \
-  {"A" #j, I8, "[n_layers,] n_slots, K, r_max", true, "LoRA segment " #j "'s A codes, a row-major [K, rank] a slot"}, \
-      {"A_scale" #j, F16, "[n_layers,] n_slots, ceil(K/32), r_max", true, "A" #j "'s scales, one per 32 rows of K"},  \
-      {"B" #j, I8, "[n_layers,] n_slots, r_max, N_j", true, "segment " #j "'s B codes"},                              \
-      {"B_scale" #j, F16, "[n_layers,] n_slots, N_j", true, "B" #j "'s scales, one per output column"}, {             \
-    "rank" #j, I32, "n_slots", true, "each slot's rank on segment " #j ", in [0, r_max]"                              \
-  }
+// segments cover N exactly; r_max and N_j are each segment's own. G = ceil(N / 8) row groups, kb = ceil(K /
+// block_size) blocks (the packed layout).
 constexpr InputSpec kInputs[] = {
     {"x", F32, "T, K", false, "the activations"},
     {"codes", U8, "G, kb, block_size*bits", false, "the weight's codes, packed (qlinear_pack: G row groups of 8)"},
@@ -48,9 +42,21 @@ constexpr InputSpec kInputs[] = {
     {"residual", F32, "T, N", true, "with epilogue \"residual\": y = residual + x W^T (y may take its buffer)"},
     {"token_adapter", I32, "T | T, M", true, "-1 or a slot a token; [T, M] (M <= 4): a mix, a row's -1s last"},
     {"lora_scale", F32, "n_slots", true, "each slot's LoRA scale (alpha / r), with token_adapter"},
-    ORTLLM_QLINEAR_SEGMENT(0),
-    ORTLLM_QLINEAR_SEGMENT(1),
-    ORTLLM_QLINEAR_SEGMENT(2),
+    {"A0", I8, "[n_layers,] n_slots, K, r_max", true, "LoRA segment 0's A codes, in k-quads (K, r_max multiples of 4)"},
+    {"A_scale0", F16, "[n_layers,] n_slots, ceil(K/32), r_max", true, "A0's scales, one per 32 rows of K"},
+    {"B0", I8, "[n_layers,] n_slots, r_max, N_j", true, "segment 0's B codes, in rank quads"},
+    {"B_scale0", F16, "[n_layers,] n_slots, N_j", true, "B0's scales, one per output column"},
+    {"rank0", I32, "n_slots", true, "each slot's rank on segment 0, in [0, r_max]"},
+    {"A1", I8, "[n_layers,] n_slots, K, r_max", true, "LoRA segment 1's A codes, in k-quads (K, r_max multiples of 4)"},
+    {"A_scale1", F16, "[n_layers,] n_slots, ceil(K/32), r_max", true, "A1's scales, one per 32 rows of K"},
+    {"B1", I8, "[n_layers,] n_slots, r_max, N_j", true, "segment 1's B codes, in rank quads"},
+    {"B_scale1", F16, "[n_layers,] n_slots, N_j", true, "B1's scales, one per output column"},
+    {"rank1", I32, "n_slots", true, "each slot's rank on segment 1, in [0, r_max]"},
+    {"A2", I8, "[n_layers,] n_slots, K, r_max", true, "LoRA segment 2's A codes, in k-quads (K, r_max multiples of 4)"},
+    {"A_scale2", F16, "[n_layers,] n_slots, ceil(K/32), r_max", true, "A2's scales, one per 32 rows of K"},
+    {"B2", I8, "[n_layers,] n_slots, r_max, N_j", true, "segment 2's B codes, in rank quads"},
+    {"B_scale2", F16, "[n_layers,] n_slots, N_j", true, "B2's scales, one per output column"},
+    {"rank2", I32, "n_slots", true, "each slot's rank on segment 2, in [0, r_max]"},
     {"norm_weight", F32, "K", true, "y is computed from RMSNorm(x) * norm_weight (eps: attribute norm_eps)"},
     {"dora", I32, "n_slots", true, "1 where the slot holds a DoRA adapter, else 0"},
     {"dora_scale0", F32, "[n_layers,] n_slots, N_j", true, "segment 0's per-column scale of a DoRA row"},
@@ -58,7 +64,6 @@ constexpr InputSpec kInputs[] = {
     {"dora_scale2", F32, "[n_layers,] n_slots, N_j", true, "segment 2's per-column scale of a DoRA row"},
     {"token_adapter_weight", F32, "T | T, M", true, "each term's weight in a token's mix (1 without it)"},
 };
-#undef ORTLLM_QLINEAR_SEGMENT
 static_assert(kQLinearMaxSegments == 3 && kSegInputs == 5, "the table declares 3 segments of 5 inputs");
 static_assert(same_name(kInputs[kSeg0 + kSegInputs].name, "A1") &&
                   same_name(kInputs[kNormWeight].name, "norm_weight") &&
@@ -75,7 +80,8 @@ constexpr AttrSpec kAttrs[] = {
     {"epilogue", "string", "none", "\"none\", \"residual\" (adds input residual) or \"swiglu\" (SiLU(gate) * up)"},
     {"packed_a", "int", "0", "1: slot s of A_j holds a row-major [K, rank_j[s]] matrix"},
     {"norm_eps", "float", "1e-5", "the RMSNorm's epsilon, with norm_weight"},
-    {"split", "ints", nullptr, "epilogue \"none\": the outputs' widths, summing to N (q, k, v without a Split)"},
+    {"split", "ints", "[] (one output)",
+     "epilogue \"none\": the outputs' widths, summing to N (q, k, v without a Split)"},
     {"act_bits", "int", "8", "16: x as int16 codes per block (bits 8, block_size <= 128); a LoRA reads int8 codes"},
     {"lora_layer", "int", "-1", "with it, A_j, A_scale_j, B_j, B_scale_j, dora_scale_j hold every layer"},
 };
