@@ -18,6 +18,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ortllm.runtime import contract as C
+from ortllm.runtime.ops_library import op_schema
 
 from .graph_blocks import (activation, add_bias, head_norm, in_norm, lm_head, out_norm, project, rms_norm,
                            rope_tables, scale_embedding, softcap)
@@ -46,10 +47,12 @@ def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], 
         a = g.input(C.lora_name(layer, target, "a"), F16, ["lora_slots", in_dim, "lora_rank"])
         b = g.input(C.lora_name(layer, target, "b"), F16, ["lora_slots", "lora_rank", out_dim])
         dora = g.input(C.lora_stack_name(target, "dora_scale"), F32, [layers, "lora_slots", out_dim])
-        ins = [x, p.y, a, b, C.LORA_SCALE, C.lora_rank_name(target), adapter, p.offsets or "", C.LORA_DORA, dora,
-               C.TOKEN_ADAPTER_WEIGHT]
+        ins = {"x": x, "base_y": p.y, "A": a, "B": b, "scale": C.LORA_SCALE, "rank": C.lora_rank_name(target),
+               "token_adapter": adapter, "offsets": p.offsets or "", "dora": C.LORA_DORA, "dora_scale": dora,
+               "token_adapter_weight": C.TOKEN_ADAPTER_WEIGHT}
         attrs = {"packed_a": 1, "lora_layer": layer} | ({"block_size": p.block_size} if p.offsets else {})
-        outs.append(g.op("MultiLoRA", ins, f"{path}/lora", domain=C.OPS_DOMAIN, **attrs))
+        outs.append(g.op("MultiLoRA", op_schema("MultiLoRA").node_inputs(ins), f"{path}/lora", domain=C.OPS_DOMAIN,
+                         **attrs))
     return outs
 
 
@@ -105,16 +108,18 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     quantized = C.kv_scaled(C.KV_DTYPES[kv])     # codes with fp16 scales (int8, fp8, int4), Hadamard-rotated
     cache_type = U8 if quantized else F16 if kv == "fp16" else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, C.kv_row_elems(C.KV_DTYPES[kv], cfg.head_dim)]
-    ins, outs = [], []
+    caches, outs = {}, []
     for kind in C.cache_kinds(quantized):     # inputs: every layer's caches, one a kind; outputs: this layer's slice
         dtype, shp = (cache_type, shape) if kind.endswith("cache") else (F16, shape[:3])  # fp16 scales
-        ins.append(g.input(C.cache_name(kind), dtype, [cfg.num_layers, *shp]))
+        caches[kind] = g.input(C.cache_name(kind), dtype, [cfg.num_layers, *shp])
         outs.append(C.cache_out_name(kind, i))
         g.output(outs[-1], dtype, shp)
     cos, sin = batch["rope"][cfg.layer_types[i]]
-    res = g.op("PagedAttention",
-               [q, k, v, batch["positions"], batch["cu_seqlens"], batch["context_lens"], batch["block_tables"],
-                cos, sin, *ins], f"{path}/paged", n_out=1 + len(ins), domain=C.OPS_DOMAIN,
+    ins = {"q": q, "k": k, "v": v, "positions": batch["positions"], "cu_seqlens": batch["cu_seqlens"],
+           "context_lens": batch["context_lens"], "block_tables": batch["block_tables"], "cos_cache": cos,
+           "sin_cache": sin} | caches
+    res = g.op("PagedAttention", op_schema("PagedAttention").node_inputs(ins), f"{path}/paged",
+               n_out=1 + len(caches), domain=C.OPS_DOMAIN,
                num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
                block_size=block_size, kv_dtype=C.KV_DTYPES[kv], rotate=int(quantized and kv_rotate), layer=i,
                scale=float(cfg.softmax_scale), **_window(cfg, i))

@@ -13,6 +13,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ortllm.runtime import contract as C
+from ortllm.runtime.ops_library import op_schema
 
 from .graph_blocks import group_path
 from .onnx_builder import GraphBuilder
@@ -21,9 +22,6 @@ from .quant_grid import quantize_by_rows
 from .quantize import QuantizedWeight, RTNQuantizer, hf_name
 
 F16, F32, I8 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.INT8
-SEG0, SEG_INPUTS, NORM = 7, 5, 22   # the op's input positions (custom_ops/README.md): LoRA segments, norm weight
-DORA, DORA_SCALE0 = 23, 24          # DoRA: the slots' flags, then one scale stack per segment
-ADAPTER_WEIGHT = 27                 # the weights of each token's adapter mix (token_adapter [T, M])
 ARGMAX_OUT = 3                      # the op's optional output: each row's first maximum (after y and the splits)
 EPILOGUES = ("none", "residual", "swiglu")
 
@@ -61,42 +59,40 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
     qs = [quant.quantize(hf_name(p), w) for w, p in zip(ws, paths)]
     q = qs[0] if len(qs) == 1 else QuantizedWeight.concat(qs)
     p = pack(q)
-    ins = [""] * (ADAPTER_WEIGHT + 1)   # the op's inputs by position; "" = absent
-    ins[:5] = [x, g.weight(f"{path}.qcodes{p.bits}", p.codes), g.weight(f"{path}.qscales", p.scales),
-               g.weight(f"{path}.qoffsets", p.offsets) if p.offsets is not None else "", residual or ""]
+    ins = {"x": x, "codes": g.weight(f"{path}.qcodes{p.bits}", p.codes),       # the op's inputs by name
+           "scales": g.weight(f"{path}.qscales", p.scales),
+           "offsets": g.weight(f"{path}.qoffsets", p.offsets) if p.offsets is not None else "",
+           "residual": residual or ""}
     attrs = {}
     if lora is not None:
-        ins[5:7] = [lora["adapter"], C.LORA_SCALE]
-        for j, (w, pth) in enumerate(zip(ws, paths)):
+        ins |= {"token_adapter": lora["adapter"], "lora_scale": C.LORA_SCALE}
+        for j, (w, pth) in enumerate(zip(ws, paths)):   # segment j: the LoRA of output columns N_0 + .. + N_{j-1}
             target = pth.rsplit("/", 1)[1]
             out_dim, in_dim = w.shape
             name = functools.partial(C.lora_stack_name, target)
             chunks, layers = -(-in_dim // C.LORA_CHUNK), lora["layers"]
-            ins[SEG0 + SEG_INPUTS * j:SEG0 + SEG_INPUTS * (j + 1)] = [
-                g.input(name("a"), I8, [layers, "lora_slots", in_dim, "lora_rank"]),
-                g.input(name("a_scale"), F16, [layers, "lora_slots", chunks, "lora_rank"]),
-                g.input(name("b"), I8, [layers, "lora_slots", "lora_rank", out_dim]),
-                g.input(name("b_scale"), F16, [layers, "lora_slots", out_dim]),
-                C.lora_rank_name(target)]
-            ins[DORA_SCALE0 + j] = g.input(name("dora_scale"), F32, [layers, "lora_slots", out_dim])
-        ins[DORA] = g.input(C.LORA_DORA, TensorProto.INT32, ["lora_slots"])
-        ins[ADAPTER_WEIGHT] = C.TOKEN_ADAPTER_WEIGHT
+            ins |= {f"A{j}": g.input(name("a"), I8, [layers, "lora_slots", in_dim, "lora_rank"]),
+                    f"A_scale{j}": g.input(name("a_scale"), F16, [layers, "lora_slots", chunks, "lora_rank"]),
+                    f"B{j}": g.input(name("b"), I8, [layers, "lora_slots", "lora_rank", out_dim]),
+                    f"B_scale{j}": g.input(name("b_scale"), F16, [layers, "lora_slots", out_dim]),
+                    f"rank{j}": C.lora_rank_name(target)}
+            ins[f"dora_scale{j}"] = g.input(name("dora_scale"), F32, [layers, "lora_slots", out_dim])
+        ins["dora"] = g.input(C.LORA_DORA, TensorProto.INT32, ["lora_slots"])
+        ins["token_adapter_weight"] = C.TOKEN_ADAPTER_WEIGHT
         attrs["lora_layer"] = lora["layer"]
     if norm is not None:
         weight, eps, norm_path = norm
-        ins[NORM] = g.weight(f"{norm_path}.weight", weight)
+        ins["norm_weight"] = g.weight(f"{norm_path}.weight", weight)
         attrs["norm_eps"] = float(eps)
     if split and len(ws) > 1:
         attrs["split"] = [int(w.shape[0]) for w in ws]
     if act16 and q.bits == 8:
         attrs["act_bits"] = 16
-    while ins[-1] == "":
-        ins.pop()
     assert not (argmax and (epilogue != "none" or "split" in attrs))
     outs = {"n_out": ARGMAX_OUT + 1, "skip": tuple(range(1, ARGMAX_OUT))} if argmax else \
         {"n_out": len(attrs.get("split", [0]))}
-    y = g.op("QLinear", ins, path, domain=C.OPS_DOMAIN, K=q.k, N=q.n, bits=q.bits, block_size=q.block_size,
-             epilogue=epilogue, packed_a=1, **outs, **attrs)
+    y = g.op("QLinear", op_schema("QLinear").node_inputs(ins), path, domain=C.OPS_DOMAIN, K=q.k, N=q.n, bits=q.bits,
+             block_size=q.block_size, epilogue=epilogue, packed_a=1, **outs, **attrs)
     return [y[0], y[ARGMAX_OUT]] if argmax else y
 
 EMBED_BLOCK = 32

@@ -1,20 +1,24 @@
-"""Locate, check and register libortllm_ops.so (ORT custom ops, domain ``ortllm``).
+"""Locate, check and register libortllm_ops.so (ORT custom ops, domain ``ortllm``), and read its ops' tables.
 
 Importable with numpy/onnxruntime only (never torch). A missing library, or one built from other
 sources (its ``OrtllmOpsAbiVersion()`` differs from ``OPS_ABI_VERSION``), raises OpsLibraryError
-naming the command that builds it.
+naming the command that builds it. ``op_schema(name)`` is an op's inputs and attributes as the library declares
+them (``OrtllmOpsSchema()``, custom_ops/src/ops/op_schema.h): the graph builder names a node's inputs by it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import OrtllmError
 
-# Must equal ORTLLM_OPS_ABI_VERSION in custom_ops/src/ops/register.cc; bump both together whenever
-# an op's inputs, outputs or attributes change.
+# The one ops ABI version: custom_ops/CMakeLists.txt reads this line and builds it into the library's
+# OrtllmOpsAbiVersion(). Bump it whenever an op's inputs, outputs or attributes change.
 OPS_ABI_VERSION = 14
 ENV_OVERRIDE = "ORTLLM_OPS_LIBRARY"
 BUILD_COMMAND = "make ops"
@@ -74,3 +78,104 @@ def register_ops(sess_options, path: Path | None = None) -> Path:
     path = check_ops_library(path)
     sess_options.register_custom_ops_library(str(path))
     return path
+
+
+@dataclass(frozen=True)
+class OpInput:
+    """One input of an op's table: its element types (several: one per registered variant), its dims by symbol
+    ("T, K"; "A | B": either form; a leading "[n_layers,]" with the op's stack attribute), whether it may be left
+    out ("" in a node), and a one-line doc."""
+    name: str
+    types: tuple[str, ...]
+    shape: str
+    optional: bool
+    doc: str
+
+
+@dataclass(frozen=True)
+class OpAttribute:
+    name: str
+    type: str               # "int", "float", "string" or "ints"
+    default: str | None     # None: required
+    doc: str
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """An op's inputs (in their positions) and attributes, as the library declares and checks them."""
+    name: str
+    doc: str
+    stack_attr: str | None
+    inputs: tuple[OpInput, ...]
+    attributes: tuple[OpAttribute, ...]
+
+    def index(self, input_name: str) -> int:
+        """The position of an input in the node's input list."""
+        for i, inp in enumerate(self.inputs):
+            if inp.name == input_name:
+                return i
+        raise KeyError(f"{self.name} has no input {input_name!r}; its inputs: {[i.name for i in self.inputs]}")
+
+    def node_inputs(self, named: dict[str, str]) -> list[str]:
+        """A node's input list from {input name: value name}: each at its position, "" for the inputs left out
+        (only optional ones may be), trailing ones dropped."""
+        ins = [""] * len(self.inputs)
+        for name, value in named.items():
+            ins[self.index(name)] = value or ""
+        missing = [i.name for i, v in zip(self.inputs, ins) if not v and not i.optional]
+        if missing:
+            raise KeyError(f"{self.name} needs inputs {missing}")
+        while ins and ins[-1] == "":
+            ins.pop()
+        return ins
+
+    def markdown(self) -> str:
+        """The inputs and attributes as Markdown tables (custom_ops/README.md carries them, checked by a test)."""
+        def shape(inp: OpInput) -> str:
+            stacked = inp.shape.startswith("[n_layers,]")
+            forms = " or ".join(f"`[{f.strip()}]`" for f in inp.shape.removeprefix("[n_layers,]").split("|"))
+            return forms + (f" (`[n_layers, ...]` with {self.stack_attr})" if stacked else "")
+        rows = ["| # | input | shape | type | |", "|---|---|---|---|---|"]
+        rows += [f"| {i} | {inp.name}{' (optional)' if inp.optional else ''} | {shape(inp)} | "
+                 f"{' / '.join(inp.types)} | {inp.doc} |" for i, inp in enumerate(self.inputs)]
+        rows += ["", "| attribute | type | default | |", "|---|---|---|---|"]
+        rows += [f"| {a.name} | {a.type} | {'required' if a.default is None else a.default} | {a.doc} |"
+                 for a in self.attributes]
+        return "\n".join(rows)
+
+
+def ops_schema_json(path: Path | None = None) -> dict:
+    """OrtllmOpsSchema() of the library (default: ops_library_path()), parsed: {"abi_version", "ops": [...]}."""
+    path = check_ops_library(path)
+    try:
+        fn = ctypes.CDLL(str(path)).OrtllmOpsSchema
+    except AttributeError as exc:
+        raise OpsLibraryError(f"{path} does not export its ops' tables ({exc}); rebuild it with `{BUILD_COMMAND}`") \
+            from exc
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    return json.loads(fn().decode())
+
+
+@functools.cache
+def _schemas(path: Path) -> dict[str, OpSchema]:
+    return {op["name"]: OpSchema(op["name"], op["doc"], op["stack_attr"],
+                                 tuple(OpInput(i["name"], tuple(i["types"]), i["shape"], i["optional"], i["doc"])
+                                       for i in op["inputs"]),
+                                 tuple(OpAttribute(a["name"], a["type"], a["default"], a["doc"])
+                                       for a in op["attributes"]))
+            for op in ops_schema_json(path)["ops"]}
+
+
+def op_schema(name: str, path: Path | None = None) -> OpSchema:
+    """The table of op `name` ("QLinear", "PagedAttention", "MultiLoRA") as the library at `path` (default:
+    ops_library_path()) declares it."""
+    schemas = _schemas(Path(path) if path is not None else ops_library_path())
+    if name not in schemas:
+        raise KeyError(f"the ops library has no op {name!r}; it has {sorted(schemas)}")
+    return schemas[name]
+
+
+if __name__ == "__main__":  # python -m ortllm.runtime.ops_library: every op's tables, as custom_ops/README.md has them
+    for op in ops_schema_json()["ops"]:
+        print(f"## {op['name']}\n\n{op_schema(op['name']).markdown()}\n")

@@ -45,6 +45,16 @@ def test_stale_library_is_refused(tmp_path):
         check_ops_library(so)
 
 
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_a_library_without_its_tables_is_refused(tmp_path):
+    """A library of this ABI version built before the ops exported their tables: reading one names the rebuild."""
+    src = tmp_path / "untabled.c"
+    src.write_text(f"int OrtllmOpsAbiVersion(void) {{ return {OPS_ABI_VERSION}; }}\n")
+    so = tmp_path / "libuntabled.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    with pytest.raises(OpsLibraryError, match=r"does not export its ops' tables .*; rebuild it with `make ops`"):
+        ops_library.op_schema("QLinear", so)
+
 def test_library_abi_matches_and_loads_in_installed_onnxruntime():
     path = check_ops_library()
     assert ops_library.ops_abi_version(path) == OPS_ABI_VERSION
@@ -65,7 +75,7 @@ def test_not_linked_to_onnxruntime_and_exports_only_entry_points():
     exported = {line.split()[-1] for line in syms.splitlines()
                 if " FUNC " in line and " GLOBAL " in line and " UND " not in line}
     assert {"RegisterCustomOps", "OrtllmOpsAbiVersion"} <= exported
-    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa"}, exported
+    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa", "OrtllmOpsSchema"}, exported
 
 
 def test_ops_library_module_never_imports_torch():

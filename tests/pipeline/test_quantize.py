@@ -215,6 +215,7 @@ def test_quantized_engine_graph_is_qlinear(tmp_path, quant, lm_head):
     epilogues = [next(a.s.decode() for a in n.attribute if a.name == "epilogue")
                  for n in model.graph.node if n.op_type == "QLinear"]
     assert epilogues.count("residual") == 2 * layers and epilogues.count("swiglu") == layers
-    from ortllm.pipeline.graph_qlinear import NORM     # the op's norm-weight input position
-    normed = [n for n in model.graph.node if n.op_type == "QLinear" and len(n.input) > NORM and n.input[NORM]]
+    from ortllm.runtime.ops_library import op_schema
+    norm = op_schema("QLinear").index("norm_weight")     # the op's norm-weight input position
+    normed = [n for n in model.graph.node if n.op_type == "QLinear" and len(n.input) > norm and n.input[norm]]
     assert len(normed) == 2 * layers + 1

@@ -16,10 +16,65 @@ constexpr const char* kOp = "MultiLoRA";
 enum Input { kX, kBaseY, kA, kB, kScale, kRank, kAdapter, kOffsets, kDora, kDoraScale, kAdapterWeight };
 constexpr int64_t kMaxTerms = 4;  // adapters one token may mix (token_adapter [T, M])
 
-void expect_type(const char* name, const TensorIn& in, ONNXTensorElementDataType type, const char* type_name) {
-  if (in.type != type)
-    fail(kOp, ": input '", name, "' must be ", type_name, " (ONNX element type ", type, "); got element type ",
-         in.type);
+constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+               I32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+constexpr InputSpec kInputs[] = {
+    {"x", F32, "T, in", false, "the projection's input"},
+    {"base_y", F32, "T, out", false, "the base projection's output (y may take its buffer)"},
+    {"A", F16, "n_slots, in, r_max", false, "each slot's A (packed_a: a row-major [in, rank] at its start)"},
+    {"B", F16, "n_slots, r_max, out", false, "each slot's B"},
+    {"scale", F32, "n_slots", false, "each slot's scale (alpha / r)"},
+    {"rank", I32, "n_slots", false, "each slot's rank in [0, r_max]; 0: the slot adds nothing"},
+    {"token_adapter", I32, "T | T, M", false, "-1 or a slot a token; [T, M] (M <= 4): a mix, a row's -1s last"},
+    {"offsets", F16, "ceil(in/block_size), out", true, "an asymmetric quantized base's offset term: blocksum(x) @ it"},
+    {"dora", I32, "n_slots", true, "1 where the slot holds a DoRA adapter, else 0"},
+    {"dora_scale", F32, "[n_layers,] n_slots, out", true, "with dora: a DoRA row's per-column scale"},
+    {"token_adapter_weight", F32, "T | T, M", true, "each term's weight in a token's mix (1 without it)"},
+};
+static_assert(same_name(kInputs[kAdapter].name, "token_adapter") &&
+                  same_name(kInputs[kAdapterWeight].name, "token_adapter_weight") &&
+                  sizeof(kInputs) / sizeof(kInputs[0]) == kAdapterWeight + 1,
+              "the enum Input names the table's positions");
+
+constexpr AttrSpec kAttrs[] = {
+    {"block_size", "int", "0", "the quantization block along in; required with offsets"},
+    {"packed_a", "int", "0",
+     "1: slot s of A holds a row-major [in, rank[s]] matrix in its first in * rank[s] elements"},
+    {"lora_layer", "int", "-1", "with it, dora_scale holds every layer and the node reads this one"},
+};
+
+constexpr OpSchema kSchema{
+    kOp,
+    "y = base_y + sum over a token's adapters of w * scale * (x A) B (+ offsets; DoRA rows scaled)",
+    kInputs,
+    sizeof(kInputs) / sizeof(kInputs[0]),
+    kAttrs,
+    sizeof(kAttrs) / sizeof(kAttrs[0]),
+    "lora_layer",
+    nullptr,
+    0};
+
+const ParsedSchema& parsed() {
+  static const ParsedSchema p(kSchema);
+  return p;
+}
+
+// The table's symbols the wrapper binds or reads, by id (looked up once).
+struct Symbols {
+  int T, in, out, M, slots, r_max, in_blocks;
+};
+const Symbols& symbols() {
+  static const Symbols s = [] {
+    const ParsedSchema& p = parsed();
+    return Symbols{p.sym("T"),
+                   p.sym("in"),
+                   p.sym("out"),
+                   p.sym("M"),
+                   p.sym("n_slots"),
+                   p.sym("r_max"),
+                   p.sym("ceil(in/block_size)")};
+  }();
+  return s;
 }
 
 }  // namespace
@@ -37,39 +92,21 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
     const TensorIn x = input(api, ctx, n_in, kX), base_y = input(api, ctx, n_in, kBaseY), A = input(api, ctx, n_in, kA),
                    B = input(api, ctx, n_in, kB), scale = input(api, ctx, n_in, kScale),
                    rank = input(api, ctx, n_in, kRank), token_adapter = input(api, ctx, n_in, kAdapter);
-    expect_type("x", x, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-    expect_type("base_y", base_y, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-    expect_type("A", A, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-    expect_type("B", B, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-    expect_type("scale", scale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-    expect_type("rank", rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
-    expect_type("token_adapter", token_adapter, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
-    if (x.rank != 2) fail(kOp, ": input 'x' must be [T, in]; got shape ", shape_str(x.shape()));
-    const int64_t T = x.dims[0], in = x.dims[1];
-    if (A.rank != 3) fail(kOp, ": input 'A' must be [n_slots, in, r_max]; got shape ", shape_str(A.shape()));
-    const int64_t n_slots = A.dims[0], r_max = A.dims[2];
-    expect_shape(kOp, "A", A.shape(), {-1, in, -1});
-    if (base_y.rank != 2) fail(kOp, ": input 'base_y' must be [T, out]; got shape ", shape_str(base_y.shape()));
-    const int64_t out = base_y.dims[1];
-    expect_shape(kOp, "base_y", base_y.shape(), {T, out});
-    expect_shape(kOp, "B", B.shape(), {n_slots, r_max, out});
-    expect_shape(kOp, "scale", scale.shape(), {n_slots});
-    expect_shape(kOp, "rank", rank.shape(), {n_slots});
+    // The table's checks (type, rank, shared dims); the rest here is what it cannot say.
+    const Symbols& sym = symbols();
+    InputCheck check_in(parsed(), lora_layer_ >= 0);
+    const TensorIn* required[] = {&x, &base_y, &A, &B, &scale, &rank, &token_adapter};  // inputs kX .. kAdapter
+    for (size_t i = kX; i <= kAdapter; ++i) check_in.check(i, *required[i]);
+    const int64_t T = check_in[sym.T], in = check_in[sym.in], out = check_in[sym.out], n_slots = check_in[sym.slots],
+                  r_max = check_in[sym.r_max];
     // [T], or [T, M] (ops ABI 14): up to M <= 4 slots a token, mixed with input 'token_adapter_weight' (1 without)
-    if (token_adapter.rank == 2 && (token_adapter.dims[1] < 1 || token_adapter.dims[1] > kMaxTerms))
+    const int form = token_adapter.rank == 2 ? 1 : 0;
+    const int64_t M = form ? check_in[sym.M] : 1;
+    if (M < 1 || M > kMaxTerms)
       fail(kOp, ": input 'token_adapter' [T, M] needs M in [1, ", kMaxTerms, "]; got shape ",
            shape_str(token_adapter.shape()));
-    const int64_t M = token_adapter.rank == 2 ? token_adapter.dims[1] : 1;
-    expect_shape(kOp, "token_adapter", token_adapter.shape(),
-                 token_adapter.rank == 2 ? std::vector<int64_t>{T, M} : std::vector<int64_t>{T});
     const TensorIn weight = input(api, ctx, n_in, kAdapterWeight);
-    const float* w = nullptr;
-    if (weight.value) {
-      expect_type("token_adapter_weight", weight, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-      expect_shape(kOp, "token_adapter_weight", weight.shape(),
-                   token_adapter.rank == 2 ? std::vector<int64_t>{T, M} : std::vector<int64_t>{T});
-      w = weight.as<float>();
-    }
+    const float* w = check_in.check(kAdapterWeight, weight, nullptr, form) ? weight.as<float>() : nullptr;
     const int32_t* rk = rank.as<int32_t>();
     for (int64_t s = 0; s < n_slots; ++s)
       if (rk[s] < 0 || rk[s] > r_max)
@@ -93,10 +130,10 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
     const TensorIn offsets = input(api, ctx, n_in, kOffsets);
     const uint16_t* off = nullptr;
     if (offsets.value) {
-      expect_type("offsets", offsets, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
       if (block_size_ <= 0)
         fail(kOp, ": input 'offsets' needs attribute block_size > 0; got block_size = ", block_size_);
-      expect_shape(kOp, "offsets", offsets.shape(), {(in + block_size_ - 1) / block_size_, out});
+      check_in.bind(sym.in_blocks, (in + block_size_ - 1) / block_size_);
+      check_in.check(kOffsets, offsets);
       off = offsets.as<uint16_t>();  // fp16 bits
     }
 
@@ -104,9 +141,7 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
     const TensorIn dora = input(api, ctx, n_in, kDora);
     const int32_t* dflag = nullptr;
     const float* g = nullptr;
-    if (dora.value) {
-      expect_type("dora", dora, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
-      expect_shape(kOp, "dora", dora.shape(), {n_slots});
+    if (check_in.check(kDora, dora)) {
       const int32_t* f = dora.as<int32_t>();
       bool used = false;
       for (int64_t s = 0; s < n_slots; ++s)
@@ -125,18 +160,10 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
         }
       if (used) {
         const TensorIn gs = input(api, ctx, n_in, kDoraScale);
-        if (!gs.value) fail(kOp, ": a token of a slot flagged in input 'dora' needs input 'dora_scale'");
-        expect_type("dora_scale", gs, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-        const bool stacked = lora_layer_ >= 0;
-        if (gs.rank != (stacked ? 3 : 2))
-          fail(kOp, ": input 'dora_scale' must be ",
-               stacked ? "[n_layers, n_slots, out] (attribute lora_layer)" : "[n_slots, out]", "; got shape ",
-               shape_str(gs.shape()));
-        expect_shape(kOp, "dora_scale", gs.shape(),
-                     stacked ? std::vector<int64_t>{-1, n_slots, out} : std::vector<int64_t>{n_slots, out});
-        const int64_t at =
-            stacked ? layer_offset(kOp, "lora_layer", "dora_scale", gs.dims, static_cast<size_t>(gs.rank), lora_layer_)
-                    : 0;
+        check_in.check(kDoraScale, gs, "a token of a slot flagged in input 'dora'");
+        const int64_t at = lora_layer_ >= 0 ? layer_offset(kOp, "lora_layer", "dora_scale", gs.dims,
+                                                           static_cast<size_t>(gs.rank), lora_layer_)
+                                            : 0;
         dflag = f;
         g = gs.as<float>() + at;
       }
@@ -173,19 +200,8 @@ OrtStatusPtr MultiLoraOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo*
   }
 }
 
-ONNXTensorElementDataType MultiLoraOp::GetInputType(size_t i) const {
-  switch (i) {
-    case kA:
-    case kB:
-    case kOffsets:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    case kRank:
-    case kAdapter:
-    case kDora:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-    default:  // x, base_y, scale, dora_scale, token_adapter_weight
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
+const OpSchema& multi_lora_schema() {
+  return kSchema;
 }
 
 }  // namespace ortllm

@@ -36,6 +36,73 @@ enum Input {
 };
 enum Output { kAttn, kKeyCacheOut, kValueCacheOut, kKeyScalesOut, kValueScalesOut };
 
+constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+               I32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, CACHE = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+// H = num_heads, Hkv = kv_num_heads, D = head_size, BS = block_size (the attributes); S sequences of T tokens;
+// row: a cache row's elements, D (D / 2 for int4: two codes a byte).
+constexpr InputSpec kInputs[] = {
+    {"q", F32, "T, H*D", false, "the queries, before RoPE"},
+    {"k", F32, "T, Hkv*D", false, "the new keys, before RoPE"},
+    {"v", F32, "T, Hkv*D", false, "the new values"},
+    {"positions", I32, "T", false, "each token's RoPE position, < max_pos"},
+    {"cu_seqlens", I32, "S+1", false, "sequence s's tokens are [cu[s], cu[s+1]): cu[0] = 0, non-decreasing, cu[S] = T"},
+    {"context_lens", I32, "S", false, "tokens already cached; sequence s's token j goes to slot context_lens[s] + j"},
+    {"block_tables", I32, "S, max_blocks", false, "each sequence's cache blocks, in order (the first ones read)"},
+    {"cos_cache", F32, "max_pos, D/2", false, "the RoPE table's cosines"},
+    {"sin_cache", F32, "max_pos, D/2", false, "the RoPE table's sines"},
+    {"key_cache", CACHE, "[n_layers,] num_blocks, Hkv, BS, row", false, "the key pool (float32, float16, or codes)"},
+    {"value_cache", CACHE, "[n_layers,] num_blocks, Hkv, BS, row", false, "the value pool, like key_cache"},
+    {"key_scales", F16, "[n_layers,] num_blocks, Hkv, BS", true, "each key row's scale (quantized caches only)"},
+    {"value_scales", F16, "[n_layers,] num_blocks, Hkv, BS", true, "each value row's scale (quantized caches only)"},
+};
+static_assert(same_name(kInputs[kKeyCache].name, "key_cache") &&
+                  same_name(kInputs[kValueScales].name, "value_scales") &&
+                  sizeof(kInputs) / sizeof(kInputs[0]) == kValueScales + 1,
+              "the enum Input names the table's positions");
+
+constexpr AttrSpec kAttrs[] = {
+    {"num_heads", "int", nullptr, "H, the query heads"},
+    {"kv_num_heads", "int", nullptr, "Hkv, the key/value heads (H a multiple of it)"},
+    {"head_size", "int", nullptr, "D, even"},
+    {"block_size", "int", nullptr, "BS, the cache rows a block"},
+    {"kv_dtype", "string", "float32", "the caches' format: float32, float16, int8, fp8_e4m3 or int4"},
+    {"rotate", "int", "1 for quantized caches, else 0", "1: Hadamard on q and k (int4: v too), D a power of two"},
+    {"scale", "float", "1/sqrt(D)", "the softmax scale"},
+    {"window", "int", "0", "> 0: a query at position p attends to keys p - window + 1 .. p only"},
+    {"rope_interleaved", "int", "0", "0: HF rotate_half pairs (i, i + D/2); 1: pairs (2i, 2i + 1)"},
+    {"layer", "int", "-1", "with it, the caches and scales hold every layer; the node reads and writes this one"},
+};
+
+constexpr ONNXTensorElementDataType kCacheTypes[] = {F32, F16, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8};
+
+constexpr OpSchema kSchema{kOp,
+                           "RoPE, then causal GQA attention over a paged KV cache that it writes the new rows into",
+                           kInputs,
+                           sizeof(kInputs) / sizeof(kInputs[0]),
+                           kAttrs,
+                           sizeof(kAttrs) / sizeof(kAttrs[0]),
+                           "layer",
+                           kCacheTypes,
+                           sizeof(kCacheTypes) / sizeof(kCacheTypes[0])};
+
+const ParsedSchema& parsed() {
+  static const ParsedSchema p(kSchema);
+  return p;
+}
+
+// The table's symbols the wrapper binds or reads, by id (looked up once).
+struct Symbols {
+  int T, HD, HkvD, half_D, Hkv, BS, row, S, max_blocks, max_pos, num_blocks;
+};
+const Symbols& symbols() {
+  static const Symbols s = [] {
+    const ParsedSchema& p = parsed();
+    return Symbols{p.sym("T"),   p.sym("H*D"), p.sym("Hkv*D"),      p.sym("D/2"),     p.sym("Hkv"),       p.sym("BS"),
+                   p.sym("row"), p.sym("S"),   p.sym("max_blocks"), p.sym("max_pos"), p.sym("num_blocks")};
+  }();
+  return s;
+}
+
 // With attribute layer = l: a cache input of every layer, [n_layers, ...], becomes layer l's slice (its data
 // moved to the slice, its rank one less), so the rest of the wrapper sees one layer's cache. elem: bytes an element.
 void take_layer(TensorIn& in, const char* name, int64_t layer, size_t elem) {
@@ -62,33 +129,21 @@ struct Extents {
   bool have_scales = false;
 };
 
-// Every input's shape against the attributes (in[i] = input i, absent optional inputs have rank -1);
-// fills the extents.
-void check_shapes(Extents& e, const TensorIn* in, size_t n_outputs) {
-  const int64_t H = e.H, Hkv = e.Hkv, D = e.D, BS = e.BS;
-  const TensorIn& q = in[kQ];
-  if (q.rank != 2) fail(kOp, ": input 'q' must be [T, num_heads*head_size]; got shape ", shape_str(q.shape()));
-  const int64_t T = q.dims[0];
-  expect(kOp, "q", q, {T, H * D});
-  expect(kOp, "k", in[kK], {T, Hkv * D});
-  expect(kOp, "v", in[kV], {T, Hkv * D});
-  expect(kOp, "positions", in[kPositions], {T});
+// Every input's type and shape against the table and the attributes (in[i] = input i, absent optional inputs have
+// rank -1; the caches still [n_layers, ...] with attribute layer); fills the extents.
+void check_shapes(Extents& e, InputCheck& c, const TensorIn* in, size_t n_outputs) {
+  const Symbols& sym = symbols();
+  c.bind(sym.HD, e.H * e.D);
+  c.bind(sym.HkvD, e.Hkv * e.D);
+  c.bind(sym.half_D, e.D / 2);
+  c.bind(sym.Hkv, e.Hkv);
+  c.bind(sym.BS, e.BS);
+  c.bind(sym.row, e.row);
+  for (size_t i = kQ; i <= kCuSeqlens; ++i) c.check(i, in[i]);
   const TensorIn& cu = in[kCuSeqlens];
-  if (cu.rank != 1 || cu.dims[0] < 1)
-    fail(kOp, ": input 'cu_seqlens' must be [S+1] with S >= 0; got shape ", shape_str(cu.shape()));
-  const int64_t S = cu.dims[0] - 1;
-  expect(kOp, "context_lens", in[kContextLens], {S});
-  expect(kOp, "block_tables", in[kBlockTables], {S, -1});
-  expect(kOp, "cos_cache", in[kCos], {-1, D / 2});
-  const int64_t max_pos = in[kCos].dims[0];
-  expect(kOp, "sin_cache", in[kSin], {max_pos, D / 2});
-  const TensorIn& kc = in[kKeyCache];
-  if (kc.rank != 4)
-    fail(kOp, ": input 'key_cache' must be [num_blocks, kv_num_heads, block_size, head_size]; got shape ",
-         shape_str(kc.shape()));
-  const int64_t NB = kc.dims[0];
-  expect(kOp, "key_cache", kc, {NB, Hkv, BS, e.row});
-  expect(kOp, "value_cache", in[kValueCache], {NB, Hkv, BS, e.row});
+  if (cu.dims[0] < 1) fail(kOp, ": input 'cu_seqlens' must be [S+1] with S >= 0; got shape ", shape_str(cu.shape()));
+  c.bind(sym.S, cu.dims[0] - 1);
+  for (size_t i = kContextLens; i <= kValueCache; ++i) c.check(i, in[i]);
   e.have_scales = in[kKeyScales].value != nullptr && in[kValueScales].value != nullptr;
   if (e.quantized) {
     if (!e.have_scales)
@@ -99,14 +154,14 @@ void check_shapes(Extents& e, const TensorIn* in, size_t n_outputs) {
       fail(kOp,
            ": outputs 'key_scales_out' and 'value_scales_out' are required for kv_dtype "
            "int8/fp8_e4m3/int4");
-    expect(kOp, "key_scales", in[kKeyScales], {NB, Hkv, BS});
-    expect(kOp, "value_scales", in[kValueScales], {NB, Hkv, BS});
+    c.check(kKeyScales, in[kKeyScales]);
+    c.check(kValueScales, in[kValueScales]);
   }
-  e.T = T;
-  e.S = S;
-  e.MB = in[kBlockTables].dims[1];
-  e.max_pos = max_pos;
-  e.NB = NB;
+  e.T = c[sym.T];
+  e.S = c[sym.S];
+  e.MB = c[sym.max_blocks];
+  e.max_pos = c[sym.max_pos];
+  e.NB = c[sym.num_blocks];
 }
 
 // Every index the kernel will follow (cu_seqlens, positions, context_lens, block_tables), before anything
@@ -139,6 +194,8 @@ void check_values(const Extents& e, const int32_t* cu, const int32_t* pos, const
     }
   }
 }
+
+static_assert(sizeof(kInputs) / sizeof(kInputs[0]) == PagedAttentionOp<float>::kInputs, "kInputs is the table's size");
 
 }  // namespace
 
@@ -233,19 +290,20 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
         in[i] = input(api, context, n_inputs, i);
       }
     }
-    if (layer_ >= 0) {  // every layer's caches in one input each: this node's layer
-      take_layer(in[kKeyCache], "key_cache", layer_, sizeof(CacheT));
-      take_layer(in[kValueCache], "value_cache", layer_, sizeof(CacheT));
-      take_layer(in[kKeyScales], "key_scales", layer_, sizeof(uint16_t));
-      take_layer(in[kValueScales], "value_scales", layer_, sizeof(uint16_t));
-    }
     Extents e{num_heads_,
               kv_heads_,
               head_size_,
               block_size_,
               kv_has_scales(kv_dtype_),
               kv_row_bytes(kv_dtype_, head_size_) / static_cast<int64_t>(sizeof(CacheT))};
-    check_shapes(e, in, n_outputs);
+    InputCheck c(parsed(), layer_ >= 0, PagedAttentionOp<CacheT>::kCacheType);
+    check_shapes(e, c, in, n_outputs);
+    if (layer_ >= 0) {  // every layer's caches in one input each: this node's layer
+      take_layer(in[kKeyCache], "key_cache", layer_, sizeof(CacheT));
+      take_layer(in[kValueCache], "value_cache", layer_, sizeof(CacheT));
+      take_layer(in[kKeyScales], "key_scales", layer_, sizeof(uint16_t));
+      take_layer(in[kValueScales], "value_scales", layer_, sizeof(uint16_t));
+    }
     const auto* cu = static_cast<const int32_t*>(in[kCuSeqlens].data);
     const auto* pos = static_cast<const int32_t*>(in[kPositions].data);
     const auto* ctxl = static_cast<const int32_t*>(in[kContextLens].data);
@@ -316,23 +374,8 @@ OrtStatusPtr PagedAttentionOp<CacheT>::CreateKernelV2(const OrtApi& api, const O
   }
 }
 
-template <typename CacheT>
-ONNXTensorElementDataType PagedAttentionOp<CacheT>::GetInputType(size_t i) const {
-  switch (i) {
-    case kPositions:
-    case kCuSeqlens:
-    case kContextLens:
-    case kBlockTables:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-    case kKeyCache:
-    case kValueCache:
-      return kCacheType;
-    case kKeyScales:
-    case kValueScales:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    default:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
+const OpSchema& paged_attention_schema() {
+  return kSchema;
 }
 
 template struct PagedAttentionKernel<float>;

@@ -1,26 +1,10 @@
 // ORT wrapper of the PagedAttention kernel, registered three times under the same name: CacheT = float
 // (kv_dtype "float32"), uint16_t (ONNX float16 tensors: kv_dtype "float16", ops ABI 11) and uint8_t (kv_dtype
 // "int8" / "fp8_e4m3" / "int4").
-//   inputs : 0 q [T, H*D] f32, 1 k [T, Hkv*D] f32, 2 v [T, Hkv*D] f32 (k, q before RoPE),
-//            3 positions [T] i32, 4 cu_seqlens [S+1] i32, 5 context_lens [S] i32,
-//            6 block_tables [S, max_blocks] i32, 7 cos_cache [max_pos, D/2] f32,
-//            8 sin_cache [max_pos, D/2] f32, 9 key_cache [NB, Hkv, BS, D] CacheT,
-//            10 value_cache [NB, Hkv, BS, D] CacheT (int4: both caches [NB, Hkv, BS, D/2], two codes a byte),
-//            11 key_scales [NB, Hkv, BS] f16 (optional; required for quantized caches),
-//            12 value_scales [NB, Hkv, BS] f16 (optional; required for quantized caches)
+//   inputs and attributes: the table paged_attention_schema() (paged_attention_op.cc; custom_ops/README.md lists it)
 //   outputs: 0 attn [T, H*D] f32, 1 key_cache_out, 2 value_cache_out (same shape/type as inputs),
 //            3 key_scales_out, 4 value_scales_out (optional; required for quantized caches)
 //   Cache outputs alias cache inputs when bound to the same buffer (nothing copied then).
-//   attributes: num_heads, kv_num_heads, head_size, block_size (int, required);
-//            kv_dtype (string "float32" | "float16" | "int8" | "fp8_e4m3" | "int4", default "float32");
-//            rotate (int, default 1 for quantized caches, 0 for float32: Hadamard on q and k, and for int4 on v
-//            too, each output row rotated back); scale (float, default 1/sqrt(D));
-//            window (int, default 0; ops ABI 10): > 0, a query at position p attends to keys p - window + 1 .. p
-//            only (sliding-window layers: Mistral, Gemma 3);
-//            rope_interleaved (int, default 0 = HF rotate_half pairs (i, i + D/2));
-//            layer (int, default -1): with it, inputs 9-12 are every layer's caches, [n_layers, ...] of the shapes
-//            above, and the node reads and writes layer `layer`'s slice; its cache outputs stay one layer's, and
-//            the engine binds each to its slice of the stacked buffer (contract 7: 4 cache inputs, not 4 a layer).
 // On Ort::CustomOpBase with status returns, inputs read by index: a B = 1 decode call does a few
 // microseconds of attention, and the Lite API's per-call wrapping of 13 inputs and 5 outputs (a heap
 // object and a shape vector each) was a visible share of it. The rope tables (initializers in the engine
@@ -31,9 +15,12 @@
 #include <vector>
 
 #include "../kernels/quant.h"
+#include "op_schema.h"
 #include "op_util.h"
 
 namespace ortllm {
+
+const OpSchema& paged_attention_schema();  // PagedAttention's inputs and attributes (one table, three variants)
 
 template <typename CacheT>
 struct PagedAttentionKernel {
@@ -63,11 +50,13 @@ struct PagedAttentionOp : Ort::CustomOpBase<PagedAttentionOp<CacheT>, PagedAtten
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "PagedAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return kInputs; }
-  ONNXTensorElementDataType GetInputType(size_t i) const;
+  size_t GetInputTypeCount() const { return paged_attention_schema().n_inputs; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {  // the caches' (UNDEFINED in the table): this variant's
+    const ONNXTensorElementDataType type = paged_attention_schema().inputs[i].type;
+    return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED ? kCacheType : type;
+  }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i < 11 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
-                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+    return paged_attention_schema().characteristic(i);
   }
   size_t GetOutputTypeCount() const { return kOutputs; }
   ONNXTensorElementDataType GetOutputType(size_t i) const {

@@ -27,36 +27,104 @@ enum Input {
   kAdapterWeight = kDoraScale0 + kQLinearMaxSegments
 };
 
+constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+               U8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, I8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
+               I32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+
+// Segment j of the LoRA (j < kQLinearMaxSegments) covers output columns [N_0 + .. + N_{j-1}, + N_j); present
+// segments cover N exactly; r_max and N_j are each segment's own. G = ceil(N / 8) row groups, kb = ceil(K /
+// block_size) blocks (the packed layout).
+constexpr InputSpec kInputs[] = {
+    {"x", F32, "T, K", false, "the activations"},
+    {"codes", U8, "G, kb, block_size*bits", false, "the weight's codes, packed (qlinear_pack: G row groups of 8)"},
+    {"scales", F16, "G, kb, 8", false, "d per row and block"},
+    {"offsets", F16, "G, kb, 8", true, "m per row and block: w = d * (q - zp) + m"},
+    {"residual", F32, "T, N", true, "with epilogue \"residual\": y = residual + x W^T (y may take its buffer)"},
+    {"token_adapter", I32, "T | T, M", true, "-1 or a slot a token; [T, M] (M <= 4): a mix, a row's -1s last"},
+    {"lora_scale", F32, "n_slots", true, "each slot's LoRA scale (alpha / r), with token_adapter"},
+    {"A0", I8, "[n_layers,] n_slots, K, r_max", true, "LoRA segment 0's A codes, in k-quads (K, r_max multiples of 4)"},
+    {"A_scale0", F16, "[n_layers,] n_slots, ceil(K/32), r_max", true, "A0's scales, one per 32 rows of K"},
+    {"B0", I8, "[n_layers,] n_slots, r_max, N_j", true, "segment 0's B codes, in rank quads"},
+    {"B_scale0", F16, "[n_layers,] n_slots, N_j", true, "B0's scales, one per output column"},
+    {"rank0", I32, "n_slots", true, "each slot's rank on segment 0, in [0, r_max]"},
+    {"A1", I8, "[n_layers,] n_slots, K, r_max", true, "LoRA segment 1's A codes, in k-quads (K, r_max multiples of 4)"},
+    {"A_scale1", F16, "[n_layers,] n_slots, ceil(K/32), r_max", true, "A1's scales, one per 32 rows of K"},
+    {"B1", I8, "[n_layers,] n_slots, r_max, N_j", true, "segment 1's B codes, in rank quads"},
+    {"B_scale1", F16, "[n_layers,] n_slots, N_j", true, "B1's scales, one per output column"},
+    {"rank1", I32, "n_slots", true, "each slot's rank on segment 1, in [0, r_max]"},
+    {"A2", I8, "[n_layers,] n_slots, K, r_max", true, "LoRA segment 2's A codes, in k-quads (K, r_max multiples of 4)"},
+    {"A_scale2", F16, "[n_layers,] n_slots, ceil(K/32), r_max", true, "A2's scales, one per 32 rows of K"},
+    {"B2", I8, "[n_layers,] n_slots, r_max, N_j", true, "segment 2's B codes, in rank quads"},
+    {"B_scale2", F16, "[n_layers,] n_slots, N_j", true, "B2's scales, one per output column"},
+    {"rank2", I32, "n_slots", true, "each slot's rank on segment 2, in [0, r_max]"},
+    {"norm_weight", F32, "K", true, "y is computed from RMSNorm(x) * norm_weight (eps: attribute norm_eps)"},
+    {"dora", I32, "n_slots", true, "1 where the slot holds a DoRA adapter, else 0"},
+    {"dora_scale0", F32, "[n_layers,] n_slots, N_j", true, "segment 0's per-column scale of a DoRA row"},
+    {"dora_scale1", F32, "[n_layers,] n_slots, N_j", true, "segment 1's per-column scale of a DoRA row"},
+    {"dora_scale2", F32, "[n_layers,] n_slots, N_j", true, "segment 2's per-column scale of a DoRA row"},
+    {"token_adapter_weight", F32, "T | T, M", true, "each term's weight in a token's mix (1 without it)"},
+};
+static_assert(kQLinearMaxSegments == 3 && kSegInputs == 5, "the table declares 3 segments of 5 inputs");
+static_assert(same_name(kInputs[kSeg0 + kSegInputs].name, "A1") &&
+                  same_name(kInputs[kNormWeight].name, "norm_weight") &&
+                  same_name(kInputs[kDoraScale0].name, "dora_scale0") &&
+                  same_name(kInputs[kAdapterWeight].name, "token_adapter_weight") &&
+                  sizeof(kInputs) / sizeof(kInputs[0]) == kAdapterWeight + 1,
+              "the enum Input names the table's positions");
+
+constexpr AttrSpec kAttrs[] = {
+    {"K", "int", nullptr, "the input width"},
+    {"N", "int", nullptr, "the output width (every segment's)"},
+    {"bits", "int", nullptr, "the weight's bits: 4 or 8"},
+    {"block_size", "int", nullptr, "the quantization block along K: a multiple of 32"},
+    {"epilogue", "string", "none", "\"none\", \"residual\" (adds input residual) or \"swiglu\" (SiLU(gate) * up)"},
+    {"packed_a", "int", "0", "1: slot s of A_j holds a row-major [K, rank_j[s]] matrix"},
+    {"norm_eps", "float", "1e-5", "the RMSNorm's epsilon, with norm_weight"},
+    {"split", "ints", "[] (one output)",
+     "epilogue \"none\": the outputs' widths, summing to N (q, k, v without a Split)"},
+    {"act_bits", "int", "8", "16: x as int16 codes per block (bits 8, block_size <= 128); a LoRA reads int8 codes"},
+    {"lora_layer", "int", "-1", "with it, A_j, A_scale_j, B_j, B_scale_j, dora_scale_j hold every layer"},
+};
+
+constexpr OpSchema kSchema{
+    kOp,
+    "y = epilogue(x W^T + sum over a token's adapters of w * scale * (x A) B), W block-quantized (int4, int8)",
+    kInputs,
+    sizeof(kInputs) / sizeof(kInputs[0]),
+    kAttrs,
+    sizeof(kAttrs) / sizeof(kAttrs[0]),
+    "lora_layer",
+    nullptr,
+    0};
+
+const ParsedSchema& parsed() {
+  static const ParsedSchema p(kSchema);
+  return p;
+}
+
+// The table's symbols a wrapper binds or reads, by id (looked up once).
+struct Symbols {
+  int T, K, N, G, kb, code_bytes, k_chunks, M, slots, r_max, width;
+};
+const Symbols& symbols() {
+  static const Symbols s = [] {
+    const ParsedSchema& p = parsed();
+    return Symbols{
+        p.sym("T"),          p.sym("K"), p.sym("N"),       p.sym("G"),     p.sym("kb"), p.sym("block_size*bits"),
+        p.sym("ceil(K/32)"), p.sym("M"), p.sym("n_slots"), p.sym("r_max"), p.sym("N_j")};
+  }();
+  return s;
+}
+
 OrtStatusPtr make_status(OrtErrorCode code, const std::string& msg) {
   return Ort::GetApi().CreateStatus(code, msg.c_str());
 }
 
-void expect_type(const char* name, const TensorIn& in, ONNXTensorElementDataType type, const char* type_name) {
-  if (in.type != type)
-    fail(kOp, ": input '", name, "' must be ", type_name, " (ONNX element type ", type, "); got element type ",
-         in.type);
-}
-
-// A LoRA segment's inputs by segment, in input order (A_j, A_scale_j, B_j, B_scale_j, rank_j): named here so a
-// call builds no strings.
-static_assert(kQLinearMaxSegments == 3 && kSegInputs == 5, "kSegNames names 3 segments of 5 inputs");
-constexpr const char* kSegNames[kQLinearMaxSegments][kSegInputs] = {{"A0", "A_scale0", "B0", "B_scale0", "rank0"},
-                                                                    {"A1", "A_scale1", "B1", "B_scale1", "rank1"},
-                                                                    {"A2", "A_scale2", "B2", "B_scale2", "rank2"}};
-
-constexpr const char* kDoraScaleNames[kQLinearMaxSegments] = {"dora_scale0", "dora_scale1", "dora_scale2"};
-
-// in's shape must be [n_layers (stacked only), rest...] (op_util.h expect).
-void expect_stack(const char* name, const TensorIn& in, bool stacked, int64_t layers,
-                  std::initializer_list<int64_t> rest) {
-  int64_t want[TensorIn::kMaxRank];
-  size_t n = 0;
-  if (stacked) want[n++] = layers;
-  for (int64_t w : rest) want[n++] = w;
-  expect(kOp, name, in, want, n);
-}
-
 }  // namespace
+
+const OpSchema& qlinear_schema() {
+  return kSchema;
+}
 
 QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   K_ = attr_int(&api, info, "K", 0);
@@ -154,25 +222,28 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     size_t n_in = 0, n_out = 0;
     check(api, api.KernelContext_GetInputCount(context, &n_in));
     check(api, api.KernelContext_GetOutputCount(context, &n_out));
+    // The table's checks (type, rank, shared dims) of the inputs this call reads; the rest here is what the table
+    // cannot say: the attributes' requirements and the index values.
+    const Symbols& sym = symbols();
+    InputCheck check_in(parsed(), lora_layer_ >= 0);
+    check_in.bind(sym.K, K_);
+    check_in.bind(sym.N, N_);
     const TensorIn x = input(api, context, n_in, kX), codes = input_of(api, context, n_in, kCodes),
                    scales = input_of(api, context, n_in, kScales);
-    expect_type("x", x, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-    if (x.rank != 2) fail(kOp, ": input 'x' must be [T, K]; got shape ", shape_str(x.shape()));
-    const int64_t T = x.dims[0];
-    expect(kOp, "x", x, {T, K_});
+    check_in.check(kX, x);
+    const int64_t T = check_in[sym.T];
     QLinearDims dims{T, K_, N_, block_size_, static_cast<int>(bits_), epilogue_, static_cast<int>(act_bits_)};
-    const int64_t G = dims.groups(), kb = dims.k_blocks();
-    expect_type("codes", codes, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, "uint8");
-    expect(kOp, "codes", codes, {G, kb, block_size_ * bits_});
-    expect_type("scales", scales, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-    expect(kOp, "scales", scales, {G, kb, 8});
+    check_in.bind(sym.G, dims.groups());
+    check_in.bind(sym.kb, dims.k_blocks());
+    check_in.bind(sym.code_bytes, block_size_ * bits_);
+    check_in.bind(sym.k_chunks, (K_ + kLoraChunk - 1) / kLoraChunk);
+    check_in.check(kCodes, codes);
+    check_in.check(kScales, scales);
 
     QLinearArgs a{};
     a.x = x.as<float>();
     const TensorIn norm = input_of(api, context, n_in, kNormWeight);
-    if (norm.value) {
-      expect_type("norm_weight", norm, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-      expect(kOp, "norm_weight", norm, {K_});
+    if (check_in.check(kNormWeight, norm)) {
       if (!(norm_eps_ > 0.f)) fail(kOp, ": attribute norm_eps must be > 0; got ", norm_eps_);
       a.norm_weight = norm.as<float>();
       a.norm_eps = norm_eps_;
@@ -180,49 +251,30 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     a.codes = codes.as<uint8_t>();
     a.d = scales.as<uint16_t>();
     const TensorIn offsets = input_of(api, context, n_in, kOffsets);
-    if (offsets.value) {
-      expect_type("offsets", offsets, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-      expect(kOp, "offsets", offsets, {G, kb, 8});
-      a.m = offsets.as<uint16_t>();
-    }
+    if (check_in.check(kOffsets, offsets)) a.m = offsets.as<uint16_t>();
     const TensorIn residual = input(api, context, n_in, kResidual);
     if (epilogue_ == QLinearEpilogue::kResidual) {
-      if (!residual.value) fail(kOp, ": epilogue \"residual\" needs input 'residual' [T, N]");
-      expect_type("residual", residual, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-      expect(kOp, "residual", residual, {T, N_});
+      check_in.check(kResidual, residual, "epilogue \"residual\"");
       a.residual = residual.as<float>();
     } else if (residual.value) {
       fail(kOp, ": input 'residual' is only read with epilogue \"residual\"; got epilogue without it");
     }
 
     const TensorIn adapter = input(api, context, n_in, kAdapter);
-    if (adapter.value) {
-      expect_type("token_adapter", adapter, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+    if (check_in.check(kAdapter, adapter)) {
       // [T]: one slot a token; [T, M]: up to M <= 4 slots a token, mixed with the weights of input
-      // 'token_adapter_weight' [T, M] (1 without it)
-      if (adapter.rank == 2 && (adapter.dims[1] < 1 || adapter.dims[1] > kQLinearMaxTerms))
+      // 'token_adapter_weight' of the same form (1 without it)
+      const int form = adapter.rank == 2 ? 1 : 0;
+      const int64_t M = form ? check_in[sym.M] : 1;
+      if (M < 1 || M > kQLinearMaxTerms)
         fail(kOp, ": input 'token_adapter' [T, M] needs M in [1, ", kQLinearMaxTerms, "]; got shape ",
              shape_str(adapter.shape()));
-      const int64_t M = adapter.rank == 2 ? adapter.dims[1] : 1;
-      if (adapter.rank == 2)
-        expect(kOp, "token_adapter", adapter, {T, M});
-      else
-        expect(kOp, "token_adapter", adapter, {T});
       a.adapter_terms = M;
       const TensorIn weight = input(api, context, n_in, kAdapterWeight);
-      if (weight.value) {
-        expect_type("token_adapter_weight", weight, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-        if (adapter.rank == 2)
-          expect(kOp, "token_adapter_weight", weight, {T, M});
-        else
-          expect(kOp, "token_adapter_weight", weight, {T});
-        a.adapter_weight = weight.as<float>();
-      }
+      if (check_in.check(kAdapterWeight, weight, nullptr, form)) a.adapter_weight = weight.as<float>();
       const TensorIn lscale = input(api, context, n_in, kLoraScale);
-      if (!lscale.value) fail(kOp, ": input 'token_adapter' needs input 'lora_scale' [n_slots]");
-      expect_type("lora_scale", lscale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-      if (lscale.rank != 1) fail(kOp, ": input 'lora_scale' must be [n_slots]; got shape ", shape_str(lscale.shape()));
-      const int64_t slots = lscale.dims[0];
+      check_in.check(kLoraScale, lscale, "input 'token_adapter'");
+      const int64_t slots = check_in[sym.slots];
       a.token_adapter = adapter.as<int32_t>();
       a.lora_scale = lscale.as<float>();
       a.n_slots = slots;
@@ -232,7 +284,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         for (int64_t k = 0; k < M; ++k) {
           const int32_t s = a.token_adapter[t * M + k];
           if (s < -1 || s >= slots) {
-            if (M == 1 && adapter.rank == 1)
+            if (form == 0)
               fail(kOp, ": input 'token_adapter'[", t, "] = ", s, " is not -1 or a slot in [0, ", slots, ")");
             fail(kOp, ": input 'token_adapter'[", t, "][", k, "] = ", s, " is not -1 or a slot in [0, ", slots, ")");
           }
@@ -252,9 +304,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
       const TensorIn dora = any ? input(api, context, n_in, kDora) : TensorIn{};
       const int32_t* dora_flag = nullptr;
       bool any_dora = false;
-      if (dora.value) {
-        expect_type("dora", dora, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
-        expect(kOp, "dora", dora, {slots});
+      if (check_in.check(kDora, dora)) {
         dora_flag = dora.as<int32_t>();
         for (int64_t s = 0; s < slots; ++s)
           if (dora_flag[s] != 0 && dora_flag[s] != 1)
@@ -273,6 +323,13 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
                    " weighs a DoRA slot (input 'dora'); DoRA adapters take weight 1 only");
           }
       }
+      const bool stacked = lora_layer_ >= 0;  // [n_layers, ...] stacks (attribute lora_layer picks this node's layer)
+      // this layer's [n_slots, ...] of input i (a stack's slice): its element offset (0 unstacked)
+      auto at = [&](const TensorIn& in, size_t i) {
+        return stacked ? layer_offset(kOp, "lora_layer", kInputs[i].name, in.dims, static_cast<size_t>(in.rank),
+                                      lora_layer_)
+                       : 0;
+      };
       int64_t col = 0;
       for (int j = 0; any && j < kQLinearMaxSegments; ++j) {
         const size_t base = kSeg0 + kSegInputs * j;
@@ -280,62 +337,35 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
                        B = input(api, context, n_in, base + 2), sB = input(api, context, n_in, base + 3),
                        rank = input(api, context, n_in, base + 4);
         if (!A.value && !sA.value && !B.value && !sB.value && !rank.value) continue;
-        const char* const* nm = kSegNames[j];  // A_j, A_scale_j, B_j, B_scale_j, rank_j
         if (!A.value || !sA.value || !B.value || !sB.value || !rank.value)
-          fail(kOp, ": LoRA segment ", j, " needs all of inputs '", nm[0], "', '", nm[1], "', '", nm[2], "', '", nm[3],
-               "' and '", nm[4], "'");
-        expect_type(nm[0], A, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "int8");
-        expect_type(nm[1], sA, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-        expect_type(nm[2], B, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, "int8");
-        expect_type(nm[3], sB, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, "float16");
-        expect_type(nm[4], rank, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, "int32");
+          fail(kOp, ": LoRA segment ", j, " needs all of inputs '", kInputs[base].name, "', '", kInputs[base + 1].name,
+               "', '", kInputs[base + 2].name, "', '", kInputs[base + 3].name, "' and '", kInputs[base + 4].name, "'");
         if (K_ % 4 != 0) fail(kOp, ": a LoRA needs K a multiple of 4 (A's k-quads); got K = ", K_);
-        // Stacked [n_layers, ...] (attribute lora_layer picks this node's layer) or one layer's [n_slots, ...].
-        const bool stacked = lora_layer_ >= 0;
-        const int lead = stacked ? 1 : 0;
-        if (A.rank != 3 + lead)
-          fail(kOp, ": input '", nm[0], "' must be ",
-               stacked ? "[n_layers, n_slots, K, r_max] (attribute lora_layer)" : "[n_slots, K, r_max]", "; got shape ",
-               shape_str(A.shape()));
-        const int64_t layers = stacked ? A.dims[0] : 1, r_max = A.dims[2 + lead];
-        // this layer's [n_slots, ...] of a stack: its element offset (0 unstacked)
-        auto at = [&](const TensorIn& in, const char* name) {
-          return stacked ? layer_offset(kOp, "lora_layer", name, in.dims, static_cast<size_t>(in.rank), lora_layer_)
-                         : 0;
-        };
-        const int64_t a_at = at(A, nm[0]);
-        expect_stack(nm[0], A, stacked, layers, {slots, K_, r_max});
+        check_in.unbind(sym.r_max);  // each segment's own
+        check_in.unbind(sym.width);
+        check_in.check(base, A);
+        const int64_t r_max = check_in[sym.r_max];
         if (r_max % 4 != 0)
-          fail(kOp, ": input '", nm[0], "' needs r_max a multiple of 4 (B's rank quads); got ", r_max);
-        const int64_t kc = (K_ + kLoraChunk - 1) / kLoraChunk;
-        expect_stack(nm[1], sA, stacked, layers, {slots, kc, r_max});
-        if (B.rank != 3 + lead)
-          fail(kOp, ": input '", nm[2], "' must be ",
-               stacked ? "[n_layers, n_slots, r_max, N_j]" : "[n_slots, r_max, N_j]", "; got shape ",
-               shape_str(B.shape()));
-        const int64_t width = B.dims[2 + lead];
-        expect_stack(nm[2], B, stacked, layers, {slots, r_max, width});
-        expect_stack(nm[3], sB, stacked, layers, {slots, width});
-        expect(kOp, nm[4], rank, {slots});
+          fail(kOp, ": input '", kInputs[base].name, "' needs r_max a multiple of 4 (B's rank quads); got ", r_max);
+        check_in.check(base + 1, sA);
+        check_in.check(base + 2, B);
+        check_in.check(base + 3, sB);
+        check_in.check(base + 4, rank);
+        const int64_t width = check_in[sym.width];
         const int32_t* rk = rank.as<int32_t>();
         for (int64_t s = 0; s < slots; ++s)
           if (rk[s] < 0 || rk[s] > r_max)
-            fail(kOp, ": input '", nm[4], "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max, "]");
+            fail(kOp, ": input '", kInputs[base + 4].name, "'[", s, "] = ", rk[s], " is outside [0, r_max = ", r_max,
+                 "]");
         // DoRA rows' scales on this segment, read where a slot is flagged in 'dora' (checked below)
         const TensorIn dscale = any_dora ? input(api, context, n_in, kDoraScale0 + j) : TensorIn{};
-        if (dscale.value) {
-          expect_type(kDoraScaleNames[j], dscale, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, "float32");
-          if (dscale.rank != 2 + lead)
-            fail(kOp, ": input '", kDoraScaleNames[j], "' must be ",
-                 stacked ? "[n_layers, n_slots, N_j]" : "[n_slots, N_j]", "; got shape ", shape_str(dscale.shape()));
-          expect_stack(kDoraScaleNames[j], dscale, stacked, layers, {slots, width});
-          a.dora_scale[a.n_segments] = dscale.as<float>() + at(dscale, kDoraScaleNames[j]);
-        }
+        if (check_in.check(kDoraScale0 + j, dscale))
+          a.dora_scale[a.n_segments] = dscale.as<float>() + at(dscale, kDoraScale0 + j);
         QLinearLoraSegment& sg = a.seg[a.n_segments++];
-        sg = {A.as<int8_t>() + a_at,
-              sA.as<uint16_t>() + at(sA, nm[1]),
-              B.as<int8_t>() + at(B, nm[2]),
-              sB.as<uint16_t>() + at(sB, nm[3]),
+        sg = {A.as<int8_t>() + at(A, base),
+              sA.as<uint16_t>() + at(sA, base + 1),
+              B.as<int8_t>() + at(B, base + 2),
+              sB.as<uint16_t>() + at(sB, base + 3),
               rk,
               r_max,
               col,
@@ -348,7 +378,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         fail(kOp, ": the LoRA segments' output widths (B_j's last dims) sum to ", col, "; expected N = ", N_);
       for (int j = 0; any_dora && j < a.n_segments; ++j)
         if (a.dora_scale[j] == nullptr)
-          fail(kOp, ": a token of a slot flagged in input 'dora' needs input '", kDoraScaleNames[j], "'");
+          fail(kOp, ": a token of a slot flagged in input 'dora' needs input '", kInputs[kDoraScale0 + j].name, "'");
       if (any_dora) a.dora = dora_flag;
     }
 
@@ -395,46 +425,6 @@ OrtStatusPtr QLinearOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* i
   } catch (const std::exception& e) {
     return api.CreateStatus(ORT_FAIL, e.what());
   }
-}
-
-ONNXTensorElementDataType QLinearOp::GetInputType(size_t i) const {
-  switch (i) {
-    case kX:
-    case kResidual:
-    case kLoraScale:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    case kCodes:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
-    case kScales:
-    case kOffsets:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    case kAdapter:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-    case kNormWeight:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    case kDora:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-    case kDoraScale0:
-    case kDoraScale0 + 1:
-    case kDoraScale0 + 2:
-    case kAdapterWeight:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    default:  // A_j, A_scale_j, B_j, B_scale_j, rank_j
-      switch ((i - kSeg0) % kSegInputs) {
-        case 0:
-        case 2:
-          return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
-        case 4:
-          return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-        default:
-          return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-      }
-  }
-}
-
-OrtCustomOpInputOutputCharacteristic QLinearOp::GetInputCharacteristic(size_t i) const {
-  return i <= kScales ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
-                      : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
 }
 
 }  // namespace ortllm

@@ -1,7 +1,7 @@
 // Library entry points: RegisterCustomOps (domain "ortllm": PagedAttention for float32, float16 and uint8
-// caches, MultiLoRA, QLinear) and OrtllmOpsAbiVersion. Built with ORT_API_MANUAL_INIT and not linked to
-// libonnxruntime: the OrtApi comes from the runtime that loads us. Inputs that an output may
-// reuse are declared with GetMayInplace, so ORT can hand the kernel the input's buffer as output
+// caches, MultiLoRA, QLinear), OrtllmOpsAbiVersion, OrtllmOpsIsa and OrtllmOpsSchema (the ops' tables as JSON). Built
+// with ORT_API_MANUAL_INIT and not linked to libonnxruntime: the OrtApi comes from the runtime that loads us. Inputs
+// that an output may reuse are declared with GetMayInplace, so ORT can hand the kernel the input's buffer as output
 // (the kernel then copies nothing). ORT's planner only does so when it knows both shapes are the
 // same, so MultiLoRA also infers its output shape (y has base_y's, symbolic dims included).
 #include <memory>
@@ -14,7 +14,11 @@
 #include "paged_attention_op.h"
 #include "qlinear_op.h"
 
-#define ORTLLM_OPS_ABI_VERSION 14  // bump on any change of op inputs, outputs or attributes
+// The ops ABI version is one constant, OPS_ABI_VERSION in runtime/ops_library.py: CMakeLists.txt reads it from there
+// and passes it in (bump it on any change of an op's inputs, outputs or attributes).
+#ifndef ORTLLM_OPS_ABI_VERSION
+#error "ORTLLM_OPS_ABI_VERSION comes from runtime/ops_library.py (custom_ops/CMakeLists.txt passes it)"
+#endif
 
 namespace {
 
@@ -209,6 +213,17 @@ __attribute__((visibility("default"))) int OrtllmOpsAbiVersion() {
 // (AVX2 kernels, with QLinear's and attention's integer dots on AVX-512 VNNI).
 __attribute__((visibility("default"))) const char* OrtllmOpsIsa() {
   return ortllm::qlinear_isa().name;
+}
+
+// Every op's inputs and attributes as JSON (op_schema.h), read by runtime/ops_library.py. Built once; the string
+// lives as long as the library.
+__attribute__((visibility("default"))) const char* OrtllmOpsSchema() {
+  static const std::string json = [] {
+    const ortllm::OpSchema* schemas[] = {&ortllm::qlinear_schema(), &ortllm::paged_attention_schema(),
+                                         &ortllm::multi_lora_schema()};
+    return ortllm::schemas_json(schemas, sizeof(schemas) / sizeof(schemas[0]), ORTLLM_OPS_ABI_VERSION);
+  }();
+  return json.c_str();
 }
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
