@@ -18,8 +18,8 @@ from onnx import numpy_helper
 
 from . import contract as C
 from .errors import AdapterFileError
+from .ops_library import op_schema
 
-QLINEAR_SEG0, QLINEAR_SEG_INPUTS = 7, 5      # QLinear's input positions of its LoRA segments (custom_ops/README.md)
 _ZERO_POINT = {4: 8, 8: 0}
 
 
@@ -57,12 +57,14 @@ class BaseWeights:
         self._producer = {o: n for n in self.graph.node for o in n.output}
         self._nodes: dict[tuple[int, str], tuple[onnx.NodeProto, int]] = {}   # (layer, target) -> (node, segment)
         self._last: tuple[str | None, np.ndarray | None] = (None, None)        # the last dequantized QLinear weight
+        self._qlinear_at = {n: op_schema("QLinear").index(n) for n in ("codes", "scales", "offsets", "A0", "A1",
+                                                                         "A2")}    # input positions (the op's table)
         for node in self.graph.node:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             if node.op_type == "QLinear" and "lora_layer" in attrs:
                 ins = list(node.input)
                 for j in range(3):
-                    pos = QLINEAR_SEG0 + QLINEAR_SEG_INPUTS * j
+                    pos = self._qlinear_at[f"A{j}"]
                     if pos < len(ins) and ins[pos]:
                         self._nodes[(attrs["lora_layer"], ins[pos].split(".")[1])] = (node, j)
             elif node.op_type == "MultiLoRA":
@@ -86,15 +88,18 @@ class BaseWeights:
     def _qlinear(self, node: onnx.NodeProto, seg: int) -> np.ndarray:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         ins = list(node.input)
+        at = self._qlinear_at
         if self._last[0] != node.name:    # q, k, v of one fused weight come one after another: dequantize it once
-            offsets = self._array(ins[3]) if len(ins) > 3 and ins[3] else None
-            self._last = (node.name, dequantize_qlinear(self._array(ins[1]), self._array(ins[2]), offsets, attrs["N"],
-                                                        attrs["K"], attrs["bits"], attrs["block_size"]))
+            o = at["offsets"]
+            offsets = self._array(ins[o]) if len(ins) > o and ins[o] else None
+            self._last = (node.name, dequantize_qlinear(self._array(ins[at["codes"]]), self._array(ins[at["scales"]]),
+                                                        offsets, attrs["N"], attrs["K"], attrs["bits"],
+                                                        attrs["block_size"]))
         w = self._last[1]
         col = 0
         for j in range(seg):   # the segments before this one, by their targets' widths
-            col += self.shapes[ins[QLINEAR_SEG0 + QLINEAR_SEG_INPUTS * j].split(".")[1]][1]
-        width = self.shapes[ins[QLINEAR_SEG0 + QLINEAR_SEG_INPUTS * seg].split(".")[1]][1]
+            col += self.shapes[ins[at[f"A{j}"]].split(".")[1]][1]
+        width = self.shapes[ins[at[f"A{seg}"]].split(".")[1]][1]
         return w[col:col + width]
 
     def _matmul(self, node: onnx.NodeProto, layer: int, target: str) -> np.ndarray:
