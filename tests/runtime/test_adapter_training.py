@@ -171,6 +171,8 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path, copy
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         return time.process_time() + kids.ru_utime + kids.ru_stime
 
+    import torch  # noqa: F401 - imported now, not by the first poll of the checkpoint while the run goes on
+
     cpu0 = cpu()
     art = copy_artifact(tiny_engine, "art")
     before = _files(art)
@@ -178,8 +180,10 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path, copy
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def run_until_checkpoint(sig, after_step: int) -> str:
+        # Ctrl-C as a terminal's foreground job gets it: a test run started in the background (`make test &`,
+        # a shell without job control) ignores SIGINT, and a child would inherit that and train on to the end
         proc = subprocess.Popen(_train_cmd(art, data, work), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env)
+                                text=True, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.time() + 300
             while time.time() < deadline and proc.poll() is None:
