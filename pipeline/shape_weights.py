@@ -97,5 +97,7 @@ def write_shape_dir(cfg: ModelConfig, seed: int, out: Path, log=print) -> None:
                     f.write(_tensor(name, shape, rng, slice(a, min(a + step, shape[0]))).astype(np.float16).tobytes())
     hf = cfg.to_hf_config() | {"torch_dtype": "float16"}
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=2) + "\n")
+    total = sum(2 * int(np.prod(s)) for s in shapes.values())          # transformers reads metadata.total_size
+    index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2) + "\n")
     (out / DONE).write_text(f"seed {seed}\n")

@@ -215,6 +215,51 @@ def test_gguf_export_matches_transformers(tmp_path):
     assert r["vs_fp32"]["corr"] >= 0.97 and r["vs_fp32"]["top1_agreement"] >= 0.5, r    # seen: 0.985, 0.69
 
 
+def test_gguf_export_of_a_sharded_llama3_shape_dir(tmp_path, monkeypatch):
+    """The 8B peers' path (ci/bench_8b.sh): an F16 GGUF written straight from a shape recipe's sharded fp16
+    directory (no fp32 file), with the tokenizer of an ortllm artifact and Llama 3's rope factors (rope_freqs),
+    under llama.cpp against transformers on the same directory. The rope scaling is made to bite at these
+    positions (original context 16): without rope_freqs the logits part ways (corr 0.95, top-1 0.47 seen)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ortllm.pipeline import shape_weights
+    from ortllm.pipeline.sources import load_model
+    from ortllm.pipeline.weights import ModelConfig
+
+    python = _peers_python_with("llama_cpp", "gguf", "transformers", "torch", "safetensors")
+    _, w = load_model("llama-tiny-random")
+    cfg = w.config
+    tok = tmp_path / "tokenizer"
+    w.write_tokenizer(tok)
+    arch = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                                          "num_kv_heads", "head_dim", "rms_norm_eps")}
+    shape = ModelConfig(**arch, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
+                        bos_token_id=None, eos_token_ids=(0,),
+                        rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    monkeypatch.setattr(shape_weights, "SHARD_BYTES", 64 << 10)              # several shards
+    hf = tmp_path / "shape"
+    shape_weights.write_shape_dir(shape, seed=3, out=hf, log=lambda *_: None)
+    assert len(json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"].values()) > 1
+    peers = Path(__file__).resolve().parents[1] / "bench" / "peers"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+
+    def run(script, *args):
+        p = subprocess.run([str(python), str(peers / script), *map(str, args)], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p
+
+    f16 = tmp_path / "f16.gguf"
+    run("gguf_export.py", hf, f16, "--type", "f16", "--tokenizer", tok)
+    r = json.loads(run("gguf_check.py", hf, f16, "--threads", "1").stdout.strip().splitlines()[-1])[0]
+    print(json.dumps(r, indent=1), file=sys.stderr)
+    assert r["matrix_types"] == ["F16"] and r["ok"] and r["vs_fp32"]["corr"] >= 0.9999, r
+
+
 def test_one_registry_one_provenance_one_writer():
     """Issue 22: five entry points each with their own parsing, provenance spelled '+dirty' in one place and
     '-dirty' in another, results.json written twice for `--scenario ops`. Now: the registry is what the CLI

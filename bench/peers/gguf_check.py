@@ -60,6 +60,8 @@ def load_dequantized(model, path: Path, cfg: dict) -> None:
 
     heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     for t in gguf.GGUFReader(str(path)).tensors:
+        if t.name == "rope_freqs.weight":                        # computed from config.json on both sides
+            continue
         shape = tuple(int(x) for x in reversed(t.shape))           # GGUF lists dims innermost first
         w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         if t.name.endswith("attn_q.weight"):

@@ -111,25 +111,54 @@ def _tokenizer(hf: Path, vocab_size: int):
     return tokens, types, merges, add_bos
 
 
+def _safetensors_files(hf: Path) -> list[Path]:
+    """hf/model.safetensors, or the shards hf/model.safetensors.index.json names (in its order)."""
+    index = hf / "model.safetensors.index.json"
+    if index.is_file():
+        return list(dict.fromkeys(hf / f for f in json.loads(index.read_text())["weight_map"].values()))
+    return [hf / "model.safetensors"]
+
+
 def _tensor_plan(hf: Path, cfg: dict, dtype: str):
-    """[(gguf name, hf name, numpy dtype, shape)] in safetensors order; tied lm_head is absent (llama.cpp reuses
-    token_embd). 1-D tensors (the norms) stay F32, as in every llama.cpp conversion."""
+    """[(gguf name, hf name, file, numpy dtype, shape)] in safetensors order; tied lm_head is absent (llama.cpp
+    reuses token_embd). 1-D tensors (the norms) stay F32, as in every llama.cpp conversion."""
     from safetensors import safe_open
 
     plan = []
-    with safe_open(str(hf / "model.safetensors"), framework="numpy") as f:
-        for name in f.keys():
-            if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
-                continue
-            shape = tuple(f.get_slice(name).get_shape())
-            np_dtype = np.float16 if dtype == "f16" and len(shape) > 1 else np.float32
-            plan.append((gguf_name(name), name, np_dtype, shape))
+    for file in _safetensors_files(hf):
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():
+                if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+                    continue
+                shape = tuple(f.get_slice(name).get_shape())
+                np_dtype = np.float16 if dtype == "f16" and len(shape) > 1 else np.float32
+                plan.append((gguf_name(name), name, file, np_dtype, shape))
     return plan
 
 
-def write_gguf(hf: Path, out: Path, dtype: str = "f32", name: str | None = None) -> Path:
-    """hf/ (config.json, model.safetensors, tokenizer.json) -> an F32 or F16 llama GGUF at `out`.
-    Tensors are read and written one at a time (the 1.1B model never sits in memory whole)."""
+def llama3_rope_factors(cfg: dict) -> np.ndarray | None:
+    """[head_dim / 2] fp32 `rope_freqs.weight` for rope_scaling of type llama3 (Llama 3.1+), as
+    convert_hf_to_gguf.py's LlamaModel computes it: llama.cpp divides each frequency by its factor. None otherwise."""
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type")) != "llama3":
+        return None
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / (float(cfg.get("rope_theta", 10000.0)) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    factor = float(rs["factor"])
+    low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
+    old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * np.pi / freqs
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    mid = 1.0 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < old_ctx / high, 1.0, np.where(wavelen > old_ctx / low, factor, mid))
+    return out.astype(np.float32)
+
+
+def write_gguf(hf: Path, out: Path, dtype: str = "f32", name: str | None = None, tokenizer: Path | None = None) -> Path:
+    """hf/ (config.json, model.safetensors or its shards, tokenizer.json) -> an F32 or F16 llama GGUF at `out`.
+    Tensors are read and written one at a time: the model never sits in memory whole (an 8B model's F16 GGUF is
+    written from its fp16 shards with ~2 GB of memory: the largest tensor in fp32). `tokenizer`: the directory of
+    tokenizer.json (and tokenizer_config.json) when hf/ has none (the shape recipes' generated weights)."""
     import gguf
     from safetensors import safe_open
 
@@ -158,7 +187,7 @@ def write_gguf(hf: Path, out: Path, dtype: str = "f32", name: str | None = None)
     w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
 
-    tokens, types, merges, add_bos = _tokenizer(hf, vocab)
+    tokens, types, merges, add_bos = _tokenizer(tokenizer or hf, vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -173,19 +202,25 @@ def write_gguf(hf: Path, out: Path, dtype: str = "f32", name: str | None = None)
     w.add_add_bos_token(add_bos)
 
     plan = _tensor_plan(hf, cfg, dtype)
-    for gname, _, np_dtype, shape in plan:
+    rope_factors = llama3_rope_factors(cfg)
+    if rope_factors is not None:
+        w.add_tensor_info("rope_freqs.weight", rope_factors.shape, rope_factors.dtype, rope_factors.nbytes)
+    for gname, _, _, np_dtype, shape in plan:
         w.add_tensor_info(gname, shape, np.dtype(np_dtype), int(np.prod(shape)) * np.dtype(np_dtype).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    with safe_open(str(hf / "model.safetensors"), framework="numpy") as f:
-        for gname, hname, np_dtype, _ in plan:
-            t = f.get_tensor(hname).astype(np.float32, copy=False)
-            if gname.endswith("attn_q.weight"):
-                t = permute(t, heads)
-            elif gname.endswith("attn_k.weight"):
-                t = permute(t, kv_heads)
-            w.write_tensor_data(np.ascontiguousarray(t, dtype=np_dtype))
+    if rope_factors is not None:
+        w.write_tensor_data(rope_factors)
+    for file in dict.fromkeys(p[2] for p in plan):
+        with safe_open(str(file), framework="numpy") as f:
+            for gname, hname, _, np_dtype, _ in (p for p in plan if p[2] == file):
+                t = f.get_tensor(hname).astype(np.float32, copy=False)
+                if gname.endswith("attn_q.weight"):
+                    t = permute(t, heads)
+                elif gname.endswith("attn_k.weight"):
+                    t = permute(t, kv_heads)
+                w.write_tensor_data(np.ascontiguousarray(t, dtype=np_dtype))
     w.close()
     return out
 
@@ -230,11 +265,13 @@ def main(argv=None) -> int:
     p.add_argument("--allow-requantize", action="store_true",
                    help="with --quantize: `src` may be quantized already (llama.cpp dequantizes it first)")
     p.add_argument("--name", default=None, help="general.name (default: the hf directory's parent's name)")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="directory of tokenizer.json when the hf directory has none (e.g. an ortllm artifact's)")
     a = p.parse_args(argv)
     if a.quantize:
         quantize(a.src, a.out, a.type, a.threads, a.allow_requantize)
     else:
-        write_gguf(a.src, a.out, a.type, a.name)
+        write_gguf(a.src, a.out, a.type, a.name, a.tokenizer)
     types = ", ".join(f"{k} x{v}" for k, v in sorted(tensor_types(a.out).items()))
     print(f"gguf_export: {a.out} ({a.out.stat().st_size / 2**20:.1f} MiB; tensors {types})", file=sys.stderr)
     return 0
