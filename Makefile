@@ -25,7 +25,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers soak adapters browser terminal serve-sizing clean
+.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers bench-8b soak adapters browser terminal serve-sizing clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -148,6 +148,12 @@ PEERS_REFERENCE ?= $(FP32_ARTIFACT)
 bench-vs-peers: $(STAMP) ops $(PEERS_ARTIFACT)/manifest.json $(PEERS_REFERENCE)/manifest.json
 	$(BIN)/ortllm bench $(PEERS_ARTIFACT) --scenario decode,prefill,long-context --peers all \
 	  --reference $(PEERS_REFERENCE) --out $(BENCH_OUT)/peers
+
+# Llama 3.1 8B's shapes (random weights): the streaming int4 build's peak RSS and time, then ortllm against llama.cpp
+# Q4_0 and Q8_0 of the same weights (GGUFs written from the fp16 shards, no fp32 file) at B = 1 and 16, prefill 512
+# and context 2048 (ci/bench_8b.sh: about an hour and ~45 GB of disk; needs make bench-peers PEERS_ONLY=llama.cpp).
+bench-8b: $(STAMP) ops
+	BENCH_8B_OUT=$(BENCH_OUT)/8b bash ci/bench_8b.sh
 
 clean:
 	rm -rf build runtime/lib .pytest_cache
