@@ -5,6 +5,9 @@
 # no schema can state (it lists them). Minutes per seed; never part of make test (its short run:
 # tests/service/test_http_errors.py).
 #   ci/schemathesis_contract.sh [SEED...]      (default seeds 1 2 3; ARTIFACT=DIR serves another engine artifact)
+#   KEY=1 ci/schemathesis_contract.sh [SEED...] the server with an API key (ORTLLM_API_KEY), each seed twice:
+#                                              schemathesis sending the key (the whole API), then without it (every
+#                                              route but the public ones must answer 401 as documented)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -22,7 +25,8 @@ start_server() {     # a fresh one-model server and store per seed (a pull would
                      # whose per-model limits the document does not carry)
   if [ -n "$server" ]; then kill "$server"; wait "$server" 2>/dev/null || true; fi
   rm -rf "$work/home"
-  ORTLLM_HOME=$work/home $PY -m ortllm serve "$art" --host 127.0.0.1 --port 0 > "$work/serve.log" 2>&1 &
+  ORTLLM_HOME=$work/home ORTLLM_API_KEY=${key:-} $PY -m ortllm serve "$art" --host 127.0.0.1 --port 0 \
+    > "$work/serve.log" 2>&1 &
   server=$!
   url=
   for _ in $(seq 120); do
@@ -34,12 +38,20 @@ start_server() {     # a fresh one-model server and store per seed (a pull would
 }
 failed=0
 repo=$PWD
+key=
+[ "${KEY:-0}" = 1 ] && key=contract-$RANDOM$RANDOM
+modes=(none)
+[ -n "$key" ] && modes=(sent withheld)
 for seed in ${seeds[*]}; do
-  start_server
-  echo "== schemathesis, seed $seed, against $url =="
-  # in the work directory: schemathesis keeps a crash cache in its cwd (.schemathesis/) and replays it
-  (cd "$work" && PYTHONPATH=$repo SCHEMATHESIS_HOOKS=tests.service.contract_checks $ST run "$url/openapi.json" \
-    --checks all --exclude-checks positive_data_acceptance -n 25 --seed "$seed" --request-timeout 120 \
-    --output-truncate false --no-color) || failed=1
+  for mode in "${modes[@]}"; do
+    start_server
+    auth=()
+    [ "$mode" = sent ] && auth=(-H "Authorization: Bearer $key")
+    echo "== schemathesis, seed $seed, key: $mode, against $url =="
+    # in the work directory: schemathesis keeps a crash cache in its cwd (.schemathesis/) and replays it
+    (cd "$work" && PYTHONPATH=$repo SCHEMATHESIS_HOOKS=tests.service.contract_checks $ST run "$url/openapi.json" \
+      --checks all --exclude-checks positive_data_acceptance -n 25 --seed "$seed" --request-timeout 120 \
+      --output-truncate false --no-color "${auth[@]}") || failed=1
+  done
 done
 exit $failed
