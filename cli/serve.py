@@ -43,6 +43,11 @@ def _engine():
     return EngineConfig
 
 
+def _adapters():
+    from ortllm.runtime.config import AdapterConfig
+    return AdapterConfig
+
+
 def _ray():
     from ortllm.service.config import RayOptions
     return RayOptions
@@ -99,6 +104,12 @@ SIZING = (
            type=gib_or_auto, metavar="GIB|auto", default_text=_kv_default),
     Option("--max-batch-tokens", "tokens in one engine step (decodes + prefill chunks)", _scheduler,
            metavar="N"),
+    # the adapter slot stacks are reserved at start (num_layers x slots x rank): 2.7 GiB at 8B with the defaults
+    Option("--max-loras", "LoRA adapters resident at once, and the most one step mixes; their slots are reserved at "
+           "start (the plan's `adapters` line): lower it for a large model without many adapters", _adapters,
+           "max_slots", metavar="N"),
+    Option("--max-lora-rank", "largest LoRA rank an adapter may have (each slot is reserved at this rank)",
+           _adapters, "max_rank", metavar="R"),
 )
 ENGINE = SIZING + (
     Option("--max-queued", "requests waiting for a running slot before 429", _scheduler, metavar="N"),
@@ -225,6 +236,9 @@ def engine_overrides(values: dict) -> dict:
         if v is None:
             continue
         out[field] = _bytes(v) if key == "kv_cache_size" else v
+    if "max_slots" in out:           # --max-loras also caps the adapters one step mixes (it cannot exceed the slots)
+        from ortllm.runtime.config import SchedulerConfig
+        out["max_adapters_per_batch"] = min(out["max_slots"], SchedulerConfig().max_adapters_per_batch)
     return out
 
 

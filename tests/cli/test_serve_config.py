@@ -36,7 +36,8 @@ def test_precedence_flag_over_env_over_file_over_default(tmp_path):
     assert a.artifact == [Path("m")] and a.parallel == 8
     assert engine_overrides({k: x for k, (x, _) in v.items()}) == {
         "max_model_len": 300, "max_num_seqs": 8, "memory_budget_bytes": "auto", "max_batch_tokens": 512,
-        "max_queued": 256, "spec_max_tokens": 8, "decode_steps": 4}
+        "max_queued": 256, "spec_max_tokens": 8, "decode_steps": 4, "max_slots": 16, "max_rank": 64,
+        "max_adapters_per_batch": 16}
 
     a, v = _settings(tmp_path, ["m", "--kv-cache-size", "1.5", "--ray"], {"ORTLLM_RAY": "false"})
     assert v["kv_cache_size"] == (1.5, "flag") and v["ray"] == (True, "flag")

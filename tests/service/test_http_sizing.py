@@ -135,3 +135,29 @@ def test_each_model_of_a_multi_model_server_gets_its_own_plan(tiny_engine):
     assert "memory_budget_bytes" not in a and "memory_budget_bytes" not in b
     assert a["num_blocks"] == 4 * (512 // 16) + 1             # auto: at most 4 sequences of the model's 512
     assert b["num_blocks"] == 2 * (64 // 16) + 1 and b["max_model_len"] == 64 and b["max_num_seqs"] == 2
+
+
+def test_max_loras_and_max_lora_rank_size_the_adapter_slots(tiny_engine):
+    """--max-loras N --max-lora-rank R: the slot stacks reserved at start shrink in the plan by (N x R) / (16 x 64)
+    (at 8B the defaults reserve 2.7 GiB), an engine runs with them, and one step mixes at most N adapters (it
+    cannot hold more); the flags show in --print-config."""
+    from ortllm.cli.serve import engine_overrides
+    from ortllm.runtime.artifact import load_artifact
+    from ortllm.runtime.config import EngineConfig
+    from ortllm.runtime.engine import Engine
+    from ortllm.runtime.memory_plan import plan_memory
+    from ortllm.runtime.sampling_params import SamplingParams
+
+    small = engine_overrides({"max_loras": 2, "max_lora_rank": 8})
+    assert small == {"max_slots": 2, "max_rank": 8, "max_adapters_per_batch": 2}
+    art = load_artifact(tiny_engine, verify=False)
+    full_plan = plan_memory(EngineConfig.from_overrides(tiny_engine), art)
+    small_plan = plan_memory(EngineConfig.from_overrides(tiny_engine, **small), art)
+    assert small_plan.adapters * (16 * 64) == full_plan.adapters * (2 * 8), (small_plan.adapters, full_plan.adapters)
+    with Engine.from_artifact(tiny_engine, **small) as engine:
+        assert engine.config.adapters.max_slots == 2 and engine.config.scheduler.max_adapters_per_batch == 2
+        assert len(engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].token_ids) == 2
+
+    p = _serve(tiny_engine, "--max-loras", 2, "--max-lora-rank", 8, "--print-config")
+    assert p.returncode == 0, p.stderr
+    assert any(line.startswith("max_loras") and " 2 " in line for line in p.stdout.splitlines()), p.stdout
