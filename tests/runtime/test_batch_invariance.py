@@ -2,6 +2,12 @@
 greedy tokens of each prompt are the same alone, among 16 identical prompts (prefix-cache hits) and among 16
 different ones, with and without chunked prefill.
 
+The alone runs (one sequence in the engine: 16 x 40 batch-1 steps, most of the cost) are made once per artifact and
+are the reference of both configurations: each chat prompt fits in one 64-token step (asserted), so an engine that
+chunks prefill at 64 tokens runs a lone prompt step for step as the roomy one does. The batched runs go through each
+configuration's own engine: the mixed batch prefills all 16 prompts from nothing (in 64-token chunks in the chunked
+one), and the 16 identical prompts then hit the blocks the mixed batch cached.
+
 Before QLinear, the int4 artifact (MatMulNBits) diverged after ~20 tokens between a batch of 1 and of 16: its
 kernel takes other code paths for other row counts. QLinear computes every output with the same operations
 whatever the batch (custom_ops/src/kernels/qlinear.h).
@@ -36,12 +42,23 @@ def artifact(request, smollm2_engine, smollm2_quantized):
     return smollm2_engine if request.param == "fp32" else smollm2_quantized(request.param)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("overrides", [{}, {"max_batch_tokens": 64}], ids=["roomy", "chunked"])
-def test_same_tokens_alone_or_in_any_batch(artifact, overrides):
-    with Engine.from_artifact(artifact, max_num_seqs=16, **overrides) as engine:
+CHUNK = 64   # max_batch_tokens of the chunked configuration
+
+
+@pytest.fixture(scope="module")
+def alone_reference(artifact) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, each prompt's greedy tokens alone): the reference of both configurations (module docstring)."""
+    with Engine.from_artifact(artifact, max_num_seqs=16) as engine:
         prompts = [_chat(engine, q) for q in QUESTIONS]
-        alone = [engine.generate([p], GREEDY)[0].token_ids for p in prompts]
+        assert max(map(len, prompts)) <= CHUNK, "a prompt alone would be chunked: compute its reference per config"
+        return prompts, [engine.generate([p], GREEDY)[0].token_ids for p in prompts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [{}, {"max_batch_tokens": CHUNK}], ids=["roomy", "chunked"])
+def test_same_tokens_alone_or_in_any_batch(artifact, alone_reference, overrides):
+    prompts, alone = alone_reference
+    with Engine.from_artifact(artifact, max_num_seqs=16, **overrides) as engine:
         mixed = [o.token_ids for o in engine.generate(prompts, GREEDY)]
         same = [o.token_ids for o in engine.generate([prompts[0]] * 16, GREEDY)]
         stats = engine.stats()

@@ -53,11 +53,26 @@ def any_build(request, gemma3_engine, gemma3_int8):
     return gemma3_engine if request.param == "fp32" else gemma3_int8
 
 
-@pytest.mark.parametrize("overrides", [{}, {"max_batch_tokens": 32}], ids=["roomy", "chunked"])
-def test_same_tokens_alone_or_in_any_batch(any_build, overrides):
-    with Engine.from_artifact(any_build, max_num_seqs=8, **overrides) as engine:
+CHUNK = 32   # max_batch_tokens of the chunked configuration
+
+
+@pytest.fixture(scope="module")
+def alone_reference(any_build) -> tuple[list[list[int]], list[list[int]]]:
+    """(PROMPTS' ids, each one's greedy tokens alone), once per build for both configurations below: 8 x 24 steps of
+    one row through the 262k head, the bulk of their cost. Each prompt fits in one 32-token step (asserted), so the
+    chunked engine runs a lone prompt step for step as the roomy one does."""
+    with Engine.from_artifact(any_build, max_num_seqs=8) as engine:
         prompts = [_ids(engine, p) for p in PROMPTS]
-        alone = [engine.generate([p], _greedy())[0].token_ids for p in prompts]
+        assert max(map(len, prompts)) <= CHUNK, "a prompt alone would be chunked: compute its reference per config"
+        return prompts, [engine.generate([p], _greedy())[0].token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"max_batch_tokens": CHUNK}], ids=["roomy", "chunked"])
+def test_same_tokens_alone_or_in_any_batch(any_build, alone_reference, overrides):
+    """The mixed batch prefills its 8 prompts from nothing; the long prompt alone runs in this configuration's own
+    engine, and its 8 copies hit the blocks it cached."""
+    prompts, alone = alone_reference
+    with Engine.from_artifact(any_build, max_num_seqs=8, **overrides) as engine:
         mixed = [o.token_ids for o in engine.generate(prompts, _greedy())]
         long = _ids(engine, LONG[0])
         long_alone = engine.generate([long], _greedy())[0].token_ids
