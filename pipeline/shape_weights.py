@@ -75,7 +75,7 @@ def write_shape_dir(cfg: ModelConfig, seed: int, out: Path, log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / DONE).unlink(missing_ok=True)
     shards = _shards(shapes)
-    weight_map = {}
+    weight_map, total = {}, 0
     for s, names in enumerate(shards):
         file = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
         header, offset = {}, 0
@@ -86,6 +86,7 @@ def write_shape_dir(cfg: ModelConfig, seed: int, out: Path, log=print) -> None:
             weight_map[name] = file
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
+        total += offset
         log(f"writing {file} ({offset / 2**30:.1f} GiB, {len(names)} tensors) ...")
         with open(out / file, "wb") as f:
             f.write(struct.pack("<Q", len(raw)) + raw)
@@ -97,7 +98,6 @@ def write_shape_dir(cfg: ModelConfig, seed: int, out: Path, log=print) -> None:
                     f.write(_tensor(name, shape, rng, slice(a, min(a + step, shape[0]))).astype(np.float16).tobytes())
     hf = cfg.to_hf_config() | {"torch_dtype": "float16"}
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    total = sum(2 * int(np.prod(s)) for s in shapes.values())          # transformers reads metadata.total_size
-    index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}     # transformers reads total_size
     (out / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2) + "\n")
     (out / DONE).write_text(f"seed {seed}\n")

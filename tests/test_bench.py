@@ -170,13 +170,28 @@ def _peers_python_with(*packages):
     return python
 
 
+def _peer_script(python):
+    """run(SCRIPT, *args): bench/peers/SCRIPT in the peers' venv, offline, without our PYTHONPATH; asserts exit 0."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    peers = Path(__file__).resolve().parents[1] / "bench" / "peers"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+
+    def run(script, *args):
+        p = subprocess.run([str(python), str(peers / script), *map(str, args)], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p
+    return run
+
+
 def test_gguf_export_matches_transformers(tmp_path):
     """gguf_export.py's GGUF of llama-tiny-random under llama.cpp against transformers fp32 on the same hf dir,
     logits at 32 positions (gguf_check.py). F32 must agree to rounding: a q/k rope permutation gone wrong gives
     max |diff| ~1.7 and corr 0.93 here. Q4_1 (llama.cpp's quantizer) tightly against its own dequantized weights
     and loosely against fp32."""
-    import os
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -188,16 +203,7 @@ def test_gguf_export_matches_transformers(tmp_path):
     _, w = load_model("llama-tiny-random")
     w.write_tokenizer(hf)
     write_hf_dir(w, hf)
-    peers = Path(__file__).resolve().parents[1] / "bench" / "peers"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_HUB_OFFLINE"] = "1"
-
-    def run(script, *args):
-        p = subprocess.run([str(python), str(peers / script), *map(str, args)], capture_output=True, text=True,
-                           env=env, timeout=300)
-        assert p.returncode == 0, p.stderr[-3000:]
-        return p
-
+    run = _peer_script(python)
     f32, f16, q41 = tmp_path / "f32.gguf", tmp_path / "f16.gguf", tmp_path / "q4_1.gguf"
     run("gguf_export.py", hf, f32, "--type", "f32")
     run("gguf_export.py", hf, f16, "--type", "f16")
@@ -220,10 +226,7 @@ def test_gguf_export_of_a_sharded_llama3_shape_dir(tmp_path, monkeypatch):
     directory (no fp32 file), with the tokenizer of an ortllm artifact and Llama 3's rope factors (rope_freqs),
     under llama.cpp against transformers on the same directory. The rope scaling is made to bite at these
     positions (original context 16): without rope_freqs the logits part ways (corr 0.95, top-1 0.47 seen)."""
-    import os
-    import subprocess
     import sys
-    from pathlib import Path
 
     from ortllm.pipeline import shape_weights
     from ortllm.pipeline.sources import load_model
@@ -243,16 +246,8 @@ def test_gguf_export_of_a_sharded_llama3_shape_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(shape_weights, "SHARD_BYTES", 64 << 10)              # several shards
     hf = tmp_path / "shape"
     shape_weights.write_shape_dir(shape, seed=3, out=hf, log=lambda *_: None)
-    assert len(json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"].values()) > 1
-    peers = Path(__file__).resolve().parents[1] / "bench" / "peers"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
-
-    def run(script, *args):
-        p = subprocess.run([str(python), str(peers / script), *map(str, args)], capture_output=True, text=True,
-                           env=env, timeout=300)
-        assert p.returncode == 0, p.stderr[-3000:]
-        return p
-
+    assert len(set(json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
+    run = _peer_script(python)
     f16 = tmp_path / "f16.gguf"
     run("gguf_export.py", hf, f16, "--type", "f16", "--tokenizer", tok)
     r = json.loads(run("gguf_check.py", hf, f16, "--threads", "1").stdout.strip().splitlines()[-1])[0]

@@ -21,6 +21,7 @@ token ids, so the GGUF's tokenizer only has to load. The token list is padded to
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -212,9 +213,9 @@ def write_gguf(hf: Path, out: Path, dtype: str = "f32", name: str | None = None,
     w.write_ti_data_to_file()
     if rope_factors is not None:
         w.write_tensor_data(rope_factors)
-    for file in dict.fromkeys(p[2] for p in plan):
+    for file, entries in itertools.groupby(plan, key=lambda e: e[2]):     # the plan lists each file's tensors together
         with safe_open(str(file), framework="numpy") as f:
-            for gname, hname, _, np_dtype, _ in (p for p in plan if p[2] == file):
+            for gname, hname, _, np_dtype, _ in entries:
                 t = f.get_tensor(hname).astype(np.float32, copy=False)
                 if gname.endswith("attn_q.weight"):
                     t = permute(t, heads)
