@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from ray import serve
 from ray.exceptions import RayActorError, RayError
+from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from .config import RayOptions, ServiceConfig
@@ -237,6 +238,9 @@ class Ingress:
         try:
             return await self._forward(method, path, request.url.query.encode(), list(request.headers.items()),
                                        body)
+        except DeploymentUnavailableError:  # arrived while the application drains (SIGTERM) or redeploys
+            return _error(503, "the server is stopping or redeploying and takes no new requests; retry",
+                          "unavailable", retry_after=1)
         except Exception as e:      # noqa: BLE001 — the client gets the error envelope, the log the traceback
             log.exception("request failed in the ingress", extra={"path": path})
             return _error(500, f"the request failed in the ingress ({type(e).__name__}); retry, and report it if "
