@@ -29,7 +29,8 @@ def _cpu_model() -> tuple[str, str]:
 
 
 def _runtime_versions() -> str:
-    """onnxruntime's version and the ops library's ISA path (avx2 | scalar), when they load."""
+    """onnxruntime's version and the ops library's ISA path (avx2 | avx512vnni | scalar) and stream prefetch hint
+    (t0 | nta), when they load."""
     parts = []
     try:
         import onnxruntime as ort
@@ -37,8 +38,8 @@ def _runtime_versions() -> str:
     except ImportError:
         pass
     try:
-        from ortllm.runtime.ops_library import ops_isa
-        parts.append(f"ops {ops_isa()}")
+        from ortllm.runtime.ops_library import ops_isa, ops_prefetch
+        parts.append(f"ops {ops_isa()}, prefetch {ops_prefetch()}")
     except (OSError, AttributeError):
         pass
     return ", ".join(parts)

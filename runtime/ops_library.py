@@ -54,6 +54,16 @@ def ops_isa(path: Path | None = None) -> str:
     return fn().decode()
 
 
+def ops_prefetch(path: Path | None = None) -> str:
+    """OrtllmOpsPrefetch() of the library: the hint its decode kernels prefetch the weights and the KV stream with,
+    "t0" (Intel CPUs) or "nta" (others); ORTLLM_OPS_PREFETCH=t0|nta forces one (custom_ops/src/kernels/
+    stream_prefetch.h says why)."""
+    fn = ctypes.CDLL(str(path or ops_library_path())).OrtllmOpsPrefetch
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    return fn().decode()
+
+
 def check_ops_library(path: Path | None = None) -> Path:
     """Return the library path after checking that it exists and matches OPS_ABI_VERSION."""
     path = Path(path) if path is not None else ops_library_path()

@@ -75,7 +75,22 @@ def test_not_linked_to_onnxruntime_and_exports_only_entry_points():
     exported = {line.split()[-1] for line in syms.splitlines()
                 if " FUNC " in line and " GLOBAL " in line and " UND " not in line}
     assert {"RegisterCustomOps", "OrtllmOpsAbiVersion"} <= exported
-    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa", "OrtllmOpsSchema"}, exported
+    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa", "OrtllmOpsSchema",
+                        "OrtllmOpsPrefetch"}, exported
+
+
+def test_stream_prefetch_hint_follows_the_cpu_vendor_unless_forced():
+    """T0 on Intel, NTA elsewhere (custom_ops/src/kernels/stream_prefetch.h); ORTLLM_OPS_PREFETCH forces either, and
+    an unknown value keeps the vendor's choice."""
+    vendor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("vendor_id")), "")
+    auto = "t0" if vendor == "GenuineIntel" else "nta"
+    code = "from ortllm.runtime.ops_library import ops_prefetch; print(ops_prefetch())"
+    for forced, want in ((None, auto), ("t0", "t0"), ("nta", "nta"), ("fast", auto)):
+        env = {k: v for k, v in os.environ.items() if k != "ORTLLM_OPS_PREFETCH"}
+        env |= {"ORTLLM_OPS_PREFETCH": forced} if forced else {}
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+        assert out.stdout.strip() == want, (forced, out.stderr)
 
 
 def test_ops_library_module_never_imports_torch():

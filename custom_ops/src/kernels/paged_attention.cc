@@ -47,6 +47,7 @@
 #include <tuple>
 #include <vector>
 
+#include "stream_prefetch.h"
 #include "vec.h"
 
 namespace ortllm {
@@ -370,10 +371,11 @@ void prefetch_block(const ItemShape& sh, const void* cache, const uint16_t* scal
   if (!sh.stream || block < 0) return;
   const int64_t row0 = (block * sh.Hkv + sh.g0) * sh.BS;
   const char* rows = static_cast<const char*>(cache) + row0 * sh.row_bytes;
-  for (int64_t o = 0; o < sh.nh * sh.BS * sh.row_bytes; o += 64) _mm_prefetch(rows + o, _MM_HINT_NTA);
+  const bool t0 = stream_prefetch_t0();  // NTA on AMD (the figures above), T0 on Intel (stream_prefetch.h)
+  for (int64_t o = 0; o < sh.nh * sh.BS * sh.row_bytes; o += 64) prefetch_stream(rows + o, t0);
   if (scales != nullptr)
     for (int64_t o = 0; o < sh.nh * sh.BS * 2; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(scales + row0) + o, _MM_HINT_NTA);
+      prefetch_stream(reinterpret_cast<const char*>(scales + row0) + o, t0);
 }
 
 // The cache block after block sb of the span: the span's next, or the next span's first (-1: the part ends).

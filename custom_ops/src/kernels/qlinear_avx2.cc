@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "qlinear.h"
+#include "stream_prefetch.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options

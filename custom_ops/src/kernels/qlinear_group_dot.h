@@ -2,7 +2,7 @@
 // units. Include it only inside an anonymous namespace of such a unit, after its
 // `#pragma GCC target(...)` and every system header: each unit then compiles its own internal copy
 // for its own ISA (an inline function with external linkage could be merged across units by the
-// linker, and an AVX2-only machine would run the AVX-512 copy).
+// linker, and an AVX2-only machine would run the AVX-512 copy). The unit includes stream_prefetch.h first.
 //
 // Each unit defines a `struct Dots` with
 //   template <int NT, int BITS> static const uint8_t* block(const uint8_t* codes, int sub_blocks,
@@ -91,6 +91,7 @@ void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_loadu_ps(out + 8 * t);  // 0 or the LoRA term (qlinear.h)
   const uint8_t* codes = g.codes;
+  const bool t0 = NT == 1 && stream_prefetch_t0();  // NTA on AMD, T0 on Intel (stream_prefetch.h)
   for (int b = 0; b < g.kb; ++b) {
     if (NT == 1) {  // decode: each weight byte is read once per step. A non-temporal prefetch keeps the stream
       // from evicting what the rest of the step reuses (activations, KV, the engine's own Python): B = 1 decode
@@ -98,15 +99,14 @@ void group_dot_t(const QGroup& g, const QTokens& x, float* out) {
       // prefetched too, 1536 bytes ahead (12 int4 blocks) keeps more of each thread's stream in flight: B = 1
       // decode 301.0 -> 386.4 tok/s (medians of 4, alternating with 512 and 2048: 376.7), context 2048
       // 232.4 / 240.1 / 233.9 -> 258.5 / 270.0 / 288.5 (2048 ahead). Prefetches never fault, past the end included.
-      for (int l = 0; l < g.bs * BITS; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(codes + 1536 + l), _MM_HINT_NTA);
+      for (int l = 0; l < g.bs * BITS; l += 64) prefetch_stream(codes + 1536 + l, t0);
       // The scales and offsets are the same kind of stream (16 bytes a block each, a fifth of int4's bytes; a
       // line holds 4 blocks): without this they still went through L2 and evicted the rest. 8 blocks ahead,
       // once per 4 blocks (the groups lie back to back, so the lines past a group's end are the next one's):
       // B = 1 decode 291.6 -> 321.5 tok/s (medians of 8 runs, alternating; faster in 8 of 8).
       if ((b & 3) == 0) {
-        _mm_prefetch(reinterpret_cast<const char*>(g.d + (b + 8) * 8), _MM_HINT_NTA);
-        if (g.m) _mm_prefetch(reinterpret_cast<const char*>(g.m + (b + 8) * 8), _MM_HINT_NTA);
+        prefetch_stream(g.d + (b + 8) * 8, t0);
+        if (g.m) prefetch_stream(g.m + (b + 8) * 8, t0);
       }
     }
     __m256i isum[NT];
@@ -168,11 +168,11 @@ void group_dot16_t(const QGroup& g, const QTokens& x, float* out) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_loadu_ps(out + 8 * t);
   const uint8_t* codes = g.codes;
+  const bool t0 = NT == 1 && stream_prefetch_t0();
   for (int b = 0; b < g.kb; ++b, codes += sub_blocks * 256) {
     if (NT == 1) {  // decode: the weights stream once a step, as in group_dot_t
-      for (int l = 0; l < g.bs * 8; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(codes + 1536 + l), _MM_HINT_NTA);
-      if ((b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(g.d + (b + 8) * 8), _MM_HINT_NTA);
+      for (int l = 0; l < g.bs * 8; l += 64) prefetch_stream(codes + 1536 + l, t0);
+      if ((b & 3) == 0) prefetch_stream(g.d + (b + 8) * 8, t0);
     }
     const int16_t* qs[NT];
     for (int t = 0; t < NT; ++t) qs[t] = x.q16 + t * x.q_stride + b * g.bs;

@@ -15,6 +15,7 @@
 
 #include "cpu_features.h"
 #include "qlinear.h"
+#include "stream_prefetch.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/stream_prefetch.h"
 #include "../kernels/vec.h"
 #include "multi_lora_op.h"
 #include "paged_attention_op.h"
@@ -213,6 +214,12 @@ __attribute__((visibility("default"))) int OrtllmOpsAbiVersion() {
 // (AVX2 kernels, with QLinear's and attention's integer dots on AVX-512 VNNI).
 __attribute__((visibility("default"))) const char* OrtllmOpsIsa() {
   return ortllm::qlinear_isa().name;
+}
+
+// The hint the decode kernels prefetch their once-read streams with (kernels/stream_prefetch.h): "t0" on Intel,
+// "nta" elsewhere, or what ORTLLM_OPS_PREFETCH=t0|nta forces.
+__attribute__((visibility("default"))) const char* OrtllmOpsPrefetch() {
+  return ortllm::stream_prefetch_t0() ? "t0" : "nta";
 }
 
 // Every op's inputs and attributes as JSON (op_schema.h), read by runtime/ops_library.py. Built once; the string
