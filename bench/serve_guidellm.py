@@ -128,9 +128,11 @@ class LlamaServer(ChildServer):
 
 def guidellm_config(url: str, model: str, processor: Path, out: Path, concurrency: int | None = None,
                     rate: float | None = None, max_seconds: float = MAX_SECONDS, max_requests: int | None = None,
-                    slo_ttft_ms: float = SLO_TTFT_MS, slo_itl_ms: float = SLO_ITL_MS, validate: bool = True) -> dict:
+                    slo_ttft_ms: float = SLO_TTFT_MS, slo_itl_ms: float = SLO_ITL_MS, validate: bool = True,
+                    seed: int = 42) -> dict:
     """GuideLLM's scenario file of one run (`guidellm run --scenario FILE`): its OpenAI HTTP backend
-    on /v1/completions, streaming; synthetic prompts counted with `processor`'s tokenizer; a closed loop of
+    on /v1/completions, streaming; synthetic prompts counted with `processor`'s tokenizer, drawn with `seed` (the
+    same seed, the same prompts in the same order: run_seed); a closed loop of
     `concurrency` streams, or Poisson arrivals at `rate` req/s; bounded by seconds and requests; its goodput at
     the SLO (its `tpot_ms` objective is the per-request inter-token latency); the JSON report at `out`."""
     profile = {"kind": "concurrent", "streams": [int(concurrency)]} if rate is None else \
@@ -144,10 +146,19 @@ def guidellm_config(url: str, model: str, processor: Path, out: Path, concurrenc
         "tokenizer": {"kind": "huggingface_auto", "model": str(processor)},
         "profile": profile,
         "data": [{"kind": "synthetic_text", "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS}],
+        "seed": {"kind": "static", "value": int(seed)},
         "constraints": constraints,
         "outputs": [{"kind": "json", "path": str(out)}],
         "metrics": {"kind": "generative", "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_itl_ms}},
     }}
+
+
+def run_seed(round_: int, load_index: int, loads: int) -> int:
+    """GuideLLM's seed for one (round, load): the same for every system at that load, another for every load and
+    round, so no server meets a prompt it has served before. With one seed for all runs, each level's prompts
+    repeated the earlier levels' from the start: the servers' prefix caches held 240-255 of each prompt's 256 tokens
+    until a faster system ran past what it had seen (then 0), so the systems' TTFTs measured different work."""
+    return 1000 + round_ * loads + load_index
 
 
 def _dist(metrics: dict, name: str) -> dict:
@@ -251,7 +262,7 @@ def run(artifact: Path, peers: list[str], concurrency=CONCURRENCY, rates=(), thr
         for url in urls.values():
             _warm(url)
         for r in range(repeats):
-            for load in loads:
+            for i, load in enumerate(loads):
                 c, rate = load.get("concurrency"), load.get("rate")
                 tag = f"c{c}" if rate is None else f"rate{rate:g}"
                 cap = max_requests or (c * MAX_REQUESTS_PER_SLOT if rate is None else max(1, int(rate * max_seconds)))
@@ -261,7 +272,8 @@ def run(artifact: Path, peers: list[str], concurrency=CONCURRENCY, rates=(), thr
                     got = run_guidellm(urls[system], model, artifact, work, f"{system}-{tag}-r{r}",
                                        timeout=max_seconds + 300, max_seconds=max_seconds, max_requests=cap,
                                        slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                                       validate=not system.startswith("llama-cpp-python"), **load)   # no /health
+                                       validate=not system.startswith("llama-cpp-python"),   # no /health
+                                       seed=run_seed(r, i, len(loads)), **load)
                     key = (system, c or 0, rate)
                     load_avg.setdefault(key, []).append(la)
                     for metric, v in got.items():
@@ -315,12 +327,14 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--max-seconds", type=float, default=MAX_SECONDS, help="per run (one system at one load)")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help=f"per run (default: {MAX_REQUESTS_PER_SLOT} x the concurrency; for a rate, rate x seconds)")
     a = p.parse_args(argv)
     split = [s.strip() for s in a.peers.split(",") if s.strip()]
     try:
         rows = run(a.artifact, split, [int(c) for c in a.concurrency.split(",") if c.strip()],
                    [float(r) for r in a.rates.split(",") if r.strip()], threads=a.threads, repeats=a.repeats,
-                   max_seconds=a.max_seconds, log_dir=a.out / "guidellm-logs")
+                   max_seconds=a.max_seconds, max_requests=a.max_requests, log_dir=a.out / "guidellm-logs")
     except BenchError as e:
         print(f"ortllm: error: {e}", file=sys.stderr)
         return 1

@@ -43,6 +43,12 @@ def test_config_asks_for_the_shape_the_slo_and_the_bounds(tmp_path):
     assert cfg["metrics"]["slo"] == {"ttft_ms": 1000.0, "tpot_ms": 100.0}
     poisson = sg.guidellm_config("http://127.0.0.1:1", "m", tmp_path, tmp_path / "r.json", rate=2.5)["spec"]
     assert poisson["profile"] == {"kind": "poisson", "rate": [2.5]}
+    # the prompts' seed: one per (round, load), the same for every system, never reused (no prefix-cache hits
+    # from an earlier run on the same server)
+    assert sg.guidellm_config("http://127.0.0.1:1", "m", tmp_path, tmp_path / "r.json", concurrency=4,
+                              seed=7)["spec"]["seed"] == {"kind": "static", "value": 7}
+    seeds = [sg.run_seed(r, i, 5) for r in range(3) for i in range(5)]
+    assert len(set(seeds)) == len(seeds)
 
 
 def test_errors_say_what_to_do(tmp_path, monkeypatch):
