@@ -27,9 +27,9 @@ BLOCK = 32
 STREAM_BYTES = 48 << 20
 
 
-def _copies(K: int, N: int, T: int) -> int:
+def _copies(K: int, N: int, T: int, stream_bytes: int = STREAM_BYTES) -> int:
     per = K * N // 2
-    return int(np.clip(STREAM_BYTES // per, 2, 64 if T == 1 else 8))
+    return int(np.clip(stream_bytes // per, 2, 64 if T == 1 else 8))
 
 
 def _raw(name, dtype, arr):
@@ -84,8 +84,9 @@ def lora_stack_feeds(rng, k: int, widths: list[int], slots: int, rank: int,
     return feeds
 
 
-def qlinear_runner(rng, T, K, N, threads, adapters: int = 0, rank: int = 16, slots: int = 8):
-    kb, G, copies = K // BLOCK, -(-N // 8), _copies(K, N, T)
+def qlinear_runner(rng, T, K, N, threads, adapters: int = 0, rank: int = 16, slots: int = 8,
+                   stream_bytes: int = STREAM_BYTES):
+    kb, G, copies = K // BLOCK, -(-N // 8), _copies(K, N, T, stream_bytes)
     feeds = {"x": rng.standard_normal((T, K), dtype=np.float32)}
     extra = []
     if adapters:

@@ -5,7 +5,7 @@
 // NTA (non-temporal) was measured on AMD Zen 4 to keep the stream from evicting what the step reuses
 // (qlinear_group_dot.h, paged_attention.cc cite the figures). On an Intel Xeon @ 2.50GHz (AVX-512 VNNI) the
 // same NTA prefetch cost up to 40% of the decode speed: QLinear int4 at M = 1 on Llama-3.1-8B's shapes streamed
-// 5.7-6.1 GB/s a thread with NTA, 7.5-8.9 with T0; bench/probes/engine_decode.py, the hint forced, alternating,
+// 5.6-6.2 GB/s a thread with NTA, 6.3-8.9 with T0; bench/probes/engine_decode.py, the hint forced, alternating,
 // medians of 3: TinyLlama shape B = 1 14.8 -> 23.7 tok/s, SmolLM2-135M B = 1 77.3 -> 98.9, after a 1984-token
 // prompt 56.5 -> 66.8; B = 16 unchanged. So T0 on Intel, NTA elsewhere (AMD not re-measured with T0).
 // ORTLLM_OPS_PREFETCH=t0|nta overrides the choice (A/B runs on a new CPU).
