@@ -12,11 +12,12 @@
 #   5. `ortllm bench ART --scenario decode,prefill,long-context --peers llama.cpp-q4_0,llama.cpp-q8_0 --batches
 #      BENCH_8B_BATCHES (1,16) --repeats 1` -> $OUT/peers (results.json, report.md)
 # Needs .venv (make setup) and .venv-peers with llama_cpp and gguf (make bench-peers PEERS_ONLY=llama.cpp).
-# Environment: BENCH_8B_OUT (bench-results/8b), BENCH_8B_ART (artifacts/llama-3.1-8b-shape-int4), BENCH_8B_STEPS
+# Environment: BENCH_8B_RECIPE (llama-3.1-8b-shape; llama-3.2-3b-shape for 3B), BENCH_8B_OUT (bench-results/8b),
+# BENCH_8B_ART (artifacts/RECIPE-int4), BENCH_8B_STEPS
 # ("shape build gguf bandwidth bench"), BENCH_8B_BATCHES (1,16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RECIPE=llama-3.1-8b-shape
+RECIPE=${BENCH_8B_RECIPE:-llama-3.1-8b-shape}
 OUT=${BENCH_8B_OUT:-bench-results/8b}
 ART=${BENCH_8B_ART:-artifacts/$RECIPE-int4}
 STEPS=${BENCH_8B_STEPS:-"shape build gguf bandwidth bench"}
