@@ -45,23 +45,26 @@ def ops_abi_version(path: Path) -> int:
     return int(fn())
 
 
-def ops_isa(path: Path | None = None) -> str:
-    """OrtllmOpsIsa() of the library (default: ops_library_path()): the kernel path this CPU takes, "scalar",
-    "avx2" or "avx512vnni"."""
-    fn = ctypes.CDLL(str(path or ops_library_path())).OrtllmOpsIsa
+def _library_string(path: Path | None, symbol: str) -> str:
+    """symbol(), a `const char*` export of the library (default: ops_library_path()), decoded; AttributeError if the
+    library does not export it."""
+    fn = getattr(ctypes.CDLL(str(path or ops_library_path())), symbol)
     fn.restype = ctypes.c_char_p
     fn.argtypes = []
     return fn().decode()
+
+
+def ops_isa(path: Path | None = None) -> str:
+    """OrtllmOpsIsa() of the library (default: ops_library_path()): the kernel path this CPU takes, "scalar",
+    "avx2" or "avx512vnni"."""
+    return _library_string(path, "OrtllmOpsIsa")
 
 
 def ops_prefetch(path: Path | None = None) -> str:
     """OrtllmOpsPrefetch() of the library: the hint its decode kernels prefetch the weights and the KV stream with,
     "t0" (Intel CPUs) or "nta" (others); ORTLLM_OPS_PREFETCH=t0|nta forces one (custom_ops/src/kernels/
     stream_prefetch.h says why)."""
-    fn = ctypes.CDLL(str(path or ops_library_path())).OrtllmOpsPrefetch
-    fn.restype = ctypes.c_char_p
-    fn.argtypes = []
-    return fn().decode()
+    return _library_string(path, "OrtllmOpsPrefetch")
 
 
 def check_ops_library(path: Path | None = None) -> Path:
@@ -158,13 +161,11 @@ def ops_schema_json(path: Path | None = None) -> dict:
     """OrtllmOpsSchema() of the library (default: ops_library_path()), parsed: {"abi_version", "ops": [...]}."""
     path = check_ops_library(path)
     try:
-        fn = ctypes.CDLL(str(path)).OrtllmOpsSchema
+        text = _library_string(path, "OrtllmOpsSchema")
     except AttributeError as exc:
         raise OpsLibraryError(f"{path} does not export its ops' tables ({exc}); rebuild it with `{BUILD_COMMAND}`") \
             from exc
-    fn.restype = ctypes.c_char_p
-    fn.argtypes = []
-    return json.loads(fn().decode())
+    return json.loads(text)
 
 
 @functools.cache

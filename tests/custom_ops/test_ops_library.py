@@ -101,8 +101,7 @@ def test_ops_library_module_never_imports_torch():
 def test_scalar_fallback_path_passes_parity():
     """ORTLLM_OPS_ISA=scalar forces the portable (non-AVX2) kernels; run a parity subset on them."""
     env = dict(os.environ, ORTLLM_OPS_ISA="scalar")
-    isa = "import ctypes; from ortllm.runtime.ops_library import ops_library_path as p; " \
-          "f = ctypes.CDLL(str(p())).OrtllmOpsIsa; f.restype = ctypes.c_char_p; print(f().decode())"
+    isa = "from ortllm.runtime.ops_library import ops_isa; print(ops_isa())"
     out = subprocess.run([sys.executable, "-c", isa], cwd=REPO, env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "scalar", out.stderr
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

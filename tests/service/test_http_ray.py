@@ -268,10 +268,10 @@ def test_cli_on_smollm2_equals_single_process_and_drains_on_sigterm(smollm2_engi
                                                temperature=0, stream=True, stream_options={"include_usage": True},
                                                extra_body={"ignore_eos": True})
         chunks = iter(stream)
-        first = next(c for c in chunks if c.choices and c.choices[0].text)
+        next(c for c in chunks if c.choices and c.choices[0].text)
         proc.send_signal(signal.SIGTERM)
         rest = list(chunks)
-        assert first and rest[-1].usage.completion_tokens == 96, rest[-3:]
+        assert rest[-1].usage.completion_tokens == 96, rest[-3:]
         assert proc.wait(timeout=60) == 0
         out = proc.stdout.read()
         assert "ortllm: stopped" in out, out
