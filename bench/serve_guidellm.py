@@ -39,6 +39,7 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 256, 128
 SLO_TTFT_MS, SLO_ITL_MS = 1000.0, 100.0
 MAX_SECONDS, QUICK_MAX_SECONDS = 60.0, 20.0      # per run (one system at one level)
 MAX_REQUESTS_PER_SLOT = 8                        # per run: C x this, at most
+DISPATCH_DELAY_LIMIT_S = 0.2                     # GuideLLM's own threshold on its p95 root dispatch delay
 ORTLLM_PARALLEL = 32                             # sequences at once: ortllm serve --parallel, llama-server --parallel
 SLOT_TOKENS = 512                                # llama-server's context per slot: 256 in + 128 out, with room
 # llama.cpp peers: the GGUF each serves (peer_runner's files of the same weights). "llama-server*": llama.cpp's
@@ -191,12 +192,26 @@ def parse_report(doc: dict) -> list[dict]:
             decided = int(m.get("slo_determined_requests") or 0)
             r["goodput_fraction"] = float(attained)
             r["goodput"] = attained * decided / duration if duration > 0 else 0.0
+        delay = (m.get("root_dispatch_delay") or {}).get("percentiles") or {}
+        if "p95" in delay:
+            r["dispatch_delay_p95_s"] = float(delay["p95"])    # how late GuideLLM sent its requests (not a metric)
         if "streams" in strategy:
             r["streams"] = int(strategy["streams"])
         if "rate" in strategy:
             r["rate"] = float(strategy["rate"])
         out.append(r)
     return out
+
+
+def late_dispatch(run: dict) -> str | None:
+    """Why a parsed run is not the load it asked for, or None. GuideLLM 0.8.1 sometimes sends a Poisson run's
+    requests all at once (seen on 2026-11-29: 15 requests of a 0.25 req/s run within 0.2 s by the server's log),
+    and then reports a p95 root dispatch delay the size of a Unix time; its own warning's threshold is 0.2 s."""
+    delay = run.get("dispatch_delay_p95_s")
+    if delay is None or delay <= DISPATCH_DELAY_LIMIT_S:
+        return None
+    return (f"GuideLLM sent its requests late (p95 dispatch delay {delay:.3g} s, over its own {DISPATCH_DELAY_LIMIT_S}"
+            " s threshold): not the load asked for, so the run is not counted")
 
 
 def run_guidellm(url: str, model: str, processor: Path, work: Path, name: str, timeout: float,
@@ -274,6 +289,10 @@ def run(artifact: Path, peers: list[str], concurrency=CONCURRENCY, rates=(), thr
                                        slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
                                        validate=not system.startswith("llama-cpp-python"),   # no /health
                                        seed=run_seed(r, i, len(loads)), **load)
+                    late = late_dispatch(got)
+                    if late:
+                        progress(f"serve-guidellm {system} {tag} round {r + 1}/{repeats}: {late} (log: {work})")
+                        continue
                     key = (system, c or 0, rate)
                     load_avg.setdefault(key, []).append(la)
                     for metric, v in got.items():

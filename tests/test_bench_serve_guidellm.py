@@ -1,7 +1,7 @@
 """`serve-guidellm`: GuideLLM's report parsed into the harness's rows (a recorded report: GuideLLM 0.8.1 against
 `ortllm serve` on the tiny engine artifact, 2 streams, 256 in / 128 out; per-request details and the modality
-sub-summaries dropped to keep it small), the one-line errors, and, where GuideLLM is installed
-(.venv-guidellm, ci/install_peers.sh), a short live run on the tiny engine artifact."""
+sub-summaries dropped to keep it small; and a Poisson run GuideLLM sent as a burst), the one-line errors, and,
+where GuideLLM is installed (.venv-guidellm, ci/install_peers.sh), a short live run on the tiny engine artifact."""
 from __future__ import annotations
 
 import json
@@ -30,6 +30,18 @@ def test_parse_report_on_a_recorded_report():
     assert r["goodput_fraction"] == 1.0
     assert r["goodput"] == pytest.approx(m["request_goodput"]["successful"]["mean"], rel=1e-3)
     assert r["goodput"] == pytest.approx(r["request_throughput"])
+
+
+def test_a_run_guidellm_sent_late_is_not_counted():
+    """A recorded burst (GuideLLM 0.8.1 against `ortllm serve` on SmolLM2, Poisson at 0.25 req/s: the server's log
+    had all 15 requests within 0.2 s) is refused by its own p95 root dispatch delay; the closed loop above is not."""
+    (ok,) = sg.parse_report(json.loads(REPORT.read_text()))
+    assert 0 < ok["dispatch_delay_p95_s"] < sg.DISPATCH_DELAY_LIMIT_S and sg.late_dispatch(ok) is None
+    burst = json.loads((Path(__file__).parent / "data" / "guidellm_report_poisson_burst.json").read_text())
+    (late,) = sg.parse_report(burst)
+    assert late["rate"] == 0.25 and late["completed"] == 15 and late["dispatch_delay_p95_s"] > 1e9
+    why = sg.late_dispatch(late)
+    assert why.startswith("GuideLLM sent its requests late") and "not counted" in why
 
 
 def test_config_asks_for_the_shape_the_slo_and_the_bounds(tmp_path):
