@@ -121,10 +121,11 @@ class Calibration:
     """hessian(hf_name) -> H = 2/n X^T X [K, K] float64 of that projection's input, captured on first use.
 
     Owns `scratch` (the fp32 graph and the tokenizer files) until close(). names: the HF tensors to serve
-    (None: every projection); the inputs of the others are neither fetched nor summed."""
+    (None: every projection); the inputs of the others are neither fetched nor summed. tokenizer_dir: the
+    model's tokenizer files already written there (a build's artifact directory), read instead of written again."""
 
     def __init__(self, weights: ModelWeights, tokens: int, scratch: Path, budget_bytes: int = MEMORY_BUDGET,
-                 log=print, names: tuple[str, ...] | None = None):
+                 log=print, names: tuple[str, ...] | None = None, tokenizer_dir: Path | None = None):
         import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper
@@ -134,10 +135,11 @@ class Calibration:
         self.scratch, self.log, self.cfg = Path(scratch), log, weights.config
         self.scratch.mkdir(parents=True, exist_ok=True)
         tokenizer = None
-        if weights.write_tokenizer:
+        if tokenizer_dir is not None or weights.write_tokenizer:
             from ortllm.runtime.tokenizer import Tokenizer
-            weights.write_tokenizer(self.scratch)
-            tokenizer = Tokenizer.from_dir(self.scratch)
+            if tokenizer_dir is None:
+                weights.write_tokenizer(self.scratch)
+            tokenizer = Tokenizer.from_dir(Path(tokenizer_dir or self.scratch))
         ctx = min(CALIB_CTX, self.cfg.max_position_embeddings)
         self.data = calibration_data(tokenizer, tokens, ctx, self.cfg.vocab_size)
         self.tokens = sum(len(w) for w in self.data.windows)

@@ -86,20 +86,9 @@ def load_gguf(path: Path) -> ModelWeights:
     for d in (tensors, scales, lows):     # the grids are [N, K / 32]: row fix-ups apply to them as to the weight
         fix_tensors(cfg, d, "gguf")
 
-    first: dict = {}   # the first write's TokenizerInfo and file bytes: a calibrated build writes the tokenizer
-                       # twice (calibration text, then the artifact), and converting Gemma's 262k vocabulary takes ~15 s
-
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_tokenizer_from_gguf
-        out_dir = Path(out_dir)
-        if first:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            for name, data in first["files"].items():
-                (out_dir / name).write_bytes(data)
-            return first["info"]
-        info = write_tokenizer_from_gguf(reader, out_dir)
-        first.update(info=info, files={name: (out_dir / name).read_bytes() for name in info.files})
-        return info
+        return write_tokenizer_from_gguf(reader, out_dir)
 
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=sha256_file(path),
                      source_desc=f"gguf:{path.name}",
