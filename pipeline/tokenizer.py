@@ -30,8 +30,10 @@ lossy ``clean_up_tokenization_spaces``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -317,6 +319,16 @@ def _write_files(out_dir: Path, tok: Tokenizer, config: dict) -> tuple[str, ...]
     return (TOKENIZER_JSON, TOKENIZER_CONFIG)
 
 
+def _filler_pieces():
+    """"a ", ..., "z ", "aa ", "ab ", ...: lowercase words and a space (GPT-2's byte-level "Ġ"), shortest first.
+    The space after the word keeps each piece from ever being a whole pre-tokenized word (GPT-2's regex puts a
+    space before a word, never after), which a BPE that looks a word up in its vocabulary first would otherwise
+    find (onnxruntime-extensions' does)."""
+    for n in itertools.count(1):
+        for letters in itertools.product(string.ascii_lowercase, repeat=n):
+            yield "".join(letters) + "\u0120"
+
+
 def _tokenizer_config(*, tokens: list[str], special_ids: list[int], added_ids: list[int], bos_id, eos_id,
                       unk_id, pad_id, add_bos: bool, add_eos: bool, chat_template: str | None,
                       model_max_length: int | None) -> dict:
@@ -445,14 +457,20 @@ def _bytes_to_unicode() -> list[str]:
 
 
 def write_byte_tokenizer(out_dir: Path, vocab_size: int) -> TokenizerInfo:
-    """A byte-level BPE without merges (ids 0..255 = bytes) plus ChatML specials, for random weights."""
+    """A byte-level BPE without merges (ids 0..255 = bytes) plus ChatML specials, for random weights.
+
+    Ids past the specials, up to the model's vocab_size, are word-like pieces ("a ", "b ", "ab ", ...: _filler_pieces)
+    that encode never makes (no merges: a text's ids stay its UTF-8 bytes) and decode turns into text, as every id of
+    a real vocabulary does: a random model's output is text a client can see and time, not mostly nothing.
+    """
     n_needed = 256 + len(BYTE_TOKENIZER_SPECIALS)
     if vocab_size < n_needed:
         raise TokenizerError(f"vocab_size must be >= {n_needed} for the byte tokenizer (256 bytes + "
                              f"{len(BYTE_TOKENIZER_SPECIALS)} specials); got {vocab_size}")
     tokens = _bytes_to_unicode() + list(BYTE_TOKENIZER_SPECIALS)
+    tokens += list(itertools.islice(_filler_pieces(), vocab_size - n_needed))
     special_ids = list(range(256, n_needed))
-    tok = _byte_level_bpe({t: i for i, t in enumerate(tokens[:256])}, [], None)
+    tok = _byte_level_bpe({t: i for i, t in enumerate(tokens)}, [], None)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in BYTE_TOKENIZER_SPECIALS])
     endoftext, im_start, im_end = special_ids
     config = _tokenizer_config(
@@ -460,5 +478,5 @@ def write_byte_tokenizer(out_dir: Path, vocab_size: int) -> TokenizerInfo:
         pad_id=endoftext, add_bos=False, add_eos=False, chat_template=CHATML_TEMPLATE, model_max_length=None,
     )
     files = _write_files(Path(out_dir), tok, config)
-    return TokenizerInfo(vocab_size=n_needed, bos_token_id=im_start, eos_token_ids=(im_end, endoftext),
+    return TokenizerInfo(vocab_size=vocab_size, bos_token_id=im_start, eos_token_ids=(im_end, endoftext),
                          pad_token_id=endoftext, chat_template=CHATML_TEMPLATE, files=files)

@@ -276,7 +276,7 @@ def test_missing_gguf_and_missing_hf_files_say_what_to_do(tmp_path):
 def test_byte_tokenizer(tmp_path):
     info = write_byte_tokenizer(tmp_path, vocab_size=300)
     tok = Tokenizer.from_dir(tmp_path)
-    assert info.vocab_size == tok.vocab_size == 259
+    assert info.vocab_size == tok.vocab_size == 300
     assert {tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")} == {256, 257, 258}
     assert info.bos_token_id == 257 and info.eos_token_ids == (258, 256) and info.pad_token_id == 256
     for text in TEXTS:
@@ -284,6 +284,8 @@ def test_byte_tokenizer(tmp_path):
         assert all(i < 300 for i in ids)
         assert tok.decode(ids, skip_special_tokens=False) == text
     assert tok.encode("é") == [0xC3, 0xA9], "ids are the UTF-8 bytes"
+    assert tok.encode("ab ab abc a ") == list(b"ab ab abc a "), "the filler pieces are never encoded"
+    assert tok.decode([259, 260, 284, 285, 299]) == "a b z aa ao ", "every id past the specials decodes to text"
     prompt = tok.apply_chat_template(CONVERSATIONS[1])
     assert prompt == ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\n2 + 2 = ?<|im_end|>\n"
                       "<|im_start|>assistant\n")

@@ -55,7 +55,7 @@ def bpe_dir(tmp_path_factory):
 
 def test_byte_tokenizer_roundtrip_and_properties(byte_dir):
     tok = Tokenizer.from_dir(byte_dir)
-    assert tok.vocab_size == 259 and tok.bos_token_id == 257 and tok.pad_token_id == 256
+    assert tok.vocab_size == 512 and tok.bos_token_id == 257 and tok.pad_token_id == 256
     assert tok.eos_token_ids == (258,)
     for text in ["", "héllo wörld", "日本 🙂\n\t  x", "<|im_start|>user\nhi<|im_end|>"]:
         ids = tok.encode(text)
