@@ -74,9 +74,10 @@ $(FP32_ARTIFACT)/manifest.json: runtime/contract.py | $(BUILD_STAMP)
 serve: $(SERVE_STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(SERVE_VENV)/bin/ortllm serve $(DEFAULT_ARTIFACT) --host $(HOST) --port $(PORT)
 
-# The whole suite on this CPU's best ops path, then the ops-numerics tests again on the AVX2 path (ci/run_tests.sh).
+# The whole suite on this CPU's best ops path and the ops-numerics tests again on the AVX2 path, two pytest
+# processes at a time (ci/run_tests.py).
 test: $(STAMP) ops browser terminal lint
-	PYTEST_ARGS='$(PYTEST_ARGS)' bash ci/run_tests.sh
+	PYTEST_ARGS='$(PYTEST_ARGS)' $(VENV)/bin/python ci/run_tests.py
 
 # ruff over the whole tree (rules and each exception: pyproject.toml [tool.ruff]), and clang-format over
 # custom_ops/src (custom_ops/.clang-format; its exclusions and why: ci/clang_format_check.sh).

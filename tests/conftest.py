@@ -1,6 +1,7 @@
 """Shared fixtures: real artifacts built once per test session, and the transformers references."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import time
@@ -20,11 +21,13 @@ def smollm2_gguf() -> Path:
     return locate_package_file(get_recipe("smollm2-135m-instruct"))
 
 
-# ORTLLM_TEST_ARTIFACTS=DIR (set by ci/run_tests.sh for both of `make test`'s runs): session artifacts are built
-# once into DIR, named by recipe and options, and the forced-AVX2 run reuses them (builds are atomic: a directory
-# with a manifest.json is complete). ORTLLM_TEST_ARTIFACTS_WAIT=1 (the forced-AVX2 run, started beside the first):
-# the first run builds every session artifact (it runs every test), so this one waits for each to appear, and
-# builds one itself only if the first run has ended without it (ci/run_tests.sh then writes DIR/builder-done).
+# ORTLLM_TEST_ARTIFACTS=DIR (set by ci/run_tests.py for every job of `make test`): session artifacts are built
+# once into DIR, named by recipe and options, by the first job that needs one (under a lock: the others wait for
+# it), and the forced-AVX2 jobs reuse them (builds are atomic: a directory with a manifest.json is complete).
+# ORTLLM_TEST_ARTIFACTS_WAIT=1 (the forced-AVX2 jobs): the first run builds every session artifact (it runs every
+# test), so these wait for each to appear, and build one only if the first run has ended without it
+# (ci/run_tests.py then writes DIR/builder-done): an artifact built on the AVX2 path would hold that path's
+# quality.json, which the first run would score again.
 SHARED_ARTIFACTS = os.environ.get("ORTLLM_TEST_ARTIFACTS")
 WAIT_FOR_SHARED = os.environ.get("ORTLLM_TEST_ARTIFACTS_WAIT") == "1"
 
@@ -41,14 +44,18 @@ def _built_elsewhere(out: Path) -> bool:
 def _build(tmp_path_factory, spec: str, **opts) -> Path:
     from ortllm.cli.build import build_artifact
     from ortllm.pipeline.build import BuildOptions
-    if SHARED_ARTIFACTS:
-        key = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
-        out = Path(SHARED_ARTIFACTS) / f"{spec}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-        if (out / "manifest.json").is_file() or (WAIT_FOR_SHARED and _built_elsewhere(out)):
-            return out
-    else:
+    if not SHARED_ARTIFACTS:
         out = tmp_path_factory.mktemp("artifacts") / spec
-    build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
+        build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
+        return out
+    key = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+    out = Path(SHARED_ARTIFACTS) / f"{spec}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if (out / "manifest.json").is_file() or (WAIT_FOR_SHARED and _built_elsewhere(out)):
+        return out
+    with open(out.with_name(out.name + ".lock"), "w") as lock:   # make test's jobs run two at a time: one builds,
+        fcntl.flock(lock, fcntl.LOCK_EX)                           # the other waits for it (ci/run_tests.py)
+        if not (out / "manifest.json").is_file():
+            build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
     return out
 
 

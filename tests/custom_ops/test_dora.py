@@ -20,7 +20,7 @@ from tests.custom_ops.test_qlinear import check, lora_case, lora_magnitude, magn
 from tests.reference.multi_lora import multi_lora_ref
 from tests.reference.qlinear import dora_row_scales, qlinear_ref
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
 
 N_SLOTS = 8
 

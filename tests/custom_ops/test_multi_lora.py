@@ -12,7 +12,7 @@ from ortllm.bench.op_graphs import (F16, F32, I32, LORA_INPUTS, model, multi_lor
 from tests.custom_ops.conftest import assert_close
 from tests.reference.multi_lora import multi_lora_ref, slot_a
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from tests.custom_ops.conftest import REPO, SCENARIOS, assert_close
 from tests.reference.hadamard import dequantize, unpack_int4
 from tests.reference.paged_attention import paged_attention_ref
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
 
 HEADS = [(9, 3), (32, 4)]  # SmolLM2, TinyLlama
 D = 64

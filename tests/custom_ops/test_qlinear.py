@@ -23,7 +23,7 @@ from ortllm.runtime.ops_library import ops_isa
 from tests.reference.qlinear import (dequantized_activations, lora_a, lora_b, lora_terms, magnitude, qlinear_ref,
                                      rms_norm)
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
 
 # (bits, symmetric): int4 with offsets (Q4_1 grid), symmetric int4 (Q4_0), int8 (Q8_0)
 FORMS = {"int4": (4, False), "int4-sym": (4, True), "int8": (8, True)}

@@ -20,7 +20,7 @@ from tests.custom_ops.conftest import REPO, SCENARIOS, assert_close
 from tests.custom_ops.test_paged_attention import LONG_CASES, check_within_quantization_bound
 from tests.reference.paged_attention import paged_attention_ref
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.sh)
+pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
 
 CASES = {**SCENARIOS, "long+prefill": LONG_CASES["long+prefill"], "batch_of_8": LONG_CASES["batch_of_8"],
          "long_chunk": LONG_CASES["long_chunk"]}
