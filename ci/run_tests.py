@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,8 +75,17 @@ def marks_isa(job: Job) -> bool:
     return any("mark.isa_paths" in f.read_text(errors="replace") for f in files)
 
 
+# Two jobs share two cores: a thread that waits for work must sleep, not spin. ONNX Runtime's intra-op threads spin
+# by default (the engine's sessions take ORTLLM_ORT_CONFIG's entries, runtime/model_runner.py), as do OpenMP's
+# (torch's references) and OpenBLAS's (NumPy's; 2^28 cycles by default, ~0.1 s here, after every call): spinning,
+# a job ran the runtime tests in over 1,660 s beside the others instead of ~860 s alone. Waiting changes no
+# result: it is when a thread takes its next task, not what the task computes.
+QUIET_WAITS = {"ORTLLM_ORT_CONFIG": "session.intra_op.allow_spinning=0", "OMP_WAIT_POLICY": "PASSIVE",
+               "OPENBLAS_THREAD_TIMEOUT": "4"}
+
+
 def start(job: Job, shared: Path, extra: list[str]) -> None:
-    env = dict(os.environ, ORTLLM_TEST_ARTIFACTS=str(shared))
+    env = {**QUIET_WAITS, **os.environ, "ORTLLM_TEST_ARTIFACTS": str(shared)}
     cmd = [sys.executable, "-m", "pytest", "-q", *extra, *job.paths]
     if job.isa:
         env |= {"ORTLLM_OPS_ISA": job.isa, "ORTLLM_TEST_ARTIFACTS_WAIT": "1"}
@@ -96,6 +106,7 @@ def runnable(job: Job, done: set[str], running: list[Job]) -> bool:
 
 def main() -> int:
     os.chdir(REPO)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a stopped run still stops its jobs (finally below)
     best = subprocess.run([sys.executable, "-c", "from ortllm.runtime.ops_library import ops_isa; print(ops_isa())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     lanes = int(os.environ.get("ORTLLM_TEST_LANES", "2"))
