@@ -42,6 +42,7 @@ def test_a_run_guidellm_sent_late_is_not_counted():
     assert late["rate"] == 0.25 and late["completed"] == 15 and late["dispatch_delay_p95_s"] > 1e9
     why = sg.late_dispatch(late)
     assert why.startswith("GuideLLM sent its requests late") and "not counted" in why
+    assert sg.late_dispatch({**ok, "dispatch_delay_p95_s": 0.3}) is None, "a closed loop is judged by its streams"
 
 
 def test_config_asks_for_the_shape_the_slo_and_the_bounds(tmp_path):
