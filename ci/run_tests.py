@@ -2,17 +2,17 @@
 isa_paths: quality gates, batch invariance, speculative identity, ops parity) again on the AVX2 path
 (ORTLLM_OPS_ISA=avx2), unless the best path already is AVX2.
 
-The suite runs as jobs, one pytest process per test package or two (JOBS), LANES of them at a time. One process over
+The suite runs as jobs, one pytest process per test package or two (jobs()), two at a time. One process over
 the whole suite grew to 18 GB of session state (models, tokenizers, torch) and was killed for memory on a 24 GiB
 machine; a process per package starts each clean. One at a time left the second core idle half the time (a 2-core
 host measured 1.15 cores busy on average over the pipeline tests), so two run at once, as long as the peaks of the
-running jobs (each job's measured peak, GB) stay within MEMORY_BUDGET_GB; a job starts once the jobs it comes
-after have ended (an AVX2 job after its package's first run, which builds the artifacts it scores). Every job shares
-the session artifacts (ORTLLM_TEST_ARTIFACTS, tests/conftest.py: built once, by whichever job needs one first,
-under a lock); the AVX2 jobs wait for each artifact the first run builds (ORTLLM_TEST_ARTIFACTS_WAIT=1) until every
-first-run job has ended (DIR/builder-done).
+running jobs (each job's peak, measured or bounded: jobs()) stay within MEMORY_BUDGET_GB; a job starts once the jobs
+it comes after have ended (an AVX2 job after its package's first run, which builds the artifacts it scores). Every
+job shares the session artifacts (ORTLLM_TEST_ARTIFACTS, tests/conftest.py: built once, by whichever job needs one
+first, under a lock); the AVX2 jobs wait for each artifact the first run builds (ORTLLM_TEST_ARTIFACTS_WAIT=1) until
+every first-run job has ended (DIR/builder-done).
 
-Each job's output is printed whole when it ends, then a table of every job's time. PYTEST_ARGS (environment): extra
+Each job's output is printed whole when it ends, then every job's time. PYTEST_ARGS (environment): extra
 pytest arguments for every job; ORTLLM_TEST_LANES: jobs at a time (default 2).
 Exit status: 0 when every job passed (or collected nothing), else 1.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,9 +49,10 @@ class Job:
 
 
 def jobs(best: str) -> list[Job]:
-    """The suite in the order jobs are taken (longest and largest first). Peaks measured alone on the 2-core host
-    (`free` while each ran): tests/runtime/test_gemma3_invariance.py 16.2 GB (Gemma 3's 262k head, fp32 and int8
-    engines), the pipeline tests 8.1, the other runtime tests under 8, the others under 6."""
+    """The suite in the order jobs are taken (longest and largest first). Peaks: tests/runtime/test_gemma3_invariance.py
+    16.2 GB run alone (Gemma 3's 262k head, fp32 and int8 engines), the pipeline tests 8.1 GB (memory in use while
+    they ran alone, sampled every 10 s); the others are bounds above what was seen, not per-job measurements (the
+    calibration and batch tests 4.2 GB alone; two jobs at a time never had more than 12.8 GB in use at f9a2bd3)."""
     top = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py"))
     runtime = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "runtime").glob("test_*.py"))
     gemma = "tests/runtime/test_gemma3_invariance.py"
@@ -141,7 +143,7 @@ def main() -> int:
                 os.killpg(job.proc.pid, 9)
             except ProcessLookupError:
                 pass
-        subprocess.run(["rm", "-rf", str(shared)], check=False)
+        shutil.rmtree(shared, ignore_errors=True)
     failed = [j for j in todo if j.rc not in (0, NO_TESTS)]
     print(f"== make test: {time.monotonic() - t0:.0f} s; per job: "
           + ", ".join(f"{j.name} {j.seconds:.0f} s (exit {j.rc})" for j in todo) + " ==")
