@@ -62,6 +62,7 @@ struct Scratch {
   std::vector<Quad> quads;
   std::vector<int64_t> best_at;
   std::vector<const float*> row_scale;
+  std::vector<uint8_t> mix_mask;
 };
 
 Scratch& thread_scratch() {
@@ -78,7 +79,7 @@ void trim(V& v) {
 }
 void trim(Scratch& s) {
   trim(s.q), trim(s.q16), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at),
-      trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dx8);
+      trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dx8), trim(s.mix_mask);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
 
@@ -99,7 +100,8 @@ struct Ctx {
         best(s.best),
         best_at(s.best_at),
         dora_rows(s.dora_rows),
-        row_scale(s.row_scale) {
+        row_scale(s.row_scale),
+        mix_mask(s.mix_mask) {
     quads.clear();
   }
   const QLinearDims* d = nullptr;
@@ -119,10 +121,14 @@ struct Ctx {
   std::vector<int8_t> (&qh)[kQLinearMaxSegments];  // [T * M, r_max_j] h's int8 codes (0 past the rank)
   // [G, T, 8] each token's LoRA on the output columns (0 where it has none), group-major so that a tile's values
   // are one run; the projection's micro-kernels start their accumulation from it and leave the outputs there.
-  // With mixes, layers [M, G, T, 8]: term k expands into layer k, and merge_terms adds a row's terms into layer 0.
+  // With mixes, layers [M, G, T, 8]: term k expands into layer k, and a row's terms are added into layer 0 (by
+  // the projection's items just before they read it, or by merge_terms first when a segment is off the 8-column grid).
   std::vector<float>& lora;
-  int64_t terms = 1;              // M: terms per token (adapter_terms)
-  int64_t layers = 1;             // layers of lora: M when a token of the call mixes, else 1
+  int64_t terms = 1;   // M: terms per token (adapter_terms)
+  int64_t layers = 1;  // layers of lora: M when a token of the call mixes, else 1
+  // [T, kQLinearMaxSegments] with mixes on the grid: bit k set where term k of the token has a rank on the segment
+  std::vector<uint8_t>& mix_mask;
+  bool merge_in_project = false;  // the projection's items add the terms (mix_mask) of the groups they compute
   float* lbuf = nullptr;          // lora.data(), or nullptr without a LoRA
   std::vector<Quad>& quads;       // the LoRA's work (plan_lora)
   std::vector<float>& normed;     // [T, K] RMSNorm(x) * norm_weight, with a norm
@@ -354,10 +360,68 @@ int64_t plan_lora(Ctx& c) {
   return macs;
 }
 
-// Mixed tokens: per segment, the terms with a rank there added in k order into layer 0 (the first taken as it is;
-// a token whose only such term is k = 0 has its value there already). Plain float adds in the row's own order, on
-// the calling thread: the same bits whatever the batch or the ISA table. A segment on the 8-column grid goes a
-// group (8 contiguous floats of a layer) at a time, which the compiler vectorizes; one off it, a column at a time.
+// One group's 8 columns of a token: its terms ks[0..n) (in k order) added into layer 0, the first taken as it is.
+// Plain float adds in the row's own order, whoever runs them: the same bits whatever the batch or the ISA table.
+// The compiler vectorizes the 8 lanes.
+void add_terms8(float* out, const int64_t* ks, int64_t n, int64_t layer) {
+  float v[8];
+  const float* first = out + ks[0] * layer;
+  for (int r = 0; r < 8; ++r) v[r] = first[r];
+  for (int64_t i = 1; i < n; ++i) {
+    const float* term = out + ks[i] * layer;
+    for (int r = 0; r < 8; ++r) v[r] += term[r];
+  }
+  for (int r = 0; r < 8; ++r) out[r] = v[r];
+}
+
+// Token t's terms with a rank on segment j, in k order; false when layer 0 already holds its value (no term, or
+// only k = 0).
+bool terms_to_add(const Ctx& c, int64_t t, int j, int64_t* ks, int64_t* n) {
+  *n = 0;
+  for (int64_t k = 0; k < c.terms; ++k)
+    if (lora_rank(c, t * c.terms + k, j) > 0) ks[(*n)++] = k;
+  return *n > 1 || (*n == 1 && ks[0] != 0);
+}
+
+// Mixed tokens, when every segment is on the 8-column grid: each token's terms per segment as bits of mix_mask,
+// which the projection's items read to add the terms of the groups they compute (merge_group), on both threads
+// and while the values are in their core's cache. merge_terms on the calling thread, before the projection, was
+// ~15% of the CPU samples of a 2-of-4 mixed step's LoRA work (TinyLlama shape, B = 16, q|k|v and o, perf) while the
+// pool waited; here it is split over the pool and the mix's LoRA work went from 2.0x to 1.8x the samples of rows
+// with one adapter each (docs/notes/adapters.md).
+void plan_merge(Ctx& c) {
+  const QLinearArgs& a = *c.a;
+  const int64_t T = c.d->num_tokens;
+  c.mix_mask.assign(static_cast<size_t>(T * kQLinearMaxSegments), 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < a.n_segments; ++j) {
+      int64_t ks[kQLinearMaxTerms], n = 0;
+      if (!terms_to_add(c, t, j, ks, &n)) continue;
+      uint8_t m = 0;
+      for (int64_t i = 0; i < n; ++i) m = static_cast<uint8_t>(m | 1u << ks[i]);
+      c.mix_mask[static_cast<size_t>(t * kQLinearMaxSegments + j)] = m;
+    }
+}
+
+// Group g (8 output columns) of tokens [ts, ts + nt): their terms added into layer 0 (plan_merge's masks).
+__attribute__((noinline)) void merge_group(const Ctx& c, int64_t g, int64_t ts, int nt) {
+  const QLinearArgs& a = *c.a;
+  int j = 0;
+  while (j < a.n_segments && !(g * 8 >= a.seg[j].col0 && g * 8 < a.seg[j].col0 + a.seg[j].width)) ++j;
+  if (j == a.n_segments) return;  // columns no adapter touches: layer 0 holds zeros
+  const int64_t T = c.d->num_tokens, layer = c.groups * T * 8;
+  for (int64_t t = ts; t < ts + nt; ++t) {
+    const unsigned m = c.mix_mask[static_cast<size_t>(t * kQLinearMaxSegments + j)];
+    if (m == 0) continue;
+    int64_t ks[kQLinearMaxTerms], n = 0;
+    for (int64_t k = 0; k < c.terms; ++k)
+      if (m >> k & 1u) ks[n++] = k;
+    add_terms8(c.lbuf + (g * T + t) * 8, ks, n, layer);
+  }
+}
+
+// Mixed tokens with a segment off the 8-column grid: per segment, the terms with a rank there added in k order into
+// layer 0 (add_terms8's adds), on the calling thread before the projection; a column at a time off the grid.
 void merge_terms(Ctx& c) {
   const QLinearArgs& a = *c.a;
   const int64_t T = c.d->num_tokens, layer = c.groups * T * 8;
@@ -365,22 +429,10 @@ void merge_terms(Ctx& c) {
   for (int64_t t = 0; t < T; ++t)
     for (int j = 0; j < a.n_segments; ++j) {
       int64_t ks[kQLinearMaxTerms], n = 0;
-      for (int64_t k = 0; k < c.terms; ++k)
-        if (lora_rank(c, t * c.terms + k, j) > 0) ks[n++] = k;
-      if (n == 0 || (n == 1 && ks[0] == 0)) continue;
+      if (!terms_to_add(c, t, j, ks, &n)) continue;
       const QLinearLoraSegment& sg = a.seg[j];
       if (sg.col0 % 8 == 0 && sg.width % 8 == 0) {
-        for (int64_t g = sg.col0 / 8; g < (sg.col0 + sg.width) / 8; ++g) {
-          float* out = l0 + (g * T + t) * 8;
-          float v[8];
-          const float* first = out + ks[0] * layer;
-          for (int r = 0; r < 8; ++r) v[r] = first[r];
-          for (int64_t i = 1; i < n; ++i) {
-            const float* term = out + ks[i] * layer;
-            for (int r = 0; r < 8; ++r) v[r] += term[r];
-          }
-          for (int r = 0; r < 8; ++r) out[r] = v[r];
-        }
+        for (int64_t g = sg.col0 / 8; g < (sg.col0 + sg.width) / 8; ++g) add_terms8(l0 + (g * T + t) * 8, ks, n, layer);
         continue;
       }
       for (int64_t col = sg.col0; col < sg.col0 + sg.width; ++col) {
@@ -520,6 +572,10 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
                         c.dx.data() + ts * c.kb,
                         c.zsum.data() + ts * c.kb,
                         c.sx.data() + ts * c.kb};
+      if (c.merge_in_project) {  // a mixed call: this tile's LoRA terms added into layer 0 first
+        merge_group(c, g, ts, nt);
+        if (g2 != g) merge_group(c, g2, ts, nt);
+      }
       float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
       if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kQTile * 8, 0.f);
@@ -620,7 +676,15 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   } else {
     for (size_t i = 0; i < c.quads.size(); ++i) lora_quad(&c, i);
   }
-  if (c.layers > 1) merge_terms(c);
+  if (c.layers > 1) {
+    bool grid = true;
+    for (int j = 0; j < a.n_segments; ++j) grid = grid && a.seg[j].col0 % 8 == 0 && a.seg[j].width % 8 == 0;
+    c.merge_in_project = grid;
+    if (grid)
+      plan_merge(c);
+    else
+      merge_terms(c);
+  }
 
   c.t_chunk = std::min(T, kTokenChunk);
   const int64_t t_items = (T + c.t_chunk - 1) / c.t_chunk;
