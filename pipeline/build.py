@@ -238,7 +238,8 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
     cal = None
     try:
         cal = Calibration(weights, opts.calib_tokens, scratch, log=log,
-                          names=None if alpha or down else plan.calibration_names, tokenizer_dir=tokenizer_dir)
+                          names=None if alpha or down else plan.calibration_names, tokenizer_dir=tokenizer_dir,
+                          diagonal_only=not plan.needs_calibration)
         info = {}
         if alpha or down:
             weights, scales = _unsmooth_act16(weights, *smooth_weights(weights, alpha, cal.channel_rms, down),

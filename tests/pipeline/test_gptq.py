@@ -197,6 +197,15 @@ def test_capture_matches_a_numpy_first_layer(tmp_path):
             head.hessian("model.layers.0.self_attn.o_proj.weight")
     finally:
         head.close()
+    diag = Calibration(weights, 300, tmp_path / "diag", budget_bytes=1, log=lambda m: None, diagonal_only=True)
+    try:       # SmoothQuant alone: the channels' RMS from sums of squares, every input in one pass, no Hessian
+        for n in names:
+            np.testing.assert_allclose(diag.channel_rms(n), np.sqrt(np.diag(full[n]) / 2.0), rtol=1e-5)
+        assert diag.passes == 1
+        with pytest.raises(RuntimeError, match="channel_rms only"):
+            diag.hessian(names[0])
+    finally:
+        diag.close()
 
 
 def test_gptq_tiny_build(tmp_path):
