@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -41,22 +42,35 @@ def _built_elsewhere(out: Path) -> bool:
     return True
 
 
-def _build(tmp_path_factory, spec: str, **opts) -> Path:
-    from ortllm.cli.build import build_artifact
-    from ortllm.pipeline.build import BuildOptions
+def shared_dir(tmp_path_factory, name: str, make) -> Path:
+    """A session directory `name` (an artifact: it has a manifest.json) made by make(path) once: in the shared
+    artifacts directory under make test (made beside it and moved into place when finished; the other jobs wait for
+    it, the forced-AVX2 jobs reuse it), else in this session's tmp."""
     if not SHARED_ARTIFACTS:
-        out = tmp_path_factory.mktemp("artifacts") / spec
-        build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
+        out = tmp_path_factory.mktemp("artifacts") / name
+        make(out)
         return out
-    key = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
-    out = Path(SHARED_ARTIFACTS) / f"{spec}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    out = Path(SHARED_ARTIFACTS) / name
     if (out / "manifest.json").is_file() or (WAIT_FOR_SHARED and _built_elsewhere(out)):
         return out
     with open(out.with_name(out.name + ".lock"), "w") as lock:   # make test's jobs run two at a time: one builds,
         fcntl.flock(lock, fcntl.LOCK_EX)                           # the other waits for it (ci/run_tests.py)
         if not (out / "manifest.json").is_file():
-            build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
+            work = out.with_name(out.name + ".making")
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
+            make(work)
+            work.rename(out)
     return out
+
+
+def _build(tmp_path_factory, spec: str, **opts) -> Path:
+    from ortllm.cli.build import build_artifact
+    from ortllm.pipeline.build import BuildOptions
+    key = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+    name = f"{spec}-{hashlib.sha256(key.encode()).hexdigest()[:12]}" if SHARED_ARTIFACTS else spec
+    return shared_dir(tmp_path_factory, name,
+                      lambda out: build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None))
 
 
 def pytest_report_header(config):

@@ -15,12 +15,14 @@ gemma3_engine, shared with tests/pipeline/test_gemma3.py, and gemma3_int8).
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
+from tests.conftest import shared_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.isa_paths]
 
@@ -116,19 +118,20 @@ def test_speculative_greedy_equals_plain(artifact):
 
 @pytest.fixture(scope="module")
 def adapted(gemma3_engine, tmp_path_factory):
-    """A copy of the fp32 Gemma 3 build with three PEFT LoRAs on every target (ranks 4, 8, 16)."""
-    from ortllm.pipeline.sources import load_model
-    from ortllm.runtime.adapter_files import add_adapter
-    from tests.reference.peft_lora import make_peft_lora
-    base = tmp_path_factory.mktemp("gemma3-adapted")
-    art = base / "art"
-    shutil.copytree(gemma3_engine, art)
-    weights = load_model("gemma3-270m")[1]
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    for k, r in enumerate((4, 8, 16)):
-        make_peft_lora(weights, base / f"ad{k}", seed=40 + k, r=r, targets=targets)
-        add_adapter(art, base / f"ad{k}", f"ad{k}")
-    return art
+    """A copy of the fp32 Gemma 3 build with three PEFT LoRAs on every target (ranks 4, 8, 16): made once for both
+    ops paths under make test (the adapters' files do not depend on the path)."""
+    def make(art: Path):
+        from ortllm.pipeline.sources import load_model
+        from ortllm.runtime.adapter_files import add_adapter
+        from tests.reference.peft_lora import make_peft_lora
+        peft = tmp_path_factory.mktemp("gemma3-peft")
+        shutil.copytree(gemma3_engine, art)
+        weights = load_model("gemma3-270m")[1]
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        for k, r in enumerate((4, 8, 16)):
+            make_peft_lora(weights, peft / f"ad{k}", seed=40 + k, r=r, targets=targets)
+            add_adapter(art, peft / f"ad{k}", f"ad{k}")
+    return shared_dir(tmp_path_factory, "gemma3-270m-adapted-ad0-ad2", make)
 
 
 def test_mixed_adapter_batch_equals_alone(adapted):
