@@ -356,8 +356,10 @@ def hf_model_spec(cfg: ModelConfig, tensors: dict) -> tuple[str, str, dict, dict
             t[p + "self_attn.qkv_proj.weight"] = np.concatenate([t.pop(f"{p}{n}.weight") for n in (q, k, v)])
             t[p + "mlp.gate_up_proj.weight"] = np.concatenate([t.pop(f"{p}{n}.weight") for n in (g, u)])
     if name == "gemma3":
+        scalar = cfg.softmax_scale ** -2    # an int in Gemma3TextConfig (strictly checked by transformers 5)
+        scalar = round(scalar) if abs(scalar - round(scalar)) <= 1e-6 * scalar else scalar
         kw |= {"layer_types": layer_types, "sliding_window": cfg.sliding_window,
-               "query_pre_attn_scalar": cfg.softmax_scale ** -2, "rope_local_base_freq": cfg.rope_local_theta,
+               "query_pre_attn_scalar": scalar, "rope_local_base_freq": cfg.rope_local_theta,
                "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": cfg.final_logit_softcap}
         t = {n: (w - np.float32(1.0)).astype(np.float32) if n.endswith("norm.weight") else w for n, w in t.items()}
     cls = {"mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma3": "Gemma3"}[name]

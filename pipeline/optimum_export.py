@@ -12,20 +12,34 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from ortllm.runtime import contract as C
+from ortllm.runtime.errors import ConfigError
 
 from .errors import BuildError
 from .weights import ModelWeights
 
 
 def write_hf_dir(weights: ModelWeights, out: Path) -> None:
-    """A transformers LlamaForCausalLM directory (config.json + model.safetensors) of `weights`."""
+    """A transformers directory (config.json + model.safetensors, written last) of `weights`: LlamaForCausalLM for
+    llama-featured models, else the family's own class and layout (families.hf_model_spec: Gemma 3, Qwen, Phi-3,
+    ...), whose config needs transformers (no torch)."""
     from safetensors.numpy import save_file
 
+    cfg = weights.config
+    try:
+        hf_config, tensors = cfg.to_hf_config(), dict(weights.tensors)
+    except ConfigError:     # features LlamaForCausalLM lacks (windows, softcaps, norms, biases)
+        import transformers
+
+        from .families import hf_model_spec
+        cfg_cls, model_cls, kw, tensors = hf_model_spec(cfg, weights.tensors)
+        hf_config = getattr(transformers, cfg_cls)(**kw).to_dict() | {"architectures": [model_cls]}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(weights.config.to_hf_config(), indent=2, sort_keys=True))
-    tied = weights.config.tie_word_embeddings
-    tensors = {k: v for k, v in weights.tensors.items() if not (k == "lm_head.weight" and tied)}
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()
+               if not (k == "lm_head.weight" and cfg.tie_word_embeddings)}
     save_file(tensors, str(out / "model.safetensors"))
 
 

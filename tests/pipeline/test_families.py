@@ -145,6 +145,23 @@ def test_hf_model_from_weights_is_the_source_model(family):
     _assert_close(hf_logits(back, ids), hf_logits(model, ids), "transformers of our weights vs the source", 1e-5)
 
 
+@pytest.mark.parametrize("family", NAMES, indirect=True)
+def test_hf_dir_of_our_weights_loads_as_the_source_model(family, tmp_path):
+    """write_hf_dir (the peers' and optimum's input: ci/install_peers.sh, --exporter optimum): our loaded weights
+    as a transformers directory that from_pretrained reads with the source model's logits: as LlamaForCausalLM where
+    the model has only llama's features (Phi-3 unfused, Helium), else as the source's own class (Gemma 3, Qwen)."""
+    from transformers import AutoModelForCausalLM
+
+    from ortllm.pipeline.optimum_export import write_hf_dir
+    from ortllm.pipeline.sources import load_path
+    name, model, hf_dir = family
+    write_hf_dir(load_path(hf_dir), tmp_path / "hf")
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype="float32").eval()
+    assert type(back) is type(model) or (type(back).__name__ == "LlamaForCausalLM" and name in ("phi3", "helium"))
+    ids = _prompt(40, seed=4)
+    _assert_close(hf_logits(back, ids), hf_logits(model, ids), f"{name}: transformers on write_hf_dir's dir", 1e-5)
+
+
 @pytest.mark.parametrize("family", sorted(GGUF_ARCH), indirect=True)
 def test_gguf_round_trip_matches_transformers(family, tmp_path):
     """The model written as llama.cpp's converter writes a GGUF (gguf's tensor name map, llama's permuted q/k rows,
