@@ -30,6 +30,8 @@
 #                                one; openvino, openvino-genai, openvino-tokenizers, optimum-intel, nncf,
 #                                transformers 5.5.4, torch 2.13.0 (CPU); optimum-intel pulls a CUDA torchvision that
 #                                breaks transformers' imports: it is uninstalled
+#   .venv-peers-ov-t50/          MODEL=gemma3-270m only: transformers 5.0.0 over .venv-peers-ov's packages, for
+#                                optimum-intel's Gemma 3 export (it refuses transformers > 5.0 for that family)
 #
 # Needs ortllm's venv (.venv, `make setup`) for the weights. Environment knobs:
 #   MODEL=NAME     the ortllm recipe (smollm2-135m-instruct, tinyllama-1.1b-shape, llama-tiny-random, ...)
@@ -142,6 +144,16 @@ if want openvino; then
   fi
   # a CUDA torchvision beside the CPU torch breaks `import transformers` (its image processors import it)
   "$OV_VENV/bin/pip" uninstall --quiet -y torchvision >/dev/null 2>&1 || true
+  # optimum-intel 2.2.0 exports Gemma 3 (gemma3_text) only under transformers <= 5.0 (its GemmaOpenVINOConfig's
+  # MAX_TRANSFORMERS_VERSION), while the venv's transformers is 5.5.4: Gemma's exports run in an overlay venv,
+  # transformers 5.0.0 over the OpenVINO venv's packages (a .pth line), which only the export uses
+  if [ "$MODEL" = gemma3-270m ] && ! "$OV_VENV-t50/bin/python" -c "import optimum.intel" >/dev/null 2>&1; then
+    say "creating $OV_VENV-t50 (transformers 5.0.0 over $OV_VENV, for Gemma 3's exports)"
+    "$PYTHON" -m venv "$OV_VENV-t50"
+    echo '*' > "$OV_VENV-t50/.gitignore"
+    echo "$(cd "$OV_VENV" && pwd)/lib/python3.11/site-packages" > "$OV_VENV-t50/lib/python3.11/site-packages/ov.pth"
+    $NICE "$OV_VENV-t50/bin/pip" install --quiet --no-deps transformers==5.0.0
+  fi
 fi
 
 # ---- the same model for every peer
@@ -284,7 +296,9 @@ ov_export() {   # DIR NAME OPTIONS...
   say "optimum-cli export openvino: $name ($*) -> $dir"
   t=$SECONDS
   rm -rf "$dir"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $NICE "$OV_VENV/bin/optimum-cli" export openvino -m "$HF" \
+  local exporter="$OV_VENV/bin/python"
+  [ "$MODEL" = gemma3-270m ] && exporter="$OV_VENV-t50/bin/python"    # see the OpenVINO venv above
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $NICE "$exporter" -m optimum.commands.optimum_cli export openvino -m "$HF" \
       --task text-generation-with-past "$@" "$dir.tmp" > "$ASSETS/$name-export.log" 2>&1 \
     || { rm -rf "$dir.tmp"; echo "install_peers: the OpenVINO export failed; see $ASSETS/$name-export.log" >&2; exit 1; }
   mv "$dir.tmp" "$dir"
