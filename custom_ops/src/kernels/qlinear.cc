@@ -286,6 +286,18 @@ void lora_quad(void* usr, size_t i) {
   for (int m = 0; m < q.n_segs; ++m) expand_segment(c, q, q.segs[m], slot);
 }
 
+// A segment on the 8-column grid: its columns are whole groups of lora [G, T, 8].
+bool on_grid(const QLinearLoraSegment& sg) {
+  return sg.col0 % 8 == 0 && sg.width % 8 == 0;
+}
+
+// Every segment of the call on the grid.
+bool all_on_grid(const QLinearArgs& a) {
+  for (int j = 0; j < a.n_segments; ++j)
+    if (!on_grid(a.seg[j])) return false;
+  return true;
+}
+
 // lora [G, T, 8] <- 0 where no expand will write: the columns of each segment for the tokens without a LoRA on it.
 // The expands write every column of their segment for their tokens, so a batch whose tokens all have an adapter
 // needs no fill at all (zero-filling the whole buffer, 61 KB for q|k|v at B = 16, ran on the calling thread while
@@ -295,10 +307,8 @@ void zero_lora_rows(Ctx& c) {
   const int64_t T = c.d->num_tokens, N = c.d->out_dim;
   c.lora.resize(static_cast<size_t>(c.layers * c.groups * T * 8));  // layers > 0 are read only where written
   int64_t covered = 0;
-  bool grid = N % 8 == 0;
-  for (int j = 0; j < a.n_segments; ++j)
-    grid = grid && a.seg[j].col0 % 8 == 0 && a.seg[j].width % 8 == 0, covered += a.seg[j].width;
-  if (!grid || covered != N) {
+  for (int j = 0; j < a.n_segments; ++j) covered += a.seg[j].width;
+  if (N % 8 != 0 || !all_on_grid(a) || covered != N) {
     std::fill_n(c.lora.begin(), c.groups * T * 8, 0.f);
     return;
   }
@@ -403,7 +413,8 @@ void plan_merge(Ctx& c) {
     }
 }
 
-// Group g (8 output columns) of tokens [ts, ts + nt): their terms added into layer 0 (plan_merge's masks).
+// Group g (8 output columns) of tokens [ts, ts + nt): their terms added into layer 0 (plan_merge's masks). Out of
+// line so that profiles show it apart from project (the samples in docs/notes/adapters.md).
 __attribute__((noinline)) void merge_group(const Ctx& c, int64_t g, int64_t ts, int nt) {
   const QLinearArgs& a = *c.a;
   int j = 0;
@@ -431,7 +442,7 @@ void merge_terms(Ctx& c) {
       int64_t ks[kQLinearMaxTerms], n = 0;
       if (!terms_to_add(c, t, j, ks, &n)) continue;
       const QLinearLoraSegment& sg = a.seg[j];
-      if (sg.col0 % 8 == 0 && sg.width % 8 == 0) {
+      if (on_grid(sg)) {
         for (int64_t g = sg.col0 / 8; g < (sg.col0 + sg.width) / 8; ++g) add_terms8(l0 + (g * T + t) * 8, ks, n, layer);
         continue;
       }
@@ -677,10 +688,8 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
     for (size_t i = 0; i < c.quads.size(); ++i) lora_quad(&c, i);
   }
   if (c.layers > 1) {
-    bool grid = true;
-    for (int j = 0; j < a.n_segments; ++j) grid = grid && a.seg[j].col0 % 8 == 0 && a.seg[j].width % 8 == 0;
-    c.merge_in_project = grid;
-    if (grid)
+    c.merge_in_project = all_on_grid(a);
+    if (c.merge_in_project)
       plan_merge(c);
     else
       merge_terms(c);
