@@ -30,7 +30,7 @@
 #                                one; openvino, openvino-genai, openvino-tokenizers, optimum-intel, nncf,
 #                                transformers 5.5.4, torch 2.13.0 (CPU); optimum-intel pulls a CUDA torchvision that
 #                                breaks transformers' imports: it is uninstalled
-#   .venv-peers-ov-t50/          MODEL=gemma3-270m only: transformers 5.0.0 over .venv-peers-ov's packages, for
+#   .venv-peers-ov-t50/          Gemma 3 models only: transformers 5.0.0 over .venv-peers-ov's packages, for
 #                                optimum-intel's Gemma 3 export (it refuses transformers > 5.0 for that family)
 #
 # Needs ortllm's venv (.venv, `make setup`) for the weights. Environment knobs:
@@ -144,16 +144,6 @@ if want openvino; then
   fi
   # a CUDA torchvision beside the CPU torch breaks `import transformers` (its image processors import it)
   "$OV_VENV/bin/pip" uninstall --quiet -y torchvision >/dev/null 2>&1 || true
-  # optimum-intel 2.2.0 exports Gemma 3 (gemma3_text) only under transformers <= 5.0 (its GemmaOpenVINOConfig's
-  # MAX_TRANSFORMERS_VERSION), while the venv's transformers is 5.5.4: Gemma's exports run in an overlay venv,
-  # transformers 5.0.0 over the OpenVINO venv's packages (a .pth line), which only the export uses
-  if [ "$MODEL" = gemma3-270m ] && ! "$OV_VENV-t50/bin/python" -c "import optimum.intel" >/dev/null 2>&1; then
-    say "creating $OV_VENV-t50 (transformers 5.0.0 over $OV_VENV, for Gemma 3's exports)"
-    "$PYTHON" -m venv "$OV_VENV-t50"
-    echo '*' > "$OV_VENV-t50/.gitignore"
-    echo "$(cd "$OV_VENV" && pwd)/lib/python3.11/site-packages" > "$OV_VENV-t50/lib/python3.11/site-packages/ov.pth"
-    $NICE "$OV_VENV-t50/bin/pip" install --quiet --no-deps transformers==5.0.0
-  fi
 fi
 
 # ---- the same model for every peer
@@ -285,6 +275,22 @@ if want llama.cpp; then
   rm -f "$ASSETS/model-f32.gguf.tmp"
 fi
 
+# optimum-intel 2.2.0 exports Gemma 3 (model_type gemma3_text) only under transformers <= 5.0 (its
+# GemmaOpenVINOConfig's MAX_TRANSFORMERS_VERSION), while the OpenVINO venv's transformers is 5.5.4: such a model's
+# exports run in an overlay venv, transformers 5.0.0 over the OpenVINO venv's packages (a .pth line), made on first
+# use. Sets OV_EXPORTER, the python the exports run.
+ov_exporter() {
+  OV_EXPORTER="$OV_VENV/bin/python"
+  grep -q '"model_type": "gemma3_text"' "$HF/config.json" || return 0
+  OV_EXPORTER="$OV_VENV-t50/bin/python"
+  "$OV_EXPORTER" -c "import optimum.intel" >/dev/null 2>&1 && return 0
+  say "creating $OV_VENV-t50 (transformers 5.0.0 over $OV_VENV, for Gemma 3's exports)"
+  "$PYTHON" -m venv "$OV_VENV-t50"
+  echo '*' > "$OV_VENV-t50/.gitignore"
+  echo "$(cd "$OV_VENV" && pwd)/lib/python3.11/site-packages" > "$OV_VENV-t50/lib/python3.11/site-packages/ov.pth"
+  $NICE "$OV_VENV-t50/bin/pip" install --quiet --no-deps transformers==5.0.0
+}
+
 # OpenVINO: optimum-intel's exporter (nncf compresses the weights; openvino-tokenizers converts the tokenizer) on
 # hf/, four ways. Embedding and head stay int8 (nncf's default backup mode) in the int4 exports, as optimum-cli
 # does unless --all-layers is given. SmolLM2's hidden 576 is no multiple of 128: nncf's default fallback is an
@@ -296,9 +302,8 @@ ov_export() {   # DIR NAME OPTIONS...
   say "optimum-cli export openvino: $name ($*) -> $dir"
   t=$SECONDS
   rm -rf "$dir"
-  local exporter="$OV_VENV/bin/python"
-  [ "$MODEL" = gemma3-270m ] && exporter="$OV_VENV-t50/bin/python"    # see the OpenVINO venv above
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $NICE "$exporter" -m optimum.commands.optimum_cli export openvino -m "$HF" \
+  ov_exporter
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $NICE "$OV_EXPORTER" -m optimum.commands.optimum_cli export openvino -m "$HF" \
       --task text-generation-with-past "$@" "$dir.tmp" > "$ASSETS/$name-export.log" 2>&1 \
     || { rm -rf "$dir.tmp"; echo "install_peers: the OpenVINO export failed; see $ASSETS/$name-export.log" >&2; exit 1; }
   mv "$dir.tmp" "$dir"
