@@ -174,7 +174,7 @@ class Calibration:
         self.diagonal_only = diagonal_only
         self.groups = [list(self.order)] if diagonal_only else self._groups(budget_bytes)
         self._h: dict[str, np.ndarray] = {}        # node path -> H (or its diagonal) of the group captured last
-        self.passes, self.seconds = 0, 0.0     # forward passes and their time (X^T X included)
+        self.passes, self.seconds = 0, 0.0     # forward passes and their time (the sums included)
 
     def _groups(self, budget: int) -> list[list[str]]:
         """Consecutive inputs whose float64 accumulators fit `budget` together (at least one each)."""
