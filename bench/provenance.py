@@ -29,7 +29,7 @@ def _cpu_model() -> tuple[str, str]:
 
 
 def _runtime_versions() -> str:
-    """onnxruntime's version and the ops library's ISA path (avx2 | avx512vnni | scalar) and stream prefetch hint
+    """onnxruntime's version and the ops library's ISA path (avx2 | avx512vnni | amx | scalar) and stream prefetch hint
     (t0 | nta), when they load."""
     parts = []
     try:

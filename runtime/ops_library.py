@@ -56,7 +56,7 @@ def _library_string(path: Path | None, symbol: str) -> str:
 
 def ops_isa(path: Path | None = None) -> str:
     """OrtllmOpsIsa() of the library (default: ops_library_path()): the kernel path this CPU takes, "scalar",
-    "avx2" or "avx512vnni"."""
+    "avx2", "avx512vnni" or "amx" (VNNI's table with QLinear's multi-token dots on the AMX tile unit)."""
     return _library_string(path, "OrtllmOpsIsa")
 
 

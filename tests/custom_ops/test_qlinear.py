@@ -434,24 +434,35 @@ def _isa_case(key):
     return weight(w.k, w.n, form, bs=int(bs[1:]), seed=3), x, epi, extra
 
 
-def _cpu_has_vnni() -> bool:
-    flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-    return {"avx2", "avx512f", "avx512vl", "avx512bw", "avx512_vnni"} <= set(flags.split())
+def _cpu_flags() -> set:
+    return set(next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")),
+                    "").split())
 
 
-@pytest.mark.parametrize("forced", ["scalar", "avx2"])
+def _best_path() -> str:
+    """The path this CPU should take: AMX with AMX-INT8 (and VNNI), else VNNI with AVX-512 VNNI (+VL, BW), else
+    AVX2."""
+    flags = _cpu_flags()
+    if not {"avx2", "avx512f", "avx512vl", "avx512bw", "avx512_vnni"} <= flags:
+        return "avx2"
+    return "amx" if {"amx_tile", "amx_int8"} <= flags else "avx512vnni"
+
+
+@pytest.mark.parametrize("forced", ["scalar", "avx2", "avx512vnni"])
 def test_every_isa_gives_the_same_bits(forced):
-    """ORTLLM_OPS_ISA=scalar (the portable fallback) and =avx2 (no VNNI) give the same bits as the default path
-    (AVX-512 VNNI where the CPU has it): the integer dots are exact in any order, and the float operations are
-    the same in the same order (std::fma where the vector path fuses). int4 and int8, blocks of 32, 64 and 128
-    (several sub-blocks per block: the VNNI path's accumulator chains), 64 tokens: VNNI's two-group kernel
-    (neighbouring groups, and SwiGLU's gate with its up group)."""
+    """ORTLLM_OPS_ISA=scalar (the portable fallback), =avx2 (no VNNI) and =avx512vnni (no AMX) give the same bits as
+    the default path (AMX or AVX-512 VNNI where the CPU has them): the integer dots are exact in any order, and the
+    float operations are the same in the same order (std::fma where the vector path fuses). int4 and int8, blocks of
+    32, 64 and 128 (several sub-blocks per block: the VNNI path's accumulator chains, the AMX path's two tile
+    multiplies a block), 64 tokens: the two-group kernels (neighbouring groups, and SwiGLU's gate with its up
+    group; AMX's 16 tokens a call)."""
     script = _ISA_SCRIPT.format(repo=str(REPO))
     env = dict(os.environ, ORTLLM_OPS_ISA=forced)
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]
     other = json.loads(res.stdout)
-    assert other["isa"] == forced or (forced == "avx2" and other["isa"] == "scalar"), other["isa"]
+    fallback = {"scalar": {"scalar"}, "avx2": {"avx2", "scalar"}, "avx512vnni": {"avx512vnni", "avx2", "scalar"}}
+    assert other["isa"] in fallback[forced], other["isa"]
     for key in ISA_CASES:
         if forced == "scalar" and "swiglu" in key:
             continue    # the scalar SiLU uses std::exp, the vector paths their own exp (qlinear.h): AVX2 only
@@ -459,11 +470,12 @@ def test_every_isa_gives_the_same_bits(forced):
         assert run(w, x, epi, **extra).tobytes().hex() == other["out"][key], (forced, key, ops_isa())
 
 
-def test_vnni_path_is_taken_where_the_cpu_has_it():
-    """On a CPU with AVX-512 VNNI (+VL, BW) QLinear's integer dots run on it; elsewhere the AVX2 path."""
+def test_best_path_is_taken_where_the_cpu_has_it():
+    """On a CPU with AMX-INT8 QLinear's two-group dots run on the tile unit, with AVX-512 VNNI (+VL, BW) its integer
+    dots on VNNI; elsewhere the AVX2 path."""
     if os.environ.get("ORTLLM_OPS_ISA"):
         pytest.skip(f"ORTLLM_OPS_ISA={os.environ['ORTLLM_OPS_ISA']} forces a path")
-    assert ops_isa() == ("avx512vnni" if _cpu_has_vnni() else "avx2")
+    assert ops_isa() == _best_path()
 
 
 # ---------------------------------------------------------------- act_bits 16 (the int8 LM head)

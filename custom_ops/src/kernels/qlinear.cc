@@ -558,8 +558,16 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
   }
 }
 
+// The quantized tokens from ts on, as the micro-kernels read them.
+QTokens tokens(const Ctx& c, int64_t ts) {
+  const bool act16 = c.d->act_bits == 16;
+  return {act16 ? nullptr : c.q.data() + ts * c.kpad, act16 ? c.q16.data() + ts * c.kpad : nullptr, c.kpad,
+          c.dx.data() + ts * c.kb,                    c.zsum.data() + ts * c.kb,                     c.sx.data() + ts * c.kb};
+}
+
 // Groups [g0, g1) x tokens [t0, t1): kQTile tokens at a time; with kPairTokens tokens or more, two groups per
-// micro-kernel call where the ISA has group_dot2 (SwiGLU: the gate group with its up group; else neighbours).
+// micro-kernel call where the ISA has group_dot2 (SwiGLU: the gate group with its up group; else neighbours), its
+// dot2_tokens tokens a call (AMX: 16).
 // Fewer tokens keep the 8-row kernel: paired, a B = 1 step with 1 or 2 drafts (T = 2, 3) measured 1.25x / 1.16x
 // slower and the int4 LM head at T = 1 up to 2x slower; from T = 8 on, pairing is faster (B = 16 decode 1.14x,
 // prefill 1.12-1.18x, one thread). Either way each output gets the same bits (qlinear.h).
@@ -570,35 +578,37 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   const bool act16 = c.d->act_bits == 16;
   const bool pair = c.isa->group_dot2 != nullptr && t1 - t0 >= kPairTokens && !act16;
   const int64_t T = c.d->num_tokens;
-  alignas(32) float zeros[3][kQTile * 8];
+  const int64_t tile = pair ? c.isa->dot2_tokens : kQTile;  // tokens per pass over a group (pair)
+  alignas(32) float zeros[3][kDotTileMax * 8];
   for (int64_t g = g0; g < g1;) {
     const int n = !swiglu && pair && g + 1 < g1 ? 2 : 1;  // groups finished by this pass
     const int64_t g2 = swiglu ? g + c.groups / 2 : n == 2 ? g + 1 : g;
     const QGroup wg = group(c, g), w2 = group(c, g2);
-    for (int64_t ts = t0; ts < t1; ts += kQTile) {
-      const int nt = static_cast<int>(std::min<int64_t>(kQTile, t1 - ts));
-      const QTokens tok{act16 ? nullptr : c.q.data() + ts * c.kpad,
-                        act16 ? c.q16.data() + ts * c.kpad : nullptr,
-                        c.kpad,
-                        c.dx.data() + ts * c.kb,
-                        c.zsum.data() + ts * c.kb,
-                        c.sx.data() + ts * c.kb};
+    for (int64_t ts = t0; ts < t1; ts += tile) {
+      const int nt = static_cast<int>(std::min<int64_t>(tile, t1 - ts));
       if (c.merge_in_project) {  // a mixed call: this tile's LoRA terms added into layer 0 first
         merge_group(c, g, ts, nt);
         if (g2 != g) merge_group(c, g2, ts, nt);
       }
       float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
-      if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kQTile * 8, 0.f);
+      if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kDotTileMax * 8, 0.f);
       float* up = swiglu ? v1 : zeros[2];
       if (pair && (swiglu || n == 2)) {
-        c.isa->group_dot2(wg, w2, tok, nt, v0, v1);
-      } else if (act16) {
-        c.isa->group_dot16(wg, tok, nt, v0);
-        if (swiglu) c.isa->group_dot16(w2, tok, nt, v1);
+        c.isa->group_dot2(wg, w2, tokens(c, ts), nt, v0, v1);
       } else {
-        c.isa->group_dot(wg, tok, nt, v0);
-        if (swiglu) c.isa->group_dot(w2, tok, nt, v1);
+        for (int i = 0; i < nt; i += kQTile) {  // the one-group kernels, kQTile tokens a call
+          const int ni = std::min(kQTile, nt - i);
+          const QTokens tok = tokens(c, ts + i);
+          float *u0 = v0 + 8 * i, *u1 = v1 + 8 * i;
+          if (act16) {
+            c.isa->group_dot16(wg, tok, ni, u0);
+            if (swiglu) c.isa->group_dot16(w2, tok, ni, u1);
+          } else {
+            c.isa->group_dot(wg, tok, ni, u0);
+            if (swiglu) c.isa->group_dot(w2, tok, ni, u1);
+          }
+        }
       }
       finish_group(c, g, ts, nt, v0, up);
       if (n == 2) finish_group(c, g + 1, ts, nt, v1, up);

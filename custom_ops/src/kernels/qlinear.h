@@ -179,7 +179,8 @@ struct QTokens {
   const float* sx;      // dx * qsum
 };
 
-constexpr int kQTile = 4;  // tokens per micro-kernel call (weights unpacked once for them)
+constexpr int kQTile = 4;        // tokens per micro-kernel call (weights unpacked once for them)
+constexpr int kDotTileMax = 16;  // tokens a group_dot2 call may take (QLinearIsa::dot2_tokens, at most this)
 
 // One segment's shrink for the tokens of a LoRA quad: its slot's A in k-quads with lda ranks a quad
 // (A[(k / 4 * lda + r) * 4 + k % 4]), the fp16 scales sA[c * lda + r], and h[t] [rank] the token's output row.
@@ -219,13 +220,18 @@ struct QLinearIsa {
   // epilogue per block: fma(d * dx, isum - zsum, acc), fma(m, sx, acc).
   void (*quantize_row16)(const float* x, int K, int bs, int16_t* q, float* dx, int32_t* qsum);
   void (*group_dot16)(const QGroup& g, const QTokens& x, int nt, float* out);
+  // The tokens one group_dot2 call takes (nt <= dot2_tokens; group_dot and group_dot16 take kQTile): the AMX
+  // table's tile holds 16.
+  int dot2_tokens = kQTile;
 };
 
 const QLinearIsa& qlinear_scalar_isa();
 const QLinearIsa* qlinear_avx2_isa();  // nullptr without an AVX2 build
 const QLinearIsa* qlinear_vnni_isa();  // nullptr without an AVX2 build or a CPU with AVX-512 VNNI (+VL, BW)
-// Follows vec() (scalar where it chose scalar); on AVX2, the VNNI table where the CPU has it unless
-// ORTLLM_OPS_ISA=avx2. Every table gives the same bits (tests compare them).
+const QLinearIsa* qlinear_amx_isa();   // nullptr without the VNNI table, AMX-INT8, or the kernel's permission for it
+// Follows vec() (scalar where it chose scalar); on AVX2, the AMX table where the CPU (and the kernel) have it, else
+// the VNNI table where the CPU has it; ORTLLM_OPS_ISA=avx512vnni stops at VNNI, =avx2 at AVX2. Every table gives
+// the same bits (tests compare them).
 const QLinearIsa& qlinear_isa();
 
 }  // namespace ortllm

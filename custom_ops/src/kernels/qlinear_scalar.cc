@@ -161,9 +161,12 @@ const QLinearIsa& qlinear_isa() {
   static const QLinearIsa* chosen = [] {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
     if (avx2 == nullptr || vec().name == std::string_view("scalar")) return &qlinear_scalar_isa();
-    const char* force = std::getenv("ORTLLM_OPS_ISA");
-    const QLinearIsa* vnni = force && std::string_view(force) == "avx2" ? nullptr : qlinear_vnni_isa();
-    return vnni ? vnni : avx2;
+    const char* env = std::getenv("ORTLLM_OPS_ISA");
+    const std::string_view force = env ? env : "";
+    if (force == "avx2") return avx2;
+    const QLinearIsa* best = force == "avx512vnni" ? nullptr : qlinear_amx_isa();
+    if (best == nullptr) best = qlinear_vnni_isa();
+    return best ? best : avx2;
   }();
   return *chosen;
 }

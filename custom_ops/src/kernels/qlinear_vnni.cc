@@ -30,6 +30,7 @@ namespace vnni {
 namespace {
 
 #include "qlinear_group_dot.h"
+#include "qlinear_pair.h"
 
 struct Dots {
   template <int NT, int BITS>
@@ -106,16 +107,7 @@ void group_dot16(const QGroup& g, const QTokens& x, int nt, float* out) {
 // of x and every dpbusd, cvt and fma then serves 16 rows; each lane's operations are group_dot_t's, so the
 // bits are those of two group_dot calls.
 
-inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {  // 32 bytes of each group's codes
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
-                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
-}
 
-inline __m512 load_f16_pair(const uint16_t* a, const uint16_t* b) {  // 8 fp16 of each group
-  return _mm512_cvtph_ps(
-      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
-}
 
 // isum[t] for one int4 block of both groups (as Dots::block for 8 rows); returns the codes past it.
 template <int NT>
@@ -153,9 +145,7 @@ void group_dot2_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* o
   const int sub_blocks = g0.bs / 32;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t)  // 0 or the LoRA terms (qlinear.h)
-    acc[t] =
-        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(out0 + 8 * t))),
-                                            _mm256_castps_pd(_mm256_loadu_ps(out1 + 8 * t)), 1));
+    acc[t] = load_acc_pair(out0, out1, t);
   const uint8_t *c0 = g0.codes, *c1 = g1.codes;
   for (int b = 0; b < g0.kb; ++b) {
     __m512i isum[NT];
@@ -173,10 +163,7 @@ void group_dot2_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* o
       for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * g0.kb + b]), acc[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    _mm256_storeu_ps(out0 + 8 * t, _mm512_castps512_ps256(acc[t]));
-    _mm256_storeu_ps(out1 + 8 * t, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
-  }
+  for (int t = 0; t < NT; ++t) store_acc_pair(acc[t], out0, out1, t);
 }
 
 void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {

@@ -210,8 +210,9 @@ __attribute__((visibility("default"))) int OrtllmOpsAbiVersion() {
   return ORTLLM_OPS_ABI_VERSION;
 }
 
-// The kernel path this CPU (and ORTLLM_OPS_ISA=scalar|avx2) selects: "scalar", "avx2", or "avx512vnni"
-// (AVX2 kernels, with QLinear's and attention's integer dots on AVX-512 VNNI).
+// The kernel path this CPU (and ORTLLM_OPS_ISA=scalar|avx2|avx512vnni) selects: "scalar", "avx2", "avx512vnni"
+// (AVX2 kernels, with QLinear's and attention's integer dots on AVX-512 VNNI), or "amx" (VNNI's, with QLinear's
+// two-group dots of 8 tokens or more on the AMX tile unit).
 __attribute__((visibility("default"))) const char* OrtllmOpsIsa() {
   return ortllm::qlinear_isa().name;
 }

@@ -1,0 +1,220 @@
+// AMX-INT8 QLinear kernel (Intel Sapphire Rapids and later): group_dot2 for up to kDotTileMax tokens a call, the
+// integer dots of two 8-row groups (16 output rows) on the tile unit; everything else is the AVX-512 VNNI table's.
+//
+// Per block b and per chunk of up to 64 of its elements (bs 32 or 64: one chunk; 128: two):
+//   A  tile [nt, kc]       int8   the tokens' activation codes, loaded straight from QTokens (row stride q_stride)
+//   B  tile [kc / 4, 64]   int8   the 16 rows' weights, k-quad i of row r at bytes [4r, 4r + 4) of tile row i: int4
+//                                 codes less their zero point (q - 8, in -8..7; unpacked from both groups' chunks),
+//                                 int8 codes as they are (zero point 0); staged in L1, 64 bytes a tile row
+//   C  tile [nt, 16]       int32  += A B (TDPBSSD: signed x signed, exact)
+// C row t is then token t's isum over the block for the 16 rows (group 0's in lanes 0-7): sum (q_w - zp) q_x, the
+// integer group_dot_t gets as sum q_w q_x - zp sum q_x. The float epilogue per block is group_dot2_t's (qlinear_
+// vnni.cc): acc = fma(d * dx, float(isum), acc), then fma(m, sx, acc). So the same bits as every other table.
+//
+// Why: one tile multiply is 16 x 16 x 64 multiply-adds (~12 cycles here); AVX-512 VNNI's kernel needs a broadcast
+// load per dpbusd. The float epilogue (per block, nt x (cvt, mul, fma, fma) on 16 lanes) is now the larger part:
+// at bs 32 each multiply fills half the tile's depth and every 32 elements end in a float step.
+//
+// The tile unit needs the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM, once a process) and a tile
+// configuration per thread: each call loads its own (another library's AMX code, e.g. ORT's MLAS, may load
+// others on the same thread between calls; ~50 ns, against >= 2 us of work a call).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "qlinear.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni,amx-tile,amx-int8")
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ortllm {
+namespace amx {
+namespace {
+
+#include "qlinear_pair.h"
+
+static_assert(kDotTileMax == 16, "a C tile holds 16 tokens");
+
+// The tile unit's configuration (palette 1), two sets of tiles so that one block's multiply overlaps the previous
+// block's float epilogue (a tile is not renamed: reusing one waits for its store): set s is C tmm(3s) [nt x 16
+// int32], A tmm(3s + 1) [nt x kc bytes], B tmm(3s + 2) [kc / 4 x 64 bytes].
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
+
+void configure(int nt, int kc) {
+  TileConfig cfg;
+  for (int s = 0; s < 2; ++s) {
+    cfg.rows[3 * s] = static_cast<uint8_t>(nt), cfg.colsb[3 * s] = 64;
+    cfg.rows[3 * s + 1] = static_cast<uint8_t>(nt), cfg.colsb[3 * s + 1] = static_cast<uint16_t>(kc);
+    cfg.rows[3 * s + 2] = static_cast<uint8_t>(kc / 4), cfg.colsb[3 * s + 2] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+
+
+// The B tile rows of one sub-block of 32 elements (8 k-quads) of both groups, into rows[0..7] (64 bytes each).
+template <int BITS>
+inline void stage(const uint8_t* c0, const uint8_t* c1, __m512i* rows) {
+  if (BITS == 4) {  // chunk j: low nibbles k-quad 2j, high nibbles k-quad 2j + 1 (qlinear.h), less the zero point
+    const __m512i low = _mm512_set1_epi8(0x0F), zp = _mm512_set1_epi8(8);
+    for (int j = 0; j < 4; ++j) {
+      const __m512i w = load_pair(c0 + 32 * j, c1 + 32 * j);
+      _mm512_store_si512(rows + 2 * j, _mm512_sub_epi8(_mm512_and_si512(w, low), zp));
+      _mm512_store_si512(rows + 2 * j + 1, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(w, 4), low), zp));
+    }
+  } else {  // chunk i: k-quad i
+    for (int i = 0; i < 8; ++i) _mm512_store_si512(rows + i, load_pair(c0 + 32 * i, c1 + 32 * i));
+  }
+}
+
+// The B tile rows of block b of both groups (bs / 32 sub-blocks, 8 k-quads each) into rows[0 .. bs / 4).
+template <int BITS>
+inline void stage_block(const QGroup& g0, const QGroup& g1, int b, __m512i* rows) {
+  constexpr int kSubBytes = 32 * BITS;  // one group's bytes per sub-block
+  const int subs = g0.bs / 32;
+  const int64_t at = static_cast<int64_t>(b) * subs * kSubBytes;
+  for (int s = 0; s < subs; ++s) stage<BITS>(g0.codes + at + s * kSubBytes, g1.codes + at + s * kSubBytes, rows + 8 * s);
+}
+
+// Block b's integer sums for the nt tokens on tile set S (its C tile zeroed, then one multiply per chunk of the
+// block), from its staged rows. The tile intrinsics take their tile numbers as literals.
+template <int S>
+inline void block_sums(const QTokens& x, int bs, int b, const __m512i* rows) {
+  const int kc = bs < 64 ? bs : 64;
+  if constexpr (S == 0) {
+    _tile_zero(0);
+    for (int k = 0; k < bs; k += kc) {
+      _tile_loadd(2, rows + k / 4, 64);
+      _tile_loadd(1, x.q + b * bs + k, x.q_stride);
+      _tile_dpbssd(0, 1, 2);
+    }
+  } else {
+    _tile_zero(3);
+    for (int k = 0; k < bs; k += kc) {
+      _tile_loadd(5, rows + k / 4, 64);
+      _tile_loadd(4, x.q + b * bs + k, x.q_stride);
+      _tile_dpbssd(3, 4, 5);
+    }
+  }
+}
+
+// C of set S into c [nt][16] (C row t: token t's 16 rows, group 0's in lanes 0-7).
+template <int S>
+inline void store_sums(int32_t* c) {
+  if constexpr (S == 0) {
+    _tile_stored(0, c, 64);
+  } else {
+    _tile_stored(3, c, 64);
+  }
+}
+
+// Software-pipelined: in iteration b, block b's multiply, block b - 1's sums stored, block b + 1's B rows staged and
+// block b - kLag's float epilogue. Each store is read an iteration later or more: neither a vector store read by a
+// tile load nor a tile store read by vector loads is forwarded, and a tile store waits for its multiply. With stage /
+// load / multiply / store / epilogue in a row this ran no faster than VNNI's kernel (TinyLlama's gate|up at 512
+// tokens, 2 threads: 55 vs 52 ms); pipelined, 45 ms; the epilogue 3 or 4 blocks behind, no faster than 2.
+constexpr int kLag = 2;  // blocks between a block's multiply and its epilogue
+
+template <int BITS>
+void dot2_tile(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  alignas(64) __m512i rows[2][32];  // B of blocks b and b + 1: bs / 4 <= 32 k-quads of 16 rows
+  alignas(64) int32_t c[kLag + 1][kDotTileMax][16];  // sums of the blocks in flight
+  const int kb = g0.kb, bs = g0.bs;
+  configure(nt, bs < 64 ? bs : 64);
+  __m512 acc[kDotTileMax];
+  for (int t = 0; t < nt; ++t)  // 0 or the LoRA terms (qlinear.h)
+    acc[t] = load_acc_pair(out0, out1, t);
+  const auto epilogue = [&](int b) {
+    const int32_t(*cb)[16] = c[b % (kLag + 1)];
+    const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
+    for (int t = 0; t < nt; ++t) {
+      const int tb = t * kb + b;
+      const __m512i isum = _mm512_load_si512(cb[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[tb])), _mm512_cvtepi32_ps(isum), acc[t]);
+    }
+    if (g0.m) {
+      const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
+      for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * kb + b]), acc[t]);
+    }
+  };
+  stage_block<BITS>(g0, g1, 0, rows[0]);
+  for (int b = 0; b < kb + kLag; ++b) {
+    if (b < kb) {
+      if (b & 1)
+        block_sums<1>(x, bs, b, rows[1]);
+      else
+        block_sums<0>(x, bs, b, rows[0]);
+    }
+    if (b >= 1 && b <= kb) {
+      if ((b - 1) & 1)
+        store_sums<1>(&c[(b - 1) % (kLag + 1)][0][0]);
+      else
+        store_sums<0>(&c[(b - 1) % (kLag + 1)][0][0]);
+    }
+    if (b + 1 < kb) stage_block<BITS>(g0, g1, b + 1, rows[(b + 1) & 1]);
+    if (b >= kLag) epilogue(b - kLag);
+  }
+  for (int t = 0; t < nt; ++t) store_acc_pair(acc[t], out0, out1, t);
+}
+
+void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  if (g0.bits == 4) {
+    dot2_tile<4>(g0, g1, x, nt, out0, out1);
+  } else {
+    dot2_tile<8>(g0, g1, x, nt, out0, out1);
+  }
+}
+
+// CPUID.(EAX = 7, ECX = 0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and the kernel's permission to use the
+// tile data state (Linux >= 5.16; refused elsewhere: then no AMX).
+bool amx_usable() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx >> 24 & 1u) || !(edx >> 25 & 1u)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+}  // namespace
+}  // namespace amx
+}  // namespace ortllm
+
+#pragma GCC pop_options
+
+namespace ortllm {
+const QLinearIsa* qlinear_amx_isa() {
+  static const QLinearIsa* isa = []() -> const QLinearIsa* {
+    const QLinearIsa* vnni = qlinear_vnni_isa();
+    if (vnni == nullptr || !amx::amx_usable()) return nullptr;
+    static QLinearIsa table = *vnni;
+    table.name = "amx";
+    table.group_dot2 = amx::group_dot2;
+    table.dot2_tokens = kDotTileMax;
+    return &table;
+  }();
+  return isa;
+}
+}  // namespace ortllm
+#else
+namespace ortllm {
+const QLinearIsa* qlinear_amx_isa() {
+  return nullptr;
+}
+}  // namespace ortllm
+#endif

@@ -1,0 +1,26 @@
+// Two 8-row groups in one 512-bit vector (lanes 0-7 group 0's rows, lanes 8-15 group 1's), shared by the AVX-512
+// VNNI and the AMX translation units' two-group kernels (group_dot2). Include it only inside an anonymous namespace
+// of such a unit, after its `#pragma GCC target(...)` with avx512f/vl/bw and every system header (as
+// qlinear_group_dot.h): each unit compiles its own copy for its own ISA.
+
+inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {  // 32 bytes of each group's codes
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+inline __m512 load_f16_pair(const uint16_t* a, const uint16_t* b) {  // 8 fp16 of each group
+  return _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+
+// Token t's accumulators of both groups (out0, out1 as group_dot2's: [t * 8 + r] floats), and back.
+inline __m512 load_acc_pair(const float* out0, const float* out1, int t) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(out0 + 8 * t))),
+                                             _mm256_castps_pd(_mm256_loadu_ps(out1 + 8 * t)), 1));
+}
+
+inline void store_acc_pair(__m512 acc, float* out0, float* out1, int t) {
+  _mm256_storeu_ps(out0 + 8 * t, _mm512_castps512_ps256(acc));
+  _mm256_storeu_ps(out1 + 8 * t, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+}
