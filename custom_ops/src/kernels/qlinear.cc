@@ -54,6 +54,8 @@ struct Quad {
 struct Scratch {
   std::vector<int8_t> q;
   std::vector<int16_t> q16;
+  std::vector<uint8_t> q16_lo;
+  std::vector<int8_t> q16_hi;
   std::vector<float> dx, sx, normed, lora, best, dora_rows;
   std::vector<float> dx8;  // act_bits 16 with a LoRA: the int8 codes' scales, which the LoRA's shrink reads
   std::vector<int32_t> zsum, qsum32;
@@ -78,7 +80,7 @@ void trim(V& v) {
   if (v.capacity() * sizeof(typename V::value_type) > kKeepBytes) V().swap(v);
 }
 void trim(Scratch& s) {
-  trim(s.q), trim(s.q16), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at),
+  trim(s.q), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at),
       trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dx8), trim(s.mix_mask);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
@@ -87,6 +89,8 @@ struct Ctx {
   explicit Ctx(Scratch& s)
       : q(s.q),
         q16(s.q16),
+        q16_lo(s.q16_lo),
+        q16_hi(s.q16_hi),
         dx(s.dx),
         dx8(s.dx8),
         sx(s.sx),
@@ -112,6 +116,9 @@ struct Ctx {
   int64_t q_chunk = 0;                             // tokens per quantization item
   std::vector<int8_t>& q;                          // [T, kpad]
   std::vector<int16_t>& q16;                       // [T, kpad] instead, with act_bits 16
+  std::vector<uint8_t>& q16_lo;                    // [T, kpad] with split16 (QTokens::q16_lo)
+  std::vector<int8_t>& q16_hi;
+  bool split16 = false;
   std::vector<float>&dx, &dx8, &sx;                // [T, kb]; dx8: the int8 codes' dx beside int16 ones (LoRA)
   std::vector<int32_t>& zsum;                      // [T, kb]
   int64_t kc = 0;                                  // 32-chunks of K (the LoRA's A scales)
@@ -558,11 +565,24 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
   }
 }
 
+// act_bits 16's codes as bytes for group_dot2_16 (QTokens::q16_lo / q16_hi): q = 256 * hi + lo exactly.
+void split_codes16(Ctx& c) {
+  const size_t n = static_cast<size_t>(c.d->num_tokens * c.kpad);
+  c.q16_lo.resize(n);
+  c.q16_hi.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int16_t q = c.q16[i];
+    c.q16_lo[i] = static_cast<uint8_t>(q & 0xFF);
+    c.q16_hi[i] = static_cast<int8_t>(q >> 8);  // arithmetic shift: floor(q / 256)
+  }
+}
+
 // The quantized tokens from ts on, as the micro-kernels read them.
 QTokens tokens(const Ctx& c, int64_t ts) {
   const bool act16 = c.d->act_bits == 16;
   return {act16 ? nullptr : c.q.data() + ts * c.kpad, act16 ? c.q16.data() + ts * c.kpad : nullptr, c.kpad,
-          c.dx.data() + ts * c.kb,                    c.zsum.data() + ts * c.kb,                     c.sx.data() + ts * c.kb};
+          c.dx.data() + ts * c.kb,                    c.zsum.data() + ts * c.kb,                     c.sx.data() + ts * c.kb,
+          c.split16 ? c.q16_lo.data() + ts * c.kpad : nullptr, c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr};
 }
 
 // Groups [g0, g1) x tokens [t0, t1): kQTile tokens at a time; with kPairTokens tokens or more, two groups per
@@ -576,7 +596,7 @@ QTokens tokens(const Ctx& c, int64_t ts) {
 void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   const bool swiglu = c.d->epilogue == QLinearEpilogue::kSwiGLU;
   const bool act16 = c.d->act_bits == 16;
-  const bool pair = c.isa->group_dot2 != nullptr && t1 - t0 >= kPairTokens && !act16;
+  const bool pair = (act16 ? c.split16 : c.isa->group_dot2 != nullptr) && t1 - t0 >= kPairTokens;
   const int64_t T = c.d->num_tokens;
   const int64_t tile = pair ? c.isa->dot2_tokens : kQTile;  // tokens per pass over a group (pair)
   alignas(32) float zeros[3][kDotTileMax * 8];
@@ -595,7 +615,7 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
       if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kDotTileMax * 8, 0.f);
       float* up = swiglu ? v1 : zeros[2];
       if (pair && (swiglu || n == 2)) {
-        c.isa->group_dot2(wg, w2, tokens(c, ts), nt, v0, v1);
+        (act16 ? c.isa->group_dot2_16 : c.isa->group_dot2)(wg, w2, tokens(c, ts), nt, v0, v1);
       } else {
         for (int i = 0; i < nt; i += kQTile) {  // the one-group kernels, kQTile tokens a call
           const int ni = std::min(kQTile, nt - i);
@@ -691,6 +711,8 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   } else {
     quantize_tokens(c, 0, T);
   }
+  c.split16 = d.act_bits == 16 && c.isa->group_dot2_16 != nullptr && T >= kPairTokens;
+  if (c.split16) split_codes16(c);
 
   if (lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
     par.run(c.quads.size(), lora_quad, &c);

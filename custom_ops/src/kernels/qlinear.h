@@ -177,6 +177,10 @@ struct QTokens {
   const float* dx;      // per (token, block) activation scale
   const int32_t* zsum;  // zp * qsum
   const float* sx;      // dx * qsum
+  // act_bits 16, for QLinearIsa::group_dot2_16 (else nullptr): each int16 code split into bytes, rows at q_stride:
+  // q16 = 256 * q16_hi + q16_lo, q16_lo in 0..255, q16_hi in -128..127.
+  const uint8_t* q16_lo = nullptr;
+  const int8_t* q16_hi = nullptr;
 };
 
 constexpr int kQTile = 4;        // tokens per micro-kernel call (weights unpacked once for them)
@@ -223,6 +227,10 @@ struct QLinearIsa {
   // The tokens one group_dot2 call takes (nt <= dot2_tokens; group_dot and group_dot16 take kQTile): the AMX
   // table's tile holds 16.
   int dot2_tokens = kQTile;
+  // group_dot2 for act_bits 16 (int8 weights, QTokens::q16_lo / q16_hi, which the driver then writes once a call),
+  // up to dot2_tokens tokens: the same bits as two group_dot16 calls. nullptr: the driver calls group_dot16.
+  void (*group_dot2_16)(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0,
+                        float* out1) = nullptr;
 };
 
 const QLinearIsa& qlinear_scalar_isa();

@@ -181,6 +181,66 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
   }
 }
 
+// ---- act_bits 16 (int8 weights, int16 activation codes): each code split into a signed high and an unsigned low
+// byte (QTokens::q16_hi / q16_lo, q = 256 hi + lo), two tile multiplies a chunk: C_hi += hi w (TDPBSSD), C_lo += lo w
+// (TDPBUSD); isum = 256 C_hi + C_lo, exact (|isum| < 2^31 for bs <= 128, qlinear.h), group_dot16_t's integer. One
+// set of tiles: C_hi tmm0, C_lo tmm1, A tmm2 (hi) / tmm3 (lo), B tmm4; the next block's multiplies wait for the
+// previous block's store (no tile is renamed), its epilogue still two blocks behind as dot2_tile's.
+
+void configure16(int nt, int kc) {
+  TileConfig cfg;
+  for (int i = 0; i < 4; ++i) {
+    cfg.rows[i] = static_cast<uint8_t>(nt);
+    cfg.colsb[i] = static_cast<uint16_t>(i < 2 ? 64 : kc);
+  }
+  cfg.rows[4] = static_cast<uint8_t>(kc / 4), cfg.colsb[4] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  alignas(64) __m512i rows[2][32];                       // B of blocks b and b + 1
+  alignas(64) int32_t c[kLag + 1][2][kDotTileMax][16];  // [block][hi, lo][token][row]
+  const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
+  configure16(nt, kc);
+  __m512 acc[kDotTileMax];
+  for (int t = 0; t < nt; ++t) acc[t] = load_acc_pair(out0, out1, t);  // 0 or the LoRA terms (qlinear.h)
+  const auto epilogue = [&](int b) {
+    const int32_t(*hi)[16] = c[b % (kLag + 1)][0];
+    const int32_t(*lo)[16] = c[b % (kLag + 1)][1];
+    const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
+    for (int t = 0; t < nt; ++t) {
+      const int tb = t * kb + b;
+      const __m512i isum = _mm512_sub_epi32(
+          _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi[t]), 8), _mm512_load_si512(lo[t])),
+          _mm512_set1_epi32(x.zsum[tb]));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[tb])), _mm512_cvtepi32_ps(isum), acc[t]);
+    }
+    if (g0.m) {
+      const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
+      for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * kb + b]), acc[t]);
+    }
+  };
+  stage_block<8>(g0, g1, 0, rows[0]);
+  for (int b = 0; b < kb + kLag; ++b) {
+    if (b < kb) {
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int k = 0; k < bs; k += kc) {
+        _tile_loadd(4, rows[b & 1] + k / 4, 64);
+        _tile_loadd(2, x.q16_hi + b * bs + k, x.q_stride);
+        _tile_loadd(3, x.q16_lo + b * bs + k, x.q_stride);
+        _tile_dpbssd(0, 2, 4);
+        _tile_dpbusd(1, 3, 4);
+      }
+      _tile_stored(0, &c[b % (kLag + 1)][0][0][0], 64);
+      _tile_stored(1, &c[b % (kLag + 1)][1][0][0], 64);
+    }
+    if (b + 1 < kb) stage_block<8>(g0, g1, b + 1, rows[(b + 1) & 1]);
+    if (b >= kLag) epilogue(b - kLag);
+  }
+  for (int t = 0; t < nt; ++t) store_acc_pair(acc[t], out0, out1, t);
+}
+
 // CPUID.(EAX = 7, ECX = 0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and the kernel's permission to use the
 // tile data state (Linux >= 5.16; refused elsewhere: then no AMX).
 bool amx_usable() {
@@ -206,6 +266,7 @@ const QLinearIsa* qlinear_amx_isa() {
     table.name = "amx";
     table.group_dot2 = amx::group_dot2;
     table.dot2_tokens = kDotTileMax;
+    table.group_dot2_16 = amx::dot2_tile16;
     return &table;
   }();
   return isa;
