@@ -80,8 +80,8 @@ void trim(V& v) {
   if (v.capacity() * sizeof(typename V::value_type) > kKeepBytes) V().swap(v);
 }
 void trim(Scratch& s) {
-  trim(s.q), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora), trim(s.best), trim(s.best_at),
-      trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dx8), trim(s.mix_mask);
+  trim(s.q), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora),
+      trim(s.best), trim(s.best_at), trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dx8), trim(s.mix_mask);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
 
@@ -113,10 +113,10 @@ struct Ctx {
   const QLinearIsa* isa = nullptr;
   int64_t kb = 0, kpad = 0, groups = 0, out_groups = 0, group_bytes = 0;
   int64_t g_chunk = 0, t_chunk = 0, g_items = 0;
-  int64_t q_chunk = 0;                             // tokens per quantization item
-  std::vector<int8_t>& q;                          // [T, kpad]
-  std::vector<int16_t>& q16;                       // [T, kpad] instead, with act_bits 16
-  std::vector<uint8_t>& q16_lo;                    // [T, kpad] with split16 (QTokens::q16_lo)
+  int64_t q_chunk = 0;           // tokens per quantization item
+  std::vector<int8_t>& q;        // [T, kpad]
+  std::vector<int16_t>& q16;     // [T, kpad] instead, with act_bits 16
+  std::vector<uint8_t>& q16_lo;  // [T, kpad] with split16 (QTokens::q16_lo)
   std::vector<int8_t>& q16_hi;
   bool split16 = false;
   std::vector<float>&dx, &dx8, &sx;                // [T, kb]; dx8: the int8 codes' dx beside int16 ones (LoRA)
@@ -580,9 +580,14 @@ void split_codes16(Ctx& c) {
 // The quantized tokens from ts on, as the micro-kernels read them.
 QTokens tokens(const Ctx& c, int64_t ts) {
   const bool act16 = c.d->act_bits == 16;
-  return {act16 ? nullptr : c.q.data() + ts * c.kpad, act16 ? c.q16.data() + ts * c.kpad : nullptr, c.kpad,
-          c.dx.data() + ts * c.kb,                    c.zsum.data() + ts * c.kb,                     c.sx.data() + ts * c.kb,
-          c.split16 ? c.q16_lo.data() + ts * c.kpad : nullptr, c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr};
+  return {act16 ? nullptr : c.q.data() + ts * c.kpad,
+          act16 ? c.q16.data() + ts * c.kpad : nullptr,
+          c.kpad,
+          c.dx.data() + ts * c.kb,
+          c.zsum.data() + ts * c.kb,
+          c.sx.data() + ts * c.kb,
+          c.split16 ? c.q16_lo.data() + ts * c.kpad : nullptr,
+          c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr};
 }
 
 // Groups [g0, g1) x tokens [t0, t1): kQTile tokens at a time; with kPairTokens tokens or more, two groups per

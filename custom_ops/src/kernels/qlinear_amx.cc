@@ -66,8 +66,6 @@ void configure(int nt, int kc) {
   _tile_loadconfig(&cfg);
 }
 
-
-
 // The B tile rows of one sub-block of 32 elements (8 k-quads) of both groups, into rows[0..7] (64 bytes each).
 template <int BITS>
 inline void stage(const uint8_t* c0, const uint8_t* c1, __m512i* rows) {
@@ -89,7 +87,8 @@ inline void stage_block(const QGroup& g0, const QGroup& g1, int b, __m512i* rows
   constexpr int kSubBytes = 32 * BITS;  // one group's bytes per sub-block
   const int subs = g0.bs / 32;
   const int64_t at = static_cast<int64_t>(b) * subs * kSubBytes;
-  for (int s = 0; s < subs; ++s) stage<BITS>(g0.codes + at + s * kSubBytes, g1.codes + at + s * kSubBytes, rows + 8 * s);
+  for (int s = 0; s < subs; ++s)
+    stage<BITS>(g0.codes + at + s * kSubBytes, g1.codes + at + s * kSubBytes, rows + 8 * s);
 }
 
 // Block b's integer sums for the nt tokens on tile set S (its C tile zeroed, then one multiply per chunk of the
@@ -133,7 +132,7 @@ constexpr int kLag = 2;  // blocks between a block's multiply and its epilogue
 
 template <int BITS>
 void dot2_tile(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
-  alignas(64) __m512i rows[2][32];  // B of blocks b and b + 1: bs / 4 <= 32 k-quads of 16 rows
+  alignas(64) __m512i rows[2][32];                   // B of blocks b and b + 1: bs / 4 <= 32 k-quads of 16 rows
   alignas(64) int32_t c[kLag + 1][kDotTileMax][16];  // sums of the blocks in flight
   const int kb = g0.kb, bs = g0.bs;
   configure(nt, bs < 64 ? bs : 64);
@@ -198,7 +197,7 @@ void configure16(int nt, int kc) {
 }
 
 void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
-  alignas(64) __m512i rows[2][32];                       // B of blocks b and b + 1
+  alignas(64) __m512i rows[2][32];                      // B of blocks b and b + 1
   alignas(64) int32_t c[kLag + 1][2][kDotTileMax][16];  // [block][hi, lo][token][row]
   const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
   configure16(nt, kc);
@@ -210,9 +209,9 @@ void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, f
     const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
     for (int t = 0; t < nt; ++t) {
       const int tb = t * kb + b;
-      const __m512i isum = _mm512_sub_epi32(
-          _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi[t]), 8), _mm512_load_si512(lo[t])),
-          _mm512_set1_epi32(x.zsum[tb]));
+      const __m512i isum =
+          _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi[t]), 8), _mm512_load_si512(lo[t])),
+                           _mm512_set1_epi32(x.zsum[tb]));
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[tb])), _mm512_cvtepi32_ps(isum), acc[t]);
     }
     if (g0.m) {

@@ -107,8 +107,6 @@ void group_dot16(const QGroup& g, const QTokens& x, int nt, float* out) {
 // of x and every dpbusd, cvt and fma then serves 16 rows; each lane's operations are group_dot_t's, so the
 // bits are those of two group_dot calls.
 
-
-
 // isum[t] for one int4 block of both groups (as Dots::block for 8 rows); returns the codes past it.
 template <int NT>
 void block4_pair(const uint8_t*& c0, const uint8_t*& c1, int sub_blocks, const int8_t* const* qs, const int32_t* zs,
