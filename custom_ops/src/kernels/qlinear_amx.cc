@@ -16,8 +16,9 @@
 // at bs 32 each multiply fills half the tile's depth and every 32 elements end in a float step.
 //
 // The tile unit needs the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM, once a process) and a tile
-// configuration per thread: each call loads its own (another library's AMX code, e.g. ORT's MLAS, may load
-// others on the same thread between calls; ~50 ns, against >= 2 us of work a call).
+// configuration per thread: each call loads its own (~50 ns, against >= 2 us of work a call), since another
+// library's AMX code may load others on the same thread between calls; ORT's MLAS does the same the other way (its
+// int8 GEMM compares the thread's current configuration with its own before each GEMM and reloads it).
 #include <immintrin.h>
 
 #include <cstdint>
