@@ -62,13 +62,19 @@ OV_PKGS=(openvino==2026.4.1 openvino-genai==2026.4.1.0 openvino-tokenizers==2026
 LLAMA_CPP_PYTHON=llama-cpp-python==0.3.36
 GUIDELLM_VENV=${ORTLLM_GUIDELLM_VENV:-.venv-guidellm}
 GUIDELLM_PKGS=(guidellm==0.8.1 torch==2.13.0)   # torch pinned: unpinned pulls a CUDA build
-GENAI_PKGS=(onnxruntime-genai==0.18.0 transformers==5.23.0 onnx==1.23.2 onnx-ir==1.1.0)
+TRANSFORMERS_PKG=transformers==5.23.0
+GENAI_PKGS=(onnxruntime-genai==0.18.0 "$TRANSFORMERS_PKG" onnx==1.23.2 onnx-ir==1.1.0)
 GGUF_PY=gguf==0.19.0
 SAFETENSORS_PY=safetensors==0.8.0
 TORCH=torch==2.13.0
 want() { [[ " $ONLY " == *" $1 "* ]]; }
 say() { echo "install_peers: $*"; }
 has() { "$VENV/bin/python" -c "import $1" >/dev/null 2>&1; }
+# gguf_check.py failed: a mismatch when it wrote its report, else it never compared (its error is above)
+gguf_check_failed() {
+  if [ -f "$1" ]; then echo "install_peers: the GGUF does not match transformers; see $1" >&2
+  else echo "install_peers: gguf_check.py failed before comparing (its error is above); nothing was written" >&2; fi
+}
 
 [ -x "$MAIN/bin/python" ] || { echo "install_peers: ortllm's venv $MAIN is missing: run make setup first" >&2; exit 1; }
 
@@ -121,6 +127,13 @@ fi
 # the LoRA trace's driver (bench/peers/llamacpp_lora_driver.py) converts PEFT adapters with gguf and safetensors
 if want llama.cpp && ! { has gguf && has safetensors; }; then
   say "installing $GGUF_PY $SAFETENSORS_PY"; $NICE "$VENV/bin/pip" install --quiet "$GGUF_PY" "$SAFETENSORS_PY"
+fi
+
+# gguf_check.py, the gate of every GGUF written here, runs transformers fp32 as its reference: PEERS_ONLY=llama.cpp
+# needs them too (without them the check failed on its import and the GGUF was refused as a mismatch)
+if want llama.cpp && ! { has torch && has transformers; }; then
+  say "installing $TORCH (CPU) $TRANSFORMERS_PKG (gguf_check.py's reference)"
+  $NICE "$VENV/bin/pip" install --quiet "$TORCH" "$TRANSFORMERS_PKG"
 fi
 
 if want genai || want transformers; then
@@ -221,10 +234,10 @@ if [ "$WRITE_GGUF" = 1 ] && [ ! -f "$GGUF" ]; then
     || { rm -f "$F32" "$GGUF.tmp"; echo "install_peers: quantizing failed; see $ASSETS/gguf-quantize.log" >&2; exit 1; }
   tail -n 1 "$ASSETS/gguf-quantize.log"
   say "checking the GGUFs against transformers fp32 on $HF"
+  rm -f "$ASSETS/gguf-check.json"
   HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" bench/peers/gguf_check.py "$HF" "$F32" "$GGUF.tmp" \
       --threads "$JOBS" --out "$ASSETS/gguf-check.json" > /dev/null \
-    || { rm -f "$F32" "$GGUF.tmp"
-         echo "install_peers: the GGUF does not match transformers; see $ASSETS/gguf-check.json" >&2; exit 1; }
+    || { rm -f "$F32" "$GGUF.tmp"; gguf_check_failed "$ASSETS/gguf-check.json"; exit 1; }
   rm -f "$F32"
   mv "$GGUF.tmp" "$GGUF"                   # only a checked file gets the name that makes this step done
   say "$GGUF written and checked in $((SECONDS - t)) s"
@@ -260,10 +273,11 @@ llama_quant() {   # TYPE (gguf_export --type) FILE
   [ -z "$fallback" ] || say "${type^^}: $fallback (rows not a multiple of 256; see $log)"
   tail -n 1 "$log"
   say "checking the ${type^^} GGUF against transformers on $HF"
+  rm -f "$ASSETS/gguf-$type-check.json"
   if ! HF_HUB_OFFLINE=1 $NICE "$VENV/bin/python" bench/peers/gguf_check.py "$HF" "$out.tmp" \
          --threads "$JOBS" --out "$ASSETS/gguf-$type-check.json" > /dev/null && [ "$gate" = 1 ]; then
     rm -f "$out.tmp"
-    echo "install_peers: the ${type^^} GGUF does not match transformers; see $ASSETS/gguf-$type-check.json" >&2; exit 1
+    gguf_check_failed "$ASSETS/gguf-$type-check.json"; exit 1
   fi
   mv "$out.tmp" "$out"
   say "$out written in $((SECONDS - t)) s"
