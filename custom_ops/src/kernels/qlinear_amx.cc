@@ -142,16 +142,8 @@ void dot2_tile(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, flo
     acc[t] = load_acc_pair(out0, out1, t);
   const auto epilogue = [&](int b) {
     const int32_t(*cb)[16] = c[b % (kLag + 1)];
-    const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
-    for (int t = 0; t < nt; ++t) {
-      const int tb = t * kb + b;
-      const __m512i isum = _mm512_load_si512(cb[t]);
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[tb])), _mm512_cvtepi32_ps(isum), acc[t]);
-    }
-    if (g0.m) {
-      const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
-      for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * kb + b]), acc[t]);
-    }
+    epilogue_pair(
+        g0, g1, x, b, nt, [&](int t) { return _mm512_load_si512(cb[t]); }, acc);
   };
   stage_block<BITS>(g0, g1, 0, rows[0]);
   for (int b = 0; b < kb + kLag; ++b) {
@@ -204,21 +196,13 @@ void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, f
   configure16(nt, kc);
   __m512 acc[kDotTileMax];
   for (int t = 0; t < nt; ++t) acc[t] = load_acc_pair(out0, out1, t);  // 0 or the LoRA terms (qlinear.h)
-  const auto epilogue = [&](int b) {
+  const auto epilogue = [&](int b) {  // int8 weights: zero point 0, so 256 C_hi + C_lo is the isum itself
     const int32_t(*hi)[16] = c[b % (kLag + 1)][0];
     const int32_t(*lo)[16] = c[b % (kLag + 1)][1];
-    const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
-    for (int t = 0; t < nt; ++t) {
-      const int tb = t * kb + b;
-      const __m512i isum =
-          _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi[t]), 8), _mm512_load_si512(lo[t])),
-                           _mm512_set1_epi32(x.zsum[tb]));
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[tb])), _mm512_cvtepi32_ps(isum), acc[t]);
-    }
-    if (g0.m) {
-      const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
-      for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * kb + b]), acc[t]);
-    }
+    const auto isum = [&](int t) {
+      return _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi[t]), 8), _mm512_load_si512(lo[t]));
+    };
+    epilogue_pair(g0, g1, x, b, nt, isum, acc);
   };
   stage_block<8>(g0, g1, 0, rows[0]);
   for (int b = 0; b < kb + kLag; ++b) {

@@ -24,3 +24,18 @@ inline void store_acc_pair(__m512 acc, float* out0, float* out1, int t) {
   _mm256_storeu_ps(out0 + 8 * t, _mm512_castps512_ps256(acc));
   _mm256_storeu_ps(out1 + 8 * t, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
 }
+
+// Block b's float step for nt tokens of both groups, each lane's group_dot_t's: acc[t] = fma(d * dx, float(isum(t)),
+// acc[t]), then with block offsets fma(m, sx, acc[t]). isum(t): token t's exact integer sums of the 16 rows.
+template <class Isum>
+__attribute__((always_inline)) inline void epilogue_pair(const QGroup& g0, const QGroup& g1, const QTokens& x, int b,
+                                                         int nt, Isum isum, __m512* acc) {
+  const int kb = g0.kb;
+  const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
+  for (int t = 0; t < nt; ++t)
+    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[t * kb + b])), _mm512_cvtepi32_ps(isum(t)), acc[t]);
+  if (g0.m) {
+    const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
+    for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * kb + b]), acc[t]);
+  }
+}

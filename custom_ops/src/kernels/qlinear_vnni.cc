@@ -151,15 +151,8 @@ void group_dot2_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* o
     int32_t zs[NT];
     for (int t = 0; t < NT; ++t) qs[t] = x.q + t * x.q_stride + b * g0.bs, zs[t] = x.zsum[t * g0.kb + b];
     block4_pair<NT>(c0, c1, sub_blocks, qs, zs, isum);
-    const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
-    for (int t = 0; t < NT; ++t) {
-      const int tb = t * g0.kb + b;
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[tb])), _mm512_cvtepi32_ps(isum[t]), acc[t]);
-    }
-    if (g0.m) {
-      const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
-      for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * g0.kb + b]), acc[t]);
-    }
+    epilogue_pair(
+        g0, g1, x, b, NT, [&](int t) { return isum[t]; }, acc);
   }
   for (int t = 0; t < NT; ++t) store_acc_pair(acc[t], out0, out1, t);
 }
