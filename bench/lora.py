@@ -15,7 +15,8 @@ own interleaved base steps, per round (the configurations alternate, their order
 per round the two ratios the mixes must keep: overhead(a + b) / (overhead(a) + overhead(b)) <= 1, and
 overhead(2 of 4 mixed) / overhead(4 adapters) <= 2.
 lora-trace: requests arriving with gamma-distributed gaps, each for an adapter drawn Zipf (s = 1) over 4 or
-16 adapters of ranks 8/16/32; metric throughput and time to first token.
+16 adapters of ranks 8/16/32; metric throughput and time to first token; peers: llama.cpp served one adapter set per
+batch as llama-server does, OpenVINO GenAI one adapter set per pipeline (bench/peers/openvino_lora_driver.py).
 Adapters are synthetic (seeded random A, B in PEFT's file format), written into a copy of the artifact.
 """
 from __future__ import annotations
@@ -260,22 +261,24 @@ def replay_ortllm(engine: Engine, trace: list[dict], names: list[str] | None) ->
                          max(h.token_times[-1] for h in handles) - t0)
 
 
-class LlamaCppTrace:
-    """The llama.cpp peer of the trace (bench/peers/llamacpp_lora_driver.py, one process per replay in the peers'
-    venv): the same GGUF the decode scenarios use, the adapters' PEFT directories converted to LoRA GGUFs."""
+class PeerTrace:
+    """A peer of the trace: its driver (bench/peers/*_lora_driver.py) run once per call in the peer's venv, on the
+    assets the decode scenarios use, with the adapters' PEFT directories. Subclasses set DRIVER and driver_args."""
+    DRIVER = ""
 
-    def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system="llama.cpp"):
-        """loras: name -> a PEFT directory (converted by the driver) or a LoRA .gguf file (loaded as it is)."""
-        from .peer_runner import DRIVERS, PEERS_VENV, available, model_of
+    def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system: str):
+        from .peer_runner import DRIVERS, available, model_of
 
         specs = available([system], model_of(artifact))
         if not specs:
             raise BenchError(f"no {system} peer for this artifact (the warning above says why)")
         self.system, self.threads, self.work = specs[0].system, threads, work
-        self.cmd = [str(PEERS_VENV / "bin" / "python"), str(DRIVERS / "llamacpp_lora_driver.py"), *specs[0].model_args,
-                    "--work", str(work / "lora-gguf"), "--threads", str(threads),
-                    *(a for n, d in loras.items()
-                      for a in ("--lora-gguf" if str(d).endswith(".gguf") else "--lora", f"{n}={d}"))]
+        self.log = work / f"{self.DRIVER.removesuffix('.py')}.log"
+        self.cmd = [str(specs[0].venv / "bin" / "python"), str(DRIVERS / self.DRIVER), *specs[0].model_args,
+                    "--threads", str(threads), *self.driver_args(loras)]
+
+    def driver_args(self, loras: dict[str, Path]) -> list[str]:
+        raise NotImplementedError
 
     def _run(self, *args) -> dict:
         import json
@@ -285,12 +288,12 @@ class LlamaCppTrace:
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads)}
         env.pop("PYTHONPATH", None)            # nothing of ortllm's venv may leak into the peers' interpreter
         p = subprocess.run([*self.cmd, *map(str, args)], capture_output=True, text=True, env=env, timeout=3600)
-        with (self.work / "llamacpp-lora.log").open("a") as log:
+        with self.log.open("a") as log:
             log.write(p.stderr)
         lines = p.stdout.strip().splitlines()
         reply = json.loads(lines[-1]) if lines else {"ok": False, "error": f"exit {p.returncode}"}
         if not reply.get("ok"):
-            raise BenchError(f"{self.system} LoRA driver: {reply.get('error')} (log: {self.work}/llamacpp-lora.log)")
+            raise BenchError(f"{self.system} LoRA driver: {reply.get('error')} (log: {self.log})")
         return reply
 
     def replay(self, trace: list[dict], names: list[str], slots: int = TRACE_SLOTS) -> dict:
@@ -304,6 +307,21 @@ class LlamaCppTrace:
         return {**trace_summary(reply["ttft"], reply["latency"], sum(reply["tokens"]), reply["wall"]),
                 "tokens_per_decode": reply["tokens_per_decode"], "adapter_switches": reply["adapter_switches"]}
 
+
+class LlamaCppTrace(PeerTrace):
+    """The llama.cpp peer of the trace (bench/peers/llamacpp_lora_driver.py): the same GGUF the decode scenarios
+    use, the adapters' PEFT directories converted to LoRA GGUFs, one adapter set per llama_decode."""
+    DRIVER = "llamacpp_lora_driver.py"
+
+    def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system="llama.cpp"):
+        """loras: name -> a PEFT directory (converted by the driver) or a LoRA .gguf file (loaded as it is)."""
+        super().__init__(artifact, loras, work, threads, system)
+
+    def driver_args(self, loras: dict[str, Path]) -> list[str]:
+        return ["--work", str(self.work / "lora-gguf"),
+                *(a for n, d in loras.items()
+                  for a in ("--lora-gguf" if str(d).endswith(".gguf") else "--lora", f"{n}={d}"))]
+
     def logits(self, ids: list[int], adapter: str | None) -> np.ndarray:
         import json
 
@@ -313,6 +331,49 @@ class LlamaCppTrace:
         return np.load(out)
 
 
+OPENVINO_TRACE_MODES = {"switch": "", "pipelines": " (a pipeline per adapter)"}   # mode -> the rows' system suffix
+
+
+class OpenVinoTrace(PeerTrace):
+    """The OpenVINO GenAI peer of the trace (bench/peers/openvino_lora_driver.py): an optimum-intel export of the same
+    weights, the PEFT files loaded by GenAI itself; mode "switch" (one pipeline, adapters switched between batches)
+    or "pipelines" (one pipeline per adapter, stepped in turn): the driver's docstring says why these two."""
+    DRIVER = "openvino_lora_driver.py"
+
+    def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system="openvino",
+                 mode: str = "switch"):
+        self.mode = mode
+        super().__init__(artifact, loras, work, threads, system)
+        self.system += OPENVINO_TRACE_MODES[mode]
+
+    def driver_args(self, loras: dict[str, Path]) -> list[str]:
+        return ["--mode", self.mode, *(a for n, d in loras.items() for a in ("--lora", f"{n}={d}"))]
+
+    def prompt_logprobs(self, ids: list[int], adapter: str | None) -> np.ndarray:
+        """log p(ids[i] | ids[:i]) for i = 1 .. n-1, float32 [n - 1], with the adapter (None: the base)."""
+        import json
+
+        f, out = self.work / "ids.json", self.work / "logprobs.npy"
+        f.write_text(json.dumps([int(t) for t in ids]))
+        self._run("--logprobs", f, "--out", out, *(("--adapter", adapter) if adapter else ()))
+        return np.load(out)
+
+
+def trace_peer(name: str, artifact: Path, loras: dict[str, Path], work: Path, threads: int) -> PeerTrace:
+    """The trace's side of a --peers name: a llama.cpp GGUF system, or an OpenVINO one, its mode after a slash
+    ("openvino-int8/pipelines"; "switch" when none is given)."""
+    from .peer_runner import ALIASES, GGUF_TYPES, OPENVINO_MODELS
+
+    base, _, mode = name.partition("/")
+    system = ALIASES.get(base, base)
+    if system in GGUF_TYPES and not mode:
+        return LlamaCppTrace(artifact, loras, work, threads, system)
+    if system in OPENVINO_MODELS and mode in ("", *OPENVINO_TRACE_MODES):
+        return OpenVinoTrace(artifact, loras, work, threads, system, mode or "switch")
+    raise BenchError(f"peer {name} has no lora-trace driver: llama.cpp GGUF systems, or OpenVINO ones with an "
+                     f"optional /{'|/'.join(OPENVINO_TRACE_MODES)}")
+
+
 TRACE_METRICS = (("throughput", "tok/s"), ("ttft_p50", "s"), ("ttft_p99", "s"), ("latency_p50", "s"),
                  ("latency_p99", "s"))
 
@@ -320,41 +381,30 @@ TRACE_METRICS = (("throughput", "tok/s"), ("ttft_p50", "s"), ("ttft_p99", "s"), 
 def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float = TRACE_RATE,
               threads: int | None = None, seed: int = 0, peers: list[str] = (), repeats: int = 1,
               base: bool = True, engine_overrides: dict | None = None) -> list[dict]:
-    """The Zipf trace over n_adapters (ranks 8/16/32 in turn, LoRA on q, k, v, o) on ortllm, with `base` the same
-    trace (arrivals, prompts, lengths) on the base model, and for each peer named (llama.cpp GGUF systems only)
-    the same trace on it, alternating ortllm, base, peer, ortllm, ... `repeats` times. Rows per system:
-    throughput, TTFT and request latency p50/p99; with `base`, "ortllm LoRA / base" rows: the LoRA's end-to-end
-    overhead in % per alternating pair (throughput: base / LoRA - 1; latency p50 and p99: LoRA / base - 1);
-    with a peer, "ortllm / PEER" rows: throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER /
-    ortllm: > 1 means ortllm's is lower). engine_overrides: EngineConfig keys for ortllm's engine
-    (bench/probes/adapter_cap.py: max_adapters_per_batch, max_slots); max_queued is at least the trace's length
-    unless given there."""
-    from .peer_runner import ALIASES, GGUF_TYPES
-
+    """The Zipf trace over n_adapters (ranks 8/16/32 in turn, LoRA on q, k, v, o) on ortllm, with `base` the same trace
+    (arrivals, prompts, lengths) on the base model, and for each peer named (trace_peer: llama.cpp GGUF systems,
+    OpenVINO ones) the same trace on it, alternating ortllm, base, peer, ortllm, ... `repeats` times. Rows per
+    system: throughput, TTFT and request latency p50/p99; with `base`, "ortllm LoRA / base" rows: the LoRA's end-to-
+    end overhead in % per alternating pair (throughput: base / LoRA - 1; latency p50 and p99: LoRA / base - 1); with
+    a peer, "ortllm / PEER" rows: throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER / ortllm: > 1
+    means ortllm's is lower). engine_overrides: EngineConfig keys for ortllm's engine (bench/probes/adapter_cap.py:
+    max_adapters_per_batch, max_slots); max_queued is at least the trace's length unless given there."""
     ranks = [(8, 16, 32)[k % 3] for k in range(n_adapters)]
     # A replay submits each request at its arrival whatever the backlog, so a saturated trace may have nearly all of
     # them waiting: that is the load it measures, not one to refuse (the engine's default bound, 256, made a longer
     # trace on a slow host end in Overloaded). The queue bound is the trace's length unless the caller sets one.
     overrides = {"max_queued": max(requests, SchedulerConfig.max_queued), **({"threads": threads} if threads else {}),
                  **(engine_overrides or {})}
-    wanted = []
-    for p in peers:
-        s = ALIASES.get(p, p)
-        if s in GGUF_TYPES:
-            wanted.append(s)
-        else:
-            print(f"warning: peer {p} has no lora-trace driver (llama.cpp GGUF systems only); skipped",
-                  file=sys.stderr)
     scen = f"lora-trace ({n_adapters} adapters, {rate:.3g} req/s)"
     with tempfile.TemporaryDirectory(prefix="ortllm-lora-trace-") as tmp:
         art, names = _with_adapters(Path(artifact), Path(tmp), ranks)
         peer_sides = []
-        for s in wanted:
+        for p in peers:
             try:
-                peer_sides.append(LlamaCppTrace(Path(artifact), {n: Path(tmp) / f"peft{k}" for k, n in
-                                                                  enumerate(names)}, Path(tmp), threads or 2, s))
+                peer_sides.append(trace_peer(p, Path(artifact), {n: Path(tmp) / f"peft{k}" for k, n in
+                                                                 enumerate(names)}, Path(tmp), threads or 2))
             except BenchError as e:
-                print(f"warning: peer {s} skipped: {e}", file=sys.stderr)
+                print(f"warning: peer {p} skipped: {e}", file=sys.stderr)
         with Engine.from_artifact(art, max_num_seqs=TRACE_SLOTS, **PLAIN, **overrides) as engine:
             trace = make_trace(n_adapters, requests, rate, engine.vocab_size, seed)
             got: dict[str, list[dict]] = {"ortllm": [], **({BASE_SYSTEM: []} if base else {}),
@@ -380,8 +430,11 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
                 rows.append(row(scen, LORA_VS_BASE, TRACE_SLOTS, f"{m}_overhead_pct",
                                 [a[m] / b[m] - 1 for a, b in pairs], "%", scale=100))
         elif system != "ortllm":
-            rows.append(row(scen, system, TRACE_SLOTS, "tokens_per_llama_decode",
-                            [r["tokens_per_decode"] for r in runs], "tokens", **extra))
+            per_call = "tokens_per_llama_decode" if "llama.cpp" in system else "tokens_per_step"
+            rows.append(row(scen, system, TRACE_SLOTS, per_call, [r["tokens_per_decode"] for r in runs], "tokens",
+                            **extra))
+            rows.append(row(scen, system, TRACE_SLOTS, "adapter_switches", [r["adapter_switches"] for r in runs],
+                            "switches", **extra))
             rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "throughput_ratio",
                             [a["throughput"] / b["throughput"] for a, b in zip(mine, runs)], "x"))
             rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "latency_p99_ratio",

@@ -78,7 +78,7 @@ def _lora_mix(r: BenchRun, _) -> list[dict]:
 def _lora_trace(r: BenchRun, _) -> list[dict]:
     """For 4 and 16 adapters: the trace at a rate that saturates every system (throughput is capacity), then at
     half the base model's capacity measured there (latency at a load the model sustains); each with the same trace
-    on the base model alternating (the LoRA's end-to-end overhead) and with --peers llama.cpp on the peer,
+    on the base model alternating (the LoRA's end-to-end overhead) and with --peers (llama.cpp, OpenVINO) on each,
     `repeats` times."""
     from .lora import SATURATED_RATE, SUSTAINED_SHARE, rate_at, run_trace
     requests, rows = 16 if r.quick else 64, []
@@ -138,7 +138,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("lora-mix", "adapter mixes: a, b and a*0.7 + b*0.3 on every row; 4 adapters and every row mixing 2 "
              "of them, paired decode steps", _lora_mix),
     Scenario("lora-trace", "Zipf over 4 and 16 adapters (with --peers llama.cpp: against llama.cpp served one "
-             "adapter set per batch, as its server does)", _lora_trace),
+             "adapter set per batch, as its server does; --peers openvino[-int8][/pipelines]: against OpenVINO GenAI "
+             "switching one pipeline's adapter between batches, or a pipeline per adapter)", _lora_trace),
     Scenario("lora-swap", "time to first token of a request whose adapter is in a slot, in host RAM or on disk, "
              "idle, beside 16 decoding requests and queued behind them (prefetch)", _lora_swap),
     Scenario("ops", "the custom ops against ORT's stock kernels", _ops, needs_artifact=False),
