@@ -384,9 +384,9 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
     """The Zipf trace over n_adapters (ranks 8/16/32 in turn, LoRA on q, k, v, o) on ortllm, with `base` the same trace
     (arrivals, prompts, lengths) on the base model, and for each peer named (trace_peer: llama.cpp GGUF systems,
     OpenVINO ones) the same trace on it, alternating ortllm, base, peer, ortllm, ... `repeats` times. Rows per
-    system: throughput, TTFT and request latency p50/p99; with `base`, "ortllm LoRA / base" rows: the LoRA's end-to-
-    end overhead in % per alternating pair (throughput: base / LoRA - 1; latency p50 and p99: LoRA / base - 1); with
-    a peer, "ortllm / PEER" rows: throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER / ortllm: > 1
+    system: throughput, TTFT and request latency p50/p99; with `base`, "ortllm LoRA / base" rows: the LoRA's
+    end-to-end overhead in % per alternating pair (throughput: base / LoRA - 1; latency p50 and p99: LoRA / base - 1);
+    with a peer, "ortllm / PEER" rows: throughput ratio (> 1: ortllm faster) and latency p99 ratio (PEER / ortllm: > 1
     means ortllm's is lower). engine_overrides: EngineConfig keys for ortllm's engine (bench/probes/adapter_cap.py:
     max_adapters_per_batch, max_slots); max_queued is at least the trace's length unless given there."""
     ranks = [(8, 16, 32)[k % 3] for k in range(n_adapters)]
