@@ -64,6 +64,16 @@ def peft_alpha(peft_dir: Path) -> float:
     return alpha / (r ** 0.5 if cfg.get("use_rslora") else r)
 
 
+def rss_gb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+
+
+def available_gb() -> float:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 1e6
+
+
 class OpenVinoLoraDriver:
     """OpenVINO GenAI ContinuousBatchingPipeline(s) serving LoRA adapters"""
 
@@ -84,7 +94,15 @@ class OpenVinoLoraDriver:
         self.model = args.model
         t = time.perf_counter()
         if self.mode == "pipelines":
-            self.pipes = {n: self._pipeline([n]) for n in self.adapters}
+            self.pipes = {}
+            for n in self.adapters:
+                before = rss_gb()
+                self.pipes[n] = self._pipeline([n])
+                left = len(self.adapters) - len(self.pipes)
+                if len(self.pipes) == 1 and left * (rss_gb() - before) > 0.9 * available_gb():
+                    raise MemoryError(f"a pipeline per adapter: each takes {rss_gb() - before:.1f} GB here, "
+                                      f"{left} more need more than the {available_gb():.1f} GB available; use "
+                                      "--mode switch (one pipeline) or fewer adapters")
         else:
             shared = self._pipeline(list(self.adapters))
             self.pipes = {n: shared for n in self.adapters}
@@ -95,7 +113,7 @@ class OpenVinoLoraDriver:
             if name is not None:    # see _apply: switching to the base and back is what goes wrong
                 self._apply(pipe, name)                              # also the first compile of the kernels
         self.load_s = time.perf_counter() - t
-        self.rss_gb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+        self.rss_gb = rss_gb()
         self.next_id = 0
 
     def _pipeline(self, names: list):
