@@ -27,6 +27,7 @@ from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights, norm_names
 
 F32, F16, I32, I64, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8
+GATED = {"swiglu": "silu", "geglu": "gelu_tanh"}   # a gated epilogue -> the activation of its gate (hidden_act)
 
 
 def lora_projs(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], layer: int, adapter: str,
@@ -60,11 +61,12 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
                 quant=None, epilogue: str = "none", residual: str | None = None,
                 norm: tuple[np.ndarray, float, str] | None = None, layers: int = 1) -> list[str]:
     """Projections of one input with their LoRA, the norm before them (norm = (weight, eps, path)) and an
-    epilogue ("none": one output per path; "residual": residual + y; "swiglu": SiLU(gate) * up), as one
-    QLinear where it can take them (its LoRA stacks hold all `layers` layers), else as plain ops and lora_projs:
+    epilogue ("none": one output per path; "residual": residual + y; "swiglu": SiLU(gate) * up; "geglu":
+    GELU-tanh(gate) * up), as one QLinear where it can take them (its LoRA stacks hold all `layers` layers), else as
+    plain ops and lora_projs:
 
         QLinear:   x -> QLinear(norm, epilogue) [-> q, k, v as its split outputs]
-        otherwise: x [-> RMSNorm] -> lora_projs -> [Add(residual, y) | Mul(Mul(gate, Sigmoid(gate)), up)]
+        otherwise: x [-> RMSNorm] -> lora_projs -> [Add(residual, y) | Mul(activation(gate), up)]
     """
     path = paths[0].rsplit("/", 1)[0]
     if qlinear_ready(quant, paths):
@@ -77,10 +79,9 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
     ys = lora_projs(g, x, ws, paths, layer, adapter, quant, layers)
     if epilogue == "residual":
         return [g.op("Add", [residual, ys[0]], f"{path}/residual")]
-    if epilogue == "swiglu":
+    if epilogue in GATED:
         gate, up = ys
-        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{path}/act")], f"{path}/act")
-        return [g.op("Mul", [act, up], f"{path}/act_up")]
+        return [g.op("Mul", [activation(g, gate, GATED[epilogue], f"{path}/act"), up], f"{path}/act_up")]
     return ys
 
 
@@ -145,20 +146,16 @@ def _residual(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, h: str, ws: li
 
 
 def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str, quant=None) -> str:
-    """x + down(act(gate(h)) * up(h)), h = the MLP's input norm of x, each projection with its LoRA; SiLU * up
-    fused into the gate|up projection (epilogue), GELU-tanh as plain ops after it.
+    """x + down(act(gate(h)) * up(h)), h = the MLP's input norm of x, each projection with its LoRA; act(gate) * up
+    fused into the gate|up projection (epilogue "swiglu" for SiLU, "geglu" for GELU-tanh).
 
-        x -> RMSNorm -> gate|up_proj (+lora, SiLU(gate) * up) -> down_proj (+lora) + x
-                        [gate|up_proj -> gate, up -> GELU(gate) * up]   [down_proj -> RMSNorm -> + x]
+        x -> RMSNorm -> gate|up_proj (+lora, act(gate) * up) -> down_proj (+lora) + x   [down_proj -> RMSNorm -> + x]
     """
     path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
     ws, paths = [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]], [f"{path}/gate_proj", f"{path}/up_proj"]
     norm = in_norm(cfg, w, i, "mlp_in")
-    if cfg.hidden_act == "silu":
-        act = projections(g, x, ws, paths, i, adapter, quant, "swiglu", norm=norm, layers=cfg.num_layers)[0]
-    else:
-        gate, up = projections(g, x, ws, paths, i, adapter, quant, norm=norm, layers=cfg.num_layers)
-        act = g.op("Mul", [activation(g, gate, cfg.hidden_act, f"{path}/act"), up], f"{path}/act_up")
+    epilogue = next(e for e, act in GATED.items() if act == cfg.hidden_act)
+    act = projections(g, x, ws, paths, i, adapter, quant, epilogue, norm=norm, layers=cfg.num_layers)[0]
     return _residual(g, cfg, w, x, act, [w[f"{p}.down_proj.weight"]], [f"{path}/down_proj"], i, adapter, quant,
                      "mlp_out")
 

@@ -23,7 +23,7 @@ from .quantize import QuantizedWeight, RTNQuantizer, hf_name
 
 F16, F32, I8 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.INT8
 ARGMAX_OUT = 3                      # the op's optional output: each row's first maximum (after y and the splits)
-EPILOGUES = ("none", "residual", "swiglu")
+EPILOGUES = ("none", "residual", "swiglu", "geglu")
 
 
 def qlinear_ready(quant, paths: list[str]) -> bool:
@@ -37,7 +37,7 @@ def qlinear_ready(quant, paths: list[str]) -> bool:
 def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], quant, *, lora: dict | None = None,
             epilogue: str = "none", residual: str | None = None, norm: tuple[np.ndarray, float, str] | None = None,
             split: bool = False, argmax: bool = False, path: str | None = None, act16: bool = False) -> str | list[str]:
-    """x [T, K] -> y [T, sum(N_i)] ([T, N / 2] with "swiglu"; residual + x W^T with "residual"); split: one
+    """x [T, K] -> y [T, sum(N_i)] ([T, N / 2] with "swiglu" or "geglu"; residual + x W^T with "residual"); split: one
     output per weight, [T, N_i] each (q, k, v without a Split node); argmax: [y, argmax [T] int64], each row's
     first maximum (the LM head's greedy tokens, found by the op on the columns it just wrote).
 

@@ -139,7 +139,7 @@ def dora_row_scales(token_adapter, lora_scale, segments, dora, dora_scale, n) ->
 def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_adapter=None, lora_scale=None,
                 segments=(), packed_a=False, norm_weight=None, norm_eps=1e-5, dora=None, dora_scale=(),
                 act_bits=8, token_adapter_weight=None) -> np.ndarray:
-    """float32 [T, N] ([T, N / 2] with "swiglu"); norm_weight: the input is RMSNorm(x) * norm_weight."""
+    """float32 [T, N] ([T, N / 2] with "swiglu" or "geglu"); norm_weight: the input is RMSNorm(x) * norm_weight."""
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, norm_eps)
     x_hat = dequantized_activations(x, w.block_size, act_bits)
@@ -154,6 +154,9 @@ def qlinear_ref(x, w: PackedWeight, *, epilogue="none", residual=None, token_ada
     elif epilogue == "swiglu":
         g, u = y[:, :w.n // 2], y[:, w.n // 2:]
         y = g / (1.0 + np.exp(-g)) * u
+    elif epilogue == "geglu":      # torch's gelu(approximate="tanh"), in float64
+        g, u = y[:, :w.n // 2], y[:, w.n // 2:]
+        y = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3))) * u
     return y.astype(np.float32)
 
 

@@ -9,7 +9,7 @@
 //      adapter cost nothing);
 //   3. the projection over work items (8-row groups x token chunks): the group's weights are
 //      unpacked once per kQTile tokens and stay in L1 across the chunk; the accumulators start from
-//      lora (0 without), and each output's epilogue (residual or SiLU(gate) * up) runs right after;
+//      lora (0 without), and each output's epilogue (residual, or SiLU / GELU-tanh(gate) * up) runs right after;
 //      with an argmax output, each item's first maximum per token, merged in column order after.
 //      DoRA rows are multiplied by their slot's per-output scale first (plan_dora: one [N] row per DoRA slot).
 // Which item computes an output never changes its value (qlinear.h), so the split is free to
@@ -527,12 +527,12 @@ QGroup group(const Ctx& c, int64_t g) {
 }
 
 // Group g's outputs (columns 8g..8g+7) for tokens ts..ts+nt-1 from their values v [nt, 8] (and up [nt, 8],
-// SwiGLU's up group), LoRA included: the epilogue, stored.
+// a gated epilogue's up group), LoRA included: the epilogue, stored.
 __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g, int64_t ts, int nt, float* v,
                                                         float* up) {
   const QLinearDims& d = *c.d;
   const QLinearArgs& a = *c.a;
-  const bool swiglu = d.epilogue == QLinearEpilogue::kSwiGLU;
+  const bool gated = d.gated();
   const int64_t N = d.out_dim, ycols = d.y_cols(), c0 = g * 8;
   alignas(32) float act[8], scaled[2][8];
   for (int i = 0; i < nt; ++i) {
@@ -543,15 +543,15 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
       const float* gs = c.scale_of[t] + c0;
       c.mul8(vi, gs, scaled[0]);
       vi = scaled[0];
-      if (swiglu) c.mul8(upi, gs + N / 2, scaled[1]), upi = scaled[1];
+      if (gated) c.mul8(upi, gs + N / 2, scaled[1]), upi = scaled[1];
     }
     if (a.n_outputs > 1) {  // split outputs: a.y is output 0 alone, [T, width_0], not [T, ycols]
       store_split(a, t, c0, static_cast<int>(std::min<int64_t>(8, N - c0)), vi);
       continue;
     }
     float* y = a.y + t * ycols + c0;
-    if (swiglu) {
-      c.isa->silu_mul8(vi, upi, act);
+    if (gated) {
+      (d.epilogue == QLinearEpilogue::kSwiGLU ? c.isa->silu_mul8 : c.isa->gelu_mul8)(vi, upi, act);
       for (int r = 0; r < 8; ++r) y[r] = act[r];  // N / 2 is a multiple of 8 (checked by the wrapper)
       continue;
     }
@@ -591,7 +591,7 @@ QTokens tokens(const Ctx& c, int64_t ts) {
 }
 
 // Groups [g0, g1) x tokens [t0, t1): kQTile tokens at a time; with kPairTokens tokens or more, two groups per
-// micro-kernel call where the ISA has group_dot2 (SwiGLU: the gate group with its up group; else neighbours), its
+// micro-kernel call where the ISA has group_dot2 (gated: the gate group with its up group; else neighbours), its
 // dot2_tokens tokens a call (AMX: 16).
 // Fewer tokens keep the 8-row kernel: paired, a B = 1 step with 1 or 2 drafts (T = 2, 3) measured 1.25x / 1.16x
 // slower and the int4 LM head at T = 1 up to 2x slower; from T = 8 on, pairing is faster (B = 16 decode 1.14x,
@@ -599,15 +599,15 @@ QTokens tokens(const Ctx& c, int64_t ts) {
 // The micro-kernels accumulate from their output's value: zeros, or with a LoRA the group's rows of c.lora (each
 // token's LoRA term, 0 for tokens without one), which they then overwrite with the outputs.
 void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
-  const bool swiglu = c.d->epilogue == QLinearEpilogue::kSwiGLU;
+  const bool gated = c.d->gated();
   const bool act16 = c.d->act_bits == 16;
   const bool pair = (act16 ? c.split16 : c.isa->group_dot2 != nullptr) && t1 - t0 >= kPairTokens;
   const int64_t T = c.d->num_tokens;
   const int64_t tile = pair ? c.isa->dot2_tokens : kQTile;  // tokens per pass over a group (pair)
   alignas(32) float zeros[3][kDotTileMax * 8];
   for (int64_t g = g0; g < g1;) {
-    const int n = !swiglu && pair && g + 1 < g1 ? 2 : 1;  // groups finished by this pass
-    const int64_t g2 = swiglu ? g + c.groups / 2 : n == 2 ? g + 1 : g;
+    const int n = !gated && pair && g + 1 < g1 ? 2 : 1;  // groups finished by this pass
+    const int64_t g2 = gated ? g + c.groups / 2 : n == 2 ? g + 1 : g;
     const QGroup wg = group(c, g), w2 = group(c, g2);
     for (int64_t ts = t0; ts < t1; ts += tile) {
       const int nt = static_cast<int>(std::min<int64_t>(tile, t1 - ts));
@@ -618,8 +618,8 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
       float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
       if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kDotTileMax * 8, 0.f);
-      float* up = swiglu ? v1 : zeros[2];
-      if (pair && (swiglu || n == 2)) {
+      float* up = gated ? v1 : zeros[2];
+      if (pair && (gated || n == 2)) {
         (act16 ? c.isa->group_dot2_16 : c.isa->group_dot2)(wg, w2, tokens(c, ts), nt, v0, v1);
       } else {
         for (int i = 0; i < nt; i += kQTile) {  // the one-group kernels, kQTile tokens a call
@@ -628,10 +628,10 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
           float *u0 = v0 + 8 * i, *u1 = v1 + 8 * i;
           if (act16) {
             c.isa->group_dot16(wg, tok, ni, u0);
-            if (swiglu) c.isa->group_dot16(w2, tok, ni, u1);
+            if (gated) c.isa->group_dot16(w2, tok, ni, u1);
           } else {
             c.isa->group_dot(wg, tok, ni, u0);
-            if (swiglu) c.isa->group_dot(w2, tok, ni, u1);
+            if (gated) c.isa->group_dot(w2, tok, ni, u1);
           }
         }
       }
@@ -689,7 +689,7 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
   c.groups = d.groups();
   c.kpad = c.kb * d.block_size;
   c.group_bytes = c.kb * d.block_size * d.bits;  // 8 rows x kb blocks x bs codes x bits / 8
-  c.out_groups = d.epilogue == QLinearEpilogue::kSwiGLU ? c.groups / 2 : c.groups;
+  c.out_groups = d.gated() ? c.groups / 2 : c.groups;
   const bool parallel = c.groups * c.group_bytes * T >= kParallelBytes;
 
   if (d.act_bits == 16)

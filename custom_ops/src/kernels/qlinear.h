@@ -67,7 +67,7 @@
 // term (its fma chain over the chunks of K, one quantization of h per token, two multiplies) seeds
 // the accumulator, then per block one fma(d * dx, isum', acc) and one fma(m, sx, acc) in block
 // order, then the epilogue. The scalar path uses std::fma in the same order as the AVX2 path, so
-// both ISAs give the same bits too (but for the SiLU's exp).
+// both ISAs give the same bits too (but for the exp of the gated epilogues' sigmoid).
 #pragma once
 #include <cstdint>
 
@@ -75,7 +75,11 @@
 
 namespace ortllm {
 
-enum class QLinearEpilogue { kNone, kResidual, kSwiGLU };
+// kSwiGLU: SiLU(gate) * up; kGeGLU: GELU-tanh(gate) * up (Gemma), gate = y[:, :N/2], up = y[:, N/2:]: "gated".
+enum class QLinearEpilogue { kNone, kResidual, kSwiGLU, kGeGLU };
+// GELU-tanh as g * sigmoid(g * (kGeluA + kGeluB * g^2)): 2 sqrt(2 / pi) and 0.044715 times it (QLinearIsa::gelu_mul8)
+constexpr float kGeluA = 1.5957691216057308f;
+constexpr float kGeluB = 0.07135481627159526f;
 
 constexpr int kQLinearMaxSegments = 3;   // LoRA targets sharing one fused weight (q|k|v)
 constexpr int kQLinearMaxOutputs = 3;    // epilogue "none": y split along N into up to 3 outputs (q, k, v)
@@ -105,14 +109,15 @@ struct QLinearLoraSegment {
 struct QLinearDims {
   int64_t num_tokens;  // T
   int64_t in_dim;      // K
-  int64_t out_dim;     // N (rows of W; the output has N, or N / 2 with SwiGLU)
+  int64_t out_dim;     // N (rows of W; the output has N, or N / 2 with a gated epilogue)
   int64_t block_size;  // bs, a multiple of 32
   int bits;            // 4 or 8
   QLinearEpilogue epilogue;
   int act_bits = 8;  // 8, or 16 (bits == 8 only; a LoRA still shrinks the row's int8 codes)
   int64_t groups() const { return (out_dim + 7) / 8; }
   int64_t k_blocks() const { return (in_dim + block_size - 1) / block_size; }
-  int64_t y_cols() const { return epilogue == QLinearEpilogue::kSwiGLU ? out_dim / 2 : out_dim; }
+  bool gated() const { return epilogue == QLinearEpilogue::kSwiGLU || epilogue == QLinearEpilogue::kGeGLU; }
+  int64_t y_cols() const { return gated() ? out_dim / 2 : out_dim; }
 };
 
 struct QLinearArgs {
@@ -215,6 +220,10 @@ struct QLinearIsa {
                       const uint16_t* sB, float* const* out, int64_t ostride);
   // out[i] = silu(g[i]) * u[i], i < 8.
   void (*silu_mul8)(const float* g, const float* u, float* out);
+  // out[i] = gelu_tanh(g[i]) * u[i], i < 8: gelu_tanh(g) = 0.5 g (1 + tanh(z)), z = sqrt(2 / pi) (g + 0.044715 g^3)
+  // (torch's gelu(approximate="tanh")), computed as g * sigmoid(2 z) (the same function: 0.5 (1 + tanh z) =
+  // sigmoid(2 z)) with SiLU's sigmoid, 2 z = g * (a + b g^2), a = 2 sqrt(2 / pi), b = 0.044715 a.
+  void (*gelu_mul8)(const float* g, const float* u, float* out);
   // xn = x * 1 / sqrt(mean(x^2) + eps) * w. The sum of squares is in double over 8 interleaved partial sums
   // (partial k % 8 takes x[k]^2, exact in double; independent chains, not one latency-bound chain) combined in a
   // fixed order: the same bits on every path and for a row whatever the batch.

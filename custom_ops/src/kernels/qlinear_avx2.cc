@@ -435,13 +435,26 @@ void rms_norm_row(const float* x, int K, const float* w, float eps, float* xn) {
   for (; k < K; ++k) xn[k] = (x[k] * inv) * w[k];
 }
 
-void silu_mul8(const float* g, const float* u, float* out) {
-  const __m256 gv = _mm256_loadu_ps(g), one = _mm256_set1_ps(1.f);
-  const __m256 e = exp256(_mm256_or_ps(gv, _mm256_set1_ps(-0.f)));  // exp(-|g|)
+// sigmoid(s) = 1 / (1 + e^-s) for s >= 0, e^s / (1 + e^s) below: e = exp(-|s|) never overflows.
+__m256 sigmoid8(__m256 s) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 e = exp256(_mm256_or_ps(s, _mm256_set1_ps(-0.f)));  // exp(-|s|)
   const __m256 pos = _mm256_div_ps(one, _mm256_add_ps(one, e));
   const __m256 neg = _mm256_div_ps(e, _mm256_add_ps(one, e));
-  const __m256 sig = _mm256_blendv_ps(neg, pos, _mm256_cmp_ps(gv, _mm256_setzero_ps(), _CMP_GE_OQ));
-  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u)));
+  return _mm256_blendv_ps(neg, pos, _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_GE_OQ));
+}
+
+void silu_mul8(const float* g, const float* u, float* out) {
+  const __m256 gv = _mm256_loadu_ps(g);
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid8(gv)), _mm256_loadu_ps(u)));
+}
+
+// the scalar path's rounding steps, unfused: 2 z = g * (a + b * (g * g))
+void gelu_mul8(const float* g, const float* u, float* out) {
+  const __m256 gv = _mm256_loadu_ps(g);
+  const __m256 s = _mm256_mul_ps(
+      gv, _mm256_add_ps(_mm256_set1_ps(kGeluA), _mm256_mul_ps(_mm256_set1_ps(kGeluB), _mm256_mul_ps(gv, gv))));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid8(s)), _mm256_loadu_ps(u)));
 }
 
 }  // namespace
@@ -453,9 +466,17 @@ void silu_mul8(const float* g, const float* u, float* out) {
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table.
 const QLinearIsa* qlinear_avx2_isa() {
-  static const QLinearIsa isa{
-      "avx2",          avx2::quantize_row, avx2::group_dot,      avx2::group_dot2, avx2::lora_shrink, avx2::lora_expand,
-      avx2::silu_mul8, avx2::rms_norm_row, avx2::quantize_row16, avx2::group_dot16};
+  static const QLinearIsa isa{"avx2",
+                              avx2::quantize_row,
+                              avx2::group_dot,
+                              avx2::group_dot2,
+                              avx2::lora_shrink,
+                              avx2::lora_expand,
+                              avx2::silu_mul8,
+                              avx2::gelu_mul8,
+                              avx2::rms_norm_row,
+                              avx2::quantize_row16,
+                              avx2::group_dot16};
   return &isa;
 }
 }  // namespace ortllm

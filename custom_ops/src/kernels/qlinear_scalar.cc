@@ -133,11 +133,19 @@ void lora_expand(const int8_t* const* qh, const float* coef, int n, int quads, c
   }
 }
 
+float sigmoid(float s) {
+  const float e = std::exp(-std::fabs(s));
+  return s >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+}
+
 void silu_mul8(const float* g, const float* u, float* out) {
+  for (int i = 0; i < 8; ++i) out[i] = g[i] * sigmoid(g[i]) * u[i];
+}
+
+void gelu_mul8(const float* g, const float* u, float* out) {
   for (int i = 0; i < 8; ++i) {
-    const float e = std::exp(-std::fabs(g[i]));
-    const float sig = g[i] >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
-    out[i] = g[i] * sig * u[i];
+    const float s = g[i] * (kGeluA + kGeluB * (g[i] * g[i]));  // 2 z
+    out[i] = g[i] * sigmoid(s) * u[i];
   }
 }
 
@@ -152,8 +160,8 @@ void rms_norm_row(const float* x, int K, const float* w, float eps, float* xn) {
 }  // namespace
 
 const QLinearIsa& qlinear_scalar_isa() {
-  static const QLinearIsa isa{"scalar",    quantize_row, group_dot,    nullptr,        lora_shrink,
-                              lora_expand, silu_mul8,    rms_norm_row, quantize_row16, group_dot16};
+  static const QLinearIsa isa{"scalar",  quantize_row, group_dot,    nullptr,        lora_shrink, lora_expand,
+                              silu_mul8, gelu_mul8,    rms_norm_row, quantize_row16, group_dot16};
   return isa;
 }
 

@@ -1,6 +1,6 @@
 // AVX-512 VNNI QLinear micro-kernels (AVX512VL + AVX512_VNNI), picked at run time where the CPU has it (AMD
 // Zen 4, Intel Ice Lake and later): the group dot, and the LoRA's integer shrink (dpbusd, 16 ranks a vector)
-// and expand (dpbusd, 16 columns a vector); quantize_row and SiLU are AVX2's.
+// and expand (dpbusd, 16 columns a vector); quantize_row and the gated epilogues are AVX2's.
 //
 // _mm256_dpbusd_epi32 multiplies 4 unsigned codes by 4 signed activation bytes and adds the 4 products
 // into a 32-bit lane in one instruction, where AVX2 needs maddubs + add (+ madd to widen). The sums are
@@ -319,9 +319,9 @@ const QLinearIsa* qlinear_vnni_isa() {
   static const QLinearIsa* isa = []() -> const QLinearIsa* {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
     if (avx2 == nullptr || !cpu_has_avx512_vnni()) return nullptr;
-    static const QLinearIsa table{"avx512vnni",         avx2->quantize_row, vnni::group_dot, vnni::group_dot2,
-                                  vnni::lora_shrink,    vnni::lora_expand,  avx2->silu_mul8, avx2->rms_norm_row,
-                                  avx2->quantize_row16, vnni::group_dot16};
+    static const QLinearIsa table{"avx512vnni",       avx2->quantize_row,   vnni::group_dot,  vnni::group_dot2,
+                                  vnni::lora_shrink,  vnni::lora_expand,    avx2->silu_mul8,  avx2->gelu_mul8,
+                                  avx2->rms_norm_row, avx2->quantize_row16, vnni::group_dot16};
     return &table;
   }();
   return isa;

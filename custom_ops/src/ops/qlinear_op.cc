@@ -77,7 +77,8 @@ constexpr AttrSpec kAttrs[] = {
     {"N", "int", nullptr, "the output width (every segment's)"},
     {"bits", "int", nullptr, "the weight's bits: 4 or 8"},
     {"block_size", "int", nullptr, "the quantization block along K: a multiple of 32"},
-    {"epilogue", "string", "none", "\"none\", \"residual\" (adds input residual) or \"swiglu\" (SiLU(gate) * up)"},
+    {"epilogue", "string", "none",
+     "\"none\", \"residual\" (adds input residual), \"swiglu\" (SiLU(gate) * up) or \"geglu\" (GELU-tanh(gate) * up)"},
     {"packed_a", "int", "0", "1: slot s of A_j holds a row-major [K, rank_j[s]] matrix"},
     {"norm_eps", "float", "1e-5", "the RMSNorm's epsilon, with norm_weight"},
     {"split", "ints", "[] (one output)",
@@ -166,10 +167,13 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
     epilogue_ = QLinearEpilogue::kResidual;
   else if (epi == "swiglu")
     epilogue_ = QLinearEpilogue::kSwiGLU;
+  else if (epi == "geglu")
+    epilogue_ = QLinearEpilogue::kGeGLU;
   else
-    err << kOp << ": attribute epilogue must be \"none\", \"residual\" or \"swiglu\"; got \"" << epi << "\"";
-  if (err.str().empty() && epilogue_ == QLinearEpilogue::kSwiGLU && N_ % 16 != 0)
-    err << kOp << ": epilogue \"swiglu\" needs N (gate|up) a multiple of 16; got N = " << N_;
+    err << kOp << ": attribute epilogue must be \"none\", \"residual\", \"swiglu\" or \"geglu\"; got \"" << epi << "\"";
+  const bool gated = epilogue_ == QLinearEpilogue::kSwiGLU || epilogue_ == QLinearEpilogue::kGeGLU;
+  if (err.str().empty() && gated && N_ % 16 != 0)
+    err << kOp << ": epilogue \"" << epi << "\" needs N (gate|up) a multiple of 16; got N = " << N_;
   if (err.str().empty() && !split_.empty()) {
     int64_t sum = 0;
     bool positive = true;

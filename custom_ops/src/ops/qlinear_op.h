@@ -1,7 +1,8 @@
 // ORT wrapper of the QLinear kernel (kernels/qlinear.h), on Ort::CustomOpBase with status returns: its 28 inputs,
 // most optional, are read by index rather than through a Lite signature. Inputs and attributes: the table
 // qlinear_schema() (qlinear_op.cc; custom_ops/README.md lists it).
-//   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:]);
+//   outputs: 0 y [T, N] f32, or [T, N / 2] with epilogue "swiglu" (SiLU(y[:, :N/2]) * y[:, N/2:]) or "geglu"
+//            (GELU-tanh(y[:, :N/2]) * y[:, N/2:]);
 //            with attribute split = [N_0, N_1(, N_2)] (epilogue "none"): y_j [T, N_j] = columns N_0 + .. of y,
 //            outputs 1 and 2 optional (q, k, v straight out of the fused q|k|v projection, no Split node)
 //            3 argmax [T] i64 optional (epilogue "none", no split): each row's first maximum of y (the LM head's

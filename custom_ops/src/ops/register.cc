@@ -70,7 +70,7 @@ OrtStatusPtr ORT_API_CALL paged_attention_shape(const OrtCustomOp*, OrtShapeInfe
   return same_shape(ctx, 0, 0);
 }
 
-// QLinear: y is [T, N] (x's T, attribute N), [T, N / 2] with epilogue "swiglu", and residual's
+// QLinear: y is [T, N] (x's T, attribute N), [T, N / 2] with epilogue "swiglu" or "geglu", and residual's
 // own shape with epilogue "residual" (so y can take the residual's buffer).
 OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   const OrtApi& api = Ort::GetApi();
@@ -122,7 +122,7 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
     return nullptr;
   }
   const int64_t n = attr_int("N", -1);
-  // widths of the outputs: attribute split (epilogue "none"), else one output of N (N / 2 with swiglu)
+  // widths of the outputs: attribute split (epilogue "none"), else one output of N (N / 2 gated)
   std::vector<int64_t> widths(ortllm::kQLinearMaxOutputs, 0);
   {
     const OrtOpAttr* attr = nullptr;
@@ -138,7 +138,8 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
       widths.resize(size / sizeof(int64_t));
     }
   }
-  if (widths.empty()) widths = {n > 0 && std::string(epi) == "swiglu" ? n / 2 : n};
+  const bool gated = std::string(epi) == "swiglu" || std::string(epi) == "geglu";
+  if (widths.empty()) widths = {n > 0 && gated ? n / 2 : n};
   const char* out_syms[2] = {syms[0] ? syms[0] : "", ""};
   for (size_t j = 0; j < widths.size(); ++j) {
     dims[1] = widths[j];
