@@ -114,6 +114,21 @@ def main(driver_cls, argv=None) -> int:
     return 0
 
 
+def answer_once(work) -> int:
+    """A one-shot driver's whole run (the LoRA trace drivers): work() -> a reply dict with "ok", printed as one JSON
+    line on stdout; meanwhile library chatter goes to stderr, and an exception becomes {"ok": false, "error": ...}
+    (its trace on stderr). Returns the exit status."""
+    _die_with_parent()
+    out, sys.stdout = sys.stdout, sys.stderr          # library chatter must not corrupt the JSON line
+    try:
+        reply = work()
+    except Exception as e:  # noqa: BLE001 - one line for the bench, the trace for a person
+        traceback.print_exc()
+        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(reply), file=out, flush=True)
+    return 0 if reply["ok"] else 1
+
+
 def _die_with_parent() -> None:
     """Linux: SIGTERM this driver when the bench process that started it dies (no orphans left computing)."""
     try:

@@ -39,11 +39,10 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # run by path: no package here
-from _common import _die_with_parent  # noqa: E402
+from _common import answer_once  # noqa: E402
 from llamacpp_driver import LlamaCppDriver  # noqa: E402
 from lora_gguf import write_lora_gguf  # noqa: E402
 
@@ -231,22 +230,17 @@ def main(argv=None) -> int:
     p.add_argument("--adapter", default=None, help="with --logits: the adapter (none: the base model)")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
-    _die_with_parent()
-    out, sys.stdout = sys.stdout, sys.stderr          # library chatter must not corrupt the JSON line
-    try:
+
+    def work() -> dict:
         driver = LlamaCppLoraDriver(a)
         if a.trace:
-            reply = driver.replay(json.loads(a.trace.read_text())["requests"], a.slots, not a.kv_split)
-        elif a.logits and a.out:
+            return driver.replay(json.loads(a.trace.read_text())["requests"], a.slots, not a.kv_split)
+        if a.logits and a.out:
             np.save(a.out, driver.adapter_logits(json.loads(a.logits.read_text()), a.adapter))
-            reply = {"ok": True, "out": str(a.out)}
-        else:
-            raise ValueError("give --trace TRACE.json, or --logits IDS.json with --out OUT.npy")
-    except Exception as e:  # noqa: BLE001 - one line for the bench, the trace for a person
-        traceback.print_exc()
-        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    print(json.dumps(reply), file=out, flush=True)
-    return 0 if reply["ok"] else 1
+            return {"ok": True, "out": str(a.out)}
+        raise ValueError("give --trace TRACE.json, or --logits IDS.json with --out OUT.npy")
+
+    return answer_once(work)
 
 
 if __name__ == "__main__":

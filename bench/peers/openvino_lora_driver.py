@@ -45,11 +45,10 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # run by path: no package here
-from _common import _die_with_parent  # noqa: E402
+from _common import answer_once  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -248,9 +247,8 @@ def main(argv=None) -> int:
     p.add_argument("--adapter", default=None, help="with --logprobs: the adapter (none: the base model)")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
-    _die_with_parent()
-    out, sys.stdout = sys.stdout, sys.stderr          # library chatter must not corrupt the JSON line
-    try:
+
+    def work() -> dict:
         if a.adapter is not None and a.adapter not in {s.partition("=")[0] for s in a.lora}:
             raise ValueError(f"--adapter {a.adapter!r} is not one of the --lora names")
         if a.mode == "pipelines" and (a.logprobs or a.base):
@@ -259,17 +257,13 @@ def main(argv=None) -> int:
         a.base = a.base or (a.logprobs is not None and a.adapter is None)
         driver = OpenVinoLoraDriver(a)
         if a.trace:
-            reply = driver.replay(json.loads(a.trace.read_text())["requests"])
-        elif a.logprobs and a.out:
+            return driver.replay(json.loads(a.trace.read_text())["requests"])
+        if a.logprobs and a.out:
             np.save(a.out, driver.prompt_logprobs(json.loads(a.logprobs.read_text()), a.adapter))
-            reply = {"ok": True, "out": str(a.out)}
-        else:
-            raise ValueError("give --trace TRACE.json, or --logprobs IDS.json with --out OUT.npy")
-    except Exception as e:  # noqa: BLE001 - one line for the bench, the trace for a person
-        traceback.print_exc()
-        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    print(json.dumps(reply), file=out, flush=True)
-    return 0 if reply["ok"] else 1
+            return {"ok": True, "out": str(a.out)}
+        raise ValueError("give --trace TRACE.json, or --logprobs IDS.json with --out OUT.npy")
+
+    return answer_once(work)
 
 
 if __name__ == "__main__":
