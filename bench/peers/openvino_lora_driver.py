@@ -21,9 +21,9 @@ served either
     at the head of the queue has the pipeline's current adapter; when it has another, admission stops, the running
     sequences finish, and the adapter is switched by a one-token generate() with it (the only call that applies an
     adapter), then admission resumes; or
-  - pipelines: one pipeline per adapter (each a copy of the model: ~2.2 GB for TinyLlama's shape at int8, so 16 do
-    not fit in 24 GB), requests admitted in arrival order into their adapter's pipeline, and the pipelines with work
-    stepped in turn (one step() at a time, as one server process of a model per adapter would share the cores).
+  - pipelines: one pipeline per adapter (each compiled from the IR; the driver stops, with a message, when the next
+    would not fit in the memory left), requests admitted in arrival order into their adapter's pipeline, and the
+    pipelines with work stepped in turn (one step() at a time, as one server process of a model per adapter would share the cores).
 Both admit at most --slots sequences at once (llama-server's --parallel; ortllm's max_num_seqs) and step() schedules
 the prompts (up to 2048 tokens a step) with the running sequences, greedy, EOS never a stop: each request gets
 exactly max_tokens tokens.
@@ -92,28 +92,33 @@ class OpenVinoLoraDriver:
         self.properties = {"INFERENCE_NUM_THREADS": args.threads, "NUM_STREAMS": 1}
         self.model = args.model
         t = time.perf_counter()
+        self.pipes, self.current = {}, {}       # adapter -> its pipeline; id(pipeline) -> the adapter its state holds
         if self.mode == "pipelines":
-            self.pipes = {}
+            grew = 0.0      # GB the last pipeline added (its first generate() included: where weights are laid out)
             for n in self.adapters:
+                if len(self.pipes) and 1.2 * grew > available_gb():
+                    raise MemoryError(f"a pipeline per adapter: the last one took {grew:.1f} GB and "
+                                      f"{available_gb():.1f} GB are left after {len(self.pipes)} of "
+                                      f"{len(self.adapters)}; use --mode switch (one pipeline) or fewer adapters")
                 before = rss_gb()
-                self.pipes[n] = self._pipeline([n])
-                left = len(self.adapters) - len(self.pipes)
-                if len(self.pipes) == 1 and left * (rss_gb() - before) > 0.9 * available_gb():
-                    raise MemoryError(f"a pipeline per adapter: each takes {rss_gb() - before:.1f} GB here, "
-                                      f"{left} more need more than the {available_gb():.1f} GB available; use "
-                                      "--mode switch (one pipeline) or fewer adapters")
+                self._add_pipeline(n, self._pipeline([n]))
+                grew = rss_gb() - before
         else:
             shared = self._pipeline(list(self.adapters))
-            self.pipes = {n: shared for n in self.adapters}
+            for n in self.adapters:
+                self._add_pipeline(n, shared)
             if args.base:
                 self.pipes[None] = shared
-        self.current = {id(p): UNSET for p in self.pipes.values()}   # the adapter each pipeline's state holds
-        for name, pipe in self.pipes.items():
-            if name is not None:    # see _apply: switching to the base and back is what goes wrong
-                self._apply(pipe, name)                              # also the first compile of the kernels
         self.load_s = time.perf_counter() - t
         self.rss_gb = rss_gb()
         self.next_id = 0
+
+    def _add_pipeline(self, name: str, pipe) -> None:
+        """pipe serves adapter `name`: applied once (also the first compile of its kernels). The base is never applied
+        here (see _apply: switching to the base and back is what goes wrong)."""
+        self.pipes[name] = pipe
+        self.current.setdefault(id(pipe), UNSET)
+        self._apply(pipe, name)
 
     def _pipeline(self, names: list):
         og = self.og
