@@ -23,7 +23,8 @@ served either
     adapter), then admission resumes; or
   - pipelines: one pipeline per adapter (each compiled from the IR; the driver stops, with a message, when the next
     would not fit in the memory left), requests admitted in arrival order into their adapter's pipeline, and the
-    pipelines with work stepped in turn (one step() at a time, as one server process of a model per adapter would share the cores).
+    pipelines with work stepped in turn (one step() at a time, as one server process of a model per adapter would
+    share the cores).
 Both admit at most --slots sequences at once (llama-server's --parallel; ortllm's max_num_seqs) and step() schedules
 the prompts (up to 2048 tokens a step) with the running sequences, greedy, EOS never a stop: each request gets
 exactly max_tokens tokens.
