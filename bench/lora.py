@@ -262,8 +262,9 @@ def replay_ortllm(engine: Engine, trace: list[dict], names: list[str] | None) ->
 
 
 class PeerTrace:
-    """A peer of the trace: its driver (bench/peers/*_lora_driver.py) run once per call in the peer's venv, on the
-    assets the decode scenarios use, with the adapters' PEFT directories. Subclasses set DRIVER and driver_args."""
+    """A peer of the trace: its driver (bench/peers/llamacpp_lora_driver.py, openvino_lora_driver.py) run once per
+    call in the peer's venv, on the assets the decode scenarios use, with the adapters' PEFT directories. Subclasses
+    set DRIVER and driver_args."""
     DRIVER = ""
 
     def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system: str):

@@ -125,3 +125,22 @@ def test_trace_replays_on_openvino_both_ways(smollm2_engine):
             assert by[(system, "tokens_per_step")]["median"] >= 1
     assert by[("openvino", "adapter_switches")]["median"] >= 1
     assert by[("openvino (a pipeline per adapter)", "adapter_switches")]["median"] == 0
+
+
+def test_trace_peer_names(tmp_path, monkeypatch):
+    """--peers names of the adapter trace: llama.cpp GGUF systems, OpenVINO exports with an optional /switch or
+    /pipelines; anything else is refused naming what is accepted, and a missing venv is a BenchError (run_trace turns
+    it into a warning and runs without that peer)."""
+    from ortllm.bench.errors import BenchError
+    from ortllm.bench.lora import trace_peer
+
+    monkeypatch.setattr(runner, "OV_VENV", tmp_path / "no-ov")
+    monkeypatch.setattr(runner, "PEERS_VENV", tmp_path / "no-peers")
+    for bad in ("transformers", "openvino/fast", "llama.cpp/pipelines"):
+        with pytest.raises(BenchError) as e:
+            trace_peer(bad, tmp_path, {}, tmp_path, 2)
+        assert "has no lora-trace driver" in str(e.value) and "/pipelines" in str(e.value)
+    for missing in ("openvino-int8/pipelines", "ov-int8", "q4_0"):
+        with pytest.raises(BenchError) as e:
+            trace_peer(missing, tmp_path, {}, tmp_path, 2)
+        assert "peer for this artifact" in str(e.value)
