@@ -533,6 +533,7 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
   const QLinearDims& d = *c.d;
   const QLinearArgs& a = *c.a;
   const bool gated = d.gated();
+  const auto gate_mul8 = d.epilogue == QLinearEpilogue::kSwiGLU ? c.isa->silu_mul8 : c.isa->gelu_mul8;
   const int64_t N = d.out_dim, ycols = d.y_cols(), c0 = g * 8;
   alignas(32) float act[8], scaled[2][8];
   for (int i = 0; i < nt; ++i) {
@@ -551,7 +552,7 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
     }
     float* y = a.y + t * ycols + c0;
     if (gated) {
-      (d.epilogue == QLinearEpilogue::kSwiGLU ? c.isa->silu_mul8 : c.isa->gelu_mul8)(vi, upi, act);
+      gate_mul8(vi, upi, act);
       for (int r = 0; r < 8; ++r) y[r] = act[r];  // N / 2 is a multiple of 8 (checked by the wrapper)
       continue;
     }

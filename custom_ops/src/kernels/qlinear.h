@@ -77,6 +77,9 @@ namespace ortllm {
 
 // kSwiGLU: SiLU(gate) * up; kGeGLU: GELU-tanh(gate) * up (Gemma), gate = y[:, :N/2], up = y[:, N/2:]: "gated".
 enum class QLinearEpilogue { kNone, kResidual, kSwiGLU, kGeGLU };
+constexpr bool is_gated(QLinearEpilogue e) {
+  return e == QLinearEpilogue::kSwiGLU || e == QLinearEpilogue::kGeGLU;
+}
 // GELU-tanh as g * sigmoid(g * (kGeluA + kGeluB * g^2)): 2 sqrt(2 / pi) and 0.044715 times it (QLinearIsa::gelu_mul8)
 constexpr float kGeluA = 1.5957691216057308f;
 constexpr float kGeluB = 0.07135481627159526f;
@@ -116,7 +119,7 @@ struct QLinearDims {
   int act_bits = 8;  // 8, or 16 (bits == 8 only; a LoRA still shrinks the row's int8 codes)
   int64_t groups() const { return (out_dim + 7) / 8; }
   int64_t k_blocks() const { return (in_dim + block_size - 1) / block_size; }
-  bool gated() const { return epilogue == QLinearEpilogue::kSwiGLU || epilogue == QLinearEpilogue::kGeGLU; }
+  bool gated() const { return is_gated(epilogue); }
   int64_t y_cols() const { return gated() ? out_dim / 2 : out_dim; }
 };
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace ortllm {
@@ -127,6 +128,20 @@ const OpSchema& qlinear_schema() {
   return kSchema;
 }
 
+bool parse_epilogue(const std::string& s, QLinearEpilogue* e) {
+  static const std::pair<const char*, QLinearEpilogue> kNames[] = {{"none", QLinearEpilogue::kNone},
+                                                                   {"residual", QLinearEpilogue::kResidual},
+                                                                   {"swiglu", QLinearEpilogue::kSwiGLU},
+                                                                   {"geglu", QLinearEpilogue::kGeGLU}};
+  for (const auto& [name, value] : kNames) {
+    if (s == name) {
+      *e = value;
+      return true;
+    }
+  }
+  return false;
+}
+
 QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   K_ = attr_int(&api, info, "K", 0);
   N_ = attr_int(&api, info, "N", 0);
@@ -161,18 +176,9 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
   else if (act_bits_ == 16 && (bits_ != 8 || block_size_ > 128))
     err << kOp << ": attribute act_bits = 16 needs bits = 8 and block_size <= 128 (int16 x int8 dots summed in int32); "
         << "got bits = " << bits_ << ", block_size = " << block_size_;
-  else if (epi == "none")
-    epilogue_ = QLinearEpilogue::kNone;
-  else if (epi == "residual")
-    epilogue_ = QLinearEpilogue::kResidual;
-  else if (epi == "swiglu")
-    epilogue_ = QLinearEpilogue::kSwiGLU;
-  else if (epi == "geglu")
-    epilogue_ = QLinearEpilogue::kGeGLU;
-  else
+  else if (!parse_epilogue(epi, &epilogue_))
     err << kOp << ": attribute epilogue must be \"none\", \"residual\", \"swiglu\" or \"geglu\"; got \"" << epi << "\"";
-  const bool gated = epilogue_ == QLinearEpilogue::kSwiGLU || epilogue_ == QLinearEpilogue::kGeGLU;
-  if (err.str().empty() && gated && N_ % 16 != 0)
+  if (err.str().empty() && is_gated(epilogue_) && N_ % 16 != 0)
     err << kOp << ": epilogue \"" << epi << "\" needs N (gate|up) a multiple of 16; got N = " << N_;
   if (err.str().empty() && !split_.empty()) {
     int64_t sum = 0;

@@ -18,6 +18,8 @@
 namespace ortllm {
 
 const OpSchema& qlinear_schema();  // QLinear's inputs and attributes
+// The epilogue an attribute value names ("none", "residual", "swiglu", "geglu"); false for any other.
+bool parse_epilogue(const std::string& s, QLinearEpilogue* e);
 
 struct QLinearKernel {
   QLinearKernel(const OrtApi& api, const OrtKernelInfo* info);

@@ -138,7 +138,8 @@ OrtStatusPtr ORT_API_CALL qlinear_shape(const OrtCustomOp*, OrtShapeInferContext
       widths.resize(size / sizeof(int64_t));
     }
   }
-  const bool gated = std::string(epi) == "swiglu" || std::string(epi) == "geglu";
+  ortllm::QLinearEpilogue e = ortllm::QLinearEpilogue::kNone;
+  const bool gated = ortllm::parse_epilogue(epi, &e) && ortllm::is_gated(e);
   if (widths.empty()) widths = {n > 0 && gated ? n / 2 : n};
   const char* out_syms[2] = {syms[0] ? syms[0] : "", ""};
   for (size_t j = 0; j < widths.size(); ++j) {
