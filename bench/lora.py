@@ -264,8 +264,9 @@ def replay_ortllm(engine: Engine, trace: list[dict], names: list[str] | None) ->
 class PeerTrace:
     """A peer of the trace: its driver (bench/peers/llamacpp_lora_driver.py, openvino_lora_driver.py) run once per
     call in the peer's venv, on the assets the decode scenarios use, with the adapters' PEFT directories. Subclasses
-    set DRIVER and driver_args."""
+    set DRIVER, PER_CALL (the row name of the mean tokens the peer's engine takes a call) and driver_args."""
     DRIVER = ""
+    PER_CALL = ""
 
     def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system: str):
         from .peer_runner import DRIVERS, available, model_of
@@ -313,6 +314,7 @@ class LlamaCppTrace(PeerTrace):
     """The llama.cpp peer of the trace (bench/peers/llamacpp_lora_driver.py): the same GGUF the decode scenarios
     use, the adapters' PEFT directories converted to LoRA GGUFs, one adapter set per llama_decode."""
     DRIVER = "llamacpp_lora_driver.py"
+    PER_CALL = "tokens_per_llama_decode"
 
     def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system="llama.cpp"):
         """loras: name -> a PEFT directory (converted by the driver) or a LoRA .gguf file (loaded as it is)."""
@@ -340,6 +342,7 @@ class OpenVinoTrace(PeerTrace):
     weights, the PEFT files loaded by GenAI itself; mode "switch" (one pipeline, adapters switched between batches)
     or "pipelines" (one pipeline per adapter, stepped in turn): the driver's docstring says why these two."""
     DRIVER = "openvino_lora_driver.py"
+    PER_CALL = "tokens_per_step"
 
     def __init__(self, artifact: Path, loras: dict[str, Path], work: Path, threads: int, system="openvino",
                  mode: str = "switch"):
@@ -421,7 +424,7 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
                         print(f"warning: peer {p.system} dropped from this trace: {e}", file=sys.stderr)
                         peer_sides.remove(p)
                         del got[p.system]
-    rows = []
+    rows, per_call = [], {p.system: p.PER_CALL for p in peer_sides}
     mine = got["ortllm"]
     for system, runs in got.items():
         extra = {"requests": requests, "rate": rate, "new_tokens": sum(r["max_tokens"] for r in trace),
@@ -436,9 +439,8 @@ def run_trace(artifact: Path, n_adapters: int, requests: int = 64, rate: float =
                 rows.append(row(scen, LORA_VS_BASE, TRACE_SLOTS, f"{m}_overhead_pct",
                                 [a[m] / b[m] - 1 for a, b in pairs], "%", scale=100))
         elif system != "ortllm":
-            per_call = "tokens_per_llama_decode" if "llama.cpp" in system else "tokens_per_step"
-            rows.append(row(scen, system, TRACE_SLOTS, per_call, [r["tokens_per_decode"] for r in runs], "tokens",
-                            **extra))
+            rows.append(row(scen, system, TRACE_SLOTS, per_call[system], [r["tokens_per_decode"] for r in runs],
+                            "tokens", **extra))
             rows.append(row(scen, system, TRACE_SLOTS, "adapter_switches", [r["adapter_switches"] for r in runs],
                             "switches", **extra))
             rows.append(row(scen, f"ortllm / {system}", TRACE_SLOTS, "throughput_ratio",
