@@ -201,6 +201,9 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     seed: int = 0                            # engine seed; requests without a seed draw from it
+    # the ops' kernel path for this engine's session ("avx2", "scalar", ...: ops_library.ops_isas()); None: the
+    # default (ORTLLM_OPS_ISA, else the best this CPU runs). Every path gives the same tokens.
+    ops_isa: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
@@ -208,6 +211,8 @@ class EngineConfig:
             object.__setattr__(self, "threads", physical_cores())
         _positive_int("threads", self.threads)
         _require(_is_int(self.seed) and self.seed >= 0, f"seed must be a non-negative integer; got {self.seed!r}")
+        _require(self.ops_isa is None or (isinstance(self.ops_isa, str) and self.ops_isa != ""),
+                 f"ops_isa must be a kernel path's name (e.g. 'avx2') or None; got {self.ops_isa!r}")
         s, c, a = self.scheduler, self.cache, self.adapters
         _require(s.max_batch_tokens >= c.block_size,
                  f"max_batch_tokens must be >= block_size ({c.block_size}); got {s.max_batch_tokens}")

@@ -137,7 +137,7 @@ class ModelRunner:
         for entry in filter(None, os.environ.get("ORTLLM_ORT_CONFIG", "").split(",")):
             key, _, value = entry.partition("=")      # ORT session config entries to try (bench/probes/ort_settings.py)
             so.add_session_config_entry(key.strip(), value.strip())
-        register_ops(so)
+        register_ops(so, isa=config.ops_isa)
         self.session = ort.InferenceSession(str(artifact.file(C.MODEL)), so, providers=["CPUExecutionProvider"])
         self.io = self.session.io_binding()
         self.io.bind_output(C.LOGITS, "cpu")          # first bound output: get_outputs()[0], rebound per step

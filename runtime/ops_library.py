@@ -60,6 +60,12 @@ def ops_isa(path: Path | None = None) -> str:
     return _library_string(path, "OrtllmOpsIsa")
 
 
+def ops_isas(path: Path | None = None) -> tuple[str, ...]:
+    """OrtllmOpsIsas() of the library: every kernel path this CPU and build run, best first, "scalar" last (on an
+    AVX2-only CPU ("avx2", "scalar")). A session takes any of them (register_ops(isa=...)); they give the same bits."""
+    return tuple(name.strip() for name in _library_string(path, "OrtllmOpsIsas").split(","))
+
+
 def ops_prefetch(path: Path | None = None) -> str:
     """OrtllmOpsPrefetch() of the library: the hint its decode kernels prefetch the weights and the KV stream with,
     "t0" (Intel CPUs) or "nta" (others); ORTLLM_OPS_PREFETCH=t0|nta forces one (custom_ops/src/kernels/
@@ -86,9 +92,21 @@ def check_ops_library(path: Path | None = None) -> Path:
     return path
 
 
-def register_ops(sess_options, path: Path | None = None) -> Path:
-    """Register the ortllm ops on an onnxruntime.SessionOptions; returns the library path."""
+# The session config entry naming a session's kernel path (custom_ops/src/kernels/isa.h kSessionIsaKey).
+SESSION_ISA_KEY = "ortllm.ops_isa"
+
+
+def register_ops(sess_options, path: Path | None = None, isa: str | None = None) -> Path:
+    """Register the ortllm ops on an onnxruntime.SessionOptions; returns the library path. isa: the kernel path of
+    this session's ops (one of ops_isas()); None: the default (ops_isa()). One process may hold sessions on
+    every path at once."""
     path = check_ops_library(path)
+    if isa is not None:
+        choices = ops_isas(path)
+        if isa not in choices:
+            raise OpsLibraryError(f"ops_isa {isa!r} is not a kernel path of this CPU and build; choose one of "
+                                  f"{', '.join(choices)} (or leave it unset for {ops_isa(path)})")
+        sess_options.add_session_config_entry(SESSION_ISA_KEY, isa)
     sess_options.register_custom_ops_library(str(path))
     return path
 

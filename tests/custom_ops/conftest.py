@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortllm.runtime.ops_library import OpsLibraryError, check_ops_library
+from ortllm.bench.op_graphs import ops_path as sessions_on
+from ortllm.runtime.ops_library import OpsLibraryError, check_ops_library, ops_isas
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,30 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "custom_ops" in str(item.fspath) and "test_ops_library" not in str(item.fspath):
                 item.add_marker(skip)
+
+
+# x86's kernel paths, best first (custom_ops/src/kernels/x86/isa_x86.cc), then the portable one every build has.
+PATH_ORDER = ("amx", "avx512vnni", "avx2", "scalar")
+
+
+def path_at_most(name: str) -> str:
+    """The best path this CPU runs at or below name in PATH_ORDER (as ORTLLM_OPS_ISA falls back): a test that
+    compares "avx512vnni" with the default on an AVX2-only CPU compares avx2 with it."""
+    supported = ops_isas()
+    return next(p for p in PATH_ORDER[PATH_ORDER.index(name):] if p in supported)
+
+
+@pytest.fixture(autouse=True)
+def ops_path(request):
+    """The kernel path of the sessions a test makes (bench/op_graphs.session): "default" (the library's default path)
+    unless the test is parametrized over it, @pytest.mark.parametrize("ops_path", ["default", "scalar"],
+    indirect=True), to run on other paths in this process too."""
+    path = getattr(request, "param", "default")
+    if path == "default":
+        yield path
+        return
+    with sessions_on(path_at_most(path)):
+        yield path
 
 
 def assert_close(got, ref, *, atol, rtol, what=""):

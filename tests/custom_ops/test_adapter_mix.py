@@ -5,17 +5,13 @@ the same bits on every ISA path, and bad inputs named."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from ortllm.bench.op_graphs import LORA_INPUTS, multi_lora_model, session
 from ortllm.runtime.ops_library import ops_isa
-from tests.custom_ops.conftest import REPO, assert_close
+from tests.custom_ops.conftest import assert_close, path_at_most, sessions_on
 from tests.custom_ops.test_multi_lora import make_case
 from tests.custom_ops.test_qlinear import _bad, check, lora_case, lora_magnitude, run, weight
 from tests.reference.multi_lora import multi_lora_ref
@@ -141,12 +137,6 @@ def test_qlinear_mixed_rows_are_batch_invariant(epilogue):
     np.testing.assert_array_equal(got, full, err_msg="chunked slices")
 
 
-_ISA_SCRIPT = """
-import json, sys
-sys.path.insert(0, {repo!r})
-from tests.custom_ops import test_adapter_mix as t
-print(json.dumps({{"isa": t.ops_isa(), "out": {{key: t.isa_run(key).tobytes().hex() for key in t.ISA_KEYS}}}}))
-"""
 # QLinear only: MultiLoRA's fp32 GEMMs differ in their last bits between the scalar and AVX2 tables (mixed or not); a
 # mixed row is batch-invariant on each (the MultiLoRA tests below run on every path under isa_paths)
 ISA_KEYS = [f"{form}-{epi}" for form in ("int4", "int8") for epi in ("none", "residual")]
@@ -162,15 +152,13 @@ def isa_run(key: str) -> np.ndarray:
 
 @pytest.mark.parametrize("forced", ["scalar", "avx2"])
 def test_every_isa_gives_the_same_bits_for_mixes(forced):
-    """ORTLLM_OPS_ISA=scalar and =avx2 give the default path's bits (AVX-512 VNNI where the CPU has it) for mixed
-    rows: the terms are each the one-adapter kernels' values, and the driver adds them."""
-    res = subprocess.run([sys.executable, "-c", _ISA_SCRIPT.format(repo=str(REPO))], capture_output=True, text=True,
-                         env=dict(os.environ, ORTLLM_OPS_ISA=forced), cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
-    other = json.loads(res.stdout)
-    assert other["isa"] == forced or (forced == "avx2" and other["isa"] == "scalar"), other["isa"]
+    """The scalar and avx2 paths give the default path's bits (AVX-512 VNNI where the CPU has it) for mixed rows, in
+    one process: the terms are each the one-adapter kernels' values, and the driver adds them."""
+    default = {key: isa_run(key).tobytes().hex() for key in ISA_KEYS}
+    with sessions_on(path_at_most(forced)):
+        other = {key: isa_run(key).tobytes().hex() for key in ISA_KEYS}
     for key in ISA_KEYS:
-        assert isa_run(key).tobytes().hex() == other["out"][key], (forced, key, ops_isa())
+        assert default[key] == other[key], (forced, key, ops_isa())
 
 
 # ---------------------------------------------------------------- MultiLoRA (fp32 projections)

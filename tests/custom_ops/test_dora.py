@@ -5,17 +5,13 @@ by the DoRA inputs (bitwise), the same bits on every ISA path, and bad inputs.""
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from ortllm.bench.op_graphs import model, multi_lora_node, session, value_info
+from ortllm.bench.op_graphs import model, multi_lora_node, session, session_path, value_info
 from ortllm.runtime.ops_library import ops_isa
-from tests.custom_ops.conftest import REPO, assert_close
+from tests.custom_ops.conftest import assert_close, path_at_most, sessions_on
 from tests.custom_ops.test_qlinear import check, lora_case, lora_magnitude, magnitude, run, weight
 from tests.reference.multi_lora import multi_lora_ref
 from tests.reference.qlinear import dora_row_scales, qlinear_ref
@@ -143,32 +139,26 @@ def test_mixed_batch_equals_each_row_alone(epilogue):
         np.testing.assert_array_equal(got, full, err_msg=f"batch {b}")
 
 
-_ISA_SCRIPT = """
-import json, sys
-sys.path.insert(0, {repo!r})
-from tests.custom_ops import test_dora as t
-out = {{}}
-for epi in ("none", "residual", "swiglu"):
-    w, x, extra, _, _ = t._invariance_case(epi)
-    out[epi] = t.run(w, x, epi, **extra).tobytes().hex()
-print(json.dumps({{"isa": t.ops_isa(), "out": out}}))
-"""
+def _isa_bits() -> dict[str, str]:
+    """The DoRA invariance cases' outputs (hex) on the sessions' current kernel path (conftest ops_path)."""
+    out = {}
+    for epi in ("none", "residual", "swiglu"):
+        w, x, extra, _, _ = _invariance_case(epi)
+        out[epi] = run(w, x, epi, **extra).tobytes().hex()
+    return out
 
 
 @pytest.mark.parametrize("forced", ["scalar", "avx2"])
 def test_every_isa_gives_the_same_bits(forced):
-    """ORTLLM_OPS_ISA=scalar and =avx2 give the DoRA rows the same bits as the default path (but the scalar SiLU)."""
-    env = dict(os.environ, ORTLLM_OPS_ISA=forced)
-    res = subprocess.run([sys.executable, "-c", _ISA_SCRIPT.format(repo=str(REPO))], env=env, capture_output=True,
-                         text=True, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
-    other = json.loads(res.stdout)
-    assert other["isa"] == forced or (forced == "avx2" and other["isa"] == "scalar"), other["isa"]
+    """The scalar and avx2 paths give the DoRA rows the same bits as the default path (but the scalar SiLU), in one
+    process."""
+    default = _isa_bits()
+    with sessions_on(path_at_most(forced)):
+        other = _isa_bits()
     for epi in ("none", "residual", "swiglu"):
         if forced == "scalar" and epi == "swiglu":
             continue   # the scalar SiLU uses std::exp (qlinear.h)
-        w, x, extra, _, _ = _invariance_case(epi)
-        assert run(w, x, epi, **extra).tobytes().hex() == other["out"][epi], (forced, epi, ops_isa())
+        assert default[epi] == other[epi], (forced, epi, ops_isa())
 
 
 def test_bad_dora_inputs():
@@ -191,8 +181,12 @@ _ML_NAMES = ["x", "base_y", "A", "B", "scale", "rank", "token_adapter", "offsets
 _ML_TYPES = [1, 1, 10, 10, 1, 6, 6, 10, 6, 1]      # TensorProto: FLOAT 1, FLOAT16 10, INT32 6
 
 
-@functools.lru_cache(maxsize=None)
 def _ml_session(with_offsets: bool, stacked: bool):
+    return _ml_session_on(with_offsets, stacked, session_path())
+
+
+@functools.lru_cache(maxsize=None)
+def _ml_session_on(with_offsets: bool, stacked: bool, path: str | None):
     names = [n if (n != "offsets" or with_offsets) else "" for n in _ML_NAMES]
     inputs = [value_info(n, t, None) for n, t in zip(_ML_NAMES, _ML_TYPES) if n in names]
     attrs = {"packed_a": 0} | ({"block_size": 32} if with_offsets else {}) | ({"lora_layer": 2} if stacked else {})

@@ -2,27 +2,35 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import helper
 
 from ortllm.bench.op_graphs import (F16, F32, I32, LORA_INPUTS, model, multi_lora_model, multi_lora_node, session,
-                                     value_info)
+                                     session_path, value_info)
 from tests.custom_ops.conftest import assert_close
 from tests.reference.multi_lora import multi_lora_ref, slot_a
 
 pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
 
 
-@pytest.fixture(scope="module")
-def sess():
-    return session(multi_lora_model(), threads=2)
+@functools.lru_cache(maxsize=None)
+def _session(packed_a: bool, path: str | None):
+    return session(multi_lora_model(packed_a=packed_a), threads=2)
 
 
-@pytest.fixture(scope="module")
-def packed_sess():
-    return session(multi_lora_model(packed_a=True), threads=2)
+@pytest.fixture
+def sess(ops_path):
+    """The MultiLoRA session on the test's kernel path (conftest ops_path), made once per path."""
+    return _session(False, session_path())
+
+
+@pytest.fixture
+def packed_sess(ops_path):
+    return _session(True, session_path())
 
 
 def make_case(rng, *, T, in_dim, out_dim, n_slots, r_max, ranks, n_adapters, frac_none=0.25, packed_a=False):

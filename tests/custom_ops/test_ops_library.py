@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 
 from ortllm.runtime import ops_library
-from ortllm.runtime.ops_library import OPS_ABI_VERSION, OpsLibraryError, check_ops_library, register_ops
-from ortllm.bench.op_graphs import multi_lora_model, paged_attention_model, session
-from tests.custom_ops.conftest import REPO
+from ortllm.runtime.ops_library import OPS_ABI_VERSION, OpsLibraryError, check_ops_library, ops_isas, register_ops
+from ortllm.bench.op_graphs import multi_lora_model, paged_attention_model, session, session_path
+from tests.custom_ops.conftest import REPO, sessions_on
 
 
 def test_default_path_is_inside_the_package(monkeypatch):
@@ -75,7 +75,7 @@ def test_not_linked_to_onnxruntime_and_exports_only_entry_points():
     exported = {line.split()[-1] for line in syms.splitlines()
                 if " FUNC " in line and " GLOBAL " in line and " UND " not in line}
     assert {"RegisterCustomOps", "OrtllmOpsAbiVersion"} <= exported
-    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa", "OrtllmOpsSchema",
+    assert exported <= {"RegisterCustomOps", "OrtllmOpsAbiVersion", "OrtllmOpsIsa", "OrtllmOpsIsas", "OrtllmOpsSchema",
                         "OrtllmOpsPrefetch"}, exported
 
 
@@ -99,14 +99,36 @@ def test_ops_library_module_never_imports_torch():
 
 
 def test_scalar_fallback_path_passes_parity():
-    """ORTLLM_OPS_ISA=scalar forces the portable (non-AVX2) kernels; run a parity subset on them."""
-    env = dict(os.environ, ORTLLM_OPS_ISA="scalar")
-    isa = "from ortllm.runtime.ops_library import ops_isa; print(ops_isa())"
-    out = subprocess.run([sys.executable, "-c", isa], cwd=REPO, env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "scalar", out.stderr
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "tests/custom_ops/test_paged_attention.py", "tests/custom_ops/test_multi_lora.py",
-           "-k", "(9x3 and 16 and mixed) or long_context or fused or alias or ranks4-4-16"]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    assert " passed" in res.stdout
+    """The portable scalar path is offered on every CPU (last in ops_isas()) and passes a parity subset against the
+    NumPy references, its sessions beside the default path's in this one process (conftest ops_path)."""
+    from tests.custom_ops import test_multi_lora as ml
+    from tests.custom_ops import test_paged_attention as pa
+    assert ops_isas()[-1] == "scalar", ops_isas()
+    with sessions_on("scalar"):
+        pa.test_paged_attention_fp32_parity((9, 3), 16, "mixed")
+        for bs in (16, 32):
+            pa.test_paged_attention_fp16_parity((9, 3), bs, "mixed")
+        for kv_dtype in ("int8", "fp8_e4m3", "int4"):
+            pa.test_paged_attention_8bit_parity((9, 3), 16, "mixed", kv_dtype)
+        for name in sorted(pa.LONG_CASES):
+            for bs in (16, 32):
+                pa.test_paged_attention_fp32_long_context(name, bs)
+        for name in ("single", "batch_of_8"):
+            pa.test_paged_attention_fp16_long_context(name)
+        for name in ("single", "long_chunk", "batch_of_8"):
+            for kv_dtype in ("int8", "int4"):
+                pa.test_paged_attention_integer_long_context(name, kv_dtype)
+        sess = ml._session(False, session_path())
+        ml.test_multi_lora_parity(sess, 16, 4, (8, 16, 32, 64))
+        ml.test_multi_lora_fused_qkv_shapes(sess)
+        ml.test_multi_lora_output_aliases_base_y_under_io_binding(sess)
+
+
+def test_a_session_takes_any_offered_path_and_refuses_others():
+    """register_ops(isa=...) gives a session the named path (one process holds sessions on several), and refuses a
+    name this CPU does not offer, saying which it does."""
+    for path in ops_isas():
+        session(multi_lora_model(), isa=path)
+    with pytest.raises(OpsLibraryError, match=r"ops_isa 'sse9' is not a kernel path of this CPU and build; choose "
+                                              r"one of .*scalar"):
+        session(multi_lora_model(), isa="sse9")

@@ -8,10 +8,6 @@ of every new row (see `quantization_bound`), and the written codes are checked o
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -20,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from ortllm.bench.op_graphs import (PA_INPUTS, PA_OUTPUTS, bind_in_place, paged_attention_case, paged_attention_inputs,
-                                     paged_attention_model, session)
-from tests.custom_ops.conftest import REPO, SCENARIOS, assert_close
+                                     paged_attention_model, session, session_path)
+from tests.custom_ops.conftest import SCENARIOS, assert_close, path_at_most, sessions_on
 from tests.reference.hadamard import dequantize, unpack_int4
 from tests.reference.paged_attention import paged_attention_ref
 
@@ -33,7 +29,7 @@ _sessions: dict = {}
 
 
 def get_session(H, Hkv, BS, kv_dtype, threads=2):
-    key = (H, Hkv, BS, kv_dtype, threads)
+    key = (H, Hkv, BS, kv_dtype, threads, session_path())
     if key not in _sessions:
         _sessions[key] = session(paged_attention_model(num_heads=H, kv_num_heads=Hkv, head_size=D,
                                                        block_size=BS, kv_dtype=kv_dtype), threads)
@@ -413,16 +409,13 @@ def _written_rows(kv_dtype: str) -> list[str]:
 def test_written_rows_same_bits_on_the_scalar_path():
     """The Hadamard transform and the int8 rounding loop have AVX2 versions doing the scalar code's operations
     (butterflies in the same order, the same division and rounding): the rows written into the caches and their
-    scales are the same bits with ORTLLM_OPS_ISA=scalar, for int8, fp8 and int4 caches, extreme values included.
+    scales are the same bits on the scalar path (a session of its own in this process), for int8, fp8 and int4
+    caches, extreme values included.
     (A wrong butterfly or rounding shows as other codes; a last-bit difference before rounding would show only at
     ties.)"""
     kinds = ("int8", "fp8_e4m3", "int4")
-    code = ("import json, sys; sys.path.insert(0, {repo!r}); from tests.custom_ops.test_paged_attention import "
-            "_written_rows as w; print(json.dumps({{k: w(k) for k in {kinds!r}}}))").format(repo=str(REPO),
-                                                                                            kinds=kinds)
-    env = dict(os.environ, ORTLLM_OPS_ISA="scalar")
-    scalar = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                       check=True, cwd=REPO).stdout)
+    with sessions_on("scalar"):
+        scalar = {k: _written_rows(k) for k in kinds}
     for kv_dtype in kinds:
         assert _written_rows(kv_dtype) == scalar[kv_dtype], kv_dtype
 
@@ -447,12 +440,9 @@ def _attention_bits() -> dict[str, str]:
 def test_int8_attention_same_bits_without_vnni():
     """q . k on int8 caches is an exact integer dot of the codes (vec.h scores_q8: AVX-512 VNNI dpbusd on biased
     codes where the CPU has it, else AVX2 int16 madd), and everything else in the call is AVX2's on both tables,
-    so the attention output is the same bits with ORTLLM_OPS_ISA=avx2 as on the default path. (The scalar table
+    so the attention output is the same bits on the avx2 path as on the default path (one process). (The scalar table
     is not compared: its P V and exp round differently, without FMA; it is checked against the reference.)"""
-    code = ("import json, sys; sys.path.insert(0, {repo!r}); from tests.custom_ops.test_paged_attention import "
-            "_attention_bits as a; print(json.dumps(a()))").format(repo=str(REPO))
-    env = dict(os.environ, ORTLLM_OPS_ISA="avx2")
-    forced = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                       check=True, cwd=REPO).stdout)
+    with sessions_on(path_at_most("avx2")):
+        forced = _attention_bits()
     for case, bits in _attention_bits().items():
         assert bits == forced[case], case

@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +13,8 @@ import pytest
 from ortllm.pipeline.qlinear_pack import dequantize_packed, pack, unpack_codes
 from ortllm.pipeline.quant_grid import unpack_bits
 from ortllm.pipeline.quantize import RTNQuantizer
-from ortllm.bench.op_graphs import qlinear_model, session
-from tests.custom_ops.conftest import REPO, assert_close
+from ortllm.bench.op_graphs import qlinear_model, session, session_path
+from tests.custom_ops.conftest import assert_close, path_at_most, sessions_on
 from ortllm.runtime.lora_stacks import quantize_a, quantize_b
 from ortllm.runtime.ops_library import ops_isa
 from tests.reference.qlinear import (dequantized_activations, lora_a, lora_b, lora_terms, magnitude, qlinear_ref,
@@ -38,8 +35,13 @@ def weight(k: int, n: int, form: str, bs: int = 32, seed: int = 0):
     return pack(RTNQuantizer(bits, bs, sym).quantize(w))
 
 
-@functools.lru_cache(maxsize=None)
 def sess_for(present: tuple, threads: int = 2, **attrs):
+    """QLinear's session for these inputs and attributes on the current kernel path (conftest ops_path)."""
+    return _sess_for(present, threads, session_path(), **attrs)
+
+
+@functools.lru_cache(maxsize=None)
+def _sess_for(present: tuple, threads: int, path: str | None, **attrs):
     return session(qlinear_model(list(present), **attrs), threads=threads)
 
 
@@ -345,17 +347,12 @@ def test_argmax_output_is_numpys_argmax_of_y(T, k, n):
 
 @pytest.mark.parametrize("forced", ["scalar", "avx2"])
 def test_argmax_output_on_every_isa(forced):
-    """The scalar and AVX2 argmax loops (kernels/vec.h) find the same first maximum as numpy."""
-    script = (f"import sys, numpy as np; sys.path.insert(0, {str(REPO)!r})\n"
-              "from tests.custom_ops import test_qlinear as t\n"
-              "for case in t.ARGMAX_CASES:\n"
-              "    _, y, am = t._argmax_case(*case)\n"
-              "    assert (am == np.argmax(y, axis=1)).all(), case\n"
-              "print(t.ops_isa())")
-    res = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ORTLLM_OPS_ISA=forced),
-                         capture_output=True, text=True, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.strip() in (forced, "scalar")
+    """The scalar and AVX2 argmax loops (kernels/vec.h) find the same first maximum as numpy, each session on its
+    own path in this process."""
+    with sessions_on(path_at_most(forced)):
+        for case in ARGMAX_CASES:
+            _, y, am = _argmax_case(*case)
+            assert (am == np.argmax(y, axis=1)).all(), (forced, case)
 
 
 def test_argmax_output_needs_one_plain_output():
@@ -417,13 +414,6 @@ def test_batch_invariance(epilogue, form):
     np.testing.assert_array_equal(got, full, err_msg="chunked slices")
 
 
-_ISA_SCRIPT = """
-import json, sys, numpy as np
-sys.path.insert(0, {repo!r})
-from tests.custom_ops import test_qlinear as t
-print(json.dumps({{"isa": t.ops_isa(), "out": {{key: t.run(*t._isa_case(key)[:3], **t._isa_case(key)[3]).tobytes().hex()
-                                            for key in t.ISA_CASES}}}}))
-"""
 ISA_CASES = [f"{form}-{epi}-b{bs}" for form in ("int4", "int8") for epi in ("none", "residual", "swiglu", "geglu")
              for bs in (32, 64, 128)] + [f"int8-{epi}-b{bs}-a16" for epi in ("none", "residual", "swiglu")
                                          for bs in (32, 128)]
@@ -452,26 +442,26 @@ def _best_path() -> str:
     return "amx" if {"amx_tile", "amx_int8"} <= flags else "avx512vnni"
 
 
-@pytest.mark.parametrize("forced", ["scalar", "avx2", "avx512vnni"])
+def _isa_bits() -> dict[str, str]:
+    """Every ISA_CASES output (hex) on the sessions' current kernel path (conftest ops_path)."""
+    return {key: run(*_isa_case(key)[:3], **_isa_case(key)[3]).tobytes().hex() for key in ISA_CASES}
+
+
+@pytest.mark.parametrize("forced", ["scalar", "avx2", "avx512vnni", "amx"])
 def test_every_isa_gives_the_same_bits(forced):
-    """ORTLLM_OPS_ISA=scalar (the portable fallback), =avx2 (no VNNI) and =avx512vnni (no AMX) give the same bits as
-    the default path (AMX or AVX-512 VNNI where the CPU has them): the integer dots are exact in any order, and the
-    float operations are the same in the same order (std::fma where the vector path fuses). int4 and int8, blocks of
-    32, 64 and 128 (several sub-blocks per block: the VNNI path's accumulator chains, the AMX path's two tile
-    multiplies a block), 64 tokens: the two-group kernels (neighbouring groups, and SwiGLU's gate with its up
-    group; AMX's 16 tokens a call)."""
-    script = _ISA_SCRIPT.format(repo=str(REPO))
-    env = dict(os.environ, ORTLLM_OPS_ISA=forced)
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
-    other = json.loads(res.stdout)
-    fallback = {"scalar": {"scalar"}, "avx2": {"avx2", "scalar"}, "avx512vnni": {"avx512vnni", "avx2", "scalar"}}
-    assert other["isa"] in fallback[forced], other["isa"]
+    """The scalar path (the portable fallback), avx2 (no VNNI), avx512vnni (no AMX) and amx give the same bits as the
+    default path, in one process (each session on its own path; a path this CPU lacks: the best below it,
+    conftest path_at_most): the integer dots are exact in any order, and the float operations are the same in the
+    same order (std::fma where the vector path fuses). int4 and int8, blocks of 32, 64 and 128 (several sub-blocks
+    per block: the VNNI path's accumulator chains, the AMX path's two tile multiplies a block), 64 tokens: the
+    two-group kernels (neighbouring groups, and SwiGLU's gate with its up group; AMX's 16 tokens a call)."""
+    default = _isa_bits()
+    with sessions_on(path_at_most(forced)):
+        other = _isa_bits()
     for key in ISA_CASES:
-        if forced == "scalar" and ("swiglu" in key or "geglu" in key):
+        if path_at_most(forced) == "scalar" and ("swiglu" in key or "geglu" in key):
             continue    # the scalar sigmoid uses std::exp, the vector paths their own exp (qlinear.h): AVX2 only
-        w, x, epi, extra = _isa_case(key)
-        assert run(w, x, epi, **extra).tobytes().hex() == other["out"][key], (forced, key, ops_isa())
+        assert default[key] == other[key], (forced, path_at_most(forced), key, ops_isa())
 
 
 def test_best_path_is_taken_where_the_cpu_has_it():

@@ -7,16 +7,12 @@ bits the same alone or in a batch, and the same on the AVX2 path as on the defau
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from ortllm.bench.op_graphs import paged_attention_case, paged_attention_inputs, paged_attention_model, session
-from tests.custom_ops.conftest import REPO, SCENARIOS, assert_close
+from tests.custom_ops.conftest import SCENARIOS, assert_close, path_at_most, sessions_on
 from tests.custom_ops.test_paged_attention import LONG_CASES, check_within_quantization_bound
 from tests.reference.paged_attention import paged_attention_ref
 
@@ -91,11 +87,8 @@ def _window_bits() -> dict[str, str]:
 
 def test_window_same_bits_without_vnni():
     """As test_paged_attention.test_int8_attention_same_bits_without_vnni, with the window's masked spans."""
-    code = ("import json, sys; sys.path.insert(0, {repo!r}); from tests.custom_ops.test_sliding_window import "
-            "_window_bits as a; print(json.dumps(a()))").format(repo=str(REPO))
-    env = dict(os.environ, ORTLLM_OPS_ISA="avx2")
-    forced = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                       check=True, cwd=REPO).stdout)
+    with sessions_on(path_at_most("avx2")):
+        forced = _window_bits()
     for case, bits in _window_bits().items():
         assert bits == forced[case], case
 

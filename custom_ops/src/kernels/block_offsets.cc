@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "isa.h"
 #include "vec.h"
 
 namespace ortllm {
@@ -28,6 +29,7 @@ struct Ctx {
   const uint16_t* offsets;
   const float* const* s_rows;  // [T] rows of sums [T, k_blocks]
   float* const* y_rows;        // [T] rows of y
+  const VecOps* vec;
 };
 
 // y[:, col0 : col0 + cols] += sums @ offsets[:, col0 : col0 + cols]
@@ -36,7 +38,7 @@ void columns(const Ctx& c, int64_t col0, int64_t cols) {
   for (int64_t r0 = 0; r0 < c.d->num_tokens; r0 += kRowChunk) {
     const int64_t m = std::min(kRowChunk, c.d->num_tokens - r0);
     for (int64_t t = 0; t < m; ++t) y[t] = c.y_rows[r0 + t] + col0;
-    vec().gemm_rows_f16b(static_cast<int>(m), static_cast<int>(cols), static_cast<int>(c.k_blocks), 1.f, c.s_rows + r0,
+    c.vec->gemm_rows_f16b(static_cast<int>(m), static_cast<int>(cols), static_cast<int>(c.k_blocks), 1.f, c.s_rows + r0,
                          c.offsets + col0, static_cast<int>(c.d->out_dim), y);
   }
 }
@@ -50,7 +52,7 @@ void column_item(void* usr, size_t i) {
 }  // namespace
 
 void add_block_offsets(const BlockOffsetsDims& d, const float* x, const uint16_t* offsets, float* y,
-                       const Parallel& par) {
+                       const Parallel& par, const OpsIsa& isa) {
   const int64_t kb = (d.in_dim + d.block_size - 1) / d.block_size;
   if (d.num_tokens == 0 || d.out_dim == 0 || kb == 0) return;
   std::vector<float> sums(static_cast<size_t>(d.num_tokens * kb));  // [T, k_blocks]
@@ -68,7 +70,7 @@ void add_block_offsets(const BlockOffsetsDims& d, const float* x, const uint16_t
     s_rows[t] = st;
     y_rows[t] = y + t * d.out_dim;
   }
-  Ctx c{&d, kb, offsets, s_rows.data(), y_rows.data()};
+  Ctx c{&d, kb, offsets, s_rows.data(), y_rows.data(), isa.vec};
   if (d.num_tokens * kb * d.out_dim < kParallelMacs) {
     columns(c, 0, d.out_dim);
   } else {

@@ -16,7 +16,9 @@ struct BlockOffsetsDims {
 };
 
 // x [T, K], offsets [k_blocks, N] IEEE fp16 bits, y [T, N] (accumulated into).
+struct OpsIsa;
+// isa: the session's row of the ISA registry (isa.h).
 void add_block_offsets(const BlockOffsetsDims& d, const float* x, const uint16_t* offsets, float* y,
-                       const Parallel& par);
+                       const Parallel& par, const OpsIsa& isa);
 
 }  // namespace ortllm

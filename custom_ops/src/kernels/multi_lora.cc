@@ -24,6 +24,7 @@
 #include <cstring>
 #include <vector>
 
+#include "isa.h"
 #include "vec.h"
 
 namespace ortllm {
@@ -84,7 +85,7 @@ void expand_item(void* usr, size_t i) {
 }
 
 // Term k of every token (slot token_adapter[t * terms + k]): y[t] += scale * (w * (x A)) B.
-void multi_lora_term(const MultiLoraDims& d, const MultiLoraArgs& a, int64_t k, const Parallel& par) {
+void multi_lora_term(const MultiLoraDims& d, const MultiLoraArgs& a, int64_t k, const Parallel& par, const VecOps& v) {
   const auto slot_of = [&](int64_t t) {
     const int64_t e = t * a.terms + k;
     return a.weight != nullptr && a.weight[e] == 0.f ? -1 : a.token_adapter[e];  // weight 0: nothing to add
@@ -123,7 +124,7 @@ void multi_lora_term(const MultiLoraDims& d, const MultiLoraArgs& a, int64_t k, 
   }
   if (groups.empty()) return;
 
-  Ctx c{&d, &a, groups.data(), x_rows.data(), y_rows.data(), h_rows.data(), {}, {}, &vec()};
+  Ctx c{&d, &a, groups.data(), x_rows.data(), y_rows.data(), h_rows.data(), {}, {}, &v};
   // h row i *= its weight, between the shrink and the expand (w = 1 leaves h as it is)
   const auto weigh = [&](const Group& g) {
     for (int64_t i = g.begin; !w_rows.empty() && i < g.end; ++i)
@@ -150,8 +151,8 @@ void multi_lora_term(const MultiLoraDims& d, const MultiLoraArgs& a, int64_t k, 
 }  // namespace
 
 // The terms in k order: each row's adds into y follow its own terms, whatever else the batch holds.
-void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& par) {
-  for (int64_t k = 0; k < a.terms; ++k) multi_lora_term(d, a, k, par);
+void multi_lora(const MultiLoraDims& d, const MultiLoraArgs& a, const Parallel& par, const OpsIsa& isa) {
+  for (int64_t k = 0; k < a.terms; ++k) multi_lora_term(d, a, k, par, *isa.vec);
 }
 
 void dora_scale_rows(const MultiLoraDims& d, const MultiLoraArgs& a, const int32_t* dora, const float* g) {

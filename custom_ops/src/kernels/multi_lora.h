@@ -33,7 +33,9 @@ struct MultiLoraArgs {
   const float* weight = nullptr;  // [T, terms] each term's weight, or nullptr (1)
 };
 
-void multi_lora(const MultiLoraDims& dims, const MultiLoraArgs& args, const Parallel& par);
+struct OpsIsa;
+// isa: the session's row of the ISA registry (isa.h).
+void multi_lora(const MultiLoraDims& dims, const MultiLoraArgs& args, const Parallel& par, const OpsIsa& isa);
 
 // DoRA rows (PEFT use_dora; a DoRA slot is its row's only term, weight 1): y[t] *= g[a] for tokens whose slot a is
 // flagged (dora[a] != 0) and has a LoRA here (rank[a] > 0, scale[a] != 0); g [n_slots, out] is each slot's per-output

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "stream_prefetch.h"
+#include "isa.h"
 #include "vec.h"
 
 namespace ortllm {
@@ -157,13 +158,13 @@ void write_token(void* usr, size_t ti) {
         round_f16(src, Di, reinterpret_cast<uint16_t*>(dst));
         break;
       case KvDtype::kInt8:
-        scales[slot] = quantize_int8(src, Di, dst);
+        scales[slot] = quantize_int8(*c.vec, src, Di, dst);
         break;
       case KvDtype::kFp8E4M3:
         scales[slot] = quantize_e4m3(src, Di, dst);
         break;
       case KvDtype::kInt4:
-        scales[slot] = quantize_int4(src, Di, dst);
+        scales[slot] = quantize_int4(*c.vec, src, Di, dst);
         break;
     }
   };
@@ -173,10 +174,10 @@ void write_token(void* usr, size_t ti) {
     float* qr = c.q_work + t * H * D + h * D;
     std::memcpy(qr, a.q + t * H * D + h * D, sizeof(float) * D);
     apply_rope(qr, static_cast<int>(D), cs, sn, d.rope_interleaved);
-    if (d.rotate) fwht_normalized(qr, static_cast<int>(D));
+    if (d.rotate) fwht_normalized(*c.vec, qr, static_cast<int>(D));
     if (quantize_queries) {  // the keys' own rounding (quantize_int8: per row, fp16 scale rounded up), for scores_q8
       const uint16_t s16 =
-          quantize_int8(qr, static_cast<int>(D), reinterpret_cast<uint8_t*>(c.q_codes + t * H * D + h * D));
+          quantize_int8(*c.vec, qr, static_cast<int>(D), reinterpret_cast<uint8_t*>(c.q_codes + t * H * D + h * D));
       c.q_mul[t * H + h] = d.scale * f16_to_float(s16);
     }
   }
@@ -188,13 +189,13 @@ void write_token(void* usr, size_t ti) {
     // key
     std::memcpy(row, a.k + t * Hkv * D + g * D, sizeof(float) * D);
     apply_rope(row, static_cast<int>(D), cs, sn, d.rope_interleaved);
-    if (d.rotate) fwht_normalized(row, static_cast<int>(D));
+    if (d.rotate) fwht_normalized(*c.vec, row, static_cast<int>(D));
     store(row, a.key_cache, a.key_scales, slot);
     // value: no rope; rotated only in an int4 cache (its outputs are rotated back, finish_row)
     const float* vsrc = a.v + t * Hkv * D + g * D;
     if (int4 && d.rotate) {
       std::memcpy(row, vsrc, sizeof(float) * D);
-      fwht_normalized(row, static_cast<int>(D));
+      fwht_normalized(*c.vec, row, static_cast<int>(D));
       vsrc = row;
     }
     store(vsrc, a.value_cache, a.value_scales, slot);
@@ -315,10 +316,10 @@ void merge_part(int64_t D, const float* O, float m, float l, float* A, float& M,
 // out row <- A / L (L >= 1: the row's own key is always valid), then, when the values were cached rotated
 // (int4 with rotate), H / sqrt(D) once more: the transform is its own inverse, so sum_j p_j H v_j comes back
 // to sum_j p_j v_j.
-void finish_row(int64_t D, const float* A, float L, float* dst, bool unrotate) {
+void finish_row(const VecOps& v, int64_t D, const float* A, float L, float* dst, bool unrotate) {
   const float inv = 1.f / L;
   for (int64_t x = 0; x < D; ++x) dst[x] = A[x] * inv;
-  if (unrotate) fwht_normalized(dst, static_cast<int>(D));
+  if (unrotate) fwht_normalized(v, dst, static_cast<int>(D));
 }
 
 // Where row r of the item goes in [T, H*D] (q_work, out).
@@ -555,7 +556,7 @@ void end_part(const ItemShape& sh, const WorkItem& it, int64_t p, ItemScratch& w
 // out <- A / L for every row of an item that was not split.
 void store_item(const Ctx& c, const ItemShape& sh, const ItemScratch& w) {
   for (int64_t r = 0; r < sh.rows; ++r)
-    finish_row(sh.D, w.A + r * sh.D, w.L[r], c.a->out + row_offset(sh, r), sh.unrotate);
+    finish_row(*c.vec, sh.D, w.A + r * sh.D, w.L[r], c.a->out + row_offset(sh, r), sh.unrotate);
 }
 
 void attend_item(void* usr, size_t ii) {
@@ -676,7 +677,8 @@ void split_items(const PagedAttentionDims& d, const PagedAttentionArgs& a, Plan&
 }
 
 // Merges the parts of split items, in part order, with the same merge_part as inside an item; out <- A / L.
-void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, const std::vector<Split>& splits) {
+void merge_splits(const VecOps& v, const PagedAttentionDims& d, const PagedAttentionArgs& a,
+                  const std::vector<Split>& splits) {
   const int64_t D = d.head_size;
   for (const Split& sp : splits) {
     const ItemShape sh = item_shape(d, a, sp.item);
@@ -692,14 +694,15 @@ void merge_splits(const PagedAttentionDims& d, const PagedAttentionArgs& a, cons
         const float* st = part_state(at, D, p, r);
         merge_part(D, st, st[D], st[D + 1], dst, M, L);
       }
-      finish_row(D, dst, L, dst, sh.unrotate);
+      finish_row(v, D, dst, L, dst, sh.unrotate);
     }
   }
 }
 
 }  // namespace
 
-void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, const Parallel& par) {
+void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, const Parallel& par,
+                     const OpsIsa& isa) {
   const int64_t T = d.num_tokens;
   if (T == 0) return;
   thread_local Plan plan;
@@ -719,11 +722,11 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   plan.q_codes.resize(int_dots(d.kv_dtype) ? plan.q_work.size() : 0);
   plan.q_mul.resize(int_dots(d.kv_dtype) ? static_cast<size_t>(T * d.num_heads) : 0);
   Ctx c{&d,    &a, plan.token_seq.data(), plan.q_work.data(), plan.q_codes.data(), plan.q_mul.data(), plan.items.data(),
-        &vec()};
+        isa.vec};
   // Two or more tokens write their rows on the pool (kParallelTokens); one token writes on the calling thread.
   (T >= kParallelTokens ? pool : serial).run(static_cast<size_t>(T), write_token, &c);
   pool.run(plan.items.size(), attend_item, &c);
-  merge_splits(d, a, plan.splits);
+  merge_splits(*isa.vec, d, a, plan.splits);
 }
 
 }  // namespace ortllm

@@ -45,6 +45,9 @@ struct PagedAttentionArgs {
 };
 
 // Writes the new K/V rows into the caches and the attention result into out.
-void paged_attention(const PagedAttentionDims& dims, const PagedAttentionArgs& args, const Parallel& par);
+struct OpsIsa;
+// isa: the session's row of the ISA registry (isa.h); every row gives the same bits.
+void paged_attention(const PagedAttentionDims& dims, const PagedAttentionArgs& args, const Parallel& par,
+                     const OpsIsa& isa);
 
 }  // namespace ortllm

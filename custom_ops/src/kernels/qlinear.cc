@@ -17,12 +17,11 @@
 // prefill splits rows x token chunks. Small calls run on the calling thread.
 #include "qlinear.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "isa.h"
 #include "vec.h"
 
 namespace ortllm {
@@ -147,7 +146,7 @@ struct Ctx {
   std::vector<float>& dora_rows;
   std::vector<const float*>& row_scale;
   const float* const* scale_of = nullptr;  // row_scale.data() when a token of the call is a DoRA row
-  void (*mul8)(const float* v, const float* g, float* out) = nullptr;  // DoRA's multiply (mul8_avx2 on AVX2 tables)
+  const VecOps* vec = nullptr;  // the session's attention/LoRA table (argmax)
 };
 
 // ---- phase 1: activations
@@ -462,18 +461,6 @@ void merge_terms(Ctx& c) {
     }
 }
 
-// DoRA's multiply, out[r] = v[r] * g[r] for r < 8, into an aligned buffer the epilogue then reads. On the AVX2 tables
-// one aligned 32-byte store (an unaligned one is split in two 16-byte halves under generic tuning): SiLU(gate) * up
-// loads the 8 values with one 32-byte load, which the CPU forwards only from one store covering it (from two halves
-// or eight floats the load waits for them to reach L1: +30% on SmolLM2's gate|up with 16 DoRA rows). A rounded
-// multiply: the same bits on every table.
-__attribute__((target("avx2"))) void mul8_avx2(const float* v, const float* g, float* out) {
-  _mm256_store_ps(out, _mm256_mul_ps(_mm256_loadu_ps(v), _mm256_loadu_ps(g)));
-}
-void mul8_portable(const float* v, const float* g, float* out) {
-  for (int r = 0; r < 8; ++r) out[r] = v[r] * g[r];
-}
-
 // DoRA: each DoRA slot's scale row over the N columns, and each token's pointer to it (nullptr for tokens of other
 // slots or none). Costs nothing when no token of the call has a DoRA slot.
 void plan_dora(Ctx& c) {
@@ -505,7 +492,6 @@ void plan_dora(Ctx& c) {
     if (s >= 0 && row_of[s] >= 0) c.row_scale[t] = c.dora_rows.data() + row_of[s] * width;
   }
   c.scale_of = c.row_scale.data();
-  c.mul8 = c.isa == &qlinear_scalar_isa() ? mul8_portable : mul8_avx2;  // the AVX2 tables run only on AVX2 CPUs
 }
 
 // ---- phase 3: projection + epilogue
@@ -542,9 +528,9 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
     const float* upi = up + 8 * i;
     if (c.scale_of != nullptr && c.scale_of[t] != nullptr) {  // a DoRA row: g * (x W^T + lora), then the epilogue
       const float* gs = c.scale_of[t] + c0;
-      c.mul8(vi, gs, scaled[0]);
+      c.isa->mul8(vi, gs, scaled[0]);
       vi = scaled[0];
-      if (gated) c.mul8(upi, gs + N / 2, scaled[1]), upi = scaled[1];
+      if (gated) c.isa->mul8(upi, gs + N / 2, scaled[1]), upi = scaled[1];
     }
     if (a.n_outputs > 1) {  // split outputs: a.y is output 0 alone, [T, width_0], not [T, ycols]
       store_split(a, t, c0, static_cast<int>(std::min<int64_t>(8, N - c0)), vi);
@@ -649,7 +635,7 @@ void item_argmax(Ctx& c, int64_t gi, int64_t g0, int64_t g1, int64_t t0, int64_t
   const int64_t N = c.d->out_dim, c0 = g0 * 8, n = std::min(N, g1 * 8) - c0;
   for (int64_t t = t0; t < t1; ++t) {
     const float* y = c.a->y + t * N + c0;
-    const int i = vec().argmax(y, static_cast<int>(n));
+    const int i = c.vec->argmax(y, static_cast<int>(n));
     c.best[t * c.g_items + gi] = y[i];
     c.best_at[t * c.g_items + gi] = c0 + i;
   }
@@ -678,14 +664,15 @@ void project_item(void* usr, size_t i) {
 
 }  // namespace
 
-void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par) {
+void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par, const OpsIsa& isa) {
   const int64_t T = d.num_tokens;
   if (T == 0 || d.out_dim == 0) return;
   Scratch& scratch = thread_scratch();
   Ctx c(scratch);
   c.d = &d;
   c.a = &a;
-  c.isa = &qlinear_isa();
+  c.isa = isa.qlinear;
+  c.vec = isa.vec;
   c.kb = d.k_blocks();
   c.groups = d.groups();
   c.kpad = c.kb * d.block_size;

@@ -158,9 +158,11 @@ struct QLinearArgs {
   int64_t* argmax;
 };
 
-void qlinear(const QLinearDims& dims, const QLinearArgs& args, const Parallel& par);
+struct OpsIsa;
+// isa: the session's row of the ISA registry (isa.h); every row gives the same bits.
+void qlinear(const QLinearDims& dims, const QLinearArgs& args, const Parallel& par, const OpsIsa& isa);
 
-// ---- ISA table (qlinear_scalar.cc, qlinear_avx2.cc); plain pointers, used by qlinear.cc.
+// ---- ISA table (qlinear_scalar.cc, x86/qlinear_*.cc); plain pointers, used by qlinear.cc.
 
 // One 8-row group's weights, as the micro-kernel reads them.
 struct QGroup {
@@ -243,15 +245,13 @@ struct QLinearIsa {
   // up to dot2_tokens tokens: the same bits as two group_dot16 calls. nullptr: the driver calls group_dot16.
   void (*group_dot2_16)(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0,
                         float* out1) = nullptr;
+  // DoRA's multiply, out[r] = v[r] * g[r] for r < 8, into a 32-byte aligned buffer the epilogue then reads (a rounded
+  // multiply: the same bits on every table). AVX2's is one aligned 32-byte store: SiLU(gate) * up loads the 8 values
+  // with one 32-byte load, which the CPU forwards only from one store covering it (from two halves or eight floats
+  // the load waits for them to reach L1: +30% on SmolLM2's gate|up with 16 DoRA rows).
+  void (*mul8)(const float* v, const float* g, float* out) = nullptr;
 };
 
-const QLinearIsa& qlinear_scalar_isa();
-const QLinearIsa* qlinear_avx2_isa();  // nullptr without an AVX2 build
-const QLinearIsa* qlinear_vnni_isa();  // nullptr without an AVX2 build or a CPU with AVX-512 VNNI (+VL, BW)
-const QLinearIsa* qlinear_amx_isa();   // nullptr without the VNNI table, AMX-INT8, or the kernel's permission for it
-// Follows vec() (scalar where it chose scalar); on AVX2, the AMX table where the CPU (and the kernel) have it, else
-// the VNNI table where the CPU has it; ORTLLM_OPS_ISA=avx512vnni stops at VNNI, =avx2 at AVX2. Every table gives
-// the same bits (tests compare them).
-const QLinearIsa& qlinear_isa();
+const QLinearIsa& qlinear_scalar_isa();  // the portable table; the others are the architecture's (isa.h)
 
 }  // namespace ortllm

@@ -149,6 +149,10 @@ void gelu_mul8(const float* g, const float* u, float* out) {
   }
 }
 
+void mul8(const float* v, const float* g, float* out) {
+  for (int r = 0; r < 8; ++r) out[r] = v[r] * g[r];
+}
+
 void rms_norm_row(const float* x, int K, const float* w, float eps, float* xn) {
   double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int k = 0; k < K; ++k) part[k % 8] += static_cast<double>(x[k]) * x[k];
@@ -160,23 +164,23 @@ void rms_norm_row(const float* x, int K, const float* w, float eps, float* xn) {
 }  // namespace
 
 const QLinearIsa& qlinear_scalar_isa() {
-  static const QLinearIsa isa{"scalar",  quantize_row, group_dot,    nullptr,        lora_shrink, lora_expand,
-                              silu_mul8, gelu_mul8,    rms_norm_row, quantize_row16, group_dot16};
-  return isa;
-}
-
-const QLinearIsa& qlinear_isa() {
-  static const QLinearIsa* chosen = [] {
-    const QLinearIsa* avx2 = qlinear_avx2_isa();
-    if (avx2 == nullptr || vec().name == std::string_view("scalar")) return &qlinear_scalar_isa();
-    const char* env = std::getenv("ORTLLM_OPS_ISA");
-    const std::string_view force = env ? env : "";
-    if (force == "avx2") return avx2;
-    const QLinearIsa* best = force == "avx512vnni" ? nullptr : qlinear_amx_isa();
-    if (best == nullptr) best = qlinear_vnni_isa();
-    return best ? best : avx2;
+  static const QLinearIsa isa = [] {
+    QLinearIsa t{};
+    t.name = "scalar";
+    t.quantize_row = quantize_row;
+    t.group_dot = group_dot;
+    t.group_dot2 = nullptr;  // the driver calls group_dot twice
+    t.lora_shrink = lora_shrink;
+    t.lora_expand = lora_expand;
+    t.silu_mul8 = silu_mul8;
+    t.gelu_mul8 = gelu_mul8;
+    t.rms_norm_row = rms_norm_row;
+    t.quantize_row16 = quantize_row16;
+    t.group_dot16 = group_dot16;
+    t.mul8 = mul8;
+    return t;
   }();
-  return *chosen;
+  return isa;
 }
 
 }  // namespace ortllm

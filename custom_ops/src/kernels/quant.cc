@@ -41,8 +41,8 @@ void apply_rope(float* x, int D, const float* cos, const float* sin, bool interl
   }
 }
 
-void fwht_normalized(float* x, int D) {
-  vec().fwht(x, D);
+void fwht_normalized(const VecOps& v, float* x, int D) {
+  v.fwht(x, D);
 }
 
 // max |x_i| (0 for D = 0; NaNs are skipped). A maximum does not depend on the order it is taken in, so four SSE
@@ -68,18 +68,18 @@ static float absmax(const float* x, int D) {
   return m;
 }
 
-uint16_t quantize_int8(const float* x, int D, uint8_t* codes) {
+uint16_t quantize_int8(const VecOps& v, const float* x, int D, uint8_t* codes) {
   const float amax = absmax(x, D);
   if (!(amax > 0.f)) {
     for (int i = 0; i < D; ++i) codes[i] = 0;
     return 0;
   }
   const uint16_t s16 = f16_ceil(amax / 127.0f);
-  vec().quantize_i8_codes(x, D, f16_to_float(s16), codes);  // round half to even, clamp to +-127
+  v.quantize_i8_codes(x, D, f16_to_float(s16), codes);  // round half to even, clamp to +-127
   return s16;
 }
 
-uint16_t quantize_int4(const float* x, int D, uint8_t* packed) {
+uint16_t quantize_int4(const VecOps& v, const float* x, int D, uint8_t* packed) {
   const float amax = absmax(x, D);
   const int half = D / 2;
   if (!(amax > 0.f)) {
@@ -90,7 +90,7 @@ uint16_t quantize_int4(const float* x, int D, uint8_t* packed) {
   // |x / s| <= 7 with the rounded-up scale, so the int8 codes are the int4 codes (NaN: 0).
   thread_local std::vector<uint8_t> codes;
   codes.resize(static_cast<size_t>(D));
-  vec().quantize_i8_codes(x, D, f16_to_float(s16), codes.data());
+  v.quantize_i8_codes(x, D, f16_to_float(s16), codes.data());
   for (int i = 0; i < half; ++i) {
     const int lo = static_cast<int8_t>(codes[i]) + 8, hi = static_cast<int8_t>(codes[i + half]) + 8;
     packed[i] = static_cast<uint8_t>(lo | (hi << 4));

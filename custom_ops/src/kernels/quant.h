@@ -6,6 +6,8 @@
 
 namespace ortllm {
 
+struct VecOps;
+
 // kFloat16: IEEE half values, no scales (the fp32 cache at half the bytes); the others are codes with an fp16 scale
 // per row.
 enum class KvDtype { kFloat32, kInt8, kFp8E4M3, kInt4, kFloat16 };
@@ -36,7 +38,8 @@ void apply_rope(float* x, int D, const float* cos, const float* sin, bool interl
 
 // x: [D], D a power of two. x <- H_D x / sqrt(D) (H_D Sylvester Hadamard; orthonormal, symmetric,
 // its own inverse), so dot(fwht(q), fwht(k)) == dot(q, k) in exact arithmetic.
-void fwht_normalized(float* x, int D);
+// v: the session's table (isa.h), whose fwht every table computes with the same operations.
+void fwht_normalized(const VecOps& v, float* x, int D);
 
 // Symmetric per-row quantization of x: [D] -> codes: [D], returns the scale as IEEE fp16 bits
 // (0 for an all-zero row). The scale is stored in fp16 (2 bytes per row instead of 4: 66 bytes per
@@ -44,11 +47,11 @@ void fwht_normalized(float* x, int D);
 // stored scale s, so dequantization is exactly s * code and |x / s| never exceeds the code range.
 // int8: s = f16_ceil(absmax / 127), code = round_half_even(x / s) in [-127, 127] (stored as a byte).
 // e4m3: s = f16_ceil(absmax / 448), code = e4m3fn byte nearest to x / s (ties to even mantissa).
-uint16_t quantize_int8(const float* x, int D, uint8_t* codes);
+uint16_t quantize_int8(const VecOps& v, const float* x, int D, uint8_t* codes);
 // int4 (D even): s = f16_ceil(absmax / 7), c = round_half_even(x / s) in [-7, 7], stored biased (c + 8 in 1..15)
 // two to a byte: packed[i] = (c[i] + 8) | (c[i + D/2] + 8) << 4 for i < D / 2 (the low nibbles are the first
 // half of the row, the high nibbles the second: one 4-bit shift unpacks a whole half, vec.h unpack_q4).
-uint16_t quantize_int4(const float* x, int D, uint8_t* packed);
+uint16_t quantize_int4(const VecOps& v, const float* x, int D, uint8_t* packed);
 uint16_t quantize_e4m3(const float* x, int D, uint8_t* codes);
 uint8_t float_to_e4m3(float v);  // |v| <= 448 expected; saturates at 448.
 // x: [D] -> IEEE fp16 bits, each rounded to nearest even (as F16C's vcvtps2ph with _MM_FROUND_TO_NEAREST_INT);

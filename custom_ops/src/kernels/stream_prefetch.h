@@ -11,12 +11,13 @@
 // ORTLLM_OPS_PREFETCH=t0|nta overrides the choice (A/B runs on a new CPU).
 #pragma once
 
-#include <xmmintrin.h>
-
 #include <cstdlib>
 #include <string_view>
 
 namespace ortllm {
+
+// The hint for this CPU when ORTLLM_OPS_PREFETCH does not force one: true for T0.
+bool stream_prefetch_t0_default();
 
 // True: prefetch streams with T0; false: NTA. Decided once per process.
 inline bool stream_prefetch_t0() {
@@ -25,8 +26,7 @@ inline bool stream_prefetch_t0() {
       if (std::string_view(force) == "t0") return true;
       if (std::string_view(force) == "nta") return false;
     }
-    __builtin_cpu_init();
-    return __builtin_cpu_is("intel") != 0;
+    return stream_prefetch_t0_default();
   }();
   return t0;
 }
@@ -35,9 +35,9 @@ inline bool stream_prefetch_t0() {
 // caller outside its loop). Prefetches never fault.
 inline void prefetch_stream(const void* p, bool t0) {
   if (t0) {
-    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+    __builtin_prefetch(p, 0, 3);
   } else {
-    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_NTA);
+    __builtin_prefetch(p, 0, 0);
   }
 }
 

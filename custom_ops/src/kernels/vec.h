@@ -2,10 +2,10 @@
 //
 // What: the few dense inner loops the ops spend their time in (row-block dot products, P@V
 // accumulation, 8-bit codes as floats, exp-and-sum for the softmax, a small strided GEMM).
-// Why this way: the library must run on any x86-64, so nothing is compiled with -mavx2 globally.
-// vec_avx2.cc compiles its bodies under `#pragma GCC target("avx2,fma")`; vec_scalar.cc is the
-// portable fallback. `vec()` picks one table once, with __builtin_cpu_supports. Each entry works on
-// a whole block (not one element or one row) so the indirect call is amortized.
+// Why this way: the library must run on any CPU, so nothing is compiled with -mavx2 globally.
+// x86/vec_avx2.cc compiles its bodies under `#pragma GCC target("avx2,fma")`; vec_scalar.cc is the
+// portable fallback. A session's row of the ISA registry (isa.h) names the table its kernels call. Each entry
+// works on a whole block (not one element or one row) so the indirect call is amortized.
 // Plain pointers and sizes only: no ORT types here.
 #pragma once
 #include <cstddef>
@@ -80,14 +80,7 @@ struct VecOps {
   void (*pv_f16)(const float* P, int ldp, int rows, const uint16_t* V, int nkeys, int D, float* O);
 };
 
-const VecOps& vec_scalar_ops();
-const VecOps* vec_avx2_ops();  // nullptr when the build has no AVX2 path
-// AVX2's table with the int8 attention loops on AVX-512 VNNI (scores_q8 on dpbusd, pv_q16 on dpwssd);
-// nullptr when the build or the CPU lacks AVX-512 F/BW/VL/VNNI.
-const VecOps* vec_vnni_ops();
-// The table for this CPU: AVX-512 VNNI's, else AVX2's when the CPU has AVX2+FMA+F16C, else scalar.
-// ORTLLM_OPS_ISA=scalar forces the fallback, =avx2 the AVX2 table (tests use them to cover those paths).
-const VecOps& vec();
+const VecOps& vec_scalar_ops();  // the portable table; the others are the architecture's (isa.h)
 
 // fp8 e4m3fn byte -> float (exact). Shared by both paths and the quantizer.
 float e4m3_to_float(uint8_t code);

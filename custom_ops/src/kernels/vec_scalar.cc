@@ -250,25 +250,31 @@ void widen_f16(const uint16_t* h, int n, float* out) {
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
-  static const VecOps ops{
-      "scalar",          scores,    pv,         widen_e4m3, unpack_q4, scale_columns, scores_q8,      pv_q16,
-      weights_q16,       exp_sum,   vmax,       vargmax,    scal,      gemm_rows,     gemm_rows_f16b, fwht,
-      quantize_i8_codes, widen_f16, scores_f16, pv_f16};
-  return ops;
-}
-
-const VecOps& vec() {
-  static const VecOps* chosen = [] {
-    const char* force = std::getenv("ORTLLM_OPS_ISA");
-    if (force && std::strcmp(force, "scalar") == 0) return &vec_scalar_ops();
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c") ||
-        vec_avx2_ops() == nullptr)
-      return &vec_scalar_ops();
-    const VecOps* vnni = force && std::strcmp(force, "avx2") == 0 ? nullptr : vec_vnni_ops();
-    return vnni ? vnni : vec_avx2_ops();
+  static const VecOps ops = [] {
+    VecOps t{};
+    t.name = "scalar";
+    t.scores = scores;
+    t.pv = pv;
+    t.widen_e4m3 = widen_e4m3;
+    t.unpack_q4 = unpack_q4;
+    t.scale_columns = scale_columns;
+    t.scores_q8 = scores_q8;
+    t.pv_q16 = pv_q16;
+    t.weights_q16 = weights_q16;
+    t.exp_sum = exp_sum;
+    t.max = vmax;
+    t.argmax = vargmax;
+    t.scal = scal;
+    t.gemm_rows = gemm_rows;
+    t.gemm_rows_f16b = gemm_rows_f16b;
+    t.fwht = fwht;
+    t.quantize_i8_codes = quantize_i8_codes;
+    t.widen_f16 = widen_f16;
+    t.scores_f16 = scores_f16;
+    t.pv_f16 = pv_f16;
+    return t;
   }();
-  return *chosen;
+  return ops;
 }
 
 }  // namespace ortllm

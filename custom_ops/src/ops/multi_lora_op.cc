@@ -79,10 +79,11 @@ const Symbols& symbols() {
 
 }  // namespace
 
-MultiLoraKernel::MultiLoraKernel(const OrtApi& api, const OrtKernelInfo* info)
+MultiLoraKernel::MultiLoraKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa& isa)
     : block_size_(attr_int(&api, info, "block_size", 0)),
       packed_a_(attr_int(&api, info, "packed_a", 0) != 0),
-      lora_layer_(attr_int(&api, info, "lora_layer", -1)) {}
+      lora_layer_(attr_int(&api, info, "lora_layer", -1)),
+      isa_(&isa) {}
 
 OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
   const OrtApi& api = Ort::GetApi();
@@ -176,10 +177,10 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
     if (T == 0 || out == 0) return nullptr;
 
     Parallel par{ort_parallel_for, ctx};
-    if (off != nullptr) add_block_offsets({T, in, out, block_size_}, x.as<float>(), off, yp, par);
+    if (off != nullptr) add_block_offsets({T, in, out, block_size_}, x.as<float>(), off, yp, par, *isa_);
     MultiLoraDims dims{T, in, out, n_slots, r_max, packed_a_};
     MultiLoraArgs args{x.as<float>(), A.as<uint16_t>(), B.as<uint16_t>(), scale.as<float>(), rk, ta, yp, M, w};
-    multi_lora(dims, args, par);
+    multi_lora(dims, args, par, *isa_);
     if (dflag != nullptr) dora_scale_rows(dims, args, dflag, g);
     return nullptr;
   } catch (const OpError& e) {
@@ -193,7 +194,7 @@ OrtStatusPtr MultiLoraKernel::ComputeV2(OrtKernelContext* ctx) {
 
 OrtStatusPtr MultiLoraOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
   try {
-    *kernel = new MultiLoraKernel(api, info);
+    *kernel = new MultiLoraKernel(api, info, *isa);
     return nullptr;
   } catch (const std::exception& e) {
     return api.CreateStatus(ORT_FAIL, e.what());

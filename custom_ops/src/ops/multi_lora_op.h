@@ -3,6 +3,7 @@
 //   inputs and attributes: the table multi_lora_schema() (multi_lora_op.cc; custom_ops/README.md lists it)
 //   outputs: 0 y [T, out] f32 (may alias base_y: then nothing is copied)
 #pragma once
+#include "../kernels/isa.h"
 #include "op_schema.h"
 #include "op_util.h"
 
@@ -11,16 +12,18 @@ namespace ortllm {
 const OpSchema& multi_lora_schema();  // MultiLoRA's inputs and attributes
 
 struct MultiLoraKernel {
-  MultiLoraKernel(const OrtApi& api, const OrtKernelInfo* info);
+  MultiLoraKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa& isa);
   OrtStatusPtr ComputeV2(OrtKernelContext* context);
 
  private:
   int64_t block_size_ = 0;
   bool packed_a_ = false;
   int64_t lora_layer_ = -1;
+  const OpsIsa* isa_;
 };
 
 struct MultiLoraOp : Ort::CustomOpBase<MultiLoraOp, MultiLoraKernel, true> {
+  const OpsIsa* isa = nullptr;  // the session's kernel path (register.cc sets it per registration)
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "MultiLoRA"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }

@@ -200,7 +200,8 @@ static_assert(sizeof(kInputs) / sizeof(kInputs[0]) == PagedAttentionOp<float>::k
 }  // namespace
 
 template <typename CacheT>
-PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtKernelInfo* info) : api_(api) {
+PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa& isa)
+    : api_(api), isa_(&isa) {
   num_heads_ = attr_int(&api, info, "num_heads", 0);
   kv_heads_ = attr_int(&api, info, "kv_num_heads", 0);
   head_size_ = attr_int(&api, info, "head_size", 0);
@@ -352,7 +353,7 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
                             ks,
                             vs,
                             out};
-    paged_attention(dims, args, Parallel{ort_parallel_for, context});
+    paged_attention(dims, args, Parallel{ort_parallel_for, context}, *isa_);
     return nullptr;
   } catch (const OpError& e) {
     return api.CreateStatus(ORT_INVALID_ARGUMENT, e.what());
@@ -367,7 +368,7 @@ template <typename CacheT>
 OrtStatusPtr PagedAttentionOp<CacheT>::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info,
                                                       void** kernel) const {
   try {
-    *kernel = new PagedAttentionKernel<CacheT>(api, info);
+    *kernel = new PagedAttentionKernel<CacheT>(api, info, *this->isa);
     return nullptr;
   } catch (const std::exception& e) {
     return api.CreateStatus(ORT_FAIL, e.what());

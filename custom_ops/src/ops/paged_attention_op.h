@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../kernels/quant.h"
+#include "../kernels/isa.h"
 #include "op_schema.h"
 #include "op_util.h"
 
@@ -24,7 +25,7 @@ const OpSchema& paged_attention_schema();  // PagedAttention's inputs and attrib
 
 template <typename CacheT>
 struct PagedAttentionKernel {
-  PagedAttentionKernel(const OrtApi& api, const OrtKernelInfo* info);
+  PagedAttentionKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa& isa);
   OrtStatusPtr ComputeV2(OrtKernelContext* context);
 
  private:
@@ -37,6 +38,7 @@ struct PagedAttentionKernel {
   int64_t layer_ = -1;      // >= 0: the cache inputs hold every layer ([n_layers, ...]); this node reads this one
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
   TensorIn cos_, sin_;      // the rope tables when they are initializers (read once), else absent
+  const OpsIsa* isa_;
 };
 
 template <typename CacheT>
@@ -47,6 +49,7 @@ struct PagedAttentionOp : Ort::CustomOpBase<PagedAttentionOp<CacheT>, PagedAtten
       : std::is_same<CacheT, uint16_t>::value ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
                                               : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
 
+  const OpsIsa* isa = nullptr;  // the session's kernel path (register.cc sets it per registration)
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "PagedAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }

@@ -142,7 +142,7 @@ bool parse_epilogue(const std::string& s, QLinearEpilogue* e) {
   return false;
 }
 
-QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info) {
+QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa& isa) : isa_(&isa) {
   K_ = attr_int(&api, info, "K", 0);
   N_ = attr_int(&api, info, "N", 0);
   bits_ = attr_int(&api, info, "bits", 0);
@@ -417,7 +417,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
         a.argmax = am;
       }
     }
-    qlinear(dims, a, Parallel{ort_parallel_for, context});
+    qlinear(dims, a, Parallel{ort_parallel_for, context}, *isa_);
     return nullptr;
   } catch (const OpError& e) {
     return make_status(ORT_INVALID_ARGUMENT, e.what());
@@ -430,7 +430,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
 
 OrtStatusPtr QLinearOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
   try {
-    *kernel = new QLinearKernel(api, info);
+    *kernel = new QLinearKernel(api, info, *isa);
     return nullptr;
   } catch (const std::exception& e) {
     return api.CreateStatus(ORT_FAIL, e.what());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../kernels/qlinear.h"
+#include "../kernels/isa.h"
 #include "op_schema.h"
 #include "op_util.h"
 
@@ -22,7 +23,7 @@ const OpSchema& qlinear_schema();  // QLinear's inputs and attributes
 bool parse_epilogue(const std::string& s, QLinearEpilogue* e);
 
 struct QLinearKernel {
-  QLinearKernel(const OrtApi& api, const OrtKernelInfo* info);
+  QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa& isa);
   OrtStatusPtr ComputeV2(OrtKernelContext* context);
 
  private:
@@ -38,11 +39,13 @@ struct QLinearKernel {
   TensorIn constant_[4];
   static size_t constant_slot(size_t input);
   TensorIn input_of(const OrtApi& api, OrtKernelContext* context, size_t n_inputs, size_t i) const;
+  const OpsIsa* isa_;
 };
 
 constexpr int kQLinearSegInputs = 5;  // per LoRA segment j: A_j, A_scale_j, B_j, B_scale_j, rank_j
 
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel, true> {
+  const OpsIsa* isa = nullptr;  // the session's kernel path (register.cc sets it per registration)
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const;
   const char* GetName() const { return "QLinear"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }

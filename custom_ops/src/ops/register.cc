@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/isa.h"
 #include "../kernels/stream_prefetch.h"
 #include "../kernels/vec.h"
 #include "multi_lora_op.h"
@@ -177,9 +178,17 @@ struct Ops {
   ortllm::QLinearOp qlinear;
 };
 
-Ops& ops() {
-  static Ops o = [] {
+// The ops of one kernel path: one set per row of the ISA registry, made at the first session that names it and kept
+// as long as the library (sessions hold pointers to them).
+Ops& ops_for(const ortllm::OpsIsa& isa) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<Ops>> made;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& o : made)
+    if (o->qlinear.isa == &isa) return *o;
+  made.push_back(std::make_unique<Ops>([&] {
     Ops x;
+    x.pa_f32.isa = x.pa_f16.isa = x.pa_u8.isa = x.lora.isa = x.qlinear.isa = &isa;
     for (OrtCustomOp* op : {static_cast<OrtCustomOp*>(&x.pa_f32), static_cast<OrtCustomOp*>(&x.pa_f16),
                             static_cast<OrtCustomOp*>(&x.pa_u8)}) {
       op->GetMayInplace = paged_attention_inplace;
@@ -193,8 +202,36 @@ Ops& ops() {
     x.qlinear.ReleaseMayInplace = release_inplace;
     x.qlinear.InferOutputShapeFn = qlinear_shape;
     return x;
-  }();
-  return o;
+  }()));
+  return *made.back();
+}
+
+// The session's kernel path: its config entry ortllm.ops_isa (isa.h kSessionIsaKey) if set, else the default.
+// nullptr (and *error set) when the entry names a path this build or CPU lacks.
+const ortllm::OpsIsa* session_isa(const OrtApi* api, const OrtSessionOptions* options, std::string* error) {
+  int has = 0;
+  if (OrtStatus* st = api->HasSessionConfigEntry(options, ortllm::kSessionIsaKey, &has)) {
+    api->ReleaseStatus(st);
+    has = 0;
+  }
+  if (!has) return &ortllm::default_isa();
+  size_t size = 0;
+  std::string value;
+  if (OrtStatus* st = api->GetSessionConfigEntry(options, ortllm::kSessionIsaKey, nullptr, &size)) {
+    api->ReleaseStatus(st);
+  }
+  value.resize(size);
+  if (size > 0) {
+    if (OrtStatus* st = api->GetSessionConfigEntry(options, ortllm::kSessionIsaKey, value.data(), &size)) {
+      api->ReleaseStatus(st);
+    }
+    value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  }
+  if (value.empty()) return &ortllm::default_isa();
+  if (const ortllm::OpsIsa* isa = ortllm::find_isa(value)) return isa;
+  *error = std::string(ortllm::kSessionIsaKey) + "='" + value + "': not a kernel path of this CPU and build; choose one of " +
+           ortllm::supported_isa_names();
+  return nullptr;
 }
 
 void keep_domain(Ort::CustomOpDomain&& domain) {
@@ -212,11 +249,18 @@ __attribute__((visibility("default"))) int OrtllmOpsAbiVersion() {
   return ORTLLM_OPS_ABI_VERSION;
 }
 
-// The kernel path this CPU (and ORTLLM_OPS_ISA=scalar|avx2|avx512vnni) selects: "scalar", "avx2", "avx512vnni"
-// (AVX2 kernels, with QLinear's and attention's integer dots on AVX-512 VNNI), or "amx" (VNNI's, with QLinear's
-// two-group dots of 8 tokens or more on the AMX tile unit).
+// The kernel path a session takes by default: the best this CPU runs, or what ORTLLM_OPS_ISA names (isa.h
+// default_isa): "scalar", "avx2", "avx512vnni" (AVX2 kernels, with QLinear's and attention's integer dots on
+// AVX-512 VNNI), or "amx" (VNNI's, with QLinear's two-group dots of 8 tokens or more on the AMX tile unit).
 __attribute__((visibility("default"))) const char* OrtllmOpsIsa() {
-  return ortllm::qlinear_isa().name;
+  return ortllm::default_isa().name;
+}
+
+// Every kernel path this build and CPU run, best first, comma-separated ("avx2, scalar"): the values a session's
+// ortllm.ops_isa entry may take.
+__attribute__((visibility("default"))) const char* OrtllmOpsIsas() {
+  static const std::string names = ortllm::supported_isa_names();
+  return names.c_str();
 }
 
 // The hint the decode kernels prefetch their once-read streams with (kernels/stream_prefetch.h): "t0" on Intel,
@@ -246,8 +290,11 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   }
   Ort::InitApi(api);
   try {
+    std::string error;
+    const ortllm::OpsIsa* isa = session_isa(api, options, &error);
+    if (isa == nullptr) return api->CreateStatus(ORT_INVALID_ARGUMENT, error.c_str());
     Ort::CustomOpDomain domain{"ortllm"};
-    Ops& o = ops();
+    Ops& o = ops_for(*isa);
     domain.Add(&o.pa_f32);
     domain.Add(&o.pa_f16);
     domain.Add(&o.pa_u8);

@@ -18,7 +18,8 @@
 
 #include "cpu_features.h"
 #include "int8_attention_loops.h"
-#include "vec.h"
+#include "../vec.h"
+#include "isa_x86.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options

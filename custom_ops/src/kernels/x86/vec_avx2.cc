@@ -26,7 +26,8 @@
 #include <cstring>
 
 #include "int8_attention_loops.h"
-#include "vec.h"
+#include "../vec.h"
+#include "isa_x86.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -641,26 +642,30 @@ void widen_f16(const uint16_t* h, int n, float* out) {
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table, never runs AVX2 code itself.
 const VecOps* vec_avx2_ops() {
-  static const VecOps ops{"avx2",
-                          avx2::scores,
-                          avx2::pv,
-                          avx2::widen_e4m3,
-                          avx2::unpack_q4,
-                          avx2::scale_columns,
-                          avx2::scores_q8,
-                          avx2::pv_q16,
-                          avx2::weights_q16,
-                          avx2::exp_sum,
-                          avx2::vmax,
-                          avx2::vargmax,
-                          avx2::scal,
-                          avx2::gemm_rows,
-                          avx2::gemm_rows_f16b,
-                          avx2::fwht,
-                          avx2::quantize_i8_codes,
-                          avx2::widen_f16,
-                          avx2::scores_f16,
-                          avx2::pv_f16};
+  static const VecOps ops = [] {
+    VecOps t{};
+    t.name = "avx2";
+    t.scores = avx2::scores;
+    t.pv = avx2::pv;
+    t.widen_e4m3 = avx2::widen_e4m3;
+    t.unpack_q4 = avx2::unpack_q4;
+    t.scale_columns = avx2::scale_columns;
+    t.scores_q8 = avx2::scores_q8;
+    t.pv_q16 = avx2::pv_q16;
+    t.weights_q16 = avx2::weights_q16;
+    t.exp_sum = avx2::exp_sum;
+    t.max = avx2::vmax;
+    t.argmax = avx2::vargmax;
+    t.scal = avx2::scal;
+    t.gemm_rows = avx2::gemm_rows;
+    t.gemm_rows_f16b = avx2::gemm_rows_f16b;
+    t.fwht = avx2::fwht;
+    t.quantize_i8_codes = avx2::quantize_i8_codes;
+    t.widen_f16 = avx2::widen_f16;
+    t.scores_f16 = avx2::scores_f16;
+    t.pv_f16 = avx2::pv_f16;
+    return t;
+  }();
   return &ops;
 }
 }  // namespace ortllm

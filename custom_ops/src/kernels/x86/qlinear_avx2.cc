@@ -17,8 +17,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "qlinear.h"
-#include "stream_prefetch.h"
+#include "../qlinear.h"
+#include "isa_x86.h"
+#include "../stream_prefetch.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -444,6 +445,12 @@ __m256 sigmoid8(__m256 s) {
   return _mm256_blendv_ps(neg, pos, _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_GE_OQ));
 }
 
+// DoRA's multiply (QLinearIsa::mul8): one aligned 32-byte store (an unaligned one is split in two 16-byte halves
+// under generic tuning).
+void mul8(const float* v, const float* g, float* out) {
+  _mm256_store_ps(out, _mm256_mul_ps(_mm256_loadu_ps(v), _mm256_loadu_ps(g)));
+}
+
 void silu_mul8(const float* g, const float* u, float* out) {
   const __m256 gv = _mm256_loadu_ps(g);
   _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid8(gv)), _mm256_loadu_ps(u)));
@@ -466,17 +473,22 @@ void gelu_mul8(const float* g, const float* u, float* out) {
 namespace ortllm {
 // Compiled for the baseline ISA: only hands out the table.
 const QLinearIsa* qlinear_avx2_isa() {
-  static const QLinearIsa isa{"avx2",
-                              avx2::quantize_row,
-                              avx2::group_dot,
-                              avx2::group_dot2,
-                              avx2::lora_shrink,
-                              avx2::lora_expand,
-                              avx2::silu_mul8,
-                              avx2::gelu_mul8,
-                              avx2::rms_norm_row,
-                              avx2::quantize_row16,
-                              avx2::group_dot16};
+  static const QLinearIsa isa = [] {
+    QLinearIsa t{};
+    t.name = "avx2";
+    t.quantize_row = avx2::quantize_row;
+    t.group_dot = avx2::group_dot;
+    t.group_dot2 = avx2::group_dot2;
+    t.lora_shrink = avx2::lora_shrink;
+    t.lora_expand = avx2::lora_expand;
+    t.silu_mul8 = avx2::silu_mul8;
+    t.gelu_mul8 = avx2::gelu_mul8;
+    t.rms_norm_row = avx2::rms_norm_row;
+    t.quantize_row16 = avx2::quantize_row16;
+    t.group_dot16 = avx2::group_dot16;
+    t.mul8 = avx2::mul8;
+    return t;
+  }();
   return &isa;
 }
 }  // namespace ortllm

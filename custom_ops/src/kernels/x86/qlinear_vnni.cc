@@ -14,8 +14,9 @@
 #include <type_traits>
 
 #include "cpu_features.h"
-#include "qlinear.h"
-#include "stream_prefetch.h"
+#include "../qlinear.h"
+#include "isa_x86.h"
+#include "../stream_prefetch.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -319,9 +320,13 @@ const QLinearIsa* qlinear_vnni_isa() {
   static const QLinearIsa* isa = []() -> const QLinearIsa* {
     const QLinearIsa* avx2 = qlinear_avx2_isa();
     if (avx2 == nullptr || !cpu_has_avx512_vnni()) return nullptr;
-    static const QLinearIsa table{"avx512vnni",       avx2->quantize_row,   vnni::group_dot,  vnni::group_dot2,
-                                  vnni::lora_shrink,  vnni::lora_expand,    avx2->silu_mul8,  avx2->gelu_mul8,
-                                  avx2->rms_norm_row, avx2->quantize_row16, vnni::group_dot16};
+    static QLinearIsa table = *avx2;  // AVX2's, with these dots
+    table.name = "avx512vnni";
+    table.group_dot = vnni::group_dot;
+    table.group_dot2 = vnni::group_dot2;
+    table.lora_shrink = vnni::lora_shrink;
+    table.lora_expand = vnni::lora_expand;
+    table.group_dot16 = vnni::group_dot16;
     return &table;
   }();
   return isa;

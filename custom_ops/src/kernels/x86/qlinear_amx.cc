@@ -25,7 +25,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "qlinear.h"
+#include "../qlinear.h"
+#include "isa_x86.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
