@@ -8,8 +8,6 @@ input so a caller feeds or binds whatever it likes.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
@@ -52,39 +50,19 @@ def value_info(name: str, dtype: int, shape) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, dtype, [None] * shape if isinstance(shape, int) else shape)
 
 
-# The kernel path of the sessions session() makes when it is not given one (ops_path); None: the library's default.
-_SESSION_ISA: ContextVar[str | None] = ContextVar("ortllm_session_isa", default=None)
-
-
-@contextmanager
-def ops_path(isa: str | None):
-    """Sessions made inside (session()) take kernel path isa (one of ops_isas(); None: the default), so one
-    process runs the same graphs on every path and compares them."""
-    token = _SESSION_ISA.set(isa)
-    try:
-        yield
-    finally:
-        _SESSION_ISA.reset(token)
-
-
-def session_path() -> str | None:
-    """The kernel path ops_path() set for the sessions made now (None: the default): a key for caches of sessions."""
-    return _SESSION_ISA.get()
-
-
 def session(graph: onnx.ModelProto | bytes, threads: int = 1, *, library: Path | None = None,
             spinning: bool = True, isa: str | None = None) -> ort.InferenceSession:
     """A CPU session with libortllm_ops.so registered (library: another build of it). spinning=False: idle
     intra-op workers sleep, for benches that keep several sessions side by side (a spinning pool steals the cores
     from whichever session is being timed); True is ORT's default, the engine's setting. isa: the ops' kernel path
-    (ops_library.ops_isas()); None: the default."""
+    (ops_library.ops_isas()); None: the default, or what ops_library.sessions_on set."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    register_ops(so, library, isa=isa if isa is not None else _SESSION_ISA.get())
+    register_ops(so, library, isa=isa)
     data = graph if isinstance(graph, bytes) else graph.SerializeToString()
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 

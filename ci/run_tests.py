@@ -1,16 +1,14 @@
-"""`make test`: the whole suite on this CPU's best ops path, and the tests that depend on the ops' numerics (marker
-isa_paths: quality gates, batch invariance, speculative identity, ops parity) again on the AVX2 path
-(ORTLLM_OPS_ISA=avx2), unless the best path already is AVX2.
+"""`make test`: the whole suite. The tests that depend on the ops' numerics (marker isa_paths: quality gates, batch
+invariance, speculative identity, ops parity) run on every path they take inside their own process (each session on
+its own path: tests/conftest.py isa_paths, tests/custom_ops/conftest.py ops_path), so no job repeats per path.
 
 The suite runs as jobs, one pytest process per test package or two (jobs()), two at a time. One process over
 the whole suite grew to 18 GB of session state (models, tokenizers, torch) and was killed for memory on a 24 GiB
 machine; a process per package starts each clean. One at a time left the second core idle half the time (a 2-core
 host measured 1.15 cores busy on average over the pipeline tests), so two run at once, as long as the peaks of the
 running jobs (each job's peak, measured or bounded: jobs()) stay within MEMORY_BUDGET_GB; a job starts once the jobs
-it comes after have ended (an AVX2 job after its package's first run, which builds the artifacts it scores). Every
-job shares the session artifacts (ORTLLM_TEST_ARTIFACTS, tests/conftest.py: built once, by whichever job needs one
-first, under a lock); the AVX2 jobs wait for each artifact the first run builds (ORTLLM_TEST_ARTIFACTS_WAIT=1) until
-every first-run job has ended (DIR/builder-done).
+it comes after have ended. Every job shares the session artifacts (ORTLLM_TEST_ARTIFACTS, tests/conftest.py: built
+once, by whichever job needs one first, under a lock).
 
 Each job's output is printed whole when it ends, then every job's time. PYTEST_ARGS (environment): extra
 pytest arguments for every job; ORTLLM_TEST_LANES: jobs at a time (default 2).
@@ -31,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MEMORY_BUDGET_GB = 21.0      # of the 24 GiB host: what the running jobs' peaks may add up to
-NO_TESTS = 5                 # pytest's exit status when a job selects nothing (e.g. no isa_paths test in a package)
+NO_TESTS = 5                 # pytest's exit status when a job selects nothing
 
 
 @dataclass
@@ -40,7 +38,6 @@ class Job:
     paths: list[str]
     peak_gb: float                                  # the most memory its process used, measured alone
     after: list[str] = field(default_factory=list)  # jobs that must end first
-    isa: str | None = None                          # forced ops path (ORTLLM_OPS_ISA); None: this CPU's best
     proc: subprocess.Popen | None = None
     log: Path | None = None
     start: float = 0.0
@@ -48,7 +45,7 @@ class Job:
     rc: int | None = None
 
 
-def jobs(best: str) -> list[Job]:
+def jobs() -> list[Job]:
     """The suite in the order jobs are taken (longest and largest first). Peaks: tests/runtime/test_gemma3_invariance.py
     16.2 GB run alone (Gemma 3's 262k head, fp32 and int8 engines), the pipeline tests 8.1 GB (memory in use while
     they ran alone, sampled every 10 s); the others are bounds above what was seen, not per-job measurements (the
@@ -56,7 +53,7 @@ def jobs(best: str) -> list[Job]:
     top = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py"))
     runtime = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "runtime").glob("test_*.py"))
     gemma = "tests/runtime/test_gemma3_invariance.py"
-    first = [
+    return [
         Job("runtime", [p for p in runtime if p != gemma], 8.0),
         Job("calibration+batch", ["tests/calibration", "tests/batch"], 6.0),
         Job("pipeline", ["tests/pipeline"], 8.5),
@@ -65,16 +62,6 @@ def jobs(best: str) -> list[Job]:
         Job("custom-ops", ["tests/custom_ops"], 4.0),
         Job("cli+rest", ["tests/cli", *top], 6.0),
     ]
-    if best == "avx2":
-        return first
-    second = [Job(f"avx2:{j.name}", j.paths, j.peak_gb, after=[j.name], isa="avx2") for j in first if marks_isa(j)]
-    return first + second
-
-
-def marks_isa(job: Job) -> bool:
-    """Whether a test file of the job carries the isa_paths marker (a job without one needs no AVX2 twin)."""
-    files = [f for p in job.paths for f in ([REPO / p] if p.endswith(".py") else (REPO / p).rglob("test_*.py"))]
-    return any("mark.isa_paths" in f.read_text(errors="replace") for f in files)
 
 
 # Two jobs share two cores: a thread that waits for work must sleep, not spin. ONNX Runtime's intra-op threads spin
@@ -89,9 +76,6 @@ QUIET_WAITS = {"ORTLLM_ORT_CONFIG": "session.intra_op.allow_spinning=0", "OMP_WA
 def start(job: Job, shared: Path, extra: list[str]) -> None:
     env = {**QUIET_WAITS, **os.environ, "ORTLLM_TEST_ARTIFACTS": str(shared)}
     cmd = [sys.executable, "-m", "pytest", "-q", *extra, *job.paths]
-    if job.isa:
-        env |= {"ORTLLM_OPS_ISA": job.isa, "ORTLLM_TEST_ARTIFACTS_WAIT": "1"}
-        cmd[4:4] = ["-m", "isa_paths"]
     job.log = shared / f"{job.name.replace(':', '-').replace('+', '-')}.log"
     with open(job.log, "w") as f:
         f.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
@@ -113,11 +97,10 @@ def main() -> int:
                           capture_output=True, text=True, check=True).stdout.strip()
     lanes = int(os.environ.get("ORTLLM_TEST_LANES", "2"))
     extra = shlex.split(os.environ.get("PYTEST_ARGS", ""))
-    todo = jobs(best)
-    firsts = {j.name for j in todo if j.isa is None}
+    todo = jobs()
     shared = Path(tempfile.mkdtemp(prefix="ortllm-test-artifacts."))
-    print(f"== make test: the suite on the ops path {best} (this CPU's best)"
-          + ("" if best == "avx2" else ", and the isa_paths tests on avx2") + f", {lanes} jobs at a time ==",
+    print(f"== make test: the suite, the ops' default path {best} (and the isa_paths tests on every path they take), "
+          f"{lanes} jobs at a time ==",
           flush=True)
     t0, running, done = time.monotonic(), [], set()
     try:
@@ -132,8 +115,6 @@ def main() -> int:
                 running.remove(job)
                 job.rc, job.seconds = job.proc.returncode, time.monotonic() - job.start
                 done.add(job.name)
-                if firsts <= done:
-                    (shared / "builder-done").touch()
                 print(f"== {time.monotonic() - t0:6.0f} s: {job.name} ended with exit {job.rc} after "
                       f"{job.seconds:.0f} s ==", flush=True)
                 print(job.log.read_text(errors="replace"), flush=True)

@@ -12,6 +12,8 @@ import ctypes
 import functools
 import json
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,26 @@ def ops_abi_version(path: Path) -> int:
     return int(fn())
 
 
+# The kernel path of sessions registered without one in this context (sessions_on); None: the library's default.
+_SESSIONS_ISA: ContextVar[str | None] = ContextVar("ortllm_sessions_isa", default=None)
+
+
+@contextmanager
+def sessions_on(isa: str | None):
+    """Sessions registered inside this block (this thread, this context) without a path of their own take isa, one
+    of ops_isas() (None: the default): the tests run the same graphs and engines on every path in one process."""
+    token = _SESSIONS_ISA.set(isa)
+    try:
+        yield
+    finally:
+        _SESSIONS_ISA.reset(token)
+
+
+def sessions_isa() -> str | None:
+    """The path sessions_on() set for this context (None: the default), e.g. a key for a cache of sessions."""
+    return _SESSIONS_ISA.get()
+
+
 def _library_string(path: Path | None, symbol: str) -> str:
     """symbol(), a `const char*` export of the library (default: ops_library_path()), decoded; AttributeError if the
     library does not export it."""
@@ -55,9 +77,10 @@ def _library_string(path: Path | None, symbol: str) -> str:
 
 
 def ops_isa(path: Path | None = None) -> str:
-    """OrtllmOpsIsa() of the library (default: ops_library_path()): the kernel path this CPU takes, "scalar",
-    "avx2", "avx512vnni" or "amx" (VNNI's table with QLinear's multi-token dots on the AMX tile unit)."""
-    return _library_string(path, "OrtllmOpsIsa")
+    """The kernel path a session registered now without one takes: what sessions_on() set in this context, else
+    OrtllmOpsIsa() of the library (default: ops_library_path()), the best this CPU runs or what ORTLLM_OPS_ISA names:
+    "scalar", "avx2", "avx512vnni" or "amx" (VNNI's table with QLinear's multi-token dots on the AMX tile unit)."""
+    return _SESSIONS_ISA.get() or _library_string(path, "OrtllmOpsIsa")
 
 
 def ops_isas(path: Path | None = None) -> tuple[str, ...]:
@@ -94,13 +117,12 @@ def check_ops_library(path: Path | None = None) -> Path:
 
 # The session config entry naming a session's kernel path (custom_ops/src/kernels/isa.h kSessionIsaKey).
 SESSION_ISA_KEY = "ortllm.ops_isa"
-
-
 def register_ops(sess_options, path: Path | None = None, isa: str | None = None) -> Path:
     """Register the ortllm ops on an onnxruntime.SessionOptions; returns the library path. isa: the kernel path of
     this session's ops (one of ops_isas()); None: the default (ops_isa()). One process may hold sessions on
     every path at once."""
     path = check_ops_library(path)
+    isa = isa if isa is not None else _SESSIONS_ISA.get()
     if isa is not None:
         choices = ops_isas(path)
         if isa not in choices:

@@ -5,7 +5,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -24,34 +23,20 @@ def smollm2_gguf() -> Path:
 
 # ORTLLM_TEST_ARTIFACTS=DIR (set by ci/run_tests.py for every job of `make test`): session artifacts are built
 # once into DIR, named by recipe and options, by the first job that needs one (under a lock: the others wait for
-# it), and the forced-AVX2 jobs reuse them (builds are atomic: a directory with a manifest.json is complete).
-# ORTLLM_TEST_ARTIFACTS_WAIT=1 (the forced-AVX2 jobs): the first run builds every session artifact (it runs every
-# test), so these wait for each to appear, and build one only if the first run has ended without it
-# (ci/run_tests.py then writes DIR/builder-done): an artifact built on the AVX2 path would hold that path's
-# quality.json, which the first run would score again.
+# it; builds are atomic: a directory with a manifest.json is complete).
 SHARED_ARTIFACTS = os.environ.get("ORTLLM_TEST_ARTIFACTS")
-WAIT_FOR_SHARED = os.environ.get("ORTLLM_TEST_ARTIFACTS_WAIT") == "1"
-
-
-def _built_elsewhere(out: Path) -> bool:
-    """Wait for the first run to build `out`; False if it ended without it."""
-    while not (out / "manifest.json").is_file():
-        if (Path(SHARED_ARTIFACTS) / "builder-done").exists():
-            return (out / "manifest.json").is_file()
-        time.sleep(1.0)
-    return True
 
 
 def shared_dir(tmp_path_factory, name: str, make) -> Path:
     """A session directory `name` (an artifact: it has a manifest.json) made by make(path) once: in the shared
     artifacts directory under make test (made beside it and moved into place when finished; the other jobs wait for
-    it, the forced-AVX2 jobs reuse it), else in this session's tmp."""
+    it), else in this session's tmp."""
     if not SHARED_ARTIFACTS:
         out = tmp_path_factory.mktemp("artifacts") / name
         make(out)
         return out
     out = Path(SHARED_ARTIFACTS) / name
-    if (out / "manifest.json").is_file() or (WAIT_FOR_SHARED and _built_elsewhere(out)):
+    if (out / "manifest.json").is_file():
         return out
     with open(out.with_name(out.name + ".lock"), "w") as lock:   # make test's jobs run two at a time: one builds,
         fcntl.flock(lock, fcntl.LOCK_EX)                           # the other waits for it (ci/run_tests.py)
@@ -73,15 +58,48 @@ def _build(tmp_path_factory, spec: str, **opts) -> Path:
                       lambda out: build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None))
 
 
+def isa_paths() -> list[str]:
+    """The kernel paths the isa_paths tests run on, each in this process: the default path, and avx2 as well where
+    the default is another (AVX-512 VNNI, AMX), so the vector code they share is checked on every host."""
+    from ortllm.runtime.ops_library import ops_isa, ops_isas
+    try:
+        default, offered = ops_isa(), ops_isas()
+    except Exception:   # noqa: BLE001 - no library: the tests that need it skip, saying why
+        return []
+    return [default] + (["avx2"] if default != "avx2" and "avx2" in offered else [])
+
+
+def pytest_generate_tests(metafunc):
+    """A test marked isa_paths runs once per isa_paths() path (an id of its own where there are several)."""
+    paths = isa_paths()
+    if len(paths) > 1 and metafunc.definition.get_closest_marker("isa_paths"):
+        metafunc.parametrize("isa_path", paths, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def isa_path(request):
+    """The kernel path of the sessions (engines, op graphs) a test makes: isa_paths()' path where the test is
+    parametrized over them, else the default. Session- and module-scoped fixtures (artifacts and their build-time
+    checks, references made once) take the default path; every path gives the same bits but the scalar exp."""
+    path = getattr(request, "param", None)
+    if path is None:
+        yield None
+        return
+    from ortllm.runtime.ops_library import sessions_on
+    with sessions_on(path):
+        yield path
+
+
 def pytest_report_header(config):
-    """The ops' kernel path this session runs on (make test runs the isa_paths tests on every path)."""
+    """The ops' kernel path this session runs on by default, and every path the isa_paths tests take."""
     try:
         from ortllm.runtime.ops_library import ops_isa
         isa = ops_isa()
     except Exception as exc:   # noqa: BLE001 - the header must not stop the session; the tests say what is wrong
         return f"ortllm ops path: unknown ({exc})"
     forced = os.environ.get("ORTLLM_OPS_ISA")
-    return f"ortllm ops path: {isa}" + (f" (forced by ORTLLM_OPS_ISA={forced})" if forced else " (this CPU's best)")
+    return (f"ortllm ops path: {isa}" + (f" (forced by ORTLLM_OPS_ISA={forced})" if forced else " (this CPU's best)")
+            + f"; isa_paths tests on {', '.join(isa_paths())}")
 
 
 @pytest.fixture(scope="session")

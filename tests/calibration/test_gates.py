@@ -2,8 +2,8 @@
 
 Figures: paired against the same weights in fp32 on QUALITY_TOKENS held-out positions (tests/conftest.py), split
 evenly over prose, code and chat from sources calibration never reads (calibration/heldout.py). A build's own
-quality.json holds them for the ops path it was built on; on another path (`make test` runs this module again with
-ORTLLM_OPS_ISA=avx2 on the same artifacts, ci/run_tests.py) the same windows are scored again in this process, so
+quality.json holds them for the ops path it was built on; on another path (these tests run on every path
+tests/conftest.py isa_paths() names, on the same artifacts) the same windows are scored again in this process, so
 every gate is checked on every path. The figures of each path, with their error bars, are in docs/quality.md.
 
 DEFAULT_BAR: the default builds (`--quant int8`, `--quant int4`) hold KLD <= 0.005 and top-1 >= 95% in every
@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import GATE_BUILDS, QUALITY_TOKENS
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 DEFAULT_BAR = (0.005, 0.95)        # (max mean KLD, min top-1) in every domain
 DEFAULT_BUILDS = ("int8", "int4")

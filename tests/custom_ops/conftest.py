@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortllm.bench.op_graphs import ops_path as sessions_on
-from ortllm.runtime.ops_library import OpsLibraryError, check_ops_library, ops_isas
+
+from ortllm.runtime.ops_library import OpsLibraryError, check_ops_library, ops_isas, sessions_on
 
 REPO = Path(__file__).resolve().parents[2]
 

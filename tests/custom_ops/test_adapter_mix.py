@@ -17,7 +17,7 @@ from tests.custom_ops.test_qlinear import _bad, check, lora_case, lora_magnitude
 from tests.reference.multi_lora import multi_lora_ref
 from tests.reference.qlinear import lora_terms, magnitude, qlinear_ref
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 M = 4   # terms per token (QLinear's kQLinearMaxTerms)
 

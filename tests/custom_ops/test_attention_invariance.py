@@ -14,7 +14,7 @@ import pytest
 
 from ortllm.bench.op_graphs import paged_attention_case, paged_attention_model, session
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 H, HKV, D, BS = 9, 3, 64, 16      # SmolLM2's attention
 N = 40                            # tokens of the sequence (3 blocks, the last partial)

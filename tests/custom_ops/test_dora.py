@@ -9,14 +9,14 @@ import functools
 import numpy as np
 import pytest
 
-from ortllm.bench.op_graphs import model, multi_lora_node, session, session_path, value_info
-from ortllm.runtime.ops_library import ops_isa
+from ortllm.bench.op_graphs import model, multi_lora_node, session, value_info
+from ortllm.runtime.ops_library import ops_isa, sessions_isa
 from tests.custom_ops.conftest import assert_close, path_at_most, sessions_on
 from tests.custom_ops.test_qlinear import check, lora_case, lora_magnitude, magnitude, run, weight
 from tests.reference.multi_lora import multi_lora_ref
 from tests.reference.qlinear import dora_row_scales, qlinear_ref
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 N_SLOTS = 8
 
@@ -182,7 +182,7 @@ _ML_TYPES = [1, 1, 10, 10, 1, 6, 6, 10, 6, 1]      # TensorProto: FLOAT 1, FLOAT
 
 
 def _ml_session(with_offsets: bool, stacked: bool):
-    return _ml_session_on(with_offsets, stacked, session_path())
+    return _ml_session_on(with_offsets, stacked, sessions_isa())
 
 
 @functools.lru_cache(maxsize=None)

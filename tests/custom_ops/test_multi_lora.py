@@ -10,11 +10,12 @@ import pytest
 from onnx import helper
 
 from ortllm.bench.op_graphs import (F16, F32, I32, LORA_INPUTS, model, multi_lora_model, multi_lora_node, session,
-                                     session_path, value_info)
+                                     value_info)
+from ortllm.runtime.ops_library import sessions_isa
 from tests.custom_ops.conftest import assert_close
 from tests.reference.multi_lora import multi_lora_ref, slot_a
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,12 +26,12 @@ def _session(packed_a: bool, path: str | None):
 @pytest.fixture
 def sess(ops_path):
     """The MultiLoRA session on the test's kernel path (conftest ops_path), made once per path."""
-    return _session(False, session_path())
+    return _session(False, sessions_isa())
 
 
 @pytest.fixture
 def packed_sess(ops_path):
-    return _session(True, session_path())
+    return _session(True, sessions_isa())
 
 
 def make_case(rng, *, T, in_dim, out_dim, n_slots, r_max, ranks, n_adapters, frac_none=0.25, packed_a=False):

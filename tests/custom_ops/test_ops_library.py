@@ -13,8 +13,9 @@ import onnxruntime as ort
 import pytest
 
 from ortllm.runtime import ops_library
-from ortllm.runtime.ops_library import OPS_ABI_VERSION, OpsLibraryError, check_ops_library, ops_isas, register_ops
-from ortllm.bench.op_graphs import multi_lora_model, paged_attention_model, session, session_path
+from ortllm.runtime.ops_library import (OPS_ABI_VERSION, OpsLibraryError, check_ops_library, ops_isas, register_ops,
+                                        sessions_isa)
+from ortllm.bench.op_graphs import multi_lora_model, paged_attention_model, session
 from tests.custom_ops.conftest import REPO, sessions_on
 
 
@@ -118,7 +119,7 @@ def test_scalar_fallback_path_passes_parity():
         for name in ("single", "long_chunk", "batch_of_8"):
             for kv_dtype in ("int8", "int4"):
                 pa.test_paged_attention_integer_long_context(name, kv_dtype)
-        sess = ml._session(False, session_path())
+        sess = ml._session(False, sessions_isa())
         ml.test_multi_lora_parity(sess, 16, 4, (8, 16, 32, 64))
         ml.test_multi_lora_fused_qkv_shapes(sess)
         ml.test_multi_lora_output_aliases_base_y_under_io_binding(sess)

@@ -16,12 +16,13 @@ import pytest
 from onnx import TensorProto, helper
 
 from ortllm.bench.op_graphs import (PA_INPUTS, PA_OUTPUTS, bind_in_place, paged_attention_case, paged_attention_inputs,
-                                     paged_attention_model, session, session_path)
+                                     paged_attention_model, session)
+from ortllm.runtime.ops_library import sessions_isa
 from tests.custom_ops.conftest import SCENARIOS, assert_close, path_at_most, sessions_on
 from tests.reference.hadamard import dequantize, unpack_int4
 from tests.reference.paged_attention import paged_attention_ref
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 HEADS = [(9, 3), (32, 4)]  # SmolLM2, TinyLlama
 D = 64
@@ -29,7 +30,7 @@ _sessions: dict = {}
 
 
 def get_session(H, Hkv, BS, kv_dtype, threads=2):
-    key = (H, Hkv, BS, kv_dtype, threads, session_path())
+    key = (H, Hkv, BS, kv_dtype, threads, sessions_isa())
     if key not in _sessions:
         _sessions[key] = session(paged_attention_model(num_heads=H, kv_num_heads=Hkv, head_size=D,
                                                        block_size=BS, kv_dtype=kv_dtype), threads)

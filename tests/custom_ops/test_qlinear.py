@@ -13,14 +13,14 @@ import pytest
 from ortllm.pipeline.qlinear_pack import dequantize_packed, pack, unpack_codes
 from ortllm.pipeline.quant_grid import unpack_bits
 from ortllm.pipeline.quantize import RTNQuantizer
-from ortllm.bench.op_graphs import qlinear_model, session, session_path
+from ortllm.bench.op_graphs import qlinear_model, session
 from tests.custom_ops.conftest import assert_close, path_at_most, sessions_on
 from ortllm.runtime.lora_stacks import quantize_a, quantize_b
-from ortllm.runtime.ops_library import ops_isa
+from ortllm.runtime.ops_library import ops_isa, ops_isas, sessions_isa
 from tests.reference.qlinear import (dequantized_activations, lora_a, lora_b, lora_terms, magnitude, qlinear_ref,
                                      rms_norm)
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 # (bits, symmetric): int4 with offsets (Q4_1 grid), symmetric int4 (Q4_0), int8 (Q8_0)
 FORMS = {"int4": (4, False), "int4-sym": (4, True), "int8": (8, True)}
@@ -37,7 +37,7 @@ def weight(k: int, n: int, form: str, bs: int = 32, seed: int = 0):
 
 def sess_for(present: tuple, threads: int = 2, **attrs):
     """QLinear's session for these inputs and attributes on the current kernel path (conftest ops_path)."""
-    return _sess_for(present, threads, session_path(), **attrs)
+    return _sess_for(present, threads, sessions_isa(), **attrs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -467,9 +467,11 @@ def test_every_isa_gives_the_same_bits(forced):
 def test_best_path_is_taken_where_the_cpu_has_it():
     """On a CPU with AMX-INT8 QLinear's two-group dots run on the tile unit, with AVX-512 VNNI (+VL, BW) its integer
     dots on VNNI; elsewhere the AVX2 path."""
+    assert ops_isas()[0] == _best_path(), ops_isas()
     if os.environ.get("ORTLLM_OPS_ISA"):
-        pytest.skip(f"ORTLLM_OPS_ISA={os.environ['ORTLLM_OPS_ISA']} forces a path")
-    assert ops_isa() == _best_path()
+        pytest.skip(f"ORTLLM_OPS_ISA={os.environ['ORTLLM_OPS_ISA']} forces the default path")
+    with sessions_on(None):   # the library's own default, whatever path this test's sessions take
+        assert ops_isa() == _best_path()
 
 
 # ---------------------------------------------------------------- act_bits 16 (the int8 LM head)

@@ -7,7 +7,7 @@ import pytest
 
 from tests.custom_ops.test_qlinear import _invariance_case, _rows, run
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 CASES = [(form, epi) for form in ("int4", "int8") for epi in ("none", "residual", "swiglu")]
 

@@ -16,7 +16,7 @@ from tests.custom_ops.conftest import SCENARIOS, assert_close, path_at_most, ses
 from tests.custom_ops.test_paged_attention import LONG_CASES, check_within_quantization_bound
 from tests.reference.paged_attention import paged_attention_ref
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 CASES = {**SCENARIOS, "long+prefill": LONG_CASES["long+prefill"], "batch_of_8": LONG_CASES["batch_of_8"],
          "long_chunk": LONG_CASES["long_chunk"]}

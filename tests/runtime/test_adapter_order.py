@@ -15,7 +15,7 @@ from ortllm.runtime.model_runner import by_adapter, fed_starts, hidden_rows, log
 from ortllm.runtime.scheduler import ScheduledSeq
 from tests.reference.peft_lora import make_peft_lora
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -20,7 +20,7 @@ import pytest
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",

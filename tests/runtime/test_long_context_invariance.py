@@ -14,7 +14,7 @@ import pytest
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 CITIES = ["Busan", "Lisbon", "Oslo", "Quito", "Lagos", "Hanoi", "Perth", "Tunis", "Porto", "Cusco"]
 PLANS = ["free", "pro", "team"]

@@ -17,7 +17,7 @@ from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampler import sample_from_probs
 from ortllm.runtime.sampling_params import Guide, SamplingParams
 
-pytestmark = pytest.mark.isa_paths   # make test runs these on the AVX2 path too (ci/run_tests.py)
+pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
 
 def _chat(engine: Engine, text: str) -> list[int]:
