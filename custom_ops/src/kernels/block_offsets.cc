@@ -39,7 +39,7 @@ void columns(const Ctx& c, int64_t col0, int64_t cols) {
     const int64_t m = std::min(kRowChunk, c.d->num_tokens - r0);
     for (int64_t t = 0; t < m; ++t) y[t] = c.y_rows[r0 + t] + col0;
     c.vec->gemm_rows_f16b(static_cast<int>(m), static_cast<int>(cols), static_cast<int>(c.k_blocks), 1.f, c.s_rows + r0,
-                         c.offsets + col0, static_cast<int>(c.d->out_dim), y);
+                          c.offsets + col0, static_cast<int>(c.d->out_dim), y);
   }
 }
 

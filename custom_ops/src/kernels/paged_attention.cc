@@ -39,7 +39,6 @@
 //     "flash-decoding"). So a row gets the same bits alone, in any batch, and as any row of any tile.
 #include "paged_attention.h"
 
-#include <xmmintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -47,8 +46,8 @@
 #include <tuple>
 #include <vector>
 
-#include "stream_prefetch.h"
 #include "isa.h"
+#include "stream_prefetch.h"
 #include "vec.h"
 
 namespace ortllm {
@@ -161,7 +160,7 @@ void write_token(void* usr, size_t ti) {
         scales[slot] = quantize_int8(*c.vec, src, Di, dst);
         break;
       case KvDtype::kFp8E4M3:
-        scales[slot] = quantize_e4m3(src, Di, dst);
+        scales[slot] = quantize_e4m3(*c.vec, src, Di, dst);
         break;
       case KvDtype::kInt4:
         scales[slot] = quantize_int4(*c.vec, src, Di, dst);
@@ -701,8 +700,7 @@ void merge_splits(const VecOps& v, const PagedAttentionDims& d, const PagedAtten
 
 }  // namespace
 
-void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, const Parallel& par,
-                     const OpsIsa& isa) {
+void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, const Parallel& par, const OpsIsa& isa) {
   const int64_t T = d.num_tokens;
   if (T == 0) return;
   thread_local Plan plan;
@@ -721,8 +719,9 @@ void paged_attention(const PagedAttentionDims& d, const PagedAttentionArgs& a, c
   plan.q_work.resize(static_cast<size_t>(T * d.num_heads * d.head_size));
   plan.q_codes.resize(int_dots(d.kv_dtype) ? plan.q_work.size() : 0);
   plan.q_mul.resize(int_dots(d.kv_dtype) ? static_cast<size_t>(T * d.num_heads) : 0);
-  Ctx c{&d,    &a, plan.token_seq.data(), plan.q_work.data(), plan.q_codes.data(), plan.q_mul.data(), plan.items.data(),
-        isa.vec};
+  Ctx c{
+      &d,     &a, plan.token_seq.data(), plan.q_work.data(), plan.q_codes.data(), plan.q_mul.data(), plan.items.data(),
+      isa.vec};
   // Two or more tokens write their rows on the pool (kParallelTokens); one token writes on the calling thread.
   (T >= kParallelTokens ? pool : serial).run(static_cast<size_t>(T), write_token, &c);
   pool.run(plan.items.size(), attend_item, &c);

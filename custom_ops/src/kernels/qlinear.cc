@@ -98,13 +98,13 @@ struct Ctx {
         h(s.h),
         qh(s.qh),
         lora(s.lora),
+        mix_mask(s.mix_mask),
         quads(s.quads),
         normed(s.normed),
         best(s.best),
         best_at(s.best_at),
         dora_rows(s.dora_rows),
-        row_scale(s.row_scale),
-        mix_mask(s.mix_mask) {
+        row_scale(s.row_scale) {
     quads.clear();
   }
   const QLinearDims* d = nullptr;
@@ -146,7 +146,7 @@ struct Ctx {
   std::vector<float>& dora_rows;
   std::vector<const float*>& row_scale;
   const float* const* scale_of = nullptr;  // row_scale.data() when a token of the call is a DoRA row
-  const VecOps* vec = nullptr;  // the session's attention/LoRA table (argmax)
+  const VecOps* vec = nullptr;             // the session's attention/LoRA table (argmax)
 };
 
 // ---- phase 1: activations

@@ -14,9 +14,6 @@
 #include "quant.h"
 
 #include <cmath>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 #include <cstring>
 #include <vector>
 
@@ -45,31 +42,8 @@ void fwht_normalized(const VecOps& v, float* x, int D) {
   v.fwht(x, D);
 }
 
-// max |x_i| (0 for D = 0; NaNs are skipped). A maximum does not depend on the order it is taken in, so four SSE
-// lanes of four accumulators give the scalar loop's value: its one chain of dependent maxss took ~55 ns a row,
-// and a token's rows take 15 (a third of writing them, measured in the engine).
-static float absmax(const float* x, int D) {
-  float m = 0.f;
-  int i = 0;
-#if defined(__SSE2__)
-  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
-  __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-  for (; i + 16 <= D; i += 16)
-    for (int k = 0; k < 4; ++k)  // _mm_max_ps(a, m) = a > m ? a : m, lane by lane: a NaN keeps m
-      acc[k] = _mm_max_ps(_mm_and_ps(_mm_loadu_ps(x + i + 4 * k), abs_mask), acc[k]);
-  alignas(16) float lanes[16];
-  for (int k = 0; k < 4; ++k) _mm_store_ps(lanes + 4 * k, acc[k]);
-  for (float a : lanes) m = a > m ? a : m;
-#endif
-  for (; i < D; ++i) {
-    const float a = std::fabs(x[i]);
-    m = a > m ? a : m;  // (std::fmax is a libm call without -ffinite-math-only)
-  }
-  return m;
-}
-
 uint16_t quantize_int8(const VecOps& v, const float* x, int D, uint8_t* codes) {
-  const float amax = absmax(x, D);
+  const float amax = v.absmax(x, D);
   if (!(amax > 0.f)) {
     for (int i = 0; i < D; ++i) codes[i] = 0;
     return 0;
@@ -80,7 +54,7 @@ uint16_t quantize_int8(const VecOps& v, const float* x, int D, uint8_t* codes) {
 }
 
 uint16_t quantize_int4(const VecOps& v, const float* x, int D, uint8_t* packed) {
-  const float amax = absmax(x, D);
+  const float amax = v.absmax(x, D);
   const int half = D / 2;
   if (!(amax > 0.f)) {
     for (int i = 0; i < half; ++i) packed[i] = 0x88;  // code 0 in both nibbles
@@ -121,8 +95,8 @@ uint8_t float_to_e4m3(float v) {
   return mag == 0 ? 0 : static_cast<uint8_t>((std::signbit(v) ? 0x80 : 0x00) | mag);
 }
 
-uint16_t quantize_e4m3(const float* x, int D, uint8_t* codes) {
-  const float amax = absmax(x, D);
+uint16_t quantize_e4m3(const VecOps& v, const float* x, int D, uint8_t* codes) {
+  const float amax = v.absmax(x, D);
   const uint16_t s16 = amax > 0.f ? f16_ceil(amax / 448.0f) : 0;
   const float scale = f16_to_float(s16);
   for (int i = 0; i < D; ++i) codes[i] = s16 != 0 ? float_to_e4m3(x[i] / scale) : 0;

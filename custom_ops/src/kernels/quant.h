@@ -52,7 +52,7 @@ uint16_t quantize_int8(const VecOps& v, const float* x, int D, uint8_t* codes);
 // two to a byte: packed[i] = (c[i] + 8) | (c[i + D/2] + 8) << 4 for i < D / 2 (the low nibbles are the first
 // half of the row, the high nibbles the second: one 4-bit shift unpacks a whole half, vec.h unpack_q4).
 uint16_t quantize_int4(const VecOps& v, const float* x, int D, uint8_t* packed);
-uint16_t quantize_e4m3(const float* x, int D, uint8_t* codes);
+uint16_t quantize_e4m3(const VecOps& v, const float* x, int D, uint8_t* codes);
 uint8_t float_to_e4m3(float v);  // |v| <= 448 expected; saturates at 448.
 // x: [D] -> IEEE fp16 bits, each rounded to nearest even (as F16C's vcvtps2ph with _MM_FROUND_TO_NEAREST_INT);
 // beyond 65504 gives inf, NaN stays NaN.

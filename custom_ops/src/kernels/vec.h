@@ -49,6 +49,9 @@ struct VecOps {
   float (*exp_sum)(float* x, int n, float m);
   // max_i x[i], n >= 1.
   float (*max)(const float* x, int n);
+  // max_i |x[i]| (0 for n = 0; NaNs are skipped): a row's step before it is quantized into a cache (quant.h). A
+  // maximum does not depend on the order it is taken in: every table gives the same value.
+  float (*absmax)(const float* x, int n);
   // The first i with x[i] = max_j x[j] (numpy's argmax), n >= 1; every table gives the same i (NaNs: any i).
   int (*argmax)(const float* x, int n);
   // y[i] *= a.

@@ -247,6 +247,15 @@ void widen_f16(const uint16_t* h, int n, float* out) {
   for (int i = 0; i < n; ++i) out[i] = f16_to_float(h[i]);
 }
 
+float absmax(const float* x, int n) {
+  float m = 0.f;
+  for (int i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    m = a > m ? a : m;  // (std::fmax is a libm call without -ffinite-math-only); a NaN keeps m
+  }
+  return m;
+}
+
 }  // namespace
 
 const VecOps& vec_scalar_ops() {
@@ -263,6 +272,7 @@ const VecOps& vec_scalar_ops() {
     t.weights_q16 = weights_q16;
     t.exp_sum = exp_sum;
     t.max = vmax;
+    t.absmax = absmax;
     t.argmax = vargmax;
     t.scal = scal;
     t.gemm_rows = gemm_rows;

@@ -14,8 +14,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../kernels/quant.h"
 #include "../kernels/isa.h"
+#include "../kernels/quant.h"
 #include "op_schema.h"
 #include "op_util.h"
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/qlinear.h"
 #include "../kernels/isa.h"
+#include "../kernels/qlinear.h"
 #include "op_schema.h"
 #include "op_util.h"
 

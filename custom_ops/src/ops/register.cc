@@ -229,8 +229,8 @@ const ortllm::OpsIsa* session_isa(const OrtApi* api, const OrtSessionOptions* op
   }
   if (value.empty()) return &ortllm::default_isa();
   if (const ortllm::OpsIsa* isa = ortllm::find_isa(value)) return isa;
-  *error = std::string(ortllm::kSessionIsaKey) + "='" + value + "': not a kernel path of this CPU and build; choose one of " +
-           ortllm::supported_isa_names();
+  *error = std::string(ortllm::kSessionIsaKey) + "='" + value +
+           "': not a kernel path of this CPU and build; choose one of " + ortllm::supported_isa_names();
   return nullptr;
 }
 

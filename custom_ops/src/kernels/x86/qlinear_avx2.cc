@@ -18,8 +18,8 @@
 #include <type_traits>
 
 #include "../qlinear.h"
-#include "isa_x86.h"
 #include "../stream_prefetch.h"
+#include "isa_x86.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options

@@ -13,10 +13,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "cpu_features.h"
 #include "../qlinear.h"
-#include "isa_x86.h"
 #include "../stream_prefetch.h"
+#include "cpu_features.h"
+#include "isa_x86.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options

@@ -16,9 +16,9 @@
 
 #include <cstdint>
 
+#include "../vec.h"
 #include "cpu_features.h"
 #include "int8_attention_loops.h"
-#include "../vec.h"
 #include "isa_x86.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
