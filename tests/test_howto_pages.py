@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = ["docs/howto-add-a-model.md", "docs/howto-add-an-op.md"]
+PAGES = ["docs/howto-add-a-model.md", "docs/howto-add-an-op.md", "docs/howto-add-an-isa.md"]
 _BLOCK = re.compile(r"```(python|cpp)\n(.*?)```", re.S)
 _PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|h|cc))`")
 
