@@ -496,6 +496,17 @@ void plan_dora(Ctx& c) {
 
 // ---- phase 3: projection + epilogue
 
+// The tokens of x from the i-th on (kb: the weight's blocks per row).
+QTokens advance(const QTokens& x, int i, int kb) {
+  QTokens r = x;
+  const int64_t rows = static_cast<int64_t>(i) * x.q_stride, blocks = static_cast<int64_t>(i) * kb;
+  if (r.q) r.q += rows;
+  if (r.q16) r.q16 += rows;
+  if (r.q16_lo) r.q16_lo += rows, r.q16_hi += rows;
+  r.dx += blocks, r.zsum += blocks, r.sx += blocks;
+  return r;
+}
+
 // v[0:cols] = columns c0.. of token t's y, written to the split outputs they belong to.
 void store_split(const QLinearArgs& a, int64_t t, int64_t c0, int cols, const float* v) {
   for (int j = 0; j < a.n_outputs; ++j) {
@@ -606,22 +617,8 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
       if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kDotTileMax * 8, 0.f);
       float* up = gated ? v1 : zeros[2];
-      if (pair && (gated || n == 2)) {
-        (act16 ? c.isa->group_dot2_16 : c.isa->group_dot2)(wg, w2, tokens(c, ts), nt, v0, v1);
-      } else {
-        for (int i = 0; i < nt; i += kQTile) {  // the one-group kernels, kQTile tokens a call
-          const int ni = std::min(kQTile, nt - i);
-          const QTokens tok = tokens(c, ts + i);
-          float *u0 = v0 + 8 * i, *u1 = v1 + 8 * i;
-          if (act16) {
-            c.isa->group_dot16(wg, tok, ni, u0);
-            if (gated) c.isa->group_dot16(w2, tok, ni, u1);
-          } else {
-            c.isa->group_dot(wg, tok, ni, u0);
-            if (gated) c.isa->group_dot(w2, tok, ni, u1);
-          }
-        }
-      }
+      const int groups = gated || n == 2 ? 2 : 1;
+      c.isa->gemm(*c.isa, {wg, w2, groups, pair && groups == 2, act16, tokens(c, ts), nt, v0, v1});
       finish_group(c, g, ts, nt, v0, up);
       if (n == 2) finish_group(c, g + 1, ts, nt, v1, up);
     }
@@ -663,6 +660,22 @@ void project_item(void* usr, size_t i) {
 }
 
 }  // namespace
+
+// QLinearIsa::gemm from a table's group dots: the two-group kernel for a paired tile, else the one-group kernels
+// kQTile tokens a call (on both groups of a gated tile).
+void gemm_by_group_dots(const QLinearIsa& isa, const QGemmTile& t) {
+  if (t.paired) {
+    (t.act16 ? isa.group_dot2_16 : isa.group_dot2)(t.w0, t.w1, t.x, t.nt, t.out0, t.out1);
+    return;
+  }
+  const auto dot = t.act16 ? isa.group_dot16 : isa.group_dot;
+  for (int i = 0; i < t.nt; i += kQTile) {
+    const int ni = std::min(kQTile, t.nt - i);
+    const QTokens tok = advance(t.x, i, t.w0.kb);
+    dot(t.w0, tok, ni, t.out0 + 8 * i);
+    if (t.groups == 2) dot(t.w1, tok, ni, t.out1 + 8 * i);
+  }
+}
 
 void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par, const OpsIsa& isa) {
   const int64_t T = d.num_tokens;

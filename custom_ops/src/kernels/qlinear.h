@@ -205,6 +205,27 @@ struct QLoraShrink {
   float* h[kQTile];
 };
 
+struct QLinearIsa;
+
+// One call of QLinear's multi-token GEMM entry (QLinearIsa::gemm). The driver (qlinear.cc project) cuts each work
+// item into these tiles and makes every blocking decision (which groups go together, how many tokens, whether the
+// two-group kernel pays); the entry computes the tile: out0 [nt, 8] (and out1 with two groups) accumulate from their
+// values (0, or the tokens' LoRA terms) the base projection of w0's (and w1's) 8 rows for tokens x .. x + nt - 1.
+struct QGemmTile {
+  QGroup w0, w1;  // w1: the second group (a neighbour, or a gated epilogue's up group), groups == 2 only
+  int groups;     // 1 or 2
+  bool paired;    // one two-group kernel call (nt <= dot2_tokens); false: the one-group kernels on each group
+  bool act16;     // act_bits 16: x.q16 (and x.q16_lo / q16_hi when paired)
+  QTokens x;      // the tile's first token
+  int nt;         // tokens: <= dot2_tokens when paired, else any
+  float* out0;
+  float* out1;
+};
+
+// QLinearIsa::gemm by the table's group_dot / group_dot2 entries (every table's today): a new table may give its
+// own (e.g. a blocked kernel sweeping a panel with many tokens) as long as it keeps the bits.
+void gemm_by_group_dots(const QLinearIsa& isa, const QGemmTile& tile);
+
 struct QLinearIsa {
   const char* name;
   // x[0:K] -> q[0:kb*bs] (zero past K), dx[kb], qsum[kb].
@@ -250,6 +271,8 @@ struct QLinearIsa {
   // with one 32-byte load, which the CPU forwards only from one store covering it (from two halves or eight floats
   // the load waits for them to reach L1: +30% on SmolLM2's gate|up with 16 DoRA rows).
   void (*mul8)(const float* v, const float* g, float* out) = nullptr;
+  // The multi-token GEMM over one tile (QGemmTile): the driver's only call into the projection's micro-kernels.
+  void (*gemm)(const QLinearIsa& isa, const QGemmTile& tile) = gemm_by_group_dots;
 };
 
 const QLinearIsa& qlinear_scalar_isa();  // the portable table; the others are the architecture's (isa.h)
