@@ -1,4 +1,5 @@
-"""The build as the CLI runs it: ortllm.pipeline's build with the in-build quality check composed in.
+"""`ortllm build`: its parser, and the build as the CLI runs it: ortllm.pipeline's build with the in-build
+quality check composed in.
 
 The check (ortllm.calibration.quality) runs the engine, which the pipeline may not import (docs/architecture.md,
 Dependency rules; tests/test_layering.py), so it is joined here, above both. A hub spec (hf.co/ORG/REPO[:QUANT],
@@ -9,6 +10,29 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+from .build_options import add_build_options, build_options
+from .options import Option, add_options, fill_defaults
+
+BUILD_VERB_OPTIONS = (Option("--force", "replace whatever --out holds", default=False),)
+
+
+def add_build(sub) -> None:
+    p = sub.add_parser("build", help="build an artifact from a recipe, a GGUF file or a HF directory (or a model "
+                                     "downloaded from a Hugging Face hub)")
+    p.add_argument("model", metavar="RECIPE|PATH|hf.co/ORG/REPO[:QUANT|:FILE]")
+    p.add_argument("--out", required=True, type=Path, help="artifact directory to write")
+    add_build_options(p)
+    add_options(p, BUILD_VERB_OPTIONS)
+    p.set_defaults(run=run_build)
+
+
+def run_build(a) -> int:
+    opts = build_options(a)
+    fill_defaults(a, BUILD_VERB_OPTIONS)
+    build_artifact(a.model, a.out, opts, source=a.source, force=a.force,
+                   log=lambda m: print(m, file=sys.stderr))
+    return 0
 
 
 def build_artifact(spec: str, out, opts, **kwargs) -> dict:

@@ -3,7 +3,7 @@
 one from other options, from the same table the build reads (DEFAULT_LM_HEAD, DEFAULT_KV, ...)."""
 from __future__ import annotations
 
-from .options import Option, fill_defaults
+from .options import Option, add_options, declares, fill_defaults
 
 
 def _opts():
@@ -100,3 +100,9 @@ def build_options(a):
         accuracy_level=a.accuracy_level, keep=tuple(a.keep), kv_rotate=bool(a.kv_rotate),
         calib_tokens=a.calib_tokens, smooth=a.smooth, smooth_down=a.smooth_down, source_mix=bool(a.source_mix),
         act16=None if a.act16 is None else tuple(g for g in a.act16.split(",") if g and g != "none"))
+
+
+def add_build_options(p) -> None:
+    """The build options on `ortllm build`'s or `ortllm pull`'s parser (declared only when one of them is parsed)."""
+    if declares("build", "pull"):
+        add_options(p, BUILD_OPTIONS)

@@ -24,6 +24,16 @@ from typing import Callable
 from ortllm.runtime.errors import ConfigError
 
 FIELD = object()           # Option.default: the owner's field default
+
+# The verb the command line is being parsed for (set by cli/__init__.py's make_parser): only its options are
+# declared (their defaults import the config they come from, e.g. ortllm.pipeline.build for build and pull);
+# None: every verb's (tests, --help of the whole command).
+PARSING: list[str | None] = [None]
+
+
+def declares(*verbs: str) -> bool:
+    """Whether the parser being made declares the options of these verbs."""
+    return PARSING[0] is None or PARSING[0] in verbs
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 

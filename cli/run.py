@@ -14,8 +14,12 @@ import sys
 import typing
 from dataclasses import dataclass
 
+from pathlib import Path
+
 from ortllm.runtime.errors import OrtllmError
 from ortllm.runtime.sampling_params import SamplingParams
+
+from .options import Option, add_options, declares, fill_defaults
 
 PROMPT, MORE = ">>> ", "... "
 FENCE = '"""'
@@ -195,3 +199,34 @@ def run_chat(artifact, prompt: str | None, options: ChatOptions, threads: int | 
             return 0
         interactive(chat, out)
     return 0
+
+
+RUN_OPTIONS = tuple(Option("--" + name.replace("_", "-"), doc, lambda: ChatOptions, metavar=meta)
+                    for name, doc, meta in (
+    ("system", "system message of the conversation", "TEXT"),
+    ("adapter", "LoRA adapter of the artifact (ortllm adapters list)", "NAME"),
+    ("temperature", "0 = greedy; /set temperature T in a session", "T"),
+    ("top_p", "nucleus sampling (1: off)", "P"),
+    ("top_k", "sample from the K most likely tokens (0: off)", "K"),
+    ("min_p", "drop tokens below P x the most likely one's probability (0: off)", "P"),
+    ("repetition_penalty", "penalty on tokens already seen (1: off)", "R"),
+    ("max_tokens", "tokens per reply at most", "N"),
+    ("seed", "same seed, same replies", "S"))) + (
+    Option("--threads", "intra-op threads", lambda: __import__("ortllm.runtime.config", fromlist=["x"]).EngineConfig,
+           default_text="physical cores", metavar="N"),)
+
+
+def add_run(sub) -> None:
+    p = sub.add_parser("run", help="chat with a model in the terminal (streamed, with history), or answer one "
+                                   "prompt (given, or piped on stdin); in-process, no server")
+    p.add_argument("artifact", type=Path, metavar="MODEL", help="artifact directory or store name (NAME[:TAG])")
+    p.add_argument("prompt", nargs="?", default=None, help="answer this and exit (default: an interactive session, "
+                   "or stdin when it is not a terminal)")
+    if declares("run"):
+        add_options(p, RUN_OPTIONS)
+    p.set_defaults(run=run_run, prepare=lambda a: fill_defaults(a, RUN_OPTIONS))
+
+
+def run_run(a) -> int:
+    options = ChatOptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ChatOptions)})
+    return run_chat(a.artifact, a.prompt, options, threads=a.threads)

@@ -1,13 +1,16 @@
 """bench/figures.py: a page's marked tables are rendered from results.json files, so the docs' figures are the
-results files' own. Real files in tmp_path; the repository's own pages are checked to be current."""
+results files' own. Real files in tmp_path; the repository's own pages (docs/ and the README) are checked to be
+current, their links to the "now" table's sections to land, and docs/img to hold only files a page renders or
+names."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from ortllm.bench.figures import FIGURES, PeerTable, main, render_page
+from ortllm.bench.figures import FIGURES, NowRow, NowTable, PeerTable, ServeTable, Tables, main, render_page
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,6 +37,7 @@ EXPECTED = """\
 |---|---|---|---|
 | decode B = 1, tok/s | 31.29 (30.19-34.59) | **33.59** | 0.93x (1.3x): missed |
 | prefill 512, s to first token | **2.337** (2.297-2.562) | 4.800 | **2.05x** (1.5x) |
+- `ortllm bench ART ...` at abc1234; test machine; results `out/results.json`
 """
 
 
@@ -61,7 +65,8 @@ def test_check_names_a_stale_page_and_the_rewrite_fixes_it(tmp_path, monkeypatch
     before = page.read_text()
     assert main([str(page), "--check"]) == 1
     assert page.read_text() == before and str(page) in capsys.readouterr().err
-    assert main([str(page)]) == 0 and EXPECTED in page.read_text()
+    assert main([str(page)]) == 0 and EXPECTED.split("\n- ")[0] in page.read_text()     # the table (its
+    # provenance line names the results file by the absolute path FIGURES holds here)
     assert main([str(page), "--check"]) == 0
 
 
@@ -71,10 +76,81 @@ def test_an_unknown_table_name_says_what_to_do(tmp_path):
         render_page(page.read_text(), {}, root=tmp_path)
 
 
+def _pages() -> list[Path]:
+    return [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
+
+
 def test_the_docs_tables_are_their_results_files():
-    """Every marked table in docs/ is what its results file gives: edit the results (or FIGURES), not the table."""
-    pages = [p for p in sorted((REPO / "docs").rglob("*.md")) if "<!-- figures: " in p.read_text()]
-    assert pages, "no docs page has a generated table"
+    """Every marked table in docs/ and the README is what its results file gives: edit the results (or FIGURES),
+    not the table."""
+    pages = [p for p in _pages() if "<!-- figures: " in p.read_text()]
+    assert {REPO / "docs" / "benchmarks.md", REPO / "README.md"} <= set(pages)
     for page in pages:
         assert render_page(page.read_text()) == page.read_text(), \
             f"{page.relative_to(REPO)}: run python -m ortllm.bench.figures {page.relative_to(REPO)}"
+
+
+def _serve_row(system, metric, median, batch=16):
+    return _row("serve-guidellm", system, batch, metric, median, median, median, "")
+
+
+SERVE = {"machine": "test machine", "commit": "abc1234", "command": "python -m ortllm.bench.serve_guidellm ...",
+         "results": [_serve_row(s, m, v) for s, row in {
+             "ortllm": {"output_tokens_per_s": 102.4, "completed": 48, "incomplete": 16, "ttft_p50": 1920.0,
+                        "ttft_p99": 11170.0, "itl_p50": 97.2, "goodput": 0.017, "goodput_fraction": 0.02,
+                        "errors": 0},
+             "llama-server-q4_0": {"output_tokens_per_s": 51.2, "completed": 24, "incomplete": 16,
+                                   "ttft_p50": 13120.0, "ttft_p99": 17100.0, "itl_p50": 130.0, "goodput": 0.0,
+                                   "goodput_fraction": 0.0, "errors": 0}}.items() for m, v in row.items()]}
+
+
+def test_a_serve_table_and_the_now_table_from_small_results(tmp_path):
+    """A GuideLLM run's rows per level and system; the now table's cells: a peer run's own ratio row, and for
+    serving ortllm's output tok/s over the fastest peer server's, each linked to its section on its page."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.json").write_text(json.dumps(RESULTS))
+    (tmp_path / "out" / "serve.json").write_text(json.dumps(SERVE))
+    serve = ServeTable("out/serve.json", {"ortllm": "ortllm int4", "llama-server-q4_0": "llama-server Q4_0"})
+    now = NowTable((NowRow("Zen 4", "tiny", "tiny-on-zen-4", {"decode B = 1": "out/results.json",
+                                                             "prefill 512": "out/results.json",
+                                                             "served, C = 16": "out/serve.json"}),),
+                   serve_section="serving", page="docs/benchmarks.md")
+    both = Tables((SPEC["small"], serve))
+    page = "<!-- figures: serve -->\n<!-- /figures -->\n<!-- figures: now -->\n<!-- /figures -->\n" \
+           "<!-- figures: both -->\n<!-- /figures -->\n"
+    out = render_page(page, {"serve": serve, "now": now, "both": both}, root=tmp_path)
+    assert """\
+| C | system | output tok/s | done / cut | TTFT p50 / p99 (s) | ITL p50 (ms) | goodput (req/s, share) | errors |
+|---|---|---|---|---|---|---|---|
+| 16 | **ortllm int4** | 102.4 | 48 / 16 | 1.92 / 11.17 | 97 | 0.02 (2%) | 0 |
+| 16 | llama-server Q4_0 | 51.2 | 24 / 16 | 13.12 / 17.10 | 130 | 0 | 0 |
+- `python -m ortllm.bench.serve_guidellm ...` at abc1234; test machine; results `out/serve.json`
+""" in out
+    assert ("| Zen 4 | tiny | [0.93x](docs/benchmarks.md#tiny-on-zen-4) llama.cpp Q4_0 | - | "
+            "[**2.05x**](docs/benchmarks.md#tiny-on-zen-4) llama.cpp Q4_0 | - | "
+            "[**2.00x**](docs/benchmarks.md#serving) llama-server Q4_0 |") in out
+    assert EXPECTED + "\n" in out.split("<!-- figures: both -->\n", 1)[1]     # the group: each table, a blank between
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_now_tables_link_to_sections_that_exist():
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    anchors = {_anchor(h) for h in re.findall(r"^#+ (.*)$", page, re.M)}
+    for name in ("now", "now-readme"):
+        table = FIGURES[name]
+        wanted = {row.section for row in table.rows} | {table.serve_section}
+        assert wanted <= anchors, f"{name}: no heading for {sorted(wanted - anchors)}"
+    linked = set(re.findall(r"\]\(docs/benchmarks\.md#([\w-]+)\)", (REPO / "README.md").read_text()))
+    assert linked and linked <= anchors, sorted(linked - anchors)
+
+
+def test_docs_img_holds_only_what_a_page_renders_or_names():
+    """A results file no table renders and no page names leaves docs/img (git keeps it)."""
+    text = "\n".join(p.read_text() for p in _pages())
+    rendered = {Path(f).name for spec in FIGURES.values() for f in spec.files()}
+    stray = [f.name for f in sorted((REPO / "docs" / "img").iterdir()) if f.name not in rendered and f.name not in text]
+    assert not stray, f"docs/img files no page renders or names (git rm them): {stray}"

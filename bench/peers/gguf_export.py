@@ -16,7 +16,9 @@ for every Q4_1 GGUF in the wild (for TinyLlama's shapes: output.weight Q6_K, the
 
 Tokenizer: only the byte-level BPE tokenizers ortllm writes (tokenizer.ggml.model "gpt2"); the bench feeds
 token ids, so the GGUF's tokenizer only has to load. The token list is padded to vocab_size with "[PADn]"
-(type UNUSED) because llama.cpp sizes token_embd by it.
+(type UNUSED) because llama.cpp sizes token_embd by it. The tokenizer directory's chat template is written as
+tokenizer.chat_template (llama.cpp's quantizer copies it to the Q4_1/Q8_0 files), so llama-server chats with the
+model's own template and `ortllm pull` of the file can `--chat`.
 """
 from __future__ import annotations
 
@@ -112,6 +114,21 @@ def _tokenizer(hf: Path, vocab_size: int):
     return tokens, types, merges, add_bos
 
 
+def _chat_template(tok_dir: Path) -> str | list[dict] | None:
+    """The tokenizer directory's chat template: tokenizer_config.json's chat_template, else chat_template.jinja,
+    else chat_template.json's; the order of transformers and of ortllm's runtime/tokenizer.py read_chat_template
+    (not importable here: this runs in the peers' venv). A list of named templates is kept as it is: gguf-py
+    writes its "default" as tokenizer.chat_template and the others as tokenizer.chat_template.NAME, as
+    convert_hf_to_gguf.py does."""
+    cfg_path = tok_dir / "tokenizer_config.json"
+    template = json.loads(cfg_path.read_text(encoding="utf-8")).get("chat_template") if cfg_path.is_file() else None
+    if template is None and (tok_dir / "chat_template.jinja").is_file():
+        template = (tok_dir / "chat_template.jinja").read_text(encoding="utf-8")
+    if template is None and (tok_dir / "chat_template.json").is_file():
+        template = json.loads((tok_dir / "chat_template.json").read_text(encoding="utf-8")).get("chat_template")
+    return template
+
+
 def _safetensors_files(hf: Path) -> list[Path]:
     """hf/model.safetensors, or the shards hf/model.safetensors.index.json names (in its order)."""
     index = hf / "model.safetensors.index.json"
@@ -201,6 +218,9 @@ def write_gguf(hf: Path, out: Path, dtype: str = "f32", name: str | None = None,
     if eos is not None:
         w.add_eos_token_id(int(eos))
     w.add_add_bos_token(add_bos)
+    template = _chat_template(tokenizer or hf)
+    if template:
+        w.add_chat_template(template)
 
     plan = _tensor_plan(hf, cfg, dtype)
     rope_factors = llama3_rope_factors(cfg)

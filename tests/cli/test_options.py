@@ -105,12 +105,12 @@ def test_serve_help_defaults_are_the_servers(tiny_engine):
 def test_generate_and_run_help_defaults_are_what_they_apply():
     import inspect
 
-    from ortllm.cli.generate import generate_text
-    from ortllm.cli.run import ChatOptions
+    from ortllm.cli.generate import GENERATE_OPTIONS, generate_text
+    from ortllm.cli.run import RUN_OPTIONS, ChatOptions
 
     stated = _help_defaults("generate")
     a = _parse("generate", "art", "--prompt", "hi")
-    fill_defaults(a, __import__("ortllm.cli", fromlist=["x"]).GENERATE_OPTIONS)
+    fill_defaults(a, GENERATE_OPTIONS)
     sig = inspect.signature(generate_text).parameters
     for key in ("max_tokens", "temperature", "chat"):
         assert stated[key] == format_value(getattr(a, key)) == format_value(sig[key].default), key
@@ -118,7 +118,7 @@ def test_generate_and_run_help_defaults_are_what_they_apply():
 
     stated = _help_defaults("run")
     a = _parse("run", "art")
-    fill_defaults(a, __import__("ortllm.cli", fromlist=["x"]).RUN_OPTIONS)
+    fill_defaults(a, RUN_OPTIONS)
     for f in dataclasses.fields(ChatOptions):
         assert getattr(a, f.name) == f.default
         if f.default is not None:
