@@ -82,3 +82,33 @@ def stages(text: str | None = None) -> list[Stage]:
             if out:
                 out[-1].instructions.append(i)
     return out
+
+
+def image() -> Stage:
+    """The image's stage (the last)."""
+    return stages()[-1]
+
+
+def healthcheck_argv(stage: Stage) -> list[str]:
+    """HEALTHCHECK [OPTIONS] CMD [...]: the exec-form command."""
+    args = stage.last("HEALTHCHECK").args
+    options, sep, command = args.partition("CMD ")
+    assert sep, f"HEALTHCHECK {args}: expected [OPTIONS] CMD [...]"
+    return json.loads(command)
+
+
+def health_path(stage: Stage) -> str:
+    """The URL path the HEALTHCHECK asks ('/health')."""
+    m = re.search(r"""['"](/[\w/-]*)['"]""", " ".join(healthcheck_argv(stage)))
+    assert m, f"no quoted URL path in the HEALTHCHECK: {healthcheck_argv(stage)}"
+    return m.group(1)
+
+
+def user_ids(stage: Stage) -> tuple[int, int]:
+    """(uid, gid) the stage's `useradd ... --uid N --gid G ... NAME` gives its USER."""
+    user = stage.last("USER").args.split(":")[0]
+    for run in stage.all("RUN"):
+        m = re.search(rf"useradd\b[^&;]*--uid (\d+) --gid (\d+)[^&;]*\b{re.escape(user)}\b", run.args)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    raise AssertionError(f"no RUN creates the USER {user} with useradd --uid N --gid G")
