@@ -73,6 +73,7 @@ cleanup() {
     "${podman[@]}" volume rm -f "$name" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM          # through the EXIT trap: the container goes whatever ends the script
 start=$("$python" -c 'import time; print(time.time())')
 # The image's defaults as a user gets them (the baked model, ORTLLM_HOME on a named volume), on 127.0.0.1:$port.
 "${podman[@]}" run -d --name "$name" --network host -v "$name:/var/lib/ortllm" \
