@@ -84,6 +84,17 @@ def stages(text: str | None = None) -> list[Stage]:
     return out
 
 
+def global_args(text: str | None = None) -> dict[str, str]:
+    """ARG NAME[=DEFAULT] lines before the first FROM (their defaults, '' for none)."""
+    out = {}
+    for i in instructions(PATH.read_text() if text is None else text):
+        if i.keyword == "FROM":
+            break
+        name, _, default = i.args.partition("=")
+        out[name] = default.strip('"')
+    return out
+
+
 def image() -> Stage:
     """The image's stage (the last)."""
     return stages()[-1]

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from ortllm.service.config import ServiceConfig
-from tests.service.containerfile import health_path, healthcheck_argv, image, stages, user_ids
+from tests.service.containerfile import global_args, health_path, healthcheck_argv, image, stages, user_ids
 
 BUILD_ONLY = ("torch", "transformers", "onnxruntime-extensions", "onnxruntime_extensions", "gguf", "optimum",
               "peft", "accelerate")
@@ -90,7 +90,12 @@ def test_entrypoint_serves_the_baked_model_unless_told_otherwise():
     img = image()
     assert img.last("ENTRYPOINT").exec_form() == ["ortllm", "serve"]
     assert img.last("CMD").exec_form() == []        # `docker run IMAGE [NAME|PATH] [flags]` appends to serve
-    artifact = img.env()["ORTLLM_ARTIFACT"]
+    # ${BAKE_MODEL:+PATH}: the baked model's path, or empty (serve then asks for a model) when none is baked
+    m = re.fullmatch(r"\$\{BAKE_MODEL:\+(/\S+)\}", img.env()["ORTLLM_ARTIFACT"])
+    assert m, img.env()["ORTLLM_ARTIFACT"]
+    artifact = m.group(1)
+    assert global_args()["BAKE_MODEL"] == "smollm2-135m-instruct"      # the default: SmolLM2's
+    assert any("ARG BAKE_MODEL" == f"ARG {a.args}" for a in img.all("ARG")), "the image stage sees BAKE_MODEL"
     assert any(c.args.split()[-1] == artifact for c in img.all("COPY")), "ORTLLM_ARTIFACT is the baked model's path"
     build = stages()[0]
     assert any(f"--out {artifact}" in r.args for r in build.all("RUN")), "the build stage builds it there"
