@@ -25,7 +25,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers bench-8b soak adapters browser terminal serve-sizing clean
+.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers bench-8b soak adapters browser terminal serve-sizing image image-test clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -155,6 +155,20 @@ bench-vs-peers: $(STAMP) ops $(PEERS_ARTIFACT)/manifest.json $(PEERS_REFERENCE)/
 # and context 2048 (ci/bench_8b.sh: about an hour and ~45 GB of disk; needs make bench-peers PEERS_ONLY=llama.cpp).
 bench-8b: $(STAMP) ops
 	BENCH_8B_OUT=$(BENCH_OUT)/8b bash ci/bench_8b.sh
+
+# The server image (Containerfile: base install only, non-root, ORTLLM_HOME on a volume, SmolLM2's int4 build baked
+# in; docs/service.md, "Deploying"), with podman if present (docker format: it keeps the HEALTHCHECK), else docker.
+# IMAGE_ARGS passes more, e.g. IMAGE_ARGS='--build-arg BAKE_MODEL='.
+IMAGE ?= ortllm:latest
+CONTAINER_TOOL ?= $(if $(shell command -v podman),podman,docker)
+IMAGE_ARGS ?=
+image:
+	$(CONTAINER_TOOL) build $(if $(filter podman,$(CONTAINER_TOOL)),--format docker) $(IMAGE_ARGS) -t $(IMAGE) .
+
+# Build the image with podman (this machine's workarounds: ci/image_test.sh), run it on 127.0.0.1, answer a chat
+# request through the openai client, print the image size and the time to the first answer, remove it (~10 min cold).
+image-test: $(STAMP)
+	IMAGE=ortllm:test bash ci/image_test.sh
 
 clean:
 	rm -rf build runtime/lib .pytest_cache
