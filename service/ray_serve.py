@@ -289,6 +289,8 @@ class Ingress:
             break
         resp_headers = {k: v for k, v in start["headers"] if k.lower() not in ("content-length", "transfer-encoding")}
         resp_headers["X-Ortllm-Replica"] = start["replica"]
+        if died:
+            resp_headers["X-Ortllm-Retried"] = "replica_failed"     # its first replica died before answering
         if not resp_headers.get("Content-Type", "").startswith("text/event-stream"):
             return Response(b"".join(head), status_code=start["status"], headers=resp_headers)
         return StreamingResponse(self._stream(gen, head), status_code=start["status"], headers=resp_headers)
