@@ -25,7 +25,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint quality test-asan bench bench-ray bench-peers bench-vs-peers bench-8b soak adapters browser terminal serve-sizing image image-test clean
+.PHONY: setup ops serve test lint quality test-asan test-ray bench bench-ray bench-peers bench-vs-peers bench-8b soak adapters browser terminal serve-sizing image image-test clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -121,6 +121,12 @@ quality: $(STAMP) ops
 # `ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, alternating (docs/service.md; figures: docs/notes/service.md).
 bench-ray: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/python -m ortllm.bench.serve_ray $(DEFAULT_ARTIFACT) --out $(BENCH_OUT)/serve-ray
+
+# `ortllm serve --ray` across 3 Ray nodes on this machine (127.0.0.1, 1 CPU each, each its own ORTLLM_HOME): the
+# model fetched by sha256, a Zipf trace equal to one process, a node lost under load, a tampered file refused
+# (docs/service.md, Ray across nodes; ~1.5-3 minutes, so not in make test). Figures: build/test-ray/node-loss.json.
+test-ray: $(STAMP) ops
+	ORTLLM_TEST_RAY_NODES=1 timeout 900 $(BIN)/python -m pytest tests/service/test_ray_nodes.py -x -q -s
 
 # Train the task LoRAs (PEFT on the CPU, minutes each) into the default artifact; prints base vs adapter
 # accuracy on held-out prompts (figures: docs/adapters.md).

@@ -19,6 +19,7 @@ module defines an exception outside this tree.
     ├── AdapterFileError               runtime/adapter_files.py: a PEFT directory or adapter name is wrong
     ├── OpsLibraryError                runtime/ops_library.py: libortllm_ops.so missing or stale (make ops)
     ├── StoreError                     runtime/store.py: the local model store
+    ├── ArtifactUnavailable            service/ray_artifacts.py: a Ray node cannot get the deployed model
     ├── MemoryBudgetExceeded           runtime/session_manager.py
     ├── TokenizerFilesError(ValueError)  runtime/tokenizer.py
     ├── APIError                       protocol/errors.py: an HTTP error with its OpenAI envelope

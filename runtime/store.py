@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from . import contract as C
 from .artifact import ArtifactError, Manifest
@@ -268,20 +268,38 @@ class Store:
 
     def _put_blob(self, src: Path, sha: str, size: int, name: str, cache: HashCache,
                   progress: Callable[[int], None] | None) -> None:
-        """Write one blob unless the store has it: hashed while copied, renamed into place only if it matches."""
+        """Write one blob from a file unless the store has it."""
+        def blocks() -> Iterator[bytes]:
+            with open(src, "rb") as fi:
+                while block := fi.read(1 << 22):
+                    yield block
+        self._write_blob(blocks, sha, size, cache, progress,
+                         lambda: f"{src} does not match its sha256 in the artifact's manifest ({name}): the source "
+                         "artifact is damaged; rebuild it with --force, then pull again")
+
+    def _has_blob(self, sha: str, size: int | None, cache: HashCache) -> bool:
+        """The store holds this blob with the right bytes (hashed once, then by the hash cache); size None: any."""
         dst = self.blob(sha)
-        damaged = None
-        if dst.is_file():
+        with contextlib.suppress(OSError):
             st = dst.stat()
-            if st.st_size == size and cache.sha256(dst, st) == sha:     # hashed once, then by the hash cache
-                if progress:
-                    progress(size)
-                return
-            damaged = st.st_ino            # a damaged blob: written again, and views relinked to the new one
+            return (size is None or st.st_size == size) and cache.sha256(dst, st) == sha
+        return False
+
+    def _write_blob(self, blocks: Callable[[], Iterable[bytes]], sha: str, size: int | None, cache: HashCache,
+                    progress: Callable[[int], None] | None, mismatch: Callable[[], str]) -> None:
+        """Write one blob unless the store has it: the bytes of blocks() are hashed while written and renamed into
+        place only if they match `sha` (else a StoreError with mismatch(), and nothing is left behind)."""
+        dst = self.blob(sha)
+        if self._has_blob(sha, size, cache):
+            if progress and size:
+                progress(size)
+            return
+        # a damaged blob is written again, and views relinked to the new one
+        damaged = dst.stat().st_ino if dst.is_file() else None
         h = hashlib.sha256()
         with atomic_file(dst) as tmp:
-            with open(src, "rb") as fi, open(tmp, "wb") as fo:
-                while block := fi.read(1 << 22):
+            with open(tmp, "wb") as fo:
+                for block in blocks():
                     h.update(block)
                     fo.write(block)
                     if progress:
@@ -289,12 +307,39 @@ class Store:
                 fo.flush()
                 os.fsync(fo.fileno())
             if h.hexdigest() != sha:
-                raise StoreError(f"{src} does not match its sha256 in the artifact's manifest ({name}): the source "
-                                 "artifact is damaged; rebuild it with --force, then pull again")
+                raise StoreError(mismatch())
             os.chmod(tmp, 0o444)
         if damaged is not None:
             self._relink(damaged, dst)
         cache.remember(dst, sha)
+
+    def fetch(self, ref: ModelRef, digest: str, read: Callable[[str], Iterable[bytes]], source: str,
+              progress: Callable[[int], None] | None = None) -> Path:
+        """Add the artifact whose manifest.json has sha256 `digest` from a content-addressed source, as `ref`;
+        returns its view. read(sha) yields a blob's bytes; every blob (the manifest first) is verified against
+        its sha256 as it is written and refused on a mismatch (StoreError naming the file and `source`), so a file
+        that did not match is never in the store. Blobs the store already holds are not fetched again."""
+        cache = HashCache.default()
+
+        def refused(name: str, sha: str) -> str:
+            return (f"{name} (sha256-{sha[:12]}) as received from {source} does not match its sha256 in the "
+                    "artifact's manifest: refused (the copy there is damaged or was changed after the manifest was "
+                    "written); repair the source artifact, then deploy again")
+
+        with self.pull_lock(ref), self.writing():
+            self._write_blob(lambda: read(digest), digest, None, cache, progress, lambda: refused(C.MANIFEST, digest))
+            entry = {"schema": 1, "name": str(ref), "artifact": f"sha256-{digest}", "source": source,
+                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            man = self.artifact_manifest(entry)
+            for name, e in sorted(man.files.items()):
+                self._write_blob(lambda sha=e["sha256"]: read(sha), e["sha256"], e["size"], cache,
+                                 progress, lambda name=name, sha=e["sha256"]: refused(name, sha))
+            view = self._make_view(entry)
+            if not self.has(ref) or self.entry(ref).get("artifact") != entry["artifact"]:
+                atomic_write(self._manifest_path(ref), json.dumps(entry, indent=2, sort_keys=True) + "\n",
+                             fsync=True)
+        cache.save()
+        return view
 
     def _relink(self, old_ino: int, blob: Path) -> None:
         """Point every view file that was a link to a replaced (damaged) blob at its new copy."""

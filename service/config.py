@@ -110,6 +110,9 @@ class RayOptions:
     max_replicas: int | None = None
     threads_per_replica: int = 1        # each engine's intra-op threads = the CPUs Ray reserves for it
     target_ongoing: int = 8             # autoscaling: in-flight requests per replica it aims at
+    # where Serve's HTTP proxy runs: EveryNode (a load balancer in front), HeadOnly (one entry point; several
+    # nodes on one machine, whose proxies would share the port)
+    proxy_location: str = "EveryNode"
 
     def __post_init__(self) -> None:
         if (self.min_replicas is None) != (self.max_replicas is None):
@@ -117,6 +120,8 @@ class RayOptions:
         lo, hi = (self.min_replicas, self.max_replicas) if self.autoscaling else (self.replicas, self.replicas)
         if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
             raise ConfigError(f"replicas must be integers with 1 <= min <= max; got {lo}..{hi}")
+        if self.proxy_location not in ("EveryNode", "HeadOnly"):
+            raise ConfigError(f"proxy_location must be EveryNode or HeadOnly; got {self.proxy_location!r}")
         if not (isinstance(self.threads_per_replica, int) and self.threads_per_replica >= 1):
             raise ConfigError(f"threads_per_replica must be >= 1; got {self.threads_per_replica!r}")
 

@@ -31,6 +31,7 @@ from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from .config import RayOptions, ServiceConfig
+from .ray_artifacts import ArtifactRef, materialize, publish, unpublish
 from .ray_routing import IMBALANCE, AffinityPolicy, ReplicaView, RouteHint, route_hint
 
 log = logging.getLogger("ortllm.service")
@@ -38,6 +39,7 @@ log = logging.getLogger("ortllm.service")
 APP, ENGINE, INGRESS = "ortllm", "EngineReplica", "Ingress"
 STATS_PERIOD_S = 0.5            # replicas report residency and queue depth this often
 FAN_OUT_TIMEOUT_S = 2.0         # /health and /metrics wait this long for each replica
+HEAD_RESOURCE = "node:__internal_head__"     # Ray's resource of the head node
 _END = object()
 
 
@@ -47,8 +49,17 @@ class EngineReplica:
     """One Engine behind the unchanged Flask app; requests arrive as (method, path, query, headers, body) and
     leave as a start item {status, headers, replica, pid} followed by the body's byte chunks."""
 
-    def __init__(self, config: ServiceConfig):
+    def __init__(self, config: ServiceConfig, artifact: ArtifactRef | None = None):
+        import ray
+
         from .app import create_app
+        # this node's copy of the model: its own store, the same path, or fetched from the head by sha256
+        # (ray_artifacts.py); a node that cannot get it raises here, and Serve never routes to this replica
+        self.artifact_from = "path"
+        if artifact is not None:
+            path, self.artifact_from = materialize(artifact)
+            config = replace(config, artifact=path)
+        self.node = ray.get_runtime_context().get_node_id()
         self.app = create_app(replace(config, load_in_background=False))
         self.pool = self.app.extensions["ortllm"]
         self.id = serve.get_replica_context().replica_id.unique_id
@@ -71,7 +82,7 @@ class EngineReplica:
             app_iter, status, resp_headers = await loop.run_in_executor(self.executor, run_wsgi_app, self.app,
                                                                         environ, False)
             yield {"status": int(status.split(" ", 1)[0]), "headers": list(resp_headers.items()),
-                   "replica": self.id, "pid": os.getpid()}
+                   "replica": self.id, "pid": os.getpid(), "node": self.node, "artifact_from": self.artifact_from}
             it = iter(app_iter)
             while (chunk := await loop.run_in_executor(self.executor, next, it, _END)) is not _END:
                 if chunk:
@@ -278,6 +289,8 @@ class Ingress:
             break
         resp_headers = {k: v for k, v in start["headers"] if k.lower() not in ("content-length", "transfer-encoding")}
         resp_headers["X-Ortllm-Replica"] = start["replica"]
+        if died:
+            resp_headers["X-Ortllm-Retried"] = "replica_failed"     # its first replica died before answering
         if not resp_headers.get("Content-Type", "").startswith("text/event-stream"):
             return Response(b"".join(head), status_code=start["status"], headers=resp_headers)
         return StreamingResponse(self._stream(gen, head), status_code=start["status"], headers=resp_headers)
@@ -356,17 +369,21 @@ class Ingress:
             if a is None:
                 replicas.append({"replica": rid, "status": "unreachable", **seen})
             else:
-                replicas.append({"replica": rid, "pid": a[0]["pid"], **json.loads(a[1] or b"{}"), **seen})
+                replicas.append({"replica": rid, "pid": a[0]["pid"], "node": a[0].get("node"),
+                                 "artifact_from": a[0].get("artifact_from"), **json.loads(a[1] or b"{}"), **seen})
+        message = ""
         try:
-            states = await asyncio.wait_for(asyncio.to_thread(_replica_states), FAN_OUT_TIMEOUT_S)
+            states, message = await asyncio.wait_for(asyncio.to_thread(_replica_states), FAN_OUT_TIMEOUT_S)
         except (asyncio.TimeoutError, RayError, KeyError) as e:
             states = {"error": repr(e)}
         ok = [r for r in replicas if r.get("status") == "ok"]
         healthy = len(ok) >= self.expected and states.get("RUNNING", 0) == sum(
             v for k, v in states.items() if k != "error")
         status = "ok" if healthy and ok else "degraded" if ok else "unavailable"
-        return JSONResponse({"status": status, "replicas": replicas, "replica_states": states,
-                             "expected_replicas": self.expected}, status_code=200 if ok else 503)
+        body = {"status": status, "replicas": replicas, "replica_states": states, "expected_replicas": self.expected}
+        if status != "ok" and message:
+            body["message"] = message          # Serve's own words: e.g. a replica that could not get the model
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def _metrics(self):
         from starlette.responses import Response
@@ -375,9 +392,10 @@ class Ingress:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def _replica_states() -> dict:
+def _replica_states() -> tuple[dict, str]:
+    """The engine deployment's replicas by state, and Serve's message about it (why a replica does not start)."""
     st = serve.status().applications[APP].deployments[ENGINE]
-    return {str(getattr(k, "value", k)): v for k, v in st.replica_states.items()}
+    return {str(getattr(k, "value", k)): v for k, v in st.replica_states.items()}, st.message or ""
 
 
 def _error(status: int, message: str, code: str, retry_after: int | None = None):
@@ -415,8 +433,10 @@ def merge_metrics(texts: dict[str, str]) -> str:
 
 # ---------------------------------------------------------------- building and running the application
 
-def build_app(config: ServiceConfig, opts: RayOptions):
-    """The Serve application: `opts` engine replicas (threads_per_replica each) behind one ingress."""
+def build_app(config: ServiceConfig, opts: RayOptions, artifact: ArtifactRef | None = None):
+    """The Serve application: `opts` engine replicas (threads_per_replica each) behind one ingress on the head
+    node (with the Serve controller: losing another node loses only its replicas). `artifact`: how replicas on
+    other nodes get the model (ray_artifacts.publish); None: each loads config.artifact as it is."""
     from ray.serve.config import RequestRouterConfig
 
     config = replace(config, engine_overrides={**config.engine_overrides, "threads": opts.threads_per_replica})
@@ -432,8 +452,9 @@ def build_app(config: ServiceConfig, opts: RayOptions):
                                request_router_config=RequestRouterConfig(
                                    request_router_class=f"{__name__}.AdapterAwareRouter",
                                    request_routing_stats_period_s=STATS_PERIOD_S,
-                                   request_routing_stats_timeout_s=5.0)).bind(config)
-    ingress = serve.deployment(Ingress, name=INGRESS, num_replicas=1, ray_actor_options={"num_cpus": 0},
+                                   request_routing_stats_timeout_s=5.0)).bind(config, artifact)
+    ingress = serve.deployment(Ingress, name=INGRESS, num_replicas=1,
+                               ray_actor_options={"num_cpus": 0, "resources": {HEAD_RESOURCE: 0.001}},
                                max_ongoing_requests=opts.most_replicas * config.http_threads,
                                graceful_shutdown_timeout_s=config.drain_timeout_s + 5.0,
                                graceful_shutdown_wait_loop_s=0.5)
@@ -452,8 +473,9 @@ def start(config: ServiceConfig, opts: RayOptions) -> tuple[str, bool]:
         else:
             cpus = max(os.cpu_count() or 1, opts.most_replicas * opts.threads_per_replica)
             ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": config.host, "port": config.port})
-    serve.run(build_app(config, opts), name=APP, route_prefix="/", blocking=False)
+    serve.start(http_options={"host": config.host, "port": config.port}, proxy_location=opts.proxy_location)
+    artifact = publish(config.artifact) if config.artifact is not None else None
+    serve.run(build_app(config, opts, artifact), name=APP, route_prefix="/", blocking=False)
     return f"http://{config.host}:{config.port}", started
 
 
@@ -492,6 +514,7 @@ def stop(started_ray: bool) -> None:
     try:
         serve.delete(APP, _blocking=True)
     finally:
+        unpublish()
         serve.shutdown()
         if started_ray:
             ray.shutdown()

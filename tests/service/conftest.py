@@ -118,3 +118,22 @@ def browser(tmp_path):
     driver.set_page_load_timeout(30)
     yield driver
     driver.quit()
+
+
+@pytest.fixture(scope="module")
+def tiny_lora_artifact(tiny_engine, tmp_path_factory):
+    """llama-tiny-random with the 4 adapters of tests/service/ray_fixtures.py ADAPTERS (the Ray tests)."""
+    import shutil
+
+    from ortllm.pipeline.sources import load_model
+    from ortllm.runtime.adapter_files import add_adapter
+    from tests.reference.peft_lora import make_peft_lora
+    from tests.service.ray_fixtures import ADAPTERS
+    weights = load_model("llama-tiny-random")[1]
+    base = tmp_path_factory.mktemp("ray-art")
+    art = base / "art"
+    shutil.copytree(tiny_engine, art)
+    for k, name in enumerate(ADAPTERS):
+        make_peft_lora(weights, base / name, seed=40 + k, r=8, targets=["q_proj", "v_proj"])
+        add_adapter(art, base / name, name)
+    return art

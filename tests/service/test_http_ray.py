@@ -6,11 +6,8 @@ SmolLM2 test runs `ortllm serve --ray` as a user does and compares with the sing
 from __future__ import annotations
 
 import os
-import random
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,38 +19,10 @@ import requests
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'ortllm[ray]'")
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ortllm[ray]'")
 
-from ortllm.runtime.adapter_files import add_adapter                   # noqa: E402
 from ortllm.service.config import ServiceConfig                     # noqa: E402
-from tests.reference.peft_lora import make_peft_lora                # noqa: E402
+from tests.service.ray_fixtures import ADAPTERS, ENGINE_OVERRIDES, free_port, zipf_trace  # noqa: E402
 
-ADAPTERS = ("a0", "a1", "a2", "a3")
 TIMEOUT_S = 60                      # any one HTTP request; a hung request fails the test instead of CI
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def zipf_trace(n: int, seed: int) -> list[str]:
-    """n adapter names, Zipf s = 1 over ADAPTERS (docs/architecture.md, Benchmarks: the multi-adapter trace)."""
-    rng = random.Random(seed)
-    weights = [1 / (k + 1) for k in range(len(ADAPTERS))]
-    return rng.choices(ADAPTERS, weights, k=n)
-
-
-@pytest.fixture(scope="module")
-def tiny_lora_artifact(tiny_engine, tmp_path_factory):
-    from ortllm.pipeline.sources import load_model
-    weights = load_model("llama-tiny-random")[1]
-    base = tmp_path_factory.mktemp("ray-art")
-    art = base / "art"
-    shutil.copytree(tiny_engine, art)
-    for k, name in enumerate(ADAPTERS):
-        make_peft_lora(weights, base / name, seed=40 + k, r=8, targets=["q_proj", "v_proj"])
-        add_adapter(art, base / name, name)
-    return art
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +34,7 @@ def ray_tiny(tiny_lora_artifact):
     except Exception as e:  # noqa: BLE001 - say why Ray cannot start here, and skip
         pytest.skip(f"a local Ray instance did not start: {type(e).__name__}: {e}")
     config = ServiceConfig(artifact=tiny_lora_artifact, port=free_port(), drain_timeout_s=5,
-                           engine_overrides={"num_blocks": 256, "max_slots": 2, "max_adapters_per_batch": 2,
-                                             "max_num_seqs": 4, "max_queued": 4})
+                           engine_overrides=ENGINE_OVERRIDES)
     try:
         url, _ = ray_serve.start(config, ray_serve.RayOptions(replicas=2, threads_per_replica=1))
         yield url
