@@ -69,8 +69,8 @@ class ChatOptions:
 class Chat:
     """One conversation on an engine: the history, and a reply streamed to `out`."""
 
-    def __init__(self, engine, options: ChatOptions, out=sys.stdout):
-        self.engine, self.options, self.out = engine, options, out
+    def __init__(self, engine, options: ChatOptions, out=None):
+        self.engine, self.options, self.out = engine, options, sys.stdout if out is None else out   # at call time
         self.history: list[dict] = []
 
     def prompt_ids(self, text: str) -> list[int]:
@@ -148,7 +148,8 @@ def command(chat: Chat, line: str, out) -> bool:
     return True
 
 
-def interactive(chat: Chat, out=sys.stdout, read=input) -> None:
+def interactive(chat: Chat, out=None, read=input) -> None:
+    out = sys.stdout if out is None else out     # the stream of the call, not the one of the import
     try:
         import readline  # noqa: F401 - line editing and history for input()
     except ImportError:
@@ -180,9 +181,12 @@ def interactive(chat: Chat, out=sys.stdout, read=input) -> None:
 
 
 def run_chat(artifact, prompt: str | None, options: ChatOptions, threads: int | None = None,
-             stdin=sys.stdin, out=sys.stdout) -> int:
+             stdin=None, out=None) -> int:
+    """stdin, out: None for sys.stdin, sys.stdout as they are when called (a caller's redirection holds)."""
     from ortllm.runtime.artifact import load_artifact
     from ortllm.runtime.engine import Engine
+
+    stdin, out = sys.stdin if stdin is None else stdin, sys.stdout if out is None else out
 
     if load_artifact(artifact, verify=False).graph != "engine":
         raise OrtllmError(f"{artifact} is a portable artifact; ortllm run needs an engine artifact (ortllm build "

@@ -242,7 +242,8 @@ def engine_overrides(values: dict) -> dict:
     return out
 
 
-def print_config(values: dict, out=sys.stdout) -> None:
+def print_config(values: dict, out=None) -> None:
+    out = sys.stdout if out is None else out     # the stream of the call, not the one of the import
     width = max(len(k) for k in values)
     for key, (value, source) in values.items():
         shown = "***" if key == "api_key" and value else format_value(value)

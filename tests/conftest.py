@@ -5,6 +5,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -49,13 +50,30 @@ def shared_dir(tmp_path_factory, name: str, make) -> Path:
     return out
 
 
-def _build(tmp_path_factory, spec: str, **opts) -> Path:
+UNMEASURED = "a test artifact whose quality no test reads: the in-build check was not run (tests/conftest.py)"
+
+
+def _unmeasured(weights, art_dir, ref_dir, opts, ref_opts, tensor_report) -> dict:
+    """The in-build quality check off (pipeline/build.py QualityCheck): quality.json keeps the per-tensor errors and
+    says the fidelity check was skipped. The check is most of a tiny quantized build (~75 of 76 s, 2 cores)."""
+    return {"build": asdict(opts), "reference": None, "fidelity": {}, "fidelity_skipped": UNMEASURED,
+            "tensors": tensor_report}
+
+
+def _build(tmp_path_factory, spec: str, measured: bool = True, **opts) -> Path:
+    """spec built with BuildOptions(**opts) once per session (once per `make test`: shared_dir). measured=False: a
+    quantized build without its in-build quality check, for tests that never read quality.json."""
     from ortllm.cli.build import build_artifact
-    from ortllm.pipeline.build import BuildOptions
-    key = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+    from ortllm.pipeline.build import BuildOptions, build
+    key = ",".join(f"{k}={v}" for k, v in sorted({**opts, **({} if measured else {"unmeasured": True})}.items()))
     name = f"{spec}-{hashlib.sha256(key.encode()).hexdigest()[:12]}" if SHARED_ARTIFACTS else spec
-    return shared_dir(tmp_path_factory, name,
-                      lambda out: build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None))
+
+    def make(out):
+        if measured:
+            build_artifact(spec, out, BuildOptions(**opts), log=lambda m: None)
+        else:
+            build(spec, out, BuildOptions(**opts), log=lambda m: None, quality_check=_unmeasured)
+    return shared_dir(tmp_path_factory, name, make)
 
 
 def isa_paths() -> list[str]:
@@ -106,6 +124,50 @@ def pytest_report_header(config):
 def tiny_artifact(tmp_path_factory) -> Path:
     """llama-tiny-random, portable fp32, with the optimum-onnx export beside it."""
     return _build(tmp_path_factory, "llama-tiny-random", graph="portable", exporter="optimum")
+
+
+@pytest.fixture(scope="session")
+def tiny_weights():
+    """llama-tiny-random's weights (ModelWeights), for the PEFT references (tests/reference/peft_lora.py)."""
+    from ortllm.pipeline.sources import load_model
+    return load_model("llama-tiny-random")[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory):
+    """opts -> llama-tiny-random built with BuildOptions(**opts), the in-build quality check off (no test reading
+    it), once per session."""
+    built = {}
+
+    def get(**opts) -> Path:
+        key = tuple(sorted(opts.items()))
+        if key not in built:
+            built[key] = _build(tmp_path_factory, "llama-tiny-random", measured=False, **opts)
+        return built[key]
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_int4(tiny_build) -> Path:
+    """llama-tiny-random as an int4 engine artifact, RTN b32 (QLinear: int8 LoRA stacks, batch-invariant to the bit),
+    the in-build quality check off."""
+    return tiny_build(graph="engine", quant="int4", block_size=32)
+
+
+@pytest.fixture(scope="session")
+def adapted(tmp_path_factory):
+    """(base artifact, {name: PEFT adapter dir}) -> a new artifact: base's files hard-linked but the weights onnx
+    reads (a DoRA adapter's base weights: tests/artifact_copies.py ONNX_READS) copied, and the adapters added, in
+    that order."""
+    from ortllm.runtime.adapter_files import add_adapter
+    from tests.artifact_copies import ONNX_READS, linked_copy
+
+    def make(base: Path, adapters: dict[str, Path]) -> Path:
+        art = linked_copy(base, tmp_path_factory.mktemp("adapted") / "art", copied=ONNX_READS)
+        for name, peft_dir in adapters.items():
+            add_adapter(art, peft_dir, name)
+        return art
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,7 @@
-"""Every bad input at the command line: one clear line, non-zero exit, never a traceback."""
+"""Every bad input at the command line: one clear line, non-zero exit, never a traceback (the CLI in process,
+through ortllm.cli.main: tests/cli_run.py)."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -12,11 +11,8 @@ import pytest
 
 from ortllm.pipeline.errors import BuildError
 from ortllm.pipeline.recipes import get_recipe, locate_package_file
-
-
-def ortllm(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "ortllm", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+from tests.artifact_copies import linked_copy, own_file
+from tests.cli_run import ortllm, ortllm_process
 
 
 def assert_user_error(proc, *needles):
@@ -84,11 +80,10 @@ def test_out_dir_holding_other_files(tmp_path):
 
 
 def test_generate_on_damaged_artifact_names_the_file(tmp_path, tiny_artifact):
-    art = tmp_path / "art"
-    shutil.copytree(tiny_artifact, art)
+    art = linked_copy(tiny_artifact, tmp_path / "art")
     raw = bytearray((art / "tokenizer.json").read_bytes())
     raw[len(raw) // 2] ^= 0x01                      # same size, one bit off
-    (art / "tokenizer.json").write_bytes(bytes(raw))
+    own_file(art / "tokenizer.json").write_bytes(bytes(raw))
     assert_user_error(ortllm("generate", art, "--prompt", "hi"), "tokenizer.json", "sha256")
 
 
@@ -138,9 +133,9 @@ def test_generate_prints_the_quality_of_a_quantized_artifact(tmp_path):
 
 def test_missing_ops_library_is_one_line(tmp_path, tiny_engine):
     """Regression (issue 22): OpsLibraryError sat outside the OrtllmError tree, so a missing libortllm_ops.so
-    printed "internal error ... please report it" instead of saying to run `make ops`."""
-    env = {**os.environ, "ORTLLM_OPS_LIBRARY": str(tmp_path / "absent.so")}
-    p = subprocess.run([sys.executable, "-m", "ortllm", "generate", str(tiny_engine), "--prompt", "hi"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    printed "internal error ... please report it" instead of saying to run `make ops`. A process of its own: the
+    library is loaded once a process, and this one has it. It is also the suite's test of `python -m ortllm`."""
+    p = ortllm_process("generate", tiny_engine, "--prompt", "hi",
+                       env={"ORTLLM_OPS_LIBRARY": str(tmp_path / "absent.so")})
     assert_user_error(p, "ops library not found", "make ops")
     assert "internal error" not in p.stderr

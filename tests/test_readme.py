@@ -1,6 +1,7 @@
 """The README's front door, run as a user would on the test model, so it cannot rot: the two-command quick
-start is what the README says, `ortllm --help`, a build of llama-tiny-random, generate, and the README's own
-curl request (its path and JSON body, read from the README) to a live `ortllm serve` on 127.0.0.1."""
+start is what the README says, `ortllm --help` (the installed command, as a process), a build of llama-tiny-random,
+generate, and the README's own curl request (its path and JSON body, read from the README) to a live
+`ortllm serve` on 127.0.0.1."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,15 @@ from pathlib import Path
 
 import requests
 
+from tests.cli_run import ortllm
+
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 
 
-def _ortllm(*args, timeout=300) -> subprocess.CompletedProcess:
+def _installed_ortllm(*args, timeout=300) -> subprocess.CompletedProcess:
+    """The `ortllm` command the install puts beside the interpreter (`python -m ortllm` where there is none), as a
+    process: the suite's test of the entry point itself. The other commands go through main() in process."""
     exe = Path(sys.executable).with_name("ortllm")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "ortllm"]
     return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=timeout)
@@ -32,15 +37,15 @@ def test_quick_start_is_the_two_make_commands():
 
 
 def test_help_build_generate(tmp_path):
-    helped = _ortllm("--help")
+    helped = _installed_ortllm("--help")
     assert helped.returncode == 0
     for verb in ("build", "generate", "serve", "batch", "eval", "adapters", "bench"):
         assert verb in helped.stdout and f"ortllm {verb}" in README
     out = tmp_path / "tiny"
-    built = _ortllm("build", "llama-tiny-random", "--out", out)
+    built = ortllm("build", "llama-tiny-random", "--out", out)
     assert built.returncode == 0, built.stderr[-2000:]
     assert (out / "manifest.json").is_file()
-    gen = _ortllm("generate", out, "--prompt", "Hello", "--max-tokens", "8")
+    gen = ortllm("generate", out, "--prompt", "Hello", "--max-tokens", "8")
     assert gen.returncode == 0 and gen.stdout.strip(), gen.stderr[-2000:]
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,20 +12,14 @@ BASE = "llama-tiny-random"     # the recipe: the base model's name, as the servi
 
 
 @pytest.fixture(scope="session")
-def batch_artifact(tiny_engine, tmp_path_factory) -> Path:
-    """A copy of tiny_engine with adapters qv (q,v) and mlp (gate,up,down)."""
-    from ortllm.runtime.adapter_files import add_adapter
-    from ortllm.pipeline.sources import load_model
+def batch_artifact(tiny_engine, tiny_weights, tmp_path_factory, adapted) -> Path:
+    """tiny_engine (hard-linked: tests/conftest.py adapted) with adapters qv (q,v) and mlp (gate,up,down)."""
     from tests.reference.peft_lora import make_peft_lora
 
     base = tmp_path_factory.mktemp("batch")
-    art = base / "art"
-    shutil.copytree(tiny_engine, art)
-    weights = load_model("llama-tiny-random")[1]
     for k, (name, targets) in enumerate(zip(ADAPTERS, [["q_proj", "v_proj"], ["gate_proj", "up_proj", "down_proj"]])):
-        make_peft_lora(weights, base / name, seed=20 + k, r=8, targets=targets)
-        add_adapter(art, base / name, name)
-    return art
+        make_peft_lora(tiny_weights, base / name, seed=20 + k, r=8, targets=targets)
+    return adapted(tiny_engine, {name: base / name for name in ADAPTERS})
 
 
 PREFIXES = ["You are a careful assistant. ", "Translate to French: ", "Q: what is 2+2? A:", ""]

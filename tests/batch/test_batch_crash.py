@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ortllm.batch import BatchOptions, run_batch
 from tests.batch.conftest import BAD, assert_same, comparable, mixed_lines, read_output, write_lines
+from tests.cli_run import ortllm
 
 N = 600          # long enough at 2 sequences a step that both interruptions land mid-run
 
@@ -49,8 +50,7 @@ def test_ctrl_c_then_kill_then_rerun(batch_artifact, tmp_path):
     killed = out.read_bytes()
     assert len(first) < killed.count(b"\n") < N
 
-    done = subprocess.run([sys.executable, "-m", "ortllm", "batch", str(batch_artifact), "--input", str(src),
-                           "--output", str(out), "--no-progress"], capture_output=True, text=True, timeout=120)
+    done = ortllm("batch", batch_artifact, "--input", src, "--output", out, "--no-progress")   # in process
     assert done.returncode == 0, done.stderr
     got = read_output(out)
     ids = [x["id"] for x in got]

@@ -1,13 +1,10 @@
-"""`ortllm generate` on the real SmolLM2 artifact (the default build: engine graph)."""
+"""`ortllm generate` on the real SmolLM2 artifact (the default build: engine graph), through main() in process."""
 from __future__ import annotations
 
-import subprocess
-import sys
+from tests.cli_run import ortllm
 
 
 def test_chat_answers_paris(smollm2_engine):
-    p = subprocess.run([sys.executable, "-m", "ortllm", "generate", str(smollm2_engine), "--chat",
-                        "--prompt", "What is the capital of France?", "--max-tokens", "32"],
-                       capture_output=True, text=True, timeout=300)
+    p = ortllm("generate", smollm2_engine, "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "32")
     assert p.returncode == 0, p.stderr
     assert "Paris" in p.stdout, p.stdout

@@ -1,4 +1,4 @@
-"""`ortllm pull hf.co/ORG/REPO[:QUANT|:FILE]` end to end: the real CLI in subprocesses, the real huggingface_hub
+"""`ortllm pull hf.co/ORG/REPO[:QUANT|:FILE]` end to end: the real CLI in processes of its own, the real huggingface_hub
 client over real HTTP against a hub on 127.0.0.1 (tests/hub_server.py), serving llama-tiny-random as a GGUF repo
 and as a sharded safetensors repo, and repos of an architecture ortllm does not build."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ortllm.runtime.store import Store
+from tests.cli_run import ortllm_process
 from tests.hub_server import FakeHub
 
 TOKEN = "hf_ortllm_test_token"
@@ -134,12 +135,11 @@ def hf_home(tmp_path_factory) -> Path:
 
 
 def ortllm(hub: FakeHub, home: Path, hf_home: Path, *args, offline: bool = False, timeout: int = 300):
-    env = {**os.environ, "ORTLLM_HOME": str(home), "HF_HOME": str(hf_home), "HF_ENDPOINT": hub.url,
-           "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "1" if offline else "0", "HF_HUB_DISABLE_XET": "1",
-           "HF_HUB_DISABLE_TELEMETRY": "1"}
-    env.pop("HF_HUB_CACHE", None)
-    return subprocess.run([sys.executable, "-m", "ortllm", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    """`ortllm ARGS` against the hub, in a process of its own (not through main() in this one: huggingface_hub reads
+    HF_ENDPOINT, HF_HOME and HF_HUB_OFFLINE once, when it is imported)."""
+    env = {"ORTLLM_HOME": str(home), "HF_HOME": str(hf_home), "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN,
+           "HF_HUB_OFFLINE": "1" if offline else "0", "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    return ortllm_process(*args, env=env, timeout=timeout, unset=("HF_HUB_CACHE",))
 
 
 def hf_download(hub: FakeHub, hf_home: Path, repo_id: str, filename: str):

@@ -1,7 +1,7 @@
 """`ortllm run`: one-shot (a prompt or stdin) and an interactive session driven in a real terminal (tmux send-keys /
 capture-pane): streamed replies, history, multi-line input, /set, Ctrl-C stopping a reply and not the session,
 /bye. The session runs SmolLM2 (the smallest real chat model of the fixtures): the tiny random model answers in a
-few milliseconds, too fast for a Ctrl-C to land inside a reply."""
+few milliseconds, too fast for a Ctrl-C to land inside a reply. One-shot runs go through main() in process."""
 from __future__ import annotations
 
 import os
@@ -13,15 +13,12 @@ from pathlib import Path
 
 import pytest
 
-
-def ortllm(*args, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ortllm", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, **kw)
+from tests.cli_run import ortllm
 
 
 def test_one_shot_from_an_argument_and_from_stdin(tiny_engine, tiny_artifact):
     a = ortllm("run", tiny_engine, "hello there", "--temperature", "0", "--max-tokens", "8", "--threads", "1")
-    b = ortllm("run", tiny_engine, "--temperature", "0", "--max-tokens", "8", "--threads", "1", input="hello there")
+    b = ortllm("run", tiny_engine, "--temperature", "0", "--max-tokens", "8", "--threads", "1", stdin="hello there")
     assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
     assert a.stdout == b.stdout and a.stdout.strip()
     p = ortllm("run", tiny_engine, "hi", "--temperature", "-1")

@@ -16,6 +16,7 @@ from ortllm.cli import make_parser
 from ortllm.cli.serve import engine_overrides, settings
 from ortllm.runtime.errors import ConfigError
 from ortllm.service.config import ServiceConfig
+from tests.cli_run import ortllm
 
 
 def _settings(tmp_path, argv, env=None, toml=None):
@@ -70,10 +71,8 @@ def test_per_model_sizes_from_the_file(tmp_path):
 
 def test_print_config_shows_each_value_and_source(tmp_path, tiny_engine):
     (tmp_path / "serve.toml").write_text("parallel = 4\nmax_queued = 9\n")
-    env = {**os.environ, "ORTLLM_PARALLEL": "6", "ORTLLM_API_KEY": "sesame"}
-    p = subprocess.run([sys.executable, "-m", "ortllm", "serve", str(tiny_engine), "--config",
-                        str(tmp_path / "serve.toml"), "--ctx-size", "64", "--print-config"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = ortllm("serve", tiny_engine, "--config", tmp_path / "serve.toml", "--ctx-size", "64", "--print-config",
+               env={"ORTLLM_PARALLEL": "6", "ORTLLM_API_KEY": "sesame"})
     assert p.returncode == 0, p.stderr
     rows = {ln.split()[0]: ln for ln in p.stdout.splitlines()}
     assert re.search(r"ctx_size\s+64\s+\(flag\)", rows["ctx_size"])

@@ -1,4 +1,5 @@
-"""The model store end to end on llama-tiny-random: the CLI verbs in subprocesses over a temporary ORTLLM_HOME."""
+"""The model store end to end on llama-tiny-random: the CLI verbs over a temporary ORTLLM_HOME, in process (two
+pulls at once and a killed pull: in processes of their own)."""
 from __future__ import annotations
 
 import json
@@ -14,12 +15,12 @@ import pytest
 from ortllm.runtime.artifact import ArtifactError, load_artifact
 from ortllm.runtime.hash_cache import HashCache
 from ortllm.runtime.store import Store
+from tests import cli_run
 
 
-def ortllm(home: Path, *args, timeout=300, **kw):
-    env = {**os.environ, "ORTLLM_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "ortllm", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)
+def ortllm(home: Path, *args):
+    """`ortllm ARGS` over the store at `home`, in this process (tests/cli_run.py)."""
+    return cli_run.ortllm(*args, env={"ORTLLM_HOME": str(home)})
 
 
 def ok(proc):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from ortllm.pipeline.build import BuildOptions, build
 from ortllm.pipeline.errors import BuildError
 from ortllm.runtime import contract as C
 from ortllm.runtime.artifact import ArtifactError, load_artifact, sha256_file
+from tests.artifact_copies import linked_copy, own_file
 
 QUIET = dict(log=lambda m: None)
 
@@ -39,8 +39,7 @@ def test_same_input_same_bytes(tmp_path):
 
 
 def test_out_dir_with_other_artifact_is_refused_unless_force(tmp_path, tiny_artifact):
-    out = tmp_path / "out"
-    shutil.copytree(tiny_artifact, out)
+    out = linked_copy(tiny_artifact, tmp_path / "out")
     with pytest.raises(BuildError, match="holds a different artifact"):
         build("llama-tiny-random", out, BuildOptions(), **QUIET)   # tiny_artifact was built with --exporter optimum
     assert (out / "optimum").is_dir(), "a refused build must leave the old artifact untouched"
@@ -64,15 +63,14 @@ def test_out_dir_with_foreign_files_is_refused(tmp_path):
     ("delete", "model.onnx.data is missing"),
 ])
 def test_damaged_artifact_names_the_file(tmp_path, tiny_artifact, damage, match):
-    art = tmp_path / "art"
-    shutil.copytree(tiny_artifact, art)
+    art = linked_copy(tiny_artifact, tmp_path / "art")
     data = art / C.MODEL_DATA
     if damage == "flip":
         raw = bytearray(data.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
-        data.write_bytes(bytes(raw))
+        own_file(data).write_bytes(bytes(raw))
     elif damage == "truncate":
-        data.write_bytes(data.read_bytes()[:1000])
+        own_file(data).write_bytes(data.read_bytes()[:1000])
     else:
         data.unlink()
     with pytest.raises(ArtifactError, match=match):
@@ -80,11 +78,10 @@ def test_damaged_artifact_names_the_file(tmp_path, tiny_artifact, damage, match)
 
 
 def test_other_contract_version_is_refused(tmp_path, tiny_artifact):
-    art = tmp_path / "art"
-    shutil.copytree(tiny_artifact, art)
+    art = linked_copy(tiny_artifact, tmp_path / "art")
     manifest = json.loads((art / C.MANIFEST).read_text())
     manifest["contract_version"] = C.CONTRACT_VERSION + 1
-    (art / C.MANIFEST).write_text(json.dumps(manifest))
+    own_file(art / C.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="contract_version"):
         load_artifact(art)
 

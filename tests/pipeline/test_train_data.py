@@ -3,7 +3,6 @@ loaded or written) and the loss mask (the assistant turns only, as the runtime r
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -11,6 +10,7 @@ from ortllm.pipeline.adapter_train import load_examples
 from ortllm.pipeline.train_config import TrainConfig
 from ortllm.pipeline.train_data import IGNORE, ChatEncoder, TrainDataError, read_jsonl
 from ortllm.runtime.tokenizer import Tokenizer
+from tests.artifact_copies import linked_copy
 
 
 def _encoder(artifact, max_len=512) -> ChatEncoder:
@@ -55,8 +55,7 @@ def test_bad_data_stops_the_command_before_anything_is_written(tiny_engine, tmp_
     """The CLI's one-line error lists the bad lines; the artifact is untouched and no work directory is made."""
     from ortllm.cli import main
 
-    art = tmp_path / "art"
-    shutil.copytree(tiny_engine, art)
+    art = linked_copy(tiny_engine, tmp_path / "art")
     before = {p.relative_to(art): p.read_bytes() for p in art.rglob("*") if p.is_file()}
     data = tmp_path / "chats.jsonl"
     data.write_text(GOOD + "\n" + BAD_LINES[5][0] + "\n")

@@ -4,12 +4,9 @@ single-adapter outputs combined in NumPy, batch invariance (bitwise), the one-ad
 cache's key, and the refusals."""
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
-from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import InvalidSamplingParams, UnknownAdapter
 from ortllm.runtime.sampling_params import SamplingParams, adapter_cache_key
@@ -33,30 +30,22 @@ def _prompts():
     return [rng.integers(3, 512, n).tolist() for n in (9, 23, 35)]
 
 
-@pytest.fixture(scope="module")
-def tiny_weights():
-    from ortllm.pipeline.sources import load_model
-    return load_model("llama-tiny-random")[1]
-
-
-def _add_adapters(art, base, tiny_weights, seed0: int) -> None:
+def _with_adapters(art, tiny_weights, tmp_path_factory, adapted, seed0: int):
+    """(`art` hard-linked with ADAPTERS and a DoRA adapter added, the folder of their PEFT dirs)."""
+    base = tmp_path_factory.mktemp("mix")
     for k, (name, r, targets) in enumerate(ADAPTERS):
         make_peft_lora(tiny_weights, base / name, seed=seed0 + k, r=r, targets=targets)
-        add_adapter(art, base / name, name)
     make_peft_lora(tiny_weights, base / "dora", seed=seed0 + 9, r=8, targets=ATTN, dora=True)
-    add_adapter(art, base / "dora", "dora")
+    return adapted(art, {name: base / name for name in [*(a[0] for a in ADAPTERS), "dora"]}), base
 
 
 @pytest.fixture(scope="module")
-def mixed_fp32(tiny_engine, tiny_weights, tmp_path_factory):
+def mixed_fp32(tiny_engine, tiny_weights, tmp_path_factory, adapted):
     """The tiny fp32 engine artifact with four LoRA adapters and a DoRA one, and one PeftModel holding the four."""
     from peft import PeftModel
 
     from ortllm.pipeline.hf_model import hf_model_from_weights
-    base = tmp_path_factory.mktemp("mix-fp32")
-    art = base / "art"
-    shutil.copytree(tiny_engine, art)
-    _add_adapters(art, base, tiny_weights, 40)
+    art, base = _with_adapters(tiny_engine, tiny_weights, tmp_path_factory, adapted, 40)
     peft = PeftModel.from_pretrained(hf_model_from_weights(tiny_weights), base / "a0", adapter_name="a0")
     for name, _, _ in ADAPTERS[1:]:
         peft.load_adapter(base / name, adapter_name=name)
@@ -185,15 +174,8 @@ def test_bad_mixes_are_refused_with_clear_errors(mixed_fp32):
 # ---------------------------------------------------------------- int4: QLinear's mix on the artifact's own weights
 
 @pytest.fixture(scope="module")
-def mixed_int4(tiny_weights, tmp_path_factory):
-    from ortllm.cli.build import build_artifact
-    from ortllm.pipeline.build import BuildOptions
-    base = tmp_path_factory.mktemp("mix-int4")
-    art = base / "art"
-    build_artifact("llama-tiny-random", art, BuildOptions(graph="engine", quant="int4", block_size=32),
-                   log=lambda m: None)
-    _add_adapters(art, base, tiny_weights, 60)
-    return art
+def mixed_int4(tiny_int4, tiny_weights, tmp_path_factory, adapted):
+    return _with_adapters(tiny_int4, tiny_weights, tmp_path_factory, adapted, 60)[0]
 
 
 def _qlinear_node_session(art, node_name_part: str):

@@ -9,7 +9,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.model_runner import by_adapter, fed_starts, hidden_rows, logits_rows
 from ortllm.runtime.scheduler import ScheduledSeq
@@ -44,21 +43,13 @@ def test_rows_named_where_each_seq_landed():
 
 
 @pytest.fixture(scope="module")
-def adapted(tmp_path_factory):
+def order_art(tiny_int4, tiny_weights, tmp_path_factory, adapted):
     """The tiny model as an int4 engine artifact (QLinear: batch-invariant to the bit, int8 LoRA stacks) with three
     adapters on every target."""
-    from ortllm.cli.build import build_artifact
-    from ortllm.pipeline.build import BuildOptions
-    from ortllm.pipeline.sources import load_model
     base = tmp_path_factory.mktemp("order")
-    art = base / "art"
-    build_artifact("llama-tiny-random", art, BuildOptions(graph="engine", quant="int4", block_size=32),
-                   log=lambda m: None)
-    weights = load_model("llama-tiny-random")[1]
     for k, r in enumerate((8, 16, 5)):
-        make_peft_lora(weights, base / f"a{k}", seed=50 + k, r=r, targets=ALL)
-        add_adapter(art, base / f"a{k}", f"a{k}")
-    return art
+        make_peft_lora(tiny_weights, base / f"a{k}", seed=50 + k, r=r, targets=ALL)
+    return adapted(tiny_int4, {f"a{k}": base / f"a{k}" for k in range(3)})
 
 
 def _mixed_step(bs: int) -> list[ScheduledSeq]:
@@ -76,10 +67,10 @@ def _mixed_step(bs: int) -> list[ScheduledSeq]:
     return seqs
 
 
-def test_mixed_step_rows_equal_each_seq_alone(adapted):
+def test_mixed_step_rows_equal_each_seq_alone(order_art):
     """The step is fed sorted by adapter (the runner's feed order differs from the seqs'), and its logits, argmax
     and hidden rows equal, bit for bit, those of each seq run alone (one seq a step: nothing to sort)."""
-    with Engine.from_artifact(adapted, num_blocks=64, max_adapters_per_batch=3) as engine:
+    with Engine.from_artifact(order_art, num_blocks=64, max_adapters_per_batch=3) as engine:
         runner = engine.runner
         slots, failed = engine.adapters.activate(["a0", "a1", "a2"])
         assert not failed
@@ -104,10 +95,10 @@ def test_mixed_step_rows_equal_each_seq_alone(adapted):
     assert not np.array_equal(alone_logits[0], plain), "the adapters should change the logits"
 
 
-def test_decode_steps_feed_each_seq_its_own_token(adapted):
+def test_decode_steps_feed_each_seq_its_own_token(order_art):
     """execute_steps runs several steps on the bound inputs (fed sorted by adapter) and feeds each step's argmax
     (in the seqs' order) back to its own seq: each seq's tokens equal its tokens decoded alone."""
-    with Engine.from_artifact(adapted, num_blocks=64, max_adapters_per_batch=3) as engine:
+    with Engine.from_artifact(order_art, num_blocks=64, max_adapters_per_batch=3) as engine:
         runner = engine.runner
         slots, failed = engine.adapters.activate(["a0", "a1", "a2"])
         assert not failed

@@ -20,6 +20,8 @@ from ortllm.calibration.adapter_eval import peft_greedy_ids, task_accuracy
 from ortllm.pipeline.adapter_train import TrainConfig, train_lora
 from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.engine import Engine
+from tests.artifact_copies import ONNX_READS, linked_copy
+from tests.cli_run import ortllm
 
 
 def test_train_tiny_adapter_and_serve_it(tiny_engine, tmp_path):
@@ -28,8 +30,7 @@ def test_train_tiny_adapter_and_serve_it(tiny_engine, tmp_path):
     from ortllm.pipeline.hf_model import hf_model_from_weights
     from ortllm.pipeline.sources import load_model
 
-    art = tmp_path / "art"
-    shutil.copytree(tiny_engine, art)
+    art = linked_copy(tiny_engine, tmp_path / "art", copied=ONNX_READS)
     cfg = TrainConfig(task="add", rank=8, steps=40, batch=8, n_train=200, lr=5e-3)
     info = train_lora(art, tmp_path / "peft", cfg, log=lambda m: None)
     assert info["loss_last"] < 0.7 * info["loss_first"], info
@@ -48,19 +49,12 @@ def test_train_tiny_adapter_and_serve_it(tiny_engine, tmp_path):
 
 def test_eval_suite_adapters_scores_trained_adapters(tiny_engine, tmp_path):
     """`ortllm adapters train` records the task; `ortllm eval --suite adapters` scores base vs adapter."""
-    import subprocess
-    import sys
-
-    art = tmp_path / "art"
-    shutil.copytree(tiny_engine, art)
-    train = subprocess.run([sys.executable, "-m", "ortllm", "adapters", "train", str(art), "--task", "upper",
-                            "--name", "up", "--rank", "4", "--steps", "10", "--batch", "4", "--eval", "8"],
-                           capture_output=True, text=True, timeout=600)
+    art = linked_copy(tiny_engine, tmp_path / "art", copied=ONNX_READS)
+    train = ortllm("adapters", "train", art, "--task", "upper", "--name", "up", "--rank", "4", "--steps", "10",
+                   "--batch", "4", "--eval", "8")
     assert train.returncode == 0, train.stderr
     assert "upper accuracy on 8 held-out prompts: base" in train.stdout
-    ev = subprocess.run([sys.executable, "-m", "ortllm", "eval", str(art), "--reference", str(tiny_engine),
-                         "--suite", "adapters", "--out", str(tmp_path / "rep")], capture_output=True, text=True,
-                        timeout=600)
+    ev = ortllm("eval", art, "--reference", tiny_engine, "--suite", "adapters", "--out", tmp_path / "rep")
     assert ev.returncode == 0, ev.stderr
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
     up = report["adapters"]["up"]
@@ -236,8 +230,7 @@ def test_failed_add_leaves_the_artifact_as_it_was(tiny_engine, tmp_path, monkeyp
     from ortllm.pipeline.adapter_train import TrainConfig, train_lora
     from ortllm.runtime.artifact import load_artifact
 
-    art = tmp_path / "art"
-    shutil.copytree(tiny_engine, art)
+    art = linked_copy(tiny_engine, tmp_path / "art", copied=ONNX_READS)
     data = _pirate_data(tmp_path / "arr.jsonl", 8)
     for seed, out, dora in ((0, "first", True), (1, "second", False)):
         train_lora(art, tmp_path / out, TrainConfig(data=str(data), rank=4, steps=2, batch=4, threads=1, seed=seed,

@@ -11,6 +11,7 @@ from ortllm.runtime.errors import AdapterFileError
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import UnknownAdapter
 from ortllm.runtime.sampling_params import SamplingParams
+from tests.artifact_copies import linked_copy
 from tests.reference.peft_lora import make_peft_lora as _peft
 
 TARGET_SETS = [["q_proj", "k_proj", "v_proj", "o_proj"], ["gate_proj", "up_proj", "down_proj"],
@@ -23,24 +24,15 @@ def _greedy(n=12, adapter=None):
 
 
 @pytest.fixture(scope="module")
-def tiny_weights():
-    from ortllm.pipeline.sources import load_model
-    return load_model("llama-tiny-random")[1]
-
-
-@pytest.fixture(scope="module")
-def adapted(tiny_engine, tiny_weights, tmp_path_factory):
-    """A copy of the tiny engine artifact with 5 adapters (ranks 4..32) and their PEFT models."""
-    base = tmp_path_factory.mktemp("adapted")
-    art = base / "art"
-    shutil.copytree(tiny_engine, art)
+def with_adapters(tiny_engine, tiny_weights, tmp_path_factory, adapted):
+    """The tiny engine artifact (its files hard-linked) with 5 adapters (ranks 4..32), their PEFT models, and the
+    folder of their PEFT dirs."""
+    peft = tmp_path_factory.mktemp("peft")
     models = {}
     for k, (r, targets) in enumerate([(8, TARGET_SETS[0]), (16, TARGET_SETS[1]), (4, TARGET_SETS[2]),
                                       (32, TARGET_SETS[3]), (8, TARGET_SETS[3])]):
-        name = f"ad{k}"
-        models[name] = _peft(tiny_weights, base / name, seed=k, r=r, targets=targets, rslora=(k == 4))
-        add_adapter(art, base / name, name)
-    return art, models
+        models[f"ad{k}"] = _peft(tiny_weights, peft / f"ad{k}", seed=k, r=r, targets=targets, rslora=(k == 4))
+    return adapted(tiny_engine, {name: peft / name for name in models}), models, peft
 
 
 def _prompts():
@@ -48,9 +40,9 @@ def _prompts():
     return [rng.integers(3, 512, n).tolist() for n in (7, 20, 33, 12, 41, 5, 26)]
 
 
-def test_engine_equals_peft(adapted):
+def test_engine_equals_peft(with_adapters):
     import torch
-    art, models = adapted
+    art, models, _ = with_adapters
     prompts = _prompts()[:3]
     with Engine.from_artifact(art, num_blocks=128) as engine:
         for name, model in models.items():
@@ -62,10 +54,10 @@ def test_engine_equals_peft(adapted):
                 assert got == ref, f"adapter {name} differs from PEFT + transformers"
 
 
-def test_slot_ranks_are_zero_on_targets_an_adapter_leaves_alone(adapted):
+def test_slot_ranks_are_zero_on_targets_an_adapter_leaves_alone(with_adapters):
     """MultiLoRA skips a slot where its rank is 0: an adapter on q,k,v,o must not cost gate/up/down anything."""
     from ortllm.runtime import contract as C
-    art, _ = adapted
+    art, _, _ = with_adapters
     with Engine.from_artifact(art, num_blocks=128) as engine:
         slots, failed = engine.adapters.activate(["ad0"])            # rank 8 on q, k, v, o
         assert not failed
@@ -73,8 +65,8 @@ def test_slot_ranks_are_zero_on_targets_an_adapter_leaves_alone(adapted):
     assert ranks == {"q_proj": 8, "k_proj": 8, "v_proj": 8, "o_proj": 8, "gate_proj": 0, "up_proj": 0, "down_proj": 0}
 
 
-def test_mixed_batch_equals_alone(adapted):
-    art, models = adapted
+def test_mixed_batch_equals_alone(with_adapters):
+    art, models, _ = with_adapters
     names = [None, *models]
     jobs = [(p, names[i % len(names)]) for i, p in enumerate(_prompts() * 2)]   # 14 requests, 5 adapters + base
     with Engine.from_artifact(art, num_blocks=128, max_adapters_per_batch=4) as engine:
@@ -85,19 +77,13 @@ def test_mixed_batch_equals_alone(adapted):
 
 
 @pytest.fixture(scope="module")
-def adapted_int4(tiny_weights, tmp_path_factory):
+def adapted_int4(tiny_int4, tiny_weights, tmp_path_factory, adapted):
     """The tiny model as an int4 engine artifact (its projections are QLinear: int8 LoRA stacks, contract 7) with
     adapters of ranks 8, 5 (odd) and 32 on every target."""
-    from ortllm.cli.build import build_artifact
-    from ortllm.pipeline.build import BuildOptions
-    base = tmp_path_factory.mktemp("adapted-int4")
-    art = base / "art"
-    build_artifact("llama-tiny-random", art, BuildOptions(graph="engine", quant="int4", block_size=32),
-                   log=lambda m: None)
+    peft = tmp_path_factory.mktemp("peft-int4")
     for k, r in enumerate((8, 5, 32)):
-        _peft(tiny_weights, base / f"q{k}", seed=30 + k, r=r, targets=TARGET_SETS[3])
-        add_adapter(art, base / f"q{k}", f"q{k}")
-    return art
+        _peft(tiny_weights, peft / f"q{k}", seed=30 + k, r=r, targets=TARGET_SETS[3])
+    return adapted(tiny_int4, {f"q{k}": peft / f"q{k}" for k in range(3)})
 
 
 def test_int8_stacks_hold_each_adapter_within_half_a_step(adapted_int4):
@@ -141,13 +127,11 @@ def test_int8_stacks_mixed_batch_equals_alone(adapted_int4):
     assert len({tuple(t) for t in alone}) > len(_prompts()), "adapters should change the outputs"
 
 
-def test_churn_through_two_slots_with_bad_requests(adapted, tmp_path):
+def test_churn_through_two_slots_with_bad_requests(with_adapters, tmp_path):
     """10 adapters through 2 slots, 3 requests each; meanwhile 25 requests for unknown adapters and 5 for an
     adapter whose file was damaged after load are refused with typed errors, and the good ones all succeed."""
-    art, models = adapted
-    churn = tmp_path / "churn"
-    shutil.copytree(art, churn)
-    base = art.parent
+    art, models, base = with_adapters
+    churn = linked_copy(art, tmp_path / "churn")
     for name in models:                      # 5 more adapters: the same weights under other names
         add_adapter(churn, base / name, name + "-copy")
     add_adapter(churn, base / "ad1", "doomed")
@@ -179,9 +163,9 @@ def test_churn_through_two_slots_with_bad_requests(adapted, tmp_path):
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
-def test_bad_peft_dirs_are_refused(adapted, tiny_weights, tmp_path):
+def test_bad_peft_dirs_are_refused(with_adapters, tiny_weights, tmp_path):
     import json
-    art, _ = adapted
+    art, _, _ = with_adapters
     good = tmp_path / "good"
     _peft(tiny_weights, good, seed=9, r=4, targets=["q_proj"])
     cases = {
@@ -217,7 +201,7 @@ def test_bad_peft_dirs_are_refused(adapted, tiny_weights, tmp_path):
 def test_add_and_remove_round_trip(tiny_engine, tiny_weights, tmp_path):
     from ortllm.runtime.artifact import load_artifact
     art = tmp_path / "art"
-    shutil.copytree(tiny_engine, art)
+    linked_copy(tiny_engine, art)
     _peft(tiny_weights, tmp_path / "p", seed=1, r=8, targets=["v_proj"])
     add_adapter(art, tmp_path / "p", "x")
     load_artifact(art)                                   # manifest covers the adapter file
@@ -230,12 +214,10 @@ def test_add_and_remove_round_trip(tiny_engine, tiny_weights, tmp_path):
         remove_adapter(art, "x")
 
 
-def test_generate_cli_with_adapter(adapted):
-    import subprocess
-    import sys
-    art, _ = adapted
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ortllm", "generate", str(art), "--prompt", "abc",  # noqa: E731
-                                     "--max-tokens", "8", *a], capture_output=True, text=True, timeout=300)
+def test_generate_cli_with_adapter(with_adapters):
+    from tests.cli_run import ortllm
+    art, _, _ = with_adapters
+    run = lambda *a: ortllm("generate", art, "--prompt", "abc", "--max-tokens", "8", *a)  # noqa: E731
     base, tuned, bad = run(), run("--adapter", "ad1"), run("--adapter", "nope")
     assert base.returncode == 0 and tuned.returncode == 0, (base.stderr, tuned.stderr)
     with Engine.from_artifact(art, num_blocks=64) as engine:
@@ -254,7 +236,7 @@ def test_readded_adapter_name_never_reuses_kv_of_the_old_weights(tiny_engine, ti
     add other weights under the name `x`: the same prompt hit the blocks computed with the old weights, and
     the text differed from a fresh engine's with the new `x`. Blocks are now keyed by the adapter's sha256."""
     art = tmp_path / "art"
-    shutil.copytree(tiny_engine, art)
+    linked_copy(tiny_engine, art)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
     _peft(tiny_weights, tmp_path / "old", seed=21, r=8, targets=targets)
     _peft(tiny_weights, tmp_path / "new", seed=22, r=8, targets=targets)
@@ -279,7 +261,7 @@ def test_readding_a_retiring_adapter_survives_the_sweep(tiny_engine, tiny_weight
     """Regression (issue 22): AdapterRegistry.add did not clear the retiring state, so re-adding a name that
     was still retiring was undone by the next sweep (the new adapter vanished: unknown adapter)."""
     art = tmp_path / "art"
-    shutil.copytree(tiny_engine, art)
+    linked_copy(tiny_engine, art)
     _peft(tiny_weights, tmp_path / "p", seed=5, r=8, targets=["v_proj"])
     add_adapter(art, tmp_path / "p", "x")
     with Engine.from_artifact(art, num_blocks=64) as engine:

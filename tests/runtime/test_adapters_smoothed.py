@@ -5,7 +5,6 @@ on the smoothed build against 0.014 with --smooth 0; with the rescale 0.013."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import AdapterFileError
 from ortllm.runtime.sampling_params import SamplingParams
+from tests.artifact_copies import linked_copy, own_file
 from tests.reference.peft_lora import make_peft_lora
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -22,28 +22,15 @@ SMOOTHED_TARGETS = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"]
 
 
 @pytest.fixture(scope="module")
-def tiny_weights():
-    from ortllm.pipeline.sources import load_model
-    return load_model("llama-tiny-random")[1]
-
-
-@pytest.fixture(scope="module")
-def builds(tiny_weights, tmp_path_factory):
+def builds(tiny_build, tiny_weights, tmp_path_factory, adapted):
     """The tiny model as int8 engine artifacts, smoothed (the default: alpha 0.5) and with --smooth 0, each with a
-    LoRA (r 8) and a DoRA (r 16) adapter on every projection; and their PEFT models."""
-    from ortllm.cli.build import build_artifact
-    from ortllm.pipeline.build import BuildOptions
+    LoRA (r 8) and a DoRA (r 16) adapter on every projection; their PEFT models, and the folder of their PEFT dirs."""
     base = tmp_path_factory.mktemp("smoothed")
     models = {"lora": make_peft_lora(tiny_weights, base / "lora", seed=5, r=8, targets=ALL),
               "dora": make_peft_lora(tiny_weights, base / "dora", seed=6, r=16, targets=ALL, dora=True)}
-    arts = {}
-    for name, smooth in (("smoothed", None), ("plain", 0.0)):
-        art = arts[name] = base / name
-        build_artifact("llama-tiny-random", art, BuildOptions(graph="engine", quant="int8", smooth=smooth),
-                       log=lambda m: None)
-        for adapter in models:
-            add_adapter(art, base / adapter, adapter)
-    return arts, models
+    arts = {name: adapted(tiny_build(graph="engine", quant="int8", smooth=smooth), {a: base / a for a in models})
+            for name, smooth in (("smoothed", None), ("plain", 0.0))}
+    return arts, models, base
 
 
 def _prompts():
@@ -82,7 +69,7 @@ def test_adapter_effect_on_smoothed_build_equals_plain_builds(builds, adapter):
     """The adapter's effect on every prompt token's logprob through the engine, against PEFT's: on the smoothed int8
     build within 1.2x of the --smooth 0 build's error (int8 LoRA stacks and int8 compute: ~0.014 rms of an effect of
     ~0.24). Without the rescale the smoothed build's LoRA error was 2x the plain one's."""
-    arts, models = builds
+    arts, models, _ = builds
     smoothed, effect = _effect_error(arts["smoothed"], adapter, models[adapter])
     plain, _ = _effect_error(arts["plain"], adapter, models[adapter])
     assert effect > 0.1, effect
@@ -96,7 +83,7 @@ def test_smoothed_build_stores_its_rescales_and_slots_hold_them(builds):
     from safetensors.numpy import load_file
 
     from tests.reference.qlinear import LORA_CHUNK, lora_a, lora_b
-    arts, _ = builds
+    arts, _, _ = builds
     art = arts["smoothed"]
     scales = load_file(str(art / C.SMOOTHING))
     assert sorted(scales) == sorted(C.smoothing_name(i, t, "in") for i in range(2) for t in SMOOTHED_TARGETS)
@@ -179,15 +166,14 @@ def test_lora_on_rescaled_projections_is_exact_in_fp32(tiny_weights):
 def test_smoothed_artifact_without_its_rescales_is_refused(builds, tmp_path):
     """A smoothed artifact built before the rescales were stored: adapters are refused with what to do, at add time
     and when the engine would load one."""
-    arts, _ = builds
-    old = tmp_path / "old"
-    shutil.copytree(arts["smoothed"], old)
+    arts, _, peft_dirs = builds
+    old = linked_copy(arts["smoothed"], tmp_path / "old")
     manifest = json.loads((old / C.MANIFEST).read_text())
     del manifest["files"][C.SMOOTHING]
     (old / C.SMOOTHING).unlink()
-    (old / C.MANIFEST).write_text(json.dumps(manifest))
+    own_file(old / C.MANIFEST).write_text(json.dumps(manifest))      # not through the link into the build
     with pytest.raises(AdapterFileError, match="does not hold smoothing.safetensors.*rebuild"):
-        add_adapter(old, arts["smoothed"].parent / "lora", "again")
+        add_adapter(old, peft_dirs / "lora", "again")
     with Engine.from_artifact(old, num_blocks=64) as engine:
         out = engine.generate([_prompts()[0]], SamplingParams(max_tokens=2, adapter="lora"))[0]
     assert out.finish_reason == "error" and "rebuild" in out.error

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import AdapterFileError
 from ortllm.runtime.sampling_params import SamplingParams
+from tests.cli_run import ortllm
 from tests.reference.peft_lora import make_peft_lora
 
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -33,37 +32,22 @@ def _prompts():
     return [rng.integers(3, 512, n).tolist() for n in (9, 23, 31, 4, 40, 15)]
 
 
-@pytest.fixture(scope="module")
-def tiny_weights():
-    from ortllm.pipeline.sources import load_model
-    return load_model("llama-tiny-random")[1]
-
-
-def _add_all(art, base, tiny_weights, seed0=0):
-    models = {}
-    for k, (name, r, targets, dora) in enumerate(ADAPTERS):
-        models[name] = make_peft_lora(tiny_weights, base / name, seed=seed0 + k, r=r, targets=targets, dora=dora)
-        add_adapter(art, base / name, name)
-    return models
+def _add_all(tmp_path_factory, adapted, weights, art, seed0=0):
+    """(artifact: `art` hard-linked with ADAPTERS added, folder of their PEFT dirs, {name: PEFT model})."""
+    base = tmp_path_factory.mktemp("dora")
+    models = {name: make_peft_lora(weights, base / name, seed=seed0 + k, r=r, targets=targets, dora=dora)
+              for k, (name, r, targets, dora) in enumerate(ADAPTERS)}
+    return adapted(art, {name: base / name for name in models}), base, models
 
 
 @pytest.fixture(scope="module")
-def dora_fp32(tiny_engine, tiny_weights, tmp_path_factory):
-    base = tmp_path_factory.mktemp("dora-fp32")
-    art = base / "art"
-    shutil.copytree(tiny_engine, art)
-    return art, base, _add_all(art, base, tiny_weights)
+def dora_fp32(tiny_engine, tiny_weights, tmp_path_factory, adapted):
+    return _add_all(tmp_path_factory, adapted, tiny_weights, tiny_engine)
 
 
 @pytest.fixture(scope="module")
-def dora_int4(tiny_weights, tmp_path_factory):
-    from ortllm.cli.build import build_artifact
-    from ortllm.pipeline.build import BuildOptions
-    base = tmp_path_factory.mktemp("dora-int4")
-    art = base / "art"
-    build_artifact("llama-tiny-random", art, BuildOptions(graph="engine", quant="int4", block_size=32),
-                   log=lambda m: None)
-    return art, base, _add_all(art, base, tiny_weights, seed0=40)
+def dora_int4(tiny_int4, tiny_weights, tmp_path_factory, adapted):
+    return _add_all(tmp_path_factory, adapted, tiny_weights, tiny_int4, seed0=40)
 
 
 def test_engine_equals_peft_merged_model(dora_fp32):
@@ -199,12 +183,10 @@ def test_manifest_and_cli_say_dora(dora_fp32, tiny_weights, tmp_path):
     entry = json.loads((art / "manifest.json").read_text())["adapters"]
     assert entry["d8"]["dora"] is True and "dora" not in entry["l8"]
     make_peft_lora(tiny_weights, tmp_path / "p", seed=3, r=32, targets=["v_proj"], dora=True)
-    run = subprocess.run([sys.executable, "-m", "ortllm", "adapters", "add", str(art), str(tmp_path / "p"),
-                          "--name", "cli-dora"], capture_output=True, text=True, timeout=300)
+    run = ortllm("adapters", "add", art, tmp_path / "p", "--name", "cli-dora")
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("added cli-dora: DoRA rank 32")
-    listed = subprocess.run([sys.executable, "-m", "ortllm", "adapters", "list", str(art)], capture_output=True,
-                            text=True, timeout=300)
+    listed = ortllm("adapters", "list", art)
     assert "cli-dora\tDoRA rank 32" in listed.stdout and "l8\tLoRA rank 8" in listed.stdout
 
 
@@ -237,6 +219,5 @@ def test_dora_refusals(dora_fp32, tiny_weights, tmp_path):
     short = variant("short", tensors_patch=lambda t: {k: (v[:5] if "magnitude" in k else v) for k, v in t.items()})
     with pytest.raises(AdapterFileError, match="lora_magnitude_vector has shape \\[5\\]"):
         add_adapter(art, short, "bad")
-    run = subprocess.run([sys.executable, "-m", "ortllm", "adapters", "add", str(art), str(no_mag), "--name", "x"],
-                         capture_output=True, text=True, timeout=300)
+    run = ortllm("adapters", "add", art, no_mag, "--name", "x")
     assert run.returncode == 1 and run.stderr.startswith("ortllm: error: ") and "Traceback" not in run.stderr

@@ -7,7 +7,6 @@ with speculation as without. Stop strings, logprobs, max_tokens, streaming, n > 
 """
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from ortllm.bench.speculative import GROUNDED, OPEN
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampler import sample_from_probs
 from ortllm.runtime.sampling_params import Guide, SamplingParams
+from tests.artifact_copies import linked_copy
 
 pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 
@@ -111,8 +111,7 @@ def test_adapter_and_guided_rows(smollm2_engine, tmp_path):
     from ortllm.pipeline.sources import load_model
     from tests.reference.peft_lora import make_peft_lora
 
-    art = tmp_path / "art"
-    shutil.copytree(smollm2_engine, art)
+    art = linked_copy(smollm2_engine, tmp_path / "art")       # 0.5 GB of weights: links, not a copy
     make_peft_lora(load_model("smollm2-135m-instruct")[1], tmp_path / "lora", seed=1, r=8,
                    targets=["q_proj", "v_proj"])
     add_adapter(art, tmp_path / "lora", "ad")
