@@ -155,6 +155,11 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
             magnitudes.update({(layer, part): _llama_rows(model, part, v) for part, v in split.items()})
             continue
         m = _KEY.search(key)
+        if ".mlp.experts." in key or ".mlp.gate." in key or (m and m.group(2) == "mlp"
+                                                              and model.sparse_layer(int(m.group(1)))):
+            raise AdapterFileError(f"adapter tensor {key} targets a mixture-of-experts MLP (its experts or router); "
+                                   "LoRA on an MoE model applies to the attention projections (and dense layers' "
+                                   "MLPs) only: train it with target_modules q_proj, k_proj, v_proj, o_proj")
         if not m:
             raise AdapterFileError(f"adapter tensor {key} is not a LoRA weight of a llama projection "
                                    f"({', '.join(shapes)})")
