@@ -101,6 +101,15 @@ def _hf_moe(cfg: dict) -> dict:
             "dense_layers": tuple(i for i in range(n) if i in only or (i + 1) % step)}
 
 
+def _hf_mixtral(cfg: dict) -> dict:
+    """Mistral's blocks, every MLP a mixture of num_local_experts of width intermediate_size, the top k
+    renormalised."""
+    return {**_hf_mistral(cfg), "num_experts": int(cfg["num_local_experts"]),
+            "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+            "moe_intermediate_size": int(cfg["intermediate_size"]), "moe_router": "softmax_topk",
+            "norm_topk_prob": True}
+
+
 def _hf_qwen3_moe(cfg: dict) -> dict:
     return {**_hf_qwen3(cfg), **_hf_moe(cfg)}
 
@@ -326,6 +335,24 @@ def fused_tensors(names: list[str]) -> list[tuple[str, str, tuple[str, ...]]]:
     return out
 
 
+MIXTRAL_NAMES = {"block_sparse_moe.gate.": "mlp.gate.", "block_sparse_moe.experts.": "mlp.experts.",
+                 ".w1.weight": ".gate_proj.weight", ".w3.weight": ".up_proj.weight", ".w2.weight": ".down_proj.weight"}
+
+
+def mixtral_names(cfg: ModelConfig, t: dict) -> None:
+    """Mixtral's block_sparse_moe.gate and experts.{e}.w1 (gate) / w3 (up) / w2 (down) under the names the builders
+    read: mlp.gate, mlp.experts.{e}.gate_proj / up_proj / down_proj."""
+    for name in [n for n in list(t) if ".block_sparse_moe." in n]:
+        new = name
+        for old, repl in MIXTRAL_NAMES.items():
+            new = new.replace(old, repl)
+        if isinstance(t, LazyTensors):
+            t.add(new, tensor_shape(t, name), t.loader(name))
+            del t[name]
+        else:
+            t[new] = t.pop(name)
+
+
 def split_experts(cfg: ModelConfig, t: dict) -> None:
     """Fused expert tensors (transformers 5: mlp.experts.gate_up_proj [E, 2I, H], gate rows first, and
     mlp.experts.down_proj [E, H, I]) into each expert's mlp.experts.{e}.gate_proj / up_proj / down_proj, the layout
@@ -416,6 +443,8 @@ FAMILIES = {
     "qwen3": Family(_hf_qwen3, _gguf_qwen3),
     # Qwen3's blocks with a mixture-of-experts MLP (its dense layers: mlp_only_layers, decoder_sparse_step)
     "qwen3_moe": Family(_hf_qwen3_moe, _gguf_no_moe, fix_hf=(split_experts,)),
+    # Mistral + MoE: every layer sparse (its experts w1 / w3 / w2 renamed first)
+    "mixtral": Family(_hf_mixtral, _gguf_no_moe, fix_hf=(mixtral_names, split_experts)),
     "phi3": Family(_hf_phi3, _gguf_phi3, fix_hf=(split_fused,), fix_gguf=(split_fused,),
                    gguf_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
                                "ffn_up.weight": "mlp.gate_up_proj.weight"}),
@@ -431,7 +460,8 @@ FAMILIES = {
     "helium": Family(_hf_helium, _gguf_llama, fix_hf=(unpermute_qk,)),
 }
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                  "gemma3_text": "gemma3", "helium": "helium", "qwen3_moe": "qwen3_moe"}
+                  "gemma3_text": "gemma3", "helium": "helium", "qwen3_moe": "qwen3_moe",
+                  "mixtral": "mixtral"}
 GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
 
 
