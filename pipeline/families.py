@@ -460,8 +460,8 @@ FAMILIES = {
     "helium": Family(_hf_helium, _gguf_llama, fix_hf=(unpermute_qk,)),
 }
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                  "gemma3_text": "gemma3", "helium": "helium", "qwen3_moe": "qwen3_moe",
-                  "mixtral": "mixtral"}
+                  "gemma3_text": "gemma3", "helium": "helium"}
+HF_MODEL_TYPES |= {"qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}     # mixtures of experts (engine graph only)
 GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
 
 
