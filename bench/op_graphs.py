@@ -216,3 +216,25 @@ def qlinear_model(present: list[str], n_outputs: int = 1, argmax: bool = False, 
         out_names = out_names + [""] * (3 - n_outputs) + ["argmax"]
         outputs.append(value_info("argmax", I64, 1))
     return model([qlinear_node(names, out_names, **attrs)], inputs, outputs)
+
+
+# ---------------------------------------------------------------- MoE
+
+MOE_INPUTS = ["x", "expert", "weight", "gate_up_codes", "gate_up_scales", "gate_up_offsets", "down_codes",
+              "down_scales", "down_offsets"]
+MOE_TYPES = [F32, I64, F32, U8, F16, F16, U8, F16, F16]
+MOE_RANKS = [2, 2, 2, 4, 4, 4, 4, 4, 4]
+
+
+def moe_node(inputs, outputs, name: str | None = None, **attrs) -> onnx.NodeProto:
+    """inputs in MOE_INPUTS order, "" for an offsets input left out; attrs: H, I, E, bits, block_size."""
+    return helper.make_node("MoE", inputs, outputs, name=name, domain="ortllm", **attrs)
+
+
+def moe_model(present: list[str], **attrs) -> onnx.ModelProto:
+    """One MoE node; `present` names the inputs fed (the offsets may be left out)."""
+    names = [n if n in present else "" for n in MOE_INPUTS]
+    while names and not names[-1]:
+        names.pop()
+    inputs = [value_info(n, t, r) for n, t, r in zip(MOE_INPUTS, MOE_TYPES, MOE_RANKS) if n in present]
+    return model([moe_node(names, ["y"], **attrs)], inputs, [value_info("y", F32, 2)])

@@ -138,6 +138,12 @@ class BuildOptions:
             filled["act16"] = default_act16(cfg) if self.quant != "fp32" else ()
         if self.smooth is None and self.quant == "int4" and self.algo != "gptq" and default_int4_smooth(cfg):
             filled["smooth"] = default_int4_smooth(cfg)
+        if cfg.num_experts:     # the calibration pass runs the portable graph, which has no MoE MLP yet
+            if self.smooth or self.smooth_down or self.algo == "gptq" or self.lm_head_algo == "gptq":
+                raise BuildError("an MoE model builds without a calibration pass for now: use --algo rtn|hqq, "
+                                 "--lm-head-algo rtn|hqq and --smooth 0 (the default on MoE models)")
+            if self.smooth is None and self.quant != "fp32":
+                filled["smooth"] = 0.0
         return replace(self, **filled) if filled else self
 
     @property
@@ -192,6 +198,9 @@ def write_graph(weights: ModelWeights, out: Path, opts: BuildOptions, plan: Quan
         build_engine_graph(weights, out / C.MODEL, out / C.MODEL_DATA, kv=opts.kv, block_size=opts.kv_block_size,
                            metadata=meta, quant=plan, kv_rotate=opts.kv_rotate)
     else:
+        if weights.config.num_experts:
+            raise BuildError("the portable graph has no mixture-of-experts MLP yet; build this MoE model with "
+                             "--graph engine (the default)")
         from .graph_portable import build_portable_graph
         build_portable_graph(weights, out / C.MODEL, out / C.MODEL_DATA, metadata=meta, quant=plan)
 

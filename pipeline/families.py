@@ -88,6 +88,36 @@ def _hf_qwen3(cfg: dict) -> dict:
     return {**_hf_qwen2({**cfg}), "attention_bias": False, "qk_norm": True}
 
 
+def _hf_moe(cfg: dict) -> dict:
+    """The mixture-of-experts fields (Qwen3-MoE's names): the router softmax over all experts then top-k
+    (renormalised with norm_topk_prob), the dense layers mlp_only_layers and those off decoder_sparse_step."""
+    if cfg.get("shared_expert_intermediate_size"):
+        raise BuildError("MoE shared experts (Qwen2-MoE) are not supported yet")
+    n, step = cfg["num_hidden_layers"], int(cfg.get("decoder_sparse_step", 1) or 1)
+    only = set(cfg.get("mlp_only_layers") or ())
+    return {"num_experts": int(cfg["num_experts"]), "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+            "moe_intermediate_size": int(cfg["moe_intermediate_size"]), "moe_router": "softmax_topk",
+            "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
+            "dense_layers": tuple(i for i in range(n) if i in only or (i + 1) % step)}
+
+
+def _hf_mixtral(cfg: dict) -> dict:
+    """Mistral's blocks, every MLP a mixture of num_local_experts of width intermediate_size, the top k
+    renormalised."""
+    return {**_hf_mistral(cfg), "num_experts": int(cfg["num_local_experts"]),
+            "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+            "moe_intermediate_size": int(cfg["intermediate_size"]), "moe_router": "softmax_topk",
+            "norm_topk_prob": True}
+
+
+def _hf_qwen3_moe(cfg: dict) -> dict:
+    return {**_hf_qwen3(cfg), **_hf_moe(cfg)}
+
+
+def _gguf_no_moe(reader, p: str) -> dict:
+    raise BuildError("MoE GGUFs (ffn_*_exps tensors) are not read yet; build the model from its HF directory")
+
+
 def _hf_phi3(cfg: dict) -> dict:
     if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
         raise BuildError("Phi-3 with partial_rotary_factor != 1 (Phi-4-mini) is not supported yet")
@@ -305,6 +335,46 @@ def fused_tensors(names: list[str]) -> list[tuple[str, str, tuple[str, ...]]]:
     return out
 
 
+MIXTRAL_NAMES = {"block_sparse_moe.gate.": "mlp.gate.", "block_sparse_moe.experts.": "mlp.experts.",
+                 ".w1.weight": ".gate_proj.weight", ".w3.weight": ".up_proj.weight", ".w2.weight": ".down_proj.weight"}
+
+
+def mixtral_names(cfg: ModelConfig, t: dict) -> None:
+    """Mixtral's block_sparse_moe.gate and experts.{e}.w1 (gate) / w3 (up) / w2 (down) under the names the builders
+    read: mlp.gate, mlp.experts.{e}.gate_proj / up_proj / down_proj."""
+    for name in [n for n in list(t) if ".block_sparse_moe." in n]:
+        new = name
+        for old, repl in MIXTRAL_NAMES.items():
+            new = new.replace(old, repl)
+        if isinstance(t, LazyTensors):
+            t.add(new, tensor_shape(t, name), t.loader(name))
+            del t[name]
+        else:
+            t[new] = t.pop(name)
+
+
+def split_experts(cfg: ModelConfig, t: dict) -> None:
+    """Fused expert tensors (transformers 5: mlp.experts.gate_up_proj [E, 2I, H], gate rows first, and
+    mlp.experts.down_proj [E, H, I]) into each expert's mlp.experts.{e}.gate_proj / up_proj / down_proj, the layout
+    the builders read (hub checkpoints of transformers 4 already have it)."""
+    f = cfg.moe_intermediate_size
+    parts = {"gate_up_proj": (("gate_proj", 0, f), ("up_proj", f, 2 * f)), "down_proj": (("down_proj", 0, None),)}
+    for name in [n for n in list(t) if n.rsplit(".", 1)[-1] in parts and ".mlp.experts." in n]:
+        stem, kind = name.rsplit(".", 1)
+        shape = tensor_shape(t, name)
+        load = t.loader(name) if isinstance(t, LazyTensors) else (lambda a=t[name]: a)
+        del t[name]
+        for e in range(shape[0]):
+            for proj, a, b in parts[kind]:
+                rows = (b or shape[1]) - a
+                def get(load=load, e=e, a=a, b=b):
+                    return np.ascontiguousarray(load()[e, a:b], np.float32)
+                if isinstance(t, LazyTensors):
+                    t.add(f"{stem}.{e}.{proj}.weight", (rows, shape[2]), get)
+                else:
+                    t[f"{stem}.{e}.{proj}.weight"] = get()
+
+
 def norms_plus_one(cfg: ModelConfig, t: dict) -> None:
     """Gemma's RMSNorms multiply by (1 + w): fold the 1 in (llama.cpp's converter does the same for its GGUFs)."""
     for name in [n for n in t if n.endswith("norm.weight")]:
@@ -371,6 +441,10 @@ FAMILIES = {
     "mistral": Family(_hf_mistral, _gguf_llama),
     "qwen2": Family(_hf_qwen2, _gguf_qwen2),
     "qwen3": Family(_hf_qwen3, _gguf_qwen3),
+    # Qwen3's blocks with a mixture-of-experts MLP (its dense layers: mlp_only_layers, decoder_sparse_step)
+    "qwen3_moe": Family(_hf_qwen3_moe, _gguf_no_moe, fix_hf=(split_experts,)),
+    # Mistral + MoE: every layer sparse (its experts w1 / w3 / w2 renamed first)
+    "mixtral": Family(_hf_mixtral, _gguf_no_moe, fix_hf=(mixtral_names, split_experts)),
     "phi3": Family(_hf_phi3, _gguf_phi3, fix_hf=(split_fused,), fix_gguf=(split_fused,),
                    gguf_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
                                "ffn_up.weight": "mlp.gate_up_proj.weight"}),
@@ -387,6 +461,7 @@ FAMILIES = {
 }
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                   "gemma3_text": "gemma3", "helium": "helium"}
+HF_MODEL_TYPES |= {"qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}     # mixtures of experts (engine graph only)
 GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
 
 

@@ -22,6 +22,7 @@ from ortllm.runtime.ops_library import op_schema
 
 from .graph_blocks import (activation, add_bias, head_norm, in_norm, lm_head, out_norm, project, rms_norm,
                            rope_tables, scale_embedding, softcap)
+from .graph_moe import moe_mlp
 from .graph_qlinear import EMBED_TABLE, embedding, qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights, norm_names
@@ -147,10 +148,13 @@ def _residual(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, h: str, ws: li
 
 def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str, quant=None) -> str:
     """x + down(act(gate(h)) * up(h)), h = the MLP's input norm of x, each projection with its LoRA; act(gate) * up
-    fused into the gate|up projection (epilogue "swiglu" for SiLU, "geglu" for GELU-tanh).
+    fused into the gate|up projection (epilogue "swiglu" for SiLU, "geglu" for GELU-tanh). A sparse layer's MLP is the
+    mixture of experts (graph_moe.moe_mlp, no LoRA).
 
         x -> RMSNorm -> gate|up_proj (+lora, act(gate) * up) -> down_proj (+lora) + x   [down_proj -> RMSNorm -> + x]
     """
+    if cfg.sparse_layer(i):
+        return moe_mlp(g, cfg, x, w, i, quant)
     path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
     ws, paths = [w[f"{p}.gate_proj.weight"], w[f"{p}.up_proj.weight"]], [f"{path}/gate_proj", f"{path}/up_proj"]
     norm = in_norm(cfg, w, i, "mlp_in")

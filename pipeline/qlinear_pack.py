@@ -124,3 +124,15 @@ def dequantize_packed(p: PackedWeight) -> np.ndarray:
     if p.offsets is not None:
         w = w + _lanes(p.offsets, p)[..., None]
     return w.reshape(p.n, -1)
+
+
+def stack_experts(parts: list[PackedWeight]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """E experts' packed weights of one projection (same shape, bits, block) -> the MoE op's stacks: codes
+    [E, G, kb, bs * bits], scales and offsets [E, G, kb, 8] (offsets None unless every expert has them)."""
+    first = parts[0]
+    if any((p.n, p.k, p.bits, p.block_size) != (first.n, first.k, first.bits, first.block_size) for p in parts):
+        raise ValueError("stack_experts needs every expert's weight of one shape, bits and block size")
+    if any((p.offsets is None) != (first.offsets is None) for p in parts):
+        raise ValueError("stack_experts needs every expert's weight with block offsets, or none")
+    offsets = None if first.offsets is None else np.stack([p.offsets for p in parts])
+    return np.stack([p.codes for p in parts]), np.stack([p.scales for p in parts]), offsets

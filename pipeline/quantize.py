@@ -152,7 +152,7 @@ def parse_keep(items) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-_LAYER_PATH = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/(\w+)$")
+_LAYER_PATH = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/([\w.]+)$")   # mlp/experts.3.gate_proj: an expert's
 
 
 def hf_name(path: str) -> str:

@@ -28,8 +28,10 @@ def norm_names(cfg: ModelConfig) -> dict[str, str | None]:
     return {"attn_in": "input_layernorm", "attn_out": None, "mlp_in": "post_attention_layernorm", "mlp_out": None}
 
 
-def layer_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Per-layer tensor names (suffix after `model.layers.N.`) -> shape."""
+def layer_tensor_shapes(cfg: ModelConfig, layer: int = 0) -> dict[str, tuple[int, ...]]:
+    """Layer `layer`'s tensor names (suffix after `model.layers.N.`) -> shape: a sparse layer (ModelConfig.sparse_layer)
+    has the router mlp.gate [E, H] and each expert's mlp.experts.{e}.gate_proj / up_proj / down_proj instead of the
+    dense MLP's."""
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
     shapes = {f"{n}.weight": (h,) for n in norm_names(cfg).values() if n}
@@ -42,6 +44,14 @@ def layer_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "mlp.up_proj.weight": (cfg.intermediate_size, h),
         "mlp.down_proj.weight": (h, cfg.intermediate_size),
     }
+    if cfg.sparse_layer(layer):
+        f = cfg.moe_intermediate_size
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del shapes[f"mlp.{name}.weight"]
+        shapes["mlp.gate.weight"] = (cfg.num_experts, h)
+        for e in range(cfg.num_experts):
+            shapes |= {f"mlp.experts.{e}.gate_proj.weight": (f, h), f"mlp.experts.{e}.up_proj.weight": (f, h),
+                       f"mlp.experts.{e}.down_proj.weight": (h, f)}
     if cfg.attention_bias:
         shapes |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
     if cfg.qk_norm:
@@ -54,7 +64,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
     for i in range(cfg.num_layers):
-        for suffix, shape in layer_tensor_shapes(cfg).items():
+        for suffix, shape in layer_tensor_shapes(cfg, i).items():
             shapes[f"model.layers.{i}.{suffix}"] = shape
     return shapes
 

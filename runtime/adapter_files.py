@@ -42,6 +42,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _F16_MAX = float(np.finfo(np.float16).max)
 _SMOOTHED_NOTE = " times the artifact's SmoothQuant scales (runtime/smoothing.py)"
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
+_MOE_MODULE = re.compile(r"\.(experts|gate)\.")   # an MoE MLP's experts (any projection names) or its router
 _MAGNITUDE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_magnitude_vector(?:\.default)?(?:\.weight)?$")
 
 
@@ -155,6 +156,11 @@ def convert_peft(peft_dir: Path, model: ModelConfig,
             magnitudes.update({(layer, part): _llama_rows(model, part, v) for part, v in split.items()})
             continue
         m = _KEY.search(key)
+        if _MOE_MODULE.search(key) or (m and m.group(2) == "mlp"
+                                                              and model.sparse_layer(int(m.group(1)))):
+            raise AdapterFileError(f"adapter tensor {key} targets a mixture-of-experts MLP (its experts or router); "
+                                   "LoRA on an MoE model applies to the attention projections (and dense layers' "
+                                   "MLPs) only: train it with target_modules q_proj, k_proj, v_proj, o_proj")
         if not m:
             raise AdapterFileError(f"adapter tensor {key} is not a LoRA weight of a llama projection "
                                    f"({', '.join(shapes)})")

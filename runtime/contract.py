@@ -41,6 +41,9 @@ GRAPH_KINDS = ("engine", "portable")
 LAYER_TYPES = ("full", "sliding")           # ModelConfig.layer_types: attention over every past key, or a window
 ACTIVATIONS = ("silu", "gelu_tanh")         # ModelConfig.hidden_act: the MLP gate's activation (SwiGLU, GeGLU)
 ROPE_SCALINGS = ("linear", "llama3", "factors")   # ModelConfig.rope_scaling["type"]
+# ModelConfig.moe_router: the router's weights from its logits [T, E]: softmax over all E then the top k (then
+# renormalised to sum 1 with norm_topk_prob), or the top k logits then a softmax over those k
+MOE_ROUTERS = ("softmax_topk", "topk_softmax")
 # transformers' fused projections (Phi-3) -> the projections an artifact serves, in the fused rows' order: the build
 # splits the weights (pipeline/families.split_fused), the adapter import a LoRA on them (runtime/adapter_files.py)
 FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -94,6 +97,15 @@ class ModelConfig:
     qk_rows_interleaved: bool = False       # the source model's q/k rows pair (2i, 2i+1) for RoPE (Helium): the build
                                             # stores them in llama's order (rope_half_rows), and adding an adapter
                                             # reorders its q/k lora_B rows (and DoRA magnitudes) the same way
+    # Mixture of experts (num_experts 0: every MLP dense). A sparse layer's MLP: router logits h @ mlp.gate^T [T, E]
+    # -> the top num_experts_per_tok experts' weights (moe_router) -> sum of weight * expert SwiGLU FFN of width
+    # moe_intermediate_size (mlp.experts.{e}.gate_proj / up_proj / down_proj). LoRA stays on the attention.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    moe_router: str = "softmax_topk"        # MOE_ROUTERS
+    norm_topk_prob: bool = False            # softmax_topk: the k weights renormalised to sum 1 (Qwen3-MoE, Mixtral)
+    dense_layers: tuple[int, ...] = ()      # with experts: the layers keeping the dense MLP (intermediate_size)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -114,6 +126,22 @@ class ModelConfig:
             raise ConfigError(f"rope_scaling type must be one of {', '.join(ROPE_SCALINGS)}; got {kind!r}")
         if self.final_logit_softcap is not None and self.final_logit_softcap <= 0:
             raise ConfigError(f"final_logit_softcap must be > 0 (or absent); got {self.final_logit_softcap}")
+        object.__setattr__(self, "dense_layers", tuple(int(i) for i in self.dense_layers))
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size <= 0:
+                raise ConfigError(f"an MoE model needs 1 <= num_experts_per_tok <= num_experts and "
+                                  f"moe_intermediate_size > 0; got {self.num_experts_per_tok} of {self.num_experts}, "
+                                  f"{self.moe_intermediate_size}")
+            if self.moe_router not in MOE_ROUTERS:
+                raise ConfigError(f"moe_router must be one of {', '.join(MOE_ROUTERS)}; got {self.moe_router!r}")
+            if self.hidden_act != "silu":
+                raise ConfigError("MoE experts are SwiGLU FFNs (hidden_act silu)")
+            if set(self.dense_layers) - set(range(self.num_layers)):
+                raise ConfigError(f"dense_layers must be layers in [0, {self.num_layers}); got {self.dense_layers}")
+
+    def sparse_layer(self, i: int) -> bool:
+        """Whether layer i's MLP is the mixture of experts (else the dense MLP)."""
+        return self.num_experts > 0 and i not in self.dense_layers
 
     @property
     def softmax_scale(self) -> float:
@@ -130,6 +158,7 @@ class ModelConfig:
         d = dataclasses.asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
         d["layer_types"] = list(self.layer_types)
+        d["dense_layers"] = list(self.dense_layers)
         return d
 
     @classmethod
@@ -137,6 +166,7 @@ class ModelConfig:
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d["layer_types"] = tuple(d.get("layer_types", ()))
+        d["dense_layers"] = tuple(d.get("dense_layers", ()))
         return cls(**d)
 
     def to_hf_config(self) -> dict:
@@ -169,7 +199,7 @@ class ModelConfig:
 
 
 _FEATURES = ("attention_bias", "qk_norm", "post_norms", "hidden_act", "embedding_scale", "attention_scale",
-             "sliding_window", "rope_local_theta", "final_logit_softcap")
+             "sliding_window", "rope_local_theta", "final_logit_softcap", "num_experts")
 
 
 def _hf_rope_scaling(r: dict) -> dict:

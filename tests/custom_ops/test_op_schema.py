@@ -16,7 +16,7 @@ from ortllm.runtime import ops_library
 from ortllm.runtime.ops_library import OPS_ABI_VERSION, op_schema, ops_abi_version, ops_schema_json, register_ops
 
 REPO = Path(__file__).resolve().parents[2]
-OPS = ("QLinear", "PagedAttention", "MultiLoRA")
+OPS = ("QLinear", "PagedAttention", "MultiLoRA", "MoE")
 ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "uint8": TensorProto.UINT8,
               "int8": TensorProto.INT8, "int32": TensorProto.INT32, "int64": TensorProto.INT64}
 
@@ -57,7 +57,8 @@ def test_python_reads_the_table_ort_registers(op):
     assert not ort_accepts(node_model(op, types + [TensorProto.FLOAT]))
     for i, inp in enumerate(schema.inputs):
         assert ort_accepts(node_model(op, types[:i] + [None] + types[i + 1:])) == inp.optional, (op, inp.name)
-        assert not ort_accepts(node_model(op, types[:i] + [TensorProto.INT64] + types[i + 1:])), (op, inp.name)
+        other = TensorProto.INT32 if types[i] == TensorProto.INT64 else TensorProto.INT64   # MoE's expert is int64
+        assert not ort_accepts(node_model(op, types[:i] + [other] + types[i + 1:])), (op, inp.name)
 
 
 def test_the_tables_read_as_the_ops_name_their_inputs():
@@ -106,6 +107,7 @@ def test_the_readme_lists_each_table():
 def test_bench_graphs_name_the_inputs_as_the_tables_do():
     """The op benches' and the op tests' graphs (bench/op_graphs.py) keep their own input lists: the same names, in
     the same positions, as the tables."""
-    from ortllm.bench.op_graphs import LORA_INPUTS, PA_INPUTS, QLINEAR_INPUTS
-    for op, names in (("QLinear", QLINEAR_INPUTS), ("PagedAttention", PA_INPUTS), ("MultiLoRA", LORA_INPUTS)):
+    from ortllm.bench.op_graphs import LORA_INPUTS, MOE_INPUTS, PA_INPUTS, QLINEAR_INPUTS
+    for op, names in (("QLinear", QLINEAR_INPUTS), ("PagedAttention", PA_INPUTS), ("MultiLoRA", LORA_INPUTS),
+                      ("MoE", MOE_INPUTS)):
         assert [i.name for i in op_schema(op).inputs][:len(names)] == list(names), op

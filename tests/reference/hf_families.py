@@ -36,13 +36,24 @@ FAMILIES = {
 }
 
 
+# the mixture-of-experts families (tests/pipeline/test_moe_families.py; engine graph only): 8 experts, top-2; Qwen3-MoE
+# with one dense layer among three (mlp_only_layers), Mixtral (every layer sparse) with a window shorter than the test
+MOE_FAMILIES = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=48, sliding_window=40)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=32, rope_theta=1e6, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1)),
+}
+
+
 def tiny_model(family: str, seed: int = 0, **overrides):
     """transformers' model of the family with re-drawn seeded weights, fp32, eval mode, eager attention;
     `overrides` change the config (e.g. vocab_size for a real tokenizer)."""
     import torch
     import transformers
 
-    cfg_cls, model_cls, over = FAMILIES[family]
+    cfg_cls, model_cls, over = (FAMILIES | MOE_FAMILIES)[family]
     cfg = getattr(transformers, cfg_cls)(**(BASE | over | overrides))
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)

@@ -1,9 +1,9 @@
 // Library entry points: RegisterCustomOps (domain "ortllm": PagedAttention for float32, float16 and uint8
-// caches, MultiLoRA, QLinear), OrtllmOpsAbiVersion, OrtllmOpsIsa and OrtllmOpsSchema (the ops' tables as JSON). Built
-// with ORT_API_MANUAL_INIT and not linked to libonnxruntime: the OrtApi comes from the runtime that loads us. Inputs
-// that an output may reuse are declared with GetMayInplace, so ORT can hand the kernel the input's buffer as output
-// (the kernel then copies nothing). ORT's planner only does so when it knows both shapes are the
-// same, so MultiLoRA also infers its output shape (y has base_y's, symbolic dims included).
+// caches, MultiLoRA, QLinear, MoE), OrtllmOpsAbiVersion, OrtllmOpsIsa and OrtllmOpsSchema (the ops' tables as JSON).
+// Built with ORT_API_MANUAL_INIT and not linked to libonnxruntime: the OrtApi comes from the runtime that loads us.
+// Inputs that an output may reuse are declared with GetMayInplace, so ORT can hand the kernel the input's buffer as
+// output (the kernel then copies nothing). ORT's planner only does so when it knows both shapes are the same, so
+// MultiLoRA also infers its output shape (y has base_y's, symbolic dims included).
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,6 +12,7 @@
 #include "../kernels/isa.h"
 #include "../kernels/stream_prefetch.h"
 #include "../kernels/vec.h"
+#include "moe_op.h"
 #include "multi_lora_op.h"
 #include "paged_attention_op.h"
 #include "qlinear_op.h"
@@ -68,6 +69,10 @@ OrtStatusPtr ORT_API_CALL multi_lora_shape(const OrtCustomOp*, OrtShapeInferCont
 // PagedAttention: attn [T, H*D] is q's shape, so the projection after it (o_proj, then its MultiLoRA)
 // has a known shape too. The cache outputs keep their declared (graph output) shapes.
 OrtStatusPtr ORT_API_CALL paged_attention_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  return same_shape(ctx, 0, 0);
+}
+// MoE: y [T, H] is x's shape.
+OrtStatusPtr ORT_API_CALL moe_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   return same_shape(ctx, 0, 0);
 }
 
@@ -176,6 +181,7 @@ struct Ops {
   ortllm::PagedAttentionOp<uint16_t> pa_f16;
   ortllm::PagedAttentionOp<uint8_t> pa_u8;
   ortllm::QLinearOp qlinear;
+  ortllm::MoeOp moe;
 };
 
 // The ops of one kernel path: one set per row of the ISA registry, made at the first session that names it and kept
@@ -188,7 +194,7 @@ Ops& ops_for(const ortllm::OpsIsa& isa) {
     if (o->qlinear.isa == &isa) return *o;
   made.push_back(std::make_unique<Ops>([&] {
     Ops x;
-    x.pa_f32.isa = x.pa_f16.isa = x.pa_u8.isa = x.lora.isa = x.qlinear.isa = &isa;
+    x.pa_f32.isa = x.pa_f16.isa = x.pa_u8.isa = x.lora.isa = x.qlinear.isa = x.moe.isa = &isa;
     for (OrtCustomOp* op : {static_cast<OrtCustomOp*>(&x.pa_f32), static_cast<OrtCustomOp*>(&x.pa_f16),
                             static_cast<OrtCustomOp*>(&x.pa_u8)}) {
       op->GetMayInplace = paged_attention_inplace;
@@ -201,6 +207,7 @@ Ops& ops_for(const ortllm::OpsIsa& isa) {
     x.qlinear.GetMayInplace = qlinear_inplace;
     x.qlinear.ReleaseMayInplace = release_inplace;
     x.qlinear.InferOutputShapeFn = qlinear_shape;
+    x.moe.InferOutputShapeFn = moe_shape;
     return x;
   }()));
   return *made.back();
@@ -274,7 +281,7 @@ __attribute__((visibility("default"))) const char* OrtllmOpsPrefetch() {
 __attribute__((visibility("default"))) const char* OrtllmOpsSchema() {
   static const std::string json = [] {
     const ortllm::OpSchema* schemas[] = {&ortllm::qlinear_schema(), &ortllm::paged_attention_schema(),
-                                         &ortllm::multi_lora_schema()};
+                                         &ortllm::multi_lora_schema(), &ortllm::moe_schema()};
     return ortllm::schemas_json(schemas, sizeof(schemas) / sizeof(schemas[0]), ORTLLM_OPS_ABI_VERSION);
   }();
   return json.c_str();
@@ -300,6 +307,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
     domain.Add(&o.pa_u8);
     domain.Add(&o.lora);
     domain.Add(&o.qlinear);
+    domain.Add(&o.moe);
     Ort::UnownedSessionOptions session_options(options);
     session_options.Add(domain);
     keep_domain(std::move(domain));
