@@ -128,7 +128,7 @@ def test_gemma3_int4_smooths_by_default():
     """Gemma 3's int4 build smooths the MLP's norm unless --smooth says otherwise (it meets the default quality bar
     in every domain with it, code's KLD misses it without); other families and quantizations keep their rules, and
     GPTQ (whose Hessians are of unsmoothed inputs) is not given a smoothing it would refuse."""
-    gemma, llama = (type("C", (), {"arch": a})() for a in ("gemma3", "llama"))
+    gemma, llama = (type("C", (), {"arch": a, "num_experts": 0})() for a in ("gemma3", "llama"))   # dense
     assert BuildOptions(quant="int4").for_model(gemma).smooth_alpha == 0.5
     assert BuildOptions(quant="int4", smooth=0).for_model(gemma).smooth_alpha == 0.0
     assert BuildOptions(quant="int4").for_model(llama).smooth_alpha == 0.0      # SmolLM2: the shipped Q4_1 grid

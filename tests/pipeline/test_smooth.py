@@ -74,7 +74,7 @@ def test_default_is_int8_with_int8_compute_only():
 
 def test_smoothed_int8_build_records_its_calibration(tmp_path):
     out = tmp_path / "i8"
-    p = ortllm("build", "llama-tiny-random", "--quant", "int8", "--calib-tokens", "300", "--out", out, timeout=300)
+    p = ortllm("build", "llama-tiny-random", "--quant", "int8", "--calib-tokens", "300", "--out", out)
     assert p.returncode == 0, p.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     sq = manifest["calibration"]["smoothquant"]

@@ -60,7 +60,7 @@ def test_refusals():
 def test_int8_build_with_down_smoothing_records_it(tmp_path):
     out = tmp_path / "i8"
     p = ortllm("build", "llama-tiny-random", "--quant", "int8", "--smooth-down", "0.5", "--calib-tokens", "300",
-               "--out", out, timeout=300)
+               "--out", out)
     assert p.returncode == 0, p.stderr
     sq = json.loads((out / "manifest.json").read_text())["calibration"]["smoothquant"]
     assert sq["alpha"] == 0.5 and sq["down_alpha"] == 0.5
