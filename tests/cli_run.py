@@ -12,10 +12,15 @@ import subprocess
 import sys
 
 
-def ortllm(*args, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess:
+def ortllm(*args, env: dict[str, str] | None = None, stdin: str = "",
+           timeout: float | None = None) -> subprocess.CompletedProcess:
     """main(ARGS) as `python -m ortllm ARGS` runs it: its stdout and stderr captured, argparse's exit (SystemExit)
     as the status; env: variables set for this call only (os.environ is restored after it, with anything the verb
-    set, e.g. `ortllm verify`'s ORTLLM_VERIFY); stdin: what the verb reads from standard input."""
+    set, e.g. `ortllm verify`'s ORTLLM_VERIFY); stdin: what the verb reads from standard input. timeout: a call
+    that must end within a bound (long benches and builds) runs as a process of its own with it (ortllm_process),
+    since a call in this process cannot be stopped."""
+    if timeout is not None:
+        return ortllm_process(*args, env=env, timeout=timeout, input=stdin)
     from ortllm.cli import main
 
     argv = [str(a) for a in args]
