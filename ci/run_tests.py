@@ -6,9 +6,9 @@ The suite runs as jobs, one pytest process per test package or two (jobs()), two
 the whole suite grew to 18 GB of session state (models, tokenizers, torch) and was killed for memory on a 24 GiB
 machine; a process per package starts each clean. One at a time left the second core idle half the time (a 2-core
 host measured 1.15 cores busy on average over the pipeline tests), so two run at once, as long as the peaks of the
-running jobs (each job's peak, measured or bounded: jobs()) stay within MEMORY_BUDGET_GB; a job starts once the jobs
-it comes after have ended. Every job shares the session artifacts (ORTLLM_TEST_ARTIFACTS, tests/conftest.py: built
-once, by whichever job needs one first, under a lock).
+running jobs (each job's peak, measured or bounded: jobs()) stay within MEMORY_BUDGET_GB. Every job shares the
+session artifacts (ORTLLM_TEST_ARTIFACTS, tests/conftest.py: built once, by whichever job needs one first, under a
+lock).
 
 Each job's output is printed whole when it ends, then every job's time. PYTEST_ARGS (environment): extra
 pytest arguments for every job; ORTLLM_TEST_LANES: jobs at a time (default 2).
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,7 +37,6 @@ class Job:
     name: str
     paths: list[str]
     peak_gb: float                                  # the most memory its process used, measured alone
-    after: list[str] = field(default_factory=list)  # jobs that must end first
     proc: subprocess.Popen | None = None
     log: Path | None = None
     start: float = 0.0
@@ -86,7 +85,7 @@ def start(job: Job, shared: Path, extra: list[str]) -> None:
 
 
 def runnable(job: Job, done: set[str], running: list[Job]) -> bool:
-    return (job.proc is None and all(a in done for a in job.after)
+    return (job.proc is None
             and sum(r.peak_gb for r in running) + job.peak_gb <= MEMORY_BUDGET_GB)
 
 
