@@ -9,9 +9,11 @@ add_adapter converts into the artifact (cli/adapter_train.py joins the two).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -50,6 +52,36 @@ def _file_sha256(path: Path) -> str:
         while block := f.read(1 << 20):
             h.update(block)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _interrupt_at_step_end(log):
+    """Hold a Ctrl-C to the end of the step it lands in: the step's update (optimizer, scheduler, loss list) is then
+    whole, and the checkpoint written for it records the parameters of the step it names. Without this a Ctrl-C
+    between opt.step() and the step count saved parameters one update ahead, and the resumed run did that update
+    twice. Yields `pending()`: whether a Ctrl-C waits. A second Ctrl-C stops at once (no checkpoint is written for
+    a step cut in half; the last periodic one stays). Off the main thread (no signal handlers there) it is a no-op."""
+    asked = []
+
+    def on_sigint(signum, frame):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(True)
+        log("Ctrl-C: stopping at the end of this step (Ctrl-C again stops now, without a checkpoint of it)")
+
+    try:
+        before = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:           # not the main thread: no handler to hold it with
+        yield lambda: False
+        return
+    try:
+        yield lambda: bool(asked)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+class _CutStep(KeyboardInterrupt):
+    """A second Ctrl-C in the middle of a step: the state is half-updated and must not be checkpointed."""
 
 
 def run_key(artifact: Path, cfg: TrainConfig) -> str:
@@ -201,25 +233,31 @@ def _train(artifact, out_dir, cfg, base, log, work_dir, progress, train, held, t
     bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not progress, mininterval=0.5,
                dynamic_ncols=True)
     try:
-        for step in range(start, total):
-            ids, labels, mask = collate([train[i] for i in batch_indices(len(train), cfg.batch, step, cfg.seed)],
-                                        pad_id)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            done = step + 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-10:]):.4f}", refresh=False)
-            if not progress and (step % max(1, total // 10) == 0 or done == total):
-                log(f"step {done}/{total}  loss {np.mean(losses[-10:]):.4f}")
-            if work_dir is not None and cfg.save_every and done % cfg.save_every == 0 and done < total:
-                _save_checkpoint(work_dir, state(done))
-    except KeyboardInterrupt:
+        with _interrupt_at_step_end(log) as interrupt_pending:
+            for step in range(start, total):
+                try:
+                    ids, labels, mask = collate(
+                        [train[i] for i in batch_indices(len(train), cfg.batch, step, cfg.seed)], pad_id)
+                    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    sched.step()
+                    losses.append(loss.item())
+                    done = step + 1
+                except KeyboardInterrupt as e:
+                    raise _CutStep from e
+                if interrupt_pending():
+                    raise KeyboardInterrupt
+                bar.update(1)
+                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.4f}", refresh=False)
+                if not progress and (step % max(1, total // 10) == 0 or done == total):
+                    log(f"step {done}/{total}  loss {np.mean(losses[-10:]):.4f}")
+                if work_dir is not None and cfg.save_every and done % cfg.save_every == 0 and done < total:
+                    _save_checkpoint(work_dir, state(done))
+    except KeyboardInterrupt as e:
         bar.close()
-        if work_dir is not None and done > start:
+        if work_dir is not None and done > start and not isinstance(e, _CutStep):
             _save_checkpoint(work_dir, state(done))
         if work_dir is not None and (work_dir / CHECKPOINT).is_file():
             log(f"interrupted at step {done}/{total}; the same command resumes from the checkpoint in {work_dir}")

@@ -221,6 +221,45 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_engine, tmp_path, copy
           f"{entry['train']['eval_loss_after']:.4f}; {cpu() - cpu0:.1f} s CPU (3 runs and a straight one)")
 
 
+def test_ctrl_c_inside_an_update_checkpoints_the_whole_step(tiny_engine, tmp_path, monkeypatch):
+    """A Ctrl-C that lands inside the optimizer's update (the widest window of a step) is held to the step's end:
+    the checkpoint's step counts every update its parameters had (the bug: it counted one fewer, and the resumed
+    run did that update twice). A second Ctrl-C stops at once and writes no checkpoint of the half step."""
+
+    import torch
+
+    from ortllm.pipeline.adapter_train import TrainConfig, train_lora
+
+    art = linked_copy(tiny_engine, tmp_path / "art", copied=ONNX_READS)
+    data = _pirate_data(tmp_path / "arr.jsonl", 8)
+    cfg = TrainConfig(data=str(data), rank=4, steps=8, batch=4, threads=1, save_every=100)
+    real_step, updates = torch.optim.AdamW.step, []
+
+    def step_then_ctrl_c(times: int):
+        def step(self, *a, **kw):
+            out = real_step(self, *a, **kw)
+            updates.append(1)
+            if len(updates) == 3:
+                for _ in range(times):
+                    os.kill(os.getpid(), signal.SIGINT)     # delivered here, inside the update, before it is counted
+            return out
+        return step
+
+    logs = []
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_then_ctrl_c(1))
+    with pytest.raises(KeyboardInterrupt):
+        train_lora(art, tmp_path / "out", cfg, work_dir=tmp_path / "work", log=logs.append)
+    assert _checkpoint_step(tmp_path / "work") == len(updates) == 3, logs
+    assert any("stopping at the end of this step" in m for m in logs), logs
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler is put back"
+
+    updates.clear()
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_then_ctrl_c(2))
+    with pytest.raises(KeyboardInterrupt):
+        train_lora(art, tmp_path / "out", cfg, work_dir=tmp_path / "work2", log=logs.append)
+    assert not (tmp_path / "work2" / "checkpoint.pt").exists(), "a step cut in half is not checkpointed"
+
+
 def test_failed_add_leaves_the_artifact_as_it_was(tiny_engine, tmp_path, monkeypatch):
     """A failure after the adapter file is in place but before the manifest lists it (here: the manifest cannot
     be written: the disk is full when the editor writes it) puts the replaced adapter (a DoRA, as --dora trains)
