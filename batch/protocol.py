@@ -17,15 +17,15 @@ error mapping (ortllm.protocol.errors); tests/batch compare the lines with a liv
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ortllm.runtime.engine import CompletionOutput, Engine
 from ortllm.runtime.errors import RequestError
+from ortllm.runtime.sampling_params import SamplingParams
 from ortllm.protocol import generation
 from ortllm.protocol import openai as http
 from ortllm.protocol.errors import APIError, bad_request, to_api_error, unavailable
-from ortllm.protocol.generation import max_prompt_chars
 from ortllm.protocol.openai import finite_float, json_type, reject_constant
 
 CHAT, COMPLETIONS = "chat", "completions"
@@ -44,9 +44,10 @@ class LineItem:
 
 @dataclass
 class Prepared:
-    """A request that passed every check the service makes before submit."""
+    """A request the protocol made ready (the engine's input processor checks the rest when it is submitted)."""
     item: LineItem
     req: http.GenerationRequest
+    params: SamplingParams   # the request's, with the adapter its model names
     prompt_ids: list[int]
     model: str               # what answers: the adapter's name or the base model's
 
@@ -92,14 +93,17 @@ def parse_line(line_no: int, text: str, seen: set[str]) -> LineItem | dict:
 
 # ---------------------------------------------------------------- the service's checks, before submit
 
-def prepare(engine: Engine, model_name: str, item: LineItem, prompt_chars_max: int | None = None) -> Prepared:
-    """Parse and check the body exactly as the service does (service/generation.py); raises APIError/RequestError."""
+def prepare(engine: Engine, model_name: str, item: LineItem) -> Prepared:
+    """Parse the body and make it ready exactly as the service does (protocol/generation.py prepare); raises
+    APIError/RequestError. The engine's own checks (engine.input.check_params) run now, before the line waits."""
     req = PARSERS[item.kind](item.body)
     if req.stream:
         raise bad_request("stream is not supported in a batch; leave it false", param="stream")
-    ids = generation.prepare(engine, req, model_name, prompt_chars_max or max_prompt_chars(engine))
-    req.params.validate()
-    return Prepared(item, req, ids, req.params.adapter or model_name)
+    sub = generation.prepare(engine, req, model_name)
+    params, ids = engine.input.check_params(sub.params), sub.prompts[0]
+    # fitted now (the lines are sorted by length); submit fits it again to the same value
+    params = replace(params, max_tokens=engine.limits.fit_max_tokens(len(ids), params.max_tokens))
+    return Prepared(item, req, params, ids, params.adapter or model_name)
 
 
 def as_api_error(e: Exception) -> APIError:

@@ -21,7 +21,7 @@ from ortllm.runtime.errors import Overloaded
 from ortllm.protocol.generation import token_text_of
 
 from .protocol import (LineItem, Prepared, api_error_line, as_api_error, finished_line, is_request_error,
-                       max_prompt_chars, prepare, request_id)
+                       prepare, request_id)
 
 IN_FLIGHT_PER_SEQ = 4     # in flight = this x max_num_seqs (capped by max_queued + max_num_seqs)
 WINDOW_PER_IN_FLIGHT = 4  # lines read ahead and sorted = this x in flight
@@ -51,7 +51,7 @@ def bucket(n: int) -> int:
 
 
 def sort_key(p: Prepared) -> tuple:
-    return (bucket(len(p.prompt_ids) + p.req.params.max_tokens), p.req.params.adapter or "", p.prompt_ids[:64])
+    return (bucket(len(p.prompt_ids) + p.params.max_tokens), p.params.adapter or "", p.prompt_ids[:64])
 
 
 class EngineFeeder:
@@ -62,7 +62,6 @@ class EngineFeeder:
         self.window = window or WINDOW_PER_IN_FLIGHT * self.in_flight
         self.stats = Stats()
         self.stop = False                   # set (e.g. on Ctrl-C): submit nothing more, cancel what runs
-        self._chars = max_prompt_chars(engine)
         self._token_text = token_text_of(engine)
 
     def run(self, items: Iterable[LineItem | dict]) -> Iterator[dict]:
@@ -82,7 +81,7 @@ class EngineFeeder:
                 while pending and len(running) < self.in_flight and not self.stop:
                     p = pending[0]
                     try:
-                        h = self.engine.submit(p.prompt_ids, p.req.params, request_id=request_id(p.item))
+                        h = self.engine.submit(p.prompt_ids, p.params, request_id=request_id(p.item))
                     except Overloaded:
                         break                               # the queue is full (shared engine?): retry after a poll
                     except Exception as e:  # noqa: BLE001 - a request error is a line; anything else propagates
@@ -126,7 +125,7 @@ class EngineFeeder:
         for x in source:
             if isinstance(x, LineItem):
                 try:
-                    x = prepare(self.engine, self.model_name, x, self._chars)
+                    x = prepare(self.engine, self.model_name, x)
                 except Exception as e:  # noqa: BLE001 - a request error is a line; anything else propagates
                     if not is_request_error(e):
                         raise

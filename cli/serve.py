@@ -97,6 +97,9 @@ def _bytes(v):
 SIZING = (
     Option("--ctx-size", "tokens one sequence may hold (prompt + generated), up to the model's context length",
            _scheduler, "max_model_len", default_text="the model's context length", metavar="TOKENS"),
+    Option("--max-tokens", "a request's max_tokens when it sends none, and the most it may ask for (a larger one is "
+           "clamped to it: finish_reason length)", _scheduler, "max_tokens",
+           default_text="none: the room the context leaves", metavar="N"),
     Option("--parallel", "sequences generated at once; more requests wait in the queue (--max-queued)",
            _scheduler, "max_num_seqs", metavar="N"),
     Option("--kv-cache-size", f"KV cache in GiB, or auto: {CacheConfig().auto_share:.0%} of the memory free after "

@@ -55,7 +55,8 @@ STOP = Field("stop", {"anyOf": [{"type": "string", "minLength": 1},
                                 {"type": "array", "maxItems": MAX_STOP, "items": {"type": "string", "minLength": 1}}],
                       "description": f"a non-empty string or a list of at most {MAX_STOP} non-empty strings"},
              description="stop strings, left out of the text")
-MAX_TOKENS = integer("max_tokens", None, 1, description="capped to the room the context leaves")
+MAX_TOKENS = integer("max_tokens", None, 1, description="default: the server's --max-tokens, else the room the "
+                     "context leaves; capped to both")
 ADAPTER_MIX = Field("adapters", {"type": "object", "minProperties": 1, "maxProperties": MAX_MIX,
                                  "propertyNames": {"minLength": 1}, "additionalProperties": {"type": "number"}},
                     description=f"extension: a weighted mix of up to {MAX_MIX} of the model's adapters for this "
@@ -107,9 +108,11 @@ PROMPT = Field("prompt", {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_I
                required=True, description=f"text, token ids, or a list of at most {MAX_PROMPTS} of either",
                hint=f"a non-empty string, a non-empty list of token ids, or a list of at most {MAX_PROMPTS} of those")
 
+COMPLETION_MAX_TOKENS = 16     # OpenAI's default for /v1/completions, when the server sets none (--max-tokens)
 COMPLETION = Body("CompletionRequest", [
-    PROMPT, *_sampling(integer("max_tokens", 16, 0, description="capped to the room the context leaves; 0 only "
-                                                                "with echo (score the prompt)")),
+    PROMPT, *_sampling(integer("max_tokens", None, 0, description=f"default {COMPLETION_MAX_TOKENS}, or the "
+                               "server's --max-tokens; capped to the room the context leaves and to --max-tokens; 0 "
+                               "only with echo (score the prompt)")),
     integer("logprobs", None, 0, MAX_TOP_LOGPROBS, "the chosen token's logprob and the top n"),
     boolean("echo", False, "the prompt before the completion (with logprobs: the prompt's too); not with stream"),
     Field("suffix", {"type": "string", "maxLength": 0}, description="not supported (null or empty)",

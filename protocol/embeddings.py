@@ -100,8 +100,7 @@ def parse_ollama_embeddings(body: dict) -> EmbeddingRequest:
     return EmbeddingRequest([v["prompt"]] if v["prompt"] else [], v["model"], truncate=True, normalized=False)
 
 
-def prepare_inputs(engine: Engine, req: EmbeddingRequest, base_name: str,
-                   max_prompt_chars: int) -> tuple[str | None, list[list[int]]]:
+def prepare_inputs(engine: Engine, req: EmbeddingRequest, base_name: str) -> tuple[str | None, list[list[int]]]:
     """Everything checked before submit: the model (req.model: the base or an adapter), dimensions, each input
     within the room the context and the KV pool leave. (the adapter or None, each input's token ids)."""
     adapter = resolve_adapter(engine, base_name, req.model)
@@ -110,10 +109,8 @@ def prepare_inputs(engine: Engine, req: EmbeddingRequest, base_name: str,
     several = len(req.inputs) > 1
     ids = []
     for i, x in enumerate(req.inputs):
-        if isinstance(x, str) and len(x) > max_prompt_chars and not req.truncate:
-            raise APIError(400, f"input{f'[{i}]' if several else ''} has {len(x)} characters, more than {room} "
-                           "tokens can hold; shorten it", param="input", code="context_length_exceeded")
-        ids.append(fit_input(engine.encode_prompt(x), i, room, what, req.truncate, several))
+        ids.append(fit_input(engine.encode_prompt(x, "input", whole=not req.truncate), i, room, what, req.truncate,
+                             several))
     return adapter, ids
 
 

@@ -5,7 +5,8 @@ Handlers raise; the service's `app.py` maps every exception to a response in one
 (ortllm.service.errors.to_api_error, which adds werkzeug's HTTPException to `to_api_error` here):
 
     APIError (raised by the service itself)            -> its own status
-    RequestError: EmptyPrompt, PromptTooLong, ...      -> 400 invalid_request_error (UnknownAdapter -> 404)
+    RequestError: EmptyPrompt, PromptTooLong, ...      -> 400 invalid_request_error, param: its field
+                                                          (UnknownAdapter -> 404 model_not_found)
     Overloaded                                         -> 429 + Retry-After
     EngineDeadError                                    -> 503
     any other OrtllmError (ArtifactError, StoreError,  -> 500 server_error with its message (a broken install
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from ortllm.runtime.errors import EngineDeadError, OrtllmError, Overloaded, RequestError, UnknownAdapter
+from ortllm.runtime.errors import EngineDeadError, OrtllmError, Overloaded, PromptTooLong, RequestError, UnknownAdapter
 
 
 def _snake(name: str) -> str:
@@ -63,13 +64,11 @@ def to_api_error(e: BaseException) -> APIError | None:
     """The APIError for e; None for an unexpected exception (a bug: the caller answers 500 and logs it)."""
     if isinstance(e, APIError):
         return e
-    if isinstance(e, UnknownAdapter):
-        return APIError(404, str(e), param="model", code="model_not_found")
-    if isinstance(e, RequestError):
-        param = getattr(e, "param", None)
-        name = type(e).__name__
-        code = "context_length_exceeded" if name == "PromptTooLong" else _snake(name)
-        return APIError(400, str(e), param=param, code=code)
+    if isinstance(e, UnknownAdapter):      # a missing resource: 404, as an unknown `model`
+        return APIError(404, str(e), param="adapters" if e.param == "adapters" else "model", code="model_not_found")
+    if isinstance(e, RequestError):        # the engine's input processor's verdict, its field as `param`
+        code = "context_length_exceeded" if isinstance(e, PromptTooLong) else _snake(type(e).__name__)
+        return APIError(400, str(e), param=e.param, code=code)
     if isinstance(e, Overloaded):
         return APIError(429, str(e), type="rate_limit_error", code="overloaded", headers={"Retry-After": "1"})
     if isinstance(e, EngineDeadError):

@@ -1,11 +1,14 @@
-"""One generation request as the OpenAI API defines it, apart from HTTP: the checks before submit, the
-non-streaming response body and the streamed chunks (OpenAIRenderer). The HTTP service and `ortllm batch` both use
+"""One generation request as the OpenAI API defines it, apart from HTTP: what it submits (prepare: the adapter
+`model` names, each prompt's token ids; the engine's input processor checks the rest), the non-streaming response
+body and the streamed chunks (OpenAIRenderer). The HTTP service and `ortllm batch` both use
 these, so a batch line and an HTTP request with the same body get the same answer."""
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ortllm.runtime.engine import CompletionOutput, Engine
+from ortllm.runtime.sampling_params import SamplingParams
 from ortllm.runtime.tokenizer import TokenizerFilesError
 
 from . import openai as protocol
@@ -23,23 +26,17 @@ def resolve_adapter(engine: Engine, base_name: str, model: str | None) -> str | 
     raise model_not_found(model, base_name, engine.adapters.names())
 
 
-def check_adapter_mix(engine: Engine, adapter: str | None, mix: dict | None) -> None:
-    """A request's `adapters` (a weighted mix): with the base model as `model` (else 400), naming served adapters
-    (else 404, as for an unknown `model`); the engine then checks weights, DoRA and the per-step cap."""
-    if not mix:
-        return
-    if adapter is not None:
-        raise bad_request(f"model names the adapter {adapter!r} and adapters mixes {', '.join(map(repr, mix))}: "
-                          "name the base model in model, and every adapter (with its weight) in adapters",
-                          param="adapters")
-    served = engine.adapters.names()
-    unknown = [a for a in mix if a not in served]
-    if unknown:     # a missing resource, as an unknown adapter in `model` is: 404
-        raise APIError(404, f"adapters names {unknown[0]!r}, which is not an adapter of this model; served "
-                       f"adapters: {', '.join(served) or 'none'}", param="adapters", code="model_not_found")
+@dataclass(frozen=True)
+class Submission:
+    """What a generation request submits, made without changing the parsed request: per prompt (completions may
+    send a list), its token ids; and the request's parameters with the adapter `model` names."""
+    params: SamplingParams
+    prompts: list[list[int]]
 
 
-def prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
+def prompt_ids(engine: Engine, req: protocol.GenerationRequest, prompt: str | list[int] | None = None) -> list[int]:
+    """The token ids of the chat's rendered conversation, or of `prompt` (a completion's; default: req.prompt),
+    checked by the engine's input processor (characters, token ids) and naming the field they came from."""
     if req.messages is not None:
         tok = engine.tokenizer
         takes_tools = tok.template_takes_tools
@@ -51,27 +48,16 @@ def prompt_ids(engine: Engine, req: protocol.GenerationRequest) -> list[int]:
             raise bad_request(f"{e}; use /v1/completions", param="messages") from None
         except Exception as e:  # noqa: BLE001 - the template itself rejected the conversation (raise_exception)
             raise bad_request(f"the chat template rejected these messages: {e}", param="messages") from None
-        return engine.tokenizer.encode(text)
-    return engine.encode_prompt(req.prompt)
+        return engine.encode_prompt(text, "messages", special_tokens=False)
+    return engine.encode_prompt(req.prompt if prompt is None else prompt, "prompt")
 
 
-def prepare_all(engine: Engine, req: protocol.GenerationRequest, base_name: str,
-                max_prompt_chars: int) -> list[list[int]]:
-    """prepare() for every prompt of the request (completions may send a list); their token ids, in order."""
-    if not req.prompts or len(req.prompts) == 1:
-        return [prepare(engine, req, base_name, max_prompt_chars, several=True)]
-    out = []
-    for p in req.prompts:
-        req.prompt = p
-        out.append(prepare(engine, req, base_name, max_prompt_chars, several=True))
-    req.prompt = req.prompts[0]
-    return out
-
-
-def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max_prompt_chars: int,
-            several: bool = False) -> list[int]:
-    """Everything checked before submit: the model, the prompt's size, max_tokens against the context.
-    Sets req.params.adapter (and max_tokens when it was not given); returns the prompt's token ids.
+def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, model: str | None = None,
+            several: bool = False) -> Submission:
+    """What the wire format decides before submit: which adapter `model` names (404 if none), each prompt's token
+    ids, max_tokens left to the engine when the body has none. Everything else (ranges, adapters and mixes,
+    logit_bias, the context, grammars) the engine's input processor checks at submit (runtime/request_input.py),
+    the same for every API. model: the name routed within the served model (default: req.model).
     several=False (one output per request, as `ortllm batch` answers): n, prompt lists, echo and tools refused."""
     if not several:
         for name, bad in (("n", req.n != 1), ("prompt", bool(req.prompts) and len(req.prompts) > 1),
@@ -79,25 +65,12 @@ def prepare(engine: Engine, req: protocol.GenerationRequest, base_name: str, max
             if bad:
                 raise bad_request(f"{name} is not supported here (one completion per line); use the HTTP API",
                                   param=name)
-    req.params.adapter = resolve_adapter(engine, base_name, req.model)
-    check_adapter_mix(engine, req.params.adapter, req.params.adapters)
-    ctx = engine.context_length
-    chars = (len(req.prompt) if isinstance(req.prompt, str) else
-             sum(len(m["content"]) for m in req.messages or ()) + len(req.prefill))
-    if chars > max_prompt_chars:
-        raise APIError(400, f"the prompt has {chars} characters, more than {ctx} tokens (the model's context) can "
-                       "hold; shorten it", param="messages" if req.messages else "prompt",
-                       code="context_length_exceeded")
-    ids = prompt_ids(engine, req)
-    # chat without max_tokens: as much as the room holds; a larger max_tokens is capped to it (runtime/limits.py)
-    req.params.max_tokens = engine.limits.fit_max_tokens(len(ids),
-                                                         req.params.max_tokens if req.max_tokens_given else None)
-    if req.params.logit_bias:
-        bad = [t for t in req.params.logit_bias if t >= engine.vocab_size]
-        if bad:
-            raise bad_request(f"logit_bias names token ids outside the vocabulary [0, {engine.vocab_size}): "
-                              f"{bad[:5]}", param="logit_bias")
-    return ids
+    adapter = resolve_adapter(engine, base_name, req.model if model is None else model)
+    max_tokens = req.params.max_tokens
+    if max_tokens is None and engine.limits.max_tokens is None:
+        max_tokens = req.api_max_tokens     # the API's own default (completions: 16); None: the room left
+    params = replace(req.params, adapter=adapter, max_tokens=max_tokens)
+    return Submission(params, [prompt_ids(engine, req, p) for p in (req.prompts or [req.prompt])])
 
 
 def token_text_of(engine: Engine) -> Callable[[int], str]:
@@ -187,16 +160,6 @@ def response_body(kind: str, out: CompletionOutput, *, request_id: str, model: s
     return {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model,
             "system_fingerprint": None, "choices": [choice],
             "usage": protocol.usage(out.prompt_tokens, len(out.token_ids), out.cached_tokens)}
-
-
-def max_prompt_chars(engine: Engine) -> int:
-    """More characters than any prompt that fits the context can have: context x the longest vocabulary entry
-    (x 2 for safety). A raw BPE entry is at least as long as the text it decodes to (byte-level: a char per
-    byte; sentencepiece: "\u2581" per space; byte fallback "<0xE2>" longer still), so a prompt past this is
-    refused without tokenizing it: a 1 MB prompt costs seconds of tokenizer CPU otherwise."""
-    tok = engine.tokenizer
-    longest = max((len(tok.id_to_token(i) or "") for i in range(tok.vocab_size)), default=1)
-    return 2 * engine.context_length * max(longest, 1) + 1024
 
 
 class OpenAIRenderer(Renderer):

@@ -1,4 +1,14 @@
-"""Ollama's answers to /api/generate (field "response") and /api/chat (field "message"), apart from HTTP.
+"""Ollama's /api/generate and /api/chat apart from HTTP: each body as the OpenAI request it means, and the answers
+(field "response", or "message").
+
+A read() Ollama body (protocol/bodies.py: its options take the OpenAI fields' schemas) becomes an OpenAI chat or
+completion request (generate_request, chat_request), a model POST /api/create made supplying its system message and
+parameters unless the request sends its own:
+
+    options.num_predict -> max_tokens        options.repeat_penalty -> repetition_penalty
+    options.temperature/top_p/top_k/min_p/seed/stop/presence_penalty/frequency_penalty -> the same names
+    format "json" -> response_format json_object;  format {schema} -> response_format json_schema
+    /api/generate: template applied (a chat of system + prompt) unless raw: true (a plain completion)
 
 Streamed (Ollama's default) as NDJSON, one JSON object a line: a line per text delta, then the final line
 (done: true, done_reason, token counts and durations in ns). Not streamed: the final line alone, with the whole
@@ -13,8 +23,59 @@ from datetime import datetime, timezone
 
 from ortllm.runtime.engine import CompletionOutput
 
+from . import openai
+from .bodies import CHAT_FROM_OLLAMA, OLLAMA_OPTIONS
 from .errors import APIError
 from .rendering import Generation, Renderer
+
+RAW_MAX_TOKENS = 128          # /api/generate raw: true without num_predict
+
+
+def openai_body(v: dict) -> dict:
+    """The sampling part of a read() Ollama body as OpenAI fields."""
+    out = {"model": v["model"], "stream": v["stream"]} | ({"adapters": v["adapters"]} if v["adapters"] else {})
+    for k, value in (v["options"] or {}).items():
+        if k in OLLAMA_OPTIONS and value is not None:
+            if k == "num_predict" and value < 0:      # Ollama's -1 / -2: until the context is full
+                continue
+            out[OLLAMA_OPTIONS[k].name] = value
+    fmt = v["format"]
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    return out
+
+
+def with_defaults(v: dict, modelfile: dict) -> dict:
+    """A created model's parameters under the request's own options."""
+    if modelfile.get("parameters"):
+        v = {**v, "options": {**modelfile["parameters"], **(v["options"] or {})}}
+    return v
+
+
+def generate_request(v: dict, modelfile: dict) -> tuple[str, openai.GenerationRequest]:
+    """A read() /api/generate body -> ("chat", the chat of its system and prompt), or with raw: true
+    ("completions", a plain completion). modelfile: a created model's defaults ({} for none)."""
+    v = with_defaults(v, modelfile)
+    system = v["system"] if v["system"] is not None or v["raw"] else modelfile.get("system")
+    oa = openai_body(v)
+    if v["raw"]:
+        return "completions", openai.parse_completion(
+            {**oa, "prompt": v["prompt"], "max_tokens": oa.get("max_tokens", RAW_MAX_TOKENS)})
+    msgs = [{"role": "system", "content": system}] if system is not None else []
+    return "chat", openai.parse_chat({**oa, "messages": msgs + [{"role": "user", "content": v["prompt"]}]})
+
+
+def chat_request(v: dict, modelfile: dict) -> openai.GenerationRequest:
+    """A read() /api/chat body -> the chat request, a created model's system message first unless it has one."""
+    v = with_defaults(v, modelfile)
+    messages = v["messages"]
+    if modelfile.get("system") is not None and not any(isinstance(m, dict) and m.get("role") == "system"
+                                                       for m in messages):
+        messages = [{"role": "system", "content": modelfile["system"]}, *messages]
+    extra = {"tools": v["tools"]} if v["tools"] else {}
+    return openai.parse_chat({**openai_body(v), "messages": messages, **extra}, CHAT_FROM_OLLAMA)
 
 
 def now() -> str:

@@ -3,9 +3,9 @@
 Flask-free (tests/test_layering.py): the HTTP service and the batch job (`ortllm batch`) share it.
 
 The bodies are declared in bodies.py: read() checks every field against its schema (a 400 naming it), and
-what a schema cannot say (one field's meaning depending on another) is checked here, before the engine sees
-the request; the engine's own validation (SamplingParams.validate, token ids, context) is the second line and
-maps to the same envelope."""
+what a schema cannot say (one field's meaning depending on another) is checked here: wire syntax only. Whether the
+request can run (ranges, adapters, logit_bias, the context, grammars) the engine's input processor decides at
+submit (runtime/request_input.py), once for every API, raising errors whose `param` the envelope names."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ortllm.runtime.sampling_params import SamplingParams
 
 from . import structured
-from .bodies import CHAT, COMPLETION
+from .bodies import CHAT, COMPLETION, COMPLETION_MAX_TOKENS
 from .fields import Body
 from .errors import bad_request
 
@@ -66,7 +66,8 @@ class GenerationRequest:
     prompt: str | list[int] | None        # completions: the (first) prompt
     messages: list[dict] | None           # chat
     params: SamplingParams
-    max_tokens_given: bool                # False: fill the context (chat default)
+    api_max_tokens: int | None            # the API's max_tokens when the body has none and the server sets no
+                                          # default (--max-tokens): completions 16 (OpenAI's); chat None: the room
     stream: bool
     include_usage: bool
     logprobs: int | None                  # top-n per token; None: none
@@ -89,12 +90,12 @@ def parse_completion(body: dict) -> GenerationRequest:
     prompts = list(prompt) if several else [prompt]
     echo, n, logprobs = v["echo"], v["n"], v["logprobs"]
     echo_only = echo and v["max_tokens"] == 0     # lm-eval's loglikelihood: score the prompt only
-    params, given = _sampling(v, 1 if echo_only else v["max_tokens"], logprobs)
+    params = _sampling(v, 1 if echo_only else v["max_tokens"], logprobs)
     params.guide = structured.guided_fields(v)
     if echo and logprobs is not None:
         params.prompt_logprobs = True
-    return GenerationRequest(v["model"], prompts[0], None, params, given, v["stream"], _include_usage(v), logprobs,
-                             echo, n, prompts, echo_only=echo_only)
+    return GenerationRequest(v["model"], prompts[0], None, params, COMPLETION_MAX_TOKENS, v["stream"],
+                             _include_usage(v), logprobs, echo, n, prompts, echo_only=echo_only)
 
 
 def parse_chat(body: dict, decl: Body = CHAT) -> GenerationRequest:
@@ -117,9 +118,9 @@ def parse_chat(body: dict, decl: Body = CHAT) -> GenerationRequest:
     tools = structured.parse_tools(v["tools"], v["tool_choice"])
     if tools is not None and tools.choice != "auto":
         guide = tools.guide()
-    params, given = _sampling(v, max_tokens, logprobs)
+    params = _sampling(v, max_tokens, logprobs)
     params.guide = guide
-    return GenerationRequest(v["model"], None, clean, params, given, v["stream"], _include_usage(v), logprobs,
+    return GenerationRequest(v["model"], None, clean, params, None, v["stream"], _include_usage(v), logprobs,
                              n=v["n"], tools=tools)
 
 
@@ -140,12 +141,12 @@ def _include_usage(v: dict) -> bool:
     return bool((v["stream_options"] or {}).get("include_usage"))
 
 
-def _sampling(v: dict, max_tokens: int | None, logprobs: int | None) -> tuple[SamplingParams, bool]:
-    """SamplingParams from read() values; also whether max_tokens was given (chat: else fill the context)."""
+def _sampling(v: dict, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """SamplingParams from read() values; max_tokens None when the body has none (the server's default then)."""
     stop = v["stop"]
     lb = v["logit_bias"]
     params = SamplingParams(
-        max_tokens=max_tokens or 1,
+        max_tokens=max_tokens,
         temperature=float(v["temperature"]), top_p=float(v["top_p"]), top_k=v["top_k"], min_p=float(v["min_p"]),
         repetition_penalty=float(v["repetition_penalty"]), frequency_penalty=float(v["frequency_penalty"]),
         presence_penalty=float(v["presence_penalty"]), seed=v["seed"],
@@ -154,7 +155,7 @@ def _sampling(v: dict, max_tokens: int | None, logprobs: int | None) -> tuple[Sa
         logit_bias={int(k): float(b) for k, b in lb.items()} if lb else None,
         speculative=v["speculative"], adapters=v["adapters"],
     )
-    return params, max_tokens is not None
+    return params
 
 
 # ---------------------------------------------------------------- responses

@@ -55,29 +55,31 @@ class AdapterRegistry:
         with self._lock:
             return dict(self.entries[name])
 
-    def check(self, name: str) -> None:
+    def check(self, name: str, param: str = "adapter") -> None:
+        """UnknownAdapter (naming the request field `param`) unless `name` is served."""
         with self._lock:
             if name not in self.entries or name in self._retiring:
-                raise UnknownAdapter(name, sorted(set(self.entries) - self._retiring))
+                raise UnknownAdapter(name, sorted(set(self.entries) - self._retiring), param)
 
-    def check_spec(self, spec, cap: int) -> None:
+    def check_spec(self, spec, cap: int, param: str = "adapter") -> None:
         """A request's AdapterSpec (sampling_params): every adapter known; a mix (several adapters, or one weighted
         other than 1) of at most `cap` adapters (max_adapters_per_batch: a step holds them all) and no DoRA adapter
-        (its magnitude rescales the whole projection, so a weighted sum of DoRA deltas is not a DoRA adapter)."""
+        (its magnitude rescales the whole projection, so a weighted sum of DoRA deltas is not a DoRA adapter).
+        param: the request field that names them (adapter, or adapters for a mix)."""
         names = adapter_names(spec)
         for name in names:
-            self.check(name)
+            self.check(name, param)
         if isinstance(spec, str):
             return
         if len(names) > cap:
             raise InvalidSamplingParams(f"adapters mixes {len(names)} adapters; this engine runs at most {cap} in a "
-                                        "step (max_adapters_per_batch): mix fewer, or raise it")
+                                        "step (max_adapters_per_batch): mix fewer, or raise it", "adapters")
         with self._lock:
             dora = [n for n in names if self.entries[n].get("dora")]
         if dora:
             raise InvalidSamplingParams(
                 f"adapter {dora[0]!r} is a DoRA adapter; DoRA adapters cannot be mixed or weighted (their magnitude "
-                f"rescales the whole projection): request it alone, {{\"adapter\": \"{dora[0]}\"}}")
+                f"rescales the whole projection): request it alone, {{\"adapter\": \"{dora[0]}\"}}", "adapters")
 
     def is_resident(self, name: str) -> bool:
         return name in self._slot_of

@@ -78,6 +78,9 @@ class SchedulerConfig:
     long_prefill_chunk: int | None = None  # max prefill tokens of one sequence per step; None: max_batch_tokens
     aging_steps: int = 16              # steps a waiting request may be bypassed before it goes first
     max_model_len: int | None = None   # prompt + max_tokens cap; None: only the KV pool limits it
+    # a request's max_tokens: the default when it sends none and the cap of one it sends (a larger one is clamped
+    # to it, as llama-server's --n-predict; finish_reason "length" says so); None: the room the context leaves
+    max_tokens: int | None = None
     # speculative decoding (runtime/speculative.py): prompt-lookup drafts verified in the decode row
     # drafted tokens per decode row at most; 0: speculative decoding off. Verified rows give bitwise the
     # logits of single decode steps at every context length (tests/runtime/test_long_context_invariance.py),
@@ -120,6 +123,8 @@ class SchedulerConfig:
                      f"got {self.long_prefill_chunk}")
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
+        if self.max_tokens is not None:
+            _positive_int("max_tokens", self.max_tokens)
 
     @property
     def prefill_chunk(self) -> int:

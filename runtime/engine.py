@@ -102,7 +102,7 @@ class Engine:
         self._abort = _StepAbort(self.runner.run_options)
         self.adapters = AdapterRegistry(self.artifact, config.adapters, self.runner)
         self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks=self.runner.num_blocks,
-                                   eos_token_ids=self.eos_token_ids, vocab_size=self.runner.vocab_size,
+                                   eos_token_ids=self.eos_token_ids,
                                    is_resident=self.adapters.is_resident,
                                    adapter_key=self.adapters.content_key, context_length=self.context_length)
         self.limits = self.scheduler.limits     # how many tokens a sequence may hold (runtime/limits.py)
@@ -138,9 +138,11 @@ class Engine:
         return cls(engine_config(path, **overrides))
 
     # ---------------------------------------------------------------- requests in
-    def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        """Token ids of a prompt: text encoded with the tokenizer's special tokens, token ids as given."""
-        return self.input.encode_prompt(prompt)
+    def encode_prompt(self, prompt: str | Sequence[int], param: str = "prompt", special_tokens: bool = True,
+                      whole: bool = True) -> list[int]:
+        """Token ids of a prompt, checked as submit checks it (runtime/request_input.py): text encoded with the
+        tokenizer's special tokens (special_tokens=False: a chat template's text), token ids as given."""
+        return self.input.encode_prompt(prompt, param, special_tokens, whole)
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None) -> RequestHandle:

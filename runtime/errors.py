@@ -7,6 +7,7 @@ module defines an exception outside this tree.
     ├── ConfigError(ValueError)        bad configuration; raised at construction, before anything runs
     ├── RequestError(ValueError)       one request is wrong; it fails, the engine goes on (HTTP 400)
     │   ├── PromptTooLong              the prompt leaves no room for a token (see fit_max_tokens)
+    │   │   └── PromptTooManyChars     refused before tokenizing: more characters than the context can hold
     │   ├── InvalidSamplingParams
     │   ├── UnknownAdapter
     │   ├── InvalidTokenIds
@@ -46,7 +47,12 @@ class ConfigError(OrtllmError, ValueError):
 
 
 class RequestError(OrtllmError, ValueError):
-    """A single request is invalid. Only that request fails."""
+    """A single request is invalid. Only that request fails. `param`: the request field at fault (a SamplingParams
+    field, or prompt / adapter / adapters), None when no one field is (every API's envelope names it)."""
+
+    def __init__(self, message: str = "", param: str | None = None):
+        self.param = param
+        super().__init__(message)
 
 
 class PromptTooLong(RequestError):
@@ -64,20 +70,35 @@ class PromptTooLong(RequestError):
         super().__init__(msg)
 
 
+class PromptTooManyChars(PromptTooLong):
+    """A prompt refused before it is tokenized: more characters than any prompt that fits can have."""
+
+    def __init__(self, chars: int, max_chars: int, context_length: int, param: str = "prompt"):
+        RequestError.__init__(self, f"the prompt has {chars} characters, more than {context_length} tokens (the "
+                              f"model's context) can hold; shorten it", param)
+        self.prompt_len, self.max_len, self.max_tokens = chars, max_chars, 0
+
+
 class AdapterFileError(OrtllmError):
     """A PEFT LoRA directory cannot become an artifact adapter, or an adapter name is wrong or taken; the message
     says what to change (runtime/adapter_files.py)."""
 
 
 class InvalidSamplingParams(RequestError):
-    """A sampling parameter is out of range; the message names the field and the allowed range."""
+    """A sampling parameter is out of range; the message names the field and the allowed range, `param` the field."""
 
 
 class UnknownAdapter(RequestError):
-    def __init__(self, name: str, known: list[str] | None = None):
+    """param "adapter" (one adapter) or "adapters" (a mix names it)."""
+
+    def __init__(self, name: str, known: list[str] | None = None, param: str = "adapter"):
         self.name = name
         hint = f"; known adapters: {', '.join(sorted(known))}" if known else "; list them with `ortllm adapters list`"
-        super().__init__(f"unknown adapter {name!r}{hint}")
+        if param == "adapters":
+            msg = f"adapters names {name!r}, which is not an adapter of this model{hint}"
+        else:
+            msg = f"unknown adapter {name!r}{hint}"
+        super().__init__(msg, param)
 
 
 class InvalidTokenIds(RequestError):
@@ -85,17 +106,14 @@ class InvalidTokenIds(RequestError):
 
 
 class EmptyPrompt(RequestError):
-    def __init__(self, msg: str = "prompt is empty; send at least one token"):
-        super().__init__(msg)
+    def __init__(self, msg: str = "prompt is empty; send at least one token", param: str = "prompt"):
+        super().__init__(msg, param)
 
 
 class InvalidGrammar(RequestError):
     """A structured-output constraint (JSON schema, regex, choice list) cannot be compiled; `param` names the
     request field it came from."""
 
-    def __init__(self, message: str, param: str | None = None):
-        self.param = param
-        super().__init__(message)
 
 
 class Overloaded(OrtllmError):

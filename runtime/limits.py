@@ -9,7 +9,8 @@ job through the protocol. Nothing else computes a sequence's room (tests/runtime
 
 Three questions, one answer each:
   fit_max_tokens(prompt, max_tokens)   a generation: a prompt that leaves no room for one token is PromptTooLong;
-                                       otherwise max_tokens is capped to the room left (None: all of it)
+                                       otherwise max_tokens is capped to the room left and the server's cap
+                                       (SchedulerConfig.max_tokens; None: the cap, else all the room)
   check_prompt(prompt)                 an embedding: the prompt alone must fit (it generates nothing)
   admit(prompt, generated)             the scheduler's guard: prompt + generated must fit
 """
@@ -37,11 +38,12 @@ class SequenceLimits:
     block_size: int                     # tokens per KV block
     max_model_len: int | None = None    # SchedulerConfig.max_model_len; None: no cap of its own
     context_length: int | None = None   # the model's positions (generation.json); None: a scheduler without a model
+    max_tokens: int | None = None       # SchedulerConfig.max_tokens: a request's default and cap of max_tokens
 
     @classmethod
     def of(cls, config: SchedulerConfig, kv_pool_blocks: int, block_size: int,
            context_length: int | None = None) -> "SequenceLimits":
-        return cls(kv_pool_blocks, block_size, config.max_model_len, context_length)
+        return cls(kv_pool_blocks, block_size, config.max_model_len, context_length, config.max_tokens)
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -66,7 +68,7 @@ class SequenceLimits:
 
     def fit_max_tokens(self, prompt_len: int, max_tokens: int | None) -> int:
         """A generation's max_tokens within the room (runtime.sampling_params.fit_max_tokens, the one rule)."""
-        return fit_max_tokens(prompt_len, max_tokens, self.room, self.what)
+        return fit_max_tokens(prompt_len, max_tokens, self.room, self.what, self.max_tokens)
 
     def check_prompt(self, prompt_len: int) -> None:
         """An embedding request: its prompt alone must fit (no generated token needs room)."""

@@ -1,9 +1,15 @@
-"""The engine's input side: a prompt and its parameters checked and made into request handles before anything is
-queued, so every caller's mistake is raised at once, in the caller's thread, as a typed RequestError.
+"""The engine's input side, the one place that decides whether a request is valid: a prompt and its parameters
+checked and made into request handles before anything is queued, so every caller's mistake is raised at once, in
+the caller's thread, as a typed RequestError whose `param` names the field. Every API (OpenAI, Ollama, Messages,
+Responses, batch: protocol/) only parses its wire format and submits here; the scheduler checks only what it alone
+knows (a full queue, the KV pool; runtime/scheduler.py).
 
     prompt (text or token ids) + SamplingParams
-      --> validate(), the adapter known, logit_bias within the vocabulary, the prompt encoded
-      --> SequenceLimits (runtime/limits.py): max_tokens capped to the room left, or PromptTooLong
+      --> validate() (ranges), the adapter or mix known (no DoRA in a mix, at most a step's adapters),
+          logit_bias within the vocabulary
+      --> the prompt: text within max_prompt_chars, then encoded; token ids integers within the vocabulary; not empty
+      --> SequenceLimits (runtime/limits.py): max_tokens capped to the room left and the server's cap (None: the
+          server's default), or PromptTooLong
       --> the grammar compiled (InvalidGrammar), a detokenizer and a random stream per completion
       --> RequestHandle(s), which the engine queues (Engine.submit_n / submit_embed)
 """
@@ -16,7 +22,7 @@ import numpy as np
 
 from .adapters import AdapterRegistry
 from .detokenizer import IncrementalDetokenizer
-from .errors import EmptyPrompt, InvalidTokenIds
+from .errors import EmptyPrompt, InvalidTokenIds, PromptTooManyChars
 from .guided import GuidedDecoding
 from .limits import SequenceLimits
 from .request_output import RequestHandle
@@ -38,25 +44,61 @@ class InputProcessor:
         self._entropy = np.random.SeedSequence(seed)    # streams of unseeded requests
         self._ids = itertools.count()
         self.max_adapters_per_batch = max_adapters_per_batch
+        self._max_chars: int | None = None
 
-    def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+    @property
+    def max_prompt_chars(self) -> int:
+        """More characters than any prompt that fits the context can have: the room x the longest vocabulary entry
+        (x 2 for safety). A raw BPE entry is at least as long as the text it decodes to (byte-level: a char per
+        byte; sentencepiece: "\u2581" per space; byte fallback "<0xE2>" longer still), so a prompt past this is
+        refused without tokenizing it: a 1 MB prompt costs seconds of tokenizer CPU otherwise."""
+        if self._max_chars is None:
+            tok = self.tokenizer
+            longest = max((len(tok.id_to_token(i) or "") for i in range(tok.vocab_size)), default=1)
+            self._max_chars = 2 * self.limits.room * max(longest, 1) + 1024
+        return self._max_chars
+
+    def encode_prompt(self, prompt: str | Sequence[int], param: str = "prompt", special_tokens: bool = True,
+                      whole: bool = True) -> list[int]:
+        """A prompt's token ids, checked: text within max_prompt_chars (unless not whole: an input the caller
+        truncates), encoded with BOS/EOS as the model adds them (special_tokens=False: a chat template's text,
+        which has them); token ids integers in [0, vocab_size). param: the request field it came from."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=True)
-        return [int(t) for t in prompt]
+            if whole and len(prompt) > self.max_prompt_chars:
+                raise PromptTooManyChars(len(prompt), self.max_prompt_chars, self.limits.room, param)
+            return self.tokenizer.encode(prompt, add_special_tokens=special_tokens)
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise InvalidTokenIds(f"{param} token ids must be integers", param) from None
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidTokenIds(f"{param} token ids must be in [0, {self.vocab_size}); got {bad[:5]}", param)
+        return ids
+
+    def check_params(self, params: SamplingParams | None) -> SamplingParams:
+        """The checks of a request's parameters that need the engine: validate() (ranges), the adapter or mix
+        known and runnable, logit_bias within the vocabulary."""
+        params = (params or SamplingParams()).validate()
+        if params.adapter_mix is not None:   # known adapters; a mix: no DoRA, within the per-step cap
+            self.adapters.check_spec(params.adapter_mix, self.max_adapters_per_batch,
+                                     "adapters" if params.adapters else "adapter")
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if t >= self.vocab_size]
+            if bad:
+                raise InvalidTokenIds(f"logit_bias names token ids outside the vocabulary [0, {self.vocab_size}): "
+                                      f"{bad[:5]}", "logit_bias")
+        return params
 
     def generation(self, prompt: str | Sequence[int], params: SamplingParams | None, n: int = 1,
                    request_id: str | None = None) -> list[RequestHandle]:
         """n handles for n completions of one prompt (ids request_id, request_id-1, ...; one for req-<k> if None),
         sharing its token ids and params (max_tokens fitted). With a seed, the first draws from it and the i-th
         from (seed, i)."""
-        params = (params or SamplingParams()).validate()
-        if params.adapter_mix is not None:   # known adapters; a mix: no DoRA, within the per-step cap
-            self.adapters.check_spec(params.adapter_mix, self.max_adapters_per_batch)
-        if params.logit_bias:
-            bad = [t for t in params.logit_bias if t >= self.vocab_size]
-            if bad:
-                raise InvalidTokenIds(f"logit_bias token ids must be in [0, {self.vocab_size}); got {bad[:5]}")
+        params = self.check_params(params)
         ids = self.encode_prompt(prompt)
+        if not ids:
+            raise EmptyPrompt()
         max_tokens = self.limits.fit_max_tokens(len(ids), params.max_tokens)   # the one context rule
         if max_tokens != params.max_tokens:
             params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens})
@@ -80,9 +122,7 @@ class InputProcessor:
     def embedding(self, prompt: str | Sequence[int], pooling: str = "mean", adapter: str | None = None,
                   priority: int = 0, request_id: str | None = None) -> RequestHandle:
         """The handle of one embedding request (id emb-<k> if None): its prompt must fit whole (check_prompt)."""
-        params = SamplingParams(max_tokens=1, adapter=adapter, priority=priority, pooling=pooling).validate()
-        if adapter is not None:
-            self.adapters.check(adapter)
+        params = self.check_params(SamplingParams(max_tokens=1, adapter=adapter, priority=priority, pooling=pooling))
         ids = self.encode_prompt(prompt)
         if not ids:
             raise EmptyPrompt("the input is empty; send at least one token")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Union
 
@@ -38,7 +39,7 @@ class Guide:
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 128
+    max_tokens: int | None = 128        # None: the engine's default (SchedulerConfig.max_tokens, else the room left)
     temperature: float = 1.0            # 0: greedy
     top_k: int = 0                      # 0: off
     top_p: float = 1.0                  # 1: off
@@ -105,8 +106,9 @@ class SamplingParams:
         return frozenset(self.stop_token_ids).union(() if self.ignore_eos else eos_token_ids)
 
     def validate(self) -> SamplingParams:
-        """Raise InvalidSamplingParams naming the field and the allowed range; return self."""
-        _int("max_tokens", self.max_tokens, lo=1)
+        """Raise InvalidSamplingParams naming the field (its `param`) and the allowed range; return self."""
+        if self.max_tokens is not None:
+            _int("max_tokens", self.max_tokens, lo=1)
         _float("temperature", self.temperature, ">= 0", lambda v: v >= 0)
         _int("top_k", self.top_k, lo=0, note=" (0 = off)")
         _float("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
@@ -120,36 +122,42 @@ class SamplingParams:
             _int("seed", self.seed, lo=0, hi=2**64 - 1)
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise InvalidSamplingParams(f"stop must be a list of non-empty strings; got {s!r}")
+                raise InvalidSamplingParams(f"stop must be a list of non-empty strings; got {s!r}", "stop")
         for t in self.stop_token_ids:
             _int("stop_token_ids[]", t, lo=0)
         if not isinstance(self.ignore_eos, bool):
-            raise InvalidSamplingParams(f"ignore_eos must be true or false; got {self.ignore_eos!r}")
+            raise InvalidSamplingParams(f"ignore_eos must be true or false; got {self.ignore_eos!r}", "ignore_eos")
         if self.logprobs is not None:
             _int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
         if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
-            raise InvalidSamplingParams(f"adapter must be a non-empty name or null; got {self.adapter!r}")
+            raise InvalidSamplingParams(f"adapter must be a non-empty name or null; got {self.adapter!r}", "adapter")
         if self.adapters is not None:
             _mix("adapters", self.adapters)
             if self.adapter is not None and self.adapters:
-                raise InvalidSamplingParams("give adapter (one name) or adapters (names -> weights), not both; "
-                                            f"got adapter={self.adapter!r} and adapters={self.adapters!r}")
+                raise InvalidSamplingParams(
+                    f"give adapter (one name) or adapters (names -> weights), not both; got adapter={self.adapter!r} "
+                    f"and adapters={self.adapters!r}: to mix, name the base model in model and every adapter, with "
+                    "its weight, in adapters", "adapters")
         _int("priority", self.priority)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
-                raise InvalidSamplingParams(f"logit_bias must map token ids to numbers; got {self.logit_bias!r}")
+                raise InvalidSamplingParams(f"logit_bias must map token ids to numbers; got {self.logit_bias!r}",
+                                            "logit_bias")
             lo, hi = LOGIT_BIAS_RANGE
             for t, b in self.logit_bias.items():
                 _int("logit_bias token id", t, lo=0)
                 _float(f"logit_bias[{t}]", b, f"in [{lo:g}, {hi:g}]", lambda v: lo <= v <= hi)
         if self.guide is not None and (not isinstance(self.guide, Guide) or self.guide.kind not in GUIDE_KINDS):
-            raise InvalidSamplingParams(f"guide must be a Guide of kind {', '.join(GUIDE_KINDS)}; got {self.guide!r}")
+            raise InvalidSamplingParams(f"guide must be a Guide of kind {', '.join(GUIDE_KINDS)}; got {self.guide!r}",
+                                        "guide")
         if not isinstance(self.prompt_logprobs, bool):
-            raise InvalidSamplingParams(f"prompt_logprobs must be true or false; got {self.prompt_logprobs!r}")
+            raise InvalidSamplingParams(f"prompt_logprobs must be true or false; got {self.prompt_logprobs!r}",
+                                        "prompt_logprobs")
         if not isinstance(self.speculative, bool):
-            raise InvalidSamplingParams(f"speculative must be true or false; got {self.speculative!r}")
+            raise InvalidSamplingParams(f"speculative must be true or false; got {self.speculative!r}", "speculative")
         if self.pooling is not None and self.pooling not in POOLINGS:
-            raise InvalidSamplingParams(f"pooling must be one of {', '.join(POOLINGS)}; got {self.pooling!r}")
+            raise InvalidSamplingParams(f"pooling must be one of {', '.join(POOLINGS)}; got {self.pooling!r}",
+                                        "pooling")
         if self.deadline_s is not None:
             _float("deadline_s", self.deadline_s, "> 0 (seconds) or null", lambda v: v > 0)
         return self
@@ -176,12 +184,13 @@ def adapter_cache_key(spec: AdapterSpec, content_key: Callable[[str], str]) -> s
 def _mix(name: str, v: object) -> None:
     if not isinstance(v, dict):
         raise InvalidSamplingParams(f"{name} must map adapter names to weights, e.g. {{\"a\": 0.7, \"b\": 0.3}}; "
-                                    f"got {v!r}")
+                                    f"got {v!r}", name)
     if len(v) > MAX_MIX:
-        raise InvalidSamplingParams(f"{name} mixes at most {MAX_MIX} adapters; got {len(v)} ({', '.join(map(str, v))})")
+        raise InvalidSamplingParams(f"{name} mixes at most {MAX_MIX} adapters; got {len(v)} ({', '.join(map(str, v))})",
+                                    name)
     for key, w in v.items():
         if not isinstance(key, str) or not key:
-            raise InvalidSamplingParams(f"{name} keys must be non-empty adapter names; got {key!r}")
+            raise InvalidSamplingParams(f"{name} keys must be non-empty adapter names; got {key!r}", name)
         _float(f"{name}[{key!r}]", w, "a finite number (the adapter's weight)", lambda _: True)
 
 
@@ -191,16 +200,18 @@ def has_penalty(p: SamplingParams) -> bool:
 
 
 def fit_max_tokens(prompt_len: int, max_tokens: int | None, room: int,
-                   what: str = "the model's context length") -> int:
+                   what: str = "the model's context length", cap: int | None = None) -> int:
     """The one rule for a prompt and max_tokens past the context, at every entry point (what vLLM's and
     llama.cpp's servers do): a prompt that leaves no room for one new token is refused (PromptTooLong; HTTP 400
     context_length_exceeded); otherwise max_tokens is capped to the room left (None: all of it), and a
     generation that reaches the end of the context finishes with finish_reason "length".
 
-    room: the most tokens a sequence may hold (the context length, or less: max_model_len, the KV pool)."""
+    room: the most tokens a sequence may hold (the context length, or less: max_model_len, the KV pool).
+    cap: the server's default and cap of max_tokens (SchedulerConfig.max_tokens): None takes it, a larger one is
+    clamped to it (llama-server's --n-predict)."""
     if prompt_len >= room:
         raise PromptTooLong(prompt_len, room - 1, what=what)
-    left = room - prompt_len
+    left = room - prompt_len if cap is None else min(room - prompt_len, cap)
     return left if max_tokens is None else min(max_tokens, left)
 
 
@@ -209,9 +220,14 @@ def _int(name: str, v: object, lo: int | None = None, hi: int | None = None, not
     ok = ok and (lo is None or v >= lo) and (hi is None or v <= hi)
     if not ok:
         rng = (f" in [{lo}, {hi}]" if hi is not None else f" >= {lo}") if lo is not None else ""
-        raise InvalidSamplingParams(f"{name} must be an integer{rng}{note}; got {v!r}")
+        raise InvalidSamplingParams(f"{name} must be an integer{rng}{note}; got {v!r}", field_of(name))
 
 
 def _float(name: str, v: object, allowed: str, ok) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
-        raise InvalidSamplingParams(f"{name} must be {allowed}; got {v!r}")
+        raise InvalidSamplingParams(f"{name} must be {allowed}; got {v!r}", field_of(name))
+
+
+def field_of(name: str) -> str:
+    """The request field a checked name belongs to: "logit_bias[5]", "logit_bias token id" -> "logit_bias"."""
+    return re.match(r"\w+", name).group(0)

@@ -49,7 +49,7 @@ import numpy as np
 
 from .block_pool import BlockPool, extend_block_hashes
 from .config import CacheConfig, SchedulerConfig
-from .errors import ConfigError, EmptyPrompt, InvalidTokenIds, Overloaded, RequestError
+from .errors import ConfigError, Overloaded, RequestError
 from .limits import SequenceLimits
 from .sampling_params import SamplingParams, adapter_cache_key, adapter_names
 from .scheduler_messages import (CANCELLED, DEADLINE, ERROR, FINISH_REASONS, LENGTH, STOP,  # noqa: F401
@@ -106,9 +106,10 @@ class SchedulerInterface(abc.ABC):
                     params: SamplingParams | None = None) -> Request:
         """Queue a request; it runs from a later schedule().
 
-        Raises at once, queueing nothing: InvalidSamplingParams, EmptyPrompt, InvalidTokenIds, PromptTooLong
-        (prompt + max_tokens can never fit: self.limits, runtime/limits.py), RequestError (id in use),
-        Overloaded (max_queued requests already waiting).
+        The request was checked by the engine's input processor (runtime/request_input.py: parameters, token ids,
+        max_tokens fitted); here only what the scheduler alone knows. Raises at once, queueing nothing:
+        PromptTooLong (prompt + max_tokens can never fit the KV pool: self.limits, runtime/limits.py),
+        RequestError (id in use), Overloaded (max_queued requests already waiting).
         """
 
     @abc.abstractmethod
@@ -166,7 +167,7 @@ def _cdiv(a: int, b: int) -> int:
 
 class Scheduler(SchedulerInterface):
     def __init__(self, config: SchedulerConfig, cache: CacheConfig, *, num_blocks: int | None = None,
-                 eos_token_ids: Collection[int] = (), vocab_size: int | None = None,
+                 eos_token_ids: Collection[int] = (),
                  is_resident: Callable[[str], bool] | Container[str] | None = None,
                  adapter_key: Callable[[str], str] | None = None,
                  context_length: int | None = None,
@@ -187,7 +188,6 @@ class Scheduler(SchedulerInterface):
         self.block_size = cache.block_size
         self.pool = BlockPool(num_blocks, cache.block_size, cache.enable_prefix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.vocab_size = vocab_size
         if is_resident is None:
             self._is_resident: Callable[[str], bool] = lambda name: True
         elif callable(is_resident):
@@ -215,19 +215,10 @@ class Scheduler(SchedulerInterface):
     # ---- requests in ----
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams | None = None) -> Request:
-        params = (params or SamplingParams()).validate()
+        params = params or SamplingParams()
         if req_id in self.requests:
             raise RequestError(f"request id {req_id!r} is already in use; give each request a unique id")
-        try:
-            prompt = [int(t) for t in prompt_token_ids]
-        except (TypeError, ValueError):
-            raise InvalidTokenIds("prompt token ids must be integers") from None
-        if not prompt:
-            raise EmptyPrompt()
-        if self.vocab_size is not None:
-            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidTokenIds(f"token ids must be in [0, {self.vocab_size}); got {bad[:5]}")
+        prompt = list(prompt_token_ids)
         self.limits.admit(len(prompt), 0 if params.pooling else params.max_tokens)   # an embedding generates nothing
         if len(self.waiting) >= self.config.max_queued:
             raise Overloaded(len(self.waiting), self.config.max_queued)

@@ -27,7 +27,7 @@ from flask import Blueprint, Response, g, jsonify, request
 
 from ortllm.protocol import openai as protocol
 from ortllm.protocol.embeddings import EmbeddingRequest, prepare_inputs
-from ortllm.protocol.generation import prepare_all, token_text_of
+from ortllm.protocol.generation import Submission, prepare, token_text_of
 from ortllm.protocol.rendering import Generation, Renderer
 from ortllm.runtime.engine import CompletionOutput, Engine, RequestHandle
 
@@ -77,25 +77,29 @@ class ClientWatch:
 
 # ---------------------------------------------------------------- admission
 
-def start(kind: str, req: protocol.GenerationRequest) -> "Call":
-    """Check and submit one generation request (every prompt, n each); the Call that waits for or streams it."""
-    res, req.model = current_resources().route(req.model)     # which model (and adapter) answers
+Route = tuple[EngineResource, "str | None"]      # the served model, and the name within it (ServedModels.route)
 
-    def submit(engine: Engine, handles: list[RequestHandle]) -> list[list[int]]:
-        prompts = prepare_all(engine, req, res.model_name, res.max_prompt_chars)
-        for p, ids in enumerate(prompts):
+
+def start(kind: str, req: protocol.GenerationRequest, route: Route | None = None) -> "Call":
+    """Submit one generation request (every prompt, n each); the Call that waits for or streams it. route: the
+    model the route already chose for req.model (Ollama's, for a created model's defaults); None: chosen here."""
+    res, model = route or current_resources().route(req.model)     # which model (and adapter) answers
+
+    def submit(engine: Engine, handles: list[RequestHandle]) -> Submission:
+        sub = prepare(engine, req, res.model_name, model, several=True)
+        for p, ids in enumerate(sub.prompts):
             rid = g.request_id if p == 0 else f"{g.request_id}-p{p}"
-            handles += engine.submit_n(ids, req.params, req.n, request_id=rid)
-        return prompts
+            handles += engine.submit_n(ids, sub.params, req.n, request_id=rid)
+        return sub
 
-    engine, handles, prompts = _admit(res, submit)
+    engine, handles, sub = _admit(res, submit)
 
     def prompt_text(p: int) -> str:
         prompt = req.prompts[p] if req.prompts else req.prompt
         return prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt, skip_special_tokens=False)
 
-    gen = Generation(req, g.request_id, req.params.adapter or res.model_name, int(time.time()), handles, prompts,
-                     g.t_start, token_text_of(engine), prompt_text)
+    gen = Generation(req, g.request_id, sub.params.adapter or res.model_name, int(time.time()), handles,
+                     sub.prompts, g.t_start, token_text_of(engine), prompt_text)
     return Call(kind, res, gen, stream=req.stream)
 
 
@@ -104,7 +108,7 @@ def start_embed(kind: str, req: EmbeddingRequest) -> "Call":
     res, req.model = current_resources().route(req.model)
 
     def submit(engine: Engine, handles: list[RequestHandle]) -> str | None:
-        adapter, ids = prepare_inputs(engine, req, res.model_name, res.max_prompt_chars)
+        adapter, ids = prepare_inputs(engine, req, res.model_name)
         for i, x in enumerate(ids):
             rid = g.request_id if i == 0 else f"{g.request_id}-e{i}"
             handles.append(engine.submit_embed(x, req.pooling, adapter, request_id=rid))
@@ -132,10 +136,10 @@ def _admit(res: EngineResource, submit: Callable[[Engine, list[RequestHandle]], 
     return engine, handles, out
 
 
-def answer(kind: str, req, renderer: Callable[[Generation], Renderer]) -> Response:
+def answer(kind: str, req, renderer: Callable[[Generation], Renderer], route: Route | None = None) -> Response:
     """Start one request (a generation, or embeddings for the EMBEDDINGS kinds) and answer it with
-    renderer(its Generation): the whole HTTP exchange."""
-    call = start_embed(kind, req) if kind in EMBEDDINGS else start(kind, req)
+    renderer(its Generation): the whole HTTP exchange. route: a generation's model, if the caller chose it."""
+    call = start_embed(kind, req) if kind in EMBEDDINGS else start(kind, req, route)
     try:
         r = renderer(call.gen)
     except BaseException:
@@ -299,7 +303,7 @@ class Call:
     def _trace(self, h: RequestHandle, out: CompletionOutput) -> None:
         try:
             self.tracing.record(self.kind, self.model, h, out, self.t_arrival, self.trace_carrier,
-                                self.gen.req.params.adapter)
+                                h.params.adapter)
         except Exception as e:  # noqa: BLE001 - tracing never fails a request
             log.warning("tracing failed", extra={"request_id": h.request_id, "error": f"{type(e).__name__}: {e}"})
 

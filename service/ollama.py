@@ -4,14 +4,9 @@ made (service/ollama_models.py) has its system message and parameters applied he
 own.
 
 An Ollama body (declared in protocol/bodies.py: its options take the OpenAI fields' schemas) is translated into
-the OpenAI body it means (options -> sampling fields, format -> response_format) and goes through
-protocol.parse_chat / parse_completion and lifecycle.answer: one validation and one generation path; the answer
-(NDJSON lines, streamed or not) is rendered by protocol/ollama.py.
-
-    options.num_predict -> max_tokens        options.repeat_penalty -> repetition_penalty
-    options.temperature/top_p/top_k/min_p/seed/stop/presence_penalty/frequency_penalty -> the same names
-    format "json" -> response_format json_object;  format {schema} -> response_format json_schema
-    /api/generate: template applied (a chat of system + prompt) unless raw: true (a plain completion)
+the OpenAI request it means by protocol/ollama.py (generate_request, chat_request: Flask-free) and goes through
+lifecycle.answer with the model routed once: one validation and one generation path; the answer (NDJSON lines,
+streamed or not) is rendered by protocol/ollama.py too.
 """
 from __future__ import annotations
 
@@ -21,10 +16,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 from flask import Blueprint, jsonify, request
 
-from ortllm.protocol import openai as protocol
-from ortllm.protocol.bodies import CHAT_FROM_OLLAMA, OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS, OLLAMA_SHOW
+from ortllm.protocol.bodies import OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_SHOW
 from ortllm.protocol.generation import resolve_adapter
-from ortllm.protocol.ollama import OllamaRenderer
+from ortllm.protocol.ollama import OllamaRenderer, chat_request, generate_request
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.errors import OrtllmError
 
@@ -36,54 +30,14 @@ from .resources import current_resources
 
 bp = Blueprint("ollama", __name__, url_prefix="/api")
 
-def _openai_body(v: dict) -> dict:
-    """The sampling part of a read() Ollama body as OpenAI fields."""
-    out = {"model": v["model"], "stream": v["stream"]} | ({"adapters": v["adapters"]} if v["adapters"] else {})
-    for k, value in (v["options"] or {}).items():
-        if k in OLLAMA_OPTIONS and value is not None:
-            if k == "num_predict" and value < 0:      # Ollama's -1 / -2: until the context is full
-                continue
-            out[OLLAMA_OPTIONS[k].name] = value
-    fmt = v["format"]
-    if fmt == "json":
-        out["response_format"] = {"type": "json_object"}
-    elif isinstance(fmt, dict):
-        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
-    return out
-
-
-def _check_model(model: str) -> dict:
-    """404 unless `model` is served; the defaults of a model POST /api/create made (else {})."""
-    res, name = current_resources().route(model)
-    resolve_adapter(res.require_engine(), res.model_name, name)
-    return res.modelfile
-
-
-def _with_defaults(v: dict, modelfile: dict) -> dict:
-    """A created model's parameters under the request's own options."""
-    if modelfile.get("parameters"):
-        v = {**v, "options": {**modelfile["parameters"], **(v["options"] or {})}}
-    return v
-
-
 @bp.post("/generate")
 @document("Ollama: complete a prompt (stream, the default: NDJSON)", body=OLLAMA_GENERATE, errors=GENERATE,
           ok=streamed("OllamaGenerate", "application/x-ndjson", "the answer"))
 def generate():
     v = OLLAMA_GENERATE.read(read_json_object(request))
-    modelfile = _check_model(v["model"])
-    v = _with_defaults(v, modelfile)
-    if v["system"] is None and not v["raw"]:
-        v["system"] = modelfile.get("system")
-    oa = _openai_body(v)
-    if v["raw"]:
-        req = protocol.parse_completion({**oa, "prompt": v["prompt"], "max_tokens": oa.get("max_tokens", 128)})
-        kind = "completions"
-    else:
-        msgs = [{"role": "system", "content": v["system"]}] if v["system"] is not None else []
-        req = protocol.parse_chat({**oa, "messages": msgs + [{"role": "user", "content": v["prompt"]}]})
-        kind = "chat"
-    return answer(kind, req, lambda gen: OllamaRenderer(gen, "response"))
+    route = current_resources().route(v["model"])        # once: its created model's defaults, then the answer
+    kind, req = generate_request(v, route[0].modelfile)
+    return answer(kind, req, lambda gen: OllamaRenderer(gen, "response"), route)
 
 
 @bp.post("/chat")
@@ -91,15 +45,8 @@ def generate():
           ok=streamed("OllamaChat", "application/x-ndjson", "the answer"))
 def chat():
     v = OLLAMA_CHAT.read(read_json_object(request))
-    modelfile = _check_model(v["model"])
-    v = _with_defaults(v, modelfile)
-    messages = v["messages"]
-    if modelfile.get("system") is not None and not any(isinstance(m, dict) and m.get("role") == "system"
-                                                       for m in messages):
-        messages = [{"role": "system", "content": modelfile["system"]}, *messages]
-    extra = {"tools": v["tools"]} if v["tools"] else {}
-    req = protocol.parse_chat({**_openai_body(v), "messages": messages, **extra}, CHAT_FROM_OLLAMA)
-    return answer("chat", req, lambda gen: OllamaRenderer(gen, "message"))
+    route = current_resources().route(v["model"])
+    return answer("chat", chat_request(v, route[0].modelfile), lambda gen: OllamaRenderer(gen, "message"), route)
 
 
 # ---------------------------------------------------------------- models
@@ -174,7 +121,7 @@ def show():
         if sub not in (res.model_name, *res.adapter_names()):
             raise model_not_found(name, res.model_name, res.adapter_names())
     else:
-        _check_model(name)
+        resolve_adapter(res.require_engine(), res.model_name, sub)
     own = name == res.model_name or (pool.lazy and name in pool.by_name)     # the model itself, not an adapter
     m = next(m for m in _models() if m["resource"] is res and m["name"] == (res.model_name if own else name))
     model, mf = m["manifest"].model, res.modelfile

@@ -42,7 +42,7 @@ from ortllm.runtime.store import DEFAULT_TAG, ModelRef, Store, StoreError, looks
 from .body import read_json_object
 from .openapi import document
 from .resources import current_resources
-from .server_paths import server_path
+from .server_paths import check_path_text, server_path
 
 # Who may call these (every one changes the store or what is served): auth.MANAGE, applied by auth.check_access.
 bp = Blueprint("ollama_models", __name__, url_prefix="/api")
@@ -119,6 +119,7 @@ def _progress_response(lines: Iterator[dict], stream: bool):
           body=OLLAMA_PULL, ok=_progress_ok("the last progress line, status success"), errors=_MANAGE)
 def pull():
     v = OLLAMA_PULL.read(read_json_object(request))
+    check_path_text(v["model"], "model")       # a 400 before the progress stream starts
     return _progress_response(_pull_lines(v["model"]), v["stream"])
 
 

@@ -21,7 +21,6 @@ from ortllm.runtime.engine import Engine
 from ortllm.runtime.errors import OrtllmError
 from ortllm.runtime.session_manager import MemoryBudgetExceeded, SessionManager
 
-from ortllm.protocol.generation import max_prompt_chars
 
 from .config import ServiceConfig
 from .errors import APIError, model_not_found, unavailable
@@ -45,7 +44,6 @@ class EngineResource:
         self.loads = 0
         self.unloads: dict[str, int] = {"idle": 0, "memory": 0}
         self._load_lock = threading.Lock()
-        self.max_prompt_chars = 0
         self.created = int(time.time())
         self.draining = False
         self._owns_engine = engine is None
@@ -128,7 +126,7 @@ class EngineResource:
     def _on_loaded(self, engine: Engine) -> None:
         self.model_name = (self.model_name or engine.artifact.manifest.recipe
                            or engine.artifact.path.name)
-        self.max_prompt_chars = max_prompt_chars(engine)
+        engine.input.max_prompt_chars          # computed now (a pass over the vocabulary), not on a first request
         self.engine = engine
         self.ready.set()
 
@@ -235,7 +233,6 @@ class ModelPool:
     engine = property(lambda self: self.default.engine)
     model_name = property(lambda self: self.default.model_name if not self.lazy else
                           ", ".join(m.model_name for m in self.models))
-    max_prompt_chars = property(lambda self: self.default.max_prompt_chars)
     load_error = property(lambda self: None if self.lazy else self.default.load_error)
     ready = property(lambda self: self._loaded_on_demand if self.lazy else self.default.ready)
 

@@ -19,8 +19,24 @@ def allowed_roots() -> list[Path]:
     return [Path(r).expanduser().resolve() for r in roots]
 
 
+MAX_PATH_BYTES = 4096       # Linux PATH_MAX
+
+
+def check_path_text(text: str, param: str) -> None:
+    """A 400 naming `param` for text no file system can hold (a NUL byte, nothing, past PATH_MAX), before any
+    system call sees it (os.stat raises ValueError on a NUL byte: a 500 otherwise)."""
+    why = ("is empty" if not text else "contains a NUL byte" if "\x00" in text else
+           f"is longer than {MAX_PATH_BYTES} bytes" if len(text.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES
+           else None)
+    if why is not None:
+        raise APIError(400, f"{param}: the path {why}; send the path of a file or directory on the server",
+                       param=param, code="invalid_path")
+
+
 def server_path(text: str, param: str) -> Path:
-    """The resolved path text names, or a 403 naming `param` if it is outside every allowed root."""
+    """The resolved path text names: a 400 if it cannot be a path, a 403 naming `param` if it is outside every
+    allowed root."""
+    check_path_text(text, param)
     path = Path(text).resolve()
     roots = allowed_roots()
     if any(path == root or path.is_relative_to(root) for root in roots):

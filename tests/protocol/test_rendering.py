@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ortllm.protocol.generation import OpenAIRenderer, max_prompt_chars, prepare_all, token_text_of
+from ortllm.protocol.generation import OpenAIRenderer, prepare, token_text_of
 from ortllm.protocol.messages import MessagesRenderer, parse_messages
 from ortllm.protocol.ollama import OllamaRenderer
 from ortllm.protocol.openai import parse_chat
@@ -26,9 +26,9 @@ def engine(tiny_engine):
 
 
 def _generation(engine, req) -> Generation:
-    prompts = prepare_all(engine, req, "tiny", max_prompt_chars(engine))
-    handles = engine.submit_n(prompts[0], req.params, 1, request_id="r1")
-    return Generation(req, "r1", "tiny", 0, handles, prompts, time.perf_counter(), token_text_of(engine),
+    sub = prepare(engine, req, "tiny", several=True)
+    handles = engine.submit_n(sub.prompts[0], sub.params, 1, request_id="r1")
+    return Generation(req, "r1", "tiny", 0, handles, sub.prompts, time.perf_counter(), token_text_of(engine),
                       lambda p: PROMPT)
 
 

@@ -107,7 +107,7 @@ BAD = [
     ({"input": "x", "dimensions": 65}, "dimensions", "dimensions must be in [1, 64]"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format", "encoding_format must be one of"),
     ({"input": "x", "pooling": "cls"}, "pooling", "pooling must be one of"),
-    ({"input": [10**9]}, None, "token ids must be in [0,"),
+    ({"input": [10**9]}, "input", "token ids must be in [0,"),
 ]
 
 
