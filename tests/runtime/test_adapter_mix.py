@@ -154,7 +154,8 @@ def test_bad_mixes_are_refused_with_clear_errors(mixed_fp32):
     with Engine.from_artifact(art, num_blocks=64, max_adapters_per_batch=2) as engine:
         with pytest.raises(InvalidSamplingParams, match="mixes at most 4 adapters; got 5"):
             engine.submit([5, 6], SamplingParams(adapters={f"x{i}": 0.1 for i in range(5)}))
-        with pytest.raises(UnknownAdapter, match="unknown adapter 'nope'"):
+        with pytest.raises(UnknownAdapter, match="adapters names 'nope', which is not an adapter of this model; "
+                                                 "known adapters: a0, a1"):
             engine.submit([5, 6], SamplingParams(adapters={"a0": 0.5, "nope": 0.5}))
         with pytest.raises(InvalidSamplingParams, match="'dora' is a DoRA adapter; DoRA adapters cannot be mixed"):
             engine.submit([5, 6], SamplingParams(adapters={"a0": 0.5, "dora": 0.5}))
