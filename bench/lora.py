@@ -22,7 +22,6 @@ Adapters are synthetic (seeded random A, B in PEFT's file format), written into 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ortllm.runtime.atomic_files import link_or_copy
 from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.config import SchedulerConfig
@@ -69,18 +69,10 @@ def write_peft_lora(out: Path, model: ModelConfig, rank: int, seed: int, targets
     return out
 
 
-def _link_or_copy(src, dst):
-    """Hard links where the filesystem allows (the weights are never written in place; add_adapter replaces the
-    manifest by rename, so the source artifact stays as it was)."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def link_copy(artifact: Path, out: Path) -> Path:
-    """A copy of an artifact to add adapters to, its large files hard-linked."""
-    shutil.copytree(artifact, out, copy_function=_link_or_copy)
+    """A copy of an artifact to add adapters to, its large files hard-linked (the weights are never written in
+    place; add_adapter replaces the manifest by rename, so the source artifact stays as it was)."""
+    shutil.copytree(artifact, out, copy_function=link_or_copy)
     return out
 
 
