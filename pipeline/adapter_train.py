@@ -80,10 +80,6 @@ def _interrupt_at_step_end(log):
         signal.signal(signal.SIGINT, before)
 
 
-class _CutStep(KeyboardInterrupt):
-    """A second Ctrl-C in the middle of a step: the state is half-updated and must not be checkpointed."""
-
-
 def run_key(artifact: Path, cfg: TrainConfig) -> str:
     """What makes two runs the same one (a checkpoint of one resumes the other): the artifact's source weights and
     tokenizer, the data's bytes and every setting that changes the result (not threads, not save_every)."""
@@ -229,7 +225,7 @@ def _train(artifact, out_dir, cfg, base, log, work_dir, progress, train, held, t
                 "trainable": {n: p.detach().clone() for n, p in trainable.items()},
                 "optim": opt.state_dict(), "sched": sched.state_dict(), "config": asdict(cfg)}
 
-    done = start
+    done, cut = start, []           # cut: a second Ctrl-C landed mid-step (half an update: no checkpoint of it)
     bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not progress, mininterval=0.5,
                dynamic_ncols=True)
     try:
@@ -245,8 +241,9 @@ def _train(artifact, out_dir, cfg, base, log, work_dir, progress, train, held, t
                     sched.step()
                     losses.append(loss.item())
                     done = step + 1
-                except KeyboardInterrupt as e:
-                    raise _CutStep from e
+                except KeyboardInterrupt:
+                    cut.append(step)
+                    raise
                 if interrupt_pending():
                     raise KeyboardInterrupt
                 bar.update(1)
@@ -255,9 +252,9 @@ def _train(artifact, out_dir, cfg, base, log, work_dir, progress, train, held, t
                     log(f"step {done}/{total}  loss {np.mean(losses[-10:]):.4f}")
                 if work_dir is not None and cfg.save_every and done % cfg.save_every == 0 and done < total:
                     _save_checkpoint(work_dir, state(done))
-    except KeyboardInterrupt as e:
+    except KeyboardInterrupt:
         bar.close()
-        if work_dir is not None and done > start and not isinstance(e, _CutStep):
+        if work_dir is not None and done > start and not cut:
             _save_checkpoint(work_dir, state(done))
         if work_dir is not None and (work_dir / CHECKPOINT).is_file():
             log(f"interrupted at step {done}/{total}; the same command resumes from the checkpoint in {work_dir}")
