@@ -243,13 +243,19 @@ def random_weights(recipe: Recipe) -> ModelWeights:
         cfg = ModelConfig(**recipe.architecture, bos_token_id=None, eos_token_ids=(0,))
     except TypeError as e:
         raise BuildError(f"recipe '{recipe.name}' [architecture] is invalid: {e}") from None
-    rng = np.random.default_rng(int(recipe.source.get("seed", 0)))
+    seed = int(recipe.source.get("seed", 0))
     tensors = LazyTensors()
-    for name, shape in expected_shapes(cfg).items():   # one draw sequence, as ever: each tensor made again on access
-        state = rng.bit_generator.state                 # from the generator's state where its draws begin
-        _random_tensor(rng, name, shape)
-        tensors.add(name, shape, lambda state=state, name=name, shape=shape: _random_tensor(
-            _rng_at(state), name, shape))
+    if recipe.source.get("per_tensor_seeds", False):   # each tensor from (seed, its index): no pass over the model
+        for i, (name, shape) in enumerate(expected_shapes(cfg).items()):    # before the build (a 30B one: minutes)
+            tensors.add(name, shape, lambda i=i, name=name, shape=shape: _random_tensor(
+                np.random.default_rng([seed, i]), name, shape))
+    else:
+        rng = np.random.default_rng(seed)
+        for name, shape in expected_shapes(cfg).items():   # one draw sequence, as ever: each tensor made again on
+            state = rng.bit_generator.state                 # access from the generator's state where its draws begin
+            _random_tensor(rng, name, shape)
+            tensors.add(name, shape, lambda state=state, name=name, shape=shape: _random_tensor(
+                _rng_at(state), name, shape))
 
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_byte_tokenizer

@@ -32,6 +32,37 @@ def test_random_weights_are_the_eager_generators_draws():
     assert "KLD" in NO_FIDELITY
 
 
+def test_per_tensor_seeds_draw_each_tensor_from_its_own_seed_without_a_pass_first(monkeypatch):
+    """per_tensor_seeds (the 30B shape recipe): tensor i is the draw of default_rng([seed, i]), made only when read
+    (nothing is drawn to set the loaders up: a 30B model's pass took minutes), the same on every read; the recipe
+    has Qwen3-30B-A3B's parameter counts (30.5B, 3.35B active)."""
+    import dataclasses
+
+    from ortllm.pipeline import sources
+
+    base = get_recipe("llama-tiny-random")
+    recipe = dataclasses.replace(base, source={**base.source, "per_tensor_seeds": True})
+    drawn = []
+    real = sources._random_tensor
+    monkeypatch.setattr(sources, "_random_tensor", lambda rng, name, shape: drawn.append(name) or real(rng, name,
+                                                                                                       shape))
+    w = random_weights(recipe)
+    assert drawn == [], "no tensor drawn before it is read"
+    seed = int(base.source["seed"])
+    for i, (name, shape) in enumerate(expected_shapes(w.config).items()):
+        assert np.array_equal(w.tensors[name], real(np.random.default_rng([seed, i]), name, shape)), name
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert np.array_equal(w.tensors[name], w.tensors[name])
+    assert not np.array_equal(w.tensors[name], random_weights(base).tensors[name]), "another draw than the default"
+
+    big = random_weights(get_recipe("qwen3-30b-a3b-shape"))
+    shapes = expected_shapes(big.config)
+    total = sum(int(np.prod(s)) for s in shapes.values())
+    inactive = sum(int(np.prod(s)) for n, s in shapes.items() if ".mlp.experts." in n) * (128 - 8) // 128
+    assert round(total / 1e9, 1) == 30.5 and round((total - inactive) / 1e9, 2) == 3.35
+    assert big.extra["fidelity_skipped"] == NO_FIDELITY
+
+
 def test_row_chunks_quantize_and_pack_the_same(monkeypatch):
     w = np.random.default_rng(0).standard_normal((20000, 64), dtype=np.float32)
     for bits, symmetric in ((4, False), (8, True)):
