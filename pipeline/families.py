@@ -7,6 +7,7 @@ FAMILIES: its features from config.json, its features from the GGUF's `<arch>.*`
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -417,15 +418,16 @@ def split_experts(cfg: ModelConfig, t: dict) -> None:
                     t[f"{stem}.{e}.{proj}.weight"] = get()
 
 
-def _last_read(load: Callable[[], np.ndarray], held: dict) -> Callable[[], np.ndarray]:
-    """load, its array kept in `held` until another loader sharing `held` reads: the builders read a layer's experts
-    one after another, so a fused [E, ...] tensor is read from its file once, not once per expert (one fused tensor
-    held at a time)."""
+def _last_read(load: Callable[[], np.ndarray], held: dict, keep: int = 1) -> Callable[[], np.ndarray]:
+    """load, its array kept in `held` (loader -> array) while it is among the `keep` last read by the loaders sharing
+    `held`: the builders read a layer's experts one after another, so a fused [E, ...] tensor is read from its file
+    once, not once per expert."""
     def get():
-        if held.get("load") is not load:
-            held.clear()
-            held.update(load=load, array=load())
-        return held["array"]
+        if load not in held:
+            while len(held) >= keep:
+                held.pop(next(iter(held)))
+            held[load] = load()
+        return held[load]
     return get
 
 
@@ -446,10 +448,42 @@ def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out.transpose(0, 2, 1))
 
 
-def mxfp4_experts(cfg: ModelConfig, t: dict) -> None:
+class SourceGrids(Mapping):
+    """HF weight name -> its source grid (scale, low) fp32 [N, K / 32], each computed when asked for (a model's grids
+    in fp32 would be twice its MXFP4 experts' bytes); the quantizer keeps a weight on it where its bits hold the
+    codes (quant_grid.on_grid). types: name -> the source format's name, for the quantization report."""
+
+    def __init__(self):
+        self._make: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {}
+        self.types: dict[str, str] = {}
+
+    def add(self, name: str, kind: str, make: Callable[[], tuple[np.ndarray, np.ndarray]]) -> None:
+        self._make[name], self.types[name] = make, kind
+
+    def __getitem__(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return self._make[name]()
+
+    def __iter__(self):
+        return iter(self._make)
+
+    def __len__(self) -> int:
+        return len(self._make)
+
+
+def mxfp4_grid(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An MXFP4 weight's [N, K / 32] e8m0 exponents -> the uniform grid its values lie on: every e2m1 value is a
+    multiple of 0.5 within +-6, so a block with exponent s is scale * q + low with scale 2^(s - 128), low -12 scale,
+    q in 0..24 (25 levels: 8-bit codes hold them exactly, 4-bit ones do not)."""
+    scale = np.ldexp(np.float32(1), np.asarray(scales).astype(np.int32) - 128).astype(np.float32)
+    return scale, (np.float32(-12) * scale).astype(np.float32)
+
+
+def mxfp4_experts(cfg: ModelConfig, t: dict) -> SourceGrids | None:
     """The hub's gpt-oss experts in MXFP4 (mlp.experts.{gate_up,down}_proj_blocks / _scales) as the fused fp32
     tensors of a bf16 checkpoint (mlp.experts.gate_up_proj [E, H, 2I], down_proj [E, I, H]), dequantized exactly when
-    read (gpt_oss_experts then splits them)."""
+    read (gpt_oss_experts then splits them). Returns each expert projection's MXFP4 grid (mxfp4_grid; gate the even
+    rows of gate|up, up the odd ones), or None without MXFP4 tensors."""
+    grids, held = SourceGrids(), {}
     for name in [n for n in list(t) if ".mlp.experts." in n and n.endswith("_proj_blocks")]:
         stem = name.removesuffix("_blocks")
         scales = stem + "_scales"
@@ -465,6 +499,16 @@ def mxfp4_experts(cfg: ModelConfig, t: dict) -> None:
             t.add(stem, (e, g * 2 * b, n), lambda lb=lb, ls=ls: mxfp4_dequantize(lb(), ls()))
         else:
             t[stem] = mxfp4_dequantize(lb(), ls())
+        rows = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} if stem.endswith("gate_up_proj") \
+            else {"down_proj": slice(None)}
+        prefix = stem.rsplit(".", 1)[0]        # model.layers.N.mlp.experts
+        # the exponents as bytes, a layer's two tensors held while its experts are quantized
+        ls = _last_read(lambda ls=ls: np.asarray(ls(), np.uint8), held, keep=2)
+        for x in range(e):
+            for proj, sl in rows.items():
+                grids.add(f"{prefix}.{x}.{proj}.weight", "MXFP4",
+                          lambda ls=ls, x=x, sl=sl: mxfp4_grid(np.asarray(ls()[x])[sl]))
+    return grids or None
 
 
 def gpt_oss_experts(cfg: ModelConfig, t: dict) -> None:
@@ -509,11 +553,14 @@ def norms_plus_one(cfg: ModelConfig, t: dict) -> None:
         _rewrite(t, name, lambda w: (w + np.float32(1.0)).astype(np.float32))
 
 
-def fix_tensors(cfg: ModelConfig, tensors: dict, source: str) -> None:
-    """Apply the family's fix-ups of a `source` ("hf" or "gguf") to tensors, in place."""
+def fix_tensors(cfg: ModelConfig, tensors: dict, source: str) -> Mapping | None:
+    """Apply the family's fix-ups of a `source` ("hf" or "gguf") to tensors, in place; returns the source grids a
+    fix-up found (HF name -> (scale, low): MXFP4 experts), or None."""
     fam = FAMILIES[GGUF_ARCHS.get(cfg.arch, cfg.arch)]
+    grids = None
     for fix in fam.fix_hf if source == "hf" else fam.fix_gguf:
-        fix(cfg, tensors)
+        grids = fix(cfg, tensors) or grids
+    return grids
 
 
 # ---------------------------------------------------------------- back to transformers (references, LoRA training)

@@ -212,7 +212,8 @@ def load_hf_dir(path: Path, files: list[Path] | None = None, digest: str | None 
     tensors = LazyTensors()
     for f in files:
         add_safetensors(tensors, f)
-    fix_tensors(cfg, tensors, "hf")
+    grids = fix_tensors(cfg, tensors, "hf")      # MXFP4 experts: their grids, kept exactly where the bits hold them
+    extra = {"source_grids": grids, "source_types": grids.types} if grids else {}
 
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_tokenizer_from_hf
@@ -220,7 +221,7 @@ def load_hf_dir(path: Path, files: list[Path] | None = None, digest: str | None 
 
     digest = digest or (sha256_file(files[0]) if len(files) == 1 else _combined_sha(files))
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
-                     source_desc=f"hf:{path.name}")
+                     source_desc=f"hf:{path.name}", extra=extra)
     w.validate()
     return w
 

@@ -162,7 +162,7 @@ def test_mxfp4_checkpoint_builds_its_exact_dequantization(tmp_path):
     """The hub's MXFP4 layout (mlp.experts.{gate_up,down}_proj_blocks / _scales, quantization_config mxfp4; the
     tiny model with an expert width of 64, as MXFP4's blocks of 32 need): dequantized exactly as transformers'
     convert_moe_packed_tensors does, and the build of that checkpoint gives the same logits, bit for bit, as the
-    build of a checkpoint holding the dequantized fp32 experts."""
+    build of a checkpoint holding the dequantized fp32 experts; an int8 build keeps the experts exact."""
     import torch
     from safetensors.numpy import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
@@ -195,6 +195,16 @@ def test_mxfp4_checkpoint_builds_its_exact_dequantization(tmp_path):
             (src / "config.json").write_text(json.dumps(cfg | {"quantization_config": extra}))
         arts[name] = _logits(_build(src, tmp_path / f"{name}_art"), prompt)
     np.testing.assert_array_equal(arts["mxfp4"], arts["plain"])
+    # int8 keeps the experts on MXFP4's own grid (25 levels of 2^(s - 128) a block: no second rounding); int4's 16
+    # levels cannot hold it, so those experts are quantized as any others are
+    for quant, exact in (("int8", True), ("int4", False)):
+        art = _build(tmp_path / "mxfp4", tmp_path / f"mxfp4_{quant}", quant=quant, quality_tokens=16)
+        report = json.loads((art / "quality.json").read_text())["tensors"]
+        experts = {n: r for n, r in report.items() if ".mlp.experts." in n}
+        assert len(experts) == c.num_hidden_layers * c.num_local_experts * 3
+        for n, r in experts.items():
+            assert (r["algo"] == "source grid (MXFP4)") == exact, (quant, n, r["algo"])
+            assert (r["max_rel"] == 0) == exact, (quant, n, r["max_rel"])
     cfg = json.loads((hf_dir / "config.json").read_text())
     (tmp_path / "plain" / "config.json").write_text(json.dumps(cfg | {"quantization_config": {"quant_method": "fp8"}}))
     with pytest.raises(BuildError, match="quant_method 'fp8' is not read; supported: none"):
