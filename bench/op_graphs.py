@@ -22,7 +22,7 @@ F32, F16, I32, I64, U8, I8 = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProt
 OPSET, IR_VERSION = 17, 10
 
 PA_INPUTS = ["q", "k", "v", "positions", "cu_seqlens", "context_lens", "block_tables",
-             "cos_cache", "sin_cache", "key_cache", "value_cache", "key_scales", "value_scales"]
+             "cos_cache", "sin_cache", "key_cache", "value_cache", "key_scales", "value_scales", "sinks"]
 PA_OUTPUTS = ["attn", "key_cache_out", "value_cache_out", "key_scales_out", "value_scales_out"]
 LORA_INPUTS = ["x", "base_y", "A", "B", "scale", "rank", "token_adapter"]
 QLINEAR_INPUTS = ["x", "codes", "scales", "offsets", "residual", "token_adapter", "lora_scale",
@@ -74,21 +74,23 @@ def paged_attention_node(inputs, outputs, name: str | None = None, **attrs) -> o
     return helper.make_node("PagedAttention", inputs, outputs, name=name, domain="ortllm", **attrs)
 
 
-def paged_attention_model(*, num_heads, kv_num_heads, head_size, block_size, kv_dtype="float32",
+def paged_attention_model(*, num_heads, kv_num_heads, head_size, block_size, kv_dtype="float32", sinks=False,
                           **attrs) -> onnx.ModelProto:
     """One PagedAttention node; caches of codes (int8, fp8, int4) get the scale inputs/outputs, float32 and float16
     ones do not; with attribute `layer` the cache inputs are every layer's ([n_layers, ...]) and the outputs one
-    layer's."""
+    layer's; sinks: the optional input `sinks` [H] too (attention sinks)."""
     eight_bit = kv_dtype not in ("float32", "float16")
     cache_t = U8 if eight_bit else F16 if kv_dtype == "float16" else F32
     n_in, n_out = (13, 5) if eight_bit else (11, 3)
-    types = [F32, F32, F32, I32, I32, I32, I32, F32, F32, cache_t, cache_t, F16, F16]   # scales: float16
+    types = [F32, F32, F32, I32, I32, I32, I32, F32, F32, cache_t, cache_t, F16, F16, F32]   # scales: float16
     lead = int(attrs.get("layer", -1) >= 0)
-    ranks = [2, 2, 2, 1, 1, 1, 2, 2, 2, 4 + lead, 4 + lead, 3 + lead, 3 + lead]
-    inputs = [value_info(n, t, r) for n, t, r in list(zip(PA_INPUTS, types, ranks))[:n_in]]
+    ranks = [2, 2, 2, 1, 1, 1, 2, 2, 2, 4 + lead, 4 + lead, 3 + lead, 3 + lead, 1]
+    present = list(range(n_in)) + ([13] if sinks else [])
+    inputs = [value_info(PA_INPUTS[i], types[i], ranks[i]) for i in present]
+    names = [n if i in present else "" for i, n in enumerate(PA_INPUTS[:present[-1] + 1])]
     out_types = [(F32, 2), (cache_t, 4), (cache_t, 4), (F16, 3), (F16, 3)]
     outputs = [value_info(n, t, r) for n, (t, r) in list(zip(PA_OUTPUTS, out_types))[:n_out]]
-    node = paged_attention_node(PA_INPUTS[:n_in], PA_OUTPUTS[:n_out], num_heads=num_heads,
+    node = paged_attention_node(names, PA_OUTPUTS[:n_out], num_heads=num_heads,
                                 kv_num_heads=kv_num_heads, head_size=head_size, block_size=block_size,
                                 kv_dtype=kv_dtype, **attrs)
     return model([node], inputs, outputs)
@@ -151,8 +153,9 @@ def paged_attention_case(rng, seqs, *, num_heads, kv_num_heads, head_size, block
 
 
 def paged_attention_inputs(feeds: dict) -> list:
-    """The feeds in the node's input order (the reference implementation's arguments)."""
-    return [feeds[n] for n in PA_INPUTS if n in feeds]
+    """The feeds in the node's input order up to the caches' scales (the reference implementation's positional
+    arguments; it takes `sinks` by name)."""
+    return [feeds[n] for n in PA_INPUTS if n in feeds and n != "sinks"]
 
 
 def bind_in_place(sess, feeds: dict, caches: dict):
@@ -221,18 +224,19 @@ def qlinear_model(present: list[str], n_outputs: int = 1, argmax: bool = False, 
 # ---------------------------------------------------------------- MoE
 
 MOE_INPUTS = ["x", "expert", "weight", "gate_up_codes", "gate_up_scales", "gate_up_offsets", "down_codes",
-              "down_scales", "down_offsets"]
-MOE_TYPES = [F32, I64, F32, U8, F16, F16, U8, F16, F16]
-MOE_RANKS = [2, 2, 2, 4, 4, 4, 4, 4, 4]
+              "down_scales", "down_offsets", "gate_up_bias", "down_bias"]
+MOE_TYPES = [F32, I64, F32, U8, F16, F16, U8, F16, F16, F32, F32]
+MOE_RANKS = [2, 2, 2, 4, 4, 4, 4, 4, 4, 2, 2]
 
 
 def moe_node(inputs, outputs, name: str | None = None, **attrs) -> onnx.NodeProto:
-    """inputs in MOE_INPUTS order, "" for an offsets input left out; attrs: H, I, E, bits, block_size."""
+    """inputs in MOE_INPUTS order, "" for an optional input left out; attrs: H, I, E, bits, block_size, and the
+    optional activation, alpha, limit."""
     return helper.make_node("MoE", inputs, outputs, name=name, domain="ortllm", **attrs)
 
 
 def moe_model(present: list[str], **attrs) -> onnx.ModelProto:
-    """One MoE node; `present` names the inputs fed (the offsets may be left out)."""
+    """One MoE node; `present` names the inputs fed (the offsets and biases may be left out)."""
     names = [n if n in present else "" for n in MOE_INPUTS]
     while names and not names[-1]:
         names.pop()

@@ -7,6 +7,7 @@ FAMILIES: its features from config.json, its features from the GGUF's `<arch>.*`
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,7 +45,29 @@ def _hf_rope_scaling(cfg: dict) -> dict | None:
         return {"type": "llama3", "factor": float(r["factor"]), "low_freq_factor": float(r["low_freq_factor"]),
                 "high_freq_factor": float(r["high_freq_factor"]),
                 "original_max_position_embeddings": int(r["original_max_position_embeddings"])}
-    raise BuildError(f"rope_scaling type '{kind}' is not supported; supported: default, linear, llama3")
+    if kind == "yarn":
+        return _hf_yarn(cfg, r)
+    raise BuildError(f"rope_scaling type '{kind}' is not supported; supported: default, linear, llama3, yarn")
+
+
+def _hf_yarn(cfg: dict, r: dict) -> dict:
+    """YaRN's fields with transformers' defaults resolved (_compute_yarn_parameters): beta_fast 32, beta_slow 1,
+    original_max_position_embeddings the model's, truncate true, and the attention factor cos and sin carry
+    (0.1 ln(factor) + 1, or the mscale / mscale_all_dim ratio)."""
+    factor = float(r["factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    att = r.get("attention_factor")
+    if att is None:
+        m, m_all = r.get("mscale"), r.get("mscale_all_dim")
+        att = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return {"type": "yarn", "factor": factor, "beta_fast": float(r.get("beta_fast") or 32),
+            "beta_slow": float(r.get("beta_slow") or 1),
+            "original_max_position_embeddings": int(r.get("original_max_position_embeddings")
+                                                    or cfg.get("max_position_embeddings", 2048)),
+            "truncate": bool(r.get("truncate", True)), "attention_factor": float(att)}
 
 
 def _hf_layers(cfg: dict, all_sliding: bool = False) -> dict:
@@ -116,6 +139,26 @@ def _hf_qwen3_moe(cfg: dict) -> dict:
 
 def _gguf_no_moe(reader, p: str) -> dict:
     raise BuildError("MoE GGUFs (ffn_*_exps tensors) are not read yet; build the model from its HF directory")
+
+
+def _hf_gpt_oss(cfg: dict) -> dict:
+    """gpt-oss: q/k/v/o biases, attention sinks, sliding layers alternating with full ones (layer_types), YaRN,
+    every MLP a mixture of num_local_experts (width intermediate_size) routed top-k then softmax over the k, with
+    router and expert biases and the clamped SwiGLU. Its hub checkpoints keep the experts in MXFP4
+    (mxfp4_experts dequantizes them exactly)."""
+    q = cfg.get("quantization_config") or {}
+    if q.get("quant_method") not in (None, "mxfp4"):
+        raise BuildError(f"gpt-oss quantization_config.quant_method '{q['quant_method']}' is not read; supported: "
+                         "none (bf16 / fp32 weights) and mxfp4 (the experts dequantized exactly)")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise BuildError(f"gpt-oss hidden_act '{cfg['hidden_act']}' is not supported; supported: silu")
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    return {**_hf_layers({**cfg, "layer_types": types}), "rope_scaling": _hf_rope_scaling(cfg),
+            "attention_bias": True, "o_proj_bias": True, "attention_sinks": True,
+            "num_experts": int(cfg["num_local_experts"]), "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+            "moe_intermediate_size": int(cfg["intermediate_size"]), "moe_router": "topk_softmax",
+            "moe_bias": True, "swiglu_limit": float(cfg.get("swiglu_limit", 7.0))}
 
 
 def _hf_phi3(cfg: dict) -> dict:
@@ -375,17 +418,149 @@ def split_experts(cfg: ModelConfig, t: dict) -> None:
                     t[f"{stem}.{e}.{proj}.weight"] = get()
 
 
+def _last_read(load: Callable[[], np.ndarray], held: dict, keep: int = 1) -> Callable[[], np.ndarray]:
+    """load, its array kept in `held` (loader -> array) while it is among the `keep` last read by the loaders sharing
+    `held`: the builders read a layer's experts one after another, so a fused [E, ...] tensor is read from its file
+    once, not once per expert."""
+    def get():
+        if load not in held:
+            while len(held) >= keep:
+                held.pop(next(iter(held)))
+            held[load] = load()
+        return held[load]
+    return get
+
+
+# MXFP4's e2m1 values by 4-bit code (transformers' integrations/mxfp4.py FP4_VALUES)
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+
+
+def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """MXFP4 [E, N, K / 32, 16] code bytes (element 2i in the low nibble, 2i + 1 in the high) and [E, N, K / 32]
+    e8m0 block exponents (2^(s - 127)) -> fp32 [E, K, N], as transformers' convert_moe_packed_tensors (the layout of
+    the bf16 checkpoints' experts, x @ W). Exact: a code's value times a power of two is an fp32 number."""
+    codes = np.asarray(blocks).astype(np.uint8)
+    exp = np.asarray(scales).astype(np.int32) - 127
+    e, n, g, b = codes.shape
+    vals = np.empty((e, n, g, 2 * b), np.float32)
+    vals[..., 0::2], vals[..., 1::2] = E2M1[codes & 0x0F], E2M1[codes >> 4]
+    out = np.ldexp(vals, exp[..., None]).astype(np.float32).reshape(e, n, g * 2 * b)
+    return np.ascontiguousarray(out.transpose(0, 2, 1))
+
+
+class SourceGrids(Mapping):
+    """HF weight name -> its source grid (scale, low) fp32 [N, K / 32], each computed when asked for (a model's grids
+    in fp32 would be twice its MXFP4 experts' bytes); the quantizer keeps a weight on it where its bits hold the
+    codes (quant_grid.on_grid). types: name -> the source format's name, for the quantization report."""
+
+    def __init__(self):
+        self._make: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {}
+        self.types: dict[str, str] = {}
+
+    def add(self, name: str, kind: str, make: Callable[[], tuple[np.ndarray, np.ndarray]]) -> None:
+        self._make[name], self.types[name] = make, kind
+
+    def __getitem__(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return self._make[name]()
+
+    def __iter__(self):
+        return iter(self._make)
+
+    def __len__(self) -> int:
+        return len(self._make)
+
+
+def mxfp4_grid(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An MXFP4 weight's [N, K / 32] e8m0 exponents -> the uniform grid its values lie on: every e2m1 value is a
+    multiple of 0.5 within +-6, so a block with exponent s is scale * q + low with scale 2^(s - 128), low -12 scale,
+    q in 0..24 (25 levels: 8-bit codes hold them exactly, 4-bit ones do not)."""
+    scale = np.ldexp(np.float32(1), np.asarray(scales).astype(np.int32) - 128).astype(np.float32)
+    return scale, (np.float32(-12) * scale).astype(np.float32)
+
+
+def mxfp4_experts(cfg: ModelConfig, t: dict) -> SourceGrids | None:
+    """The hub's gpt-oss experts in MXFP4 (mlp.experts.{gate_up,down}_proj_blocks / _scales) as the fused fp32
+    tensors of a bf16 checkpoint (mlp.experts.gate_up_proj [E, H, 2I], down_proj [E, I, H]), dequantized exactly when
+    read (gpt_oss_experts then splits them). Returns each expert projection's MXFP4 grid (mxfp4_grid; gate the even
+    rows of gate|up, up the odd ones), or None without MXFP4 tensors."""
+    grids, held = SourceGrids(), {}
+    for name in [n for n in list(t) if ".mlp.experts." in n and n.endswith("_proj_blocks")]:
+        stem = name.removesuffix("_blocks")
+        scales = stem + "_scales"
+        if scales not in t:
+            raise BuildError(f"{name} has no {scales} beside it: is the MXFP4 checkpoint complete?")
+        e, n, g, b = tensor_shape(t, name)
+        if tensor_shape(t, scales) != (e, n, g):
+            raise BuildError(f"{scales} has shape {tensor_shape(t, scales)}; {name} {(e, n, g, b)} implies {(e, n, g)}")
+        lb = t.loader(name) if isinstance(t, LazyTensors) else (lambda a=t[name]: a)
+        ls = t.loader(scales) if isinstance(t, LazyTensors) else (lambda a=t[scales]: a)
+        del t[name], t[scales]
+        if isinstance(t, LazyTensors):
+            t.add(stem, (e, g * 2 * b, n), lambda lb=lb, ls=ls: mxfp4_dequantize(lb(), ls()))
+        else:
+            t[stem] = mxfp4_dequantize(lb(), ls())
+        rows = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} if stem.endswith("gate_up_proj") \
+            else {"down_proj": slice(None)}
+        prefix = stem.rsplit(".", 1)[0]        # model.layers.N.mlp.experts
+        # the exponents as bytes, a layer's two tensors held while its experts are quantized
+        ls = _last_read(lambda ls=ls: np.asarray(ls(), np.uint8), held, keep=2)
+        for x in range(e):
+            for proj, sl in rows.items():
+                grids.add(f"{prefix}.{x}.{proj}.weight", "MXFP4",
+                          lambda ls=ls, x=x, sl=sl: mxfp4_grid(np.asarray(ls()[x])[sl]))
+    return grids or None
+
+
+def gpt_oss_experts(cfg: ModelConfig, t: dict) -> None:
+    """gpt-oss's router mlp.router.{weight,bias} as mlp.gate.*, and its fused experts (mlp.experts.gate_up_proj
+    [E, H, 2I] with gate and up INTERLEAVED along the last axis, gate_up_proj_bias [E, 2I], down_proj [E, I, H],
+    down_proj_bias [E, H]: x @ W, not W^T) as each expert's mlp.experts.{e}.gate_proj / up_proj / down_proj [out, in]
+    weights and biases, the layout the builders read."""
+    for name in [n for n in list(t) if ".mlp.router." in n]:
+        new = name.replace(".mlp.router.", ".mlp.gate.")
+        if isinstance(t, LazyTensors):
+            t.add(new, tensor_shape(t, name), t.loader(name))
+            del t[name]
+        else:
+            t[new] = t.pop(name)
+    # fused name -> (per-expert projection, its slice of the last axis (interleaved columns), transposed)
+    parts = {"gate_up_proj": (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))),
+             "gate_up_proj_bias": (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))),
+             "down_proj": (("down_proj", slice(None)),), "down_proj_bias": (("down_proj", slice(None)),)}
+    held: dict = {}
+    for name in [n for n in list(t) if ".mlp.experts." in n and n.rsplit(".", 1)[-1] in parts]:
+        stem, kind = name.rsplit(".", 1)
+        shape = tensor_shape(t, name)
+        load = _last_read(t.loader(name), held) if isinstance(t, LazyTensors) else (lambda a=t[name]: a)
+        del t[name]
+        leaf = "bias" if kind.endswith("_bias") else "weight"
+        for e in range(shape[0]):
+            for proj, cols in parts[kind]:
+                def get(load=load, e=e, cols=cols, leaf=leaf):
+                    a = np.asarray(load()[e], np.float32)[..., cols]
+                    return np.ascontiguousarray(a.T if leaf == "weight" else a, np.float32)
+                width = len(range(shape[-1])[cols])
+                out_shape = (width, shape[1]) if leaf == "weight" else (width,)
+                if isinstance(t, LazyTensors):
+                    t.add(f"{stem}.{e}.{proj}.{leaf}", out_shape, get)
+                else:
+                    t[f"{stem}.{e}.{proj}.{leaf}"] = get()
+
+
 def norms_plus_one(cfg: ModelConfig, t: dict) -> None:
     """Gemma's RMSNorms multiply by (1 + w): fold the 1 in (llama.cpp's converter does the same for its GGUFs)."""
     for name in [n for n in t if n.endswith("norm.weight")]:
         _rewrite(t, name, lambda w: (w + np.float32(1.0)).astype(np.float32))
 
 
-def fix_tensors(cfg: ModelConfig, tensors: dict, source: str) -> None:
-    """Apply the family's fix-ups of a `source` ("hf" or "gguf") to tensors, in place."""
+def fix_tensors(cfg: ModelConfig, tensors: dict, source: str) -> Mapping | None:
+    """Apply the family's fix-ups of a `source` ("hf" or "gguf") to tensors, in place; returns the source grids a
+    fix-up found (HF name -> (scale, low): MXFP4 experts), or None."""
     fam = FAMILIES[GGUF_ARCHS.get(cfg.arch, cfg.arch)]
+    grids = None
     for fix in fam.fix_hf if source == "hf" else fam.fix_gguf:
-        fix(cfg, tensors)
+        grids = fix(cfg, tensors) or grids
+    return grids
 
 
 # ---------------------------------------------------------------- back to transformers (references, LoRA training)
@@ -445,6 +620,10 @@ FAMILIES = {
     "qwen3_moe": Family(_hf_qwen3_moe, _gguf_no_moe, fix_hf=(split_experts,)),
     # Mistral + MoE: every layer sparse (its experts w1 / w3 / w2 renamed first)
     "mixtral": Family(_hf_mixtral, _gguf_no_moe, fix_hf=(mixtral_names, split_experts)),
+    # gpt-oss: biased attention with sinks, alternating sliding / full layers, YaRN, every MLP a mixture of experts
+    # (router top-k then softmax, biased experts, clamped SwiGLU; MXFP4 experts dequantized exactly, fused experts
+    # split by gpt_oss_experts)
+    "gpt_oss": Family(_hf_gpt_oss, _gguf_no_moe, fix_hf=(mxfp4_experts, gpt_oss_experts)),
     "phi3": Family(_hf_phi3, _gguf_phi3, fix_hf=(split_fused,), fix_gguf=(split_fused,),
                    gguf_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
                                "ffn_up.weight": "mlp.gate_up_proj.weight"}),
@@ -462,6 +641,7 @@ FAMILIES = {
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                   "gemma3_text": "gemma3", "helium": "helium"}
 HF_MODEL_TYPES |= {"qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}     # mixtures of experts (engine graph only)
+HF_MODEL_TYPES |= {"gpt_oss": "gpt_oss"}
 GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
 
 

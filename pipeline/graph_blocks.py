@@ -1,6 +1,7 @@
 """Graph blocks shared by the portable and the engine graph (any activation rank: [B, S, H] or [T, H])."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,16 +34,52 @@ def rope_inv_freq(cfg: ModelConfig, layer_type: str = "full") -> np.ndarray:
         smoothed = ((1 - smooth) * scaled / factor + smooth * scaled).astype(np.float32)
         medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
         inv = np.where(medium, smoothed, scaled).astype(np.float32)
+    elif kind == "yarn":
+        inv = yarn_inv_freq(cfg.rope_theta, d, r)
     return inv
+
+
+def yarn_inv_freq(base: float, d: int, r: dict) -> np.ndarray:
+    """[D/2] fp32 YaRN frequencies, as transformers' _compute_yarn_parameters: each frequency between its
+    interpolated (/ factor) and its original value by a linear ramp over the dimensions whose rotations within
+    original_max_position_embeddings lie between beta_slow and beta_fast (the bounds floored/ceiled with truncate)."""
+    factor, old = float(r["factor"]), float(r["original_max_position_embeddings"])
+
+    def dim_of(rotations: float) -> float:
+        return (d * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dim_of(float(r["beta_fast"])), dim_of(float(r["beta_slow"]))
+    if r.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    pos = (np.float32(base) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))).astype(np.float32)
+    extra, inter = (np.float32(1) / pos).astype(np.float32), (np.float32(1) / (np.float32(factor) * pos))
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    keep = (np.float32(1) - ramp).astype(np.float32)         # 1: the original frequency (extrapolation)
+    return (inter * (np.float32(1) - keep) + extra * keep).astype(np.float32)
+
+
+def rope_attention_factor(cfg: ModelConfig, layer_type: str = "full") -> float:
+    """The factor cos and sin are multiplied by (YaRN's attention scaling; 1 for the other RoPEs): q and k both carry
+    it, so the attention logits scale by its square."""
+    local = layer_type == "sliding" and cfg.rope_local_theta is not None
+    r = None if local else cfg.rope_scaling
+    return float(r["attention_factor"]) if (r or {}).get("type") == "yarn" else 1.0
 
 
 def rope_tables(cfg: ModelConfig, layer_type: str = "full", max_pos: int | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin: [max_pos, D/2] (one angle per rotated pair) of a layer type, in fp32 as transformers computes
-    them."""
+    them (times YaRN's attention factor, rope_attention_factor)."""
     n = max_pos or cfg.max_position_embeddings
     freqs = np.outer(np.arange(n, dtype=np.float32), rope_inv_freq(cfg, layer_type)).astype(np.float32)
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    af = rope_attention_factor(cfg, layer_type)
+    cos, sin = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    if af != 1.0:
+        cos, sin = (cos * np.float32(af)).astype(np.float32), (sin * np.float32(af)).astype(np.float32)
+    return cos, sin
 
 
 def head_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, heads: int, path: str, rank: int = 2) -> str:

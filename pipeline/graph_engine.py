@@ -92,7 +92,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     outputs are graph outputs that the runtime aliases to the inputs. The family's features: q/k/v biases and
     q/k head norms as plain ops between the projections and PagedAttention, the layer type's RoPE tables, the
     softmax scale, a sliding layer's window, and an output norm before the residual add (then o_proj adds
-    nothing).
+    nothing); gpt-oss's attention sinks (PagedAttention's input) and o_proj bias (added to the residual).
 
         x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v [+ biases] [-> q/k head RMSNorm] -> PagedAttention
                                      (positions, cu_seqlens, context_lens, block_tables, cos, sin,
@@ -120,6 +120,8 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     ins = {"q": q, "k": k, "v": v, "positions": batch["positions"], "cu_seqlens": batch["cu_seqlens"],
            "context_lens": batch["context_lens"], "block_tables": batch["block_tables"], "cos_cache": cos,
            "sin_cache": sin} | caches
+    if cfg.attention_sinks:        # gpt-oss: a logit per query head in each softmax's denominator
+        ins["sinks"] = g.weight(f"{p}.sinks", w[f"{p}.sinks"].astype(np.float32))
     res = g.op("PagedAttention", op_schema("PagedAttention").node_inputs(ins), f"{path}/paged",
                n_out=1 + len(caches), domain=C.OPS_DOMAIN,
                num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, head_size=cfg.head_dim,
@@ -128,7 +130,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     for src, dst in zip(res[1:], outs):
         g.identity(src, dst, f"{path}/{dst}")
     return _residual(g, cfg, w, x, res[0], [w[f"{p}.o_proj.weight"]], [f"{path}/o_proj"], i, batch["adapter"], quant,
-                     "attn_out")
+                     "attn_out", bias=f"{p}.o_proj.bias" if cfg.o_proj_bias else None)
 
 
 def _window(cfg: ModelConfig, i: int) -> dict:
@@ -137,12 +139,17 @@ def _window(cfg: ModelConfig, i: int) -> dict:
 
 
 def _residual(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, h: str, ws: list, paths: list[str], i: int,
-              adapter: str, quant, role: str) -> str:
-    """x + proj(h): the projection adds the residual itself (epilogue), or, where the family norms the block's
-    output first (role attn_out | mlp_out), proj -> RMSNorm -> Add."""
+              adapter: str, quant, role: str, bias: str | None = None) -> str:
+    """x + proj(h) [+ the projection's bias `bias`, a tensor name]: the projection adds the residual itself
+    (epilogue; a bias is added to the residual first, x + b + proj(h)), or, where the family norms the block's
+    output first (role attn_out | mlp_out), proj [+ b] -> RMSNorm -> Add."""
     if norm_names(cfg)[role] is None:
+        if bias is not None:
+            x = add_bias(g, x, w, bias, paths[0])
         return projections(g, h, ws, paths, i, adapter, quant, "residual", x, layers=cfg.num_layers)[0]
     y = projections(g, h, ws, paths, i, adapter, quant, layers=cfg.num_layers)[0]
+    if bias is not None:
+        y = add_bias(g, y, w, bias, paths[0])
     return g.op("Add", [x, out_norm(g, cfg, w, y, i, role)], f"{paths[0].rsplit('/', 1)[0]}/residual")
 
 

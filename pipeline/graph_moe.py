@@ -1,7 +1,8 @@
 """The mixture-of-experts MLP of a sparse layer (ModelConfig.num_experts, sparse_layer) for the engine graph.
 
-    x -> RMSNorm -> h [T, H] -> router: h @ mlp.gate^T [T, E] -> weights [T, k], expert ids [T, k] (moe_router)
-      -> experts: quantized, one ortllm::MoE (tokens grouped by expert; custom_ops/src/kernels/moe.h);
+    x -> RMSNorm -> h [T, H] -> router: h @ mlp.gate^T [+ bias] [T, E] -> weights [T, k], expert ids [T, k]
+      (moe_router) -> experts (SwiGLU, or gpt-oss's clamped SwiGLU with the experts' biases):
+                  quantized, one ortllm::MoE (tokens grouped by expert; custom_ops/src/kernels/moe.h);
                   fp32, every expert on every token as batched MatMuls, weighted by the dense [T, E] routing weights
       -> [RMSNorm ->] + x
 
@@ -26,11 +27,14 @@ from .weights import ModelConfig, norm_names
 PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
-def router(g: GraphBuilder, cfg: ModelConfig, h: str, gate: np.ndarray, path: str) -> tuple[str, str]:
-    """h [T, H] -> (weights [T, k] f32, expert ids [T, k] i64), as transformers' routers compute them:
+def router(g: GraphBuilder, cfg: ModelConfig, h: str, gate: np.ndarray, path: str,
+           bias: np.ndarray | None = None) -> tuple[str, str]:
+    """h [T, H] (+ bias [E]) -> (weights [T, k] f32, expert ids [T, k] i64), as transformers' routers compute them:
     softmax_topk: Softmax over the E logits, TopK (then / their sum with norm_topk_prob); topk_softmax: TopK of the
     logits, Softmax over those k."""
     logits = g.op("MatMul", [h, g.weight(f"{path}/gate.weight", np.ascontiguousarray(gate.T))], f"{path}/gate")
+    if bias is not None:        # gpt-oss's router bias
+        logits = g.op("Add", [logits, g.weight(f"{path}/gate.bias", bias)], f"{path}/gate")
     k = g.const([cfg.num_experts_per_tok])
     if cfg.moe_router == "topk_softmax":
         top, ids = g.op("TopK", [logits, k], f"{path}/topk", n_out=2, axis=-1, largest=1, sorted=1)
@@ -59,28 +63,64 @@ def quantized_experts(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, p: str
         gu.append(pack(QuantizedWeight.concat(qs[:2])))
         dn.append(pack(qs[2]))
     ins = {"x": h, "expert": ids, "weight": weights}
+    bias = expert_biases(cfg, w, p)
+    if bias is not None:
+        ins |= {"gate_up_bias": g.weight(f"{path}/experts.gate_up.bias", bias[0]),
+                "down_bias": g.weight(f"{path}/experts.down.bias", bias[1])}
     for name, parts in (("gate_up", gu), ("down", dn)):
         codes, scales, offsets = stack_experts(parts)
         ins |= {f"{name}_codes": g.weight(f"{path}/experts.{name}.qcodes{parts[0].bits}", codes),
                 f"{name}_scales": g.weight(f"{path}/experts.{name}.qscales", scales),
                 f"{name}_offsets": g.weight(f"{path}/experts.{name}.qoffsets", offsets) if offsets is not None else ""}
+    act = {} if cfg.swiglu_limit is None else {"activation": "clamped_swiglu", "alpha": C.CLAMPED_SWIGLU_ALPHA,
+                                               "limit": float(cfg.swiglu_limit)}
     return g.op("MoE", op_schema("MoE").node_inputs(ins), f"{path}/experts", domain=C.OPS_DOMAIN,
                 H=cfg.hidden_size, I=cfg.moe_intermediate_size, E=cfg.num_experts, bits=gu[0].bits,
-                block_size=gu[0].block_size)
+                block_size=gu[0].block_size, **act)
+
+
+def expert_biases(cfg: ModelConfig, w: dict, p: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The experts' biases (gpt-oss; None without): gate then up [E, 2I] (gate_up's row order), down [E, H]."""
+    if not cfg.moe_bias:
+        return None
+    e_n = range(cfg.num_experts)
+    gu = np.stack([np.concatenate([w[f"{p}.experts.{e}.gate_proj.bias"], w[f"{p}.experts.{e}.up_proj.bias"]])
+                   for e in e_n]).astype(np.float32)
+    return gu, np.stack([w[f"{p}.experts.{e}.down_proj.bias"] for e in e_n]).astype(np.float32)
+
+
+def expert_activation(g: GraphBuilder, cfg: ModelConfig, gate: str, up: str, path: str) -> str:
+    """SiLU(gate) * up, or gpt-oss's clamped SwiGLU (swiglu_limit L, alpha a): g = min(gate, L),
+    u = clip(up, -L, L), (u + 1) * g * sigmoid(a * g)."""
+    if cfg.swiglu_limit is None:
+        return g.op("Mul", [activation(g, gate, "silu", f"{path}/act"), up], f"{path}/act_up")
+    lim = float(cfg.swiglu_limit)
+    gc = g.op("Min", [gate, g.const(lim, np.float32)], f"{path}/clamp")
+    uc = g.op("Clip", [up, g.const(-lim, np.float32), g.const(lim, np.float32)], f"{path}/clamp")
+    sig = g.op("Sigmoid", [g.op("Mul", [gc, g.const(C.CLAMPED_SWIGLU_ALPHA, np.float32)], f"{path}/act")],
+               f"{path}/act")
+    glu = g.op("Mul", [gc, sig], f"{path}/act")
+    return g.op("Mul", [g.op("Add", [uc, g.const(1.0, np.float32)], f"{path}/act_up"), glu], f"{path}/act_up")
 
 
 def dense_experts(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, p: str, path: str, weights: str,
                   ids: str) -> str:
-    """fp32: every expert on every token, [T, H] @ [E, H, 2I] -> SiLU(gate) * up [E, T, I] @ [E, I, H], summed over
-    E with each token's weight of the expert (0 off its top k: the k weights spread over [T, E] by OneHot)."""
+    """fp32: every expert on every token, [T, H] @ [E, H, 2I] (+ bias) -> act(gate, up) [E, T, I] @ [E, I, H]
+    (+ bias), summed over E with each token's weight of the expert (0 off its top k: the k weights spread over
+    [T, E] by OneHot)."""
     f, e_n = cfg.moe_intermediate_size, cfg.num_experts
     gu = np.stack([np.concatenate([w[f"{p}.experts.{e}.gate_proj.weight"], w[f"{p}.experts.{e}.up_proj.weight"]]).T
                    for e in range(e_n)])                                                    # [E, H, 2I]
     dn = np.stack([w[f"{p}.experts.{e}.down_proj.weight"].T for e in range(e_n)])           # [E, I, H]
+    bias = expert_biases(cfg, w, p)
     y = g.op("MatMul", [h, g.weight(f"{path}/experts.gate_up.weight", gu)], f"{path}/experts/gate_up")
+    if bias is not None:                                                                   # [E, 1, 2I]
+        y = g.op("Add", [y, g.weight(f"{path}/experts.gate_up.bias", bias[0][:, None])], f"{path}/experts/gate_up")
     gate, up = g.op("Split", [y, g.const([f, f])], f"{path}/experts/split", n_out=2, axis=-1)
-    act = g.op("Mul", [activation(g, gate, "silu", f"{path}/experts/act"), up], f"{path}/experts/act_up")
+    act = expert_activation(g, cfg, gate, up, f"{path}/experts")
     out = g.op("MatMul", [act, g.weight(f"{path}/experts.down.weight", dn)], f"{path}/experts/down")   # [E, T, H]
+    if bias is not None:                                                                   # [E, 1, H]
+        out = g.op("Add", [out, g.weight(f"{path}/experts.down.bias", bias[1][:, None])], f"{path}/experts/down")
     hot = g.op("OneHot", [ids, g.const(e_n), g.const([0.0, 1.0], np.float32)], f"{path}/dense", axis=-1)  # [T, k, E]
     dense = g.op("ReduceSum", [g.op("Mul", [hot, g.op("Unsqueeze", [weights, g.const([-1])], f"{path}/dense")],
                                     f"{path}/dense"), g.const([1])], f"{path}/dense", keepdims=0)      # [T, E]
@@ -95,7 +135,7 @@ def moe_mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, quant=No
     quantizes them all alike (and QLinear takes the block size), else the fp32 form."""
     path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
     h = rms_norm(g, x, *in_norm(cfg, w, i, "mlp_in"))
-    weights, ids = router(g, cfg, h, w[f"{p}.gate.weight"], path)
+    weights, ids = router(g, cfg, h, w[f"{p}.gate.weight"], path, w[f"{p}.gate.bias"] if cfg.moe_bias else None)
     paths = [pth for e in range(cfg.num_experts) for pth in expert_paths(path, e)]
     if qlinear_ready(quant, paths):
         y = quantized_experts(g, cfg, h, w, p, path, weights, ids, quant)

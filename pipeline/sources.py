@@ -154,7 +154,8 @@ def q4k_grid(data, shape: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------- HF directory / safetensors
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
+              "U8": np.uint8}     # U8: MXFP4 blocks and scales (gpt-oss), read as their byte values
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -182,7 +183,8 @@ def add_safetensors(tensors: LazyTensors, path: Path) -> None:
         if name == "__metadata__":
             continue
         if info["dtype"] not in _ST_DTYPES:
-            raise BuildError(f"{path}: tensor {name} has dtype {info['dtype']}; supported: F32, F16, BF16")
+            raise BuildError(f"{path}: tensor {name} has dtype {info['dtype']}; supported: F32, F16, BF16 (and U8: "
+                             "MXFP4 blocks and scales)")
         start, end = info["data_offsets"]
         if base + end > size:
             raise BuildError(f"{path} is truncated: tensor {name} ends at byte {base + end}, file has {size}")
@@ -210,7 +212,8 @@ def load_hf_dir(path: Path, files: list[Path] | None = None, digest: str | None 
     tensors = LazyTensors()
     for f in files:
         add_safetensors(tensors, f)
-    fix_tensors(cfg, tensors, "hf")
+    grids = fix_tensors(cfg, tensors, "hf")      # MXFP4 experts: their grids, kept exactly where the bits hold them
+    extra = {"source_grids": grids, "source_types": grids.types} if grids else {}
 
     def write_tokenizer(out_dir: Path):
         from .tokenizer import write_tokenizer_from_hf
@@ -218,7 +221,7 @@ def load_hf_dir(path: Path, files: list[Path] | None = None, digest: str | None 
 
     digest = digest or (sha256_file(files[0]) if len(files) == 1 else _combined_sha(files))
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
-                     source_desc=f"hf:{path.name}")
+                     source_desc=f"hf:{path.name}", extra=extra)
     w.validate()
     return w
 

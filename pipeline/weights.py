@@ -52,10 +52,19 @@ def layer_tensor_shapes(cfg: ModelConfig, layer: int = 0) -> dict[str, tuple[int
         for e in range(cfg.num_experts):
             shapes |= {f"mlp.experts.{e}.gate_proj.weight": (f, h), f"mlp.experts.{e}.up_proj.weight": (f, h),
                        f"mlp.experts.{e}.down_proj.weight": (h, f)}
+        if cfg.moe_bias:        # gpt-oss: the router's and each expert's biases
+            shapes["mlp.gate.bias"] = (cfg.num_experts,)
+            for e in range(cfg.num_experts):
+                shapes |= {f"mlp.experts.{e}.gate_proj.bias": (f,), f"mlp.experts.{e}.up_proj.bias": (f,),
+                           f"mlp.experts.{e}.down_proj.bias": (h,)}
     if cfg.attention_bias:
         shapes |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
     if cfg.qk_norm:
         shapes |= {"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)}
+    if cfg.o_proj_bias:
+        shapes["self_attn.o_proj.bias"] = (h,)
+    if cfg.attention_sinks:
+        shapes["self_attn.sinks"] = (cfg.num_heads,)
     return shapes
 
 

@@ -40,7 +40,8 @@ GRAPH_KINDS = ("engine", "portable")
 
 LAYER_TYPES = ("full", "sliding")           # ModelConfig.layer_types: attention over every past key, or a window
 ACTIVATIONS = ("silu", "gelu_tanh")         # ModelConfig.hidden_act: the MLP gate's activation (SwiGLU, GeGLU)
-ROPE_SCALINGS = ("linear", "llama3", "factors")   # ModelConfig.rope_scaling["type"]
+ROPE_SCALINGS = ("linear", "llama3", "factors", "yarn")   # ModelConfig.rope_scaling["type"]
+CLAMPED_SWIGLU_ALPHA = 1.702                # gpt-oss's clamped SwiGLU (ModelConfig.swiglu_limit): its sigmoid slope
 # ModelConfig.moe_router: the router's weights from its logits [T, E]: softmax over all E then the top k (then
 # renormalised to sum 1 with norm_topk_prob), or the top k logits then a softmax over those k
 MOE_ROUTERS = ("softmax_topk", "topk_softmax")
@@ -92,7 +93,10 @@ class ModelConfig:
     rope_scaling: dict | None = None        # the full layers' RoPE scaling: {"type": "linear", "factor"} |
                                             # {"type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
                                             #  "original_max_position_embeddings"} | {"type": "factors", "factors":
-                                            #  [D / 2] dividing each frequency (a GGUF's rope_freqs)}
+                                            #  [D / 2] dividing each frequency (a GGUF's rope_freqs)} |
+                                            # {"type": "yarn", "factor", "beta_fast", "beta_slow",
+                                            #  "original_max_position_embeddings", "truncate", "attention_factor"}
+                                            # (gpt-oss; attention_factor multiplies cos and sin)
     final_logit_softcap: float | None = None   # logits = c * tanh(logits / c)
     qk_rows_interleaved: bool = False       # the source model's q/k rows pair (2i, 2i+1) for RoPE (Helium): the build
                                             # stores them in llama's order (rope_half_rows), and adding an adapter
@@ -106,6 +110,14 @@ class ModelConfig:
     moe_router: str = "softmax_topk"        # MOE_ROUTERS
     norm_topk_prob: bool = False            # softmax_topk: the k weights renormalised to sum 1 (Qwen3-MoE, Mixtral)
     dense_layers: tuple[int, ...] = ()      # with experts: the layers keeping the dense MLP (intermediate_size)
+    # gpt-oss: biases on o_proj (self_attn.o_proj.bias), on the router (mlp.gate.bias) and the experts
+    # (mlp.experts.{e}.gate_proj / up_proj / down_proj.bias); one learned logit per query head in each softmax's
+    # denominator (self_attn.sinks [num_heads]); the experts' clamped SwiGLU: g = min(gate, limit),
+    # u = clamp(up, -limit, limit), (u + 1) * g * sigmoid(CLAMPED_SWIGLU_ALPHA * g) (swiglu_limit None: SiLU(gate) * up)
+    o_proj_bias: bool = False
+    moe_bias: bool = False
+    attention_sinks: bool = False
+    swiglu_limit: float | None = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -136,6 +148,8 @@ class ModelConfig:
                 raise ConfigError(f"moe_router must be one of {', '.join(MOE_ROUTERS)}; got {self.moe_router!r}")
             if self.hidden_act != "silu":
                 raise ConfigError("MoE experts are SwiGLU FFNs (hidden_act silu)")
+            if self.swiglu_limit is not None and not self.swiglu_limit > 0:
+                raise ConfigError(f"swiglu_limit must be > 0 (or absent); got {self.swiglu_limit}")
             if set(self.dense_layers) - set(range(self.num_layers)):
                 raise ConfigError(f"dense_layers must be layers in [0, {self.num_layers}); got {self.dense_layers}")
 
@@ -199,7 +213,8 @@ class ModelConfig:
 
 
 _FEATURES = ("attention_bias", "qk_norm", "post_norms", "hidden_act", "embedding_scale", "attention_scale",
-             "sliding_window", "rope_local_theta", "final_logit_softcap", "num_experts")
+             "sliding_window", "rope_local_theta", "final_logit_softcap", "num_experts", "o_proj_bias",
+             "attention_sinks")
 
 
 def _hf_rope_scaling(r: dict) -> dict:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ortllm.bench.op_graphs import moe_model, session
-from ortllm.pipeline.qlinear_pack import pack, stack_experts
+from ortllm.pipeline.qlinear_pack import dequantize_packed, pack, stack_experts
 from ortllm.pipeline.quantize import RTNQuantizer
 from ortllm.runtime.ops_library import sessions_isa
 from tests.custom_ops.conftest import assert_close, path_at_most, sessions_on
@@ -44,8 +44,9 @@ def _sess_for(present: tuple, threads: int, path: str | None, **attrs):
     return session(moe_model(list(present), **attrs), threads=threads)
 
 
-def feeds_for(gu, dn, x, expert, weight):
-    f = {"x": x, "expert": expert.astype(np.int64), "weight": weight.astype(np.float32)}
+def feeds_for(gu, dn, x, expert, weight, biases=None):
+    """biases: {"gate_up_bias": [E, 2I], "down_bias": [E, H]} (either or both), or None."""
+    f = {"x": x, "expert": expert.astype(np.int64), "weight": weight.astype(np.float32)} | (biases or {})
     for name, parts in (("gate_up", gu), ("down", dn)):
         codes, scales, offsets = stack_experts(parts)
         f |= {f"{name}_codes": codes, f"{name}_scales": scales}
@@ -54,10 +55,11 @@ def feeds_for(gu, dn, x, expert, weight):
     return f
 
 
-def run(gu, dn, x, expert, weight, threads=2):
-    feeds = feeds_for(gu, dn, x, expert, weight)
+def run(gu, dn, x, expert, weight, threads=2, biases=None, **attrs):
+    """attrs: the optional activation, alpha, limit."""
+    feeds = feeds_for(gu, dn, x, expert, weight, biases)
     s = sess_for(tuple(sorted(feeds)), threads, H=dn[0].n, I=dn[0].k, E=len(gu), bits=gu[0].bits,
-                 block_size=gu[0].block_size)
+                 block_size=gu[0].block_size, **attrs)
     return s.run(None, feeds)[0]
 
 
@@ -185,3 +187,76 @@ def test_bad_inputs_are_named():
         run(gu, dn, x, expert, weight[:, :1])
     with pytest.raises(Exception, match=r"MoE: input 'down_codes' has shape \[8, "):
         run(gu[:7], dn, x, expert % 7, weight)
+
+
+# ---------------------------------------------------------------- gpt-oss: expert biases, the clamped SwiGLU
+
+CLAMPED = dict(activation="clamped_swiglu", alpha=1.702, limit=7.0)
+
+
+def gpt_oss_case(rng, T, k, form="int4", scale=3.0):
+    """x scaled so gate|up's outputs (std ~7) cross the clamp often, and both biases."""
+    gu, dn = experts(form)
+    x = rng.standard_normal((T, H), dtype=np.float32) * np.float32(scale)
+    expert, weight = routing(rng, T, k)
+    biases = {"gate_up_bias": rng.standard_normal((E, 2 * INTER), dtype=np.float32),
+              "down_bias": rng.standard_normal((E, H), dtype=np.float32) * np.float32(0.1)}
+    return gu, dn, x, expert, weight, biases
+
+
+def check_clamped(y, x, expert, weight, gu, dn, biases, what, **act):
+    kw = dict(gate_up_bias=biases.get("gate_up_bias"), down_bias=biases.get("down_bias"), **act)
+    ref = moe_ref(x, expert, weight, gu, dn, **kw)
+    assert_close(y, ref, atol=moe_tolerance(x, expert, weight, gu, dn, **kw), rtol=0, what=what)
+
+
+@pytest.mark.parametrize("ops_path", ["default", "scalar"], indirect=True)
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("T", [1, 40])
+def test_clamped_swiglu_with_biases_parity(form, T, ops_path):
+    """gpt-oss's experts: gate|up bias, g = min(gate, 7), u = clamp(up, -7, 7), (u + 1) g sigmoid(1.702 g), down
+    bias; the clamp fires on a good share of the terms (checked), against the NumPy reference."""
+    rng = np.random.default_rng(20 + T)
+    gu, dn, x, expert, weight, biases = gpt_oss_case(rng, T, 2, form)
+    pre = np.stack([dequantize_packed(gu[int(expert[t, 0])]) @ x[t] for t in range(T)])
+    assert (np.abs(pre) > 7).mean() > 0.05, "the case should cross the clamp"
+    y = run(gu, dn, x, expert, weight, biases=biases, **CLAMPED)
+    check_clamped(y, x, expert, weight, gu, dn, biases, f"{form} T={T} {ops_path}", **CLAMPED)
+    plain = run(gu, dn, x, expert, weight, biases=biases)          # SwiGLU with the biases (unfused path too)
+    check_clamped(plain, x, expert, weight, gu, dn, biases, f"{form} swiglu+bias T={T}")
+    assert np.abs(plain - y).max() > 1e-2                          # the activation attribute is read
+
+
+def test_clamped_limit_and_alpha_are_read():
+    rng = np.random.default_rng(3)
+    gu, dn, x, expert, weight, biases = gpt_oss_case(rng, 6, 2)
+    for act in (dict(CLAMPED, limit=2.0), dict(CLAMPED, alpha=1.0)):
+        y = run(gu, dn, x, expert, weight, biases=biases, **act)
+        check_clamped(y, x, expert, weight, gu, dn, biases, str(act), **act)
+
+
+def test_clamped_batch_invariance_and_isa_bits():
+    """A row alone gives its bits in a batch of 300 (wide and narrow experts), and every vector path gives the
+    default path's bits: the bias and the activation are plain float32 code of the kernel's own file."""
+    rng = np.random.default_rng(9)
+    gu, dn, x, expert, weight, biases = gpt_oss_case(rng, 300, 2)
+    expert[:, 1] = np.where(expert[:, 0] == 2, 4, 2)                # expert 2 (or 4) on every row: wide
+    batch = run(gu, dn, x, expert, weight, biases=biases, **CLAMPED)
+    for t in (0, 17, 256, 299):
+        alone = run(gu, dn, x[t:t + 1], expert[t:t + 1], weight[t:t + 1], biases=biases, **CLAMPED)
+        np.testing.assert_array_equal(alone[0], batch[t], err_msg=f"row {t}")
+    for forced in ("avx2", "avx512vnni", "amx"):
+        with sessions_on(path_at_most(forced)):
+            other = run(gu, dn, x, expert, weight, biases=biases, **CLAMPED)
+        np.testing.assert_array_equal(other, batch, err_msg=forced)
+
+
+def test_bad_activation_and_bias_named():
+    rng = np.random.default_rng(4)
+    gu, dn, x, expert, weight, biases = gpt_oss_case(rng, 3, 2)
+    with pytest.raises(Exception, match="MoE: attribute activation = 'gelu' is not swiglu or clamped_swiglu"):
+        run(gu, dn, x, expert, weight, activation="gelu")
+    with pytest.raises(Exception, match="limit must be finite with limit > 0; got alpha = 1.702, limit = 0"):
+        run(gu, dn, x, expert, weight, **dict(CLAMPED, limit=0.0))
+    with pytest.raises(Exception, match=r"MoE: input 'down_bias' has shape \[8, 127\], expected \[8, 128\]"):
+        run(gu, dn, x, expert, weight, biases={"down_bias": biases["down_bias"][:, :127]})

@@ -178,7 +178,8 @@ def test_gguf_round_trip_matches_transformers(family, tmp_path):
 
 def test_unknown_model_type_names_the_supported(tmp_path):
     from ortllm.pipeline.families import hf_config
-    with pytest.raises(BuildError, match="model_type 'bert' is not supported; supported: gemma3_text, helium, llama"):
+    with pytest.raises(BuildError, match="model_type 'bert' is not supported; supported: gemma3_text, gpt_oss, "
+                                         "helium, llama"):
         hf_config({"model_type": "bert"})
 
 

@@ -6,7 +6,7 @@ their multiplier 1 (Gemma stores 1 + w: w ~ 0.1 N), biases 0.1 N. Each family se
 for: Qwen2 q/k/v biases, Qwen3 q/k norms and head_dim != hidden / heads, Mistral a sliding window shorter
 than the test's context, Llama 3 llama3 RoPE scaling with a tied head, Phi-3 fused qkv / gate_up, Gemma 3
 pre/post norms, GELU-tanh, embedding scale, query_pre_attn_scalar, a sliding and a global layer with their
-RoPE bases, and a final logit softcap.
+RoPE bases, and a final logit softcap; gpt-oss (GPT_OSS) its sinks, biases, YaRN and clamped experts.
 """
 from __future__ import annotations
 
@@ -47,13 +47,24 @@ MOE_FAMILIES = {
 }
 
 
+# gpt-oss (tests/pipeline/test_gpt_oss.py): 8 experts, top-2, biases everywhere, attention sinks, a window of 8
+# alternating with full layers, YaRN; its gate|up weights scaled by GPT_OSS_GATE_UP_SCALE so the clamp at 7 fires
+GPT_OSS = {"gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+    head_dim=16, num_hidden_layers=3, num_local_experts=8, num_experts_per_tok=2, intermediate_size=48,
+    max_position_embeddings=128,
+    sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                  "original_max_position_embeddings": 32}))}
+GPT_OSS_GATE_UP_SCALE = 4.0
+
+
 def tiny_model(family: str, seed: int = 0, **overrides):
     """transformers' model of the family with re-drawn seeded weights, fp32, eval mode, eager attention;
     `overrides` change the config (e.g. vocab_size for a real tokenizer)."""
     import torch
     import transformers
 
-    cfg_cls, model_cls, over = (FAMILIES | MOE_FAMILIES)[family]
+    cfg_cls, model_cls, over = (FAMILIES | MOE_FAMILIES | GPT_OSS)[family]
     cfg = getattr(transformers, cfg_cls)(**(BASE | over | overrides))
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -67,6 +78,10 @@ def tiny_model(family: str, seed: int = 0, **overrides):
                 p.copy_(0.1 * torch.randn_like(p))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn_like(p) * (cfg.hidden_size ** -0.5 if gemma else 1.0))
+            elif name.endswith("sinks"):            # gpt-oss: logits of the size of the scores'
+                p.copy_(torch.randn_like(p) + 1.0)
+            elif name.endswith("experts.gate_up_proj"):     # [E, H, 2I]: x @ W
+                p.copy_(torch.randn_like(p) * (GPT_OSS_GATE_UP_SCALE / np.sqrt(p.shape[1])))
             else:
                 p.copy_(torch.randn_like(p) / np.sqrt(p.shape[1]))
     return model

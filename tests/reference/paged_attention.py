@@ -10,7 +10,8 @@ For every new token t of sequence s (j-th of its chunk):
     dequantized, i.e. q . k = scale_q * scale_k * (integer dot of the codes), as the op computes it
 Then for every new token and query head h (kv head h // (H // Hkv)):
     out[t, h] = softmax(scale * K[0..p] @ q) @ V[0..p]   (causal; float64 here; with a sliding window W the
-    keys are K[max(0, p - W + 1)..p])
+    keys are K[max(0, p - W + 1)..p]; with sinks, the softmax's denominator has one more term e^sinks[h], which
+    weights no value: the row's weights sum to less than 1)
     (int4 with rotate=1: out[t, h] = fwht(that), the values' rotation undone; fwht is its own inverse)
 reading K/V back from the cache, i.e. new tokens attend to their own quantized rows.
 
@@ -52,10 +53,11 @@ def paged_attention_ref(
     key_cache, value_cache, key_scales=None, value_scales=None, *,
     num_heads: int, kv_num_heads: int, head_size: int, block_size: int,
     kv_dtype: str = "float32", rotate: int | None = None, scale: float | None = None,
-    rope_interleaved: int = 0, quantize_new: bool = True, details: bool = False, window: int = 0,
+    rope_interleaved: int = 0, quantize_new: bool = True, details: bool = False, window: int = 0, sinks=None,
 ):
     """Returns (attn [T, H*D] f32, key_cache, value_cache, key_scales, value_scales[, details]).
-    window > 0: a query at position p attends to keys max(0, p - window + 1) .. p only (sliding window)."""
+    window > 0: a query at position p attends to keys max(0, p - window + 1) .. p only (sliding window);
+    sinks: [H] attention-sink logits (gpt-oss), or None."""
     H, Hkv, D, BS = num_heads, kv_num_heads, head_size, block_size
     G = H // Hkv
     eight_bit = kv_dtype not in ("float32", "float16")   # any cache of codes with scales (int8, fp8, int4)
@@ -122,8 +124,9 @@ def paged_attention_ref(
         probs = np.zeros((H, len(slots)))
         for h in range(H):
             sc = scale * (K[h // G] @ q_rot[t, h])
-            e = np.exp(sc - sc.max())
-            probs[h] = e / e.sum()
+            m = sc.max() if sinks is None else max(sc.max(), float(sinks[h]))
+            e = np.exp(sc - m)
+            probs[h] = e / (e.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m)))
             out[t, h] = probs[h] @ V[h // G]
         if rotate and kv_dtype == "int4":
             out[t] = fwht(out[t])

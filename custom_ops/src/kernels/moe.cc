@@ -7,6 +7,7 @@
 #include "moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -26,7 +27,7 @@ constexpr int64_t kWideTerms = 32;
 // A call's buffers, kept per calling thread from call to call (sizes only grow), as QLinear keeps its own.
 struct Scratch {
   std::vector<int64_t> start, order, pos_of, narrow;
-  std::vector<float> xg, h, out;
+  std::vector<float> xg, h, out, gu;  // gu: [terms, 2I] gate|up before its bias and activation (when unfused)
 };
 
 Scratch& thread_scratch() {
@@ -34,10 +35,45 @@ Scratch& thread_scratch() {
   return s;
 }
 
-// The one place the kernel calls QLinear: expert e's FFN on its n gathered rows xg [n, H] -> h [n, I] -> out [n, H].
-void expert_ffn(const MoeDims& d, const MoeArgs& a, int64_t e, int64_t n, const float* xg, float* h, float* out,
-                const Parallel& par, const OpsIsa& isa) {
-  const QLinearDims gu{n, d.hidden, 2 * d.inter, d.block_size, d.bits, QLinearEpilogue::kSwiGLU};
+// Whether gate|up's QLinear epilogue computes the activation (plain SwiGLU, no biases) or moe.cc does (unfused).
+bool fused_act(const MoeDims& d, const MoeArgs& a) {
+  return d.activation == MoeActivation::kSwiGLU && a.gate_up_bias == nullptr;
+}
+
+// h [n, I] <- act(gu + bias) row by row, gu [n, 2I] gate columns then up (bias: [2I] or nullptr). Plain float32,
+// no contraction across the statements: each output is the same bits for a row whatever else is in the call.
+void activate(const MoeDims& d, const float* gu, const float* bias, int64_t n, float* h) {
+  const int64_t I = d.inter;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* g_row = gu + r * 2 * I;
+    float* out = h + r * I;
+    for (int64_t i = 0; i < I; ++i) {
+      float g = g_row[i], u = g_row[I + i];
+      if (bias) {
+        g += bias[i];
+        u += bias[I + i];
+      }
+      if (d.activation == MoeActivation::kClampedSwiGLU) {
+        g = std::min(g, d.limit);
+        u = std::clamp(u, -d.limit, d.limit);
+        const float ag = d.alpha * g;
+        const float glu = g / (1.f + std::exp(-ag));
+        out[i] = (u + 1.f) * glu;
+      } else {
+        const float silu = g / (1.f + std::exp(-g));
+        out[i] = silu * u;
+      }
+    }
+  }
+}
+
+// The one place the kernel calls QLinear: expert e's FFN on its n gathered rows xg [n, H] -> h [n, I] -> out [n, H]
+// (gu [n, 2I]: gate|up's output when the activation is not its epilogue).
+void expert_ffn(const MoeDims& d, const MoeArgs& a, int64_t e, int64_t n, const float* xg, float* h, float* gu,
+                float* out, const Parallel& par, const OpsIsa& isa) {
+  const bool fused = fused_act(d, a);
+  const QLinearDims gud{
+      n, d.hidden, 2 * d.inter, d.block_size, d.bits, fused ? QLinearEpilogue::kSwiGLU : QLinearEpilogue::kNone};
   const QLinearDims dn{n, d.inter, d.hidden, d.block_size, d.bits, QLinearEpilogue::kNone};
   auto run = [&](const QLinearDims& dims, const MoeWeights& w, const float* x, float* y) {
     const int64_t scale_n = dims.groups() * dims.k_blocks() * 8;  // one expert's fp16 scales (and offsets)
@@ -51,8 +87,18 @@ void expert_ffn(const MoeDims& d, const MoeArgs& a, int64_t e, int64_t n, const 
     q.n_outputs = 1;
     qlinear(dims, q, par, isa);
   };
-  run(gu, a.gate_up, xg, h);
+  if (fused) {
+    run(gud, a.gate_up, xg, h);
+  } else {
+    run(gud, a.gate_up, xg, gu);
+    activate(d, gu, a.gate_up_bias ? a.gate_up_bias + e * 2 * d.inter : nullptr, n, h);
+  }
   run(dn, a.down, h, out);
+  if (a.down_bias) {
+    const float* b = a.down_bias + e * d.hidden;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < d.hidden; ++i) out[r * d.hidden + i] += b[i];
+  }
 }
 
 struct Ctx {
@@ -62,7 +108,7 @@ struct Ctx {
   const int64_t* start;
   const int64_t* order;
   const int64_t* narrow;  // experts run side by side
-  float *xg, *h, *out;
+  float *xg, *h, *out, *gu;
   const OpsIsa* isa;  // the session's kernel path
 };
 
@@ -71,7 +117,8 @@ void run_expert(const Ctx& c, int64_t e, const Parallel& par) {
   const int64_t H = c.d->hidden, k = c.d->top_k, p0 = c.start[e], n = c.start[e + 1] - p0;
   for (int64_t p = p0; p < p0 + n; ++p)
     std::memcpy(c.xg + p * H, c.a->x + (c.t0 + c.order[p] / k) * H, sizeof(float) * static_cast<size_t>(H));
-  expert_ffn(*c.d, *c.a, e, n, c.xg + p0 * H, c.h + p0 * c.d->inter, c.out + p0 * H, par, *c.isa);
+  float* gu = c.gu ? c.gu + p0 * 2 * c.d->inter : nullptr;
+  expert_ffn(*c.d, *c.a, e, n, c.xg + p0 * H, c.h + p0 * c.d->inter, gu, c.out + p0 * H, par, *c.isa);
 }
 
 void narrow_item(void* usr, size_t i) {
@@ -100,8 +147,12 @@ void run_chunk(const MoeDims& d, const MoeArgs& a, int64_t t0, int64_t nt, Scrat
   s.xg.resize(static_cast<size_t>(terms * H));
   s.h.resize(static_cast<size_t>(terms * d.inter));
   s.out.resize(static_cast<size_t>(terms * H));
+  const bool fused = fused_act(d, a);
+  if (!fused) s.gu.resize(static_cast<size_t>(terms * 2 * d.inter));
   s.narrow.clear();
-  Ctx c{&d, &a, t0, s.start.data(), s.order.data(), nullptr, s.xg.data(), s.h.data(), s.out.data(), &isa};
+  Ctx c{&d,      &a,          t0,         s.start.data(), s.order.data(),
+        nullptr, s.xg.data(), s.h.data(), s.out.data(),   fused ? nullptr : s.gu.data(),
+        &isa};
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = s.start[e + 1] - s.start[e];
     if (n >= kWideTerms)
@@ -141,7 +192,7 @@ void moe(const MoeDims& d, const MoeArgs& a, const Parallel& par, const OpsIsa& 
   Scratch& s = thread_scratch();
   for (int64_t t0 = 0; t0 < d.num_tokens; t0 += kTokenChunk)
     run_chunk(d, a, t0, std::min(kTokenChunk, d.num_tokens - t0), s, par, isa);
-  trim(s.xg), trim(s.h), trim(s.out), trim(s.order), trim(s.pos_of);
+  trim(s.xg), trim(s.h), trim(s.out), trim(s.gu), trim(s.order), trim(s.pos_of);
 }
 
 }  // namespace ortllm

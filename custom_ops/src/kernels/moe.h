@@ -1,7 +1,11 @@
 // Pure MoE kernel: a mixture-of-experts SwiGLU FFN whose experts are QLinear-quantized (qlinear.h), tokens grouped
 // by expert inside the call.
 //
-//   y[t] = sum_{j < k} w[t, j] * down_e(SwiGLU(gate_up_e(x[t]))),   e = expert[t, j]
+//   y[t] = sum_{j < k} w[t, j] * (down_e(act(gate_up_e(x[t]) + bgu_e)) + bd_e),   e = expert[t, j]
+//
+// act: SwiGLU SiLU(gate) * up, or gpt-oss's clamped SwiGLU (MoeActivation::kClampedSwiGLU):
+//   g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * g * sigmoid(alpha * g);
+// bgu_e [2I] (gate then up) and bd_e [H] are the experts' optional biases (gpt-oss).
 //
 // x [T, H] is the FFN's input (already normed: the router reads it too, in the graph); expert [T, k] and w [T, k] are
 // the router's top-k ids and weights (softmax, top-k, renormalised or not: the graph's choice). Each expert's
@@ -15,7 +19,9 @@
 // so each expert's weight rows are swept once by all of its tokens; then each token's output is the sum over j, in
 // j order, of w[t, j] times its term's row (float32 multiply and add, never contracted: the same bits on every path).
 // Threads go over experts (the experts with few tokens, one thread each) and over N (an expert with many tokens, or
-// the only one, gets the pool inside its QLinear calls); never over K.
+// the only one, gets the pool inside its QLinear calls); never over K. With biases or the clamped activation the
+// gate|up runs without its epilogue into [n, 2I], and the bias and the activation follow row by row in plain
+// float32 code of this file (the same bits on every ISA path); the down's bias is added to each term's row.
 //
 // Batch invariance: QLinear's output row for a token depends on that row of its input alone (qlinear.h: not on T,
 // the token tile or the thread split), so a term's row is the same whichever other tokens share its expert, and the
@@ -27,6 +33,8 @@
 
 namespace ortllm {
 
+enum class MoeActivation { kSwiGLU, kClampedSwiGLU };
+
 struct MoeDims {
   int64_t num_tokens;  // T
   int64_t hidden;      // H: x's width and down's output
@@ -35,6 +43,8 @@ struct MoeDims {
   int64_t top_k;       // k: terms a token
   int64_t block_size;  // bs of both projections, a multiple of 32
   int bits;            // 4 or 8, both projections
+  MoeActivation activation = MoeActivation::kSwiGLU;
+  float alpha = 1.702f, limit = 7.f;  // kClampedSwiGLU's sigmoid slope and clamp
 };
 
 // One projection stacked over the experts: expert e's QLinear weight at codes + e * expert_codes, ...
@@ -49,7 +59,9 @@ struct MoeArgs {
   const int64_t* expert;  // [T, k] ids in [0, E) (the op checks them)
   const float* weight;    // [T, k]
   MoeWeights gate_up, down;
-  float* y;  // [T, H]
+  const float* gate_up_bias;  // [E, 2I] (gate then up) or nullptr
+  const float* down_bias;     // [E, H] or nullptr
+  float* y;                   // [T, H]
 };
 
 struct OpsIsa;

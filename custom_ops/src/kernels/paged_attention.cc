@@ -12,6 +12,8 @@
 //        sliding window W, j = p(t) - W + 1 .. p(t): the keys before are masked like the future ones, and
 //        spans no row of an item can see are skipped, which leaves every row's bits as they would be)
 //      read back from the cache (so new tokens see exactly what later steps will see).
+//      With sinks (gpt-oss): softmax over the keys and one more logit sinks[h] that weights no value, i.e. the
+//      denominator gains e^sinks[h]; merged into the row's state after all its parts (add_sink), on every path.
 //      int8 caches: q_t,h is quantized like a key row (int8 codes, one fp16 scale per row) and
 //      q . k is an exact integer dot of the codes times the two scales (llama.cpp likewise quantizes
 //      q to the K cache's dot type); P V likewise, with each row's weights P_j * scale_j quantized to int16
@@ -312,6 +314,16 @@ void merge_part(int64_t D, const float* O, float m, float l, float* A, float& M,
   M = mx;
 }
 
+// A sink logit (attention sinks, gpt-oss) into a row's merged state: one more term of the denominator, weighting no
+// value: M' = max(M, sink), L = L e^(M - M') + e^(sink - M'), A = A e^(M - M'). Plain baseline-ISA code, as merge_part.
+void add_sink(int64_t D, float sink, float* A, float& M, float& L) {
+  const float mx = std::max(M, sink);
+  const float wa = std::exp(M - mx);
+  L = L * wa + std::exp(sink - mx);
+  for (int64_t x = 0; x < D; ++x) A[x] = A[x] * wa;
+  M = mx;
+}
+
 // out row <- A / L (L >= 1: the row's own key is always valid), then, when the values were cached rotated
 // (int4 with rotate), H / sqrt(D) once more: the transform is its own inverse, so sum_j p_j H v_j comes back
 // to sum_j p_j v_j.
@@ -325,6 +337,11 @@ void finish_row(const VecOps& v, int64_t D, const float* A, float L, float* dst,
 int64_t row_offset(const ItemShape& sh, int64_t r) {
   const int64_t gi = r / sh.hrows, rem = r % sh.hrows;
   return (sh.tok0 + rem / sh.G) * sh.H * sh.D + ((sh.g0 + gi) * sh.G + rem % sh.G) * sh.D;
+}
+
+// The query head of row r of the item.
+int64_t row_head(const ItemShape& sh, int64_t r) {
+  return (sh.g0 + r / sh.hrows) * sh.G + (r % sh.hrows) % sh.G;
 }
 
 // Qb <- the tile's roped queries of the item's rows (each kv head's G query heads are contiguous); int8 and
@@ -552,10 +569,12 @@ void end_part(const ItemShape& sh, const WorkItem& it, int64_t p, ItemScratch& w
   }
 }
 
-// out <- A / L for every row of an item that was not split.
-void store_item(const Ctx& c, const ItemShape& sh, const ItemScratch& w) {
-  for (int64_t r = 0; r < sh.rows; ++r)
+// out <- A / L for every row of an item that was not split (its sink merged in first, when there are sinks).
+void store_item(const Ctx& c, const ItemShape& sh, ItemScratch& w) {
+  for (int64_t r = 0; r < sh.rows; ++r) {
+    if (c.a->sinks) add_sink(sh.D, c.a->sinks[row_head(sh, r)], w.A + r * sh.D, w.M[r], w.L[r]);
     finish_row(*c.vec, sh.D, w.A + r * sh.D, w.L[r], c.a->out + row_offset(sh, r), sh.unrotate);
+  }
 }
 
 void attend_item(void* usr, size_t ii) {
@@ -693,6 +712,7 @@ void merge_splits(const VecOps& v, const PagedAttentionDims& d, const PagedAtten
         const float* st = part_state(at, D, p, r);
         merge_part(D, st, st[D], st[D + 1], dst, M, L);
       }
+      if (a.sinks) add_sink(D, a.sinks[row_head(sh, r)], dst, M, L);
       finish_row(v, D, dst, L, dst, sh.unrotate);
     }
   }

@@ -27,21 +27,22 @@ struct PagedAttentionDims {
 };
 
 struct PagedAttentionArgs {
-  const float* q;               // [T, H*D]
-  const float* k;               // [T, Hkv*D]
-  const float* v;               // [T, Hkv*D]
-  const int32_t* positions;     // [T]        rope position of each token
-  const int32_t* cu_seqlens;    // [S+1]      token t belongs to s iff cu[s] <= t < cu[s+1]
-  const int32_t* context_lens;  // [S]        tokens already cached; token j of s goes to slot ctx[s]+j
-  const int32_t* block_tables;  // [S, max_blocks]
-  const float* cos;             // [max_pos, D/2]
-  const float* sin;             // [max_pos, D/2]
-  void* key_cache;              // [NB, Hkv, BS, D] float or uint8 codes, int4: [NB, Hkv, BS, D / 2] packed codes
-                                // (quant.h quantize_int4) (output buffer, updated in place)
-  void* value_cache;            // as key_cache
-  uint16_t* key_scales;         // [NB, Hkv, BS] fp16 bits (quantized caches only)
-  uint16_t* value_scales;       // [NB, Hkv, BS] fp16 bits (quantized caches only)
-  float* out;                   // [T, H*D]
+  const float* q;                // [T, H*D]
+  const float* k;                // [T, Hkv*D]
+  const float* v;                // [T, Hkv*D]
+  const int32_t* positions;      // [T]        rope position of each token
+  const int32_t* cu_seqlens;     // [S+1]      token t belongs to s iff cu[s] <= t < cu[s+1]
+  const int32_t* context_lens;   // [S]        tokens already cached; token j of s goes to slot ctx[s]+j
+  const int32_t* block_tables;   // [S, max_blocks]
+  const float* cos;              // [max_pos, D/2]
+  const float* sin;              // [max_pos, D/2]
+  void* key_cache;               // [NB, Hkv, BS, D] float or uint8 codes, int4: [NB, Hkv, BS, D / 2] packed codes
+                                 // (quant.h quantize_int4) (output buffer, updated in place)
+  void* value_cache;             // as key_cache
+  uint16_t* key_scales;          // [NB, Hkv, BS] fp16 bits (quantized caches only)
+  uint16_t* value_scales;        // [NB, Hkv, BS] fp16 bits (quantized caches only)
+  float* out;                    // [T, H*D]
+  const float* sinks = nullptr;  // [H] or nullptr: head h's row softmax has e^sinks[h] in its denominator (gpt-oss)
 };
 
 // Writes the new K/V rows into the caches and the attention result into out.

@@ -12,7 +12,19 @@ namespace ortllm {
 namespace {
 
 constexpr const char* kOp = "MoE";
-enum Input { kX, kExpert, kWeight, kGateUpCodes, kGateUpScales, kGateUpOffsets, kDownCodes, kDownScales, kDownOffsets };
+enum Input {
+  kX,
+  kExpert,
+  kWeight,
+  kGateUpCodes,
+  kGateUpScales,
+  kGateUpOffsets,
+  kDownCodes,
+  kDownScales,
+  kDownOffsets,
+  kGateUpBias,
+  kDownBias
+};
 
 constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                U8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, I64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
@@ -30,10 +42,12 @@ constexpr InputSpec kInputs[] = {
     {"down_codes", U8, "E, ceil(H/8), ceil(I/bs), block_size*bits", false, "the experts' down codes, packed"},
     {"down_scales", F16, "E, ceil(H/8), ceil(I/bs), 8", false, "down's d per row and block"},
     {"down_offsets", F16, "E, ceil(H/8), ceil(I/bs), 8", true, "down's m per row and block"},
+    {"gate_up_bias", F32, "E, 2I", true, "the experts' gate then up biases, added before the activation (gpt-oss)"},
+    {"down_bias", F32, "E, H", true, "the experts' down biases (gpt-oss)"},
 };
 static_assert(same_name(kInputs[kGateUpCodes].name, "gate_up_codes") &&
-                  same_name(kInputs[kDownOffsets].name, "down_offsets") &&
-                  sizeof(kInputs) / sizeof(kInputs[0]) == kDownOffsets + 1,
+                  same_name(kInputs[kDownBias].name, "down_bias") &&
+                  sizeof(kInputs) / sizeof(kInputs[0]) == kDownBias + 1,
               "the enum Input names the table's positions");
 
 constexpr AttrSpec kAttrs[] = {
@@ -42,11 +56,17 @@ constexpr AttrSpec kAttrs[] = {
     {"E", "int", nullptr, "the number of experts"},
     {"bits", "int", nullptr, "the experts' weight bits, both projections: 4 or 8"},
     {"block_size", "int", nullptr, "the quantization block along K, both projections: a multiple of 32"},
+    {"activation", "string", "swiglu",
+     "swiglu: SiLU(gate) * up; clamped_swiglu (gpt-oss): g = min(gate, limit), u = clamp(up, -limit, limit), "
+     "(u + 1) * g * sigmoid(alpha * g)"},
+    {"alpha", "float", "1.702", "clamped_swiglu's sigmoid slope"},
+    {"limit", "float", "7.0", "clamped_swiglu's clamp, > 0"},
 };
 
 constexpr OpSchema kSchema{kOp,
-                           "y = sum over a token's k experts e of weight * down_e(SiLU(gate_e(x)) * up_e(x)), the "
-                           "experts' weights block-quantized (int4, int8), tokens grouped by expert",
+                           "y = sum over a token's k experts e of weight * down_e(act(gate_e(x), up_e(x))) (+ the "
+                           "experts' biases), the experts' weights block-quantized (int4, int8), tokens grouped by "
+                           "expert",
                            kInputs,
                            sizeof(kInputs) / sizeof(kInputs[0]),
                            kAttrs,
@@ -61,7 +81,7 @@ const ParsedSchema& parsed() {
 }
 
 struct Symbols {
-  int T, H, k, E, G_gu, kb_gu, code_bytes, G_d, kb_d;
+  int T, H, k, E, G_gu, kb_gu, code_bytes, G_d, kb_d, two_I;
 };
 const Symbols& symbols() {
   static const Symbols s = [] {
@@ -74,7 +94,8 @@ const Symbols& symbols() {
                    p.sym("ceil(H/bs)"),
                    p.sym("block_size*bits"),
                    p.sym("ceil(H/8)"),
-                   p.sym("ceil(I/bs)")};
+                   p.sym("ceil(I/bs)"),
+                   p.sym("2I")};
   }();
   return s;
 }
@@ -95,6 +116,9 @@ MoeKernel::MoeKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa&
   E_ = attr_int(&api, info, "E", 0);
   bits_ = attr_int(&api, info, "bits", 0);
   block_size_ = attr_int(&api, info, "block_size", 0);
+  const std::string act = attr_string(&api, info, "activation", "swiglu");
+  alpha_ = attr_float(&api, info, "alpha", 1.702f);
+  limit_ = attr_float(&api, info, "limit", 7.f);
   std::ostringstream err;
   if (H_ <= 0 || I_ <= 0 || E_ <= 0)
     err << kOp << ": attributes H, I and E must be > 0; got H = " << H_ << ", I = " << I_ << ", E = " << E_;
@@ -104,6 +128,12 @@ MoeKernel::MoeKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa&
     err << kOp << ": attribute bits must be 4 or 8; got " << bits_;
   else if (block_size_ <= 0 || block_size_ % 32 != 0)
     err << kOp << ": attribute block_size must be a positive multiple of 32 (32, 64, 128); got " << block_size_;
+  else if (act != "swiglu" && act != "clamped_swiglu")
+    err << kOp << ": attribute activation = '" << act << "' is not swiglu or clamped_swiglu";
+  else if (!(limit_ > 0.f) || !std::isfinite(limit_) || !std::isfinite(alpha_))
+    err << kOp << ": attributes alpha and limit must be finite with limit > 0; got alpha = " << alpha_
+        << ", limit = " << limit_;
+  activation_ = act == "clamped_swiglu" ? MoeActivation::kClampedSwiGLU : MoeActivation::kSwiGLU;
   init_error_ = err.str();
   for (size_t i = kGateUpCodes; i <= kDownOffsets; ++i) {
     int is_constant = 0;
@@ -137,6 +167,7 @@ OrtStatusPtr MoeKernel::ComputeV2(OrtKernelContext* context) {
     check_in.bind(sym.code_bytes, block_size_ * bits_);
     check_in.bind(sym.G_d, (H_ + 7) / 8);
     check_in.bind(sym.kb_d, (I_ + block_size_ - 1) / block_size_);
+    check_in.bind(sym.two_I, 2 * I_);
     const TensorIn x = input(api, context, n_in, kX), expert = input(api, context, n_in, kExpert),
                    weight = input(api, context, n_in, kWeight);
     check_in.check(kX, x);
@@ -164,9 +195,12 @@ OrtStatusPtr MoeKernel::ComputeV2(OrtKernelContext* context) {
       proj[p]->d = scales.as<uint16_t>();
       proj[p]->m = check_in.check(base + 2, offsets) ? offsets.as<uint16_t>() : nullptr;
     }
+    const TensorIn gu_bias = input(api, context, n_in, kGateUpBias), down_bias = input(api, context, n_in, kDownBias);
+    a.gate_up_bias = check_in.check(kGateUpBias, gu_bias) ? gu_bias.as<float>() : nullptr;
+    a.down_bias = check_in.check(kDownBias, down_bias) ? down_bias.as<float>() : nullptr;
     const int64_t out_dims[2] = {T, H_};
     a.y = output<float>(api, context, 0, out_dims, 2);
-    const MoeDims dims{T, H_, I_, E_, k, block_size_, static_cast<int>(bits_)};
+    const MoeDims dims{T, H_, I_, E_, k, block_size_, static_cast<int>(bits_), activation_, alpha_, limit_};
     moe(dims, a, Parallel{ort_parallel_for, context}, *isa_);
     return nullptr;
   } catch (const OpError& e) {

@@ -1,8 +1,9 @@
 // ORT wrapper of the MoE kernel (kernels/moe.h), on Ort::CustomOpBase with status returns (inputs read by index, the
 // optional offsets may be left out ""). Inputs and attributes: the table moe_schema() (moe_op.cc).
-//   outputs: 0 y [T, H] f32: sum over a token's k experts of weight * down(SwiGLU(gate_up(x)))
+//   outputs: 0 y [T, H] f32: sum over a token's k experts of weight * (down(act(gate_up(x) + bias)) + bias)
 #pragma once
 #include "../kernels/isa.h"
+#include "../kernels/moe.h"
 #include "op_schema.h"
 #include "op_util.h"
 
@@ -16,6 +17,8 @@ struct MoeKernel {
 
  private:
   int64_t H_ = 0, I_ = 0, E_ = 0, top_k_ = 0, bits_ = 0, block_size_ = 0;
+  MoeActivation activation_ = MoeActivation::kSwiGLU;
+  float alpha_ = 1.702f, limit_ = 7.f;
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
   // The experts' weights are initializers: read once at creation (absent, rank -1, when an input is not one), by
   // their input index - kGateUpCodes.

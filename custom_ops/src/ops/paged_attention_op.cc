@@ -32,7 +32,8 @@ enum Input {
   kKeyCache,
   kValueCache,
   kKeyScales,
-  kValueScales
+  kValueScales,
+  kSinks
 };
 enum Output { kAttn, kKeyCacheOut, kValueCacheOut, kKeyScalesOut, kValueScalesOut };
 
@@ -54,10 +55,11 @@ constexpr InputSpec kInputs[] = {
     {"value_cache", CACHE, "[n_layers,] num_blocks, Hkv, BS, row", false, "the value pool, like key_cache"},
     {"key_scales", F16, "[n_layers,] num_blocks, Hkv, BS", true, "each key row's scale (quantized caches only)"},
     {"value_scales", F16, "[n_layers,] num_blocks, Hkv, BS", true, "each value row's scale (quantized caches only)"},
+    {"sinks", F32, "H", true,
+     "attention sinks (gpt-oss): one logit per query head in each row's softmax denominator, weighting no value"},
 };
-static_assert(same_name(kInputs[kKeyCache].name, "key_cache") &&
-                  same_name(kInputs[kValueScales].name, "value_scales") &&
-                  sizeof(kInputs) / sizeof(kInputs[0]) == kValueScales + 1,
+static_assert(same_name(kInputs[kKeyCache].name, "key_cache") && same_name(kInputs[kSinks].name, "sinks") &&
+                  sizeof(kInputs) / sizeof(kInputs[0]) == kSinks + 1,
               "the enum Input names the table's positions");
 
 constexpr AttrSpec kAttrs[] = {
@@ -92,13 +94,13 @@ const ParsedSchema& parsed() {
 
 // The table's symbols the wrapper binds or reads, by id (looked up once).
 struct Symbols {
-  int T, HD, HkvD, half_D, Hkv, BS, row, S, max_blocks, max_pos, num_blocks;
+  int T, HD, HkvD, half_D, Hkv, BS, row, S, max_blocks, max_pos, num_blocks, H;
 };
 const Symbols& symbols() {
   static const Symbols s = [] {
     const ParsedSchema& p = parsed();
-    return Symbols{p.sym("T"),   p.sym("H*D"), p.sym("Hkv*D"),      p.sym("D/2"),     p.sym("Hkv"),       p.sym("BS"),
-                   p.sym("row"), p.sym("S"),   p.sym("max_blocks"), p.sym("max_pos"), p.sym("num_blocks")};
+    return Symbols{p.sym("T"),   p.sym("H*D"), p.sym("Hkv*D"),      p.sym("D/2"),     p.sym("Hkv"),        p.sym("BS"),
+                   p.sym("row"), p.sym("S"),   p.sym("max_blocks"), p.sym("max_pos"), p.sym("num_blocks"), p.sym("H")};
   }();
   return s;
 }
@@ -139,6 +141,7 @@ void check_shapes(Extents& e, InputCheck& c, const TensorIn* in, size_t n_output
   c.bind(sym.Hkv, e.Hkv);
   c.bind(sym.BS, e.BS);
   c.bind(sym.row, e.row);
+  c.bind(sym.H, e.H);
   for (size_t i = kQ; i <= kCuSeqlens; ++i) c.check(i, in[i]);
   const TensorIn& cu = in[kCuSeqlens];
   if (cu.dims[0] < 1) fail(kOp, ": input 'cu_seqlens' must be [S+1] with S >= 0; got shape ", shape_str(cu.shape()));
@@ -157,6 +160,7 @@ void check_shapes(Extents& e, InputCheck& c, const TensorIn* in, size_t n_output
     c.check(kKeyScales, in[kKeyScales]);
     c.check(kValueScales, in[kValueScales]);
   }
+  c.check(kSinks, in[kSinks]);
   e.T = c[sym.T];
   e.S = c[sym.S];
   e.MB = c[sym.max_blocks];
@@ -254,9 +258,9 @@ PagedAttentionKernel<CacheT>::PagedAttentionKernel(const OrtApi& api, const OrtK
   init_error_ = err.str();
   scale_ = attr_float(&api, info, "scale", 0.f);
   if (scale_ == 0.f && head_size_ > 0) scale_ = 1.f / std::sqrt(static_cast<float>(head_size_));
-  // The rope tables are initializers in the engine graph: their pointers and shapes are read once here
+  // The rope tables (and the sinks) are initializers in the engine graph: their pointers and shapes are read once here
   // (their shapes are still checked on every call, at no cost).
-  for (auto [i, dst] : {std::pair<size_t, TensorIn*>{kCos, &cos_}, {kSin, &sin_}}) {
+  for (auto [i, dst] : {std::pair<size_t, TensorIn*>{kCos, &cos_}, {kSin, &sin_}, {kSinks, &sinks_}}) {
     int is_constant = 0;
     const OrtValue* value = nullptr;
     if (OrtStatus* st = api.KernelInfoGetConstantInput_tensor(info, i, &is_constant, &value)) {
@@ -287,6 +291,8 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
         in[i] = cos_;
       } else if (i == kSin && sin_.value) {
         in[i] = sin_;
+      } else if (i == kSinks && sinks_.value) {
+        in[i] = sinks_;
       } else {
         in[i] = input(api, context, n_inputs, i);
       }
@@ -352,7 +358,8 @@ OrtStatusPtr PagedAttentionKernel<CacheT>::ComputeV2(OrtKernelContext* context) 
                             vc,
                             ks,
                             vs,
-                            out};
+                            out,
+                            in[kSinks].value ? static_cast<const float*>(in[kSinks].data) : nullptr};
     paged_attention(dims, args, Parallel{ort_parallel_for, context}, *isa_);
     return nullptr;
   } catch (const OpError& e) {

@@ -38,12 +38,13 @@ struct PagedAttentionKernel {
   int64_t layer_ = -1;      // >= 0: the cache inputs hold every layer ([n_layers, ...]); this node reads this one
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)
   TensorIn cos_, sin_;      // the rope tables when they are initializers (read once), else absent
+  TensorIn sinks_;          // the attention sinks, likewise
   const OpsIsa* isa_;
 };
 
 template <typename CacheT>
 struct PagedAttentionOp : Ort::CustomOpBase<PagedAttentionOp<CacheT>, PagedAttentionKernel<CacheT>, true> {
-  static constexpr size_t kInputs = 13, kOutputs = 5;
+  static constexpr size_t kInputs = 14, kOutputs = 5;
   static constexpr ONNXTensorElementDataType kCacheType =
       std::is_same<CacheT, float>::value      ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
       : std::is_same<CacheT, uint16_t>::value ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16

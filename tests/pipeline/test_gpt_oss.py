@@ -1,0 +1,266 @@
+"""gpt-oss against transformers, from a small random GptOssForCausalLM (tests/reference/hf_families.py, GPT_OSS: 3
+layers sliding / full / sliding with a window of 8 over a 44-token prompt, 8 experts top-2, q/k/v/o, router and
+expert biases, non-zero attention sinks, YaRN, gate|up scaled so the SwiGLU clamp at 7 fires) built by `ortllm build`
+from its HF directory: the fp32 engine graph's logits over a prefill and greedy decode steps, its greedy tokens,
+int8 / int4 builds (the MoE op, clamped SwiGLU with biases) against the engine's own fp32 by KLD, each row of a batch
+as it is alone, and MXFP4 checkpoints read by dequantizing their experts exactly.
+
+As in test_moe_families.py the seed is chosen so no token's router has its k-th and (k+1)-th logits within 1e-3.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ortllm.pipeline.errors import BuildError
+from tests.pipeline.test_moe_families import STEPS, _build, _greedy, _kld, _logits, _prompt
+from tests.reference.hf_families import hf_logits, save_hf_dir, tiny_model
+from tests.reference.hf_llama import hf_greedy_logits
+
+MARGIN = 1e-3
+PROMPT = 44
+
+
+def router_margin(model, ids: list[int]) -> float:
+    """The smallest gap between a token's k-th and (k+1)-th router logit over every layer (gpt-oss routes on the
+    logits: top-k, then a softmax over those k)."""
+    import torch
+    gaps = []
+
+    def hook(module, args, out):
+        logits = torch.nn.functional.linear(args[0].reshape(-1, module.hidden_dim), module.weight, module.bias)
+        top = logits.sort(-1, descending=True).values
+        gaps.append(float((top[:, module.top_k - 1] - top[:, module.top_k]).min()))
+
+    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith(".router")]
+    try:
+        hf_logits(model, ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return min(gaps)
+
+
+def clamped_share(model, ids: list[int]) -> float:
+    """The share of the routed experts' gate / up values beyond the clamp (gate > 7 or |up| > 7)."""
+    import torch
+    hits, total = [0], [0]
+
+    def hook(module, args, kwargs, out):
+        x = args[0].reshape(-1, module.hidden_size)
+        idx = kwargs["router_indices"]
+        for t in range(x.shape[0]):
+            for e in idx[t].tolist():
+                gu = x[t] @ module.gate_up_proj[e] + module.gate_up_proj_bias[e]
+                g, u = gu[::2], gu[1::2]
+                hits[0] += int((g > module.limit).sum() + (u.abs() > module.limit).sum())
+                total[0] += gu.numel()
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for n, m in model.named_modules()
+               if n.endswith(".experts")]
+    try:
+        with torch.no_grad():
+            hf_logits(model, ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return hits[0] / total[0]
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    """(transformers model, its HF directory, prompt, transformers' greedy tokens) for the first seed whose routes
+    over prompt + continuation keep a top-k margin of MARGIN."""
+    prompt = _prompt(PROMPT, seed=1)
+    for seed in range(20):
+        model = tiny_model("gpt_oss", seed=seed)
+        if router_margin(model, prompt) < MARGIN:       # the cheap rejection first: one forward of the prompt
+            continue
+        ref_tokens, _ = hf_greedy_logits(model, prompt, STEPS)
+        if router_margin(model, prompt + ref_tokens) >= MARGIN:
+            break
+    else:
+        raise AssertionError(f"gpt-oss: no seed in 20 keeps the router's top-k margin >= {MARGIN}")
+    return model, save_hf_dir(model, tmp_path_factory.mktemp("gpt_oss") / "hf"), prompt, ref_tokens
+
+
+@pytest.fixture(scope="module")
+def fp32_art(family, tmp_path_factory):
+    return _build(family[1], tmp_path_factory.mktemp("fp32") / "art")
+
+
+def test_the_case_exercises_every_feature(family):
+    """Not vacuous: the clamp fires on the routed experts, and zeroing the sinks or lifting the clamp moves
+    transformers' logits by far more than the parity bound."""
+    import copy
+
+    import torch
+    model, _, prompt, ref_tokens = family
+    ids = prompt + ref_tokens
+    assert clamped_share(model, ids) > 0.02
+    ref = hf_logits(model, ids)
+    no_sinks, no_clamp = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        for n, p in no_sinks.named_parameters():
+            if n.endswith("sinks"):
+                p.zero_()
+    for m in no_clamp.modules():
+        if hasattr(m, "limit"):
+            m.limit = 1e9
+    for other in (no_sinks, no_clamp):
+        assert np.abs(hf_logits(other, ids) - ref).max() > 1e-2 * np.abs(ref).max()
+
+
+@pytest.mark.isa_paths
+def test_engine_fp32_matches_transformers(family, fp32_art):
+    """Logits of every position of prompt + transformers' greedy continuation within 1e-5 x max|logit|, and the
+    engine's own greedy decode gives transformers' tokens."""
+    model, _, prompt, ref_tokens = family
+    ids = prompt + ref_tokens
+    ref, got = hf_logits(model, ids), _logits(fp32_art, ids)
+    err, bound = np.abs(got - ref).max(), 1e-5 * np.abs(ref).max()
+    assert err <= bound, f"gpt-oss: max |dlogit| {err:.3g} > {bound:.3g}"
+    assert _greedy(fp32_art, [prompt]) == [ref_tokens]
+    cfg = json.loads((fp32_art / "config.json").read_text())
+    assert (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_router"], cfg["swiglu_limit"]) == \
+        (8, 2, "topk_softmax", 7.0)
+    assert cfg["layer_types"] == ["sliding", "full", "sliding"] and cfg["sliding_window"] == 8
+    assert cfg["rope_scaling"]["type"] == "yarn" and cfg["attention_sinks"] and cfg["o_proj_bias"]
+
+
+@pytest.mark.isa_paths
+@pytest.mark.parametrize("quant, max_kld", [("int8", 5e-3), ("int4", 0.25)])
+def test_quantized_against_the_engines_fp32(family, fp32_art, tmp_path, quant, max_kld):
+    """int8 / int4 builds (the experts in the MoE op with its clamped SwiGLU and biases, the router fp32) against
+    the fp32 engine graph by mean KLD over prompt + continuation (measured: int8 0.0018, int4 0.132); each row of a
+    batch of three prompts decodes as it does alone. The bounds are wider than Qwen3-MoE's because this model is
+    that sensitive to its weights' rounding, not the engine: transformers itself with every projection and expert
+    rounded to 4-bit min-max blocks of 32 (router, embeddings and head kept) is at KLD 0.134 from its fp32 logits
+    on the same tokens (Qwen3-MoE's tiny model: 0.022, its engine int4 0.014); and quantization noise in the
+    router's input flips some of the routes the fp32 seed keeps 1e-3 apart (int8 over seeds 1-11: 0.002-0.034)."""
+    _, hf_dir, prompt, ref_tokens = family
+    art = _build(hf_dir, tmp_path / "art", quant=quant, quality_tokens=64)
+    assert b"clamped_swiglu" in (art / "model.onnx").read_bytes()
+    ids = prompt + ref_tokens
+    kld = _kld(_logits(fp32_art, ids), _logits(art, ids))
+    assert kld <= max_kld, f"gpt-oss {quant}: KLD vs fp32 {kld:.3g} > {max_kld}"
+    prompts = [prompt, _prompt(7, seed=3), _prompt(19, seed=4)]
+    alone = [_greedy(art, [p])[0] for p in prompts]
+    assert _greedy(art, prompts) == alone
+
+
+def _mxfp4(rng, e: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random MXFP4 blocks [E, N, K/32, 16] (every code) and e8m0 scales [E, N, K/32] around 2^-3."""
+    return (rng.integers(0, 256, (e, n, k // 32, 16)).astype(np.uint8),
+            rng.integers(127 - 5, 127 - 1, (e, n, k // 32)).astype(np.uint8))
+
+
+def test_mxfp4_checkpoint_builds_its_exact_dequantization(tmp_path):
+    """The hub's MXFP4 layout (mlp.experts.{gate_up,down}_proj_blocks / _scales, quantization_config mxfp4; the
+    tiny model with an expert width of 64, as MXFP4's blocks of 32 need): dequantized exactly as transformers'
+    convert_moe_packed_tensors does, and the build of that checkpoint gives the same logits, bit for bit, as the
+    build of a checkpoint holding the dequantized fp32 experts; an int8 build keeps the experts exact."""
+    import torch
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from ortllm.pipeline.families import mxfp4_dequantize
+    model = tiny_model("gpt_oss", seed=1, intermediate_size=64)
+    hf_dir, prompt, c = save_hf_dir(model, tmp_path / "hf"), _prompt(PROMPT, seed=1), model.config
+    rng = np.random.default_rng(0)
+    t = load_file(str(hf_dir / "model.safetensors"))
+    packed, plain = dict(t), dict(t)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}.mlp.experts"
+        for proj, n, k in (("gate_up_proj", 2 * c.intermediate_size, c.hidden_size),
+                           ("down_proj", c.hidden_size, c.intermediate_size)):
+            blocks, scales = _mxfp4(rng, c.num_local_experts, n, k)
+            ref = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                             dtype=torch.float32).numpy()
+            ours = mxfp4_dequantize(blocks, scales)
+            np.testing.assert_array_equal(ours, ref)
+            del packed[f"{p}.{proj}"]
+            packed |= {f"{p}.{proj}_blocks": blocks, f"{p}.{proj}_scales": scales}
+            plain[f"{p}.{proj}"] = ours
+    arts = {}
+    for name, tensors, extra in (("plain", plain, {}), ("mxfp4", packed, {"quant_method": "mxfp4"})):
+        src = tmp_path / name
+        shutil.copytree(hf_dir, src)
+        save_file(tensors, str(src / "model.safetensors"))
+        if extra:
+            cfg = json.loads((src / "config.json").read_text())
+            (src / "config.json").write_text(json.dumps(cfg | {"quantization_config": extra}))
+        arts[name] = _logits(_build(src, tmp_path / f"{name}_art"), prompt)
+    np.testing.assert_array_equal(arts["mxfp4"], arts["plain"])
+    # int8 keeps the experts on MXFP4's own grid (25 levels of 2^(s - 128) a block: no second rounding); int4's 16
+    # levels cannot hold it, so those experts are quantized as any others are
+    for quant, exact in (("int8", True), ("int4", False)):
+        art = _build(tmp_path / "mxfp4", tmp_path / f"mxfp4_{quant}", quant=quant, quality_tokens=16)
+        report = json.loads((art / "quality.json").read_text())["tensors"]
+        experts = {n: r for n, r in report.items() if ".mlp.experts." in n}
+        assert len(experts) == c.num_hidden_layers * c.num_local_experts * 3
+        for n, r in experts.items():
+            assert (r["algo"] == "source grid (MXFP4)") == exact, (quant, n, r["algo"])
+            assert (r["max_rel"] == 0) == exact, (quant, n, r["max_rel"])
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    (tmp_path / "plain" / "config.json").write_text(json.dumps(cfg | {"quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(BuildError, match="quant_method 'fp8' is not read; supported: none"):
+        _build(tmp_path / "plain", tmp_path / "refused")
+
+
+def test_gpt_oss_20b_config_and_its_yarn_tables():
+    """gpt-oss-20b's config (transformers' GptOssConfig at 24 layers, 32 experts: alternating sliding 128 / full,
+    YaRN factor 32 over 4096 without truncation) reads as gpt-oss; its RoPE frequencies and attention factor are
+    transformers' own (ROPE_INIT_FUNCTIONS["yarn"]; 2 of the 32 a float32 ulp off, torch's pow rounding its own way)
+    and so are the cos / sin tables, which carry the factor (over the original 4096 positions: an ulp off a frequency
+    f moves the angle at position p by about p x 6e-8 x f, under 3e-4)."""
+    import torch
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ortllm.pipeline.families import hf_config
+    from ortllm.pipeline.graph_blocks import rope_inv_freq, rope_tables
+    hf = transformers.GptOssConfig(num_hidden_layers=24, num_local_experts=32, swiglu_limit=7.0)
+    cfg = hf_config(hf.to_dict())
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.sliding_window) == (32, 4, 2880,
+                                                                                                         128)
+    assert cfg.layer_types == ("sliding", "full") * 12 and cfg.attention_bias and cfg.o_proj_bias and cfg.moe_bias
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    assert cfg.rope_scaling["attention_factor"] == pytest.approx(factor, rel=1e-12)
+    for kind in ("sliding", "full"):          # one rotary embedding for both layer types
+        np.testing.assert_allclose(rope_inv_freq(cfg, kind), inv.numpy(), rtol=2e-7, atol=0)
+    cos, sin = rope_tables(cfg, "full", max_pos=4096)
+    ang = torch.outer(torch.arange(4096, dtype=torch.float32), inv)
+    np.testing.assert_allclose(cos, (ang.cos() * factor).numpy(), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(sin, (ang.sin() * factor).numpy(), rtol=0, atol=1e-4)
+
+
+def test_lora_on_the_attention(family, fp32_art, tmp_path):
+    """A PEFT LoRA on q/k/v/o of the gpt-oss model (o_proj with its bias) gives PEFT's greedy tokens through the
+    engine (PEFT itself cannot target gpt-oss's router or its fused experts: they are no Linear modules)."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from ortllm.runtime.adapter_files import add_adapter
+    from ortllm.runtime.engine import Engine
+    from ortllm.runtime.sampling_params import SamplingParams
+    model, _, prompt, _ = family
+    art = tmp_path / "art"
+    shutil.copytree(fp32_art, art)
+    torch.manual_seed(5)
+    peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
+                                                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    peft.save_pretrained(tmp_path / "attn")
+    add_adapter(art, tmp_path / "attn", "attn")
+    peft = PeftModel.from_pretrained(copy.deepcopy(model), tmp_path / "attn").eval()
+    ref_tokens, _ = hf_greedy_logits(peft, prompt, STEPS)
+    assert ref_tokens != hf_greedy_logits(model, prompt, STEPS)[0], "the adapter should change the greedy tokens"
+    with Engine.from_artifact(art) as engine:
+        got = engine.generate([prompt], SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True,
+                                                       adapter="attn"))[0].token_ids
+    assert got == ref_tokens
