@@ -20,8 +20,8 @@ from onnx import TensorProto
 from ortllm.runtime import contract as C
 from ortllm.runtime.ops_library import op_schema
 
-from .graph_blocks import (activation, add_bias, head_norm, in_norm, lm_head, out_norm, project, rms_norm,
-                           rope_tables, scale_embedding, softcap)
+from .graph_blocks import (activation, add_bias, in_norm, lm_head, out_norm, project, qk_norms, rms_norm,
+                           rope_tables, scale_embedding, scale_residual, softcap)
 from .graph_moe import moe_mlp
 from .graph_qlinear import EMBED_TABLE, embedding, qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
@@ -104,9 +104,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
     q, k, v = projections(g, x, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
                           batch["adapter"], quant, norm=in_norm(cfg, w, i, "attn_in"), layers=cfg.num_layers)
     q, k, v = (add_bias(g, y, w, f"{p}.{t}.bias", f"{path}/{t}") for y, t in zip((q, k, v), targets))
-    if cfg.qk_norm:
-        q = head_norm(g, q, w[f"{p}.q_norm.weight"], cfg.rms_norm_eps, cfg.num_heads, f"{path}/q_norm")
-        k = head_norm(g, k, w[f"{p}.k_norm.weight"], cfg.rms_norm_eps, cfg.num_kv_heads, f"{path}/k_norm")
+    q, k = qk_norms(g, cfg, q, k, w, p, path)
     quantized = C.kv_scaled(C.KV_DTYPES[kv])     # codes with fp16 scales (int8, fp8, int4), Hadamard-rotated
     cache_type = U8 if quantized else F16 if kv == "fp16" else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, C.kv_row_elems(C.KV_DTYPES[kv], cfg.head_dim)]
@@ -139,11 +137,12 @@ def _window(cfg: ModelConfig, i: int) -> dict:
 def _residual(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, h: str, ws: list, paths: list[str], i: int,
               adapter: str, quant, role: str) -> str:
     """x + proj(h): the projection adds the residual itself (epilogue), or, where the family norms the block's
-    output first (role attn_out | mlp_out), proj -> RMSNorm -> Add."""
-    if norm_names(cfg)[role] is None:
+    output first (role attn_out | mlp_out) or scales it (residual_multiplier), proj [-> RMSNorm] [-> * m] -> Add."""
+    if norm_names(cfg)[role] is None and cfg.residual_multiplier == 1.0:
         return projections(g, h, ws, paths, i, adapter, quant, "residual", x, layers=cfg.num_layers)[0]
     y = projections(g, h, ws, paths, i, adapter, quant, layers=cfg.num_layers)[0]
-    return g.op("Add", [x, out_norm(g, cfg, w, y, i, role)], f"{paths[0].rsplit('/', 1)[0]}/residual")
+    path = paths[0].rsplit('/', 1)[0]
+    return g.op("Add", [x, scale_residual(g, out_norm(g, cfg, w, y, i, role), cfg, path)], f"{path}/residual")
 
 
 def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str, quant=None) -> str:
