@@ -312,6 +312,24 @@ def _gguf_qwen2_moe(reader, p: str) -> dict:
     return {**_gguf_qwen2(reader, p), **_gguf_moe(reader, p, norm_topk_prob=False)}
 
 
+def _gguf_olmoe(reader, p: str) -> dict:
+    """llama.cpp's olmoe: q/k norms over the whole projection, softmax then top-k not renormalised (OLMoE's)."""
+    return {"qk_norm": True, "qk_norm_whole": True, **_gguf_rope(reader, p),
+            **_gguf_moe(reader, p, norm_topk_prob=False)}
+
+
+def _gguf_granitemoe(reader, p: str) -> dict:
+    """llama.cpp's granitemoe: Granite's multipliers as embedding_scale, attention.scale, residual_scale and
+    logit_scale; the top k logits then a softmax (llama.cpp's softmax then renormalised top k: the same weights); a
+    shared expert without a gate."""
+    scale = _key(reader, p + "attention.scale")
+    return {**_gguf_rope(reader, p), "embedding_scale": float(_key(reader, p + "embedding_scale", 1.0)),
+            "attention_scale": float(scale) if scale else None,
+            "residual_multiplier": float(_key(reader, p + "residual_scale", 1.0)),
+            "logits_scaling": float(_key(reader, p + "logit_scale", 1.0)),
+            **_gguf_moe(reader, p, norm_topk_prob=False), "moe_router": "topk_softmax"}
+
+
 def gguf_config(reader) -> ModelConfig:
     arch = _key(reader, "general.architecture")
     if arch not in GGUF_ARCHS:
@@ -563,10 +581,11 @@ FAMILIES = {
     # Qwen2's blocks + MoE with a shared expert behind a sigmoid gate (Qwen1.5-MoE-A2.7B)
     "qwen2_moe": Family(_hf_qwen2_moe, _gguf_qwen2_moe, fix_hf=(split_experts,), fix_gguf=(split_experts,)),
     # llama's blocks with q/k norms over the whole projection + MoE on every layer
-    "olmoe": Family(_hf_olmoe, None, fix_hf=(split_experts,)),
+    "olmoe": Family(_hf_olmoe, _gguf_olmoe, fix_hf=(split_experts,), fix_gguf=(split_experts,)),
     # llama's blocks with Granite's multipliers + MoE (top-k then softmax) from fused experts; the -shared variant
     # adds a shared expert
-    "granitemoe": Family(_hf_granitemoe, None, fix_hf=(granite_names, split_experts)),
+    "granitemoe": Family(_hf_granitemoe, _gguf_granitemoe, fix_hf=(granite_names, split_experts),
+                         fix_gguf=(unpermute_qk, split_experts)),
     "phi3": Family(_hf_phi3, _gguf_phi3, fix_hf=(split_fused,), fix_gguf=(split_fused,),
                    gguf_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
                                "ffn_up.weight": "mlp.gate_up_proj.weight"}),
@@ -588,7 +607,8 @@ HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwe
 HF_MODEL_TYPES |= {"qwen3_moe": "qwen3_moe", "mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "olmoe": "olmoe",
                    "granitemoe": "granitemoe", "granitemoeshared": "granitemoe"}   # mixtures of experts (engine only)
 GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
-GGUF_ARCHS |= {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}     # mixtures of experts (engine graph only)
+GGUF_ARCHS |= {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
+               "granitemoe": "granitemoe"}     # mixtures of experts (engine graph only)
 
 
 def default_act16(cfg: ModelConfig) -> tuple[str, ...]:

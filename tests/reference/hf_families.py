@@ -20,8 +20,9 @@ BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_la
             bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 
 # Granite's multipliers away from 1 but not at Granite 3.1's (12, 1/64, 0.22, 6: on these N(0, 1) embeddings the blocks'
-# share of the residual stream would be so small that every greedy token repeats the last one)
-GRANITE = dict(embedding_multiplier=1.5, attention_multiplier=0.125, residual_multiplier=0.6, logits_scaling=3.0)
+# share of the residual stream would be so small that every greedy token repeats the last one), each exact in float32 as
+# a GGUF's keys hold them
+GRANITE = dict(embedding_multiplier=1.5, attention_multiplier=0.125, residual_multiplier=0.625, logits_scaling=3.0)
 GRANITE_MOE = dict(GRANITE, num_local_experts=8, num_experts_per_tok=2, intermediate_size=48)
 
 # family -> (config class, model class, config overrides)
@@ -109,8 +110,26 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 # family -> gguf's architecture (Mistral converts to llama, as llama.cpp's converter does it)
 GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "mistral": "LLAMA", "llama3": "LLAMA", "phi3": "PHI3"}
-MOE_GGUF_ARCH = {"qwen3_moe": "QWEN3MOE", "qwen2_moe": "QWEN2MOE"}     # the MoE families llama.cpp reads
+MOE_GGUF_ARCH = {"qwen3_moe": "QWEN3MOE", "qwen2_moe": "QWEN2MOE", "olmoe": "OLMOE", "granitemoe": "GRANITE_MOE",
+                 "granitemoeshared": "GRANITE_MOE"}     # the MoE families llama.cpp reads
+# Granite's fused gate|up (gate rows first) -> the names gguf's map knows (its converter splits them the same way)
+_GRANITE_FUSED = {"block_sparse_moe.input_linear.weight": "mlp.experts.{}_proj.weight",
+                  "shared_mlp.input_linear.weight": "mlp.shared_expert.{}_proj.weight"}
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def _split_granite(state: dict):
+    """(name, tensor) of a state dict, Granite's fused input_linear weights ([E, 2I, H] / [2S, H], gate rows first)
+    as their gate and up halves under names gguf's tensor map knows."""
+    for name, t in state.items():
+        fused = next((k for k in _GRANITE_FUSED if name.endswith(k)), None)
+        if fused is None:
+            yield name, t
+            continue
+        stem = name.removesuffix(fused)
+        half = t.shape[-2] // 2
+        yield stem + _GRANITE_FUSED[fused].format("gate"), t[..., :half, :]
+        yield stem + _GRANITE_FUSED[fused].format("up"), t[..., half:, :]
 
 
 def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
@@ -142,11 +161,19 @@ def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     if family in MOE_GGUF_ARCH:
-        w.add_expert_count(cfg.num_experts)
+        granite = arch_name == "GRANITE_MOE"     # its experts: num_local_experts of width intermediate_size
+        w.add_expert_count(cfg.num_local_experts if granite else cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
-        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-        if getattr(cfg, "shared_expert_intermediate_size", 0):
-            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+        w.add_expert_feed_forward_length(cfg.intermediate_size if granite else getattr(
+            cfg, "moe_intermediate_size", cfg.intermediate_size))      # OLMoE's experts: intermediate_size too
+        shared = getattr(cfg, "shared_expert_intermediate_size", 0) or getattr(cfg, "shared_intermediate_size", 0)
+        if shared:
+            w.add_expert_shared_feed_forward_length(shared)
+    if arch_name == "GRANITE_MOE":
+        w.add_embedding_scale(cfg.embedding_multiplier)
+        w.add_residual_scale(cfg.residual_multiplier)
+        w.add_attention_scale(cfg.attention_multiplier)
+        w.add_logit_scale(cfg.logits_scaling)
     if tokenizer is not None:
         tokenizer.add_to(w)
     else:
@@ -175,11 +202,11 @@ def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
         w.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
     dense_ffn = {f"mlp.{x}_proj.weight": f"ffn_{x}.weight" for x in ("gate", "up", "down")}
     experts: dict[str, list] = {}
-    for name, t in model.state_dict().items():
+    for name, t in _split_granite(model.state_dict()):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         arr = t.float().numpy()
-        if arch_name == "LLAMA" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch_name in ("LLAMA", "GRANITE_MOE") and name.endswith(("q_proj.weight", "k_proj.weight")):
             n = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
             arr = arr.reshape(n, 2, arr.shape[0] // n // 2, *arr.shape[1:]).swapaxes(1, 2).reshape(arr.shape)
         m = _EXPERT.match(name)
