@@ -243,9 +243,9 @@ def _gguf_window(reader, p: str, n_layers: int) -> dict:
 
 
 def _gguf_llama(reader, p: str) -> dict:
+    """llama, and Mixtral's GGUFs (arch llama with <arch>.expert_count: the top k renormalised, as llama.cpp does)."""
     if _key(reader, p + "expert_count"):
-        raise BuildError("llama GGUFs with experts (Mixtral's ffn_*_exps) are not read yet; build the model from its "
-                         "HF directory")
+        return {**_gguf_rope(reader, p), **_gguf_moe(reader, p, norm_topk_prob=True)}
     return _gguf_rope(reader, p)
 
 
@@ -570,7 +570,7 @@ def hf_model_spec(cfg: ModelConfig, tensors: dict) -> tuple[str, str, dict, dict
 
 
 FAMILIES = {
-    "llama": Family(_hf_llama, _gguf_llama, fix_gguf=(unpermute_qk,)),
+    "llama": Family(_hf_llama, _gguf_llama, fix_gguf=(unpermute_qk, split_experts)),    # split: Mixtral's GGUFs
     "mistral": Family(_hf_mistral, _gguf_llama),
     "qwen2": Family(_hf_qwen2, _gguf_qwen2),
     "qwen3": Family(_hf_qwen3, _gguf_qwen3),

@@ -167,7 +167,8 @@ def test_gguf_matches_the_hf_build(family, fp32_art, tmp_path):
     """The model written as llama.cpp's converter writes it (F32; experts stacked [E, ...] in ffn_*_exps, Granite's
     split from its fused input_linear, the router ffn_gate_inp, the shared experts' ffn_*_shexp and Qwen2-MoE's gate
     ffn_gate_inp_shexp, Qwen3-MoE's dense layer as ffn_gate / ffn_up / ffn_down, Granite's multipliers as keys and its
-    q/k rows permuted as for llama) builds the HF directory's graph: the same config and the same logits."""
+    q/k rows permuted as for llama, Mixtral as arch llama) builds the HF directory's graph: the same config and the
+    same logits (over 40 positions: within Mixtral's window, which llama.cpp's llama architecture does not carry)."""
     name, model, _, prompt, ref_tokens = family
     art = _build(write_gguf(model, name, tmp_path / f"{name}.gguf"), tmp_path / "art")
     keys = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_router", "norm_topk_prob",
@@ -175,7 +176,7 @@ def test_gguf_matches_the_hf_build(family, fp32_art, tmp_path):
             "qk_norm_whole", "embedding_scale", "attention_scale", "residual_multiplier", "logits_scaling")
     got, want = (json.loads((a / "config.json").read_text()) for a in (art, fp32_art))
     assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
-    ids = prompt + ref_tokens
+    ids = (prompt + ref_tokens)[:40]
     np.testing.assert_array_equal(_logits(art, ids), _logits(fp32_art, ids))
 
 

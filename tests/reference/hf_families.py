@@ -111,11 +111,11 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 # family -> gguf's architecture (Mistral converts to llama, as llama.cpp's converter does it)
 GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "mistral": "LLAMA", "llama3": "LLAMA", "phi3": "PHI3"}
 MOE_GGUF_ARCH = {"qwen3_moe": "QWEN3MOE", "qwen2_moe": "QWEN2MOE", "olmoe": "OLMOE", "granitemoe": "GRANITE_MOE",
-                 "granitemoeshared": "GRANITE_MOE"}     # the MoE families llama.cpp reads
+                 "granitemoeshared": "GRANITE_MOE", "mixtral": "LLAMA"}     # the MoE families llama.cpp reads
 # Granite's fused gate|up (gate rows first) -> the names gguf's map knows (its converter splits them the same way)
 _GRANITE_FUSED = {"block_sparse_moe.input_linear.weight": "mlp.experts.{}_proj.weight",
                   "shared_mlp.input_linear.weight": "mlp.shared_expert.{}_proj.weight"}
-_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
 def _split_granite(state: dict):
@@ -161,10 +161,10 @@ def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     if family in MOE_GGUF_ARCH:
-        granite = arch_name == "GRANITE_MOE"     # its experts: num_local_experts of width intermediate_size
-        w.add_expert_count(cfg.num_local_experts if granite else cfg.num_experts)
+        local = hasattr(cfg, "num_local_experts")    # Granite's, Mixtral's: num_local_experts of intermediate_size
+        w.add_expert_count(cfg.num_local_experts if local else cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
-        w.add_expert_feed_forward_length(cfg.intermediate_size if granite else getattr(
+        w.add_expert_feed_forward_length(cfg.intermediate_size if local else getattr(
             cfg, "moe_intermediate_size", cfg.intermediate_size))      # OLMoE's experts: intermediate_size too
         shared = getattr(cfg, "shared_expert_intermediate_size", 0) or getattr(cfg, "shared_intermediate_size", 0)
         if shared:
