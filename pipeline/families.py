@@ -318,16 +318,20 @@ def _gguf_olmoe(reader, p: str) -> dict:
             **_gguf_moe(reader, p, norm_topk_prob=False)}
 
 
-def _gguf_granitemoe(reader, p: str) -> dict:
-    """llama.cpp's granitemoe: Granite's multipliers as embedding_scale, attention.scale, residual_scale and
-    logit_scale; the top k logits then a softmax (llama.cpp's softmax then renormalised top k: the same weights); a
-    shared expert without a gate."""
+def _gguf_granite(reader, p: str) -> dict:
+    """llama.cpp's granite: Granite's multipliers as embedding_scale, attention.scale, residual_scale and
+    logit_scale."""
     scale = _key(reader, p + "attention.scale")
     return {**_gguf_rope(reader, p), "embedding_scale": float(_key(reader, p + "embedding_scale", 1.0)),
             "attention_scale": float(scale) if scale else None,
             "residual_multiplier": float(_key(reader, p + "residual_scale", 1.0)),
-            "logits_scaling": float(_key(reader, p + "logit_scale", 1.0)),
-            **_gguf_moe(reader, p, norm_topk_prob=False), "moe_router": "topk_softmax"}
+            "logits_scaling": float(_key(reader, p + "logit_scale", 1.0))}
+
+
+def _gguf_granitemoe(reader, p: str) -> dict:
+    """llama.cpp's granitemoe: granite's multipliers; the top k logits then a softmax (llama.cpp's softmax then
+    renormalised top k: the same weights); a shared expert without a gate."""
+    return {**_gguf_granite(reader, p), **_gguf_moe(reader, p, norm_topk_prob=False), "moe_router": "topk_softmax"}
 
 
 def gguf_config(reader) -> ModelConfig:
@@ -599,14 +603,15 @@ FAMILIES = {
     # Kyutai's Helium: llama's blocks with an interleaved rotary embedding (pairs (2i, 2i+1)), i.e. q/k rows in the
     # order llama.cpp's GGUFs keep them; no GGUF architecture of its own (docs/howto-add-a-model.md walks this row)
     "helium": Family(_hf_helium, _gguf_llama, fix_hf=(unpermute_qk,)),
-    # IBM's Granite: llama's blocks with its four multipliers (no GGUF architecture read yet)
-    "granite": Family(_hf_granite, None),
+    # IBM's Granite: llama's blocks with its four multipliers (its GGUFs' q/k rows permuted as llama's)
+    "granite": Family(_hf_granite, _gguf_granite, fix_gguf=(unpermute_qk,)),
 }
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                   "gemma3_text": "gemma3", "helium": "helium", "granite": "granite"}
 HF_MODEL_TYPES |= {"qwen3_moe": "qwen3_moe", "mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "olmoe": "olmoe",
                    "granitemoe": "granitemoe", "granitemoeshared": "granitemoe"}   # mixtures of experts (engine only)
-GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
+GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3",
+              "granite": "granite"}
 GGUF_ARCHS |= {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
                "granitemoe": "granitemoe"}     # mixtures of experts (engine graph only)
 

@@ -109,7 +109,8 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 # family -> gguf's architecture (Mistral converts to llama, as llama.cpp's converter does it)
-GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "mistral": "LLAMA", "llama3": "LLAMA", "phi3": "PHI3"}
+GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "mistral": "LLAMA", "llama3": "LLAMA", "phi3": "PHI3",
+             "granite": "GRANITE"}
 MOE_GGUF_ARCH = {"qwen3_moe": "QWEN3MOE", "qwen2_moe": "QWEN2MOE", "olmoe": "OLMOE", "granitemoe": "GRANITE_MOE",
                  "granitemoeshared": "GRANITE_MOE", "mixtral": "LLAMA"}     # the MoE families llama.cpp reads
 # Granite's fused gate|up (gate rows first) -> the names gguf's map knows (its converter splits them the same way)
@@ -169,7 +170,7 @@ def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
         shared = getattr(cfg, "shared_expert_intermediate_size", 0) or getattr(cfg, "shared_intermediate_size", 0)
         if shared:
             w.add_expert_shared_feed_forward_length(shared)
-    if arch_name == "GRANITE_MOE":
+    if arch_name in ("GRANITE", "GRANITE_MOE"):
         w.add_embedding_scale(cfg.embedding_multiplier)
         w.add_residual_scale(cfg.residual_multiplier)
         w.add_attention_scale(cfg.attention_multiplier)
@@ -206,7 +207,7 @@ def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         arr = t.float().numpy()
-        if arch_name in ("LLAMA", "GRANITE_MOE") and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch_name in ("LLAMA", "GRANITE", "GRANITE_MOE") and name.endswith(("q_proj.weight", "k_proj.weight")):
             n = cfg.num_attention_heads if name.endswith("q_proj.weight") else cfg.num_key_value_heads
             arr = arr.reshape(n, 2, arr.shape[0] // n // 2, *arr.shape[1:]).swapaxes(1, 2).reshape(arr.shape)
         m = _EXPERT.match(name)
