@@ -109,16 +109,14 @@ def _dequantize(t, shape: list[int]) -> np.ndarray:
 
 
 def _fixed_names(cfg: ModelConfig, types: dict[str, str]) -> dict[str, str]:
-    """Each tensor's GGUF type under its name after the family's fix-ups (Phi-3's fused projections split, an MoE
-    layer's stacked experts mlp.experts.gate_proj split into mlp.experts.{e}.gate_proj.weight)."""
+    """Each tensor's GGUF type under its name after the family's fix-ups (Phi-3's fused projections split). An MoE
+    layer's stacked experts (mlp.experts.gate_proj, ...) keep theirs under the stacked name, which no projection
+    has: the int4 source mix (a wider GGUF type kept int8, as Q4_K_M's Q6_K ffn_down_exps) would split a layer's
+    experts between two bit widths, and the MoE op takes one."""
     out = dict(types)
     for name, stem, parts in fused_tensors(list(types)):
         kind = out.pop(name)
         out |= {f"{stem}.{p}.weight": kind for p in parts}
-    for name in [n for n in out if ".mlp.experts." in n and not n.endswith(".weight")]:
-        stem, proj = name.rsplit(".", 1)
-        kind = out.pop(name)
-        out |= {f"{stem}.{e}.{proj}.weight": kind for e in range(cfg.num_experts)}
     return out
 
 

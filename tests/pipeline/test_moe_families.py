@@ -180,6 +180,24 @@ def test_gguf_matches_the_hf_build(family, fp32_art, tmp_path):
     np.testing.assert_array_equal(_logits(art, ids), _logits(fp32_art, ids))
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe"], indirect=True)
+def test_int4_from_a_gguf_with_wider_expert_types(family, fp32_art, tmp_path):
+    """A GGUF whose experts mix types (Q4_K_M keeps ffn_down_exps Q6_K beside Q4_K; here ffn_gate_exps Q8_0, the rest
+    F32) builds int4 with every expert in the MoE op at one bit width (the int4 source mix, which keeps a tensor of a
+    wider type int8, leaves the experts alone: the op takes one width), within the int4 KLD bound of the fp32
+    graph."""
+    import gguf
+    name, model, _, prompt, ref_tokens = family
+    q8 = {"ffn_gate_exps.weight": gguf.GGMLQuantizationType.Q8_0}      # [E, I, H]: rows of H = 64, two blocks
+    art = _build(write_gguf(model, name, tmp_path / f"{name}.gguf", types=q8), tmp_path / "art", quant="int4",
+                 quality_tokens=64)
+    graph = (art / "model.onnx").read_bytes()
+    assert b"experts.gate_up.qcodes4" in graph and b"experts.gate_up.qcodes8" not in graph
+    ids = prompt + ref_tokens
+    kld = _kld(_logits(fp32_art, ids), _logits(art, ids))
+    assert kld <= 3e-2, f"{name} int4 from a mixed GGUF: KLD vs fp32 {kld:.3g}"
+
+
 @pytest.mark.parametrize("family", NAMES, indirect=True)
 def test_refusals_name_what_to_do(family, tmp_path):
     _, _, hf_dir, _, _ = family

@@ -133,12 +133,13 @@ def _split_granite(state: dict):
         yield stem + _GRANITE_FUSED[fused].format("up"), t[..., half:, :]
 
 
-def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
+def write_gguf(model, family: str, path: Path, tokenizer=None, types: dict | None = None) -> Path:
     """The model as llama.cpp's converter writes it (F32): gguf's own tensor name map, q/k rows permuted for llama,
     Llama 3's RoPE scaling as a rope_freqs tensor, the `<arch>.*` keys, and a byte-level gpt2 tokenizer (or
     `tokenizer`: an object whose add_to(writer) writes the tokenizer keys, e.g. real_tokenizers.GGUFTokenizer). An MoE
     model's experts stacked [E, ...] per projection (ffn_{gate,up,down}_exps) with the `<arch>.expert_*` keys; a dense
-    layer among its sparse ones keeps ffn_gate / ffn_up / ffn_down (which llama.cpp's qwen3moe has no place for)."""
+    layer among its sparse ones keeps ffn_gate / ffn_up / ffn_down (which llama.cpp's qwen3moe has no place for).
+    `types`: GGUF tensor name suffix (e.g. "ffn_down_exps.weight") -> gguf.GGMLQuantizationType to store it in."""
     import gguf
 
     from ortllm.pipeline.tokenizer import _bytes_to_unicode
@@ -201,6 +202,12 @@ def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
                 smooth = (old / wavelen - lo) / (hi - lo)
                 factors.append(1 / ((1 - smooth) / f + smooth))
         w.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
+    def add(gname: str, arr: np.ndarray) -> None:      # F32, or quantized as the converter does (gguf.quants)
+        qtype = next((q for suffix, q in (types or {}).items() if gname.endswith(suffix)), None)
+        arr = np.ascontiguousarray(arr)
+        w.add_tensor(gname, arr) if qtype is None else w.add_tensor(gname, gguf.quants.quantize(arr, qtype),
+                                                                    raw_dtype=qtype)
+
     dense_ffn = {f"mlp.{x}_proj.weight": f"ffn_{x}.weight" for x in ("gate", "up", "down")}
     experts: dict[str, list] = {}
     for name, t in _split_granite(model.state_dict()):
@@ -218,9 +225,9 @@ def write_gguf(model, family: str, path: Path, tokenizer=None) -> Path:
         if gname is None and family in MOE_GGUF_ARCH:
             layer, suffix = name.removeprefix("model.layers.").split(".", 1)
             gname = f"blk.{layer}.{dense_ffn[suffix]}"
-        w.add_tensor(gname, np.ascontiguousarray(arr))
+        add(gname, arr)
     for name, arrs in experts.items():
-        w.add_tensor(names.get_name(name + ".weight", try_suffixes=(".weight",)), np.ascontiguousarray(np.stack(arrs)))
+        add(names.get_name(name + ".weight", try_suffixes=(".weight",)), np.stack(arrs))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
