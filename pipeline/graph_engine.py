@@ -90,14 +90,14 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
               block_size: int, quant=None, kv_rotate: bool = True) -> str:
     """x + attention(input_layernorm(x)): PagedAttention over the pool, o_proj adding the residual x; the cache
     outputs are graph outputs that the runtime aliases to the inputs. The family's features: q/k/v biases and
-    q/k head norms as plain ops between the projections and PagedAttention, the layer type's RoPE tables, the
-    softmax scale, a sliding layer's window, and an output norm before the residual add (then o_proj adds
-    nothing).
+    q/k norms (per head, or over the whole projection) as plain ops between the projections and PagedAttention, the
+    layer type's RoPE tables, the softmax scale, a sliding layer's window, and an output norm or a residual
+    multiplier before the residual add (then o_proj adds nothing).
 
-        x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v [+ biases] [-> q/k head RMSNorm] -> PagedAttention
+        x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v [+ biases] [-> q/k RMSNorm] -> PagedAttention
                                      (positions, cu_seqlens, context_lens, block_tables, cos, sin,
                                       key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora) + x
-                                                                        [or -> o_proj -> RMSNorm -> + x]
+                                                          [or -> o_proj [-> RMSNorm] [-> * m] -> + x]
     """
     path, p = f"/model/layers.{i}/attn", f"model.layers.{i}.self_attn"
     targets = ("q_proj", "k_proj", "v_proj")
