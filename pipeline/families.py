@@ -22,7 +22,7 @@ from .weights import LazyTensors, ModelConfig, tensor_shape
 @dataclass(frozen=True)
 class Family:
     hf: Callable[[dict], dict]                        # config.json -> ModelConfig feature fields
-    gguf: Callable[[object, str], dict]               # (GGUF reader, "<arch>.") -> feature fields
+    gguf: Callable[[object, str], dict] | None        # (GGUF reader, "<arch>.") -> feature fields (None: no GGUF arch)
     fix_hf: tuple[Callable[[ModelConfig, dict], None], ...] = ()     # tensor fix-ups of a HF directory, in place
     fix_gguf: tuple[Callable[[ModelConfig, dict], None], ...] = ()   # ... of a GGUF
     gguf_names: dict = field(default_factory=dict)    # llama.cpp layer tensor -> HF suffix, over GGUF_LAYER_NAMES
@@ -112,16 +112,17 @@ def _hf_qwen3(cfg: dict) -> dict:
 
 
 def _hf_moe(cfg: dict) -> dict:
-    """The mixture-of-experts fields (Qwen3-MoE's names): the router softmax over all experts then top-k
-    (renormalised with norm_topk_prob), the dense layers mlp_only_layers and those off decoder_sparse_step."""
-    if cfg.get("shared_expert_intermediate_size"):
-        raise BuildError("MoE shared experts (Qwen2-MoE) are not supported yet")
+    """The mixture-of-experts fields (Qwen3-MoE's and Qwen2-MoE's names): the router softmax over all experts then
+    top-k (renormalised with norm_topk_prob), the dense layers mlp_only_layers and those off decoder_sparse_step, and
+    Qwen2-MoE's shared expert of width shared_expert_intermediate_size with its sigmoid gate."""
     n, step = cfg["num_hidden_layers"], int(cfg.get("decoder_sparse_step", 1) or 1)
     only = set(cfg.get("mlp_only_layers") or ())
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
     return {"num_experts": int(cfg["num_experts"]), "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
             "moe_intermediate_size": int(cfg["moe_intermediate_size"]), "moe_router": "softmax_topk",
             "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
-            "dense_layers": tuple(i for i in range(n) if i in only or (i + 1) % step)}
+            "dense_layers": tuple(i for i in range(n) if i in only or (i + 1) % step),
+            "shared_expert_intermediate_size": shared, "shared_expert_gate": shared > 0}
 
 
 def _hf_mixtral(cfg: dict) -> dict:
@@ -137,8 +138,44 @@ def _hf_qwen3_moe(cfg: dict) -> dict:
     return {**_hf_qwen3(cfg), **_hf_moe(cfg)}
 
 
-def _gguf_no_moe(reader, p: str) -> dict:
-    raise BuildError("MoE GGUFs (ffn_*_exps tensors) are not read yet; build the model from its HF directory")
+def _hf_qwen2_moe(cfg: dict) -> dict:
+    """Qwen2's blocks (q/k/v biases unless qkv_bias is false) with the mixture of _hf_moe: Qwen1.5-MoE's softmax then
+    top-k not renormalised, and its shared expert."""
+    if cfg.get("use_sliding_window"):
+        raise BuildError("Qwen2-MoE with use_sliding_window (a window from max_window_layers on) is not supported; "
+                         "set use_sliding_window false in config.json if the model was trained without it")
+    return {**_hf_qwen2(cfg), "attention_bias": bool(cfg.get("qkv_bias", True)), **_hf_moe(cfg)}
+
+
+def _hf_olmoe(cfg: dict) -> dict:
+    """OLMoE: llama's blocks with q/k RMSNorms over the whole projection (q_norm [Hq * D], k_norm [Hkv * D]) and every
+    MLP a mixture of num_experts of width intermediate_size, softmax then top-k (renormalised with norm_topk_prob)."""
+    _no_o_bias(cfg)
+    if cfg.get("clip_qkv") is not None:
+        raise BuildError("OLMoE with clip_qkv (q/k/v clamped) is not supported; the released OLMoE models have none")
+    return {"qk_norm": True, "qk_norm_whole": True, "rope_scaling": _hf_rope_scaling(cfg),
+            **_hf_moe({**cfg, "moe_intermediate_size": cfg["intermediate_size"], "mlp_only_layers": None,
+                       "decoder_sparse_step": 1, "shared_expert_intermediate_size": 0})}
+
+
+def _hf_granite(cfg: dict) -> dict:
+    """Granite: llama's blocks with Granite's multipliers: embedding_multiplier on the embeddings,
+    attention_multiplier the softmax scale, residual_multiplier on each block's output, logits / logits_scaling."""
+    _no_o_bias(cfg)
+    return {"rope_scaling": _hf_rope_scaling(cfg), "embedding_scale": float(cfg.get("embedding_multiplier", 1.0)),
+            "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
+            "residual_multiplier": float(cfg.get("residual_multiplier", 1.0)),
+            "logits_scaling": float(cfg.get("logits_scaling", 1.0))}
+
+
+def _hf_granitemoe(cfg: dict) -> dict:
+    """Granite-MoE: Granite's blocks with every MLP a mixture of num_local_experts of width intermediate_size, the
+    top k logits then a softmax over them; granitemoeshared adds a shared expert of width shared_intermediate_size
+    (no gate)."""
+    return {**_hf_granite(cfg), "num_experts": int(cfg["num_local_experts"]),
+            "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+            "moe_intermediate_size": int(cfg["intermediate_size"]), "moe_router": "topk_softmax",
+            "shared_expert_intermediate_size": int(cfg.get("shared_intermediate_size") or 0)}
 
 
 def _hf_gpt_oss(cfg: dict) -> dict:
@@ -249,6 +286,9 @@ def _gguf_window(reader, p: str, n_layers: int) -> dict:
 
 
 def _gguf_llama(reader, p: str) -> dict:
+    """llama, and Mixtral's GGUFs (arch llama with <arch>.expert_count: the top k renormalised, as llama.cpp does)."""
+    if _key(reader, p + "expert_count"):
+        return {**_gguf_rope(reader, p), **_gguf_moe(reader, p, norm_topk_prob=True)}
     return _gguf_rope(reader, p)
 
 
@@ -284,6 +324,59 @@ def _gguf_gemma3(reader, p: str) -> dict:
             **_gguf_rope(reader, p)}
 
 
+def _gguf_moe(reader, p: str, norm_topk_prob: bool) -> dict:
+    """The mixture-of-experts fields from `<arch>.expert_*` keys (llama.cpp's): expert_count, expert_used_count,
+    expert_feed_forward_length, a shared expert's expert_shared_feed_forward_length (its sigmoid gate: the
+    ffn_gate_inp_shexp tensor), expert_weights_norm where the GGUF says it (else the family's `norm_topk_prob`); the
+    dense layers are the blocks without a router (ffn_gate_inp)."""
+    n = int(_key(reader, p + "block_count"))
+    names = {t.name for t in reader.tensors}
+    shared = int(_key(reader, p + "expert_shared_feed_forward_length", 0) or 0)
+    if shared and int(_key(reader, p + "expert_shared_count", 1) or 1) != 1:
+        raise BuildError(f"GGUF {p}expert_shared_count {_key(reader, p + 'expert_shared_count')}: one shared expert "
+                         "a layer is supported")
+    norm = _key(reader, p + "expert_weights_norm")
+    return {"num_experts": int(_key(reader, p + "expert_count")),
+            "num_experts_per_tok": int(_key(reader, p + "expert_used_count")),
+            "moe_intermediate_size": int(_key(reader, p + "expert_feed_forward_length")),
+            "moe_router": "softmax_topk", "norm_topk_prob": bool(norm_topk_prob if norm is None else norm),
+            "dense_layers": tuple(i for i in range(n) if f"blk.{i}.ffn_gate_inp.weight" not in names),
+            "shared_expert_intermediate_size": shared,
+            "shared_expert_gate": any(name.endswith(".ffn_gate_inp_shexp.weight") for name in names)}
+
+
+def _gguf_qwen3_moe(reader, p: str) -> dict:
+    """llama.cpp's qwen3moe: Qwen3's blocks, the top k renormalised (Qwen3-MoE's norm_topk_prob)."""
+    return {**_gguf_qwen3(reader, p), **_gguf_moe(reader, p, norm_topk_prob=True)}
+
+
+def _gguf_qwen2_moe(reader, p: str) -> dict:
+    """llama.cpp's qwen2moe: Qwen2's blocks, the top k as the softmax gave them, a gated shared expert."""
+    return {**_gguf_qwen2(reader, p), **_gguf_moe(reader, p, norm_topk_prob=False)}
+
+
+def _gguf_olmoe(reader, p: str) -> dict:
+    """llama.cpp's olmoe: q/k norms over the whole projection, softmax then top-k not renormalised (OLMoE's)."""
+    return {"qk_norm": True, "qk_norm_whole": True, **_gguf_rope(reader, p),
+            **_gguf_moe(reader, p, norm_topk_prob=False)}
+
+
+def _gguf_granite(reader, p: str) -> dict:
+    """llama.cpp's granite: Granite's multipliers as embedding_scale, attention.scale, residual_scale and
+    logit_scale."""
+    scale = _key(reader, p + "attention.scale")
+    return {**_gguf_rope(reader, p), "embedding_scale": float(_key(reader, p + "embedding_scale", 1.0)),
+            "attention_scale": float(scale) if scale else None,
+            "residual_multiplier": float(_key(reader, p + "residual_scale", 1.0)),
+            "logits_scaling": float(_key(reader, p + "logit_scale", 1.0))}
+
+
+def _gguf_granitemoe(reader, p: str) -> dict:
+    """llama.cpp's granitemoe: granite's multipliers; the top k logits then a softmax (llama.cpp's softmax then
+    renormalised top k: the same weights); a shared expert without a gate."""
+    return {**_gguf_granite(reader, p), **_gguf_moe(reader, p, norm_topk_prob=False), "moe_router": "topk_softmax"}
+
+
 def gguf_config(reader) -> ModelConfig:
     arch = _key(reader, "general.architecture")
     if arch not in GGUF_ARCHS:
@@ -306,12 +399,19 @@ GGUF_LAYER_NAMES = {
 }
 
 
+# MoE layers' tensors: the router, the experts stacked [E, ...] (split_experts splits them) and the shared expert
+GGUF_MOE_NAMES = {"ffn_gate_inp.weight": "mlp.gate.weight", "ffn_gate_exps.weight": "mlp.experts.gate_proj",
+                  "ffn_up_exps.weight": "mlp.experts.up_proj", "ffn_down_exps.weight": "mlp.experts.down_proj",
+                  **{f"ffn_{x}_shexp.weight": f"mlp.shared_expert.{x}_proj.weight" for x in ("gate", "up", "down")},
+                  "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight"}
+
+
 def gguf_tensor_names(cfg: ModelConfig) -> dict[str, str]:
     """Every GGUF tensor name the family uses -> its transformers name (rope_freqs etc. are read as config)."""
     from .weights import norm_names
     roles = norm_names(cfg)
     layer = {g: f"{roles[r]}.weight" for g, r in GGUF_NORM_ROLES.items() if roles[r]}
-    layer |= GGUF_LAYER_NAMES | FAMILIES[GGUF_ARCHS[cfg.arch]].gguf_names
+    layer |= GGUF_LAYER_NAMES | (GGUF_MOE_NAMES if cfg.num_experts else {}) | FAMILIES[GGUF_ARCHS[cfg.arch]].gguf_names
     out = dict(GGUF_GLOBAL_NAMES)
     for i in range(cfg.num_layers):
         out |= {f"blk.{i}.{g}": f"model.layers.{i}.{h}" for g, h in layer.items()}
@@ -378,16 +478,11 @@ def fused_tensors(names: list[str]) -> list[tuple[str, str, tuple[str, ...]]]:
     return out
 
 
-MIXTRAL_NAMES = {"block_sparse_moe.gate.": "mlp.gate.", "block_sparse_moe.experts.": "mlp.experts.",
-                 ".w1.weight": ".gate_proj.weight", ".w3.weight": ".up_proj.weight", ".w2.weight": ".down_proj.weight"}
-
-
-def mixtral_names(cfg: ModelConfig, t: dict) -> None:
-    """Mixtral's block_sparse_moe.gate and experts.{e}.w1 (gate) / w3 (up) / w2 (down) under the names the builders
-    read: mlp.gate, mlp.experts.{e}.gate_proj / up_proj / down_proj."""
-    for name in [n for n in list(t) if ".block_sparse_moe." in n]:
+def _rename(t: dict, marker: str, names: dict[str, str]) -> None:
+    """Each tensor whose name has `marker` renamed by the (old -> new) substring replacements `names`, in order."""
+    for name in [n for n in list(t) if marker in n]:
         new = name
-        for old, repl in MIXTRAL_NAMES.items():
+        for old, repl in names.items():
             new = new.replace(old, repl)
         if isinstance(t, LazyTensors):
             t.add(new, tensor_shape(t, name), t.loader(name))
@@ -396,12 +491,50 @@ def mixtral_names(cfg: ModelConfig, t: dict) -> None:
             t[new] = t.pop(name)
 
 
+MIXTRAL_NAMES = {"block_sparse_moe.gate.": "mlp.gate.", "block_sparse_moe.experts.": "mlp.experts.",
+                 ".w1.weight": ".gate_proj.weight", ".w3.weight": ".up_proj.weight", ".w2.weight": ".down_proj.weight"}
+
+
+def mixtral_names(cfg: ModelConfig, t: dict) -> None:
+    """Mixtral's block_sparse_moe.gate and experts.{e}.w1 (gate) / w3 (up) / w2 (down) under the names the builders
+    read: mlp.gate, mlp.experts.{e}.gate_proj / up_proj / down_proj."""
+    _rename(t, ".block_sparse_moe.", MIXTRAL_NAMES)
+
+
+# Granite-MoE's router and fused experts [E, 2I, H] (gate rows first: transformers chunks the output in two and
+# activates the first) / [E, H, I] under transformers 5's fused names, which split_experts then splits per expert
+GRANITE_NAMES = {"block_sparse_moe.router.layer.weight": "mlp.gate.weight",
+                 "block_sparse_moe.input_linear.weight": "mlp.experts.gate_up_proj",
+                 "block_sparse_moe.output_linear.weight": "mlp.experts.down_proj",
+                 "shared_mlp.output_linear.weight": "mlp.shared_expert.down_proj.weight"}
+
+
+def granite_names(cfg: ModelConfig, t: dict) -> None:
+    """Granite-MoE's tensors under the names the builders read (GRANITE_NAMES); the shared expert's fused
+    shared_mlp.input_linear [2S, H] (gate rows first) into mlp.shared_expert.gate_proj / up_proj."""
+    _rename(t, ".block_sparse_moe.", GRANITE_NAMES)
+    _rename(t, ".shared_mlp.output_linear.", GRANITE_NAMES)
+    for name in [n for n in list(t) if n.endswith(".shared_mlp.input_linear.weight")]:
+        stem, (rows, k) = name.removesuffix("shared_mlp.input_linear.weight"), tensor_shape(t, name)
+        load = t.loader(name) if isinstance(t, LazyTensors) else (lambda a=t[name]: a)
+        del t[name]
+        for proj, a, b in (("gate_proj", 0, rows // 2), ("up_proj", rows // 2, rows)):
+            def get(load=load, a=a, b=b):
+                return np.ascontiguousarray(load()[a:b], np.float32)
+            if isinstance(t, LazyTensors):
+                t.add(f"{stem}mlp.shared_expert.{proj}.weight", (b - a, k), get)
+            else:
+                t[f"{stem}mlp.shared_expert.{proj}.weight"] = get()
+
+
 def split_experts(cfg: ModelConfig, t: dict) -> None:
-    """Fused expert tensors (transformers 5: mlp.experts.gate_up_proj [E, 2I, H], gate rows first, and
-    mlp.experts.down_proj [E, H, I]) into each expert's mlp.experts.{e}.gate_proj / up_proj / down_proj, the layout
-    the builders read (hub checkpoints of transformers 4 already have it)."""
+    """Stacked expert tensors (transformers 5: mlp.experts.gate_up_proj [E, 2I, H], gate rows first, and
+    mlp.experts.down_proj [E, H, I]; a GGUF's ffn_{gate,up,down}_exps: mlp.experts.gate_proj / up_proj [E, I, H] and
+    down_proj) into each expert's mlp.experts.{e}.gate_proj / up_proj / down_proj, the layout the builders read (hub
+    checkpoints of transformers 4 already have it)."""
     f = cfg.moe_intermediate_size
-    parts = {"gate_up_proj": (("gate_proj", 0, f), ("up_proj", f, 2 * f)), "down_proj": (("down_proj", 0, None),)}
+    parts = {"gate_up_proj": (("gate_proj", 0, f), ("up_proj", f, 2 * f)),
+             **{proj: ((proj, 0, None),) for proj in ("gate_proj", "up_proj", "down_proj")}}
     for name in [n for n in list(t) if n.rsplit(".", 1)[-1] in parts and ".mlp.experts." in n]:
         stem, kind = name.rsplit(".", 1)
         shape = tensor_shape(t, name)
@@ -607,23 +740,35 @@ def hf_model_spec(cfg: ModelConfig, tensors: dict) -> tuple[str, str, dict, dict
                "query_pre_attn_scalar": scalar, "rope_local_base_freq": cfg.rope_local_theta,
                "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": cfg.final_logit_softcap}
         t = {n: (w - np.float32(1.0)).astype(np.float32) if n.endswith("norm.weight") else w for n, w in t.items()}
-    cls = {"mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma3": "Gemma3"}[name]
+    if name == "granite":
+        kw |= {"embedding_multiplier": cfg.embedding_scale, "attention_multiplier": cfg.softmax_scale,
+               "residual_multiplier": cfg.residual_multiplier, "logits_scaling": cfg.logits_scaling}
+    cls = {"mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "gemma3": "Gemma3",
+           "granite": "Granite"}[name]
     return ("Gemma3TextConfig" if name == "gemma3" else f"{cls}Config"), f"{cls}ForCausalLM", kw, t
 
 
 FAMILIES = {
-    "llama": Family(_hf_llama, _gguf_llama, fix_gguf=(unpermute_qk,)),
+    "llama": Family(_hf_llama, _gguf_llama, fix_gguf=(unpermute_qk, split_experts)),    # split: Mixtral's GGUFs
     "mistral": Family(_hf_mistral, _gguf_llama),
     "qwen2": Family(_hf_qwen2, _gguf_qwen2),
     "qwen3": Family(_hf_qwen3, _gguf_qwen3),
     # Qwen3's blocks with a mixture-of-experts MLP (its dense layers: mlp_only_layers, decoder_sparse_step)
-    "qwen3_moe": Family(_hf_qwen3_moe, _gguf_no_moe, fix_hf=(split_experts,)),
+    "qwen3_moe": Family(_hf_qwen3_moe, _gguf_qwen3_moe, fix_hf=(split_experts,), fix_gguf=(split_experts,)),
     # Mistral + MoE: every layer sparse (its experts w1 / w3 / w2 renamed first)
-    "mixtral": Family(_hf_mixtral, _gguf_no_moe, fix_hf=(mixtral_names, split_experts)),
+    "mixtral": Family(_hf_mixtral, None, fix_hf=(mixtral_names, split_experts)),
+    # Qwen2's blocks + MoE with a shared expert behind a sigmoid gate (Qwen1.5-MoE-A2.7B)
+    "qwen2_moe": Family(_hf_qwen2_moe, _gguf_qwen2_moe, fix_hf=(split_experts,), fix_gguf=(split_experts,)),
+    # llama's blocks with q/k norms over the whole projection + MoE on every layer
+    "olmoe": Family(_hf_olmoe, _gguf_olmoe, fix_hf=(split_experts,), fix_gguf=(split_experts,)),
+    # llama's blocks with Granite's multipliers + MoE (top-k then softmax) from fused experts; the -shared variant
+    # adds a shared expert
+    "granitemoe": Family(_hf_granitemoe, _gguf_granitemoe, fix_hf=(granite_names, split_experts),
+                         fix_gguf=(unpermute_qk, split_experts)),
     # gpt-oss: biased attention with sinks, alternating sliding / full layers, YaRN, every MLP a mixture of experts
     # (router top-k then softmax, biased experts, clamped SwiGLU; MXFP4 experts dequantized exactly, fused experts
-    # split by gpt_oss_experts)
-    "gpt_oss": Family(_hf_gpt_oss, _gguf_no_moe, fix_hf=(mxfp4_experts, gpt_oss_experts)),
+    # split by gpt_oss_experts); no GGUF arch read (llama.cpp's gpt-oss GGUFs are refused as an unknown arch)
+    "gpt_oss": Family(_hf_gpt_oss, None, fix_hf=(mxfp4_experts, gpt_oss_experts)),
     "phi3": Family(_hf_phi3, _gguf_phi3, fix_hf=(split_fused,), fix_gguf=(split_fused,),
                    gguf_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
                                "ffn_up.weight": "mlp.gate_up_proj.weight"}),
@@ -637,12 +782,18 @@ FAMILIES = {
     # Kyutai's Helium: llama's blocks with an interleaved rotary embedding (pairs (2i, 2i+1)), i.e. q/k rows in the
     # order llama.cpp's GGUFs keep them; no GGUF architecture of its own (docs/howto-add-a-model.md walks this row)
     "helium": Family(_hf_helium, _gguf_llama, fix_hf=(unpermute_qk,)),
+    # IBM's Granite: llama's blocks with its four multipliers (its GGUFs' q/k rows permuted as llama's)
+    "granite": Family(_hf_granite, _gguf_granite, fix_gguf=(unpermute_qk,)),
 }
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                  "gemma3_text": "gemma3", "helium": "helium"}
-HF_MODEL_TYPES |= {"qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}     # mixtures of experts (engine graph only)
-HF_MODEL_TYPES |= {"gpt_oss": "gpt_oss"}
-GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3"}
+                  "gemma3_text": "gemma3", "helium": "helium", "granite": "granite"}
+HF_MODEL_TYPES |= {"qwen3_moe": "qwen3_moe", "mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "olmoe": "olmoe",
+                   "granitemoe": "granitemoe", "granitemoeshared": "granitemoe",
+                   "gpt_oss": "gpt_oss"}        # mixtures of experts (engine graph only)
+GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3",
+              "granite": "granite"}
+GGUF_ARCHS |= {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
+               "granitemoe": "granitemoe"}     # mixtures of experts (engine graph only)
 
 
 def default_act16(cfg: ModelConfig) -> tuple[str, ...]:

@@ -90,6 +90,20 @@ def head_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, heads: in
     return g.op("Reshape", [rms_norm(g, split, weight, eps, path), g.const(keep + [heads * d])], path)
 
 
+def qk_norms(g: GraphBuilder, cfg: ModelConfig, q: str, k: str, w: dict, p: str, path: str, rank: int = 2
+             ) -> tuple[str, str]:
+    """q, k after the family's q/k norms (ModelConfig.qk_norm): RMSNorm over each head (head_norm), or over the whole
+    projection at once (qk_norm_whole, OLMoE: q_norm.weight [Hq * D], k_norm.weight [Hkv * D]); unchanged without."""
+    if not cfg.qk_norm:
+        return q, k
+    out = []
+    for y, name, heads in ((q, "q_norm", cfg.num_heads), (k, "k_norm", cfg.num_kv_heads)):
+        weight, eps = w[f"{p}.{name}.weight"], cfg.rms_norm_eps
+        out.append(rms_norm(g, y, weight, eps, f"{path}/{name}") if cfg.qk_norm_whole else
+                   head_norm(g, y, weight, eps, heads, f"{path}/{name}", rank))
+    return out[0], out[1]
+
+
 def add_bias(g: GraphBuilder, y: str, w: dict, name: str, path: str) -> str:
     """y + b where the weights have the bias `name` (q/k/v biases, Qwen2), else y."""
     return g.op("Add", [y, g.weight(name, w[name])], f"{path}/bias") if name in w else y
@@ -114,8 +128,18 @@ def scale_embedding(g: GraphBuilder, x: str, cfg: ModelConfig) -> str:
     return g.op("Mul", [x, g.const(cfg.embedding_scale, np.float32)], "/model/embed_scale")
 
 
+def scale_residual(g: GraphBuilder, y: str, cfg: ModelConfig, path: str) -> str:
+    """A block's output times ModelConfig.residual_multiplier (Granite) before its residual add, where it is not 1."""
+    if cfg.residual_multiplier == 1.0:
+        return y
+    return g.op("Mul", [y, g.const(cfg.residual_multiplier, np.float32)], f"{path}/residual_scale")
+
+
 def softcap(g: GraphBuilder, logits: str, cfg: ModelConfig) -> str:
-    """c * tanh(logits / c) where the family caps its final logits (a monotonic map: the argmax stays)."""
+    """The final logits' maps, both monotonic (the argmax stays): / ModelConfig.logits_scaling (Granite), then
+    c * tanh(logits / c) where the family caps them."""
+    if cfg.logits_scaling != 1.0:
+        logits = g.op("Div", [logits, g.const(cfg.logits_scaling, np.float32)], "/lm_head/logits_scaling")
     c = cfg.final_logit_softcap
     if c is None:
         return logits
@@ -248,16 +272,17 @@ def mlp(g: GraphBuilder, h: str, w: dict, i: int, proj, act: str = "silu") -> st
 def decoder_layers(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, attention, proj) -> str:
     """The layer stack; `attention(h, i)` and `proj(g, x, weights, paths, i)` are the graph's own.
 
-        x -> RMSNorm -> attention [-> RMSNorm] -> +x -> RMSNorm -> MLP(proj) [-> RMSNorm] -> +  (per layer;
-                                  [Gemma's output norms])
+        x -> RMSNorm -> attention [-> RMSNorm] [* m] -> +x -> RMSNorm -> MLP(proj) [-> RMSNorm] [* m] -> +
+                                  (per layer; [Gemma's output norms], [Granite's residual_multiplier m])
     """
     for i in range(cfg.num_layers):
         h = rms_norm(g, x, *in_norm(cfg, w, i, "attn_in"))
-        a = out_norm(g, cfg, w, attention(h, i), i, "attn_out")
+        a = scale_residual(g, out_norm(g, cfg, w, attention(h, i), i, "attn_out"), cfg, f"/model/layers.{i}/attn")
         x = g.op("Add", [x, a], f"/model/layers.{i}/attn_residual")
         h = rms_norm(g, x, *in_norm(cfg, w, i, "mlp_in"))
         m = mlp(g, h, w, i, lambda g_, x_, ws, paths, i=i: proj(g_, x_, ws, paths, i), cfg.hidden_act)
-        x = g.op("Add", [x, out_norm(g, cfg, w, m, i, "mlp_out")], f"/model/layers.{i}/mlp_residual")
+        m = scale_residual(g, out_norm(g, cfg, w, m, i, "mlp_out"), cfg, f"/model/layers.{i}/mlp")
+        x = g.op("Add", [x, m], f"/model/layers.{i}/mlp_residual")
     return x
 
 

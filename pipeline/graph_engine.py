@@ -20,8 +20,8 @@ from onnx import TensorProto
 from ortllm.runtime import contract as C
 from ortllm.runtime.ops_library import op_schema
 
-from .graph_blocks import (activation, add_bias, head_norm, in_norm, lm_head, out_norm, project, rms_norm,
-                           rope_tables, scale_embedding, softcap)
+from .graph_blocks import (activation, add_bias, in_norm, lm_head, out_norm, project, qk_norms, rms_norm,
+                           rope_tables, scale_embedding, scale_residual, softcap)
 from .graph_moe import moe_mlp
 from .graph_qlinear import EMBED_TABLE, embedding, qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
@@ -90,23 +90,22 @@ def attention(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, batch:
               block_size: int, quant=None, kv_rotate: bool = True) -> str:
     """x + attention(input_layernorm(x)): PagedAttention over the pool, o_proj adding the residual x; the cache
     outputs are graph outputs that the runtime aliases to the inputs. The family's features: q/k/v biases and
-    q/k head norms as plain ops between the projections and PagedAttention, the layer type's RoPE tables, the
-    softmax scale, a sliding layer's window, and an output norm before the residual add (then o_proj adds
-    nothing); gpt-oss's attention sinks (PagedAttention's input) and o_proj bias (added to the residual).
+    q/k norms (per head, or over the whole projection) as plain ops between the projections and PagedAttention, the
+    layer type's RoPE tables, the softmax scale, a sliding layer's window, and an output norm or a residual
+    multiplier before the residual add (then o_proj adds nothing); gpt-oss's attention sinks (PagedAttention's
+    input) and o_proj bias (added to the residual).
 
-        x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v [+ biases] [-> q/k head RMSNorm] -> PagedAttention
+        x -> input_layernorm -> q|k|v_proj (+lora) -> q, k, v [+ biases] [-> q/k RMSNorm] -> PagedAttention
                                      (positions, cu_seqlens, context_lens, block_tables, cos, sin,
                                       key/value cache [, scales]) -> attn [T, Hq*D] -> o_proj(+lora) + x
-                                                                        [or -> o_proj -> RMSNorm -> + x]
+                                                          [or -> o_proj [-> RMSNorm] [-> * m] -> + x]
     """
     path, p = f"/model/layers.{i}/attn", f"model.layers.{i}.self_attn"
     targets = ("q_proj", "k_proj", "v_proj")
     q, k, v = projections(g, x, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], i,
                           batch["adapter"], quant, norm=in_norm(cfg, w, i, "attn_in"), layers=cfg.num_layers)
     q, k, v = (add_bias(g, y, w, f"{p}.{t}.bias", f"{path}/{t}") for y, t in zip((q, k, v), targets))
-    if cfg.qk_norm:
-        q = head_norm(g, q, w[f"{p}.q_norm.weight"], cfg.rms_norm_eps, cfg.num_heads, f"{path}/q_norm")
-        k = head_norm(g, k, w[f"{p}.k_norm.weight"], cfg.rms_norm_eps, cfg.num_kv_heads, f"{path}/k_norm")
+    q, k = qk_norms(g, cfg, q, k, w, p, path)
     quantized = C.kv_scaled(C.KV_DTYPES[kv])     # codes with fp16 scales (int8, fp8, int4), Hadamard-rotated
     cache_type = U8 if quantized else F16 if kv == "fp16" else F32
     shape = ["num_blocks", cfg.num_kv_heads, block_size, C.kv_row_elems(C.KV_DTYPES[kv], cfg.head_dim)]
@@ -142,15 +141,17 @@ def _residual(g: GraphBuilder, cfg: ModelConfig, w: dict, x: str, h: str, ws: li
               adapter: str, quant, role: str, bias: str | None = None) -> str:
     """x + proj(h) [+ the projection's bias `bias`, a tensor name]: the projection adds the residual itself
     (epilogue; a bias is added to the residual first, x + b + proj(h)), or, where the family norms the block's
-    output first (role attn_out | mlp_out), proj [+ b] -> RMSNorm -> Add."""
-    if norm_names(cfg)[role] is None:
+    output first (role attn_out | mlp_out) or scales it (residual_multiplier), proj [+ b] [-> RMSNorm] [-> * m] ->
+    Add."""
+    if norm_names(cfg)[role] is None and cfg.residual_multiplier == 1.0:
         if bias is not None:
             x = add_bias(g, x, w, bias, paths[0])
         return projections(g, h, ws, paths, i, adapter, quant, "residual", x, layers=cfg.num_layers)[0]
     y = projections(g, h, ws, paths, i, adapter, quant, layers=cfg.num_layers)[0]
     if bias is not None:
         y = add_bias(g, y, w, bias, paths[0])
-    return g.op("Add", [x, out_norm(g, cfg, w, y, i, role)], f"{paths[0].rsplit('/', 1)[0]}/residual")
+    path = paths[0].rsplit('/', 1)[0]
+    return g.op("Add", [x, scale_residual(g, out_norm(g, cfg, w, y, i, role), cfg, path)], f"{path}/residual")
 
 
 def mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, adapter: str, quant=None) -> str:

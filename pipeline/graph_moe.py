@@ -4,7 +4,9 @@
       (moe_router) -> experts (SwiGLU, or gpt-oss's clamped SwiGLU with the experts' biases):
                   quantized, one ortllm::MoE (tokens grouped by expert; custom_ops/src/kernels/moe.h);
                   fp32, every expert on every token as batched MatMuls, weighted by the dense [T, E] routing weights
-      -> [RMSNorm ->] + x
+      [+ shared expert(h): a dense SwiGLU FFN on every token (QLinear gate|up swiglu -> QLinear down, or MatMuls)
+                           [* sigmoid(h @ mlp.shared_expert_gate^T [T, 1])]]
+      -> [RMSNorm ->] [* residual_multiplier ->] + x
 
 The router stays fp32 (E x H weights, and the choice of experts must not move with the quantization). The experts
 carry no LoRA: adapters stay on the attention projections.
@@ -17,8 +19,8 @@ from ortllm.runtime import contract as C
 from ortllm.runtime.ops_library import op_schema
 
 from .errors import BuildError
-from .graph_blocks import activation, in_norm, out_norm, rms_norm
-from .graph_qlinear import qlinear_ready
+from .graph_blocks import activation, in_norm, linear, linear_group, out_norm, rms_norm, scale_residual
+from .graph_qlinear import qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
 from .qlinear_pack import pack, stack_experts
 from .quantize import QuantizedWeight, hf_name
@@ -130,9 +132,30 @@ def dense_experts(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, p: str, pa
                 f"{path}/experts/sum", keepdims=0)
 
 
+def shared_expert(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, p: str, path: str, quant) -> str:
+    """h [T, H] -> the shared expert's SwiGLU FFN [T, H] (mlp.shared_expert.*, every token; no LoRA), times its
+    sigmoid gate where the family has one: QLinear gate|up (swiglu epilogue) and QLinear down where the plan lets
+    them, else plain MatMul(NBits)s."""
+    paths = [f"{path}/shared_expert.{n}" for n in PROJS]
+    ws = [w[f"{p}.shared_expert.{n}.weight"] for n in PROJS]
+    if qlinear_ready(quant, paths[:2]) and qlinear_ready(quant, paths[2:]):
+        act = qlinear(g, h, ws[:2], paths[:2], quant, epilogue="swiglu", path=f"{path}/shared_expert.gate_up_proj")
+        y = qlinear(g, act, ws[2:], paths[2:], quant)
+    else:
+        gate, up = linear_group(g, h, ws[:2], paths[:2], quant)
+        act = g.op("Mul", [activation(g, gate, "silu", f"{path}/shared_expert/act"), up], f"{path}/shared_expert/act")
+        y = linear(g, act, ws[2], paths[2], quant)
+    if not cfg.shared_expert_gate:
+        return y
+    gate_w = g.weight(f"{path}/shared_expert_gate.weight", np.ascontiguousarray(w[f"{p}.shared_expert_gate.weight"].T))
+    s = g.op("Sigmoid", [g.op("MatMul", [h, gate_w], f"{path}/shared_expert_gate")], f"{path}/shared_expert_gate")
+    return g.op("Mul", [y, s], f"{path}/shared_expert_gate")                                  # [T, H] * [T, 1]
+
+
 def moe_mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, quant=None) -> str:
-    """x + MoE(mlp_in norm of x) [its mlp_out norm first]: the quantized experts as one MoE op where the plan
-    quantizes them all alike (and QLinear takes the block size), else the fp32 form."""
+    """x + MoE(mlp_in norm of x) [+ its shared expert] [its mlp_out norm, its residual_multiplier first]: the quantized
+    experts as one MoE op where the plan quantizes them all alike (and QLinear takes the block size), else the fp32
+    form."""
     path, p = f"/model/layers.{i}/mlp", f"model.layers.{i}.mlp"
     h = rms_norm(g, x, *in_norm(cfg, w, i, "mlp_in"))
     weights, ids = router(g, cfg, h, w[f"{p}.gate.weight"], path, w[f"{p}.gate.bias"] if cfg.moe_bias else None)
@@ -144,6 +167,8 @@ def moe_mlp(g: GraphBuilder, cfg: ModelConfig, x: str, w: dict, i: int, quant=No
             raise BuildError(f"layer {i}'s experts must be quantized alike with a block size that is a multiple of "
                              "32 (the MoE op), or all kept fp32; check --keep and --block-size")
         y = dense_experts(g, cfg, h, w, p, path, weights, ids)
+    if cfg.shared_expert_intermediate_size:
+        y = g.op("Add", [y, shared_expert(g, cfg, h, w, p, path, quant)], f"{path}/shared_expert/add")
     if norm_names(cfg)["mlp_out"] is not None:
         y = out_norm(g, cfg, w, y, i, "mlp_out")
-    return g.op("Add", [x, y], f"{path}/residual")
+    return g.op("Add", [x, scale_residual(g, y, cfg, path)], f"{path}/residual")

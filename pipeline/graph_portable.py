@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 from ortllm.runtime import contract as C
 
-from .graph_blocks import (add_bias, decoder_layers, head_norm, linear, linear_group, lm_head, rms_norm, rope_tables,
+from .graph_blocks import (add_bias, decoder_layers, linear, linear_group, lm_head, qk_norms, rms_norm, rope_tables,
                            scale_embedding, softcap)
 from .onnx_builder import GraphBuilder
 from .weights import ModelConfig, ModelWeights
@@ -42,8 +42,8 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, rope: 
     the layer types' (cos, sin) and additive masks (a sliding layer's sees only its window).
 
         h -> q|k|v_proj (one matmul, Split) [+ biases]:
-        q [-> head RMSNorm] -> heads -> rope -> *scale -> Reshape [B, Hkv, R, S, D] --+
-        k [-> head RMSNorm] -> heads -> rope -> Concat(past) -> present.k [B,Hkv,T,D] --> MatMul(k^T) + bias
+        q [-> q/k RMSNorm]  -> heads -> rope -> *scale -> Reshape [B, Hkv, R, S, D] --+
+        k [-> q/k RMSNorm]  -> heads -> rope -> Concat(past) -> present.k [B,Hkv,T,D] --> MatMul(k^T) + bias
         v -> heads ---------> Concat(past) -> present.v ---------------> Softmax -> MatMul(v) -> o_proj
     K/V are broadcast over R inside MatMul (no repeated copy of the cache).
     """
@@ -53,9 +53,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, i: int, rope: 
     targets = ("q_proj", "k_proj", "v_proj")
     q, k, v = (add_bias(g, y, w, f"{p}.{t}.bias", f"{path}/{t}") for y, t in zip(
         linear_group(g, h, [w[f"{p}.{t}.weight"] for t in targets], [f"{path}/{t}" for t in targets], quant), targets))
-    if cfg.qk_norm:
-        q = head_norm(g, q, w[f"{p}.q_norm.weight"], cfg.rms_norm_eps, cfg.num_heads, f"{path}/q_norm", rank=3)
-        k = head_norm(g, k, w[f"{p}.k_norm.weight"], cfg.rms_norm_eps, cfg.num_kv_heads, f"{path}/k_norm", rank=3)
+    q, k = qk_norms(g, cfg, q, k, w, p, path, rank=3)
     cos, sin = rope[cfg.layer_types[i]]
     bias = bias[cfg.layer_types[i]]
     q = rotary(g, heads(g, q, hq, d, f"{path}/q"), cos, sin, d // 2, f"{path}/q_rope")

@@ -109,7 +109,10 @@ def _dequantize(t, shape: list[int]) -> np.ndarray:
 
 
 def _fixed_names(cfg: ModelConfig, types: dict[str, str]) -> dict[str, str]:
-    """Each tensor's GGUF type under its name after the family's fix-ups (Phi-3's fused projections split)."""
+    """Each tensor's GGUF type under its name after the family's fix-ups (Phi-3's fused projections split). An MoE
+    layer's stacked experts (mlp.experts.gate_proj, ...) keep theirs under the stacked name, which no projection
+    has: the int4 source mix (a wider GGUF type kept int8, as Q4_K_M's Q6_K ffn_down_exps) would split a layer's
+    experts between two bit widths, and the MoE op takes one."""
     out = dict(types)
     for name, stem, parts in fused_tensors(list(types)):
         kind = out.pop(name)

@@ -31,7 +31,7 @@ def norm_names(cfg: ModelConfig) -> dict[str, str | None]:
 def layer_tensor_shapes(cfg: ModelConfig, layer: int = 0) -> dict[str, tuple[int, ...]]:
     """Layer `layer`'s tensor names (suffix after `model.layers.N.`) -> shape: a sparse layer (ModelConfig.sparse_layer)
     has the router mlp.gate [E, H] and each expert's mlp.experts.{e}.gate_proj / up_proj / down_proj instead of the
-    dense MLP's."""
+    dense MLP's [, the shared expert's mlp.shared_expert.* and its gate mlp.shared_expert_gate [1, H]]."""
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
     shapes = {f"{n}.weight": (h,) for n in norm_names(cfg).values() if n}
@@ -57,10 +57,17 @@ def layer_tensor_shapes(cfg: ModelConfig, layer: int = 0) -> dict[str, tuple[int
             for e in range(cfg.num_experts):
                 shapes |= {f"mlp.experts.{e}.gate_proj.bias": (f,), f"mlp.experts.{e}.up_proj.bias": (f,),
                            f"mlp.experts.{e}.down_proj.bias": (h,)}
+        s = cfg.shared_expert_intermediate_size
+        if s:
+            shapes |= {"mlp.shared_expert.gate_proj.weight": (s, h), "mlp.shared_expert.up_proj.weight": (s, h),
+                       "mlp.shared_expert.down_proj.weight": (h, s)}
+        if cfg.shared_expert_gate:
+            shapes["mlp.shared_expert_gate.weight"] = (1, h)
     if cfg.attention_bias:
         shapes |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
-    if cfg.qk_norm:
-        shapes |= {"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)}
+    if cfg.qk_norm:     # per head, or over the whole projection (qk_norm_whole)
+        shapes |= {"self_attn.q_norm.weight": (q if cfg.qk_norm_whole else d,),
+                   "self_attn.k_norm.weight": (kv if cfg.qk_norm_whole else d,)}
     if cfg.o_proj_bias:
         shapes["self_attn.o_proj.bias"] = (h,)
     if cfg.attention_sinks:

@@ -42,7 +42,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _F16_MAX = float(np.finfo(np.float16).max)
 _SMOOTHED_NOTE = " times the artifact's SmoothQuant scales (runtime/smoothing.py)"
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
-_MOE_MODULE = re.compile(r"\.(experts|gate)\.")   # an MoE MLP's experts (any projection names) or its router
+# an MoE MLP's experts (any projection names), router or shared expert, by each family's module names (Qwen2-MoE's
+# shared_expert and its gate, Granite's block_sparse_moe.router and shared_mlp)
+_MOE_MODULE = re.compile(r"\.(experts|gate|shared_expert|shared_expert_gate|router|block_sparse_moe|shared_mlp)\.")
 _MAGNITUDE = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_magnitude_vector(?:\.default)?(?:\.weight)?$")
 
 

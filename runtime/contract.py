@@ -81,6 +81,7 @@ class ModelConfig:
     arch: str = "llama"                     # the source's family (reports; builders never switch on it)
     attention_bias: bool = False            # q/k/v projections carry biases (Qwen2)
     qk_norm: bool = False                   # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
+    qk_norm_whole: bool = False             # qk_norm over the whole projection [n * D] at once (OLMoE), not per head
     post_norms: bool = False                # RMSNorm on the attention and MLP outputs before each residual add,
                                             # the MLP's input norm then named pre_feedforward_layernorm (Gemma)
     hidden_act: str = "silu"                # ACTIVATIONS: act(gate) * up
@@ -98,6 +99,8 @@ class ModelConfig:
                                             #  "original_max_position_embeddings", "truncate", "attention_factor"}
                                             # (gpt-oss; attention_factor multiplies cos and sin)
     final_logit_softcap: float | None = None   # logits = c * tanh(logits / c)
+    residual_multiplier: float = 1.0        # each block's output times it before the residual add (Granite)
+    logits_scaling: float = 1.0             # logits divided by it, before any softcap (Granite)
     qk_rows_interleaved: bool = False       # the source model's q/k rows pair (2i, 2i+1) for RoPE (Helium): the build
                                             # stores them in llama's order (rope_half_rows), and adding an adapter
                                             # reorders its q/k lora_B rows (and DoRA magnitudes) the same way
@@ -118,6 +121,11 @@ class ModelConfig:
     moe_bias: bool = False
     attention_sinks: bool = False
     swiglu_limit: float | None = None
+    shared_expert_intermediate_size: int = 0    # a sparse layer's shared expert: a SwiGLU FFN of this width on every
+                                            # token, added to the routed experts' sum (mlp.shared_expert.{gate,up,
+                                            # down}_proj; Qwen2-MoE, Granite-MoE-shared); 0: none
+    shared_expert_gate: bool = False        # the shared expert's output times sigmoid(h @ mlp.shared_expert_gate^T),
+                                            # a [1, H] weight (Qwen2-MoE)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -152,6 +160,15 @@ class ModelConfig:
                 raise ConfigError(f"swiglu_limit must be > 0 (or absent); got {self.swiglu_limit}")
             if set(self.dense_layers) - set(range(self.num_layers)):
                 raise ConfigError(f"dense_layers must be layers in [0, {self.num_layers}); got {self.dense_layers}")
+        if self.shared_expert_intermediate_size and not self.num_experts:
+            raise ConfigError("shared_expert_intermediate_size is a mixture-of-experts field; set num_experts too")
+        if self.shared_expert_gate and not self.shared_expert_intermediate_size:
+            raise ConfigError("shared_expert_gate needs a shared expert (shared_expert_intermediate_size > 0)")
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ConfigError("qk_norm_whole says how qk_norm norms q and k; set qk_norm too")
+        for name in ("residual_multiplier", "logits_scaling"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 (1: none); got {getattr(self, name)}")
 
     def sparse_layer(self, i: int) -> bool:
         """Whether layer i's MLP is the mixture of experts (else the dense MLP)."""
@@ -214,7 +231,7 @@ class ModelConfig:
 
 _FEATURES = ("attention_bias", "qk_norm", "post_norms", "hidden_act", "embedding_scale", "attention_scale",
              "sliding_window", "rope_local_theta", "final_logit_softcap", "num_experts", "o_proj_bias",
-             "attention_sinks")
+             "attention_sinks", "residual_multiplier", "logits_scaling")
 
 
 def _hf_rope_scaling(r: dict) -> dict:

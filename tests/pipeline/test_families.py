@@ -1,7 +1,7 @@
-"""Model families (Qwen2, Qwen3, Mistral, Llama 3, Phi-3, Gemma 3) against transformers, from small random models
-made with transformers' own classes (tests/reference/hf_families.py) and read back by `ortllm build` from their HF
-directories: fp32 portable and engine graphs (logits within 1e-3 x max|logit|, the same greedy tokens), int8 engine
-builds served, a PEFT LoRA adapter through the engine, and the readers' errors.
+"""Model families (Qwen2, Qwen3, Mistral, Llama 3, Phi-3, Gemma 3, Helium, Granite) against transformers, from small
+random models made with transformers' own classes (tests/reference/hf_families.py) and read back by `ortllm build`
+from their HF directories: fp32 portable and engine graphs (logits within 1e-3 x max|logit|, the same greedy
+tokens), int8 engine builds served, a PEFT LoRA adapter through the engine, and the readers' errors.
 """
 from __future__ import annotations
 
@@ -98,8 +98,9 @@ def test_engine_int8_is_served(family, tmp_path):
 # PEFT's target names per family: Phi-3's transformers model fuses q|k|v and gate|up into one Linear each (the
 # adapter import splits them, runtime/adapter_files.py)
 LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
-# the random LoRA's size per family: the tiny random Llama 3 repeats one token, which half-size LoRA weights leave be
-LORA_SIZE = {"llama3": 2.0}
+# the random LoRA's size per family: the tiny random Llama 3 repeats one token, which half-size LoRA weights leave be;
+# Granite's residual_multiplier scales every block's output, its LoRA's with it
+LORA_SIZE = {"llama3": 2.0, "granite": 2.0}
 
 
 @pytest.mark.parametrize("family", NAMES, indirect=True)
@@ -179,7 +180,7 @@ def test_gguf_round_trip_matches_transformers(family, tmp_path):
 def test_unknown_model_type_names_the_supported(tmp_path):
     from ortllm.pipeline.families import hf_config
     with pytest.raises(BuildError, match="model_type 'bert' is not supported; supported: gemma3_text, gpt_oss, "
-                                         "helium, llama"):
+                                         "granite, granitemoe, granitemoeshared, helium, llama"):
         hf_config({"model_type": "bert"})
 
 
@@ -194,5 +195,6 @@ def test_unknown_gguf_architecture_names_the_supported(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(BuildError, match="GGUF architecture 'bert' is not supported; supported: gemma3, llama, phi3"):
+    with pytest.raises(BuildError, match="GGUF architecture 'bert' is not supported; supported: gemma3, granite, "
+                                         "granitemoe, llama, olmoe, phi3"):
         load_path(path)

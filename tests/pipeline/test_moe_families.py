@@ -21,14 +21,19 @@ from ortllm.pipeline.errors import BuildError
 from ortllm.runtime.artifact import load_artifact
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
-from tests.reference.hf_families import MOE_FAMILIES, hf_logits, save_hf_dir, tiny_model
+from tests.reference.hf_families import MOE_FAMILIES, MOE_GGUF_ARCH, hf_logits, save_hf_dir, tiny_model, write_gguf
 from tests.reference.hf_llama import hf_greedy_logits
 
 STEPS = 12
 NAMES = sorted(MOE_FAMILIES)
 MARGIN = 1e-3
-DENSE_LAYERS = {"qwen3_moe": [1], "mixtral": []}     # the layers keeping a dense MLP
-EXPERT_MODULES = {"qwen3_moe": ["gate_proj", "down_proj"], "mixtral": ["w1", "w2"]}   # PEFT targets in the experts
+DENSE_LAYERS = {"qwen3_moe": [1], "mixtral": [], "qwen2_moe": [0], "olmoe": [], "granitemoe": [],
+                "granitemoeshared": []}     # the layers keeping a dense MLP
+# PEFT targets in the MoE MLPs (Granite's experts are no nn.Linear: its router's, and its shared expert's, are)
+EXPERT_MODULES = {"qwen3_moe": ["gate_proj", "down_proj"], "mixtral": ["w1", "w2"],
+                  "qwen2_moe": ["shared_expert_gate", "down_proj"], "olmoe": ["gate_proj", "down_proj"],
+                  "granitemoe": ["layer"], "granitemoeshared": ["shared_mlp.input_linear"]}
+ROUTERS = (".gate", ".router.layer")    # the routers' module names (their outputs: the logits [T, E])
 
 
 def _prompt(n: int, seed: int = 0) -> list[int]:
@@ -45,7 +50,7 @@ def router_margin(model, ids: list[int]) -> float:
         k = model.config.num_experts_per_tok
         gaps.append(float((p[..., k - 1] - p[..., k]).min()))
 
-    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith(".gate")]   # routers
+    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith(ROUTERS)]
     try:
         hf_logits(model, ids)
     finally:
@@ -155,6 +160,42 @@ def test_fused_expert_layout(family, fp32_art, tmp_path):
     save_file(t, str(fused_dir / "model.safetensors"))
     art = _build(fused_dir, tmp_path / "art")
     np.testing.assert_array_equal(_logits(art, prompt), _logits(fp32_art, prompt))
+
+
+@pytest.mark.parametrize("family", sorted(MOE_GGUF_ARCH), indirect=True)
+def test_gguf_matches_the_hf_build(family, fp32_art, tmp_path):
+    """The model written as llama.cpp's converter writes it (F32; experts stacked [E, ...] in ffn_*_exps, Granite's
+    split from its fused input_linear, the router ffn_gate_inp, the shared experts' ffn_*_shexp and Qwen2-MoE's gate
+    ffn_gate_inp_shexp, Qwen3-MoE's dense layer as ffn_gate / ffn_up / ffn_down, Granite's multipliers as keys and its
+    q/k rows permuted as for llama, Mixtral as arch llama) builds the HF directory's graph: the same config and the
+    same logits (over 40 positions: within Mixtral's window, which llama.cpp's llama architecture does not carry)."""
+    name, model, _, prompt, ref_tokens = family
+    art = _build(write_gguf(model, name, tmp_path / f"{name}.gguf"), tmp_path / "art")
+    keys = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_router", "norm_topk_prob",
+            "dense_layers", "shared_expert_intermediate_size", "shared_expert_gate", "attention_bias", "qk_norm",
+            "qk_norm_whole", "embedding_scale", "attention_scale", "residual_multiplier", "logits_scaling")
+    got, want = (json.loads((a / "config.json").read_text()) for a in (art, fp32_art))
+    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
+    ids = (prompt + ref_tokens)[:40]
+    np.testing.assert_array_equal(_logits(art, ids), _logits(fp32_art, ids))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe"], indirect=True)
+def test_int4_from_a_gguf_with_wider_expert_types(family, fp32_art, tmp_path):
+    """A GGUF whose experts mix types (Q4_K_M keeps ffn_down_exps Q6_K beside Q4_K; here ffn_gate_exps Q8_0, the rest
+    F32) builds int4 with every expert in the MoE op at one bit width (the int4 source mix, which keeps a tensor of a
+    wider type int8, leaves the experts alone: the op takes one width), within the int4 KLD bound of the fp32
+    graph."""
+    import gguf
+    name, model, _, prompt, ref_tokens = family
+    q8 = {"ffn_gate_exps.weight": gguf.GGMLQuantizationType.Q8_0}      # [E, I, H]: rows of H = 64, two blocks
+    art = _build(write_gguf(model, name, tmp_path / f"{name}.gguf", types=q8), tmp_path / "art", quant="int4",
+                 quality_tokens=64)
+    graph = (art / "model.onnx").read_bytes()
+    assert b"experts.gate_up.qcodes4" in graph and b"experts.gate_up.qcodes8" not in graph
+    ids = prompt + ref_tokens
+    kld = _kld(_logits(fp32_art, ids), _logits(art, ids))
+    assert kld <= 3e-2, f"{name} int4 from a mixed GGUF: KLD vs fp32 {kld:.3g}"
 
 
 @pytest.mark.parametrize("family", NAMES, indirect=True)
