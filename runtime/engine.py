@@ -203,28 +203,19 @@ class Engine:
             self._cv.notify()
 
     def stats(self) -> dict:
-        s, st = self.scheduler.stats(), self.step
+        s = self.scheduler.stats()
         return {
-            "steps": st.steps, "running": s.num_running, "waiting": s.num_waiting,
+            "running": s.num_running, "waiting": s.num_waiting,
             "preemptions": s.num_preemptions, "kv_blocks_total": s.num_usable_blocks,
             "kv_blocks_free": s.num_free_blocks, "kv_usage": s.kv_usage,
             "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "tokens_generated": self.output.tokens_out,
             "kv_pool_bytes": self.runner.kv_pool_bytes(),
-            # Python share of the step: its wall time outside session.run (building the run's inputs included)
-            "python_overhead": (1 - st.run_time / st.step_time) if st.step_time else 0.0,
-            "step_time_s": st.step_time, "run_time_s": st.run_time,
-            "failed_steps": st.failed_steps,
-            "aborted_steps": st.aborted_steps,    # model runs ended because most of their rows were cancelled
             # speculative decoding: draft tokens verified / accepted, decode rows that carried drafts
             "spec_drafted": s.spec_drafted, "spec_accepted": s.spec_accepted, "spec_rows": s.spec_rows,
             "spec_acceptance_rate": s.spec_acceptance_rate, "spec_propose_time_s": s.spec_propose_time_s,
             # guided requests: tokens their grammar forced, verified as drafts / accepted (runtime/guided.py)
             "forced_drafted": s.forced_drafted, "forced_accepted": s.forced_accepted,
-            "tokens_per_step": self.output.tokens_out / st.steps if st.steps else 0.0,
-            # model steps fed the previous step's argmax without a schedule (SchedulerConfig.decode_steps)
-            "chained_steps": st.chained_steps,
-            "last_step_error": st.last_error[1] if st.last_error else None,
-            "last_step_error_age_s": (time.monotonic() - st.last_error[0]) if st.last_error else None,
+            **self.step.stats(self.output.tokens_out),    # steps, their time and Python share, failures, aborts
         }
 
     @property

@@ -90,6 +90,23 @@ class EngineStep:
     def close(self) -> None:
         self._masker.shutdown(wait=False)
 
+    def stats(self, tokens_out: int) -> dict:
+        """The steps' part of Engine.stats(); tokens_out: the tokens handed to requests so far."""
+        err = self.last_error
+        return {
+            "steps": self.steps,
+            # Python share of the step: its wall time outside session.run (building the run's inputs included)
+            "python_overhead": (1 - self.run_time / self.step_time) if self.step_time else 0.0,
+            "step_time_s": self.step_time, "run_time_s": self.run_time,
+            "failed_steps": self.failed_steps,
+            "aborted_steps": self.aborted_steps,    # model runs ended because most of their rows were cancelled
+            "tokens_per_step": tokens_out / self.steps if self.steps else 0.0,
+            # model steps fed the previous step's argmax without a schedule (SchedulerConfig.decode_steps)
+            "chained_steps": self.chained_steps,
+            "last_step_error": err[1] if err else None,
+            "last_step_error_age_s": (time.monotonic() - err[0]) if err else None,
+        }
+
     def run(self, out: SchedulerOutput, t0: float) -> None:
         """t0: when schedule() began; the step's Python share is everything but session.run."""
         slots, failed = self.adapters.activate(out.adapters)
