@@ -319,7 +319,7 @@ class MessagesRenderer(ChatAnswer):
 
     def close(self, out) -> tuple[dict, list[dict]]:
         closing = self.blocks.close()
-        matched = self.gen.handles[0].detok.stop_reason       # the stop string or token id that ended it
+        matched = out.stop_reason           # the stop string or token id that ended it
         stop = stop_reason(out.finish_reason, matched, self.mr.stop_sequences, self.blocks.has_calls)
         usage = message_usage(out.prompt_tokens, len(out.token_ids), out.cached_tokens)
         return self._message(self.blocks.content(), stop, usage), closing

@@ -1,8 +1,8 @@
 """The engine's input side, the one place that decides whether a request is valid: a prompt and its parameters
-checked and made into request handles before anything is queued, so every caller's mistake is raised at once, in
-the caller's thread, as a typed RequestError whose `param` names the field. Every API (OpenAI, Ollama, Messages,
-Responses, batch: protocol/) only parses its wire format and submits here; the scheduler checks only what it alone
-knows (a full queue, the KV pool; runtime/scheduler.py).
+checked and made into request states (and their handles) before anything is queued, so every caller's mistake is
+raised at once, in the caller's thread, as a typed RequestError whose `param` names the field. Every API (OpenAI,
+Ollama, Messages, Responses, batch: protocol/) only parses its wire format and submits here; the scheduler checks
+only what it alone knows (a full queue, the KV pool; runtime/scheduler.py).
 
     prompt (text or token ids) + SamplingParams
       --> validate() (ranges), the adapter or mix known (no DoRA in a mix, at most a step's adapters),
@@ -11,7 +11,8 @@ knows (a full queue, the KV pool; runtime/scheduler.py).
       --> SequenceLimits (runtime/limits.py): max_tokens capped to the room left and the server's cap (None: the
           server's default), or PromptTooLong
       --> the grammar compiled (InvalidGrammar), a detokenizer and a random stream per completion
-      --> RequestHandle(s), which the engine queues (Engine.submit_n / submit_embed)
+      --> RequestState(s) (runtime/output_processor.py), each with its RequestHandle, which the engine queues
+          (Engine.submit_n / submit_embed)
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from .detokenizer import IncrementalDetokenizer
 from .errors import EmptyPrompt, InvalidTokenIds, PromptTooManyChars
 from .guided import GuidedDecoding
 from .limits import SequenceLimits
-from .request_output import RequestHandle
+from .output_processor import RequestState
 from .sampler import request_generator
 from .sampling_params import SamplingParams
 from .tokenizer import Tokenizer
@@ -35,7 +36,7 @@ class InputProcessor:
     def __init__(self, engine, tokenizer: Tokenizer, limits: SequenceLimits, adapters: AdapterRegistry,
                  guided: GuidedDecoding, eos_token_ids: Sequence[int], vocab_size: int, hidden_size: int,
                  seed: int | None, max_adapters_per_batch: int):
-        """engine: what the handles cancel through (RequestHandle.cancel); max_adapters_per_batch: the most
+        """engine: what the handles cancel through (its cancel(request_id)); max_adapters_per_batch: the most
         adapters one request's mix may name (a step must hold them all)."""
         self.engine, self.tokenizer, self.limits = engine, tokenizer, limits
         self.adapters, self.guided = adapters, guided
@@ -91,8 +92,8 @@ class InputProcessor:
         return params
 
     def generation(self, prompt: str | Sequence[int], params: SamplingParams | None, n: int = 1,
-                   request_id: str | None = None) -> list[RequestHandle]:
-        """n handles for n completions of one prompt (ids request_id, request_id-1, ...; one for req-<k> if None),
+                   request_id: str | None = None) -> list[RequestState]:
+        """n states for n completions of one prompt (ids request_id, request_id-1, ...; one for req-<k> if None),
         sharing its token ids and params (max_tokens fitted). With a seed, the first draws from it and the i-th
         from (seed, i)."""
         params = self.check_params(params)
@@ -104,7 +105,7 @@ class InputProcessor:
             params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens})
         base = request_id or f"req-{next(self._ids)}"
         matcher = self.guided.compile(params.guide) if params.guide is not None else None   # InvalidGrammar: 400
-        handles = []
+        states = []
         for i in range(n):
             detok = IncrementalDetokenizer(lambda t: self.tokenizer.decode(t, skip_special_tokens=True), ids,
                                            stop=params.stop, stop_token_ids=params.stop_ids(self.eos_token_ids),
@@ -116,18 +117,19 @@ class InputProcessor:
             else:
                 gen = request_generator(params.seed, self._entropy)
             m = None if matcher is None else (matcher if i == 0 else matcher.deep_copy())
-            handles.append(RequestHandle(self.engine, base if i == 0 else f"{base}-{i}", ids, params, detok, gen, m))
-        return handles
+            states.append(RequestState(base if i == 0 else f"{base}-{i}", ids, params, detok, gen, m,
+                                       cancel=self.engine.cancel))
+        return states
 
     def embedding(self, prompt: str | Sequence[int], pooling: str = "mean", adapter: str | None = None,
-                  priority: int = 0, request_id: str | None = None) -> RequestHandle:
-        """The handle of one embedding request (id emb-<k> if None): its prompt must fit whole (check_prompt)."""
+                  priority: int = 0, request_id: str | None = None) -> RequestState:
+        """The state of one embedding request (id emb-<k> if None): its prompt must fit whole (check_prompt)."""
         params = self.check_params(SamplingParams(max_tokens=1, adapter=adapter, priority=priority, pooling=pooling))
         ids = self.encode_prompt(prompt)
         if not ids:
             raise EmptyPrompt("the input is empty; send at least one token")
         self.limits.check_prompt(len(ids))
-        h = RequestHandle(self.engine, request_id or f"emb-{next(self._ids)}", ids, params, None, None)
         # the final hidden states it keeps: every prompt position (mean pooling) or the last one, [n, H]
-        h.hidden = np.empty((len(ids) if pooling == "mean" else 1, self.hidden_size), np.float32)
-        return h
+        hidden = np.empty((len(ids) if pooling == "mean" else 1, self.hidden_size), np.float32)
+        return RequestState(request_id or f"emb-{next(self._ids)}", ids, params, None, None, hidden=hidden,
+                            cancel=self.engine.cancel)

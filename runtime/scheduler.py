@@ -424,7 +424,7 @@ class Scheduler(SchedulerInterface):
             if not s.needs_logits:
                 self._cache_full_blocks(req)
                 if req.params.pooling and req.num_computed_tokens == req.num_tokens:   # an embedding's last chunk
-                    self._finish(req, STOP)
+                    self._remove(req, STOP)
                     updates.append(RequestUpdate(s.req_id, [], STOP))
                 continue
             toks = self._sampled(s, runner_output, scheduler_output.decode_steps)
@@ -445,7 +445,7 @@ class Scheduler(SchedulerInterface):
                 extend_block_hashes(req.block_hashes, req.token_ids, self.block_size, req.adapter_key)
             self._cache_full_blocks(req)
             if reason is not None:
-                self._finish(req, reason)
+                self._remove(req, reason)
             updates.append(RequestUpdate(s.req_id, new, reason))
         return updates
 
@@ -512,7 +512,7 @@ class Scheduler(SchedulerInterface):
         for rid, reason in pending.items():
             req = self.requests.get(rid)
             if req is not None:
-                self._finish(req, reason)
+                self._remove(req, reason)
                 finished[rid] = reason
         return finished
 
@@ -521,7 +521,7 @@ class Scheduler(SchedulerInterface):
         for req in list(self.waiting):
             d = req.params.deadline_s
             if d is not None and req.num_tokens == req.num_prompt_tokens and now - req.arrival_time > d:
-                self._finish(req, DEADLINE)
+                self._remove(req, DEADLINE)
                 finished[req.req_id] = DEADLINE
 
     def _free_blocks(self, req: Request) -> None:
@@ -539,7 +539,7 @@ class Scheduler(SchedulerInterface):
         self.num_preemptions += 1
         self.waiting.append(req)
 
-    def _finish(self, req: Request, reason: str) -> None:
+    def _remove(self, req: Request, reason: str) -> None:
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:

@@ -4,8 +4,10 @@
     start(kind, req) / start_embed(...)   checks, then submits every prompt (n each) or input: a Call
     Call.respond(renderer)                not streamed: wait, then the renderer's JSON body
                                           streamed: the renderer's bytes as the engine's deltas arrive
-    while waiting                         every _POLL_S: the request's timeout (504, or an error in the stream)
-                                          and the client (ClientWatch): one that left has its requests cancelled
+    while waiting                         one queue for the call: every handle delivers its deltas into it
+                                          (RequestHandle.deliver_to); between them, and at least every _POLL_S,
+                                          the request's timeout (504, or an error in the stream) and the client
+                                          (ClientWatch): one that left has its requests cancelled
     Call.close()                          once, however the request ends: what still runs is cancelled, the model
                                           released, metrics, the log line and the spans written
     error_response(e)                     the one error handler: any exception as its status and the API's
@@ -18,6 +20,7 @@ routes (api.py, messages.py, responses.py, ollama.py, embeddings.py) parse the b
 from __future__ import annotations
 
 import logging
+import queue
 import select
 import threading
 import time
@@ -168,6 +171,10 @@ class Call:
         self._generates = kind not in EMBEDDINGS
         if self._generates:
             self.metrics.in_flight.inc()
+        self._deltas: queue.Queue = queue.Queue()       # (choice i, Delta) from every handle of the call
+        for i, h in enumerate(self.handles):
+            h.deliver_to(self._deltas, i)
+        self._checked = time.perf_counter()             # the last check_alive
 
     # ------------------------------------------------ answering
     def respond(self, renderer: Renderer) -> Response:
@@ -187,14 +194,10 @@ class Call:
             self.close()
 
     def wait(self) -> list[CompletionOutput]:
-        outs = []
-        for i, h in enumerate(self.handles):
-            while True:
-                try:
-                    outs.append(self._finish(i, h.result(timeout=_POLL_S)))
-                    break
-                except TimeoutError:
-                    self.check_alive()
+        outs: list = [None] * len(self.handles)
+        for i, _, finish in self.events():      # the text is in the outputs: the deltas only say when each ends
+            if finish is not None:
+                outs[i] = self._outcome(i, self.handles[i].result(timeout=5))
         if not self._generates:
             self._record_embeddings(outs)
         return outs
@@ -208,7 +211,7 @@ class Call:
             for i, delta, finish in self.events():
                 yield from r.delta(i, delta, finish is not None)
                 if finish is not None:
-                    outs[i] = self._finish(i, self.handles[i].result(timeout=5))
+                    outs[i] = self._outcome(i, self.handles[i].result(timeout=5))
                     yield from r.finished(i, outs[i], outs)
             yield from r.closing(outs)
         except ClientGone:
@@ -223,28 +226,24 @@ class Call:
         yield from r.trailer()
 
     def events(self) -> Iterator[tuple[int, str, str | None]]:
-        """(choice, text delta, finish_reason or None) as the engine produces them, across every choice,
-        checking the timeout and the client between them."""
-        open_ = list(range(len(self.handles)))
-        while open_:
-            got = False
-            for i in list(open_):
-                wait = _POLL_S if len(open_) == 1 else 0
-                try:
-                    delta, finish = self.handles[i].next_delta(timeout=wait)
-                except TimeoutError:
-                    continue
-                got = True
-                if finish is not None:
-                    open_.remove(i)
-                yield i, delta, finish
-            self.check_alive()
-            if not got and len(open_) > 1:
-                time.sleep(0.01)
+        """(choice, text delta, finish_reason or None) as the engine produces them, across every choice, from the
+        call's one queue; the timeout and the client are checked at least every _POLL_S, deltas or none."""
+        left = len(self.handles)
+        while left:
+            try:
+                i, d = self._deltas.get(timeout=_POLL_S)
+            except queue.Empty:
+                self.check_alive()
+                continue
+            left -= d.finish_reason is not None
+            yield i, d.text, d.finish_reason
+            if time.perf_counter() - self._checked >= _POLL_S:
+                self.check_alive()
 
     # ------------------------------------------------ ending
     def check_alive(self) -> None:
-        if time.perf_counter() > self.deadline:
+        self._checked = time.perf_counter()
+        if self._checked > self.deadline:
             self.cancel_all()
             what, lower = (("the generation", "lower max_tokens") if self._generates
                            else ("the embeddings", "send fewer inputs"))
@@ -260,7 +259,7 @@ class Call:
             if not h.done:
                 h.cancel()
 
-    def _finish(self, i: int, out: CompletionOutput) -> CompletionOutput:
+    def _outcome(self, i: int, out: CompletionOutput) -> CompletionOutput:
         """Record a finished output once; raise the APIError for one that failed."""
         if i not in self._recorded and self._generates:
             self._recorded.add(i)

@@ -144,6 +144,7 @@ class _LocalityCollector:
 # Shared by the router and the ingress in the ingress process. Serve ships the ingress class by value, so its
 # module globals are a copy: both sides reach these through _shared(), the module as imported in the process.
 _ROUTERS: "weakref.WeakSet[AdapterAwareRouter]" = weakref.WeakSet()
+_REPLICAS_KNOWN = threading.Event()     # set once a router of this process has been given its replicas
 _ROUTED: dict[str, str] = {}       # hint key -> replica id, until the ingress has its answer
 
 
@@ -168,6 +169,8 @@ class AdapterAwareRouter(RequestRouter):
         super().update_replicas(replicas)
         self.replica_ids = sorted(r.replica_id.unique_id for r in replicas)
         self.policy.forget(set(self.replica_ids))
+        if self.replica_ids:
+            _shared()._REPLICAS_KNOWN.set()
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -350,10 +353,7 @@ class Ingress:
     async def _each(self, path: str) -> dict[str, tuple[dict, bytes] | None]:
         if not self._replica_ids():      # the router starts with the first call through the handle
             await self._ask(None, "/health")
-            for _ in range(20):
-                if self._replica_ids():
-                    break
-                await asyncio.sleep(0.1)
+            await asyncio.to_thread(_shared()._REPLICAS_KNOWN.wait, 2.0)     # its replicas, within 2 s
         ids = self._replica_ids()
         answers = await asyncio.gather(*(self._ask(rid, path) for rid in ids))
         return dict(zip(ids, answers))
