@@ -45,28 +45,28 @@ class Job:
 
 
 def jobs() -> list[Job]:
-    """The suite in the order jobs are taken. Gemma 3's job goes first, beside the only one small enough to share
-    memory with it (custom-ops): taken later it waited for a lane with no larger job running, and ran alone at the
-    end. Then the longest first, so the two lanes end together (CI at 2d1726d, idle 2-core host: runtime 808 s as
-    one job, pipeline 716, service+protocol 465, calibration+batch 427, custom-ops 258, gemma 233, cli+rest 203; the
-    runtime tests' invariance files, about 60% of their time, are a job of their own). Peaks:
-    tests/runtime/test_gemma3_invariance.py 16.2 GB run alone (Gemma 3's 262k head, fp32 and int8 engines), the
-    pipeline tests 8.1 GB (memory in use while they ran alone, sampled every 10 s); the others are bounds above what
-    was seen, not per-job measurements (the calibration and batch tests 4.2 GB alone; two jobs at a time never had
-    more than 12.8 GB in use at f9a2bd3)."""
+    """The suite in the order jobs are taken: the longest first, so the two lanes end together (CI at 2d1726d, idle
+    2-core host: runtime 808 s as one job, pipeline 716, service+protocol 465, calibration+batch 427, custom-ops 258,
+    Gemma 3 233, cli+rest 203; the runtime tests' invariance files, about 60% of their time, are a job of their
+    own), and Gemma 3's last, after the pipeline tests built its artifacts, beside the only job small enough to share
+    memory with it (custom-ops). Taken first, it built them itself while no other job fitted beside it once
+    custom-ops ended (02:18, 190 s of a lane idle). Peaks: tests/runtime/test_gemma3_invariance.py 16.2 GB run alone
+    (Gemma 3's 262k head, fp32 and int8 engines), the pipeline tests 8.1 GB (memory in use while they ran alone,
+    sampled every 10 s); the others are bounds above what was seen, not per-job measurements (the calibration and
+    batch tests 4.2 GB alone; two jobs at a time never had more than 12.8 GB in use at f9a2bd3)."""
     top = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py"))
     runtime = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "runtime").glob("test_*.py"))
     gemma = "tests/runtime/test_gemma3_invariance.py"
     invariance = [f"tests/runtime/test_{m}.py" for m in ("batch_invariance", "long_context_invariance", "speculative")]
     return [
-        Job("gemma3-invariance", [gemma], 16.5),
-        Job("custom-ops", ["tests/custom_ops"], 4.0),
         Job("pipeline", ["tests/pipeline"], 8.5),
         Job("runtime-invariance", invariance, 8.0),
         Job("service+protocol", ["tests/service", "tests/protocol"], 6.0),
         Job("calibration+batch", ["tests/calibration", "tests/batch"], 6.0),
         Job("runtime", [p for p in runtime if p != gemma and p not in invariance], 8.0),
         Job("cli+rest", ["tests/cli", *top], 6.0),
+        Job("gemma3-invariance", [gemma], 16.5),
+        Job("custom-ops", ["tests/custom_ops"], 4.0),
     ]
 
 
