@@ -1,5 +1,6 @@
 """The import graph of ortllm's packages, from an AST scan of every .py file (imports at module level and inside
-functions alike), shared by tests/test_layering.py and tests/test_import_cycles.py.
+functions alike), shared by tests/test_layering.py and tests/test_import_cycles.py; write_tree makes the planted
+trees those and tests/test_request_ownership.py check their scans on.
 
 Module names drop the `ortllm.` prefix: runtime/engine.py is 'runtime.engine', runtime/__init__.py is 'runtime',
 ortllm/__init__.py is 'ortllm'. An edge a -> b means a imports b:
@@ -23,6 +24,15 @@ def packages(root: Path = REPO) -> list[str]:
     return sorted(p.name for p in root.iterdir()
                   if p.is_dir() and not p.name.startswith(".") and p.name not in NOT_PACKAGES
                   and (p / "__init__.py").is_file())
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """root with each file of `files` (path relative to root -> text) written: a planted tree for a source scan."""
+    for rel, text in files.items():
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    return root
 
 
 def module_of(path: Path, root: Path = REPO) -> str:

@@ -6,9 +6,7 @@ docs/architecture.md, "Dependency rules"). The graph is an AST scan of every .py
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-from tests.import_graph import Graph
+from tests.import_graph import Graph, write_tree
 
 
 def test_no_import_cycles():
@@ -16,18 +14,10 @@ def test_no_import_cycles():
     assert cycles == [], "import cycles (lazy imports count): " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        f = root / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text)
-    return root
-
-
 def test_a_planted_lazy_cycle_is_caught(tmp_path):
     """Two packages whose modules import each other, one side only inside a function, and a three-module
     cycle through a relative import and a package __init__: both are found, with their path."""
-    root = _tree(tmp_path, {
+    root = write_tree(tmp_path, {
         "alpha/__init__.py": "",
         "alpha/a.py": "from ortllm.beta.b import thing\n",
         "beta/__init__.py": "from .c import C\n",
@@ -44,7 +34,7 @@ def test_a_planted_lazy_cycle_is_caught(tmp_path):
 
 
 def test_an_acyclic_tree_has_no_cycles(tmp_path):
-    root = _tree(tmp_path, {
+    root = write_tree(tmp_path, {
         "alpha/__init__.py": "",
         "alpha/a.py": "import os\nfrom ortllm.beta import b\n\ndef f():\n    from ortllm.beta.b import thing\n",
         "beta/__init__.py": "",

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.import_graph import Graph, packages
+from tests.import_graph import Graph, packages, write_tree
 
 EVERYTHING = ("runtime", "pipeline", "protocol", "service", "calibration", "batch", "bench", "cli", "models")
 
@@ -98,11 +98,7 @@ def test_the_scan_sees_imports():
 
 
 def _tree(root: Path, files: dict[str, str]) -> Graph:
-    for rel, text in files.items():
-        f = root / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text)
-    return Graph(root)
+    return Graph(write_tree(root, files))
 
 
 def test_planted_violations_are_caught(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.import_graph import REPO, packages
+from tests.import_graph import REPO, packages, write_tree
 
 OUTPUT_PROCESSOR = "runtime/output_processor.py"
 STREAM_WRITES = {"put", "finish"}
@@ -60,16 +60,8 @@ def test_the_service_waits_without_sleeping():
     assert sleepers() == [], "service/ polls with sleep: wait on a queue or an Event with a timeout instead"
 
 
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        f = root / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text)
-    return root
-
-
 def test_planted_enders_and_sleepers_are_caught(tmp_path):
-    root = _tree(tmp_path, {
+    root = write_tree(tmp_path, {
         "runtime/__init__.py": "",
         "runtime/output_processor.py": "def f(st):\n    st.stream.finish(1)\n    self._finish(st)\n",   # allowed
         "runtime/engine.py": "def f(h, st):\n    h._finish('stop')\n    st.stream.put('x')\n",
