@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ortllm.pipeline.errors import BuildError
-from tests.pipeline.test_moe_families import STEPS, _build, _greedy, _kld, _logits, _prompt
+from tests.pipeline.test_moe_families import STEPS, _build, _greedy, _kld, _logits, _prompt, attention_lora_equals_peft
 from tests.reference.hf_families import hf_logits, save_hf_dir, tiny_model
 from tests.reference.hf_llama import hf_greedy_logits
 
@@ -241,26 +241,5 @@ def test_gpt_oss_20b_config_and_its_yarn_tables():
 def test_lora_on_the_attention(family, fp32_art, tmp_path):
     """A PEFT LoRA on q/k/v/o of the gpt-oss model (o_proj with its bias) gives PEFT's greedy tokens through the
     engine (PEFT itself cannot target gpt-oss's router or its fused experts: they are no Linear modules)."""
-    import copy
-
-    import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
-
-    from ortllm.runtime.adapter_files import add_adapter
-    from ortllm.runtime.engine import Engine
-    from ortllm.runtime.sampling_params import SamplingParams
     model, _, prompt, _ = family
-    art = tmp_path / "art"
-    shutil.copytree(fp32_art, art)
-    torch.manual_seed(5)
-    peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
-                                                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
-    peft.save_pretrained(tmp_path / "attn")
-    add_adapter(art, tmp_path / "attn", "attn")
-    peft = PeftModel.from_pretrained(copy.deepcopy(model), tmp_path / "attn").eval()
-    ref_tokens, _ = hf_greedy_logits(peft, prompt, STEPS)
-    assert ref_tokens != hf_greedy_logits(model, prompt, STEPS)[0], "the adapter should change the greedy tokens"
-    with Engine.from_artifact(art) as engine:
-        got = engine.generate([prompt], SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True,
-                                                       adapter="attn"))[0].token_ids
-    assert got == ref_tokens
+    attention_lora_equals_peft(model, fp32_art, prompt, tmp_path)

@@ -11,6 +11,7 @@ mean the same experts were picked (another expert moves a logit by O(1) on these
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,25 +208,26 @@ def test_refusals_name_what_to_do(family, tmp_path):
         _build(hf_dir, tmp_path / "b", quant="int8", smooth=0.5)
 
 
-@pytest.mark.parametrize("family", NAMES, indirect=True)
-def test_lora_on_the_attention_and_refused_on_experts(family, fp32_art, tmp_path):
-    """A PEFT LoRA on the attention projections of the MoE model gives PEFT's greedy tokens through the engine; one
-    that targets the experts (PEFT's module names match every expert's) is refused by name."""
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def attention_lora_equals_peft(model, fp32_art, prompt: list[int], tmp_path) -> Path:
+    """A PEFT LoRA (seeded, non-zero B) on q/k/v/o of `model`, added to a copy of its fp32 build as "attn": the
+    engine's greedy tokens with it equal PEFT's (and differ from the base model's). Returns the copy."""
     import copy
     import shutil
 
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from ortllm.runtime.adapter_files import AdapterFileError, add_adapter
-    name, model, _, prompt, _ = family
+    from ortllm.runtime.adapter_files import add_adapter
+
     art = tmp_path / "art"
     shutil.copytree(fp32_art, art)
     torch.manual_seed(5)
-    for targets, out in ((["q_proj", "k_proj", "v_proj", "o_proj"], "attn"), (EXPERT_MODULES[name], "mlp")):
-        peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, target_modules=targets,
-                                                               init_lora_weights=False))
-        peft.save_pretrained(tmp_path / out)
+    peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
+                                                           target_modules=ATTENTION))
+    peft.save_pretrained(tmp_path / "attn")
     add_adapter(art, tmp_path / "attn", "attn")
     peft = PeftModel.from_pretrained(copy.deepcopy(model), tmp_path / "attn").eval()
     ref_tokens, _ = hf_greedy_logits(peft, prompt, STEPS)
@@ -234,5 +236,22 @@ def test_lora_on_the_attention_and_refused_on_experts(family, fp32_art, tmp_path
         got = engine.generate([prompt], SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True,
                                                        adapter="attn"))[0].token_ids
     assert got == ref_tokens
+    return art
+
+
+@pytest.mark.parametrize("family", NAMES, indirect=True)
+def test_lora_on_the_attention_and_refused_on_experts(family, fp32_art, tmp_path):
+    """A PEFT LoRA on the attention projections of the MoE model gives PEFT's greedy tokens through the engine; one
+    that targets the experts (PEFT's module names match every expert's) is refused by name."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from ortllm.runtime.adapter_files import AdapterFileError, add_adapter
+    name, model, _, prompt, _ = family
+    art = attention_lora_equals_peft(model, fp32_art, prompt, tmp_path)
+    peft = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, target_modules=EXPERT_MODULES[name],
+                                                           init_lora_weights=False))
+    peft.save_pretrained(tmp_path / "mlp")
     with pytest.raises(AdapterFileError, match=r"targets a mixture-of-experts MLP .* q_proj, k_proj, v_proj, o_proj"):
         add_adapter(art, tmp_path / "mlp", "mlp")
