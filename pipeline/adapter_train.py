@@ -225,7 +225,7 @@ def _train(artifact, out_dir, cfg, base, log, work_dir, progress, train, held, t
                 "trainable": {n: p.detach().clone() for n, p in trainable.items()},
                 "optim": opt.state_dict(), "sched": sched.state_dict(), "config": asdict(cfg)}
 
-    done, cut = start, []           # cut: a second Ctrl-C landed mid-step (half an update: no checkpoint of it)
+    done, cut = start, False        # cut: a second Ctrl-C landed mid-step (half an update: no checkpoint of it)
     bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not progress, mininterval=0.5,
                dynamic_ncols=True)
     try:
@@ -242,7 +242,7 @@ def _train(artifact, out_dir, cfg, base, log, work_dir, progress, train, held, t
                     losses.append(loss.item())
                     done = step + 1
                 except KeyboardInterrupt:
-                    cut.append(step)
+                    cut = True
                     raise
                 if interrupt_pending():
                     raise KeyboardInterrupt
