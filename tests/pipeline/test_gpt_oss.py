@@ -17,7 +17,7 @@ import pytest
 
 from ortllm.pipeline.errors import BuildError
 from tests.pipeline.test_moe_families import STEPS, _build, _greedy, _kld, _logits, _prompt, attention_lora_equals_peft
-from tests.reference.hf_families import hf_logits, save_hf_dir, tiny_model
+from tests.reference.hf_families import hf_logits, hf_logits_hooked, save_hf_dir, tiny_model
 from tests.reference.hf_llama import hf_greedy_logits
 
 MARGIN = 1e-3
@@ -35,18 +35,12 @@ def router_margin(model, ids: list[int]) -> float:
         top = logits.sort(-1, descending=True).values
         gaps.append(float((top[:, module.top_k - 1] - top[:, module.top_k]).min()))
 
-    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith(".router")]
-    try:
-        hf_logits(model, ids)
-    finally:
-        for h in handles:
-            h.remove()
+    hf_logits_hooked(model, ids, ".router", hook)
     return min(gaps)
 
 
 def clamped_share(model, ids: list[int]) -> float:
     """The share of the routed experts' gate / up values beyond the clamp (gate > 7 or |up| > 7)."""
-    import torch
     hits, total = [0], [0]
 
     def hook(module, args, kwargs, out):
@@ -59,14 +53,7 @@ def clamped_share(model, ids: list[int]) -> float:
                 hits[0] += int((g > module.limit).sum() + (u.abs() > module.limit).sum())
                 total[0] += gu.numel()
 
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for n, m in model.named_modules()
-               if n.endswith(".experts")]
-    try:
-        with torch.no_grad():
-            hf_logits(model, ids)
-    finally:
-        for h in handles:
-            h.remove()
+    hf_logits_hooked(model, ids, ".experts", hook, with_kwargs=True)     # under no_grad, as hf_logits runs
     return hits[0] / total[0]
 
 

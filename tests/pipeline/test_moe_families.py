@@ -22,7 +22,8 @@ from ortllm.pipeline.errors import BuildError
 from ortllm.runtime.artifact import load_artifact
 from ortllm.runtime.engine import Engine
 from ortllm.runtime.sampling_params import SamplingParams
-from tests.reference.hf_families import MOE_FAMILIES, MOE_GGUF_ARCH, hf_logits, save_hf_dir, tiny_model, write_gguf
+from tests.reference.hf_families import (MOE_FAMILIES, MOE_GGUF_ARCH, hf_logits, hf_logits_hooked, save_hf_dir,
+                                         tiny_model, write_gguf)
 from tests.reference.hf_llama import hf_greedy_logits
 
 STEPS = 12
@@ -51,12 +52,7 @@ def router_margin(model, ids: list[int]) -> float:
         k = model.config.num_experts_per_tok
         gaps.append(float((p[..., k - 1] - p[..., k]).min()))
 
-    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith(ROUTERS)]
-    try:
-        hf_logits(model, ids)
-    finally:
-        for h in handles:
-            h.remove()
+    hf_logits_hooked(model, ids, ROUTERS, hook)
     return min(gaps)
 
 

@@ -124,6 +124,18 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
+def hf_logits_hooked(model, ids: list[int], suffixes, hook, with_kwargs: bool = False) -> np.ndarray:
+    """hf_logits with `hook` a forward hook (torch's signature; with_kwargs: it also takes the call's kwargs) on
+    every module whose name ends with one of `suffixes`, removed after the pass."""
+    handles = [m.register_forward_hook(hook, with_kwargs=with_kwargs) for n, m in model.named_modules()
+               if n.endswith(suffixes)]
+    try:
+        return hf_logits(model, ids)
+    finally:
+        for h in handles:
+            h.remove()
+
+
 # family -> gguf's architecture (Mistral converts to llama, as llama.cpp's converter does it)
 GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "mistral": "LLAMA", "llama3": "LLAMA", "phi3": "PHI3",
              "granite": "GRANITE"}
