@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from ortllm.pipeline.errors import BuildError
-from tests.pipeline.test_moe_families import STEPS, _build, _greedy, _kld, _logits, _prompt, attention_lora_equals_peft
+from tests.pipeline.test_moe_families import (STEPS, _build, _greedy, _kld, _logits, _prompt,
+                                              attention_lora_equals_peft, engine_matches_transformers)
 from tests.reference.hf_families import hf_logits, hf_logits_hooked, save_hf_dir, tiny_model
 from tests.reference.hf_llama import hf_greedy_logits
 
@@ -106,12 +107,7 @@ def test_engine_fp32_matches_transformers(family, fp32_art):
     """Logits of every position of prompt + transformers' greedy continuation within 1e-5 x max|logit|, and the
     engine's own greedy decode gives transformers' tokens."""
     model, _, prompt, ref_tokens = family
-    ids = prompt + ref_tokens
-    ref, got = hf_logits(model, ids), _logits(fp32_art, ids)
-    err, bound = np.abs(got - ref).max(), 1e-5 * np.abs(ref).max()
-    assert err <= bound, f"gpt-oss: max |dlogit| {err:.3g} > {bound:.3g}"
-    assert _greedy(fp32_art, [prompt]) == [ref_tokens]
-    cfg = json.loads((fp32_art / "config.json").read_text())
+    cfg = engine_matches_transformers("gpt-oss", model, prompt, ref_tokens, fp32_art)
     assert (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_router"], cfg["swiglu_limit"]) == \
         (8, 2, "topk_softmax", 7.0)
     assert cfg["layer_types"] == ["sliding", "full", "sliding"] and cfg["sliding_window"] == 8

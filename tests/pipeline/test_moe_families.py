@@ -101,17 +101,23 @@ def _kld(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
 
 
-@pytest.mark.parametrize("family", NAMES, indirect=True)
-def test_engine_fp32_matches_transformers(family, fp32_art):
-    """Logits of every position of prompt + transformers' greedy continuation (the decode steps' inputs) within
-    1e-5 x max|logit| (measured 1.9e-6 of 4.3), and the engine's own greedy decode gives transformers' tokens."""
-    name, model, _, prompt, ref_tokens = family
+def engine_matches_transformers(name: str, model, prompt: list[int], ref_tokens: list[int], fp32_art) -> dict:
+    """The fp32 build's logits over prompt + ref_tokens (transformers' greedy continuation) within 1e-5 x max|logit|
+    of transformers', and its own greedy decode of prompt giving ref_tokens. Returns the build's config.json."""
     ids = prompt + ref_tokens
     ref, got = hf_logits(model, ids), _logits(fp32_art, ids)
     err, bound = np.abs(got - ref).max(), 1e-5 * np.abs(ref).max()
     assert err <= bound, f"{name}: max |dlogit| {err:.3g} > {bound:.3g}"
     assert _greedy(fp32_art, [prompt]) == [ref_tokens]
-    cfg = json.loads((fp32_art / "config.json").read_text())
+    return json.loads((fp32_art / "config.json").read_text())
+
+
+@pytest.mark.parametrize("family", NAMES, indirect=True)
+def test_engine_fp32_matches_transformers(family, fp32_art):
+    """Logits of every position of prompt + transformers' greedy continuation (the decode steps' inputs) within
+    1e-5 x max|logit| (measured 1.9e-6 of 4.3), and the engine's own greedy decode gives transformers' tokens."""
+    name, model, _, prompt, ref_tokens = family
+    cfg = engine_matches_transformers(name, model, prompt, ref_tokens, fp32_art)
     assert (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["dense_layers"]) == (8, 2, DENSE_LAYERS[name])
 
 
