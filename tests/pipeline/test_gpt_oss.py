@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from ortllm.pipeline.errors import BuildError
-from tests.pipeline.test_moe_families import (STEPS, _build, _greedy, _kld, _logits, _prompt,
-                                              attention_lora_equals_peft, engine_matches_transformers)
+from tests.pipeline.test_moe_families import (STEPS, _build, _logits, _prompt,
+                                              attention_lora_equals_peft, engine_matches_transformers,
+                                              near_fp32_and_batch_invariant)
 from tests.reference.hf_families import hf_logits, hf_logits_hooked, save_hf_dir, tiny_model
 from tests.reference.hf_llama import hf_greedy_logits
 
@@ -127,12 +128,7 @@ def test_quantized_against_the_engines_fp32(family, fp32_art, tmp_path, quant, m
     _, hf_dir, prompt, ref_tokens = family
     art = _build(hf_dir, tmp_path / "art", quant=quant, quality_tokens=64)
     assert b"clamped_swiglu" in (art / "model.onnx").read_bytes()
-    ids = prompt + ref_tokens
-    kld = _kld(_logits(fp32_art, ids), _logits(art, ids))
-    assert kld <= max_kld, f"gpt-oss {quant}: KLD vs fp32 {kld:.3g} > {max_kld}"
-    prompts = [prompt, _prompt(7, seed=3), _prompt(19, seed=4)]
-    alone = [_greedy(art, [p])[0] for p in prompts]
-    assert _greedy(art, prompts) == alone
+    near_fp32_and_batch_invariant(f"gpt-oss {quant}", art, fp32_art, prompt, ref_tokens, max_kld)
 
 
 def _mxfp4(rng, e: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
