@@ -91,20 +91,31 @@ class _MemoReference:
         yield from self._store[k]
 
 
-def in_build_quality(weights, art_dir: Path, ref_dir: Path, opts, ref_opts, tensor_report: dict) -> dict:
+WHOLE_REFERENCE = "the same weights built in fp32 with an fp32 KV cache (same graph kind), in the build"
+
+
+def in_build_quality(weights, art_dir: Path, reference, opts, ref_opts, tensor_report: dict) -> dict:
+    """reference: the fp32 artifact's directory (built whole beside art_dir), or the pipeline's layer-by-layer
+    reference (pipeline/layer_reference.py LayerReference: scorer(windows), for models whose fp32 copy does not
+    fit), run over all windows before the candidate's session is made, so the two are never in memory at once."""
     from ortllm.runtime.ops_library import ops_isa
 
     cfg = weights.config.to_dict()
     windows, data = _windows(art_dir, opts.quality_tokens, cfg)
     ctx = max(len(w) for ws in windows.values() for w in ws)
+    if isinstance(reference, Path):
+        ref_art = draft_artifact(reference, {"graph": opts.graph, "model": cfg, "build": asdict(ref_opts)})
+        ref = _MemoReference(lambda: make_scorer(ref_art, ctx), _reference_key(reference, opts.graph, ctx))
+        described = WHOLE_REFERENCE
+    else:
+        ref = reference.scorer([w for ws in windows.values() for w in ws])
+        described = reference.description
     cand = make_scorer(draft_artifact(art_dir, {"graph": opts.graph, "model": cfg, "build": asdict(opts)}), ctx)
-    ref_art = draft_artifact(ref_dir, {"graph": opts.graph, "model": cfg, "build": asdict(ref_opts)})
-    ref = _MemoReference(lambda: make_scorer(ref_art, ctx), _reference_key(ref_dir, opts.graph, ctx))
     isa = ops_isa() if opts.graph == "engine" else None
     fidelity = {**domain_summary(score_domains([cand], ref, windows)[0]), "isa": isa}
     return {
         "version": QUALITY_VERSION,
-        "reference": "the same weights built in fp32 with an fp32 KV cache (same graph kind), in the build",
+        "reference": described,
         "build": asdict(opts),
         "isa": isa,
         "fidelity": fidelity,

@@ -14,7 +14,13 @@ from pathlib import Path
 from .build_options import add_build_options, build_options
 from .options import Option, add_options, fill_defaults
 
-BUILD_VERB_OPTIONS = (Option("--force", "replace whatever --out holds", default=False),)
+BUILD_VERB_OPTIONS = (
+    Option("--force", "replace whatever --out holds", default=False),
+    Option("--quality-reference", "how the in-build quality check runs its fp32 reference: whole (full), or one "
+           "layer at a time in bounded memory (layers); auto: layers where the model's fp32 copy would not fit. "
+           "full|layers also measure a shape recipe's random weights, which auto skips", default="auto",
+           choices=lambda: __import__("ortllm.pipeline.build", fromlist=["x"]).QUALITY_REFERENCES),
+)
 
 
 def add_build(sub) -> None:
@@ -30,7 +36,7 @@ def add_build(sub) -> None:
 def run_build(a) -> int:
     opts = build_options(a)
     fill_defaults(a, BUILD_VERB_OPTIONS)
-    build_artifact(a.model, a.out, opts, source=a.source, force=a.force,
+    build_artifact(a.model, a.out, opts, source=a.source, force=a.force, quality_reference=a.quality_reference,
                    log=lambda m: print(m, file=sys.stderr))
     return 0
 

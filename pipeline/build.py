@@ -20,6 +20,7 @@ from ortllm.runtime.artifact import pid_alive as _pid_alive
 
 from .errors import BuildError
 from .families import default_act16, default_int4_smooth
+from .layer_reference import LayerReference, streams_by_default
 from .quantize import ACT16_GROUPS, ALGOS, QuantPlan, check_block_size, parse_keep
 from .smooth import SMOOTHED, adapter_scales, check_alpha, smooth_weights
 from .sources import load_model
@@ -275,19 +276,26 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-# (weights, artifact dir, fp32 reference dir, opts, ref_opts, per-tensor error report) -> quality.json's dict.
+# (weights, artifact dir, fp32 reference, opts, ref_opts, per-tensor error report) -> quality.json's dict; the
+# reference is the fp32 artifact's directory or a pipeline.layer_reference.LayerReference (scorer(windows)).
 # The check runs the engine, which the pipeline may not import (tests/test_layering.py): the caller composes it
 # in (ortllm.cli.build.build_artifact passes ortllm.calibration.quality.in_build_quality).
-QualityCheck = Callable[[ModelWeights, Path, Path, "BuildOptions", "BuildOptions", dict], dict]
+QualityCheck = Callable[[ModelWeights, Path, "Path | LayerReference", "BuildOptions", "BuildOptions", dict], dict]
+
+
+QUALITY_REFERENCES = ("auto", "full", "layers")   # --quality-reference: how the in-build check runs fp32
 
 
 def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan | None,
-                  quality_check: QualityCheck, calibration: dict | None = None) -> None:
-    """quality.json: each quantized tensor's error and a short paired fidelity check against the same
-    weights built in fp32 (fp32 KV) in a scratch directory beside `tmp` (skipped, and said so, when the weights
-    carry extra["fidelity_skipped"])."""
+                  quality_check: QualityCheck, calibration: dict | None = None, reference: str = "auto",
+                  log=print) -> None:
+    """quality.json: each quantized tensor's error and a short paired fidelity check against the same weights in
+    fp32 (fp32 KV): built whole in a scratch directory beside `tmp` (reference "full"), or run one layer at a time
+    there (pipeline/layer_reference.py, "layers": bounded memory); "auto" runs layers where the fp32 copy would not
+    fit (layer_reference.streams_by_default). Skipped, and said so, when the weights carry extra["fidelity_skipped"]
+    (a shape recipe's random weights) unless `reference` names a way to run it."""
     skipped = weights.extra.get("fidelity_skipped")
-    if skipped:       # per-tensor errors only (a shape recipe: pipeline/shape_weights.py)
+    if skipped and reference == "auto":       # per-tensor errors only (a shape recipe: pipeline/shape_weights.py)
         report = {"build": asdict(opts), "reference": None, "fidelity": {}, "fidelity_skipped": skipped,
                   "tensors": plan.report if plan else {}}
         if calibration is not None:
@@ -297,20 +305,33 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     ref = tmp.with_name(tmp.name.replace(".building-", ".fp32ref.building-"))   # cleaned like tmp if killed
     shutil.rmtree(ref, ignore_errors=True)
     ref.mkdir()
+    ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True, smooth=None,
+                       smooth_down=0.0, act16=())
+    layers = reference == "layers" or (reference == "auto" and streams_by_default(weights))
     try:
-        ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True, smooth=None,
-                           smooth_down=0.0, act16=())
-        write_graph(weights, ref, ref_opts, None, {})
-        report = quality_check(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
+        if layers:
+            log("quality check: the fp32 reference runs one layer at a time (its whole fp32 copy would not fit)"
+                if reference == "auto" else "quality check: the fp32 reference runs one layer at a time")
+            layer_ref = LayerReference(weights, ref, opts.kv_block_size, log=log)
+            try:
+                report = quality_check(weights, tmp, layer_ref, opts, ref_opts, plan.report if plan else {})
+            finally:
+                layer_ref.close()
+        else:
+            write_graph(weights, ref, ref_opts, None, {})
+            report = quality_check(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
     finally:
         shutil.rmtree(ref, ignore_errors=True)
+    if skipped:
+        report["fidelity_note"] = ("measured on request (--quality-reference) on random weights (a shape recipe): its "
+                                   "figures say what the check costs, not a quality")
     if calibration is not None:
         report["calibration"] = calibration
     (tmp / C.QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path,
-                   log=print, quality_check: QualityCheck | None = None) -> dict:
+                   log=print, quality_check: QualityCheck | None = None, quality_reference: str = "auto") -> dict:
     """Write every artifact file into `tmp` and return the manifest (also written)."""
     cfg = weights.config
     meta = {"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph}
@@ -344,7 +365,7 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
         export_optimum(weights, tmp, tmp / "optimum")
 
     if opts.quantized:
-        write_quality(weights, tmp, opts, plan, quality_check, calibration)
+        write_quality(weights, tmp, opts, plan, quality_check, calibration, quality_reference, log)
 
     files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest = {
@@ -374,8 +395,11 @@ def _clear_dead_leftovers(out: Path) -> None:
 
 
 def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, force: bool = False,
-          log=print, quality_check: QualityCheck | None = None) -> dict:
-    """quality_check: required for a quantized build (every quantized artifact ships its measured quality)."""
+          log=print, quality_check: QualityCheck | None = None, quality_reference: str = "auto") -> dict:
+    """quality_check: required for a quantized build (every quantized artifact ships its measured quality);
+    quality_reference: how it runs the fp32 reference (QUALITY_REFERENCES; write_quality)."""
+    if quality_reference not in QUALITY_REFERENCES:
+        raise BuildError(f"--quality-reference {quality_reference!r}: choose one of {', '.join(QUALITY_REFERENCES)}")
     if opts.quantized and quality_check is None:
         raise BuildError("a quantized build measures its quality against fp32 with the engine: build it with "
                          "`ortllm build` or ortllm.cli.build.build_artifact (or pass "
@@ -393,7 +417,7 @@ def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, f
     tmp.mkdir()
     try:
         log(f"building {opts.graph} graph ({opts.quant}) ...")
-        manifest = write_artifact(weights, recipe_name, opts, tmp, log, quality_check)
+        manifest = write_artifact(weights, recipe_name, opts, tmp, log, quality_check, quality_reference)
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():
             out.rename(old)

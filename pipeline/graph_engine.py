@@ -20,8 +20,8 @@ from onnx import TensorProto
 from ortllm.runtime import contract as C
 from ortllm.runtime.ops_library import op_schema
 
-from .graph_blocks import (activation, add_bias, in_norm, lm_head, out_norm, project, qk_norms, rms_norm,
-                           rope_tables, scale_embedding, scale_residual, softcap)
+from .graph_blocks import (activation, add_bias, in_norm, linear_group, lm_head, out_norm, project, qk_norms,
+                           rms_norm, rope_tables, scale_embedding, scale_residual, softcap)
 from .graph_moe import moe_mlp
 from .graph_qlinear import EMBED_TABLE, embedding, qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
@@ -64,7 +64,7 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
     """Projections of one input with their LoRA, the norm before them (norm = (weight, eps, path)) and an
     epilogue ("none": one output per path; "residual": residual + y; "swiglu": SiLU(gate) * up; "geglu":
     GELU-tanh(gate) * up), as one QLinear where it can take them (its LoRA stacks hold all `layers` layers), else as
-    plain ops and lora_projs:
+    plain ops and lora_projs (adapter None: no LoRA, linear_group alone):
 
         QLinear:   x -> QLinear(norm, epilogue) [-> q, k, v as its split outputs]
         otherwise: x [-> RMSNorm] -> lora_projs -> [Add(residual, y) | Mul(activation(gate), up)]
@@ -77,7 +77,10 @@ def projections(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str],
         return list(y) if isinstance(y, list) else [y]
     if norm is not None:
         x = rms_norm(g, x, norm[0], norm[1], norm[2])
-    ys = lora_projs(g, x, ws, paths, layer, adapter, quant, layers)
+    if adapter is None:       # a graph without adapters (graph_stages: the layer-by-layer fp32 reference)
+        ys = linear_group(g, x, ws, paths, quant)
+    else:
+        ys = lora_projs(g, x, ws, paths, layer, adapter, quant, layers)
     if epilogue == "residual":
         return [g.op("Add", [residual, ys[0]], f"{path}/residual")]
     if epilogue in GATED:
