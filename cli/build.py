@@ -16,10 +16,11 @@ from .options import Option, add_options, fill_defaults
 
 BUILD_VERB_OPTIONS = (
     Option("--force", "replace whatever --out holds", default=False),
-    Option("--quality-reference", "how the in-build quality check runs its fp32 reference: whole (full), or one "
-           "layer at a time in bounded memory (layers); auto: layers where the model's fp32 copy would not fit. "
-           "full|layers also measure a shape recipe's random weights, which auto skips", default="auto",
-           choices=lambda: __import__("ortllm.pipeline.build", fromlist=["x"]).QUALITY_REFERENCES),
+    Option("--fp32-reference", "how the build runs the model in fp32 for its calibration pass and its quality "
+           "check's reference: whole (full), or one layer at a time in bounded memory (layers); auto: layers where the "
+           "model's fp32 copy would not fit. full|layers also measure a shape recipe's random weights, which auto "
+           "skips", default="auto",
+           choices=lambda: __import__("ortllm.pipeline.build", fromlist=["x"]).FP32_REFERENCES),
 )
 
 
@@ -36,7 +37,7 @@ def add_build(sub) -> None:
 def run_build(a) -> int:
     opts = build_options(a)
     fill_defaults(a, BUILD_VERB_OPTIONS)
-    build_artifact(a.model, a.out, opts, source=a.source, force=a.force, quality_reference=a.quality_reference,
+    build_artifact(a.model, a.out, opts, source=a.source, force=a.force, fp32_reference=a.fp32_reference,
                    log=lambda m: print(m, file=sys.stderr))
     return 0
 

@@ -230,27 +230,31 @@ def _unsmooth_act16(original: ModelWeights, smoothed: ModelWeights, scales: dict
 
 
 def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan, meta: dict,
-                          log=print, tokenizer_dir: Path | None = None) -> dict | None:
+                          log=print, tokenizer_dir: Path | None = None, fp32_reference: str = "auto") -> dict | None:
     """write_graph, with a calibration pass (GPTQ's Hessians, SmoothQuant's channel RMS) captured in a scratch
     directory beside `tmp` when the build needs one; returns the calibration's identity (None without one).
-    tokenizer_dir: where the artifact's tokenizer is already written (the calibration text is tokenized with it)."""
+    tokenizer_dir: where the artifact's tokenizer is already written (the calibration text is tokenized with it);
+    fp32_reference: the calibration runs the fp32 model whole or one layer at a time (runs_layer_by_layer)."""
     alpha, down = opts.smooth_alpha, opts.smooth_down
     if not plan.needs_calibration and not alpha and not down:
         write_graph(weights, tmp, opts, plan, meta)
         return None
     from safetensors.numpy import save_file
 
-    from .calib_activations import Calibration
+    from .calib_activations import Calibration, LayerCalibration
 
     scratch = tmp.with_name(tmp.name.replace(".building-", ".calib.building-"))   # cleaned like tmp if killed
     shutil.rmtree(scratch, ignore_errors=True)
     start = time.perf_counter()
     cal = None
     try:
-        cal = Calibration(weights, opts.calib_tokens, scratch, log=log,
-                          names=None if alpha or down else plan.calibration_names, tokenizer_dir=tokenizer_dir,
-                          diagonal_only=not plan.needs_calibration)
-        info = {}
+        layers = runs_layer_by_layer(weights, fp32_reference)
+        if layers:
+            log("calibrating: the fp32 model runs one layer at a time")
+        cal = (LayerCalibration if layers else Calibration)(
+            weights, opts.calib_tokens, scratch, log=log, names=None if alpha or down else plan.calibration_names,
+            tokenizer_dir=tokenizer_dir, diagonal_only=not plan.needs_calibration)
+        info = {"fp32_model": "run one layer at a time (pipeline/graph_stages.py)"} if layers else {}
         if alpha or down:
             weights, scales = _unsmooth_act16(weights, *smooth_weights(weights, alpha, cal.channel_rms, down),
                                               plan.act16)
@@ -283,19 +287,24 @@ def write_quantized_graph(weights: ModelWeights, tmp: Path, opts: BuildOptions, 
 QualityCheck = Callable[[ModelWeights, Path, "Path | LayerReference", "BuildOptions", "BuildOptions", dict], dict]
 
 
-QUALITY_REFERENCES = ("auto", "full", "layers")   # --quality-reference: how the in-build check runs fp32
+FP32_REFERENCES = ("auto", "full", "layers")   # --fp32-reference: how the build runs the model in fp32
+
+
+def runs_layer_by_layer(weights: ModelWeights, fp32_reference: str) -> bool:
+    """Whether the calibration pass and the quality check run the fp32 model one layer at a time (the stages of
+    pipeline/graph_stages.py): asked for ("layers"), or "auto" where its whole fp32 copy would not fit."""
+    return fp32_reference == "layers" or (fp32_reference == "auto" and streams_by_default(weights))
 
 
 def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan | None,
-                  quality_check: QualityCheck, calibration: dict | None = None, reference: str = "auto",
+                  quality_check: QualityCheck, calibration: dict | None = None, fp32_reference: str = "auto",
                   log=print) -> None:
     """quality.json: each quantized tensor's error and a short paired fidelity check against the same weights in
-    fp32 (fp32 KV): built whole in a scratch directory beside `tmp` (reference "full"), or run one layer at a time
-    there (pipeline/layer_reference.py, "layers": bounded memory); "auto" runs layers where the fp32 copy would not
-    fit (layer_reference.streams_by_default). Skipped, and said so, when the weights carry extra["fidelity_skipped"]
-    (a shape recipe's random weights) unless `reference` names a way to run it."""
+    fp32 (fp32 KV): built whole in a scratch directory beside `tmp`, or run one layer at a time there
+    (pipeline/layer_reference.py: bounded memory; runs_layer_by_layer). Skipped, and said so, when the weights carry
+    extra["fidelity_skipped"] (a shape recipe's random weights) unless fp32_reference asks for a way to run it."""
     skipped = weights.extra.get("fidelity_skipped")
-    if skipped and reference == "auto":       # per-tensor errors only (a shape recipe: pipeline/shape_weights.py)
+    if skipped and fp32_reference == "auto":   # per-tensor errors only (a shape recipe: pipeline/shape_weights.py)
         report = {"build": asdict(opts), "reference": None, "fidelity": {}, "fidelity_skipped": skipped,
                   "tensors": plan.report if plan else {}}
         if calibration is not None:
@@ -307,11 +316,9 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     ref.mkdir()
     ref_opts = replace(opts, quant="fp32", lm_head="fp32", kv="fp32", keep=(), kv_rotate=True, smooth=None,
                        smooth_down=0.0, act16=())
-    layers = reference == "layers" or (reference == "auto" and streams_by_default(weights))
     try:
-        if layers:
-            log("quality check: the fp32 reference runs one layer at a time (its whole fp32 copy would not fit)"
-                if reference == "auto" else "quality check: the fp32 reference runs one layer at a time")
+        if runs_layer_by_layer(weights, fp32_reference):
+            log("quality check: the fp32 reference runs one layer at a time")
             layer_ref = LayerReference(weights, ref, opts.kv_block_size, log=log)
             try:
                 report = quality_check(weights, tmp, layer_ref, opts, ref_opts, plan.report if plan else {})
@@ -323,7 +330,7 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     finally:
         shutil.rmtree(ref, ignore_errors=True)
     if skipped:
-        report["fidelity_note"] = ("measured on request (--quality-reference) on random weights (a shape recipe): its "
+        report["fidelity_note"] = ("measured on request (--fp32-reference) on random weights (a shape recipe): its "
                                    "figures say what the check costs, not a quality")
     if calibration is not None:
         report["calibration"] = calibration
@@ -331,7 +338,7 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
 
 
 def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path,
-                   log=print, quality_check: QualityCheck | None = None, quality_reference: str = "auto") -> dict:
+                   log=print, quality_check: QualityCheck | None = None, fp32_reference: str = "auto") -> dict:
     """Write every artifact file into `tmp` and return the manifest (also written)."""
     cfg = weights.config
     meta = {"ortllm.contract_version": C.CONTRACT_VERSION, "ortllm.graph": opts.graph}
@@ -346,7 +353,8 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
     if plan is None:
         write_graph(weights, tmp, opts, plan, meta)
     else:
-        calibration = write_quantized_graph(weights, tmp, opts, plan, meta, log, tokenizer_dir=tmp if tok else None)
+        calibration = write_quantized_graph(weights, tmp, opts, plan, meta, log, tokenizer_dir=tmp if tok else None,
+                                            fp32_reference=fp32_reference)
     eos = list(dict.fromkeys([*cfg.eos_token_ids, *(tok.eos_token_ids if tok else ())]))
     (tmp / C.CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     generation = {
@@ -365,7 +373,7 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
         export_optimum(weights, tmp, tmp / "optimum")
 
     if opts.quantized:
-        write_quality(weights, tmp, opts, plan, quality_check, calibration, quality_reference, log)
+        write_quality(weights, tmp, opts, plan, quality_check, calibration, fp32_reference, log)
 
     files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest = {
@@ -395,11 +403,11 @@ def _clear_dead_leftovers(out: Path) -> None:
 
 
 def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, force: bool = False,
-          log=print, quality_check: QualityCheck | None = None, quality_reference: str = "auto") -> dict:
+          log=print, quality_check: QualityCheck | None = None, fp32_reference: str = "auto") -> dict:
     """quality_check: required for a quantized build (every quantized artifact ships its measured quality);
-    quality_reference: how it runs the fp32 reference (QUALITY_REFERENCES; write_quality)."""
-    if quality_reference not in QUALITY_REFERENCES:
-        raise BuildError(f"--quality-reference {quality_reference!r}: choose one of {', '.join(QUALITY_REFERENCES)}")
+    fp32_reference: how it runs the fp32 reference (FP32_REFERENCES; write_quality)."""
+    if fp32_reference not in FP32_REFERENCES:
+        raise BuildError(f"--fp32-reference {fp32_reference!r}: choose one of {', '.join(FP32_REFERENCES)}")
     if opts.quantized and quality_check is None:
         raise BuildError("a quantized build measures its quality against fp32 with the engine: build it with "
                          "`ortllm build` or ortllm.cli.build.build_artifact (or pass "
@@ -417,7 +425,7 @@ def build(spec: str, out: Path, opts: BuildOptions, source: str | None = None, f
     tmp.mkdir()
     try:
         log(f"building {opts.graph} graph ({opts.quant}) ...")
-        manifest = write_artifact(weights, recipe_name, opts, tmp, log, quality_check, quality_reference)
+        manifest = write_artifact(weights, recipe_name, opts, tmp, log, quality_check, fp32_reference)
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():
             out.rename(old)

@@ -89,14 +89,6 @@ def calibration_data(tokenizer, tokens: int, ctx: int, vocab_size: int) -> Calib
         "interleaved, EOS-joined; no HumanEval")
 
 
-@dataclass(frozen=True)
-class _Input:
-    """One projection input: the graph tensor to capture and its width K."""
-    key: str                     # node path of the consuming matmul
-    tensor: str                  # its input 0
-    k: int
-
-
 def _projection_inputs(weights: ModelWeights) -> tuple[list[str], dict[str, str], dict[str, int]]:
     """Consuming node paths in build order, HF tensor name -> node path, node path -> K."""
     cfg = weights.config
@@ -135,6 +127,27 @@ class Calibration:
 
         from .graph_portable import build_portable_graph
 
+        self._setup(weights, tokens, scratch, log, names, tokenizer_dir, diagonal_only, budget_bytes)
+        model_path = self.scratch / C.MODEL
+        build_portable_graph(weights, model_path, self.scratch / C.MODEL_DATA, quant=None)
+        model = onnx.load(str(model_path), load_external_data=False)
+        consumers = {n.name: n.input[0] for n in model.graph.node}
+        missing = [k for k in self.order if k not in consumers]
+        if missing:
+            raise RuntimeError(f"calibration: the fp32 graph has no node {missing[0]} (graph_portable node paths "
+                               "changed; update pipeline/calib_activations.py)")
+        self.tensors = {k: consumers[k] for k in self.order}
+        have = {o.name for o in model.graph.output}
+        for t in self.tensors.values():
+            if t not in have:
+                model.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+        capture_path = self.scratch / "capture.onnx"            # external data: model.onnx.data beside it
+        capture_path.write_bytes(model.SerializeToString())
+        self.session = ort.InferenceSession(str(capture_path), providers=["CPUExecutionProvider"])
+
+    def _setup(self, weights: ModelWeights, tokens: int, scratch: Path, log, names, tokenizer_dir,
+               diagonal_only: bool, budget_bytes: int) -> None:
+        """The calibration text, the projection inputs served (names) and their capture groups."""
         self.scratch, self.log, self.cfg = Path(scratch), log, weights.config
         self.scratch.mkdir(parents=True, exist_ok=True)
         tokenizer = None
@@ -146,12 +159,7 @@ class Calibration:
         ctx = min(CALIB_CTX, self.cfg.max_position_embeddings)
         self.data = calibration_data(tokenizer, tokens, ctx, self.cfg.vocab_size)
         self.tokens = sum(len(w) for w in self.data.windows)
-
-        model_path = self.scratch / C.MODEL
-        build_portable_graph(weights, model_path, self.scratch / C.MODEL_DATA, quant=None)
-        model = onnx.load(str(model_path), load_external_data=False)
-        consumers = {n.name: n.input[0] for n in model.graph.node}
-        self.order, self.names, widths = _projection_inputs(weights)
+        self.order, self.names, self.widths = _projection_inputs(weights)
         if names is not None:
             unknown = [n for n in names if n not in self.names]
             if unknown:
@@ -159,18 +167,6 @@ class Calibration:
             wanted = {self.names[n] for n in names}
             self.order = [k for k in self.order if k in wanted]
             self.names = {n: k for n, k in self.names.items() if k in wanted}
-        missing = [k for k in self.order if k not in consumers]
-        if missing:
-            raise RuntimeError(f"calibration: the fp32 graph has no node {missing[0]} (graph_portable node paths "
-                               "changed; update pipeline/calib_activations.py)")
-        self.inputs = {k: _Input(k, consumers[k], widths[k]) for k in self.order}
-        have = {o.name for o in model.graph.output}
-        for inp in self.inputs.values():
-            if inp.tensor not in have:
-                model.graph.output.append(helper.make_tensor_value_info(inp.tensor, TensorProto.FLOAT, None))
-        capture_path = self.scratch / "capture.onnx"            # external data: model.onnx.data beside it
-        capture_path.write_bytes(model.SerializeToString())
-        self.session = ort.InferenceSession(str(capture_path), providers=["CPUExecutionProvider"])
         self.diagonal_only = diagonal_only
         self.groups = [list(self.order)] if diagonal_only else self._groups(budget_bytes)
         self._h: dict[str, np.ndarray] = {}        # node path -> H (or its diagonal) of the group captured last
@@ -180,7 +176,7 @@ class Calibration:
         """Consecutive inputs whose float64 accumulators fit `budget` together (at least one each)."""
         groups, size = [[]], 0
         for key in self.order:
-            nbytes = 8 * self.inputs[key].k ** 2
+            nbytes = 8 * self.widths[key] ** 2
             if groups[-1] and size + nbytes > budget:
                 groups.append([])
                 size = 0
@@ -199,20 +195,32 @@ class Calibration:
 
     def _capture(self, group: list[str]) -> None:
         """One forward pass over every window, summing X^T X of the group's inputs."""
+        self._start_pass(group)
+        start = time.perf_counter()
+        fetch = [self.tensors[k] for k in group]
+        for window in self.data.windows:
+            for key, x in zip(group, self.session.run(fetch, self._feeds(window))):
+                self._add(key, x)
+        self._end_pass(start)
+
+    def _start_pass(self, group: list[str]) -> None:
         self.passes += 1
         self.log(f"calibrating: pass {self.passes} ({len(group)} projection inputs of "
                  f"{len(self.order)}) over {self.tokens} tokens ...")
-        start = time.perf_counter()
+        self._h = self._fresh(group)
+
+    def _fresh(self, group: list[str]) -> dict[str, np.ndarray]:
         shape = (lambda k: (k,)) if self.diagonal_only else (lambda k: (k, k))
-        self._h = {k: np.zeros(shape(self.inputs[k].k), np.float64) for k in group}
-        fetch = [self.inputs[k].tensor for k in group]
-        for window in self.data.windows:
-            for key, x in zip(group, self.session.run(fetch, self._feeds(window))):
-                x = x.reshape(-1, self.inputs[key].k)
-                if self.diagonal_only:
-                    self._h[key] += np.einsum("ij,ij->j", x, x, dtype=np.float64)   # [K] sums of squares
-                else:
-                    self._h[key] += x.T @ x                   # [K, K] fp32 product of <= CALIB_CTX rows
+        return {k: np.zeros(shape(self.widths[k]), np.float64) for k in group}
+
+    def _add(self, key: str, x: np.ndarray) -> None:
+        x = x.reshape(-1, self.widths[key])
+        if self.diagonal_only:
+            self._h[key] += np.einsum("ij,ij->j", x, x, dtype=np.float64)   # [K] sums of squares
+        else:
+            self._h[key] += x.T @ x                   # [K, K] fp32 product of <= CALIB_CTX rows
+
+    def _end_pass(self, start: float) -> None:
         for h in self._h.values():
             h *= 2.0 / self.tokens
         self.seconds += time.perf_counter() - start
@@ -246,3 +254,68 @@ class Calibration:
         self.session = None
         self._h = {}
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _layer_of(key: str, layers: int) -> int:
+    """A projection input's layer (/model/layers.{i}/...), the LM head's after the last one."""
+    return int(key.split("/")[2].split(".")[1]) if key.startswith("/model/layers.") else layers
+
+
+class LayerCalibration(Calibration):
+    """Calibration with the fp32 model run one layer at a time (pipeline/stage_runner.py: the fp32 engine graph's
+    stages), for models whose fp32 copy does not fit in memory: the windows' hidden states are carried from layer to
+    layer, and each layer's projection inputs are summed as the layer runs. The builders ask for the inputs layer by
+    layer, so one pass serves them all (a request behind the pass starts a new one); a capture group is whole layers
+    (the float64 accumulators of one layer at least: an 8B model's ~2 GB with X^T X, kilobytes for SmoothQuant's
+    diagonal). Same interface and data as Calibration; the fp32 numbers are the engine graph's, not the portable
+    graph's, so the Hessians agree with Calibration's to fp32 rounding, not bit for bit."""
+
+    def __init__(self, weights: ModelWeights, tokens: int, scratch: Path, budget_bytes: int = MEMORY_BUDGET,
+                 log=print, names: tuple[str, ...] | None = None, tokenizer_dir: Path | None = None,
+                 diagonal_only: bool = False, block_size: int = 16):
+        from .stage_runner import Stages
+
+        self._setup(weights, tokens, scratch, log, names, tokenizer_dir, diagonal_only, budget_bytes)
+        self.layers = weights.config.num_layers
+        self.stages = Stages(weights, self.scratch / "stages", block_size)
+        self._hidden: list[np.ndarray] | None = None     # the windows' hidden states before layer self._next
+        self._next = 0
+
+    def _groups(self, budget: int) -> list[list[str]]:
+        """Consecutive whole layers' inputs whose float64 accumulators fit `budget` together (one layer at least)."""
+        groups, size, last = [[]], 0, None
+        for key in self.order:
+            layer, nbytes = _layer_of(key, self.cfg.num_layers), 8 * self.widths[key] ** 2
+            if groups[-1] and layer != last and size + nbytes > budget:
+                groups.append([])
+                size = 0
+            groups[-1].append(key)
+            size, last = size + nbytes, layer
+        return groups
+
+    def _capture(self, group: list[str]) -> None:
+        """Carry the windows through the layers up to the group's last, summing its inputs on the way."""
+        from .graph_stages import HEAD, HIDDEN_IN
+
+        start = time.perf_counter()
+        if self._hidden is None or self._next > _layer_of(group[0], self.layers):    # a new pass from the embedding
+            self._start_pass(group)
+            self._hidden, self._next = self.stages.embed(self.data.windows), 0
+        else:
+            self._h = self._fresh(group)
+        last = _layer_of(group[-1], self.layers)
+        while self._next <= min(last, self.layers - 1):
+            i = self._next
+            fetch = tuple(k for k in group if _layer_of(k, self.layers) == i)
+            self.stages.layer(i, self._hidden, fetch, self._add)
+            self.log(f"calibrating: layer {i + 1}/{self.layers} ...")
+            self._next += 1
+        if last == self.layers:                     # the LM head's input: the final norm's output
+            head = self.stages.session(HEAD, ("/lm_head/Gemm",))
+            for x in self._hidden:
+                self._add("/lm_head/Gemm", head.run(head.fetched, {HIDDEN_IN: x})[0])
+        self._end_pass(start)
+
+    def close(self) -> None:
+        self._hidden = None
+        super().close()

@@ -26,7 +26,8 @@ import numpy as np
 
 from ortllm.runtime import contract as C
 
-from .graph_stages import EMBED, HEAD, HIDDEN_IN, HIDDEN_OUT, build_stage_graph
+from .graph_stages import HEAD, HIDDEN_IN
+from .stage_runner import Stages
 from .weights import ModelWeights, tensor_shape
 
 
@@ -60,61 +61,26 @@ def _window_key(ids) -> str:
 
 
 class LayerReference:
-    """The stages' runner; scorer(windows) runs embed and every layer over the windows, then serves their logits."""
+    """scorer(windows) runs embed and every layer over the windows, then serves their logits through the head."""
 
     # quality.json's "reference" of a check run this way
     description = ("the same weights in fp32 with an fp32 KV cache (the engine graph), run one layer at a time in "
                    "the build (bounded memory)")
 
     def __init__(self, weights: ModelWeights, scratch: Path, block_size: int, threads: int | None = None, log=print):
-        self.weights, self.scratch, self.block_size = weights, Path(scratch), block_size
-        self.threads, self.log = threads, log
+        self.weights, self.scratch, self.log = weights, Path(scratch), log
+        self.stages = Stages(weights, scratch, block_size, threads)
         self.seconds = 0.0           # time in the stages (builds and runs)
         self._head = None
-
-    def _session(self, stage):
-        """Build `stage` into scratch and open it (the graph's files are removed once open: ORT holds the weights)."""
-        import onnxruntime as ort
-
-        from ortllm.runtime.ops_library import register_ops
-
-        d = self.scratch / f"stage-{stage}"
-        d.mkdir(parents=True, exist_ok=True)
-        build_stage_graph(self.weights, stage, d / C.MODEL, d / C.MODEL_DATA, self.block_size)
-        so = ort.SessionOptions()
-        if self.threads:
-            so.intra_op_num_threads = self.threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        register_ops(so)
-        # The whole graph's residual adds follow MultiLoRA, so ORT never folds them into the matmul before; here
-        # they follow the matmul itself, and a Gemm with the residual as C rounds differently: kept apart, the
-        # stages give the whole graph's bits (tests/pipeline/test_layer_reference.py)
-        session = ort.InferenceSession(str(d / C.MODEL), so, providers=["CPUExecutionProvider"],
-                                       disabled_optimizers=["MatMulAddFusion"])
-        shutil.rmtree(d, ignore_errors=True)
-        return session
 
     def scorer(self, windows: list[list[int]]) -> "StreamedScorer":
         """Run every stage but the head over `windows` (token id lists of at most the model's context)."""
         start = time.perf_counter()
-        cfg = self.weights.config
-        embed = self._session(EMBED)
-        hidden = [embed.run([HIDDEN_OUT], {C.ENGINE_INPUT_IDS: np.asarray(w, np.int64)})[0] for w in windows]
-        del embed
-        ctx = max(len(w) for w in windows)
-        blocks = -(-ctx // self.block_size)
-        # every layer's pool (PagedAttention indexes it by its `layer`), blocks 1.. for a window, 0 the null block
-        shape = (cfg.num_layers, 1 + blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
-        pool = {kind: np.zeros(shape, np.float32) for kind in C.cache_kinds(False)}
-        for i in range(cfg.num_layers):
-            session = self._session(i)
-            for j, w in enumerate(windows):
-                hidden[j] = _run_layer(session, i, hidden[j], pool, self.block_size)
-            del session
-            for arr in pool.values():
-                arr[i] = 0.0
-            self.log(f"quality check: fp32 reference layer {i + 1}/{cfg.num_layers} done")
+        layers = self.weights.config.num_layers
+        hidden = self.stages.embed(windows)
+        for i in range(layers):
+            self.stages.layer(i, hidden)
+            self.log(f"quality check: fp32 reference layer {i + 1}/{layers} done")
         self.seconds += time.perf_counter() - start
         return StreamedScorer(self, {_window_key(w): h for w, h in zip(windows, hidden)})
 
@@ -122,7 +88,7 @@ class LayerReference:
         """[n, H] final hidden states -> [n, V] fp32 logits (the head stage, opened on first use)."""
         if self._head is None:
             start = time.perf_counter()
-            self._head = self._session(HEAD)
+            self._head = self.stages.session(HEAD)
             self.seconds += time.perf_counter() - start
         return self._head.run([C.LOGITS], {HIDDEN_IN: np.ascontiguousarray(h)})[0]
 
@@ -144,24 +110,3 @@ class StreamedScorer:
             raise KeyError("the layer-by-layer reference scores only the windows it was given")
         for start in range(0, len(h), chunk):
             yield self._ref.head_logits(h[start:start + chunk])
-
-
-def _run_layer(session, layer: int, x: np.ndarray, pool: dict[str, np.ndarray], block_size: int) -> np.ndarray:
-    """One layer stage over one window x [n, H] as one sequence from position 0 (its KV in blocks 1..): the cache
-    outputs bound to the layer's slice of the pool, as runtime/model_runner.py binds them."""
-    import onnxruntime as ort
-
-    n = len(x)
-    out = np.empty_like(x)
-    io = session.io_binding()
-    for kind, arr in pool.items():
-        io.bind_ortvalue_input(C.cache_name(kind), ort.OrtValue.ortvalue_from_numpy(arr))
-        io.bind_ortvalue_output(C.cache_out_name(kind, layer), ort.OrtValue.ortvalue_from_numpy(arr[layer]))
-    feeds = {HIDDEN_IN: np.ascontiguousarray(x, np.float32), C.POSITIONS: np.arange(n, dtype=np.int32),
-             C.CU_SEQLENS: np.asarray([0, n], np.int32), C.CONTEXT_LENS: np.zeros(1, np.int32),
-             C.BLOCK_TABLES: np.arange(1, 1 + -(-n // block_size), dtype=np.int32)[None]}
-    for name, value in feeds.items():
-        io.bind_cpu_input(name, value)
-    io.bind_output(HIDDEN_OUT, "cpu", element_type=np.float32, shape=list(out.shape), buffer_ptr=out.ctypes.data)
-    session.run_with_iobinding(io)
-    return out

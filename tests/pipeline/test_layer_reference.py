@@ -1,7 +1,8 @@
-"""The in-build quality check's fp32 reference run one layer at a time (pipeline/layer_reference.py), for models whose
-fp32 copy does not fit in memory, against the whole fp32 engine graph it stands in for: the same logits, bit for bit,
-on every family's small random model (dense, mixture of experts, gpt-oss's sinks and windows, Gemma's norms and
-softcap), and on SmolLM2 the very quality.json figures of the check run either way.
+"""The fp32 model run one layer at a time, for models whose fp32 copy does not fit in memory, against the whole fp32
+graphs it stands in for: the quality check's reference (pipeline/layer_reference.py) gives the whole fp32 engine
+graph's logits bit for bit on every family's small random model (dense, mixture of experts, gpt-oss's sinks and
+windows, Gemma's norms and softcap), and on SmolLM2 the very quality.json figures; the calibration pass
+(calib_activations.LayerCalibration) gives the whole portable graph's Hessians to fp32 rounding, in one pass.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ortllm.calibration.fidelity import draft_artifact, make_scorer
 from ortllm.calibration.quality import WHOLE_REFERENCE, in_build_quality
 from ortllm.cli.build import build_artifact
 from ortllm.pipeline.build import BuildOptions, write_graph
+from ortllm.pipeline.calib_activations import Calibration, LayerCalibration
 from ortllm.pipeline.errors import BuildError
 from ortllm.pipeline.layer_reference import LayerReference
 from ortllm.pipeline.sources import load_model
@@ -77,17 +79,60 @@ def test_smollm2_quality_is_the_same_either_way(smollm2_quantized, tmp_path):
     assert layered["fidelity"] == full["fidelity"]
 
 
+def test_layer_calibration_gives_the_whole_graphs_hessians(tmp_path):
+    """Every projection input's X^T X (and the LM head's) summed layer by layer equals the whole portable graph's to
+    fp32 rounding; the builders' layer-by-layer requests take one pass, a request behind it a second; groups are
+    whole layers; SmoothQuant's diagonal alone likewise."""
+    _, weights = load_model("llama-tiny-random")
+    names = [f"model.layers.{i}.{t}.weight" for i in range(weights.config.num_layers)
+             for t in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")] + ["lm_head.weight"]
+    whole = Calibration(weights, 300, tmp_path / "whole", log=lambda m: None)
+    want = {n: whole.hessian(n).copy() for n in names}
+    whole.close()
+    layered = LayerCalibration(weights, 300, tmp_path / "layers", budget_bytes=1, log=lambda m: None)
+    try:
+        assert all(len({k.split("/")[2] for k in g}) == 1 for g in layered.groups)   # one layer (or the head) each
+        for n in names:
+            h = layered.hessian(n)
+            np.testing.assert_allclose(h, want[n], rtol=2e-5, atol=1e-6 * np.abs(want[n]).max())
+        assert layered.passes == 1
+        layered.hessian(names[0])
+        assert layered.passes == 2                   # layer 0 again: a new pass from the embedding
+    finally:
+        layered.close()
+    assert not (tmp_path / "layers").exists()
+    diag = LayerCalibration(weights, 300, tmp_path / "diag", log=lambda m: None, diagonal_only=True)
+    try:
+        for n in names:
+            np.testing.assert_allclose(diag.channel_rms(n), np.sqrt(np.diag(want[n]) / 2.0), rtol=2e-5)
+        assert diag.passes == 1 and diag.groups == [diag.order]
+    finally:
+        diag.close()
+
+
 def test_the_build_flag(tmp_path):
-    """`--quality-reference layers` on a quantized build: quality.json names the layer-by-layer reference and holds
-    the figures the whole reference gives; an unknown choice is refused before anything is built."""
+    """`--fp32-reference layers` on quantized builds: the int4 build's quality.json names the layer-by-layer
+    reference and holds the figures the whole reference gives; the int8 build (SmoothQuant's calibration pass) says
+    its fp32 model ran layer by layer and smooths by the same scales to fp32 rounding; an unknown choice is refused
+    before anything is built."""
+    from safetensors.numpy import load_file
+
     out = {}
     for how in ("full", "layers"):
-        build_artifact("llama-tiny-random", tmp_path / how, BuildOptions(quant="int4", quality_tokens=128),
-                       quality_reference=how, log=lambda m: None)
-        out[how] = json.loads((tmp_path / how / C.QUALITY).read_text())
-    assert "one layer at a time" in out["layers"]["reference"]
-    assert out["layers"]["fidelity"] == out["full"]["fidelity"]
-    with pytest.raises(BuildError, match="--quality-reference 'half'.*auto, full, layers"):
-        build_artifact("llama-tiny-random", tmp_path / "bad", BuildOptions(quant="int4"), quality_reference="half",
+        for quant in ("int4", "int8"):
+            build_artifact("llama-tiny-random", tmp_path / f"{quant}-{how}",
+                           BuildOptions(quant=quant, quality_tokens=128, calib_tokens=256), fp32_reference=how,
+                           log=lambda m: None)
+            out[quant, how] = json.loads((tmp_path / f"{quant}-{how}" / C.QUALITY).read_text())
+    assert "one layer at a time" in out["int4", "layers"]["reference"]
+    assert out["int4", "layers"]["fidelity"] == out["int4", "full"]["fidelity"]
+    assert "fp32_model" not in out["int8", "full"]["calibration"]
+    assert "one layer at a time" in out["int8", "layers"]["calibration"]["fp32_model"]
+    full, layers = (load_file(str(tmp_path / f"int8-{how}" / C.SMOOTHING)) for how in ("full", "layers"))
+    assert full.keys() == layers.keys() and full
+    for k in full:
+        np.testing.assert_allclose(layers[k], full[k], rtol=1e-4)
+    with pytest.raises(BuildError, match="--fp32-reference 'half'.*auto, full, layers"):
+        build_artifact("llama-tiny-random", tmp_path / "bad", BuildOptions(quant="int4"), fp32_reference="half",
                        log=lambda m: None)
     assert not (tmp_path / "bad").exists()
