@@ -27,8 +27,8 @@ DONE = ".complete"             # written last: a directory without it was interr
 
 
 # quality.json's note where the in-build fidelity check does not run
-NO_FIDELITY = ("skipped: random weights (a shape recipe) make the KLD against fp32 meaningless, and an fp32 reference "
-               "of a model this size does not fit in RAM (a bounded-memory reference is future work)")
+NO_FIDELITY = ("skipped: random weights (a shape recipe) make the KLD against fp32 meaningless (`ortllm build "
+               "--fp32-reference layers` runs it all the same, one layer at a time, for its time and memory)")
 
 
 def shape_config(recipe: Recipe) -> ModelConfig:

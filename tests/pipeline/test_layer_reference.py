@@ -136,3 +136,23 @@ def test_the_build_flag(tmp_path):
         build_artifact("llama-tiny-random", tmp_path / "bad", BuildOptions(quant="int4"), fp32_reference="half",
                        log=lambda m: None)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_shape_recipe_measured_on_request(tmp_path, monkeypatch):
+    """A recipe of random weights skips the check under auto (quality.json says why and how to run it); with
+    --fp32-reference layers the check runs, and quality.json says its figures are the check's cost, not a quality."""
+    import dataclasses
+
+    from ortllm.pipeline import sources
+    from ortllm.pipeline.recipes import get_recipe
+
+    base = get_recipe("llama-tiny-random")
+    shape = dataclasses.replace(base, name="tiny-shape", source={**base.source, "fidelity_check": False})
+    monkeypatch.setattr(sources, "known_recipes", lambda: {"tiny-shape": shape})
+    for how in ("auto", "layers"):
+        build_artifact("tiny-shape", tmp_path / how, BuildOptions(quant="int4", quality_tokens=64),
+                       fp32_reference=how, log=lambda m: None)
+    auto, layers = (json.loads((tmp_path / how / C.QUALITY).read_text()) for how in ("auto", "layers"))
+    assert auto["fidelity"] == {} and "--fp32-reference layers" in auto["fidelity_skipped"]
+    assert layers["fidelity"]["tokens"] >= 60 and "one layer at a time" in layers["reference"]
+    assert "not a quality" in layers["fidelity_note"]
