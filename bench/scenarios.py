@@ -66,12 +66,12 @@ def _quality(r: BenchRun, _) -> list[dict]:
 
 
 def _lora_overhead(r: BenchRun, _) -> list[dict]:
-    from .lora import run_overhead
+    from .lora_overhead import run_overhead
     return run_overhead(r.artifact, repeats=r.repeats, threads=r.threads, step_pairs=10 if r.quick else 100)
 
 
 def _lora_mix(r: BenchRun, _) -> list[dict]:
-    from .lora import run_mix
+    from .lora_mix import run_mix
     return run_mix(r.artifact, rounds=r.repeats, threads=r.threads, pairs=10 if r.quick else 100)
 
 
@@ -80,7 +80,7 @@ def _lora_trace(r: BenchRun, _) -> list[dict]:
     half the base model's capacity measured there (latency at a load the model sustains); each with the same trace
     on the base model alternating (the LoRA's end-to-end overhead) and with --peers (llama.cpp, OpenVINO) on each,
     `repeats` times."""
-    from .lora import SATURATED_RATE, SUSTAINED_SHARE, rate_at, run_trace
+    from .lora_trace import SATURATED_RATE, SUSTAINED_SHARE, rate_at, run_trace
     requests, rows = 16 if r.quick else 64, []
     for n in (4, 16):
         saturated = run_trace(r.artifact, n, requests=requests, rate=SATURATED_RATE, threads=r.threads,
@@ -92,7 +92,7 @@ def _lora_trace(r: BenchRun, _) -> list[dict]:
 
 
 def _lora_swap(r: BenchRun, _) -> list[dict]:
-    from .lora import run_swap
+    from .lora_swap import run_swap
     return run_swap(r.artifact, repeats=r.repeats, threads=r.threads)
 
 
