@@ -1,5 +1,5 @@
-"""The LoRA's share of a decode step, for A/B runs on a loaded host: bench/paired_steps.py's paired steps (16 sequences at
-context 128, all base vs request i on adapter i % 4, ABBA, in the engine's own session), several rounds, each timed
+"""The LoRA's share of a decode step, for A/B runs on a loaded host: bench/paired_steps.py's paired steps (16 sequences
+at context 128, all base vs request i on adapter i % 4, ABBA, in the engine's own session), several rounds, each timed
 by wall clock and by the calling thread's CPU time (with --threads 1 the whole step runs on that thread, so its CPU
 time does not count the waits of a shared machine).
 
