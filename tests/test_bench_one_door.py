@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.cli_run import ortllm
 from tests.test_cli import assert_user_error
 
@@ -121,3 +123,16 @@ def test_ops_part_through_the_door(tmp_path):
     assert rows and all(r["scenario"].startswith("ops/attention/decode_per_call_") for r in rows)
     md = (tmp_path / "results.md").read_text()
     assert "| PagedAttention per call, B = 1 decode (30 layers in one graph) | system | us |" in md
+
+
+def test_http_engine_through_the_door(tiny_engine, tmp_path):
+    """The http-engine scenario (the service against its engine in process) at 2 streams, a smoke run: both sides
+    generate the same tokens, and the ratio row is the HTTP rate over the engine's."""
+    p = ortllm("bench", tiny_engine, "--scenario", "http-engine", "--batches", "2", "--repeats", "1", "--threads", "1",
+               "--out", tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = {(r["system"], r["metric"]): r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    engine = rows[("ortllm engine (in-process)", "decode_tokens_per_s")]
+    http = rows[("ortllm service (HTTP, SSE)", "decode_tokens_per_s")]
+    assert engine["batch"] == http["batch"] == 2 and engine["median"] > 0 and http["median"] > 0
+    assert rows[("service / engine", "throughput_ratio")]["median"] == pytest.approx(http["median"] / engine["median"])
