@@ -25,7 +25,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint quality test-asan test-ray bench bench-ray bench-peers bench-vs-peers bench-8b soak adapters browser terminal serve-sizing image image-test clean
+.PHONY: setup ops serve test lint quality test-asan test-ray bench bench-ray figures bench-peers bench-vs-peers bench-8b soak adapters browser terminal serve-sizing image image-test clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -104,6 +104,11 @@ test-asan: $(STAMP)
 bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario engine,memory,ops --out $(BENCH_OUT)
 
+# The docs' figure tables rewritten from their results files (bench/figures.py; tests/test_bench_figures.py checks
+# that they are current).
+figures: $(STAMP)
+	$(BIN)/ortllm bench --render-figures README.md docs/benchmarks.md
+
 # `ortllm serve --parallel 64 --ctx-size 2048 --kv-cache-size auto` on TinyLlama's shapes (int4): 64 concurrent streams
 # of ~2,000-token contexts must all complete (ci/serve_sizing.py; minutes, never in make test).
 SIZING_ARTIFACT := artifacts/tinyllama-1.1b-shape-int4
@@ -120,7 +125,7 @@ quality: $(STAMP) ops
 
 # `ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, alternating (docs/service.md; figures: docs/notes/service.md).
 bench-ray: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
-	$(BIN)/python -m ortllm.bench.serve_ray $(DEFAULT_ARTIFACT) --out $(BENCH_OUT)/serve-ray
+	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario serve-ray --out $(BENCH_OUT)/serve-ray
 
 # `ortllm serve --ray` across 3 Ray nodes on this machine (127.0.0.1, 1 CPU each, each its own ORTLLM_HOME): the
 # model fetched by sha256, a Zipf trace equal to one process, a node lost under load, a tampered file refused

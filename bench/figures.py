@@ -12,16 +12,14 @@ layouts: a run's peer scenarios (PeerTable), a GuideLLM serving run (ServeTable)
 the best peer over hosts, models and scenarios (NowTable), each cell linked to the section with its table. A
 PeerTable or ServeTable ends with its run's provenance (command, commit, machine) as the results file records it.
 
-    python -m ortllm.bench.figures docs/benchmarks.md            # rewrite the tables in place
-    python -m ortllm.bench.figures docs/benchmarks.md --check    # exit 1, naming them, if a table is stale
+    ortllm bench --render-figures docs/benchmarks.md             # rewrite the tables in place (make figures)
+    ortllm bench --render-figures docs/benchmarks.md --check     # exit 1, naming them, if a table is stale
 Dev tooling: reads results files and pages of the repository, imports nothing of ortllm.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -335,24 +333,15 @@ def render_page(text: str, figures: dict | None = None, root: Path = REPO) -> st
     return _MARKED.sub(table, text)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("pages", type=Path, nargs="+", help="markdown pages with <!-- figures: NAME --> markers")
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page's tables are stale")
-    a = p.parse_args(argv)
+def render_pages(pages: list[Path], check: bool = False) -> list[Path]:
+    """Rewrite each page's marked tables from their results files (check: change nothing); the pages that were
+    stale. `ortllm bench --render-figures PAGE ... [--check]` is its command."""
     stale = []
-    for page in a.pages:
+    for page in map(Path, pages):
         text = page.read_text()
         new = render_page(text)
         if new != text:
-            stale.append(str(page))
-            if not a.check:
+            stale.append(page)
+            if not check:
                 page.write_text(new)
-    if stale:
-        print(("stale figures (run python -m ortllm.bench.figures on them): " if a.check else "rewrote: ")
-              + ", ".join(stale), file=sys.stderr)
-    return 1 if stale and a.check else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return stale

@@ -1,7 +1,6 @@
-"""HTTP overhead benchmark: 16 concurrent streams through the service vs the same engine driven in-process.
+"""`http-engine` scenario: 16 concurrent streams through the service vs the same engine driven in-process.
 
-    python -m ortllm.bench.http_engine ARTIFACT [--streams 16] [--prompt-tokens 64] [--max-tokens 128]
-                                            [--repeats 3] [--threads N] [--out DIR]
+    ortllm bench ARTIFACT --scenario http-engine [--batches 16] [--repeats 3] [--threads N] --out DIR
 
 One engine, one run, alternating: (a) in-process: `streams` requests submitted at once, each iterated for its
 deltas on its own thread, as the service does; (b) HTTP: the service on that engine (waitress, 127.0.0.1), with
@@ -12,14 +11,14 @@ A benchmark, not a test; figures go to docs/notes/service.md with the machine an
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+STREAMS = 16                # concurrent streams unless --batches names others
 
 
 def _in_process(engine, prompts, max_tokens: int) -> tuple[float, int]:
@@ -64,7 +63,7 @@ def _client_proc(url: str, prompts, max_tokens: int, go, results) -> None:
         results.put((time.perf_counter() - t0, list(out)))
 
 
-def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: int = 128, repeats: int = 3,
+def run(artifact: Path, streams: int = STREAMS, prompt_tokens: int = 64, max_tokens: int = 128, repeats: int = 3,
         threads: int | None = None) -> list[dict]:
     from ortllm.bench.client import random_prompts
     from ortllm.bench.engine import PLAIN
@@ -116,27 +115,3 @@ def run(artifact: Path, streams: int = 16, prompt_tokens: int = 64, max_tokens: 
         *(row(scen, "ortllm service (HTTP, SSE)", streams, f"{name}_p{q}", [pct(xs, q)], "s")
           for name, xs in (("ttft", ttft), ("inter_chunk", itl)) for q in (50, 95)),
     ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ortllm.bench.http_engine", description=__doc__.split("\n")[0])
-    p.add_argument("artifact", type=Path)
-    p.add_argument("--streams", type=int, default=16)
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="engine intra-op threads (default: physical cores)")
-    p.add_argument("--out", type=Path, default=None, help="write results.json here")
-    a = p.parse_args(argv)
-    from ortllm.bench.provenance import command
-    from ortllm.bench.results import markdown_table, write_results
-    rows = run(a.artifact, a.streams, a.prompt_tokens, a.max_tokens, a.repeats, a.threads)
-    print(markdown_table(rows))
-    if a.out:
-        path = write_results(a.out, rows, command("python -m ortllm.bench.http_engine", argv))
-        print(f"results written to {path}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,8 @@
-"""ONNX graphs of ortllm's custom ops outside an engine artifact, for the op tests (tests/custom_ops/), the op
-benches (bench/ops.py, bench/qlinear.py) and the probes (bench/probes/): the model wrapper (opsets, IR version),
-each op's inputs and outputs (names, types, ranks) and its one-node graph, PagedAttention's inputs over a paged
-pool, and a session with the ops library registered.
+"""ONNX graphs of ortllm's custom ops outside an engine artifact, for the op benches (bench/ops.py, bench/qlinear.py,
+bench/timing.py), the probes (bench/probes/) and the op tests (tests/custom_ops/): the model wrapper (opsets, IR
+version), each op's inputs and outputs (names, types, ranks) and its one-node graph, PagedAttention's inputs over a
+paged pool, and a session with the ops library registered. bench/ owns it because the ops scenario and the probes
+build their graphs here and bench never imports tests/ (tests/test_layering.py); the tests import it from here.
 
 The engine's own graphs come from pipeline/graph_blocks.py; these are the ops alone, with every input a graph
 input so a caller feeds or binds whatever it likes.
@@ -150,12 +151,6 @@ def paged_attention_case(rng, seqs, *, num_heads, kv_num_heads, head_size, block
         feeds["key_scales"] = rng.uniform(0.002, 0.03, shape[:3]).astype(np.float16)
         feeds["value_scales"] = rng.uniform(0.002, 0.03, shape[:3]).astype(np.float16)
     return feeds
-
-
-def paged_attention_inputs(feeds: dict) -> list:
-    """The feeds in the node's input order up to the caches' scales (the reference implementation's positional
-    arguments; it takes `sinks` by name)."""
-    return [feeds[n] for n in PA_INPUTS if n in feeds and n != "sinks"]
 
 
 def bind_in_place(sess, feeds: dict, caches: dict):

@@ -21,7 +21,6 @@ min, max, unit}, ...]}.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -34,8 +33,6 @@ from ortllm.runtime.contract import cache_kinds
 from . import qlinear
 from .op_graphs import (F16, F32, I32, U8, model, multi_lora_model, multi_lora_node, paged_attention_model,
                         paged_attention_node, rope_cache, value_info)
-from .provenance import command
-from .results import write_results
 from .timing import Runner, compare, ratio_row, us_row
 
 H, HKV, D, BS = 9, 3, 64, 16          # SmolLM2-135M attention
@@ -383,30 +380,3 @@ def markdown(doc: dict) -> str:
             out.append(f"| {r['scenario'].split('/', 1)[-1]} | {r['system']} | "
                        f"{r['median']:.1f}{unit} ({r['min']:.1f}-{r['max']:.1f}) |")
     return "\n".join(out) + "\n"
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("out/bench-ops"))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", choices=["qlinear", "paged_attention"], help="run one part only")
-    p.add_argument("--baseline", type=Path, metavar="LIBRARY",
-                   help="another libortllm_ops.so for the PagedAttention per-call case to alternate with (A/B)")
-    p.add_argument("--spinning", action="store_true",
-                   help="the PagedAttention per-call case on ORT's default spinning pool (the engine's setting)")
-    p.add_argument("--markdown", type=Path, metavar="RESULTS_JSON", help="print the docs tables of a results.json")
-    a = p.parse_args(argv)
-    if a.markdown:
-        print(markdown(json.loads(a.markdown.read_text())), end="")
-        return 0
-    rows = run(a.out, a.threads, a.quick, a.only, a.baseline, a.spinning)
-    path = write_results(a.out, rows, command("python -m ortllm.bench.ops", argv))
-    print(f"results written to {path}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -431,18 +431,6 @@ def _better(mine: dict, peer: dict) -> tuple[float, float, float]:
     return mine["median"] / peer["median"], mine["min"] / peer["max"], mine["max"] / peer["min"]
 
 
-def ratios(rows: list[dict], system: str = "ortllm") -> list[dict]:
-    """ortllm / peer per (scenario, batch) on medians: > 1 means ortllm is better (for seconds, peer / ortllm)."""
-    by = _speed(rows)
-    out = []
-    for (scenario, b, s), r in by.items():
-        mine = by.get((scenario, b, system))
-        if s == system or mine is None:
-            continue
-        out.append({"scenario": scenario, "batch": b, "peer": s, "ratio": _better(mine, r)[0]})
-    return out
-
-
 KLD_FACTOR = 1.5     # "at quality": a peer whose held-out KLD is at most this times ortllm's
 FASTEST, AT_QUALITY = "ortllm / fastest peer", "ortllm / fastest peer at quality"
 
@@ -483,49 +471,3 @@ def best_peers(rows: list[dict], system: str = "ortllm", kld_factor: float = KLD
                        kld_limit=limit))
         out[-1].update(zip(("median", "min", "max"), _better(mine, top)))
     return out, notes
-
-
-def main(argv=None) -> int:
-    """python -m ortllm.bench.peer_runner [--artifact DIR | --model RECIPE] --peers llama.cpp,genai,transformers"""
-    import argparse
-
-    from .provenance import command
-    from .results import markdown_table, write_results
-
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--artifact", type=Path, default=None, help="ortllm engine artifact (alternate with it)")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="recipe whose peer assets to run without --artifact (with it: the artifact's recipe)")
-    p.add_argument("--peers", default=",".join(SYSTEMS))
-    p.add_argument("--scenario", default=",".join(SCENARIOS))
-    p.add_argument("--batches", default="1,4,8,16")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=None, help="directory for results.json")
-    a = p.parse_args(argv)
-    peers = [s.strip() for s in a.peers.split(",") if s.strip()]
-    scenarios = [s.strip() for s in a.scenario.split(",") if s.strip()]
-    batches = tuple(int(b) for b in a.batches.split(","))
-    log_dir = (a.out / "peer-logs") if a.out else None
-    if log_dir:
-        log_dir.mkdir(parents=True, exist_ok=True)
-    if a.artifact:
-        rows = run_alternating(a.artifact, peers, scenarios, batches, a.repeats, a.threads, log_dir=log_dir)
-    else:
-        rows = run_peers(peers, scenarios, batches, a.repeats, a.threads, log_dir=log_dir, model=a.model)
-    print(markdown_table(rows))
-    for r in ratios(rows):
-        print(f"ortllm vs {r['peer']}: {r['scenario']} B={r['batch']}: {r['ratio']:.2f}x")
-    best, notes = best_peers(rows)
-    for r in best:
-        print(f"{r['system']} ({r['peer']}): {r['scenario']} B={r['batch']}: {r['median']:.2f}x")
-    for n in notes:
-        print(n)
-    if a.out:
-        cmd = command("python -m ortllm.bench.peer_runner", argv)
-        print(f"results written to {write_results(a.out, rows, cmd)}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -52,9 +52,11 @@ def write_results(out_dir: Path, rows: list[dict], command: str | None = None, s
     return _write(out_dir / "results.json", json.dumps(doc, indent=2) + "\n")
 
 
-def write_markdown(out_dir: Path, rows: list[dict], command: str | None = None, plots=(), notes=()) -> Path:
+def write_markdown(out_dir: Path, rows: list[dict], command: str | None = None, plots=(), notes=(), tables=()
+                   ) -> Path:
     """results.md: machine, commit and command, the table of rows (median, min, max), any notes (one bullet
-    each), then the plots (PNG names relative to out_dir)."""
+    each), the scenarios' own tables (markdown, scenarios.scenario_tables), then the plots (PNG names relative to
+    out_dir)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     p = provenance(command)
@@ -62,6 +64,8 @@ def write_markdown(out_dir: Path, rows: list[dict], command: str | None = None, 
              f"- Command: `{p['command']}`", "", markdown_table(rows), ""]
     if notes:
         lines += [f"- {n}" for n in notes] + [""]
+    for table in tables:
+        lines += [table.rstrip("\n"), ""]
     for name in plots:
         lines += [f"![{Path(name).stem}]({name})", ""]
     return _write(out_dir / "results.md", "\n".join(lines))

@@ -1,6 +1,9 @@
-"""The scenario registry behind `ortllm bench`: each scenario's name, what it needs and the function that makes
-its rows. The CLI parses the options into one BenchRun and calls run_scenarios; results.json is written once,
-by the caller (results.write_results).
+"""The scenario registry behind `ortllm bench`, the one door to the benchmarks: each scenario's name, what it needs
+and the function that makes its rows. The CLI parses the options into one BenchRun and calls run_scenarios;
+results.json is written once, by the caller (results.write_results). No module of bench/ has a command line of its
+own but the child processes a scenario starts on purpose (tests/test_bench_one_door.py keeps it so): the memory
+scenario's fresh process (`python -m ortllm.bench.memory`), the peers' drivers in their own venvs (bench/peers/),
+the servers it loads (`ortllm serve`, llama-server); bench/probes/ are one-question probes, not benchmarks.
 
 A scenario's runner takes (BenchRun, the names asked for in its group) and returns rows
 {scenario, system, batch, metric, median, min, max, unit, ...} (results.row). Scenarios of one group run in one
@@ -37,6 +40,13 @@ class BenchRun:
     quality_tokens: int = 4096                        # held-out positions scored per system, all domains
     quality_ctx: int = 512                            # tokens per held-out window
     sections: dict = field(default_factory=dict)      # further top-level keys of results.json, filled by scenarios
+    peers_model: str | None = None                    # peer scenarios without ARTIFACT: the recipe the peers run
+    rates: tuple[float, ...] = ()                     # serve-guidellm: Poisson rates (req/s) after the levels
+    max_seconds: float | None = None                  # serve-guidellm: per run (None: its default)
+    max_requests: int | None = None                   # serve-guidellm: per run (None: its default)
+    ops_only: str | None = None                       # ops: "qlinear" or "paged_attention" alone
+    ops_baseline: Path | None = None                  # ops: another libortllm_ops.so, A/B on PagedAttention per call
+    ops_spinning: bool = False                        # ops: PagedAttention per call on ORT's spinning pool
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class Scenario:
     run: Callable[[BenchRun, list[str]], list[dict]]
     needs_artifact: bool = True
     group: str | None = None          # scenarios of one group run together in one call
+    tables: Callable[[list[dict]], str] | None = None   # the scenario's own tables for results.md (its rows)
 
 
 def _engine(r: BenchRun, _) -> list[dict]:
@@ -54,9 +65,13 @@ def _engine(r: BenchRun, _) -> list[dict]:
 
 
 def _peers(r: BenchRun, names: list[str]) -> list[dict]:
-    from .peer_runner import run_alternating
+    """ortllm and the peers alternating; without ARTIFACT, the peers alone on --peers-model's assets."""
+    from .peer_runner import DEFAULT_MODEL, run_alternating
+    if r.artifact is None and not r.peers:
+        raise BenchError(f"--scenario {','.join(names)} needs an ARTIFACT (an engine-graph artifact directory), or "
+                         "--peers to run the peers alone")
     return run_alternating(r.artifact, r.peers, names, r.batches, r.repeats, r.threads or 2,
-                           log_dir=r.out / "peer-logs")
+                           log_dir=r.out / "peer-logs", model=r.peers_model or DEFAULT_MODEL)
 
 
 def _quality(r: BenchRun, _) -> list[dict]:
@@ -66,12 +81,12 @@ def _quality(r: BenchRun, _) -> list[dict]:
 
 
 def _lora_overhead(r: BenchRun, _) -> list[dict]:
-    from .lora import run_overhead
+    from .lora_overhead import run_overhead
     return run_overhead(r.artifact, repeats=r.repeats, threads=r.threads, step_pairs=10 if r.quick else 100)
 
 
 def _lora_mix(r: BenchRun, _) -> list[dict]:
-    from .lora import run_mix
+    from .lora_mix import run_mix
     return run_mix(r.artifact, rounds=r.repeats, threads=r.threads, pairs=10 if r.quick else 100)
 
 
@@ -80,7 +95,7 @@ def _lora_trace(r: BenchRun, _) -> list[dict]:
     half the base model's capacity measured there (latency at a load the model sustains); each with the same trace
     on the base model alternating (the LoRA's end-to-end overhead) and with --peers (llama.cpp, OpenVINO) on each,
     `repeats` times."""
-    from .lora import SATURATED_RATE, SUSTAINED_SHARE, rate_at, run_trace
+    from .lora_trace import SATURATED_RATE, SUSTAINED_SHARE, rate_at, run_trace
     requests, rows = 16 if r.quick else 64, []
     for n in (4, 16):
         saturated = run_trace(r.artifact, n, requests=requests, rate=SATURATED_RATE, threads=r.threads,
@@ -92,13 +107,19 @@ def _lora_trace(r: BenchRun, _) -> list[dict]:
 
 
 def _lora_swap(r: BenchRun, _) -> list[dict]:
-    from .lora import run_swap
+    from .lora_swap import run_swap
     return run_swap(r.artifact, repeats=r.repeats, threads=r.threads)
 
 
 def _ops(r: BenchRun, _) -> list[dict]:
     from .ops import run
-    return run(r.out, threads=r.threads or 2, quick=r.quick)
+    return run(r.out, threads=r.threads or 2, quick=r.quick, only=r.ops_only, baseline=r.ops_baseline,
+               spinning=r.ops_spinning)
+
+
+def _ops_tables(rows: list[dict]) -> str:
+    from .ops import markdown
+    return markdown({"results": [x for x in rows if x["scenario"].startswith("ops/")]})
 
 
 def _serve(r: BenchRun, _) -> list[dict]:
@@ -110,8 +131,20 @@ def _serve(r: BenchRun, _) -> list[dict]:
 def _serve_guidellm(r: BenchRun, _) -> list[dict]:
     from .serve_guidellm import CONCURRENCY, run
     levels = CONCURRENCY if r.concurrency == SERVE_CONCURRENCY else r.concurrency
-    return run(r.artifact, r.peers, levels, threads=r.threads or 2, repeats=r.repeats, quick=r.quick,
-               slo_ttft_ms=r.slo_ttft_ms, slo_itl_ms=r.slo_tpot_ms, log_dir=r.out / "guidellm-logs")
+    return run(r.artifact, r.peers, levels, rates=r.rates, threads=r.threads or 2, repeats=r.repeats,
+               quick=r.quick, slo_ttft_ms=r.slo_ttft_ms, slo_itl_ms=r.slo_tpot_ms, max_seconds=r.max_seconds,
+               max_requests=r.max_requests, log_dir=r.out / "guidellm-logs")
+
+
+def _http_engine(r: BenchRun, _) -> list[dict]:
+    from .http_engine import STREAMS, run
+    levels = (STREAMS,) if r.concurrency == SERVE_CONCURRENCY else r.concurrency
+    return [x for streams in levels for x in run(r.artifact, streams, repeats=r.repeats, threads=r.threads)]
+
+
+def _serve_ray(r: BenchRun, _) -> list[dict]:
+    from .serve_ray import run
+    return run(r.artifact, rounds=r.repeats, log_dir=r.out / "serve-ray-logs")
 
 
 def _memory(r: BenchRun, _) -> list[dict]:
@@ -128,10 +161,12 @@ def _speculative(r: BenchRun, _) -> list[dict]:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("engine", "decode B=1..32, prefill 512, in process", _engine),
-    Scenario("decode", "64-token prompts, 128 new tokens (alternating with --peers)", _peers, group="peers"),
-    Scenario("prefill", "a 512-token prompt (alternating with --peers)", _peers, group="peers"),
+    Scenario("decode", "64-token prompts, 128 new tokens (alternating with --peers; without ARTIFACT, the peers "
+             "alone on --peers-model)", _peers, group="peers", needs_artifact=False),
+    Scenario("prefill", "a 512-token prompt (alternating with --peers)", _peers, group="peers",
+             needs_artifact=False),
     Scenario("long-context", "decode after a 1984-token prompt (alternating with --peers)", _peers,
-             group="peers"),
+             group="peers", needs_artifact=False),
     Scenario("quality", "held-out KLD, top-1 and PPL ratio of ARTIFACT and each --peers system against --reference "
              "(prose, code, chat; added to the peer scenarios when --reference is given)", _quality),
     Scenario("lora-overhead", "16 sequences over 0/1/2/4 adapters of rank 8/16/32", _lora_overhead),
@@ -142,7 +177,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "switching one pipeline's adapter between batches, or a pipeline per adapter)", _lora_trace),
     Scenario("lora-swap", "time to first token of a request whose adapter is in a slot, in host RAM or on disk, "
              "idle, beside 16 decoding requests and queued behind them (prefetch)", _lora_swap),
-    Scenario("ops", "the custom ops against ORT's stock kernels", _ops, needs_artifact=False),
+    Scenario("ops", "the custom ops against ORT's stock kernels (their docs tables in results.md)", _ops,
+             needs_artifact=False, tables=_ops_tables),
     Scenario("speculative", "prompt-lookup drafts on vs off, alternating, on input-grounded and open-ended chat "
              "prompts (B=1 and 8 unless --batches)", _speculative),
     Scenario("serve", "HTTP load on `ortllm serve`: TTFT/TPOT/ITL p50/p90/p99, throughput, goodput", _serve),
@@ -151,6 +187,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "p50/p99, errors, goodput at the SLO (ITL against --slo-tpot)", _serve_guidellm),
     Scenario("memory", "KV bytes per token, peak RSS at load and after a B=16 decode, in a fresh process",
              _memory),
+    Scenario("http-engine", "16 streaming HTTP clients on `ortllm serve`'s app against the same engine in process "
+             "(--batches: the streams): the service's tok/s ratio, TTFT, inter-chunk gaps", _http_engine),
+    Scenario("serve-ray", "`ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, "
+             "alternating, 16 streams (needs ray; make bench-ray)", _serve_ray),
 )}
 PEER_SCENARIOS = tuple(n for n, s in SCENARIOS.items() if s.group == "peers")
 
@@ -169,6 +209,11 @@ def select(names: list[str], peers: list[str], reference: Path | None = None) ->
         raise BenchError("--scenario quality needs --reference FP32_ARTIFACT: an fp32 build of ARTIFACT's recipe "
                          "(ortllm build RECIPE --quant fp32 --kv fp32 --out FP32)")
     return names
+
+
+def scenario_tables(names: list[str], rows: list[dict]) -> list[str]:
+    """The tables of results.md that the named scenarios lay out themselves (Scenario.tables), in registry order."""
+    return [sc.tables(rows) for n, sc in SCENARIOS.items() if n in names and sc.tables is not None]
 
 
 def run_scenarios(names: list[str], run: BenchRun) -> list[dict]:

@@ -344,38 +344,3 @@ def _guidellm_version() -> str:
         return f"guidellm {p.stdout.strip() or '?'}"
     except (OSError, subprocess.SubprocessError):
         return "guidellm ?"
-
-
-def main(argv=None) -> int:
-    """`python -m ortllm.bench.serve_guidellm ARTIFACT --out DIR [--peers llama-server] [--rates 0.5,1,2]`: the
-    scenario with a Poisson rate sweep (which `ortllm bench --scenario serve-guidellm` does not run)."""
-    import argparse
-
-    from .results import markdown_table, write_results
-    p = argparse.ArgumentParser(prog="python -m ortllm.bench.serve_guidellm", description=__doc__.split("\n")[0])
-    p.add_argument("artifact", type=Path)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--peers", default="", help=f"comma-separated: {', '.join(SYSTEMS)}")
-    p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
-    p.add_argument("--rates", default="", help="Poisson arrival rates, req/s (comma-separated)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--max-seconds", type=float, default=MAX_SECONDS, help="per run (one system at one load)")
-    p.add_argument("--max-requests", type=int, default=None,
-                   help=f"per run (default: {MAX_REQUESTS_PER_SLOT} x the concurrency; for a rate, rate x seconds)")
-    a = p.parse_args(argv)
-    split = [s.strip() for s in a.peers.split(",") if s.strip()]
-    try:
-        rows = run(a.artifact, split, [int(c) for c in a.concurrency.split(",") if c.strip()],
-                   [float(r) for r in a.rates.split(",") if r.strip()], threads=a.threads, repeats=a.repeats,
-                   max_seconds=a.max_seconds, max_requests=a.max_requests, log_dir=a.out / "guidellm-logs")
-    except BenchError as e:
-        print(f"ortllm: error: {e}", file=sys.stderr)
-        return 1
-    write_results(a.out, rows, command=" ".join(["python -m ortllm.bench.serve_guidellm", *(argv or sys.argv[1:])]))
-    print(markdown_table(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

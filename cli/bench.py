@@ -1,5 +1,5 @@
 """`ortllm bench`: the scenario registry's front door (ortllm.bench.scenarios), results.json, results.md and the
-plots of a run."""
+plots of a run; and the docs' figure tables rendered from their results files (--render-figures)."""
 from __future__ import annotations
 
 import sys
@@ -35,8 +35,29 @@ def add_bench(sub) -> None:
                    help="serve: goodput counts requests with time to first token <= MS (default 1000)")
     p.add_argument("--slo-tpot", type=float, default=100.0, metavar="MS",
                    help="serve: ... and time per output token <= MS (default 100)")
-    p.add_argument("--out", type=Path, required=True,
-                   help="directory for results.json, results.md and the PNG plots")
+    p.add_argument("--peers-model", default=None, metavar="RECIPE",
+                   help="the peer scenarios without ARTIFACT: the recipe whose peer assets the peers run alone "
+                        "(default smollm2-135m-instruct)")
+    p.add_argument("--rates", default=None, metavar="R,R",
+                   help="serve-guidellm: Poisson arrival rates (req/s) to run after the concurrency levels")
+    p.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                   help="serve-guidellm: seconds per run, one system at one load (default 60; 20 with --quick)")
+    p.add_argument("--max-requests", type=int, default=None, metavar="N",
+                   help="serve-guidellm: requests per run (default 8 x the concurrency; for a rate, rate x seconds)")
+    p.add_argument("--ops-only", choices=["qlinear", "paged_attention"], default=None,
+                   help="ops: that part alone (the whole ops scenario takes minutes)")
+    p.add_argument("--ops-baseline", type=Path, default=None, metavar="LIBRARY",
+                   help="ops: another libortllm_ops.so for the PagedAttention per-call case to alternate with (A/B)")
+    p.add_argument("--ops-spinning", action=Bool, default=False,
+                   help="ops: the PagedAttention per-call case on ORT's default spinning pool (the engine's setting) "
+                        "(default: off)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for results.json, results.md and the PNG plots (required to run scenarios)")
+    p.add_argument("--render-figures", type=Path, nargs="+", default=None, metavar="PAGE",
+                   help="run no scenario: rewrite the <!-- figures: NAME --> tables of these markdown pages from "
+                        "their results files (bench/figures.py; make figures)")
+    p.add_argument("--check", action="store_true",
+                   help="with --render-figures: change nothing; exit 1 naming the pages whose tables are stale")
     p.set_defaults(run=run_bench)
 
 
@@ -55,10 +76,41 @@ def _ints(values) -> str:
     return ",".join(map(str, values))
 
 
+def _floats(text: str | None, option: str) -> tuple[float, ...]:
+    from ortllm.pipeline.errors import BuildError
+    try:
+        values = tuple(float(x) for x in (text or "").split(",") if x.strip())
+    except ValueError:
+        raise BuildError(f"{option} must be comma-separated numbers; got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise BuildError(f"{option} must be > 0; got {text!r}")
+    return values
+
+
+def render_figures(pages: list[Path], check: bool) -> int:
+    from ortllm.bench.figures import render_pages
+    from ortllm.pipeline.errors import BuildError
+    missing = [str(p) for p in pages if not p.is_file()]
+    if missing:
+        raise BuildError(f"--render-figures: no such page {', '.join(missing)}")
+    stale = render_pages(pages, check)
+    if stale:
+        print(("stale figures (run ortllm bench --render-figures on them): " if check else "rewrote: ")
+              + ", ".join(map(str, stale)), file=sys.stderr)
+    return 1 if stale and check else 0
+
+
 def run_bench(a) -> int:
     from ortllm.bench.results import markdown_table, write_markdown, write_results
-    from ortllm.bench.scenarios import BenchRun, run_scenarios, select
+    from ortllm.bench.scenarios import BenchRun, run_scenarios, scenario_tables, select
     from ortllm.pipeline.errors import BuildError
+
+    if a.render_figures:
+        return render_figures(a.render_figures, a.check)
+    if a.check:
+        raise BuildError("--check goes with --render-figures PAGE ...")
+    if a.out is None:
+        raise BuildError("ortllm bench needs --out DIR (where results.json, results.md and the plots go)")
 
     peers = [s.strip() for s in (a.peers or "").split(",") if s.strip()]
     if a.peers == "all":
@@ -69,18 +121,24 @@ def run_bench(a) -> int:
         raise BuildError(f"--quality-tokens must be >= 16; got {a.quality_tokens}")
     if not (a.slo_ttft > 0 and a.slo_tpot > 0):
         raise BuildError(f"--slo-ttft and --slo-tpot must be > 0 ms; got {a.slo_ttft:g} and {a.slo_tpot:g}")
+    if a.max_seconds is not None and a.max_seconds <= 0 or a.max_requests is not None and a.max_requests < 1:
+        raise BuildError(f"--max-seconds must be > 0 and --max-requests >= 1; got {a.max_seconds} and "
+                         f"{a.max_requests}")
     run = BenchRun(a.artifact, a.out, batches=_int_list(a.batches or _ints(DEFAULT_BATCHES), "--batches"),
                    concurrency=_int_list(a.batches or _ints(SERVE_CONCURRENCY), "--batches"),
                    repeats=1 if a.quick else a.repeats, threads=a.threads, quick=a.quick, peers=peers,
                    slo_ttft_ms=a.slo_ttft, slo_tpot_ms=a.slo_tpot, reference=a.reference,
-                   quality_tokens=a.quality_tokens)
+                   quality_tokens=a.quality_tokens, peers_model=a.peers_model, rates=_floats(a.rates, "--rates"),
+                   max_seconds=a.max_seconds, max_requests=a.max_requests, ops_only=a.ops_only,
+                   ops_baseline=a.ops_baseline, ops_spinning=a.ops_spinning)
     rows = run_scenarios(scenarios, run)
     path = write_results(a.out, rows, sections=run.sections)
     print(markdown_table(rows))
     for note in run.sections.get("best_peer_notes", ()):
         print(note)
     plots = _bench_plots(a.out, rows)
-    write_markdown(a.out, rows, plots=plots, notes=run.sections.get("best_peer_notes", ()))
+    write_markdown(a.out, rows, plots=plots, notes=run.sections.get("best_peer_notes", ()),
+                   tables=scenario_tables(scenarios, rows))
     print(f"results written to {path} and {path.with_name('results.md')}", file=sys.stderr)
     return 0
 

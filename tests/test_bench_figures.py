@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ortllm.bench.figures import FIGURES, NowRow, NowTable, PeerTable, ServeTable, Tables, main, render_page
+from ortllm.bench.figures import FIGURES, NowRow, NowTable, PeerTable, ServeTable, Tables, render_page
+from tests.cli_run import ortllm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,16 +59,18 @@ def test_a_small_results_file_renders_the_expected_table(tmp_path):
     assert render_page(out, SPEC, root=tmp_path) == out                 # rendering again changes nothing
 
 
-def test_check_names_a_stale_page_and_the_rewrite_fixes_it(tmp_path, monkeypatch, capsys):
+def test_check_names_a_stale_page_and_the_rewrite_fixes_it(tmp_path, monkeypatch):
+    """`ortllm bench --render-figures PAGE [--check]` (make figures), in this process."""
     page = _page(tmp_path)
     monkeypatch.setitem(FIGURES, "small", PeerTable(**{**SPEC["small"].__dict__,
                                                        "results": str(tmp_path / "out" / "results.json")}))
     before = page.read_text()
-    assert main([str(page), "--check"]) == 1
-    assert page.read_text() == before and str(page) in capsys.readouterr().err
-    assert main([str(page)]) == 0 and EXPECTED.split("\n- ")[0] in page.read_text()     # the table (its
-    # provenance line names the results file by the absolute path FIGURES holds here)
-    assert main([str(page), "--check"]) == 0
+    stale = ortllm("bench", "--render-figures", page, "--check")
+    assert stale.returncode == 1 and page.read_text() == before and str(page) in stale.stderr
+    assert ortllm("bench", "--render-figures", page).returncode == 0
+    assert EXPECTED.split("\n- ")[0] in page.read_text()     # the table (its provenance line names the results
+    # file by the absolute path FIGURES holds here)
+    assert ortllm("bench", "--render-figures", page, "--check").returncode == 0
 
 
 def test_an_unknown_table_name_says_what_to_do(tmp_path):
@@ -87,7 +90,7 @@ def test_the_docs_tables_are_their_results_files():
     assert {REPO / "docs" / "benchmarks.md", REPO / "README.md"} <= set(pages)
     for page in pages:
         assert render_page(page.read_text()) == page.read_text(), \
-            f"{page.relative_to(REPO)}: run python -m ortllm.bench.figures {page.relative_to(REPO)}"
+            f"{page.relative_to(REPO)}: run ortllm bench --render-figures {page.relative_to(REPO)} (make figures)"
 
 
 def _serve_row(system, metric, median, batch=16):

@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 
-from ortllm.bench.lora import make_trace, run_trace
+from ortllm.bench.adapter_trace import make_trace
+from ortllm.bench.lora_trace import run_trace
 from ortllm.runtime.config import SchedulerConfig
 from tests.test_cli import ortllm
 

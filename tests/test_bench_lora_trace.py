@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ortllm.bench.lora import LlamaCppTrace, link_copy, run_trace, write_peft_lora
+from ortllm.bench.lora_trace import run_trace
+from ortllm.bench.synthetic_adapters import link_copy, write_peft_lora
+from ortllm.bench.trace_peers import LlamaCppTrace
 from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.engine import Engine

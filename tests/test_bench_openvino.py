@@ -80,7 +80,8 @@ def test_openvino_applies_a_peft_adapter_as_ortllm_does(smollm2_engine, tmp_path
     follow ortllm's on the same adapter (fp32 engine against OpenVINO's int8 export of the same weights), in shape
     (correlation) and in size (the least-squares slope: alpha passed as PEFT's lora_alpha / r; a driver passing 1
     would give ~0.5)."""
-    from ortllm.bench.lora import OpenVinoTrace, link_copy, write_peft_lora
+    from ortllm.bench.synthetic_adapters import link_copy, write_peft_lora
+    from ortllm.bench.trace_peers import OpenVinoTrace
     from ortllm.runtime.adapter_files import add_adapter
     from ortllm.runtime.artifact import read_manifest
     from ortllm.runtime.engine import Engine
@@ -109,7 +110,7 @@ def test_trace_replays_on_openvino_both_ways(smollm2_engine):
     """A short saturated trace (8 requests over 4 adapters) on ortllm and on OpenVINO GenAI in both modes: every
     metric row, the ratios; one pipeline switches adapters (at least once: the trace asks for several), a pipeline
     per adapter never does."""
-    from ortllm.bench.lora import run_trace
+    from ortllm.bench.lora_trace import run_trace
 
     _need_openvino("openvino")
     rows = run_trace(smollm2_engine, 4, requests=8, rate=16.0, threads=2, base=False,
@@ -132,7 +133,7 @@ def test_trace_peer_names(tmp_path, monkeypatch):
     /pipelines; anything else is refused naming what is accepted, and a missing venv is a BenchError (run_trace turns
     it into a warning and runs without that peer)."""
     from ortllm.bench.errors import BenchError
-    from ortllm.bench.lora import trace_peer
+    from ortllm.bench.trace_peers import trace_peer
 
     monkeypatch.setattr(runner, "OV_VENV", tmp_path / "no-ov")
     monkeypatch.setattr(runner, "PEERS_VENV", tmp_path / "no-peers")

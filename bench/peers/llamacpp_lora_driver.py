@@ -29,6 +29,8 @@ Reply: per request ttft (s from its arrival to its first token) and latency (to 
 time from the start to the last token, decode calls, adapter switches and the mean tokens per llama_decode.
 
 Logits (the conversion check): the window's every-position logits with the adapter applied, float32 [n, vocab].
+The real llama-server takes the same trace (per-request `lora` ids and scales, the same one-set-per-batch loop):
+docs/notes/benchmarks.md, "The adapter trace on the real llama-server", says what wiring it would take.
 """
 from __future__ import annotations
 

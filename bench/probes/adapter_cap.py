@@ -1,6 +1,6 @@
 """What the engine's cap on distinct adapters a step costs on a saturated Zipf trace: the lora-trace scenario's
-replay (bench/lora.py run_trace: gamma arrivals at 16 requests/s, Zipf s = 1 over N adapters, on the adapters and on
-the base model) with each cap in turn, round by round in one run.
+replay (bench/lora_trace.py run_trace: gamma arrivals at 16 requests/s, Zipf s = 1 over N adapters, on the
+adapters and on the base model) with each cap in turn, round by round in one run.
 
     .venv/bin/python bench/probes/adapter_cap.py ARTIFACT [--adapters 16] [--rounds 3] [--requests 64]
         [--threads 2] [--caps 4/8,8/16,16/16]
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortllm.bench.lora import BASE_SYSTEM, LORA_VS_BASE, SATURATED_RATE, run_trace
+from ortllm.bench.lora_trace import BASE_SYSTEM, LORA_VS_BASE, SATURATED_RATE, run_trace
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""The LoRA's share of a decode step, for A/B runs on a loaded host: bench/lora.py's paired steps (16 sequences at
-context 128, all base vs request i on adapter i % 4, ABBA, in the engine's own session), several rounds, each timed
+"""The LoRA's share of a decode step, for A/B runs on a loaded host: bench/paired_steps.py's paired steps (16 sequences
+at context 128, all base vs request i on adapter i % 4, ABBA, in the engine's own session), several rounds, each timed
 by wall clock and by the calling thread's CPU time (with --threads 1 the whole step runs on that thread, so its CPU
 time does not count the waits of a shared machine).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ortllm.bench.engine import PLAIN
-from ortllm.bench.lora import link_copy, write_peft_lora
+from ortllm.bench.synthetic_adapters import link_copy, write_peft_lora
 from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.engine import Engine

@@ -21,8 +21,9 @@ import functools
 import numpy as np
 import pytest
 
+from ortllm.bench.op_graphs import rope_cache
 from tests.reference.hadamard import dequantize, fwht, quantize
-from tests.reference.paged_attention import rope, rope_cache
+from tests.reference.paged_attention import rope
 
 D = 64
 

@@ -15,12 +15,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from ortllm.bench.op_graphs import (PA_INPUTS, PA_OUTPUTS, bind_in_place, paged_attention_case, paged_attention_inputs,
-                                     paged_attention_model, session)
+from ortllm.bench.op_graphs import (PA_INPUTS, PA_OUTPUTS, bind_in_place, paged_attention_case, paged_attention_model,
+                                     session)
 from ortllm.runtime.ops_library import sessions_isa
 from tests.custom_ops.conftest import SCENARIOS, assert_close, path_at_most, sessions_on
 from tests.reference.hadamard import dequantize, unpack_int4
-from tests.reference.paged_attention import paged_attention_ref
+from tests.reference.paged_attention import paged_attention_inputs, paged_attention_ref
 
 pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ortllm.bench.op_graphs import paged_attention_case, paged_attention_inputs, paged_attention_model, session
+from ortllm.bench.op_graphs import paged_attention_case, paged_attention_model, session
 from tests.custom_ops.conftest import SCENARIOS, assert_close, path_at_most, sessions_on
 from tests.custom_ops.test_paged_attention import LONG_CASES, check_within_quantization_bound
-from tests.reference.paged_attention import paged_attention_ref
+from tests.reference.paged_attention import paged_attention_inputs, paged_attention_ref
 
 pytestmark = pytest.mark.isa_paths   # on every path tests/conftest.py isa_paths() names
 

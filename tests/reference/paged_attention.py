@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ortllm.bench.op_graphs import PA_INPUTS
 from tests.reference.hadamard import dequantize, fwht, quantize
 
 
@@ -41,11 +42,10 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool = Fa
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def rope_cache(max_pos: int, head_size: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin caches [max_pos, D/2] (llama: inv_freq = theta^(-2i/D))."""
-    inv_freq = 1.0 / theta ** (np.arange(0, head_size, 2, dtype=np.float64) / head_size)
-    ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+def paged_attention_inputs(feeds: dict) -> list:
+    """The op's feeds (bench/op_graphs.paged_attention_case) in the node's input order up to the caches' scales:
+    paged_attention_ref's positional arguments (it takes `sinks` by name)."""
+    return [feeds[n] for n in PA_INPUTS if n in feeds and n != "sinks"]
 
 
 def paged_attention_ref(

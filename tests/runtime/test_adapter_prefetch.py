@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from ortllm.bench.lora import link_copy, write_peft_lora
+from ortllm.bench.synthetic_adapters import link_copy, write_peft_lora
 from ortllm.runtime.adapter_files import add_adapter
 from ortllm.runtime.artifact import read_manifest
 from ortllm.runtime.engine import Engine
