@@ -366,8 +366,8 @@ def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOp
     (tmp / C.GENERATION).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
     graphs = {}
     if tok is not None:
-        from .tokenizer_graphs import write_tokenizer_graphs
-        graphs = write_tokenizer_graphs(tmp)
+        from .tokenizer_graphs import write_tokenizer_graphs_cached
+        graphs = write_tokenizer_graphs_cached(tmp, tok.files, log)
     if opts.exporter == "optimum":
         from .optimum_export import export_optimum
         export_optimum(weights, tmp, tmp / "optimum")

@@ -86,11 +86,13 @@ def load_gguf(path: Path) -> ModelWeights:
     for d in (tensors, scales, lows):     # the grids are [N, K / 32]: row fix-ups apply to them as to the weight
         fix_tensors(cfg, d, "gguf")
 
-    def write_tokenizer(out_dir: Path):
-        from .tokenizer import write_tokenizer_from_gguf
-        return write_tokenizer_from_gguf(reader, out_dir)
+    digest = sha256_file(path)
 
-    w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=sha256_file(path),
+    def write_tokenizer(out_dir: Path):
+        from .tokenizer import write_tokenizer_from_gguf_cached
+        return write_tokenizer_from_gguf_cached(reader, digest, out_dir)
+
+    w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
                      source_desc=f"gguf:{path.name}",
                      extra={"source_types": _fixed_names(cfg, types),
                             "source_grids": {n: (scales[n], lows[n]) for n in scales}})

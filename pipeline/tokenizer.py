@@ -34,7 +34,7 @@ import itertools
 import json
 import shutil
 import string
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +394,20 @@ def write_tokenizer_from_gguf(reader_or_path, out_dir: Path) -> TokenizerInfo:
     eos_ids = tuple(dict.fromkeys(([v.eos_id] if v.eos_id is not None else []) + list(v.extra_eos_ids)))
     return TokenizerInfo(vocab_size=len(tokens), bos_token_id=v.bos_id, eos_token_ids=eos_ids,
                          pad_token_id=v.pad_id, chat_template=v.chat_template, files=files)
+
+
+def write_tokenizer_from_gguf_cached(reader, gguf_sha256: str, out_dir: Path, log=lambda m: None) -> TokenizerInfo:
+    """write_tokenizer_from_gguf, its files kept for the next build of the same GGUF (pipeline/derived_cache.py: the
+    conversion of Gemma 3's 262k tokens takes about a minute)."""
+    from .derived_cache import cached, code_salt
+
+    def make(d: Path):
+        info = write_tokenizer_from_gguf(reader, d)
+        return asdict(info), list(info.files)
+
+    salt = code_salt(__file__, dists=("tokenizers", "transformers", "gguf"))
+    info = cached("gguf-tokenizer", [gguf_sha256, salt], Path(out_dir), make, log)
+    return TokenizerInfo(**{**info, "eos_token_ids": tuple(info["eos_token_ids"]), "files": tuple(info["files"])})
 
 
 # ------------------------------------------------------------------------------------------ HF dir

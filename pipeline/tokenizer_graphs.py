@@ -21,6 +21,7 @@ Graph contracts (what the verification checks):
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Callable
@@ -94,6 +95,25 @@ def write_tokenizer_graphs(artifact_dir: Path) -> dict[str, str]:
         (artifact_dir / DETOKENIZER_ONNX).unlink(missing_ok=True)
         results[DETOKENIZER_ONNX] = f"skipped: no exact ONNX detokenizer for this tokenizer ({bpe_decoder})"
     return results
+
+
+def write_tokenizer_graphs_cached(artifact_dir: Path, tokenizer_files: tuple[str, ...], log=print) -> dict[str, str]:
+    """write_tokenizer_graphs, its graphs kept for the next build with the same tokenizer files
+    (pipeline/derived_cache.py: checking Gemma 3's takes ~40 s, a session and its whole vocabulary)."""
+    import ortllm.runtime.tokenizer as runtime_tokenizer
+
+    from . import tokenizer as pipeline_tokenizer
+    from .derived_cache import cached, code_salt
+
+    def make(d: Path):
+        results = write_tokenizer_graphs(d)
+        return results, [name for name, r in results.items() if r == WRITTEN]
+
+    salt = code_salt(__file__, pipeline_tokenizer.__file__, runtime_tokenizer.__file__,
+                     dists=("onnxruntime-extensions", "onnxruntime", "tokenizers", "onnx"))
+    parts = [salt] + [f"{name}\0{hashlib.sha256((Path(artifact_dir) / name).read_bytes()).hexdigest()}"
+                      for name in sorted(tokenizer_files)]
+    return cached("tokenizer-graphs", parts, Path(artifact_dir), make, log)
 
 
 def _write_first_exact(path: Path, candidates, check) -> str:
