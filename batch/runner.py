@@ -2,7 +2,7 @@
 
     items --window (W lines, checked and tokenized)--> sorted by (length bucket, adapter, prompt prefix)
           --submit while in flight < cap--> Engine (continuous batching, prefix cache, adapter cap per step)
-          --poll handles--> output lines, in finishing order
+          --each request's deltas into one queue--> output lines, in finishing order
 
 The cap (a few x max_num_seqs, at most max_queued) keeps the engine full without flooding its queue.
 Sorting a window by the length bucket of prompt + max_tokens keeps short and long requests apart, so a step's
@@ -11,6 +11,8 @@ are adjacent (fewer distinct adapters per step), and equal prompt prefixes too (
 """
 from __future__ import annotations
 
+import itertools
+import queue
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from .protocol import (LineItem, Prepared, api_error_line, as_api_error, finishe
 
 IN_FLIGHT_PER_SEQ = 4     # in flight = this x max_num_seqs (capped by max_queued + max_num_seqs)
 WINDOW_PER_IN_FLIGHT = 4  # lines read ahead and sorted = this x in flight
-_POLL_S = 0.005
+_POLL_S = 0.005           # an Overloaded engine's retry; and how soon a stop is seen while requests run
 
 
 @dataclass
@@ -68,7 +70,9 @@ class EngineFeeder:
         """Output lines as they are ready: error lines at once, generations when they finish."""
         source = iter(items)
         pending: deque[Prepared] = deque()
-        running: list[tuple[Prepared, RequestHandle]] = []
+        running: dict[int, tuple[Prepared, RequestHandle]] = {}
+        deltas: queue.Queue = queue.Queue()         # (running key, Delta) from every request in flight
+        keys = itertools.count()
         exhausted = False
         try:
             while not self.stop:
@@ -83,7 +87,7 @@ class EngineFeeder:
                     try:
                         h = self.engine.submit(p.prompt_ids, p.params, request_id=request_id(p.item))
                     except Overloaded:
-                        break                               # the queue is full (shared engine?): retry after a poll
+                        break                               # the queue is full (shared engine?): retry after one
                     except Exception as e:  # noqa: BLE001 - a request error is a line; anything else propagates
                         pending.popleft()
                         if not is_request_error(e):
@@ -91,32 +95,30 @@ class EngineFeeder:
                         yield self._count(api_error_line(p.item.line_no, p.item.custom_id, as_api_error(e)))
                         continue
                     pending.popleft()
-                    running.append((p, h))
+                    key = next(keys)
+                    running[key] = (p, h)
+                    h.deliver_to(deltas, key)
                 if not running:
                     if exhausted and not pending:
                         return
                     if pending:
                         time.sleep(_POLL_S)                 # Overloaded with nothing of ours running
                     continue
-                finished = [r for r in running if r[1].done]
-                if not finished:
-                    try:
-                        running[0][1].result(timeout=_POLL_S)
-                    except TimeoutError:
-                        pass
+                try:
+                    key, d = deltas.get(timeout=_POLL_S)
+                except queue.Empty:
                     continue
-                gone = {id(r) for r in finished}
-                running = [r for r in running if id(r) not in gone]
-                created = int(time.time())
-                for p, h in finished:
-                    out = h.result()
-                    line = finished_line(p, out, created, self._token_text)
-                    if line["error"] is None:
-                        self.stats.prompt_tokens += out.prompt_tokens
-                        self.stats.completion_tokens += len(out.token_ids)
-                    yield self._count(line)
+                if d.finish_reason is None:
+                    continue
+                p, h = running.pop(key)
+                out = h.result()
+                line = finished_line(p, out, int(time.time()), self._token_text)
+                if line["error"] is None:
+                    self.stats.prompt_tokens += out.prompt_tokens
+                    self.stats.completion_tokens += len(out.token_ids)
+                yield self._count(line)
         finally:                                    # stopped, or the reader gave up: in-flight requests are lost
-            for _, h in running:
+            for _, h in running.values():
                 if not h.done:
                     h.cancel()
 
