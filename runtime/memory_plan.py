@@ -154,13 +154,18 @@ def fixed_pool(config: EngineConfig, plan: MemoryPlan) -> EngineConfig:
 
 def adapter_slot_bytes(cfg: dict, config: EngineConfig, quant: str) -> int:
     """The adapter slot stacks ModelRunner.resize_adapter_slots allocates: per layer, slot and rank, each LoRA
-    target's A [in, r] and B [r, out]: int8 codes (+ scales) for quantized projections, else float16."""
-    h, hd = cfg["hidden_size"], cfg["head_dim"]
+    target's A [in, r] and B [r, out]: int8 codes (+ scales) for quantized projections, else float16. On a mixture
+    of experts the MLP targets exist only where a layer keeps its dense MLP: per such layer in float16 (MultiLoRA),
+    in every layer's int8 stack (QLinear) when there is one, none when every layer is sparse (Qwen3-MoE, gpt-oss)."""
+    h, hd, layers = cfg["hidden_size"], cfg["head_dim"], cfg["num_layers"]
     q, kv, inter = cfg["num_heads"] * hd, cfg["num_kv_heads"] * hd, cfg["intermediate_size"]
-    per_rank = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + inter) + (inter + h)     # q, k, v, o, gate, up, down
+    attention = (h + q) + 2 * (h + kv) + (q + h)           # q, k, v, o: per rank
+    mlp = 2 * (h + inter) + (inter + h)                    # gate, up, down
+    dense = layers if not cfg.get("num_experts") else len(cfg.get("dense_layers") or ())
+    mlp_layers = dense if quant == "fp32" or not dense else layers
     rank = -(-config.adapters.max_rank // 4) * 4
     elem = 1.0625 if quant != "fp32" else 2.0          # int8 + an fp16 scale per 32 of A; float16
-    return int(cfg["num_layers"] * config.adapters.max_slots * rank * per_rank * elem)
+    return int(config.adapters.max_slots * rank * elem * (layers * attention + mlp_layers * mlp))
 
 
 def _activation_bytes_per_token(cfg: dict) -> int:

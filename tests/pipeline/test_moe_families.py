@@ -144,6 +144,23 @@ def near_fp32_and_batch_invariant(what: str, art, fp32_art, prompt: list[int], r
     prompts = [prompt, _prompt(7, seed=3), _prompt(19, seed=4)]
     alone = [_greedy(art, [p])[0] for p in prompts]
     assert _greedy(art, prompts) == alone
+    for a in (art, fp32_art):
+        plan_counts_the_adapter_slots(a)
+
+
+def plan_counts_the_adapter_slots(art_dir) -> None:
+    """The memory plan's adapter slots (runtime/memory_plan.py) are the A/B stacks the runner allocates at full size
+    (max_loras x max_lora_rank), within their scales' share: none for the MLPs of sparse layers."""
+    from ortllm.runtime.memory_plan import adapter_slot_bytes
+
+    with Engine.from_artifact(art_dir) as engine:
+        ad = engine.config.adapters
+        engine.runner.resize_adapter_slots(ad.max_slots, ad.max_rank)
+        stacks = sum(a.nbytes for n, a in engine.runner._arrays.items()
+                     if n.startswith("lora.") and n.endswith((".a", ".b", ".a_scale", ".b_scale")))
+        planned = adapter_slot_bytes(engine.artifact.model_config, engine.config,
+                                     engine.artifact.manifest["build"]["quant"])
+    assert abs(planned - stacks) <= 0.05 * stacks, (art_dir, planned, stacks)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe"], indirect=True)
