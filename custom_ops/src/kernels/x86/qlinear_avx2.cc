@@ -205,6 +205,55 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   group_dot_any<Dots>(g, x, nt, out);
 }
 
+// kMxfp4Table + kMxfp4Zero (0..24) in both 128-bit lanes: _mm256_shuffle_epi8 looks a nibble up per lane.
+inline __m256i mxfp4_table() {
+  alignas(16) uint8_t t[16];
+  for (int i = 0; i < 16; ++i) t[i] = static_cast<uint8_t>(kMxfp4Table[i] + kMxfp4Zero);
+  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+}
+
+// mxfp4 groups (qlinear.h): each nibble through the biased table by one shuffle (as llama.cpp's MXFP4 dot looks up
+// kvalues_mxfp4; here unsigned, so the products are Dots::sub4's maddubs with no sign step per token), the zero point
+// 12 qsum seeding isum. A maddubs lane is at most 2 * 24 * 127 = 6096: the int16 sums take two chunks (4 maddubs,
+// 24384) before they are widened, two madds a sub-block where int4 has one. Exact integers: the scalar isum.
+struct DotsMxfp4 {
+  template <int NT>
+  static void sub(const uint8_t* sub, __m256i table, const int8_t* const* qs, __m256i* isum) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i p[NT];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * j));
+      const __m256i wl = _mm256_shuffle_epi8(table, _mm256_and_si256(w, low));
+      const __m256i wh = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w, 4), low));
+      for (int t = 0; t < NT; ++t) {
+        const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(wl, bcast_word(qs[t] + 8 * j)),
+                                           _mm256_maddubs_epi16(wh, bcast_word(qs[t] + 8 * j + 4)));
+        p[t] = (j & 1) == 0 ? a : _mm256_add_epi16(p[t], a);
+        pin(p[t]);
+        if (j & 1) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p[t], ones));
+      }
+    }
+  }
+
+  template <int NT, int BITS>
+  static const uint8_t* block(const uint8_t* codes, int sub_blocks, const int8_t* const* qs, const int32_t* zs,
+                              __m256i* isum) {
+    static_assert(BITS == 4, "mxfp4 codes are 4-bit");
+    const __m256i table = mxfp4_table();
+    const int8_t* q[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_set1_epi32(-zs[t]), q[t] = qs[t];
+    for (int s = 0; s < sub_blocks; ++s, codes += 128) {
+      sub<NT>(codes, table, q, isum);
+      for (int t = 0; t < NT; ++t) q[t] += 32;
+    }
+    return codes;
+  }
+};
+
+void group_dot_mxfp4(const QGroup& g, const QTokens& x, int nt, float* out) {
+  group_dot_bits<DotsMxfp4, 4>(g, x, nt, out);
+}
+
 // ---- two int4 groups of one weight at once (group_dot2): each broadcast word of a token's codes, and its dx, sx and
 // zero-point term, feeds both groups' rows. Per sub-block and 32-byte chunk j, the two groups' codes are unpacked
 // once (4 vectors) and every token adds its 4 maddubs into one int16 sum per group (at most 8 maddubs a sub-block,
@@ -487,6 +536,7 @@ const QLinearIsa* qlinear_avx2_isa() {
     t.quantize_row16 = avx2::quantize_row16;
     t.group_dot16 = avx2::group_dot16;
     t.mul8 = avx2::mul8;
+    t.group_dot_mxfp4 = avx2::group_dot_mxfp4;  // avx512vnni and amx copy this table: theirs too (not run here)
     return t;
   }();
   return &isa;
