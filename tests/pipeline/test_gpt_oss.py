@@ -275,3 +275,40 @@ def test_lora_on_the_attention(family, fp32_art, tmp_path):
     engine (PEFT itself cannot target gpt-oss's router or its fused experts: they are no Linear modules)."""
     model, _, prompt, _ = family
     attention_lora_equals_peft(model, fp32_art, prompt, tmp_path)
+
+
+def test_mxfp4_falls_back_to_exact_int8_where_fp16_cannot_hold_a_scale():
+    """A layer's MXFP4 experts go mxfp4 when every block scale 2^(e - 128) is an fp16 number; one that is not (2^-30)
+    sends the layer's experts to int8 on MXFP4's grid, and the report says why; a layer whose experts are not all
+    MXFP4 does the same (the MoE op takes one format a layer); a layer without MXFP4 is quantized as before."""
+    from ortllm.pipeline.families import mxfp4_grid
+    from ortllm.pipeline.quantize import QuantPlan
+    from tests.custom_ops.test_mxfp4 import mxfp4_source
+    rng = np.random.default_rng(0)
+    names = [f"model.layers.0.mlp.experts.{e}.{p}.weight" for e in range(2) for p in ("gate_proj", "up_proj",
+                                                                                          "down_proj")]
+    ws, exps = {}, {}
+    for n in names:
+        ws[n], scale = mxfp4_source(rng, 64, 64)
+        exps[n] = (np.log2(scale) + 128).astype(np.uint8)          # the e8m0 bytes mxfp4_grid reads
+    plan = QuantPlan(quant="int4", source_types={n: "MXFP4" for n in names},
+                     source_grids={n: mxfp4_grid(exps[n]) for n in names})
+    assert plan.expert_format(names) == ("mxfp4", None)
+    q = plan.quantize(names[0], ws[names[0]], plan.expert_format(names))
+    assert (q.format, q.bits, q.max_rel, plan.report[names[0]]["format"]) == ("mxfp4", 4, 0.0, "mxfp4")
+    tiny = dict(exps)
+    tiny[names[4]] = exps[names[4]].copy()
+    tiny[names[4]][0, 0] = 128 - 30
+    low = QuantPlan(quant="int4", source_types={n: "MXFP4" for n in names},
+                    source_grids={n: mxfp4_grid(tiny[n]) for n in names})
+    form = low.expert_format(names)
+    assert form[0] == "int8" and names[4] in form[1] and "no fp16 number" in form[1]
+    q = low.quantize(names[0], ws[names[0]], form)
+    assert (q.format, q.bits, q.max_rel) == ("affine", 8, 0.0)
+    assert low.report[names[0]]["algo"] == "source grid (MXFP4)" and low.report[names[0]]["fallback"] == form[1]
+    mixed = QuantPlan(quant="int4", source_types={n: "MXFP4" for n in names[1:]},
+                      source_grids={n: mxfp4_grid(exps[n]) for n in names[1:]})
+    assert mixed.expert_format(names)[0] == "int8"
+    assert QuantPlan(quant="int4").expert_format(names) == (None, None)
+    assert QuantPlan(quant="int8", source_types={n: "MXFP4" for n in names},
+                     source_grids={n: mxfp4_grid(exps[n]) for n in names}).expert_format(names) == (None, None)
