@@ -604,7 +604,8 @@ QTokens tokens(const Ctx& c, int64_t ts) {
 void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   const bool gated = c.d->gated();
   const bool act16 = c.d->act_bits == 16;
-  const bool pair = (act16 ? c.split16 : c.isa->group_dot2 != nullptr && !c.d->mxfp4) && t1 - t0 >= kPairTokens;
+  const auto dot2 = c.d->mxfp4 ? c.isa->group_dot2_mxfp4 : c.isa->group_dot2;
+  const bool pair = (act16 ? c.split16 : dot2 != nullptr) && t1 - t0 >= kPairTokens;
   const int64_t T = c.d->num_tokens;
   const int64_t tile = pair ? c.isa->dot2_tokens : kQTile;  // tokens per pass over a group (pair)
   alignas(32) float zeros[3][kDotTileMax * 8];
@@ -670,7 +671,9 @@ void project_item(void* usr, size_t i) {
 // kQTile tokens a call (on both groups of a gated tile).
 void gemm_by_group_dots(const QLinearIsa& isa, const QGemmTile& t) {
   if (t.paired) {
-    (t.act16 ? isa.group_dot2_16 : isa.group_dot2)(t.w0, t.w1, t.x, t.nt, t.out0, t.out1);
+    (t.act16      ? isa.group_dot2_16
+     : t.w0.mxfp4 ? isa.group_dot2_mxfp4
+                  : isa.group_dot2)(t.w0, t.w1, t.x, t.nt, t.out0, t.out1);
     return;
   }
   const auto dot = t.act16 ? isa.group_dot16 : t.w0.mxfp4 ? isa.group_dot_mxfp4 : isa.group_dot;

@@ -285,9 +285,12 @@ struct QLinearIsa {
   // the load waits for them to reach L1: +30% on SmolLM2's gate|up with 16 DoRA rows).
   void (*mul8)(const float* v, const float* g, float* out) = nullptr;
   // group_dot for an mxfp4 group (QGroup::mxfp4; nt <= kQTile): each code through kMxfp4Table + kMxfp4Zero, then
-  // the int4 path's operations (x.zsum = 12 qsum). A table without its own takes the one it was copied from
-  // (avx512vnni and amx run AVX2's); the driver never pairs mxfp4 groups (group_dot2 is for affine codes).
+  // the int4 path's operations (x.zsum = 12 qsum); group_dot2_mxfp4 two such groups as group_dot2 pairs affine ones
+  // (nullptr: the driver never pairs mxfp4 groups). A table without its own takes the ones it was copied from
+  // (avx512vnni and amx run AVX2's; AMX's tiles stay for affine codes).
   void (*group_dot_mxfp4)(const QGroup& g, const QTokens& x, int nt, float* out) = nullptr;
+  void (*group_dot2_mxfp4)(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0,
+                           float* out1) = nullptr;
   // The multi-token GEMM over one tile (QGemmTile): the driver's only call into the projection's micro-kernels.
   void (*gemm)(const QLinearIsa& isa, const QGemmTile& tile) = gemm_by_group_dots;
 };
