@@ -225,8 +225,8 @@ def test_mxfp4_int4_build_is_the_exact_int8_one(mxfp4_dirs, tmp_path):
     (the integer dots are the same exact sums, d the same power of two, int8's m is 0). Against the fp32 build that
     build is then only the activations' int8 rounding away (KLD within int8's bound, under a third of the same plan's
     with the experts re-quantized to int4 from the plain checkpoint; measured 0.0016 against 0.116), and each row of
-    a batch decodes as it does alone, as it does in the default int4 build (its attention int4: KLD 0.116, the
-    bound test_quantized_against_the_engines_fp32 explains; measured 0.116)."""
+    a batch decodes as it does alone. (Within fp32 tolerance of the fp32 build it cannot be: QLinear rounds its
+    activations to int8 codes per block, exact weights or not.)"""
     c, root = mxfp4_dirs
     prompt = _prompt(PROMPT, seed=1)
     keep = ("model.layers.*.self_attn.*=int8",)
@@ -239,8 +239,6 @@ def test_mxfp4_int4_build_is_the_exact_int8_one(mxfp4_dirs, tmp_path):
     kld, kld_requant = _kld(ref, _logits(mx, prompt)), _kld(ref, _logits(requant, prompt))
     assert kld < kld_requant / 3, (kld, kld_requant)
     near_fp32_and_batch_invariant("gpt-oss int4 mxfp4, attention int8", mx, fp32, prompt, [], 5e-3)
-    int4 = _build(root / "mxfp4", tmp_path / "int4", quant="int4", quality_tokens=16)     # the attention int4 too
-    near_fp32_and_batch_invariant("gpt-oss int4 mxfp4", int4, fp32, prompt, [], 0.25)
 
 
 def test_gpt_oss_20b_config_and_its_yarn_tables():
