@@ -165,6 +165,13 @@ def test_bad_weight_format_named():
     with pytest.raises(Exception, match='MoE: attribute weight_format must be "affine" or "mxfp4"; got "nf4"'):
         moe_sess(tuple(sorted(feeds)), 2, H=H, I=INTER, E=E, bits=4, block_size=32,
                  weight_format="nf4").run(None, feeds)
+    with pytest.raises(Exception, match='MoE: attribute weight_format "mxfp4" needs bits = 4'):
+        moe_sess(tuple(sorted(feeds)), 2, H=H, I=INTER, E=E, bits=8, block_size=32,
+                 weight_format="mxfp4").run(None, feeds)
+    feeds["down_offsets"] = feeds["down_scales"]
+    with pytest.raises(Exception, match="MoE: input 'down_offsets' is not read with weight_format \"mxfp4\""):
+        moe_sess(tuple(sorted(feeds)), 2, H=H, I=INTER, E=E, bits=4, block_size=32,
+                 weight_format="mxfp4").run(None, feeds)
     w, _ = weight(96, 256)
     xq = rng.standard_normal((2, 256), dtype=np.float32)
     feeds = feeds_for(w, xq)
