@@ -265,8 +265,9 @@ class QuantPlan:
         if form[0] == MXFP4:
             q = on_mxfp4(w, self.source_grids[name][0])
             if q is None:
+                layer = name.rsplit(".experts.", 1)[0]
                 raise BuildError(f"{name}: its values are not on its MXFP4 grid (a fix-up changed them?); build with "
-                                 f"--keep '{name}=int8' to keep it exact as int8")
+                                 f"--keep '{layer}.experts.*=int8' to keep the layer's experts exact as int8")
             self.report[name] = {"bits": 4, "block_size": 32, "algo": "source codes (MXFP4)", "format": MXFP4,
                                  "max_rel": q.max_rel, "rms_rel": q.rms_rel}
             return q

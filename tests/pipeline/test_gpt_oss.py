@@ -310,3 +310,7 @@ def test_mxfp4_falls_back_to_exact_int8_where_fp16_cannot_hold_a_scale():
     assert QuantPlan(quant="int4").expert_format(names) == (None, None)
     assert QuantPlan(quant="int8", source_types={n: "MXFP4" for n in names},
                      source_grids={n: mxfp4_grid(exps[n]) for n in names}).expert_format(names) == (None, None)
+    off = ws[names[0]].copy()
+    off[0, 0] = 5 * plan.source_grids[names[0]][0][0, 0]                 # between the table's 4 and 6
+    with pytest.raises(BuildError, match=r"not on its MXFP4 grid .* --keep 'model.layers.0.mlp.experts.\*=int8'"):
+        plan.quantize(names[0], off, plan.expert_format(names))
