@@ -23,6 +23,7 @@ from .graph_blocks import activation, in_norm, linear, linear_group, out_norm, r
 from .graph_qlinear import qlinear, qlinear_ready
 from .onnx_builder import GraphBuilder
 from .qlinear_pack import pack, stack_experts
+from .quant_grid import MXFP4
 from .quantize import QuantizedWeight, hf_name
 from .weights import ModelConfig, norm_names
 
@@ -57,13 +58,20 @@ def expert_paths(path: str, e: int) -> list[str]:
 def quantized_experts(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, p: str, path: str, weights: str,
                       ids: str, quant) -> str:
     """One MoE node: each expert's gate|up (one QLinear weight, gate rows first) and down quantized by the plan and
-    stacked over the experts."""
+    stacked over the experts. An int4 layer whose experts come from MXFP4 (gpt-oss) keeps their codes in the op's
+    mxfp4 format (exact, 4.5 bits a weight), or, where that format cannot hold them all, exact on MXFP4's grid in
+    int8 (QuantPlan.expert_format; the report says which, and each tensor's bits a weight as packed)."""
+    names = [hf_name(pth) for e in range(cfg.num_experts) for pth in expert_paths(path, e)]
+    form = quant.expert_format(names)
     gu, dn = [], []
     for e in range(cfg.num_experts):
         paths = expert_paths(path, e)
-        qs = [quant.quantize(hf_name(pth), w[f"{p}.experts.{e}.{proj}.weight"]) for pth, proj in zip(paths, PROJS)]
+        qs = [quant.quantize(hf_name(pth), w[f"{p}.experts.{e}.{proj}.weight"], form)
+              for pth, proj in zip(paths, PROJS)]
         gu.append(pack(QuantizedWeight.concat(qs[:2])))
         dn.append(pack(qs[2]))
+        for pth, packed in zip(paths, (gu[-1], gu[-1], dn[-1])):
+            quant.report[hf_name(pth)]["bits_per_weight"] = packed.bits_per_weight
     ins = {"x": h, "expert": ids, "weight": weights}
     bias = expert_biases(cfg, w, p)
     if bias is not None:
@@ -76,6 +84,8 @@ def quantized_experts(g: GraphBuilder, cfg: ModelConfig, h: str, w: dict, p: str
                 f"{name}_offsets": g.weight(f"{path}/experts.{name}.qoffsets", offsets) if offsets is not None else ""}
     act = {} if cfg.swiglu_limit is None else {"activation": "clamped_swiglu", "alpha": C.CLAMPED_SWIGLU_ALPHA,
                                                "limit": float(cfg.swiglu_limit)}
+    if gu[0].format == MXFP4:
+        act["weight_format"] = MXFP4
     return g.op("MoE", op_schema("MoE").node_inputs(ins), f"{path}/experts", domain=C.OPS_DOMAIN,
                 H=cfg.hidden_size, I=cfg.moe_intermediate_size, E=cfg.num_experts, bits=gu[0].bits,
                 block_size=gu[0].block_size, **act)

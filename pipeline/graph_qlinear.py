@@ -18,7 +18,7 @@ from ortllm.runtime.ops_library import op_schema
 from .graph_blocks import group_path
 from .onnx_builder import GraphBuilder
 from .qlinear_pack import pack
-from .quant_grid import quantize_by_rows
+from .quant_grid import MXFP4, quantize_by_rows
 from .quantize import QuantizedWeight, RTNQuantizer, hf_name
 
 F16, F32, I8 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.INT8
@@ -88,6 +88,8 @@ def qlinear(g: GraphBuilder, x: str, ws: list[np.ndarray], paths: list[str], qua
         attrs["split"] = [int(w.shape[0]) for w in ws]
     if act16 and q.bits == 8:
         attrs["act_bits"] = 16
+    if p.format == MXFP4:               # codes into the 2 x e2m1 table (quant_grid.on_mxfp4)
+        attrs["weight_format"] = MXFP4
     assert not (argmax and (epilogue != "none" or "split" in attrs))
     outs = {"n_out": ARGMAX_OUT + 1, "skip": tuple(range(1, ARGMAX_OUT))} if argmax else \
         {"n_out": len(attrs.get("split", [0]))}

@@ -3,7 +3,8 @@ reference uses (custom_ops/src/kernels/qlinear.h draws the layout; custom_ops/RE
 
     pack(q: QuantizedWeight)  -> PackedWeight   codes [G, kb, bs * bits] u8, scales/offsets [G, kb, 8] f16
     unpack_codes(p)           -> int32 [N, kb * bs]   codes as the kernel reads them (int4: 0..15, int8: signed)
-    dequantize_packed(p)      -> fp32 [N, kb * bs]    w = d * (code - zp) + m, zp = 8 for int4, 0 for int8
+    dequantize_packed(p)      -> fp32 [N, kb * bs]    w = d * (code - zp) + m, zp = 8 for int4, 0 for int8;
+                                                      mxfp4 (format): w = MXFP4_TABLE[code] * d
 
 Rows go in groups of 8 (N padded to a multiple of 8 with zero rows), one group's 8 rows interleaved per
 sub-block of 32 elements so that one 32-byte load feeds 8 output rows, each 32-bit lane one row:
@@ -11,7 +12,9 @@ sub-block of 32 elements so that one 32-byte load feeds 8 output rows, each 32-b
     int8: chunk i (0..7) = for each row r, elements 4i..4i+3 (two's complement bytes)
 From QuantizedWeight (MatMulNBits' form, w = (c - 2^(bits-1)) * scale + offset): int4 codes are kept
 as they are with zp = 8, int8 codes become c - 128 (signed) with zp = 0; d = scale and m = offset in
-fp16 (pipeline/quantize.py keeps scales fp16-exact, so d is exact; m was fp16 already).
+fp16 (pipeline/quantize.py keeps scales fp16-exact, so d is exact; m was fp16 already). An mxfp4 weight (gpt-oss's
+MXFP4 experts, quant_grid.on_mxfp4) packs its 4-bit table codes as int4's, with d = the block's 2^(e - 128) and no m:
+4.5 bits a weight (attribute weight_format "mxfp4"), where the same weight kept exact as int8 takes 9 (d and m).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .quant_grid import QuantizedWeight, unpack_bits
+from .quant_grid import MXFP4, MXFP4_TABLE, QuantizedWeight, unpack_bits
 
 ZERO_POINT = {4: 8, 8: 0}
 
@@ -33,6 +36,7 @@ class PackedWeight:
     codes: np.ndarray            # uint8 [G, kb, bs * bits]
     scales: np.ndarray           # float16 [G, kb, 8]
     offsets: np.ndarray | None   # float16 [G, kb, 8] or None
+    format: str = "affine"       # or MXFP4: the codes index MXFP4_TABLE (bits 4, no offsets)
 
     @property
     def groups(self) -> int:
@@ -45,6 +49,11 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.codes, self.scales, self.offsets) if a is not None)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """The packed bytes (codes, scales, offsets; padding included) x 8 over the N x K weights."""
+        return 8 * self.nbytes / (self.n * self.k)
 
 
 def _rows8(a: np.ndarray, groups: int) -> np.ndarray:
@@ -74,7 +83,7 @@ def pack(q: QuantizedWeight) -> PackedWeight:
              for a in range(0, q.n, PACK_ROWS)]
     return PackedWeight(q.n, q.k, q.bits, q.block_size, np.concatenate([p.codes for p in parts]),
                         np.concatenate([p.scales for p in parts]),
-                        None if q.offsets is None else np.concatenate([p.offsets for p in parts]))
+                        None if q.offsets is None else np.concatenate([p.offsets for p in parts]), q.format)
 
 
 def _pack(q: QuantizedWeight) -> PackedWeight:
@@ -82,6 +91,8 @@ def _pack(q: QuantizedWeight) -> PackedWeight:
         raise ValueError(f"QLinear packs 4- or 8-bit weights; got {q.bits} bits")
     if q.block_size % 32:
         raise ValueError(f"QLinear needs a block size that is a multiple of 32; got {q.block_size}")
+    if q.format == MXFP4 and (q.bits != 4 or q.offsets is not None):
+        raise ValueError("an mxfp4 weight has 4-bit codes and no offsets")
     n, kb, bs, groups = q.n, q.k_blocks, q.block_size, -(-q.n // 8)
     codes = unpack_bits(q.data, q.bits).astype(np.int32)                  # [N, kb, bs], 0..2^bits-1
     if q.bits == 8:
@@ -96,7 +107,7 @@ def _pack(q: QuantizedWeight) -> PackedWeight:
     packed = np.ascontiguousarray(byte.transpose(0, 2, 3, 4, 1, 5)).astype(np.uint8).reshape(groups, kb, bs * q.bits)
     scales = _per_block(q.scales, n, kb, groups)
     offsets = None if q.offsets is None else _per_block(q.offsets.astype(np.float32), n, kb, groups)
-    return PackedWeight(n, q.k, q.bits, bs, packed, scales, offsets)
+    return PackedWeight(n, q.k, q.bits, bs, packed, scales, offsets, q.format)
 
 
 def unpack_codes(p: PackedWeight) -> np.ndarray:
@@ -119,8 +130,10 @@ def _lanes(v: np.ndarray, p: PackedWeight) -> np.ndarray:
 
 def dequantize_packed(p: PackedWeight) -> np.ndarray:
     """fp32 [N, kb * bs] (K padded to whole blocks): the weight QLinear multiplies by."""
-    codes = unpack_codes(p).reshape(p.n, p.k_blocks, p.block_size).astype(np.float32)
-    w = (codes - np.float32(ZERO_POINT[p.bits])) * _lanes(p.scales, p)[..., None]
+    codes = unpack_codes(p).reshape(p.n, p.k_blocks, p.block_size)
+    levels = MXFP4_TABLE[codes].astype(np.float32) if p.format == MXFP4 else \
+        codes.astype(np.float32) - np.float32(ZERO_POINT[p.bits])
+    w = levels * _lanes(p.scales, p)[..., None]
     if p.offsets is not None:
         w = w + _lanes(p.offsets, p)[..., None]
     return w.reshape(p.n, -1)
@@ -130,8 +143,9 @@ def stack_experts(parts: list[PackedWeight]) -> tuple[np.ndarray, np.ndarray, np
     """E experts' packed weights of one projection (same shape, bits, block) -> the MoE op's stacks: codes
     [E, G, kb, bs * bits], scales and offsets [E, G, kb, 8] (offsets None unless every expert has them)."""
     first = parts[0]
-    if any((p.n, p.k, p.bits, p.block_size) != (first.n, first.k, first.bits, first.block_size) for p in parts):
-        raise ValueError("stack_experts needs every expert's weight of one shape, bits and block size")
+    if any((p.n, p.k, p.bits, p.block_size, p.format) != (first.n, first.k, first.bits, first.block_size, first.format)
+           for p in parts):
+        raise ValueError("stack_experts needs every expert's weight of one shape, bits, block size and format")
     if any((p.offsets is None) != (first.offsets is None) for p in parts):
         raise ValueError("stack_experts needs every expert's weight with block offsets, or none")
     offsets = None if first.offsets is None else np.stack([p.offsets for p in parts])

@@ -26,6 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 FP16_MIN_SCALE, FP16_MAX = 2.0 ** -24, 65504.0   # smallest fp16 subnormal, largest finite fp16
+# The mxfp4 format's values by 4-bit code: 2 x e2m1 (llama.cpp's kvalues_mxfp4; custom_ops/src/kernels/qlinear.h
+# kMxfp4Table), w = MXFP4_TABLE[code] * scale with scale = 2^(e - 128) the block's e8m0 exponent over two.
+MXFP4_TABLE = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+MXFP4 = "mxfp4"
 
 
 @dataclass
@@ -41,6 +45,9 @@ class QuantizedWeight:
     max_rel: float = 0.0
     rms_rel: float = 0.0
     out_rel: float | None = None     # relative output error on calibration inputs (GPTQ only)
+    # "affine" (the two forms above) or MXFP4: bits 4, no offsets, w = MXFP4_TABLE[code] * scale (QLinear and the
+    # MoE op read it; MatMulNBits cannot)
+    format: str = "affine"
 
     @property
     def k_blocks(self) -> int:
@@ -50,12 +57,13 @@ class QuantizedWeight:
     def concat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
         """Stack weights of one input along N (fused q|k|v or gate|up); blocks are per row, so this is exact."""
         a = parts[0]
-        if any((p.k, p.bits, p.block_size, p.offsets is None) != (a.k, a.bits, a.block_size, a.offsets is None)
-               for p in parts):
+        if any((p.k, p.bits, p.block_size, p.offsets is None, p.format) !=
+               (a.k, a.bits, a.block_size, a.offsets is None, a.format) for p in parts):
             raise ValueError("QuantizedWeight.concat needs one K, bits, block size and form")
         return QuantizedWeight(sum(p.n for p in parts), a.k, a.bits, a.block_size,
                                np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
-                               None if a.offsets is None else np.concatenate([p.offsets for p in parts]))
+                               None if a.offsets is None else np.concatenate([p.offsets for p in parts]),
+                               format=a.format)
 
 
 def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
@@ -84,8 +92,10 @@ def blocks(w: np.ndarray, block_size: int) -> np.ndarray:
 def dequantize(q: QuantizedWeight) -> np.ndarray:
     """The NumPy reference: fp32 [N, K] that MatMulNBits (+ the offset term) multiplies by, up to its
     activation rounding."""
-    codes = unpack_bits(q.data, q.bits).astype(np.float32)           # [N, kb, bs]
-    w = (codes - np.float32(1 << (q.bits - 1))) * q.scales.reshape(q.n, q.k_blocks, 1)
+    codes = unpack_bits(q.data, q.bits)                               # [N, kb, bs]
+    levels = MXFP4_TABLE[codes].astype(np.float32) if q.format == MXFP4 else \
+        codes.astype(np.float32) - np.float32(1 << (q.bits - 1))
+    w = levels * q.scales.reshape(q.n, q.k_blocks, 1)
     if q.offsets is not None:
         w = w + q.offsets.astype(np.float32).reshape(q.n, q.k_blocks, 1)
     return w.reshape(q.n, -1)[:, :q.k]
@@ -100,6 +110,11 @@ def finish(w: np.ndarray, bits: int, block_size: int, codes: np.ndarray, scales:
     scales = np.clip(scales, FP16_MIN_SCALE, FP16_MAX).astype(np.float16).astype(np.float32)
     q = QuantizedWeight(n, k, bits, block_size, pack_bits(codes, bits), scales.reshape(-1),
                         None if offsets is None else offsets.astype(np.float16).reshape(n, -1))
+    return with_error(q, w)
+
+
+def with_error(q: QuantizedWeight, w: np.ndarray) -> QuantizedWeight:
+    """q with its max_rel and rms_rel against the weight w [N, K] it stands for."""
     err = dequantize(q) - w
     peak, norm = float(np.abs(w).max()), float(np.sqrt(np.square(w, dtype=np.float64).sum()))
     q.max_rel = float(np.abs(err).max()) / peak if peak else 0.0
@@ -135,6 +150,39 @@ def on_grid(w: np.ndarray, scale: np.ndarray, low: np.ndarray, bits: int) -> Qua
     codes = codes + shift[..., None]
     offsets = offsets - shift * scale16
     return finish(w, bits, k // kb, codes, scale16[..., None], offsets[..., None])
+
+
+# value + 12 -> its MXFP4_TABLE code (code 0 for both zeros), -1 for the integers the table does not hold
+_MXFP4_CODE = np.full(25, -1, np.int8)
+for _code in range(15, -1, -1):
+    _MXFP4_CODE[int(MXFP4_TABLE[_code]) + 12] = _code
+
+
+def fp16_exact(v: np.ndarray) -> bool:
+    """Whether every value of v is an fp16 number (a finite power of two from 2^-24 to 2^15 is)."""
+    v = np.asarray(v, np.float32)
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(v.astype(np.float16).astype(np.float32), v))
+
+
+def on_mxfp4(w: np.ndarray, scale: np.ndarray) -> QuantizedWeight | None:
+    """w [N, K], an MXFP4 weight's exact dequantization, with scale [N, K / 32] its blocks' 2^(e - 128) (the source
+    grid's scale, pipeline/families.mxfp4_grid) -> the mxfp4-format weight: each value's code is the table index
+    whose MXFP4_TABLE value times the block's scale it is (a value determines its code, but for 0 / -0: both code
+    0 here, the same weight), so the codes are the source's and nothing is rounded. None when a scale is no fp16
+    number (QLinear stores d in fp16) or a value is off the table (a fix-up changed the weight)."""
+    n, k = w.shape
+    if k % 32 or scale.shape != (n, k // 32) or not fp16_exact(scale):
+        return None
+    v = blocks(w, 32) / scale[..., None]                             # [N, kb, 32] on the table
+    idx = np.rint(v)
+    if not np.array_equal(idx, v) or np.abs(idx).max(initial=0) > 12:
+        return None
+    codes = _MXFP4_CODE[idx.astype(np.int64) + 12]                  # -1: between the table's values (5, 7, 9, ...)
+    if (codes < 0).any():
+        return None
+    return with_error(QuantizedWeight(n, k, 4, 32, pack_bits(codes.astype(np.uint8), 4),
+                                      scale.astype(np.float32).reshape(-1), None, format=MXFP4), w)
 
 
 def weighted_grid(x: np.ndarray, a: np.ndarray, bits: int, steps: int = 20, spread: float = 1.0

@@ -28,7 +28,8 @@ import numpy as np
 
 from .errors import BuildError
 from .gptq import GPTQQuantizer
-from .quant_grid import QuantizedWeight, blocks, dequantize, finish, on_grid, quantize_by_rows
+from .quant_grid import MXFP4, QuantizedWeight, blocks, dequantize, finish, fp16_exact, on_grid, on_mxfp4, \
+    quantize_by_rows
 
 ALGOS = ("rtn", "hqq", "gptq")
 WEIGHT_DTYPES = {"fp32": None, "int8": 8, "int4": 4}
@@ -236,9 +237,41 @@ class QuantPlan:
             return None
         return ("lm_head.weight",) if self.lm_head == "int4" and self.head_algo == "gptq" else ()
 
-    def quantize(self, name: str, w: np.ndarray) -> QuantizedWeight | None:
-        """The quantized weight, or None to keep it fp32; records the tensor's error in the report."""
-        bits = WEIGHT_DTYPES[self.dtype_for(name)]
+    def mxfp4_source(self, name: str) -> bool:
+        """Whether an int4 tensor of the plan comes from MXFP4 (gpt-oss's experts): the mxfp4 format can keep it."""
+        return self.dtype_for(name) == "int4" and self.source_types.get(name) == "MXFP4" and name in self.source_grids
+
+    def expert_format(self, names: list[str]) -> tuple[str | None, str | None]:
+        """One MoE layer's expert tensors (HF names) -> (format, why): ("mxfp4", None) where every one is an int4
+        MXFP4 tensor whose block scales 2^(e - 128) fp16 holds (the MoE op's mxfp4 format keeps them exact at 4.5 bits
+        a weight); ("int8", why) where some MXFP4 one cannot be (a scale off fp16, or experts of the layer not all
+        MXFP4: the op takes one format a layer), so the layer keeps them exact as today, on MXFP4's grid in int8;
+        (None, None) otherwise (no MXFP4 source, or not int4: quantized as the plan says)."""
+        source = [self.mxfp4_source(n) for n in names]
+        if not any(source):
+            return None, None
+        if not all(source):
+            return "int8", "int8 on the MXFP4 grid: not every expert tensor of the layer is an int4 MXFP4 one"
+        bad = next((n for n in names if not fp16_exact(self.source_grids[n][0])), None)
+        if bad is not None:
+            return "int8", f"int8 on the MXFP4 grid: a block scale of {bad} is no fp16 number (mxfp4 stores d in fp16)"
+        return MXFP4, None
+
+    def quantize(self, name: str, w: np.ndarray, form: tuple[str | None, str | None] = (None, None)
+                 ) -> QuantizedWeight | None:
+        """The quantized weight, or None to keep it fp32; records the tensor's error in the report. form: the
+        layer's expert_format (the MoE builder's): "mxfp4" packs the source's MXFP4 codes as they are, "int8" keeps
+        an int4 tensor int8 (on its source grid) and says why in the report."""
+        if form[0] == MXFP4:
+            q = on_mxfp4(w, self.source_grids[name][0])
+            if q is None:
+                layer = name.rsplit(".experts.", 1)[0]
+                raise BuildError(f"{name}: its values are not on its MXFP4 grid (a fix-up changed them?); build with "
+                                 f"--keep '{layer}.experts.*=int8' to keep the layer's experts exact as int8")
+            self.report[name] = {"bits": 4, "block_size": 32, "algo": "source codes (MXFP4)", "format": MXFP4,
+                                 "max_rel": q.max_rel, "rms_rel": q.rms_rel}
+            return q
+        bits = 8 if form[0] == "int8" else WEIGHT_DTYPES[self.dtype_for(name)]
         if bits is None:
             return None
         # An int8 LM head is symmetric RTN: llama.cpp's Q8_0, exact on GGUF Q8_0 embeddings (SmolLM2's), and
@@ -272,4 +305,6 @@ class QuantPlan:
             self.report[name]["grid"] = "weighted search (weights diag H)"
         if q.out_rel is not None:
             self.report[name]["out_rel"] = q.out_rel
+        if form[1] is not None:
+            self.report[name]["fallback"] = form[1]
         return q

@@ -21,7 +21,7 @@ from .errors import OrtllmError
 
 # The one ops ABI version: custom_ops/CMakeLists.txt reads this line and builds it into the library's
 # OrtllmOpsAbiVersion(). Bump it whenever an op's inputs, outputs or attributes change.
-OPS_ABI_VERSION = 17
+OPS_ABI_VERSION = 18
 ENV_OVERRIDE = "ORTLLM_OPS_LIBRARY"
 BUILD_COMMAND = "make ops"
 

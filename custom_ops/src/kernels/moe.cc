@@ -72,9 +72,10 @@ void activate(const MoeDims& d, const float* gu, const float* bias, int64_t n, f
 void expert_ffn(const MoeDims& d, const MoeArgs& a, int64_t e, int64_t n, const float* xg, float* h, float* gu,
                 float* out, const Parallel& par, const OpsIsa& isa) {
   const bool fused = fused_act(d, a);
-  const QLinearDims gud{
+  QLinearDims gud{
       n, d.hidden, 2 * d.inter, d.block_size, d.bits, fused ? QLinearEpilogue::kSwiGLU : QLinearEpilogue::kNone};
-  const QLinearDims dn{n, d.inter, d.hidden, d.block_size, d.bits, QLinearEpilogue::kNone};
+  QLinearDims dn{n, d.inter, d.hidden, d.block_size, d.bits, QLinearEpilogue::kNone};
+  gud.mxfp4 = dn.mxfp4 = d.mxfp4;
   auto run = [&](const QLinearDims& dims, const MoeWeights& w, const float* x, float* y) {
     const int64_t scale_n = dims.groups() * dims.k_blocks() * 8;  // one expert's fp16 scales (and offsets)
     const int64_t code_n = dims.groups() * dims.k_blocks() * dims.block_size * dims.bits;  // and code bytes

@@ -13,6 +13,7 @@
 // layout), its down one of N = H rows over K = I, both in QLinear's packed layout (pipeline/qlinear_pack.py), stacked
 // over the E experts: gate_up codes [E, G_gu, kb_gu, bs * bits] with G_gu = 2I / 8, kb_gu = ceil(H / bs); down codes
 // [E, G_d, kb_d, bs * bits] with G_d = ceil(H / 8), kb_d = ceil(I / bs); d and m [E, G, kb, 8] fp16 (m optional).
+// With mxfp4 (gpt-oss's MXFP4 experts kept exact) both projections' 4-bit codes index QLinear's MXFP4 table.
 //
 // Per call: the (token, j) terms are grouped by expert (each expert's terms in token order); each expert with terms
 // gathers its tokens' rows of x and runs its gate|up (SwiGLU epilogue) then its down on them as two QLinear calls,
@@ -43,6 +44,7 @@ struct MoeDims {
   int64_t top_k;       // k: terms a token
   int64_t block_size;  // bs of both projections, a multiple of 32
   int bits;            // 4 or 8, both projections
+  bool mxfp4 = false;  // bits 4, both projections' codes index kMxfp4Table (qlinear.h; no offsets)
   MoeActivation activation = MoeActivation::kSwiGLU;
   float alpha = 1.702f, limit = 7.f;  // kClampedSwiGLU's sigmoid slope and clamp
 };

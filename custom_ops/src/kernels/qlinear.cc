@@ -152,7 +152,7 @@ struct Ctx {
 // ---- phase 1: activations
 
 void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
-  const int zp = c.d->bits == 4 ? 8 : 0;
+  const int zp = c.d->zero_point();
   const int64_t K = c.d->in_dim;
   const bool act16 = c.d->act_bits == 16;
   // the LoRA's sums per 32-chunk of the codes are the blocks' own when the blocks are 32 long (the default)
@@ -519,8 +519,13 @@ void store_split(const QLinearArgs& a, int64_t t, int64_t c0, int cols, const fl
 QGroup group(const Ctx& c, int64_t g) {
   const QLinearArgs& a = *c.a;
   const int64_t kb8 = c.kb * 8;
-  return {a.codes + g * c.group_bytes,       a.d + g * kb8, a.m ? a.m + g * kb8 : nullptr, static_cast<int>(c.kb),
-          static_cast<int>(c.d->block_size), c.d->bits};
+  return {a.codes + g * c.group_bytes,
+          a.d + g * kb8,
+          a.m ? a.m + g * kb8 : nullptr,
+          static_cast<int>(c.kb),
+          static_cast<int>(c.d->block_size),
+          c.d->bits,
+          c.d->mxfp4};
 }
 
 // Group g's outputs (columns 8g..8g+7) for tokens ts..ts+nt-1 from their values v [nt, 8] (and up [nt, 8],
@@ -599,7 +604,8 @@ QTokens tokens(const Ctx& c, int64_t ts) {
 void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   const bool gated = c.d->gated();
   const bool act16 = c.d->act_bits == 16;
-  const bool pair = (act16 ? c.split16 : c.isa->group_dot2 != nullptr) && t1 - t0 >= kPairTokens;
+  const auto dot2 = c.d->mxfp4 ? c.isa->group_dot2_mxfp4 : c.isa->group_dot2;
+  const bool pair = (act16 ? c.split16 : dot2 != nullptr) && t1 - t0 >= kPairTokens;
   const int64_t T = c.d->num_tokens;
   const int64_t tile = pair ? c.isa->dot2_tokens : kQTile;  // tokens per pass over a group (pair)
   alignas(32) float zeros[3][kDotTileMax * 8];
@@ -665,10 +671,12 @@ void project_item(void* usr, size_t i) {
 // kQTile tokens a call (on both groups of a gated tile).
 void gemm_by_group_dots(const QLinearIsa& isa, const QGemmTile& t) {
   if (t.paired) {
-    (t.act16 ? isa.group_dot2_16 : isa.group_dot2)(t.w0, t.w1, t.x, t.nt, t.out0, t.out1);
+    (t.act16      ? isa.group_dot2_16
+     : t.w0.mxfp4 ? isa.group_dot2_mxfp4
+                  : isa.group_dot2)(t.w0, t.w1, t.x, t.nt, t.out0, t.out1);
     return;
   }
-  const auto dot = t.act16 ? isa.group_dot16 : isa.group_dot;
+  const auto dot = t.act16 ? isa.group_dot16 : t.w0.mxfp4 ? isa.group_dot_mxfp4 : isa.group_dot;
   for (int i = 0; i < t.nt; i += kQTile) {
     const int ni = std::min(kQTile, t.nt - i);
     const QTokens tok = advance(t.x, i, t.w0.kb);

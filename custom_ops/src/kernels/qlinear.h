@@ -11,6 +11,12 @@
 // m = Q4_1's min + 8d), or int8 codes in -128..127 with zp = 0 (Q8_0). d and m are fp16 per
 // (row, block). Activations are quantized once per (token, block) to int8: dx = absmax / 127,
 // q_x = rint(x / dx), qsum = sum of the block's codes, sx = dx * qsum; the integer dot isum is exact.
+// mxfp4 (QLinearDims::mxfp4, bits 4, ops ABI 18: gpt-oss's MXFP4 experts kept exact): the 4-bit code indexes a
+// table instead of an affine level, w = kMxfp4Table[q] * d with kMxfp4Table = 2 x e2m1 = {0, 1, 2, 3, 4, 6, 8, 12,
+// -0, -1, ..., -12} (int8; llama.cpp's kvalues_mxfp4) and d = 2^(e - 128) the block's e8m0 exponent as fp16, no m. The
+// kernels read the table biased to unsigned bytes, kMxfp4Table[q] + 12 in 0..24, as the affine int4 path reads its
+// codes, with zp = kMxfp4Zero = 12: isum - 12 qsum is the same exact integer sum of table values times activation
+// codes, so every path and the float epilogue are the int4 ones (4.5 bits a weight: 4 + one fp16 d per 32).
 // act_bits = 16 (int8 weights only: the LM head, and the projections a build names): int16 codes instead,
 // dx = absmax / 32767, the integer dot with the int8 codes still exact in int32 (|isum| <= bs * 128 * 32767 < 2^31
 // for bs <= 128). The activations' rounding then costs ~1/258 of the int8 form's: an int8 head on int8 activations
@@ -99,6 +105,10 @@ constexpr int kQLinearMaxTerms = 4;  // adapters one token may mix (token_adapte
 constexpr int kLoraPrefetchA = 1024;  // bytes of A ahead of the k-quad being read
 constexpr int kLoraPrefetchB = 64;    // columns of B ahead, in each rank quad's row (4 cache lines)
 
+// mxfp4's values by 4-bit code (2 x e2m1), and the bias that makes them unsigned bytes for the integer dots.
+constexpr int8_t kMxfp4Table[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+constexpr int kMxfp4Zero = 12;
+
 struct QLinearLoraSegment {
   const int8_t* A;          // [n_slots, K, r_max] codes in k-quads (packed_a: slot s holds [K, rank[s]])
   const uint16_t* A_scale;  // [n_slots, ceil(K / 32), r_max] fp16 bits (packed_a: [kc, rank[s]] first)
@@ -116,7 +126,9 @@ struct QLinearDims {
   int64_t block_size;  // bs, a multiple of 32
   int bits;            // 4 or 8
   QLinearEpilogue epilogue;
-  int act_bits = 8;  // 8, or 16 (bits == 8 only; a LoRA still shrinks the row's int8 codes)
+  int act_bits = 8;    // 8, or 16 (bits == 8 only; a LoRA still shrinks the row's int8 codes)
+  bool mxfp4 = false;  // bits 4, the codes index kMxfp4Table (act_bits 8, no block offsets)
+  int zero_point() const { return mxfp4 ? kMxfp4Zero : bits == 4 ? 8 : 0; }
   int64_t groups() const { return (out_dim + 7) / 8; }
   int64_t k_blocks() const { return (in_dim + block_size - 1) / block_size; }
   bool gated() const { return is_gated(epilogue); }
@@ -170,6 +182,7 @@ struct QGroup {
   const uint16_t* d;     // [kb, 8]
   const uint16_t* m;     // [kb, 8] or nullptr
   int kb, bs, bits;
+  bool mxfp4 = false;  // the codes index kMxfp4Table (bits 4): QLinearIsa::group_dot_mxfp4 reads the group
 };
 
 // One token's activation codes as the LoRA shrink reads them.
@@ -271,6 +284,13 @@ struct QLinearIsa {
   // with one 32-byte load, which the CPU forwards only from one store covering it (from two halves or eight floats
   // the load waits for them to reach L1: +30% on SmolLM2's gate|up with 16 DoRA rows).
   void (*mul8)(const float* v, const float* g, float* out) = nullptr;
+  // group_dot for an mxfp4 group (QGroup::mxfp4; nt <= kQTile): each code through kMxfp4Table + kMxfp4Zero, then
+  // the int4 path's operations (x.zsum = 12 qsum); group_dot2_mxfp4 two such groups as group_dot2 pairs affine ones
+  // (nullptr: the driver never pairs mxfp4 groups). A table without its own takes the ones it was copied from
+  // (avx512vnni and amx run AVX2's; AMX's tiles stay for affine codes).
+  void (*group_dot_mxfp4)(const QGroup& g, const QTokens& x, int nt, float* out) = nullptr;
+  void (*group_dot2_mxfp4)(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0,
+                           float* out1) = nullptr;
   // The multi-token GEMM over one tile (QGemmTile): the driver's only call into the projection's micro-kernels.
   void (*gemm)(const QLinearIsa& isa, const QGemmTile& tile) = gemm_by_group_dots;
 };

@@ -53,6 +53,15 @@ inline int code8(const uint8_t* sub, int r, int e) {
   return static_cast<int8_t>(sub[32 * (e / 4) + 4 * r + (e % 4)]);
 }
 
+// The value the integer dot multiplies element e of row r by: an affine code (int4 0..15, int8 signed), or an mxfp4
+// code's table value biased by kMxfp4Zero (0..24; the driver's zsum takes 12 qsum off).
+inline int weight_code(const QGroup& g, const uint8_t* sub, int r, int e) {
+  if (g.bits == 8) return code8(sub, r, e);
+  const int c = code4(sub, r, e);
+  return g.mxfp4 ? kMxfp4Table[c] + kMxfp4Zero : c;
+}
+
+// Also the table's group_dot_mxfp4 (weight_code reads either kind of group).
 void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   const int sub_blocks = g.bs / 32, sub_bytes = 32 * g.bits;  // 32 elements x 8 rows x bits / 8
   for (int t = 0; t < nt; ++t) {
@@ -66,7 +75,7 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
         for (int s = 0; s < sub_blocks; ++s) {
           const uint8_t* sub = g.codes + (static_cast<int64_t>(b) * sub_blocks + s) * sub_bytes;
           const int8_t* qs = q + b * g.bs + 32 * s;
-          for (int e = 0; e < 32; ++e) isum += (g.bits == 4 ? code4(sub, r, e) : code8(sub, r, e)) * qs[e];
+          for (int e = 0; e < 32; ++e) isum += weight_code(g, sub, r, e) * qs[e];
         }
         isum -= x.zsum[t * g.kb + b];
         acc[r] = std::fma(f16_to_float(g.d[b * 8 + r]) * dxb, static_cast<float>(isum), acc[r]);
@@ -178,6 +187,7 @@ const QLinearIsa& qlinear_scalar_isa() {
     t.quantize_row16 = quantize_row16;
     t.group_dot16 = group_dot16;
     t.mul8 = mul8;
+    t.group_dot_mxfp4 = group_dot;
     return t;
   }();
   return isa;

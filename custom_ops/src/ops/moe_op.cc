@@ -7,6 +7,7 @@
 #include <string>
 
 #include "../kernels/moe.h"
+#include "qlinear_op.h"
 
 namespace ortllm {
 namespace {
@@ -61,6 +62,9 @@ constexpr AttrSpec kAttrs[] = {
      "(u + 1) * g * sigmoid(alpha * g)"},
     {"alpha", "float", "1.702", "clamped_swiglu's sigmoid slope"},
     {"limit", "float", "7.0", "clamped_swiglu's clamp, > 0"},
+    {"weight_format", "string", "affine",
+     "both projections: affine (w = d * (q - zp) + m) or mxfp4 (bits 4, no offsets: w = table[q] * d, QLinear's "
+     "2 x e2m1 table; gpt-oss's MXFP4 experts kept exact)"},
 };
 
 constexpr OpSchema kSchema{kOp,
@@ -119,6 +123,8 @@ MoeKernel::MoeKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa&
   const std::string act = attr_string(&api, info, "activation", "swiglu");
   alpha_ = attr_float(&api, info, "alpha", 1.702f);
   limit_ = attr_float(&api, info, "limit", 7.f);
+  const std::string format_error =
+      parse_weight_format(kOp, attr_string(&api, info, "weight_format", "affine"), bits_, &mxfp4_);
   std::ostringstream err;
   if (H_ <= 0 || I_ <= 0 || E_ <= 0)
     err << kOp << ": attributes H, I and E must be > 0; got H = " << H_ << ", I = " << I_ << ", E = " << E_;
@@ -128,6 +134,8 @@ MoeKernel::MoeKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa&
     err << kOp << ": attribute bits must be 4 or 8; got " << bits_;
   else if (block_size_ <= 0 || block_size_ % 32 != 0)
     err << kOp << ": attribute block_size must be a positive multiple of 32 (32, 64, 128); got " << block_size_;
+  else if (!format_error.empty())
+    err << format_error;
   else if (act != "swiglu" && act != "clamped_swiglu")
     err << kOp << ": attribute activation = '" << act << "' is not swiglu or clamped_swiglu";
   else if (!(limit_ > 0.f) || !std::isfinite(limit_) || !std::isfinite(alpha_))
@@ -194,13 +202,15 @@ OrtStatusPtr MoeKernel::ComputeV2(OrtKernelContext* context) {
       proj[p]->codes = codes.as<uint8_t>();
       proj[p]->d = scales.as<uint16_t>();
       proj[p]->m = check_in.check(base + 2, offsets) ? offsets.as<uint16_t>() : nullptr;
+      if (mxfp4_ && proj[p]->m != nullptr)
+        fail(kOp, ": input '", kInputs[base + 2].name, "' is not read with weight_format \"mxfp4\"; leave it out");
     }
     const TensorIn gu_bias = input(api, context, n_in, kGateUpBias), down_bias = input(api, context, n_in, kDownBias);
     a.gate_up_bias = check_in.check(kGateUpBias, gu_bias) ? gu_bias.as<float>() : nullptr;
     a.down_bias = check_in.check(kDownBias, down_bias) ? down_bias.as<float>() : nullptr;
     const int64_t out_dims[2] = {T, H_};
     a.y = output<float>(api, context, 0, out_dims, 2);
-    const MoeDims dims{T, H_, I_, E_, k, block_size_, static_cast<int>(bits_), activation_, alpha_, limit_};
+    const MoeDims dims{T, H_, I_, E_, k, block_size_, static_cast<int>(bits_), mxfp4_, activation_, alpha_, limit_};
     moe(dims, a, Parallel{ort_parallel_for, context}, *isa_);
     return nullptr;
   } catch (const OpError& e) {

@@ -17,6 +17,7 @@ struct MoeKernel {
 
  private:
   int64_t H_ = 0, I_ = 0, E_ = 0, top_k_ = 0, bits_ = 0, block_size_ = 0;
+  bool mxfp4_ = false;  // weight_format "mxfp4"
   MoeActivation activation_ = MoeActivation::kSwiGLU;
   float alpha_ = 1.702f, limit_ = 7.f;
   std::string init_error_;  // attribute problems, reported by every Compute (no throwing)

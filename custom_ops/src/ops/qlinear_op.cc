@@ -86,6 +86,9 @@ constexpr AttrSpec kAttrs[] = {
      "epilogue \"none\": the outputs' widths, summing to N (q, k, v without a Split)"},
     {"act_bits", "int", "8", "16: x as int16 codes per block (bits 8, block_size <= 128); a LoRA reads int8 codes"},
     {"lora_layer", "int", "-1", "with it, A_j, A_scale_j, B_j, B_scale_j, dora_scale_j hold every layer"},
+    {"weight_format", "string", "affine",
+     "affine: w = d * (q - zp) + m; mxfp4 (bits 4, no offsets, act_bits 8): w = table[q] * d, table = 2 x e2m1 = "
+     "{0, 1, 2, 3, 4, 6, 8, 12, -0, -1, -2, -3, -4, -6, -8, -12} (MXFP4 weights kept exact)"},
 };
 
 constexpr OpSchema kSchema{
@@ -142,6 +145,16 @@ bool parse_epilogue(const std::string& s, QLinearEpilogue* e) {
   return false;
 }
 
+std::string parse_weight_format(const char* op, const std::string& s, int64_t bits, bool* mxfp4) {
+  std::ostringstream err;
+  if (s != "affine" && s != "mxfp4")
+    err << op << ": attribute weight_format must be \"affine\" or \"mxfp4\"; got \"" << s << "\"";
+  else if (s == "mxfp4" && bits != 4)
+    err << op << ": attribute weight_format \"mxfp4\" needs bits = 4 (4-bit table codes); got bits = " << bits;
+  *mxfp4 = s == "mxfp4";
+  return err.str();
+}
+
 QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa& isa) : isa_(&isa) {
   K_ = attr_int(&api, info, "K", 0);
   N_ = attr_int(&api, info, "N", 0);
@@ -164,6 +177,8 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, const
     }
   }
   const std::string epi = attr_string(&api, info, "epilogue", "none");
+  const std::string format_error =
+      parse_weight_format(kOp, attr_string(&api, info, "weight_format", "affine"), bits_, &mxfp4_);
   std::ostringstream err;
   if (K_ <= 0 || N_ <= 0)
     err << kOp << ": attributes K and N must be > 0; got K = " << K_ << ", N = " << N_;
@@ -176,6 +191,10 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, const
   else if (act_bits_ == 16 && (bits_ != 8 || block_size_ > 128))
     err << kOp << ": attribute act_bits = 16 needs bits = 8 and block_size <= 128 (int16 x int8 dots summed in int32); "
         << "got bits = " << bits_ << ", block_size = " << block_size_;
+  else if (!format_error.empty())
+    err << format_error;
+  else if (mxfp4_ && act_bits_ != 8)
+    err << kOp << ": attribute weight_format \"mxfp4\" needs act_bits = 8; got " << act_bits_;
   else if (!parse_epilogue(epi, &epilogue_))
     err << kOp << ": attribute epilogue must be \"none\", \"residual\", \"swiglu\" or \"geglu\"; got \"" << epi << "\"";
   if (err.str().empty() && is_gated(epilogue_) && N_ % 16 != 0)
@@ -243,6 +262,7 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     check_in.check(kX, x);
     const int64_t T = check_in[sym.T];
     QLinearDims dims{T, K_, N_, block_size_, static_cast<int>(bits_), epilogue_, static_cast<int>(act_bits_)};
+    dims.mxfp4 = mxfp4_;
     check_in.bind(sym.G, dims.groups());
     check_in.bind(sym.kb, dims.k_blocks());
     check_in.bind(sym.code_bytes, block_size_ * bits_);
@@ -262,6 +282,8 @@ OrtStatusPtr QLinearKernel::ComputeV2(OrtKernelContext* context) {
     a.d = scales.as<uint16_t>();
     const TensorIn offsets = input_of(api, context, n_in, kOffsets);
     if (check_in.check(kOffsets, offsets)) a.m = offsets.as<uint16_t>();
+    if (mxfp4_ && a.m != nullptr)
+      fail(kOp, ": input 'offsets' is not read with weight_format \"mxfp4\" (w = table[q] * d); leave it out");
     const TensorIn residual = input(api, context, n_in, kResidual);
     if (epilogue_ == QLinearEpilogue::kResidual) {
       check_in.check(kResidual, residual, "epilogue \"residual\"");

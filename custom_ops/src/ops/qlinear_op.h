@@ -21,6 +21,9 @@ namespace ortllm {
 const OpSchema& qlinear_schema();  // QLinear's inputs and attributes
 // The epilogue an attribute value names ("none", "residual", "swiglu", "geglu"); false for any other.
 bool parse_epilogue(const std::string& s, QLinearEpilogue* e);
+// The weight_format attribute (QLinear and MoE, ops ABI 18): "affine" (w = d * (q - zp) + m) or "mxfp4" (w =
+// kMxfp4Table[q] * d, bits 4, no offsets); "" when s is one of them (*mxfp4 set), else the attribute's error.
+std::string parse_weight_format(const char* op, const std::string& s, int64_t bits, bool* mxfp4);
 
 struct QLinearKernel {
   QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa& isa);
@@ -28,6 +31,7 @@ struct QLinearKernel {
 
  private:
   int64_t K_ = 0, N_ = 0, bits_ = 0, block_size_ = 0, act_bits_ = 8;
+  bool mxfp4_ = false;  // weight_format "mxfp4"
   bool packed_a_ = false;
   float norm_eps_ = 1e-5f;
   int64_t lora_layer_ = -1;  // >= 0: the LoRA stacks are [n_layers, ...] and this node reads that layer

@@ -252,6 +252,7 @@ const QLinearIsa* qlinear_amx_isa() {
     table.group_dot2 = amx::group_dot2;
     table.dot2_tokens = kDotTileMax;
     table.group_dot2_16 = amx::dot2_tile16;
+    // mxfp4 groups take AVX2's group_dot_mxfp4 / group_dot2_mxfp4 (copied with VNNI's table), not the tiles
     return &table;
   }();
   return isa;

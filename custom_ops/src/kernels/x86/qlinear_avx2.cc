@@ -205,6 +205,55 @@ void group_dot(const QGroup& g, const QTokens& x, int nt, float* out) {
   group_dot_any<Dots>(g, x, nt, out);
 }
 
+// kMxfp4Table + kMxfp4Zero (0..24) in both 128-bit lanes: _mm256_shuffle_epi8 looks a nibble up per lane.
+inline __m256i mxfp4_table() {
+  alignas(16) uint8_t t[16];
+  for (int i = 0; i < 16; ++i) t[i] = static_cast<uint8_t>(kMxfp4Table[i] + kMxfp4Zero);
+  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+}
+
+// mxfp4 groups (qlinear.h): each nibble through the biased table by one shuffle (as llama.cpp's MXFP4 dot looks up
+// kvalues_mxfp4; here unsigned, so the products are Dots::sub4's maddubs with no sign step per token), the zero point
+// 12 qsum seeding isum. A maddubs lane is at most 2 * 24 * 127 = 6096: the int16 sums take two chunks (4 maddubs,
+// 24384) before they are widened, two madds a sub-block where int4 has one. Exact integers: the scalar isum.
+struct DotsMxfp4 {
+  template <int NT>
+  static void sub(const uint8_t* sub, __m256i table, const int8_t* const* qs, __m256i* isum) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i p[NT];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 32 * j));
+      const __m256i wl = _mm256_shuffle_epi8(table, _mm256_and_si256(w, low));
+      const __m256i wh = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w, 4), low));
+      for (int t = 0; t < NT; ++t) {
+        const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(wl, bcast_word(qs[t] + 8 * j)),
+                                           _mm256_maddubs_epi16(wh, bcast_word(qs[t] + 8 * j + 4)));
+        p[t] = (j & 1) == 0 ? a : _mm256_add_epi16(p[t], a);
+        pin(p[t]);
+        if (j & 1) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p[t], ones));
+      }
+    }
+  }
+
+  template <int NT, int BITS>
+  static const uint8_t* block(const uint8_t* codes, int sub_blocks, const int8_t* const* qs, const int32_t* zs,
+                              __m256i* isum) {
+    static_assert(BITS == 4, "mxfp4 codes are 4-bit");
+    const __m256i table = mxfp4_table();
+    const int8_t* q[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_set1_epi32(-zs[t]), q[t] = qs[t];
+    for (int s = 0; s < sub_blocks; ++s, codes += 128) {
+      sub<NT>(codes, table, q, isum);
+      for (int t = 0; t < NT; ++t) q[t] += 32;
+    }
+    return codes;
+  }
+};
+
+void group_dot_mxfp4(const QGroup& g, const QTokens& x, int nt, float* out) {
+  group_dot_bits<DotsMxfp4, 4>(g, x, nt, out);
+}
+
 // ---- two int4 groups of one weight at once (group_dot2): each broadcast word of a token's codes, and its dx, sx and
 // zero-point term, feeds both groups' rows. Per sub-block and 32-byte chunk j, the two groups' codes are unpacked
 // once (4 vectors) and every token adds its 4 maddubs into one int16 sum per group (at most 8 maddubs a sub-block,
@@ -292,6 +341,69 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
   int t = 0;
   for (; t + 2 <= nt; t += 2) group_dot2_t<2>(g0, g1, skip(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
   if (t < nt) group_dot2_t<1>(g0, g1, skip(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
+}
+
+// ---- two mxfp4 groups at once (group_dot2_mxfp4): group_dot2's pairing with DotsMxfp4's products. Per sub-block and
+// chunk j both groups' nibbles are looked up once (4 shuffles) for the tokens; each token's int16 sums take two chunks
+// before they are widened (DotsMxfp4's bound), straight into the int32 sums. The same exact isum and group_dot_t's
+// float steps (mxfp4 has no m): the bits of two group_dot_mxfp4 calls.
+template <int NT>
+inline void pair_sub_mxfp4(const uint8_t* c0, const uint8_t* c1, __m256i table, const int8_t* q, int64_t stride,
+                           __m256i* i0, __m256i* i1) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i p0[NT], p1[NT];
+  for (int j = 0; j < 4; ++j) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c0 + 32 * j));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1 + 32 * j));
+    const __m256i w0l = _mm256_shuffle_epi8(table, _mm256_and_si256(w0, low));
+    const __m256i w0h = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w0, 4), low));
+    const __m256i w1l = _mm256_shuffle_epi8(table, _mm256_and_si256(w1, low));
+    const __m256i w1h = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w1, 4), low));
+    for (int t = 0; t < NT; ++t) {
+      const __m256i xl = bcast_word(q + t * stride + 8 * j), xh = bcast_word(q + t * stride + 8 * j + 4);
+      const __m256i a0 = _mm256_add_epi16(_mm256_maddubs_epi16(w0l, xl), _mm256_maddubs_epi16(w0h, xh));
+      const __m256i a1 = _mm256_add_epi16(_mm256_maddubs_epi16(w1l, xl), _mm256_maddubs_epi16(w1h, xh));
+      p0[t] = (j & 1) == 0 ? a0 : _mm256_add_epi16(p0[t], a0);
+      p1[t] = (j & 1) == 0 ? a1 : _mm256_add_epi16(p1[t], a1);
+      pin(p0[t]), pin(p1[t]);
+      if (j & 1) {
+        i0[t] = _mm256_add_epi32(i0[t], _mm256_madd_epi16(p0[t], ones));
+        i1[t] = _mm256_add_epi32(i1[t], _mm256_madd_epi16(p1[t], ones));
+      }
+    }
+  }
+}
+
+template <int NT>
+void group_dot2_mxfp4_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* out0, float* out1) {
+  const int sub_blocks = g0.bs / 32;
+  const __m256i table = mxfp4_table();
+  const uint8_t *c0 = g0.codes, *c1 = g1.codes;
+  __m256 a0[NT], a1[NT];
+  for (int t = 0; t < NT; ++t) a0[t] = _mm256_loadu_ps(out0 + 8 * t), a1[t] = _mm256_loadu_ps(out1 + 8 * t);
+  for (int b = 0; b < g0.kb; ++b) {
+    const int8_t* q = x.q + b * g0.bs;
+    __m256i i0[NT], i1[NT];
+    for (int t = 0; t < NT; ++t) i0[t] = i1[t] = _mm256_setzero_si256();
+    for (int s = 0; s < sub_blocks; ++s)
+      pair_sub_mxfp4<NT>(c0 + 128 * s, c1 + 128 * s, table, q + 32 * s, x.q_stride, i0, i1);
+    c0 += 128 * sub_blocks, c1 += 128 * sub_blocks;
+    const __m256 d0 = load_f16x8(g0.d + b * 8), d1 = load_f16x8(g1.d + b * 8);
+    for (int t = 0; t < NT; ++t) {
+      const int tb = t * g0.kb + b;
+      const __m256i z = _mm256_set1_epi32(x.zsum[tb]);
+      const __m256 dx = _mm256_set1_ps(x.dx[tb]);
+      a0[t] = _mm256_fmadd_ps(_mm256_mul_ps(d0, dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(i0[t], z)), a0[t]);
+      a1[t] = _mm256_fmadd_ps(_mm256_mul_ps(d1, dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(i1[t], z)), a1[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out0 + 8 * t, a0[t]), _mm256_storeu_ps(out1 + 8 * t, a1[t]);
+}
+
+void group_dot2_mxfp4(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  int t = 0;
+  for (; t + 2 <= nt; t += 2) group_dot2_mxfp4_t<2>(g0, g1, skip(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
+  if (t < nt) group_dot2_mxfp4_t<1>(g0, g1, skip(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
 }
 
 // Lanes r0..r0+7 of A's ranks (fewer than 8 left: the rest masked off, never read) for one k-quad.
@@ -487,6 +599,8 @@ const QLinearIsa* qlinear_avx2_isa() {
     t.quantize_row16 = avx2::quantize_row16;
     t.group_dot16 = avx2::group_dot16;
     t.mul8 = avx2::mul8;
+    t.group_dot_mxfp4 = avx2::group_dot_mxfp4;  // avx512vnni and amx copy this table: theirs too (not run here)
+    t.group_dot2_mxfp4 = avx2::group_dot2_mxfp4;
     return t;
   }();
   return &isa;

@@ -327,6 +327,7 @@ const QLinearIsa* qlinear_vnni_isa() {
     table.lora_shrink = vnni::lora_shrink;
     table.lora_expand = vnni::lora_expand;
     table.group_dot16 = vnni::group_dot16;
+    // group_dot_mxfp4 / group_dot2_mxfp4 stay AVX2's (the table it copied): the mxfp4 lookup + maddubs kernels
     return &table;
   }();
   return isa;
