@@ -24,7 +24,7 @@ from .layer_reference import LayerReference, streams_by_default
 from .quantize import ACT16_GROUPS, ALGOS, QuantPlan, check_block_size, parse_keep
 from .smooth import SMOOTHED, adapter_scales, check_alpha, smooth_weights
 from .sources import load_model
-from .weights import ModelWeights, norm_names
+from .weights import LazyTensors, ModelWeights, norm_names
 
 QUANTS = ("fp32", "int8", "int4")
 KV_DTYPES = tuple(C.KV_DTYPES)     # the --kv options (runtime/contract.py's table)
@@ -215,7 +215,16 @@ def _unsmooth_act16(original: ModelWeights, smoothed: ModelWeights, scales: dict
     undo = [roles[g] for g in act16 if g in roles]
     if not undo:
         return smoothed, scales
-    cfg, tensors, scales = original.config, dict(smoothed.tensors), dict(scales)
+    lazy = isinstance(smoothed.tensors, LazyTensors)     # stays lazy: the originals' loaders taken back
+    cfg, scales = original.config, dict(scales)
+    tensors = smoothed.tensors.copy() if lazy else dict(smoothed.tensors)
+
+    def restore(name: str) -> None:
+        if lazy:
+            tensors.add(name, original.tensors.shape(name), original.tensors.loader(name))
+        else:
+            tensors[name] = original.tensors[name]
+
     names = norm_names(cfg)
     for i in range(cfg.num_layers):
         for role in undo:
@@ -223,9 +232,9 @@ def _unsmooth_act16(original: ModelWeights, smoothed: ModelWeights, scales: dict
                 continue      # --smooth-down rescaled up_proj's rows too: the MLP keeps its smoothing
             norm = f"model.layers.{i}.{names[role]}.weight"
             scales.pop(norm, None)
-            tensors[norm] = original.tensors[norm]
+            restore(norm)
             for t in SMOOTHED[role]:
-                tensors[f"model.layers.{i}.{t}.weight"] = original.tensors[f"model.layers.{i}.{t}.weight"]
+                restore(f"model.layers.{i}.{t}.weight")
     return replace(smoothed, tensors=tensors), scales
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from ortllm.runtime import contract as C
 
 from .errors import BuildError
-from .weights import ModelWeights, norm_names
+from .weights import LazyTensors, ModelWeights, norm_names
 
 # norm role (weights.norm_names: the family names it) -> the projections that read its output (HF names under
 # model.layers.{i}.); Gemma's post_attention_layernorm is the attention's output norm, not the MLP's input one
@@ -68,7 +68,17 @@ def smooth_weights(weights: ModelWeights, alpha: float, channel_rms,
     Returns the new weights and a report {norm or up_proj name: {s_min, s_max, s (the scales [K])}}."""
     check_alpha(alpha)
     check_alpha(down_alpha)
-    tensors, report = dict(weights.tensors), {}
+    lazy = isinstance(weights.tensors, LazyTensors)
+    # a lazy source stays lazy (each rescaled tensor made when the graph builder reads it: an 8B model's fp32 copy
+    # never exists); the scales are computed here, each weight read once for its column maxima
+    tensors, report = weights.tensors.copy() if lazy else dict(weights.tensors), {}
+
+    def rescale(name: str, fix) -> None:
+        if lazy:
+            tensors.transform(name, lambda w: fix(w).astype(np.float32))
+        else:
+            tensors[name] = fix(tensors[name]).astype(np.float32)
+
     roles = norm_names(weights.config)
     for i in range(weights.config.num_layers):
         for role, targets in (SMOOTHED.items() if alpha else ()):
@@ -77,15 +87,15 @@ def smooth_weights(weights: ModelWeights, alpha: float, channel_rms,
             g_name = f"model.layers.{i}.{norm}.weight"
             s = smoothing_scales(np.asarray(channel_rms(names[0]), np.float64),
                                  [weights.tensors[n] for n in names], alpha)
-            tensors[g_name] = (weights.tensors[g_name] / s).astype(np.float32)
+            rescale(g_name, lambda w, s=s: w / s)
             for n in names:
-                tensors[n] = (weights.tensors[n] * s[None, :]).astype(np.float32)
+                rescale(n, lambda w, s=s: w * s[None, :])
             report[g_name] = {"s_min": float(s.min()), "s_max": float(s.max()), "s": s}
         if down_alpha:      # after gate|up's columns: rows and columns scale independently
             up, down = f"model.layers.{i}.mlp.up_proj.weight", f"model.layers.{i}.mlp.down_proj.weight"
             s = smoothing_scales(np.asarray(channel_rms(down), np.float64), [weights.tensors[down]], down_alpha)
-            tensors[up] = (tensors[up] / s[:, None]).astype(np.float32)
-            tensors[down] = (weights.tensors[down] * s[None, :]).astype(np.float32)
+            rescale(up, lambda w, s=s: w / s[:, None])
+            rescale(down, lambda w, s=s: w * s[None, :])
             report[up] = {"s_min": float(s.min()), "s_max": float(s.max()), "s": s}
     return replace(weights, tensors=tensors), report
 

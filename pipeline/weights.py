@@ -112,6 +112,12 @@ class LazyTensors(MutableMapping):
     def loader(self, name: str) -> Callable[[], np.ndarray]:
         return self._loaders[name] if name in self._loaders else (lambda: self._held[name])
 
+    def copy(self) -> "LazyTensors":
+        """Another mapping over the same loaders and held arrays: its transforms leave this one untouched."""
+        out = LazyTensors()
+        out._loaders, out._shapes, out._held = dict(self._loaders), dict(self._shapes), dict(self._held)
+        return out
+
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
 

@@ -45,6 +45,38 @@ def test_smoothing_preserves_every_smoothed_projection():
     assert untouched and all(np.array_equal(smoothed.tensors[n], weights.tensors[n]) for n in untouched)
 
 
+def test_a_lazy_source_stays_lazy_with_the_same_values():
+    """Smoothing weights read on access (a streamed build's LazyTensors) reads each weight once for its column maxima
+    and holds none: every smoothed tensor is made when read, equal to the eager dict's, with --smooth-down and an
+    act16 group taken back (pipeline/build._unsmooth_act16) too."""
+    from ortllm.pipeline.build import _unsmooth_act16
+    from ortllm.pipeline.weights import LazyTensors, ModelWeights
+
+    _, weights = load_model("llama-tiny-random")
+    eager = {n: np.array(weights.tensors[n]) for n in weights.tensors}
+    reads: list[str] = []
+    lazy = LazyTensors()
+    for n, arr in eager.items():
+        lazy.add(n, arr.shape, lambda n=n, arr=arr: reads.append(n) or arr.copy())
+    rms = np.random.default_rng(0).uniform(0.01, 30.0, weights.config.hidden_size)
+    down_rms = np.random.default_rng(1).uniform(0.01, 30.0, weights.config.intermediate_size)
+
+    def rms_of(name: str) -> np.ndarray:
+        return down_rms if "down_proj" in name else rms
+
+    out = {}
+    for kind, tensors in (("eager", dict(eager)), ("lazy", lazy)):
+        src = ModelWeights(weights.config, tensors)
+        smoothed, scales = smooth_weights(src, 0.5, rms_of, down_alpha=0.3)
+        out[kind] = _unsmooth_act16(src, smoothed, scales, ("qkv",))[0].tensors
+    assert isinstance(out["lazy"], LazyTensors) and not out["lazy"]._held
+    scaled = [n for n in eager if n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight",
+                                               "up_proj.weight", "down_proj.weight"))]
+    assert sorted(reads) == sorted(scaled), "each weight with a scale read once, for its column maxima"
+    for n in eager:
+        assert np.array_equal(out["lazy"][n], out["eager"][n]), n
+
+
 def test_scales_balance_activation_and_weight_ranges():
     """alpha 0.5: after smoothing, channel j's activation RMS and weight max are equal up to one common factor."""
     rms = np.array([0.1, 1.0, 10.0, 100.0])
