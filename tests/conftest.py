@@ -238,3 +238,19 @@ def smollm2_quantized(tmp_path_factory):
                                  **{"quality_tokens": QUALITY_TOKENS, **GATE_BUILDS[name]})
         return built[name]
     return get
+
+
+@pytest.fixture(scope="session")
+def harmony_tokenizer_dir(tmp_path_factory) -> Path:
+    """o200k_harmony's tokenizer files (pipeline/tiktoken_vocab.py), made once a session (~20 s)."""
+    from ortllm.pipeline.tiktoken_vocab import write_harmony_tokenizer
+    out = tmp_path_factory.mktemp("o200k_harmony")
+    write_harmony_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def harmony_encoding(tmp_path_factory):
+    """openai-harmony's gpt-oss encoding, offline (tests/reference/harmony_ref.py)."""
+    from tests.reference.harmony_ref import harmony_encoding
+    return harmony_encoding(tmp_path_factory.mktemp("tiktoken_encodings"))
