@@ -6,6 +6,9 @@ BPE, and gpt-oss's ``o200k_harmony`` built from the offline ranks of o200k_base.
                                --write_harmony_tokenizer-->  tokenizer.json, tokenizer_config.json,
                                                              the harmony chat template (pipeline/harmony_template.py)
 
+A gpt-oss source without tokenizer files gets o200k_harmony (hf_dir_tokenizer / default_tokenizer, what
+pipeline/sources.py calls), one with a harmony tokenizer but no chat template gets harmony's template.
+
 The merges are every split of a token into two tokens, ordered by the rank of the token they make, then by the
 ranks of the two halves (as transformers' TikTokenConverter writes them); with `ignore_merges` (a pre-token that
 is itself a token is that token, as tiktoken looks it up before merging) the BPE gives tiktoken's ids, which
@@ -15,13 +18,17 @@ from __future__ import annotations
 
 import base64
 import gzip
+from dataclasses import replace
 from pathlib import Path
 
 from tokenizers import AddedToken
 
 from .harmony_template import HARMONY_TEMPLATE
-from .tokenizer import (TokenizerError, TokenizerInfo, _BpeSplit, _byte_level_bpe, _bytes_to_unicode,
-                        _tokenizer_config, _write_files)
+from ortllm.runtime.tokenizer import HARMONY_MARKERS
+
+from .tokenizer import (CHAT_TEMPLATE_FILES, TokenizerError, TokenizerInfo, _BpeSplit, _byte_level_bpe,
+                        _bytes_to_unicode, _tokenizer_config, _write_files, write_byte_tokenizer,
+                        write_tokenizer_from_hf)
 
 # o200k's pre-tokenizer regex (tiktoken_ext/openai_public.py o200k_base; openai-harmony uses the same)
 O200K_PATTERN = "|".join([
@@ -129,3 +136,31 @@ def write_harmony_tokenizer(out_dir: Path, vocab_size: int = HARMONY_VOCAB_SIZE,
     files = _write_files(Path(out_dir), tok, config)
     return TokenizerInfo(vocab_size=HARMONY_VOCAB_SIZE, bos_token_id=HARMONY_SPECIALS["<|startoftext|>"],
                          eos_token_ids=HARMONY_EOS, pad_token_id=pad, chat_template=HARMONY_TEMPLATE, files=files)
+
+
+# ------------------------------------------------------------------------ the tokenizer a source gets
+
+
+def hf_dir_tokenizer(hf_dir: Path, out_dir: Path, arch: str, vocab_size: int) -> TokenizerInfo:
+    """An HF directory's tokenizer files (pipeline/tokenizer.py write_tokenizer_from_hf). gpt-oss (arch "gpt_oss"):
+    a directory without them gets o200k_harmony; one whose harmony tokenizer has no chat template gets harmony's."""
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    if arch == "gpt_oss" and not any((hf_dir / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+        return write_harmony_tokenizer(out_dir, vocab_size)
+    info = write_tokenizer_from_hf(hf_dir, out_dir)
+    if arch != "gpt_oss" or info.chat_template is not None:
+        return info
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    if any(tok.token_to_id(t) is None for t in HARMONY_MARKERS):
+        return info
+    (out_dir / CHAT_TEMPLATE_FILES[0]).write_text(HARMONY_TEMPLATE, encoding="utf-8")
+    return replace(info, chat_template=HARMONY_TEMPLATE, files=info.files + (CHAT_TEMPLATE_FILES[0],))
+
+
+def default_tokenizer(out_dir: Path, arch: str, vocab_size: int) -> TokenizerInfo:
+    """The tokenizer of a model whose source has none (random weights, shape recipes): gpt-oss's o200k_harmony
+    where the model has its rows (arch "gpt_oss", vocab_size >= HARMONY_VOCAB_SIZE), else the byte tokenizer."""
+    if arch == "gpt_oss" and vocab_size >= HARMONY_VOCAB_SIZE:
+        return write_harmony_tokenizer(out_dir, vocab_size)
+    return write_byte_tokenizer(out_dir, vocab_size)

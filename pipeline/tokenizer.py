@@ -43,7 +43,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from ortllm.runtime.contract import TOKENIZER as TOKENIZER_JSON
 from ortllm.runtime.contract import TOKENIZER_CONFIG
 from ortllm.runtime.errors import OrtllmError
-from ortllm.runtime.tokenizer import HARMONY_MARKERS, read_chat_template, token_content
+from ortllm.runtime.tokenizer import read_chat_template, token_content
 # Where transformers >= 4.43 may keep the chat template instead of tokenizer_config.json.
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
@@ -399,16 +399,10 @@ def write_tokenizer_from_gguf(reader_or_path, out_dir: Path) -> TokenizerInfo:
 # ------------------------------------------------------------------------------------------ HF dir
 
 
-def write_tokenizer_from_hf(hf_dir: Path, out_dir: Path, arch: str | None = None,
-                            vocab_size: int | None = None) -> TokenizerInfo:
-    """Copy the tokenizer files of a local Hugging Face model directory into out_dir. gpt-oss (arch "gpt_oss"):
-    a directory without them gets o200k_harmony (pipeline/tiktoken_vocab.py; vocab_size: the model's rows), one
-    whose harmony tokenizer has no chat template gets harmony's (pipeline/harmony_template.py)."""
+def write_tokenizer_from_hf(hf_dir: Path, out_dir: Path) -> TokenizerInfo:
+    """Copy the tokenizer files of a local Hugging Face model directory into out_dir."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     missing = [n for n in (TOKENIZER_JSON, TOKENIZER_CONFIG) if not (hf_dir / n).is_file()]
-    if missing and arch == "gpt_oss" and len(missing) == 2:
-        from .tiktoken_vocab import HARMONY_VOCAB_SIZE, write_harmony_tokenizer
-        return write_harmony_tokenizer(out_dir, vocab_size or HARMONY_VOCAB_SIZE)
     if missing:
         raise TokenizerError(
             f"{hf_dir} lacks {' and '.join(missing)}; point to a Hugging Face model directory with a fast "
@@ -435,34 +429,14 @@ def write_tokenizer_from_hf(hf_dir: Path, out_dir: Path, arch: str | None = None
     if gen_path.is_file():  # models with several stop ids list them here
         gen_eos = json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id")
         eos_ids += gen_eos if isinstance(gen_eos, list) else [gen_eos]
-    template = read_chat_template(hf_dir, config)
-    if template is None and arch == "gpt_oss" and is_harmony(tok):
-        from .harmony_template import HARMONY_TEMPLATE
-        template = HARMONY_TEMPLATE
-        (out_dir / CHAT_TEMPLATE_FILES[0]).write_text(template, encoding="utf-8")
-        files.append(CHAT_TEMPLATE_FILES[0])
     return TokenizerInfo(
         vocab_size=tok.get_vocab_size(with_added_tokens=True),
         bos_token_id=token_id("bos_token"),
         eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos_ids if i is not None)),
         pad_token_id=token_id("pad_token"),
-        chat_template=template,
+        chat_template=read_chat_template(hf_dir, config),
         files=tuple(files),
     )
-
-
-def is_harmony(tok: Tokenizer) -> bool:
-    """The tokenizer has harmony's markers (runtime/tokenizer.py HARMONY_MARKERS): gpt-oss's o200k_harmony."""
-    return all(tok.token_to_id(t) is not None for t in HARMONY_MARKERS)
-
-
-def write_default_tokenizer(out_dir: Path, arch: str, vocab_size: int) -> TokenizerInfo:
-    """The tokenizer of a model whose source has none (random weights, shape recipes): gpt-oss's o200k_harmony
-    where the model has its rows (arch "gpt_oss", vocab_size >= 201088), else the byte tokenizer."""
-    from .tiktoken_vocab import HARMONY_VOCAB_SIZE, write_harmony_tokenizer
-    if arch == "gpt_oss" and vocab_size >= HARMONY_VOCAB_SIZE:
-        return write_harmony_tokenizer(out_dir, vocab_size)
-    return write_byte_tokenizer(out_dir, vocab_size)
 
 
 # ------------------------------------------------------------------------------------ byte tokenizer

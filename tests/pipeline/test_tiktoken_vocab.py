@@ -9,8 +9,8 @@ import pytest
 
 from ortllm.calibration import heldout
 from ortllm.pipeline.tiktoken_vocab import (HARMONY_EOS, HARMONY_SPECIALS, HARMONY_VOCAB_SIZE, O200K_PATTERN,
-                                            write_harmony_tokenizer)
-from ortllm.pipeline.tokenizer import TokenizerError, write_default_tokenizer
+                                            default_tokenizer, write_harmony_tokenizer)
+from ortllm.pipeline.tokenizer import TokenizerError
 from ortllm.runtime.detokenizer import IncrementalDetokenizer
 from ortllm.runtime.tokenizer import HARMONY_MARKERS, Tokenizer
 from tests.reference.harmony_ref import tiktoken_o200k_harmony
@@ -118,7 +118,7 @@ def test_models_without_harmonys_rows(tmp_path):
     the byte tokenizer when the source has none (tiny random models)."""
     with pytest.raises(TokenizerError, match="o200k_harmony has 201088 ids but the model has 512"):
         write_harmony_tokenizer(tmp_path / "a", 512)
-    info = write_default_tokenizer(tmp_path / "b", "gpt_oss", 512)
+    info = default_tokenizer(tmp_path / "b", "gpt_oss", 512)
     assert info.vocab_size == 512 and not Tokenizer.from_dir(tmp_path / "b").harmony
 
 
