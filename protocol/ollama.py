@@ -14,6 +14,8 @@ Streamed (Ollama's default) as NDJSON, one JSON object a line: a line per text d
 (done: true, done_reason, token counts and durations in ns). Not streamed: the final line alone, with the whole
 text. With tools (/api/chat) the text is held and parsed by the OpenAI path's tool-call parser at the end; Ollama's
 tool-call arguments are an object, not JSON text. An error once the stream has begun is a line {"error": message}.
+A harmony model's (gpt-oss) chat reply is split as protocol/harmony.py reads it: its analysis channel is the
+`thinking` field (of "message" for /api/chat, top-level for /api/generate), its final channel the content.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from ortllm.runtime.engine import CompletionOutput
 from . import openai
 from .bodies import CHAT_FROM_OLLAMA, OLLAMA_OPTIONS
 from .errors import APIError
+from .harmony import HarmonyReply
 from .rendering import Generation, Renderer
 
 RAW_MAX_TOKENS = 128          # /api/generate raw: true without num_predict
@@ -94,9 +97,17 @@ class OllamaRenderer(Renderer):
     def __init__(self, gen: Generation, field: str):
         super().__init__(gen)
         self.field = field              # "response" (/api/generate) or "message" (/api/chat)
+        # a harmony reply (gpt-oss, not raw): its analysis channel is Ollama's `thinking`, its final the content
+        self.harmony = gen.harmony and gen.req.messages is not None
+        self._reply = HarmonyReply() if self.harmony else None       # the streamed reply's parser
 
     def delta(self, i: int, text: str, last: bool) -> list[bytes]:
-        return [_line(self._payload(text))] if text and not self.gen.req.tools else []
+        if self.gen.req.tools:
+            return []
+        if self._reply is not None:
+            deltas = self._reply.feed(text) + (self._reply.finish() if last else [])
+            return [_line(self._payload(d.get("content", ""), d.get("reasoning_content", ""))) for d in deltas]
+        return [_line(self._payload(text))] if text else []
 
     def finished(self, i: int, out: CompletionOutput, outs: list) -> list[bytes]:
         return [_line(self._final(out, out.text if self.gen.req.tools else ""))]
@@ -105,16 +116,24 @@ class OllamaRenderer(Renderer):
         return _line({"error": err.message})
 
     def body(self, outs: list[CompletionOutput]) -> dict:
+        if self.harmony:
+            reply = HarmonyReply()
+            reply.feed(outs[0].text)
+            reply.finish()
+            return self._final(outs[0], reply.content, reply.reasoning)
         return self._final(outs[0], outs[0].text)
 
-    def _payload(self, text: str) -> dict:
-        return {"model": self.gen.model, "created_at": now(),
-                self.field: {"role": "assistant", "content": text} if self.field == "message" else text}
+    def _payload(self, text: str, thinking: str = "") -> dict:
+        if self.field == "message":
+            msg = {"role": "assistant", "content": text} | ({"thinking": thinking} if thinking else {})
+            return {"model": self.gen.model, "created_at": now(), "message": msg}
+        return {"model": self.gen.model, "created_at": now(), "response": text} | (
+            {"thinking": thinking} if thinking else {})
 
-    def _final(self, out: CompletionOutput, text: str) -> dict:
+    def _final(self, out: CompletionOutput, text: str, thinking: str = "") -> dict:
         ns = lambda s: int(s * 1e9)          # noqa: E731
         gen, h = self.gen, self.gen.handles[0]
-        line = {**self._payload(text), "done": True, "done_reason": out.finish_reason,
+        line = {**self._payload(text, thinking), "done": True, "done_reason": out.finish_reason,
                 "total_duration": ns(time.perf_counter() - gen.t_arrival), "prompt_eval_count": out.prompt_tokens,
                 "eval_count": len(out.token_ids)}
         if h.first_token_time is not None:
