@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,7 +43,6 @@ O200K_PATTERN = "|".join([
 ])
 O200K_BASE_FILE = "o200k_base.tiktoken.gz"
 O200K_BASE_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"   # of the unzipped file
-O200K_BASE_SIZE = 199998           # ranks 0 .. 199997
 
 # o200k_harmony's special tokens (tiktoken's o200k_harmony; openai-harmony's HARMONY_GPT_OSS encoding): one string
 # an id, 199998 .. 201087. Id 200018 is o200k_base's <|endofprompt|> (tiktoken also names it <|reserved_200018|>).
@@ -58,12 +58,15 @@ HARMONY_VOCAB_SIZE = 201088        # gpt-oss's vocab_size
 HARMONY_EOS = (200002, 199999, 200012)
 
 
-def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
-    """A .tiktoken rank file (gzipped or not): {token bytes: rank}."""
+def read_tiktoken_ranks(path: Path, sha256: str | None = None) -> dict[bytes, int]:
+    """A .tiktoken rank file (gzipped or not): {token bytes: rank}; sha256: what the unzipped file's must be."""
     path = Path(path)
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        raise TokenizerError(f"{path} is not the rank file expected (sha256 {hashlib.sha256(raw).hexdigest()}, "
+                             f"not {sha256}); reinstall bpe-openai")
     ranks = {}
     for n, line in enumerate(raw.splitlines(), 1):
         if not line:
@@ -105,8 +108,7 @@ def bpe_from_ranks(ranks: dict[bytes, int], pattern: str):
                            _BpeSplit(pattern, ignore_merges=True))
 
 
-def write_harmony_tokenizer(out_dir: Path, vocab_size: int = HARMONY_VOCAB_SIZE,
-                            ranks_file: Path | None = None) -> TokenizerInfo:
+def write_harmony_tokenizer(out_dir: Path, vocab_size: int = HARMONY_VOCAB_SIZE) -> TokenizerInfo:
     """tokenizer.json + tokenizer_config.json (harmony's chat template in it) of o200k_harmony, for a gpt-oss model
     without tokenizer files (vocab_size: its embedding rows, at least HARMONY_VOCAB_SIZE); its stop ids
     HARMONY_EOS."""
@@ -114,9 +116,7 @@ def write_harmony_tokenizer(out_dir: Path, vocab_size: int = HARMONY_VOCAB_SIZE,
         raise TokenizerError(f"o200k_harmony has {HARMONY_VOCAB_SIZE} ids but the model has {vocab_size} embedding "
                              f"rows; give the model directory its own tokenizer files, or vocab_size >= "
                              f"{HARMONY_VOCAB_SIZE}")
-    ranks = read_tiktoken_ranks(ranks_file or o200k_base_file())
-    if len(ranks) != O200K_BASE_SIZE or sorted(ranks.values()) != list(range(O200K_BASE_SIZE)):
-        raise TokenizerError(f"the rank file has {len(ranks)} ranks, not o200k_base's 0..{O200K_BASE_SIZE - 1}")
+    ranks = read_tiktoken_ranks(o200k_base_file(), O200K_BASE_SHA256)
     tok = bpe_from_ranks(ranks, O200K_PATTERN)
     specials = sorted(HARMONY_SPECIALS, key=HARMONY_SPECIALS.get)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
