@@ -13,33 +13,12 @@ import pytest
 from ortllm.pipeline.harmony_template import HARMONY_TEMPLATE
 from ortllm.pipeline.tiktoken_vocab import hf_dir_tokenizer
 from ortllm.runtime.tokenizer import Tokenizer
+from tests.reference.harmony_ref import harmony_prompt_ids
 
 
 @pytest.fixture(scope="module")
 def tok(harmony_tokenizer_dir):
     return Tokenizer.from_dir(harmony_tokenizer_dir)
-
-
-def _harmony_ids(enc, conv: list[dict], effort: str | None, reasoning: bool = True) -> list[int]:
-    """openai-harmony's rendering of an OpenAI-style conversation; an assistant turn with "reasoning" is an analysis
-    message then a final one (as the model wrote it), or the final alone (reasoning=False)."""
-    import openai_harmony as h
-    system = h.SystemContent.new()
-    if effort is not None:
-        system = system.with_reasoning_effort(h.ReasoningEffort(effort.capitalize()))
-    msgs = [h.Message.from_role_and_content(h.Role.SYSTEM, system)]
-    for m in conv:
-        if m["role"] in ("system", "developer"):
-            msgs.append(h.Message.from_role_and_content(
-                h.Role.DEVELOPER, h.DeveloperContent.new().with_instructions(m["content"])))
-        elif m["role"] == "user":
-            msgs.append(h.Message.from_role_and_content(h.Role.USER, m["content"]))
-        else:
-            if m.get("reasoning") and reasoning:
-                msgs.append(h.Message.from_role_and_content(h.Role.ASSISTANT, m["reasoning"])
-                            .with_channel("analysis"))
-            msgs.append(h.Message.from_role_and_content(h.Role.ASSISTANT, m["content"]).with_channel("final"))
-    return enc.render_conversation_for_completion(h.Conversation.from_messages(msgs), h.Role.ASSISTANT)
 
 
 CONVERSATIONS = [
@@ -64,8 +43,8 @@ def test_rendered_ids_equal_openai_harmony(tok, harmony_encoding, conv, effort):
     ours = tok.encode(tok.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
                                               add_generation_prompt=True, reasoning_effort=effort))
     answered = sum(m["role"] == "assistant" for m in messages)
-    assert ours == _harmony_ids(harmony_encoding, messages, effort, reasoning=answered <= 1)
-    assert ours == _harmony_ids(harmony_encoding, messages, effort, reasoning=False)
+    assert ours == harmony_prompt_ids(harmony_encoding, messages, effort, reasoning=answered <= 1)
+    assert ours == harmony_prompt_ids(harmony_encoding, messages, effort, reasoning=False)
 
 
 def test_openai_harmonys_drop_rule(harmony_encoding):
@@ -73,7 +52,7 @@ def test_openai_harmonys_drop_rule(harmony_encoding):
     open): a later answered turn's analysis stays in its rendering. The HF template of gpt-oss and the harmony
     guide drop every answered turn's; so does ours. If this fails, openai-harmony changed its rule: compare again."""
     messages = CONVERSATIONS[2]
-    kept = harmony_encoding.decode(_harmony_ids(harmony_encoding, messages, None))
+    kept = harmony_encoding.decode(harmony_prompt_ids(harmony_encoding, messages, None))
     assert messages[2]["reasoning"] not in kept and messages[4]["reasoning"] in kept
 
 
@@ -88,11 +67,9 @@ def test_refusals(tok):
 def test_written_for_gpt_oss_sources(harmony_tokenizer_dir, tmp_path):
     """A gpt-oss directory without tokenizer files gets o200k_harmony with the template; one with a harmony
     tokenizer but no template gets the template; another family's directory without them is refused as before."""
+    assert Tokenizer.from_dir(harmony_tokenizer_dir).chat_template == HARMONY_TEMPLATE   # made from an empty dir
     empty = tmp_path / "empty"
     empty.mkdir()
-    info = hf_dir_tokenizer(empty, tmp_path / "a", "gpt_oss", 201088)
-    assert info.chat_template == HARMONY_TEMPLATE and info.eos_token_ids == (200002, 199999, 200012)
-    assert Tokenizer.from_dir(tmp_path / "a").chat_template == HARMONY_TEMPLATE
     no_template = tmp_path / "no_template"
     shutil.copytree(harmony_tokenizer_dir, no_template)
     cfg = json.loads((no_template / "tokenizer_config.json").read_text())

@@ -5,41 +5,25 @@ gives it as message.thinking.
 
 A random model does not speak harmony, so the reply is forced: guided_grammar (a Lark grammar, llguidance) allows
 one harmony reply, token by token, with its markers as special tokens; the engine, the detokenizer, the parser and
-the server are the real ones. The model is tests/reference/hf_families.py's tiny gpt-oss with o200k_harmony's
-201088 rows, built from an HF directory with the tokenizer pipeline/tiktoken_vocab.py writes."""
+the server are the real ones. The model is tests/reference/harmony_ref.py's tiny gpt-oss with o200k_harmony's
+201088 rows."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import openai
 import pytest
 import requests
 
-from ortllm.cli.build import build_artifact
-from ortllm.pipeline.build import BuildOptions
-from ortllm.pipeline.tiktoken_vocab import HARMONY_EOS
-from tests.pipeline.test_harmony_template import _harmony_ids
-from tests.reference.hf_families import tiny_model
+from tests.reference.harmony_ref import ANSWER, FORCED_REPLY, REASONING, harmony_prompt_ids
 from tests.service.conftest import start_live, stop_live
 
-REASONING = "Two plus two: 2 + 2 = 4 ✓ (日本語 too)."
-ANSWER = "The answer is 4."
-HARMONY_REPLY = (f'start: <|channel|> "analysis" <|message|> {json.dumps(REASONING, ensure_ascii=False)} <|end|> '
-                 f'<|start|> "assistant" <|channel|> "final" <|message|> {json.dumps(ANSWER)}')
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory, harmony_tokenizer_dir):
-    tmp = tmp_path_factory.mktemp("gpt_oss_harmony")
-    model = tiny_model("gpt_oss", seed=0, vocab_size=201088, max_position_embeddings=512, bos_token_id=199998,
-                       eos_token_id=list(HARMONY_EOS), pad_token_id=199999)
-    model.save_pretrained(tmp / "hf", safe_serialization=True)
-    for f in harmony_tokenizer_dir.iterdir():          # o200k_harmony as a gpt-oss directory without one gets it
-        shutil.copy(f, tmp / "hf" / f.name)
-    build_artifact(str(tmp / "hf"), tmp / "art", BuildOptions(), log=lambda m: None)
-    lv = start_live(tmp / "art", num_blocks=64)
+def live(gpt_oss_harmony_artifact):
+    lv = start_live(gpt_oss_harmony_artifact, num_blocks=64)
     yield lv
     stop_live(lv)
 
@@ -49,7 +33,7 @@ def _client(live) -> openai.OpenAI:
 
 
 def _forced(**kw) -> dict:
-    return {"max_tokens": 64, "temperature": 0, "extra_body": {"guided_grammar": HARMONY_REPLY, **kw}}
+    return {"max_tokens": 64, "temperature": 0, "extra_body": {"guided_grammar": FORCED_REPLY, **kw}}
 
 
 def test_chat_reply_split_into_reasoning_and_content(live, harmony_encoding):
@@ -57,8 +41,8 @@ def test_chat_reply_split_into_reasoning_and_content(live, harmony_encoding):
     r = c.chat.completions.create(model=live.model, messages=CHAT, **_forced())
     msg = r.choices[0].message
     assert (msg.content, msg.reasoning_content) == (ANSWER, REASONING)
-    assert r.choices[0].finish_reason == "stop"
-    assert r.usage.prompt_tokens == len(_harmony_ids(harmony_encoding, CHAT, None))
+    assert r.choices[0].finish_reason == "stop" and {200002, 200012} <= set(live.engine.eos_token_ids)
+    assert r.usage.prompt_tokens == len(harmony_prompt_ids(harmony_encoding, CHAT, None))
     assert r.usage.completion_tokens >= 14        # the markers and both messages' text were generated
 
 
@@ -86,10 +70,10 @@ def test_reasoning_effort_is_the_reasoning_line(live, harmony_encoding):
     from ortllm.protocol.openai import parse_chat
     for effort in ("low", "high"):
         req = parse_chat({"messages": CHAT, "reasoning_effort": effort})
-        assert prompt_ids(live.engine, req) == _harmony_ids(harmony_encoding, CHAT, effort)
+        assert prompt_ids(live.engine, req) == harmony_prompt_ids(harmony_encoding, CHAT, effort)
     r = _client(live).chat.completions.create(model=live.model, messages=CHAT, reasoning_effort="high",
                                               **_forced())
-    assert r.usage.prompt_tokens == len(_harmony_ids(harmony_encoding, CHAT, "high"))
+    assert r.usage.prompt_tokens == len(harmony_prompt_ids(harmony_encoding, CHAT, "high"))
     bad = live.post("/v1/chat/completions", json={"messages": CHAT, "reasoning_effort": "max"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
 
@@ -113,7 +97,7 @@ def test_ollama_chat_thinking(live):
 
     req = chat_request(OLLAMA_CHAT.read({"model": live.model, "messages": CHAT}), {})
     ids = prompt_ids(live.engine, req)
-    params = SamplingParams(max_tokens=64, temperature=0, guide=Guide("lark", HARMONY_REPLY, "guided_grammar"))
+    params = SamplingParams(max_tokens=64, temperature=0, guide=Guide("lark", FORCED_REPLY, "guided_grammar"))
     h = live.engine.submit(ids, params)
     deltas = list(h)
     out = h.result(timeout=60)
