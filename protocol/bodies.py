@@ -252,14 +252,19 @@ _FORMAT = Field("format", {"anyOf": [{"enum": ["json", ""]}, {"type": "object"}]
                            "description": '"json" or a JSON Schema object'},
                 description='"json": any JSON object; a JSON Schema: an object that validates against it')
 _OLLAMA_STREAM = boolean("stream", True, "NDJSON lines, one per delta, the last with done: true")
+_THINK = Field("think", {"anyOf": [{"type": "boolean"}, {"enum": ["low", "medium", "high"]}]},
+               description="a level: the chat's reasoning_effort (gpt-oss: harmony's Reasoning line); true / false: "
+                           "accepted (a harmony model always reasons; its reasoning is the `thinking` field)",
+               hint='true, false, "low", "medium" or "high"')
 
 OLLAMA_GENERATE = Body("OllamaGenerateRequest", [
     OLLAMA_MODEL, string("prompt", required=True, minLength=1),
     string("system", description="a system message (not with raw)"),
     boolean("raw", False, "true: the prompt as is, no chat template"), _OLLAMA_STREAM, _FORMAT, _OPTIONS, ADAPTER_MIX,
+    _THINK,
 ])
 OLLAMA_CHAT = Body("OllamaChatRequest", [OLLAMA_MODEL, OLLAMA_MESSAGES, TOOLS, _OLLAMA_STREAM, _FORMAT, _OPTIONS,
-                                          ADAPTER_MIX])
+                                          ADAPTER_MIX, _THINK])
 OLLAMA_SHOW = Body("OllamaShowRequest", [OLLAMA_MODEL, string("name", deprecated=True,
                                                                description="older clients' name for model")])
 

@@ -8,6 +8,7 @@ parameters unless the request sends its own:
     options.num_predict -> max_tokens        options.repeat_penalty -> repetition_penalty
     options.temperature/top_p/top_k/min_p/seed/stop/presence_penalty/frequency_penalty -> the same names
     format "json" -> response_format json_object;  format {schema} -> response_format json_schema
+    think "low" / "medium" / "high" -> reasoning_effort (chat and templated /api/generate)
     /api/generate: template applied (a chat of system + prompt) unless raw: true (a plain completion)
 
 Streamed (Ollama's default) as NDJSON, one JSON object a line: a line per text delta, then the final line
@@ -42,6 +43,8 @@ def openai_body(v: dict) -> dict:
             if k == "num_predict" and value < 0:      # Ollama's -1 / -2: until the context is full
                 continue
             out[OLLAMA_OPTIONS[k].name] = value
+    if isinstance(v.get("think"), str):          # a level; true / false: accepted, no effect (the field's note)
+        out["reasoning_effort"] = v["think"]
     fmt = v["format"]
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
@@ -64,6 +67,7 @@ def generate_request(v: dict, modelfile: dict) -> tuple[str, openai.GenerationRe
     system = v["system"] if v["system"] is not None or v["raw"] else modelfile.get("system")
     oa = openai_body(v)
     if v["raw"]:
+        oa.pop("reasoning_effort", None)          # no template to render it
         return "completions", openai.parse_completion(
             {**oa, "prompt": v["prompt"], "max_tokens": oa.get("max_tokens", RAW_MAX_TOKENS)})
     msgs = [{"role": "system", "content": system}] if system is not None else []

@@ -86,7 +86,7 @@ def test_completions_keep_the_raw_harmony_text(live):
                                  f"<|channel|>final<|message|>{ANSWER}")
 
 
-def test_ollama_chat_thinking(live):
+def test_ollama_chat_thinking(live, harmony_encoding):
     """Ollama's /api/chat over the same engine: a harmony reply is message.thinking + message.content, streamed
     and not (the reply forced through the engine API, as Ollama's body has no grammar field)."""
     from ortllm.protocol.ollama import OllamaRenderer, chat_request
@@ -108,7 +108,15 @@ def test_ollama_chat_thinking(live):
     lines = [json.loads(b) for i, d in enumerate(deltas) for b in streamer.delta(0, d, i == len(deltas) - 1)]
     assert "".join(x["message"].get("thinking", "") for x in lines) == REASONING
     assert "".join(x["message"]["content"] for x in lines) == ANSWER
-    # and the live route answers a harmony chat without error (the random model's text: whatever it is)
+    # think: a level is the reasoning effort; the live route answers (the random model's text: whatever it is)
+    for think, effort in (("high", "high"), (True, None)):
+        v = OLLAMA_CHAT.read({"model": live.model, "messages": CHAT, "think": think})
+        assert prompt_ids(live.engine, chat_request(v, {})) == harmony_prompt_ids(harmony_encoding, CHAT, effort)
     r = requests.post(live.url + "/api/chat", json={"model": live.model, "messages": CHAT, "stream": False,
-                                                    "options": {"num_predict": 4, "temperature": 0}}, timeout=60)
+                                                    "think": "low", "options": {"num_predict": 4}}, timeout=60)
     assert r.status_code == 200 and r.json()["done"]
+    assert r.json()["prompt_eval_count"] == len(harmony_prompt_ids(harmony_encoding, CHAT, "low"))
+    r = requests.post(live.url + "/api/generate", json={"model": live.model, "prompt": "hi", "raw": True,
+                                                        "think": "low", "stream": False,
+                                                        "options": {"num_predict": 2}}, timeout=60)
+    assert r.status_code == 200, r.text
