@@ -127,8 +127,10 @@ def api_error_line(line_no: int, custom_id: str, err: APIError) -> dict:
             "error": {"code": err.code or err.type, "message": err.message}}
 
 
-def finished_line(p: Prepared, out: CompletionOutput, created: int, token_text: Callable[[int], str]) -> dict:
-    """The output line of a finished request; a failed one gets the service's 503 envelope."""
+def finished_line(p: Prepared, out: CompletionOutput, created: int, token_text: Callable[[int], str],
+                  harmony: bool = False) -> dict:
+    """The output line of a finished request; a failed one gets the service's 503 envelope. harmony: the model
+    replies in harmony (gpt-oss), a chat body's message split by channel as the service splits it."""
     item = p.item
     if out.finish_reason == "error":
         return api_error_line(item.line_no, item.custom_id,
@@ -138,7 +140,7 @@ def finished_line(p: Prepared, out: CompletionOutput, created: int, token_text: 
         return api_error_line(item.line_no, item.custom_id, unavailable("the request was cancelled", "cancelled"))
     rid = request_id(item)
     body = generation.response_body(item.kind, out, request_id=rid, model=p.model, created=created,
-                         logprobs=p.req.logprobs, token_text=token_text)
+                         logprobs=p.req.logprobs, token_text=token_text, harmony=harmony)
     return {"id": line_id(item.line_no), "custom_id": item.custom_id,
             "response": {"status_code": 200, "request_id": rid, "body": body}, "error": None}
 

@@ -65,6 +65,7 @@ class EngineFeeder:
         self.stats = Stats()
         self.stop = False                   # set (e.g. on Ctrl-C): submit nothing more, cancel what runs
         self._token_text = token_text_of(engine)
+        self._harmony = engine.tokenizer.harmony          # gpt-oss: chat replies split by channel
 
     def run(self, items: Iterable[LineItem | dict]) -> Iterator[dict]:
         """Output lines as they are ready: error lines at once, generations when they finish."""
@@ -112,7 +113,7 @@ class EngineFeeder:
                     continue
                 p, h = running.pop(key)
                 out = h.result()
-                line = finished_line(p, out, int(time.time()), self._token_text)
+                line = finished_line(p, out, int(time.time()), self._token_text, self._harmony)
                 if line["error"] is None:
                     self.stats.prompt_tokens += out.prompt_tokens
                     self.stats.completion_tokens += len(out.token_ids)

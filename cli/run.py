@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
+from ortllm.protocol.harmony import HarmonyReply
 from ortllm.runtime.errors import OrtllmError
 from ortllm.runtime.sampling_params import SamplingParams
 
@@ -84,14 +85,20 @@ class Chat:
         return tok.encode(plain, add_special_tokens=True)
 
     def reply(self, text: str) -> str:
-        """Stream the model's answer to `text`; Ctrl-C stops it (the part so far is kept). Returns the answer."""
+        """Stream the model's answer to `text`; Ctrl-C stops it (the part so far is kept). Returns the answer.
+        A harmony model (gpt-oss): its reasoning is shown between "Thinking..." and "...done thinking." (as
+        `ollama run` shows it) and the history keeps the final answer alone (harmony drops answered reasoning)."""
         handle = self.engine.submit(self.prompt_ids(text), self.options.params())
-        answer = ""
+        reader = HarmonyReply() if self.engine.tokenizer.harmony else None
+        answer, thinking = "", False
         try:
             for delta in handle:
-                answer += delta
-                self.out.write(delta)
-                self.out.flush()
+                for d in reader.feed(delta) if reader is not None else [{"content": delta}]:
+                    thinking = self._write(d, thinking)
+                    answer += d.get("content", "")
+            for d in reader.finish() if reader is not None else []:
+                thinking = self._write(d, thinking)
+                answer += d.get("content", "")
         except KeyboardInterrupt:
             handle.cancel()
             self.out.write(" [stopped]")
@@ -99,6 +106,17 @@ class Chat:
         self.out.flush()
         self.history += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
         return answer
+
+    def _write(self, d: dict, thinking: bool) -> bool:
+        """One delta of the reply to the terminal; whether reasoning is being shown after it."""
+        if d.get("reasoning_content"):
+            self.out.write(("" if thinking else "Thinking...\n") + d["reasoning_content"])
+            thinking = True
+        if d.get("content"):
+            self.out.write(("\n...done thinking.\n\n" if thinking else "") + d["content"])
+            thinking = False
+        self.out.flush()
+        return thinking
 
 
 def read_message(read=input) -> str | None:

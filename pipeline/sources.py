@@ -221,8 +221,8 @@ def load_hf_dir(path: Path, files: list[Path] | None = None, digest: str | None 
     extra = {"source_grids": grids, "source_types": grids.types} if grids else {}
 
     def write_tokenizer(out_dir: Path):
-        from .tokenizer import write_tokenizer_from_hf
-        return write_tokenizer_from_hf(path, out_dir)
+        from .tiktoken_vocab import hf_dir_tokenizer
+        return hf_dir_tokenizer(path, out_dir, cfg.arch, cfg.vocab_size)
 
     digest = digest or (sha256_file(files[0]) if len(files) == 1 else _combined_sha(files))
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
@@ -266,8 +266,8 @@ def random_weights(recipe: Recipe) -> ModelWeights:
                 _rng_at(state), name, shape))
 
     def write_tokenizer(out_dir: Path):
-        from .tokenizer import write_byte_tokenizer
-        return write_byte_tokenizer(out_dir, cfg.vocab_size)
+        from .tiktoken_vocab import default_tokenizer
+        return default_tokenizer(out_dir, cfg.arch, cfg.vocab_size)
 
     digest = f"random:{recipe.name}:seed={recipe.source.get('seed', 0)}"
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
@@ -293,16 +293,16 @@ def _random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) 
 
 def random_dir_weights(recipe: Recipe) -> ModelWeights:
     """A shape recipe at user size (pipeline/shape_weights.py): its fp16 safetensors directory, read lazily, with
-    a byte tokenizer; quality.json says why the in-build fidelity check is skipped."""
+    a byte tokenizer (gpt-oss: o200k_harmony); quality.json says why the in-build fidelity check is skipped."""
     from .shape_weights import NO_FIDELITY, shape_dir
 
     path = shape_dir(recipe)
     w = load_hf_dir(path, digest=f"random-dir:{recipe.name}:seed={recipe.source.get('seed', 0)}")
-    vocab = w.config.vocab_size
+    arch, vocab = w.config.arch, w.config.vocab_size
 
     def write_tokenizer(out_dir: Path):
-        from .tokenizer import write_byte_tokenizer
-        return write_byte_tokenizer(out_dir, vocab)
+        from .tiktoken_vocab import default_tokenizer
+        return default_tokenizer(out_dir, arch, vocab)
 
     w.write_tokenizer, w.source_desc = write_tokenizer, f"random:{recipe.name}"
     w.extra["fidelity_skipped"] = NO_FIDELITY

@@ -14,6 +14,8 @@ is checked by the same schema whichever API it came through.
 """
 from __future__ import annotations
 
+import itertools
+
 from ortllm.runtime.sampling_params import (LOGIT_BIAS_RANGE, MAX_LOGPROBS, MAX_MIX, PENALTY_RANGE,
                                             REPETITION_PENALTY_RANGE)
 
@@ -94,11 +96,13 @@ def _sampling(max_tokens: Field) -> list[Field]:
         string("guided_regex", minLength=1, description="vLLM's extension: the output matches this regular expression"),
         Field("guided_choice", {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
               description="vLLM's extension: the output is one of these strings"),
+        string("guided_grammar", minLength=1, description="vLLM's extension: the output follows this Lark grammar "
+                                                          "(llguidance's dialect: special tokens as <|name|>)"),
         ADAPTER_MIX,
     ]
 
 
-_GUIDED = ("guided_json", "guided_regex", "guided_choice")
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 # ---------------------------------------------------------------- /v1/completions
 
@@ -128,9 +132,8 @@ COMPLETION = Body("CompletionRequest", [
                                                 contains={"type": ["string", "array"]})),
          f"with n >= 3, at most {MAX_PROMPTS_MANY_N} prompts (at most {MAX_N * MAX_PROMPTS_MANY_N} completions in one "
          "request); send fewer prompts or a smaller n", "n"),
-    Rule({"anyOf": [sent("guided_json", "guided_regex"), sent("guided_json", "guided_choice"),
-                    sent("guided_regex", "guided_choice")]},
-         "send one of guided_json, guided_regex, guided_choice", lambda given: [g for g in _GUIDED if g in given][1]),
+    Rule({"anyOf": [sent(a, b) for a, b in itertools.combinations(_GUIDED, 2)]},
+         "send one of " + ", ".join(_GUIDED), lambda given: [g for g in _GUIDED if g in given][1]),
 ])
 
 # ---------------------------------------------------------------- /v1/chat/completions
@@ -206,6 +209,9 @@ CHAT = Body("ChatCompletionRequest", [
     boolean("logprobs", False, "each chosen token's logprob"),
     integer("top_logprobs", None, 0, MAX_TOP_LOGPROBS, "with logprobs: the top n too"),
     RESPONSE_FORMAT, TOOLS, TOOL_CHOICE,
+    Field("reasoning_effort", {"enum": ["low", "medium", "high"]},
+          description="how much a reasoning model thinks before answering: the chat template's reasoning_effort "
+                      "(gpt-oss: harmony's Reasoning line, default medium); templates without it ignore it"),
 ], rules=[
     COMPLETION.rules[-1],                           # one guided_* field at most
     Rule(both(sent("top_logprobs"), {"not": equals("logprobs", True)}), "top_logprobs needs logprobs: true",
@@ -246,14 +252,19 @@ _FORMAT = Field("format", {"anyOf": [{"enum": ["json", ""]}, {"type": "object"}]
                            "description": '"json" or a JSON Schema object'},
                 description='"json": any JSON object; a JSON Schema: an object that validates against it')
 _OLLAMA_STREAM = boolean("stream", True, "NDJSON lines, one per delta, the last with done: true")
+_THINK = Field("think", {"anyOf": [{"type": "boolean"}, {"enum": ["low", "medium", "high"]}]},
+               description="a level: the chat's reasoning_effort (gpt-oss: harmony's Reasoning line); true / false: "
+                           "accepted (a harmony model always reasons; its reasoning is the `thinking` field)",
+               hint='true, false, "low", "medium" or "high"')
 
 OLLAMA_GENERATE = Body("OllamaGenerateRequest", [
     OLLAMA_MODEL, string("prompt", required=True, minLength=1),
     string("system", description="a system message (not with raw)"),
     boolean("raw", False, "true: the prompt as is, no chat template"), _OLLAMA_STREAM, _FORMAT, _OPTIONS, ADAPTER_MIX,
+    _THINK,
 ])
 OLLAMA_CHAT = Body("OllamaChatRequest", [OLLAMA_MODEL, OLLAMA_MESSAGES, TOOLS, _OLLAMA_STREAM, _FORMAT, _OPTIONS,
-                                          ADAPTER_MIX])
+                                          ADAPTER_MIX, _THINK])
 OLLAMA_SHOW = Body("OllamaShowRequest", [OLLAMA_MODEL, string("name", deprecated=True,
                                                                description="older clients' name for model")])
 

@@ -14,6 +14,7 @@ from ortllm.runtime.tokenizer import TokenizerFilesError
 from . import openai as protocol
 from . import structured
 from .errors import APIError, bad_request, model_not_found
+from .harmony import HarmonyReply
 from .rendering import Generation, Renderer, chat_deltas, chat_reader, sse
 
 
@@ -43,7 +44,8 @@ def prompt_ids(engine: Engine, req: protocol.GenerationRequest, prompt: str | li
         messages = structured.render_messages(req.messages, req.tools, takes_tools)
         tools = req.tools.tools if req.tools is not None and takes_tools else None
         try:
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools) + req.prefill
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools,
+                                           reasoning_effort=req.reasoning_effort) + req.prefill
         except TokenizerFilesError as e:
             raise bad_request(f"{e}; use /v1/completions", param="messages") from None
         except Exception as e:  # noqa: BLE001 - the template itself rejected the conversation (raise_exception)
@@ -85,14 +87,14 @@ def logprobs_of(kind: str, entries, logprobs: int | None, token_text: Callable[[
 
 
 def choice_of(kind: str, index: int, out: CompletionOutput, req: protocol.GenerationRequest, request_id: str,
-              token_text: Callable[[int], str], prompt: tuple | None = None) -> dict:
-    """One entry of `choices` for a finished output (tool calls parsed, echo applied)."""
+              token_text: Callable[[int], str], prompt: tuple | None = None, harmony: bool = False) -> dict:
+    """One entry of `choices` for a finished output (harmony's channels split, tool calls parsed, echo applied)."""
     lp = logprobs_of(kind, out.logprobs or [], req.logprobs, token_text)
     if kind == "chat":
-        if req.tools is None:
+        reader = chat_reader(req, f"{request_id}_{index}", harmony)     # the parser a stream of this reply uses
+        if reader is None:
             return {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
                     "finish_reason": out.finish_reason}
-        reader = req.tools.reader(f"{request_id}_{index}")      # the parser a stream of this reply uses
         reader.feed(out.text)
         reader.finish()
         return {"index": index, "message": reader.message(), "logprobs": lp,
@@ -132,10 +134,11 @@ def usage_of(outs: list[CompletionOutput], n: int, echo_only: bool = False) -> d
 
 
 def response_body_n(kind: str, outs: list[CompletionOutput], req: protocol.GenerationRequest, *, request_id: str,
-                    model: str, created: int, token_text: Callable[[int], str], prompts: list) -> dict:
+                    model: str, created: int, token_text: Callable[[int], str], prompts: list,
+                    harmony: bool = False) -> dict:
     """The non-streaming body for several outputs: prompt p's j-th completion is choice p * n + j.
-    prompts: per prompt, (a function giving its text, its token ids), for echo."""
-    choices = [choice_of(kind, i, o, req, request_id, token_text, prompts[i // req.n])
+    prompts: per prompt, (a function giving its text, its token ids), for echo. harmony: chat replies in harmony."""
+    choices = [choice_of(kind, i, o, req, request_id, token_text, prompts[i // req.n], harmony)
                for i, o in enumerate(outs)]
     return {"id": response_id(kind, request_id), "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": created, "model": model, "system_fingerprint": None, "choices": choices,
@@ -147,12 +150,17 @@ def response_id(kind: str, request_id: str) -> str:
 
 
 def response_body(kind: str, out: CompletionOutput, *, request_id: str, model: str, created: int,
-                  logprobs: int | None, token_text: Callable[[int], str]) -> dict:
-    """The non-streaming body of /v1/chat/completions (kind "chat") or /v1/completions."""
+                  logprobs: int | None, token_text: Callable[[int], str], harmony: bool = False) -> dict:
+    """The non-streaming body of /v1/chat/completions (kind "chat") or /v1/completions; harmony: a chat reply in
+    harmony, split by channel."""
     lp = logprobs_of(kind, out.logprobs or [], logprobs, token_text)
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
-                  "finish_reason": out.finish_reason}
+        reply = HarmonyReply() if harmony else None
+        if reply is not None:
+            reply.feed(out.text)
+            reply.finish()
+        choice = {"index": 0, "message": reply.message() if reply else {"role": "assistant", "content": out.text},
+                  "logprobs": lp, "finish_reason": out.finish_reason}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
@@ -171,8 +179,8 @@ class OpenAIRenderer(Renderer):
         self.kind, self.chat = kind, kind == "chat"
         self.id = response_id(kind, gen.request_id)
         n = len(gen.handles)
-        # with tools, each reply goes through the parser the non-streamed answer uses (tool_calls.py)
-        self.readers = [chat_reader(gen.req, f"{gen.request_id}_{i}") for i in range(n)]
+        # with tools or harmony, each reply goes through the parser the non-streamed answer uses
+        self.readers = [chat_reader(gen.req, f"{gen.request_id}_{i}", gen.harmony and self.chat) for i in range(n)]
         self._lp_sent = [0] * n            # per choice, the logprobs entries already sent
 
     def opening(self) -> list[bytes]:
@@ -212,7 +220,7 @@ class OpenAIRenderer(Renderer):
         g = self.gen
         prompts = [(lambda p=p: g.prompt_text(p), ids) for p, ids in enumerate(g.prompts)]
         return response_body_n(self.kind, outs, g.req, request_id=g.request_id, model=g.model, created=g.created,
-                               token_text=g.token_text, prompts=prompts)
+                               token_text=g.token_text, prompts=prompts, harmony=g.harmony)
 
     @property
     def _object(self) -> str:

@@ -8,12 +8,15 @@ parameters unless the request sends its own:
     options.num_predict -> max_tokens        options.repeat_penalty -> repetition_penalty
     options.temperature/top_p/top_k/min_p/seed/stop/presence_penalty/frequency_penalty -> the same names
     format "json" -> response_format json_object;  format {schema} -> response_format json_schema
+    think "low" / "medium" / "high" -> reasoning_effort (chat and templated /api/generate)
     /api/generate: template applied (a chat of system + prompt) unless raw: true (a plain completion)
 
 Streamed (Ollama's default) as NDJSON, one JSON object a line: a line per text delta, then the final line
 (done: true, done_reason, token counts and durations in ns). Not streamed: the final line alone, with the whole
 text. With tools (/api/chat) the text is held and parsed by the OpenAI path's tool-call parser at the end; Ollama's
 tool-call arguments are an object, not JSON text. An error once the stream has begun is a line {"error": message}.
+A harmony model's (gpt-oss) chat reply is split as protocol/harmony.py reads it: its analysis channel is the
+`thinking` field (of "message" for /api/chat, top-level for /api/generate), its final channel the content.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from ortllm.runtime.engine import CompletionOutput
 from . import openai
 from .bodies import CHAT_FROM_OLLAMA, OLLAMA_OPTIONS
 from .errors import APIError
+from .harmony import HarmonyReply
 from .rendering import Generation, Renderer
 
 RAW_MAX_TOKENS = 128          # /api/generate raw: true without num_predict
@@ -39,6 +43,8 @@ def openai_body(v: dict) -> dict:
             if k == "num_predict" and value < 0:      # Ollama's -1 / -2: until the context is full
                 continue
             out[OLLAMA_OPTIONS[k].name] = value
+    if isinstance(v.get("think"), str):          # a level; true / false: accepted, no effect (the field's note)
+        out["reasoning_effort"] = v["think"]
     fmt = v["format"]
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
@@ -61,6 +67,7 @@ def generate_request(v: dict, modelfile: dict) -> tuple[str, openai.GenerationRe
     system = v["system"] if v["system"] is not None or v["raw"] else modelfile.get("system")
     oa = openai_body(v)
     if v["raw"]:
+        oa.pop("reasoning_effort", None)          # no template to render it
         return "completions", openai.parse_completion(
             {**oa, "prompt": v["prompt"], "max_tokens": oa.get("max_tokens", RAW_MAX_TOKENS)})
     msgs = [{"role": "system", "content": system}] if system is not None else []
@@ -94,9 +101,17 @@ class OllamaRenderer(Renderer):
     def __init__(self, gen: Generation, field: str):
         super().__init__(gen)
         self.field = field              # "response" (/api/generate) or "message" (/api/chat)
+        # a harmony reply (gpt-oss, not raw): its analysis channel is Ollama's `thinking`, its final the content
+        self.harmony = gen.harmony and gen.req.messages is not None
+        self._reply = HarmonyReply() if self.harmony else None       # the streamed reply's parser
 
     def delta(self, i: int, text: str, last: bool) -> list[bytes]:
-        return [_line(self._payload(text))] if text and not self.gen.req.tools else []
+        if self.gen.req.tools:
+            return []
+        if self._reply is not None:
+            deltas = self._reply.feed(text) + (self._reply.finish() if last else [])
+            return [_line(self._payload(d.get("content", ""), d.get("reasoning_content", ""))) for d in deltas]
+        return [_line(self._payload(text))] if text else []
 
     def finished(self, i: int, out: CompletionOutput, outs: list) -> list[bytes]:
         return [_line(self._final(out, out.text if self.gen.req.tools else ""))]
@@ -105,16 +120,24 @@ class OllamaRenderer(Renderer):
         return _line({"error": err.message})
 
     def body(self, outs: list[CompletionOutput]) -> dict:
+        if self.harmony:
+            reply = HarmonyReply()
+            reply.feed(outs[0].text)
+            reply.finish()
+            return self._final(outs[0], reply.content, reply.reasoning)
         return self._final(outs[0], outs[0].text)
 
-    def _payload(self, text: str) -> dict:
-        return {"model": self.gen.model, "created_at": now(),
-                self.field: {"role": "assistant", "content": text} if self.field == "message" else text}
+    def _payload(self, text: str, thinking: str = "") -> dict:
+        if self.field == "message":
+            msg = {"role": "assistant", "content": text} | ({"thinking": thinking} if thinking else {})
+            return {"model": self.gen.model, "created_at": now(), "message": msg}
+        return {"model": self.gen.model, "created_at": now(), "response": text} | (
+            {"thinking": thinking} if thinking else {})
 
-    def _final(self, out: CompletionOutput, text: str) -> dict:
+    def _final(self, out: CompletionOutput, text: str, thinking: str = "") -> dict:
         ns = lambda s: int(s * 1e9)          # noqa: E731
         gen, h = self.gen, self.gen.handles[0]
-        line = {**self._payload(text), "done": True, "done_reason": out.finish_reason,
+        line = {**self._payload(text, thinking), "done": True, "done_reason": out.finish_reason,
                 "total_duration": ns(time.perf_counter() - gen.t_arrival), "prompt_eval_count": out.prompt_tokens,
                 "eval_count": len(out.token_ids)}
         if h.first_token_time is not None:

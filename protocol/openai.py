@@ -77,6 +77,7 @@ class GenerationRequest:
     tools: structured.ToolSpec | None = None
     echo_only: bool = False               # echo with max_tokens 0: prompt logprobs, nothing generated
     prefill: str = ""                     # chat: the start of the reply, written after the generation prompt
+    reasoning_effort: str | None = None   # chat: the template's reasoning_effort (harmony's Reasoning line)
 
 
 def parse_completion(body: dict) -> GenerationRequest:
@@ -121,7 +122,7 @@ def parse_chat(body: dict, decl: Body = CHAT) -> GenerationRequest:
     params = _sampling(v, max_tokens, logprobs)
     params.guide = guide
     return GenerationRequest(v["model"], None, clean, params, None, v["stream"], _include_usage(v), logprobs,
-                             n=v["n"], tools=tools)
+                             n=v["n"], tools=tools, reasoning_effort=v["reasoning_effort"])
 
 
 def _message_tool_calls(calls: list[dict], i: int) -> list[dict]:

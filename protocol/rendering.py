@@ -20,6 +20,7 @@ from typing import Any, Callable
 from ortllm.runtime.engine import CompletionOutput, RequestHandle
 
 from .errors import APIError
+from .harmony import HarmonyReply
 from .openai import GenerationRequest
 
 
@@ -36,6 +37,7 @@ class Generation:
     t_arrival: float                    # time.perf_counter() when the request arrived
     token_text: Callable[[int], str]    # one token id's text
     prompt_text: Callable[[int], str]   # prompt p's text (echo)
+    harmony: bool = False               # the model replies in harmony (gpt-oss): chat replies split by channel
 
 
 class Renderer:
@@ -83,7 +85,7 @@ class ChatAnswer(Renderer):
 
     def __init__(self, gen: Generation):
         super().__init__(gen)
-        self.reader = chat_reader(gen.req, gen.request_id)
+        self.reader = chat_reader(gen.req, gen.request_id, gen.harmony)
 
     def feed_deltas(self, deltas: list[dict]) -> list[dict]:
         raise NotImplementedError
@@ -110,13 +112,16 @@ class ChatAnswer(Renderer):
         return self.close(outs[0])[0]
 
 
-def chat_reader(req: GenerationRequest, reader_id: str):
-    """The tool-call parser (tool_calls.py) of one reply, its calls named after reader_id; None without tools."""
-    return req.tools.reader(reader_id) if req.tools else None
+def chat_reader(req: GenerationRequest, reader_id: str, harmony: bool = False):
+    """The parser of one chat reply: harmony's channels (harmony.py) for a harmony model, the tool-call parser
+    (tool_calls.py) with tools, its calls named after reader_id; None: neither (the text is the content)."""
+    tools = req.tools.reader(reader_id) if req.tools else None
+    return HarmonyReply(tools) if harmony else tools
 
 
 def chat_deltas(reader, text: str, last: bool) -> list[dict]:
-    """A text delta as the chat path's deltas: {"content": text}, or what the tool-call parser makes of it."""
+    """A text delta as the chat path's deltas: {"content": text}, or what the reply's parser makes of it
+    ({"reasoning_content": ...} too for harmony; APIs without a reasoning field drop those)."""
     if reader is None:
         return [{"content": text}] if text else []
     return reader.feed(text) + (reader.finish() if last else [])

@@ -1,7 +1,8 @@
 """Structured output and tool calls as the OpenAI API (and vLLM's extension fields) define them, apart from HTTP.
 
     response_format {type: json_object | json_schema}  -> Guide (runtime/guided.py: llguidance token masks)
-    guided_json / guided_regex / guided_choice           -> Guide (completions and chat, vLLM's names)
+    guided_json / guided_regex / guided_choice / guided_grammar (Lark)
+                                                         -> Guide (completions and chat, vLLM's names)
     tools + tool_choice                                  -> ToolSpec: the prompt describes the tools; "required"
                                                             and a named function force a call through a Guide
     the generated text                                   -> message.tool_calls (tool_calls.ToolCallParser,
@@ -53,9 +54,9 @@ def response_format_guide(rf: dict | None) -> Guide | None:
 
 
 def guided_fields(v: dict) -> Guide | None:
-    """vLLM's extension fields (read() values): guided_json (schema or JSON text), guided_regex, guided_choice;
-    at most one (the bodies' rules)."""
-    given = [k for k in ("guided_json", "guided_regex", "guided_choice") if v.get(k) is not None]
+    """vLLM's extension fields (read() values): guided_json (schema or JSON text), guided_regex, guided_choice,
+    guided_grammar; at most one (the bodies' rules)."""
+    given = [k for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar") if v.get(k) is not None]
     if not given:
         return None
     k, spec = given[0], v[given[0]]
@@ -68,6 +69,8 @@ def guided_fields(v: dict) -> Guide | None:
         return Guide("json_schema", check_schema(spec, k), k)
     if k == "guided_regex":
         return Guide("regex", spec, k)
+    if k == "guided_grammar":
+        return Guide("lark", spec, k)
     return Guide("choice", list(spec), k)
 
 

@@ -6,6 +6,10 @@ slower per call, see the pipeline's tokenizer_graphs.py). Semantics follow trans
 tokenizers: special tokens written in the text (``<|im_start|>``) are matched as specials,
 ``encode`` adds BOS/EOS only when asked and the tokenizer.json says so, ``apply_chat_template`` renders
 in a sandboxed jinja2 environment with the same globals and filters as transformers.
+
+Harmony (gpt-oss's format, a tokenizer with HARMONY_MARKERS): decoding keeps those markers in the text, the other
+special tokens skipped as ever, so a reply reads ``<|channel|>analysis<|message|>...<|end|><|start|>assistant
+<|channel|>final<|message|>...`` and the chat APIs split its channels (protocol/harmony.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from tokenizers.decoders import DecodeStream
 from .contract import TOKENIZER as TOKENIZER_JSON
 from .contract import TOKENIZER_CONFIG
 from .errors import OrtllmError
+
+
+# the special tokens that frame a harmony message: kept in decoded text (<|return|> and <|call|> end generation)
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
 
 
 class TokenizerFilesError(OrtllmError, ValueError):
@@ -74,12 +82,18 @@ def read_chat_template(path: Path, config: dict) -> str | None:
 
 
 class RustDecodeStream:
-    """tokenizers' DecodeStream bound to its tokenizer, special tokens skipped as in Tokenizer.decode."""
+    """tokenizers' DecodeStream bound to its tokenizer, special tokens skipped as in Tokenizer.decode (hidden: the
+    ids skipped when the others are shown, harmony's case; None: every special token skipped)."""
 
-    def __init__(self, backend: _HFTokenizer, context_ids: list[int]):
-        self._tok, self._ds = backend, DecodeStream(ids=list(context_ids), skip_special_tokens=True)
+    def __init__(self, backend: _HFTokenizer, context_ids: list[int], hidden: frozenset[int] | None = None):
+        self._tok, self._hidden = backend, hidden
+        if hidden is not None:
+            context_ids = [i for i in context_ids if i not in hidden]
+        self._ds = DecodeStream(ids=list(context_ids), skip_special_tokens=hidden is None)
 
     def step(self, token_id: int) -> str | None:
+        if self._hidden is not None and int(token_id) in self._hidden:
+            return None
         return self._ds.step(self._tok, int(token_id))
 
 
@@ -97,6 +111,12 @@ class Tokenizer:
         }
         eos = self._id_of(self._special_tokens["eos_token"])
         self._eos_ids = tuple(dict.fromkeys(([eos] if eos is not None else []) + list(extra_eos_ids)))
+        markers = [backend.token_to_id(t) for t in HARMONY_MARKERS]
+        self.harmony = all(i is not None for i in markers)      # gpt-oss's format: its markers stay in the text
+        # harmony: the special tokens decode skips (every one but the markers); None: skip_special_tokens as asked
+        self._hidden: frozenset[int] | None = frozenset(
+            i for i, t in backend.get_added_tokens_decoder().items() if t.special and i not in markers
+        ) if self.harmony else None
 
     @classmethod
     def from_dir(cls, path) -> "Tokenizer":
@@ -128,13 +148,17 @@ class Tokenizer:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        text = self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        """skip_special_tokens: without the special tokens (harmony's markers kept: see the module docstring)."""
+        ids = [int(i) for i in ids]
+        if skip_special_tokens and self._hidden is not None:
+            ids, skip_special_tokens = [i for i in ids if i not in self._hidden], False
+        text = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
         return _clean_up_tokenization(text) if self._clean_up else text
 
     def decode_stream(self, context_ids: list[int]):
         """An incremental decoder of what decode gives, started after context_ids (detokenizer.TokenStream), or
         None where decode cleans up spaces afterwards (not a per-token operation)."""
-        return None if self._clean_up else RustDecodeStream(self._tok, context_ids)
+        return None if self._clean_up else RustDecodeStream(self._tok, context_ids, self._hidden)
 
     # ---------------------------------------------------------------------------------- chat template
 
@@ -145,12 +169,14 @@ class Tokenizer:
         return _compile_template(self.chat_template)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, reasoning_effort: str | None = None) -> str:
         """The prompt text for a conversation, as transformers' apply_chat_template(tokenize=False).
-        tools: OpenAI tool definitions, for templates that render them (see template_takes_tools)."""
+        tools: OpenAI tool definitions, for templates that render them (see template_takes_tools).
+        reasoning_effort: the template variable of that name where given (harmony's `Reasoning:` line)."""
         additional = self._config.get("additional_special_tokens") or []
+        extra = {"reasoning_effort": reasoning_effort} if reasoning_effort is not None else {}
         return self._template.render(
-            messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
+            messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **extra,
             additional_special_tokens=[token_content(t) for t in additional],
             **{k: v for k, v in self._special_tokens.items() if v is not None},
         )

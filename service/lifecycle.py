@@ -102,7 +102,7 @@ def start(kind: str, req: protocol.GenerationRequest, route: Route | None = None
         return prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt, skip_special_tokens=False)
 
     gen = Generation(req, g.request_id, sub.params.adapter or res.model_name, int(time.time()), handles,
-                     sub.prompts, g.t_start, token_text_of(engine), prompt_text)
+                     sub.prompts, g.t_start, token_text_of(engine), prompt_text, engine.tokenizer.harmony)
     return Call(kind, res, gen, stream=req.stream)
 
 

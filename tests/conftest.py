@@ -238,3 +238,29 @@ def smollm2_quantized(tmp_path_factory):
                                  **{"quality_tokens": QUALITY_TOKENS, **GATE_BUILDS[name]})
         return built[name]
     return get
+
+
+@pytest.fixture(scope="session")
+def harmony_tokenizer_dir(tmp_path_factory) -> Path:
+    """o200k_harmony's tokenizer files as a gpt-oss HF directory without any gets them (pipeline/tiktoken_vocab.py),
+    made once a session (~20 s)."""
+    from ortllm.pipeline.tiktoken_vocab import hf_dir_tokenizer
+    empty, out = tmp_path_factory.mktemp("gpt_oss_without_tokenizer"), tmp_path_factory.mktemp("o200k_harmony")
+    info = hf_dir_tokenizer(empty, out, "gpt_oss", 201088)
+    assert info.eos_token_ids == (200002, 199999, 200012) and info.vocab_size == 201088
+    return out
+
+
+@pytest.fixture(scope="session")
+def harmony_encoding(tmp_path_factory):
+    """openai-harmony's gpt-oss encoding, offline (tests/reference/harmony_ref.py)."""
+    from tests.reference.harmony_ref import harmony_encoding
+    return harmony_encoding(tmp_path_factory.mktemp("tiktoken_encodings"))
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_harmony_artifact(tmp_path_factory, harmony_tokenizer_dir) -> Path:
+    """A tiny random gpt-oss with o200k_harmony (tests/reference/harmony_ref.py), fp32 (~35 s to make)."""
+    from tests.reference.harmony_ref import make_gpt_oss_artifact
+    return shared_dir(tmp_path_factory, "gpt-oss-harmony-tiny",
+                      lambda out: make_gpt_oss_artifact(out, harmony_tokenizer_dir))
