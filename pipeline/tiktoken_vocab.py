@@ -28,7 +28,7 @@ from .harmony_template import HARMONY_TEMPLATE
 from ortllm.runtime.tokenizer import HARMONY_MARKERS
 
 from .tokenizer import (CHAT_TEMPLATE_FILES, TokenizerError, TokenizerInfo, _BpeSplit, _byte_level_bpe,
-                        _bytes_to_unicode, _tokenizer_config, _write_files, write_byte_tokenizer,
+                        _bytes_to_unicode, _tokenizer_config, _write_files, cached_tokenizer, write_byte_tokenizer,
                         write_tokenizer_from_hf)
 
 # o200k's pre-tokenizer regex (tiktoken_ext/openai_public.py o200k_base; openai-harmony uses the same)
@@ -116,6 +116,15 @@ def write_harmony_tokenizer(out_dir: Path, vocab_size: int = HARMONY_VOCAB_SIZE)
         raise TokenizerError(f"o200k_harmony has {HARMONY_VOCAB_SIZE} ids but the model has {vocab_size} embedding "
                              f"rows; give the model directory its own tokenizer files, or vocab_size >= "
                              f"{HARMONY_VOCAB_SIZE}")
+    from . import harmony_template, tokenizer
+    from .derived_cache import code_salt
+
+    salt = code_salt(__file__, tokenizer.__file__, harmony_template.__file__, dists=("tokenizers",))
+    return cached_tokenizer("harmony-tokenizer", [O200K_BASE_SHA256, salt], out_dir, _write_harmony_tokenizer)
+
+
+def _write_harmony_tokenizer(out_dir: Path) -> TokenizerInfo:
+    """write_harmony_tokenizer's files, made (~20 s: every split of o200k's 200k tokens as a merge)."""
     ranks = read_tiktoken_ranks(o200k_base_file(), O200K_BASE_SHA256)
     tok = bpe_from_ranks(ranks, O200K_PATTERN)
     specials = sorted(HARMONY_SPECIALS, key=HARMONY_SPECIALS.get)

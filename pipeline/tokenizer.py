@@ -396,18 +396,27 @@ def write_tokenizer_from_gguf(reader_or_path, out_dir: Path) -> TokenizerInfo:
                          pad_token_id=v.pad_id, chat_template=v.chat_template, files=files)
 
 
-def write_tokenizer_from_gguf_cached(reader, gguf_sha256: str, out_dir: Path, log=lambda m: None) -> TokenizerInfo:
-    """write_tokenizer_from_gguf, its files kept for the next build of the same GGUF (pipeline/derived_cache.py: the
-    conversion of Gemma 3's 262k tokens takes about a minute)."""
-    from .derived_cache import cached, code_salt
+def cached_tokenizer(kind: str, key_parts: list[str], out_dir: Path, make, log=lambda m: None) -> TokenizerInfo:
+    """make(out_dir) -> TokenizerInfo, its files kept for the next build of the same inputs (pipeline/derived_cache.py;
+    key_parts name the inputs, the caller's salt its code)."""
+    from .derived_cache import cached
 
-    def make(d: Path):
-        info = write_tokenizer_from_gguf(reader, d)
+    def made(d: Path):
+        info = make(d)
         return asdict(info), list(info.files)
 
-    salt = code_salt(__file__, dists=("tokenizers", "transformers", "gguf"))
-    info = cached("gguf-tokenizer", [gguf_sha256, salt], Path(out_dir), make, log)
+    info = cached(kind, key_parts, Path(out_dir), made, log)
     return TokenizerInfo(**{**info, "eos_token_ids": tuple(info["eos_token_ids"]), "files": tuple(info["files"])})
+
+
+def write_tokenizer_from_gguf_cached(reader, gguf_sha256: str, out_dir: Path, log=lambda m: None) -> TokenizerInfo:
+    """write_tokenizer_from_gguf, its files kept for the next build of the same GGUF (the conversion of Gemma 3's
+    262k tokens takes about a minute)."""
+    from .derived_cache import code_salt
+
+    salt = code_salt(__file__, dists=("tokenizers", "transformers", "gguf"))
+    return cached_tokenizer("gguf-tokenizer", [gguf_sha256, salt], out_dir,
+                            lambda d: write_tokenizer_from_gguf(reader, d), log)
 
 
 # ------------------------------------------------------------------------------------------ HF dir
