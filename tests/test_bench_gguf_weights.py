@@ -175,3 +175,83 @@ def test_the_writer_holds_a_tensor_not_the_model(tmp_path):
     assert grown < 0.3 * params * 4, (grown, params * 4)
     assert s["tensors"]["Q4_0"] == 1 + SMALL["num_layers"] * 7 and s["tensors"]["Q6_K"] == 1
     assert 0.55 * params < s["bytes"] < 0.62 * params        # 4.5 bits a weight, the head's 6.56
+
+
+# families llama.cpp runs from these files: its qwen3moe and qwen2moe have every layer sparse (no dense layer among
+# them), Mixtral is llama with experts (q/k rows permuted to llama.cpp's rope pairs); MoE routes kept clear of ties
+LLAMA_CPP_FAMILIES = {"qwen3_moe": dict(mlp_only_layers=[]), "qwen2_moe": dict(decoder_sparse_step=1),
+                      "mixtral": {}, "olmoe": {}}
+ROUTE_MARGIN = 1e-2
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_CPP_FAMILIES))
+def test_llama_cpp_runs_the_gguf_as_ortllm_does(name, tmp_path):
+    """llama.cpp loads the writer's F32 and Q4_0 GGUFs of a tiny MoE model, and its logits at 32 positions match
+    ortllm's fp32 engine built from the same file (so on the same dequantized weights) by gguf_check.py's gates:
+    F32 max |diff| <= 1e-4 x max |logit|, Q4_0 corr >= 0.999 (llama.cpp rounds the activations to Q8_0 there)."""
+    from ortllm.cli.build import build_artifact
+    from ortllm.pipeline.build import BuildOptions
+    from tests.pipeline.test_moe_families import _logits, _prompt, router_margin
+    from tests.test_bench import _peer_script, _peers_python_with
+
+    run = _peer_script(_peers_python_with("llama_cpp", "gguf"))
+    ids = _prompt(32, seed=2)
+    for seed in range(20):
+        model = tiny_model(name, seed=seed, **WIDTHS[name], **LLAMA_CPP_FAMILIES[name])
+        if router_margin(model, ids) >= ROUTE_MARGIN:
+            break
+    else:
+        raise AssertionError(f"{name}: no seed in 20 keeps the routes' top-k margin >= {ROUTE_MARGIN}")
+    src = load_path(save_hf_dir(model, tmp_path / "hf"))
+    results = {}
+    for kind in ("f32", "q4_0"):
+        out = tmp_path / f"{kind}.gguf"
+        write_weights_gguf(src, out, kind, log=None)
+        art = tmp_path / f"art-{kind}"
+        build_artifact(str(out), art, BuildOptions(), log=lambda m: None)
+        np.savez(tmp_path / f"{kind}.npz", ids=np.asarray(ids), logits=_logits(art, ids))
+        line = run("gguf_check.py", tmp_path / f"{kind}.npz", out, "--threads", "1").stdout.strip().splitlines()[-1]
+        results[kind] = json.loads(line)[0]
+    print(json.dumps(results, indent=1), file=sys.stderr)
+    assert results["f32"]["matrix_types"] == ["F32"] and results["f32"]["ok"], results["f32"]
+    assert "Q4_0" in results["q4_0"]["matrix_types"] and results["q4_0"]["ok"], results["q4_0"]
+    assert results["f32"]["vs_reference"]["top1_agreement"] == 1.0
+
+
+GGML_QUANTIZE = r"""
+import ctypes, pathlib, sys
+import numpy as np
+import llama_cpp
+lib = next(pathlib.Path(llama_cpp.__file__).parent.glob("lib/libggml-base.so*"))
+ggml = ctypes.CDLL(str(lib))
+ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
+ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                     ctypes.c_int64, ctypes.c_void_p]
+x = np.load(sys.argv[1])
+for name, kind in (("q6_k", 14), ("q4_0", 2), ("q8_0", 8)):
+    out = np.zeros(x.size * 2, np.uint8)
+    n = ggml.ggml_quantize_chunk(kind, x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+    np.save(sys.argv[2] + f"-{name}.npy", out[:n])
+"""
+
+
+def test_the_quantizers_give_ggmls_own_bytes(tmp_path):
+    """Q6_K (q6_k_quantize), and gguf-py's Q4_0 and Q8_0 the writer uses, byte for byte against ggml's own
+    ggml_quantize_chunk (libggml-base of the llama-cpp-python in .venv-peers), on rows with a zero block and a
+    spread of magnitudes; Q6_K's scale search accumulates in another order than ggml's loop, so a group whose
+    candidates tie within float rounding may keep another scale: at most 0.5% of its bytes differ."""
+    from tests.test_bench import _peers_python_with
+
+    python = _peers_python_with("llama_cpp")
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((64, 1024)) * np.exp(rng.standard_normal((64, 1)))).astype(np.float32)
+    x[5, :256] = 0
+    np.save(tmp_path / "x.npy", x)
+    p = subprocess.run([str(python), "-c", GGML_QUANTIZE, str(tmp_path / "x.npy"), str(tmp_path / "ggml")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for name, qt in (("q4_0", gguf.GGMLQuantizationType.Q4_0), ("q8_0", gguf.GGMLQuantizationType.Q8_0)):
+        assert np.array_equal(np.load(tmp_path / f"ggml-{name}.npy"), gguf.quants.quantize(x, qt).reshape(-1)), name
+    theirs, mine = np.load(tmp_path / "ggml-q6_k.npy"), q6_k_quantize(x).reshape(-1)
+    assert theirs.size == mine.size
+    assert (theirs != mine).mean() <= 0.005, (theirs != mine).mean()
