@@ -97,6 +97,18 @@ def test_a_moe_gguf_reads_back_as_its_source_quantized(moe_hf, kind, tmp_path):
         assert np.array_equal(back.tensors[hname], want), (name, kind, hname, qtype)
 
 
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3", "granite"])
+def test_dense_families_round_trip_exactly(name, tmp_path):
+    """The dense families ortllm reads from a GGUF too, as F32: the same config and bit-equal tensors (Llama 3's q/k
+    rows permuted and back, its RoPE scaling as rope_freqs, its tied head left out; Granite's multipliers)."""
+    src = load_path(save_hf_dir(tiny_model(name), tmp_path / "hf"))
+    write_weights_gguf(src, tmp_path / "m.gguf", "f32", log=None)
+    back = load_path(tmp_path / "m.gguf")
+    assert config_mismatch(src.config, back.config) == []
+    assert set(back.tensors) == set(src.tensors)
+    assert all(np.array_equal(back.tensors[n], src.tensors[n]) for n in src.tensors)
+
+
 def test_q6_k_is_ggmls_grid_within_its_error_bound():
     """The head's Q6_K (q6_k_quantize, a port of ggml's quantize_row_q6_K_ref): gguf-py's dequantize reads it back
     with each value the codes -32..31 reach within half a step of its group's scale (d * scale / 2; the int8 group
@@ -131,6 +143,9 @@ def test_refusals_say_what_cannot_be_written(tmp_path):
     gpt = load_path(save_hf_dir(tiny_model("gpt_oss"), tmp_path / "gpt-oss"))
     with pytest.raises(BenchError, match="no GGUF writer for family 'gpt_oss'"):
         write_weights_gguf(gpt, tmp_path / "g.gguf", "q8_0")
+    phi3 = load_path(save_hf_dir(tiny_model("phi3"), tmp_path / "phi3"))
+    with pytest.raises(BenchError, match="its GGUF fix-up split_fused has no inverse"):
+        write_weights_gguf(phi3, tmp_path / "p.gguf", "q8_0")
     windowed = load_path(save_hf_dir(tiny_model("mixtral"), tmp_path / "mixtral"))     # llama's keys have no window
     with pytest.raises(BenchError, match=r"would not carry its config \(sliding_window: model 40, GGUF None"):
         write_weights_gguf(windowed, tmp_path / "m.gguf", "q8_0")
