@@ -173,7 +173,9 @@ bench-8b: $(STAMP) ops
 # 16.1 + 30.2 GiB of disk; their .time files give peak RSS and wall time). bench-moe runs `ortllm bench` on
 # MOE_ARTIFACT, an int4 build of the recipe (ortllm build MOE_RECIPE --quant int4 --out DIR), against MOE_PEERS.
 # Needs llama_cpp in .venv-peers (make bench-peers PEERS_ONLY=llama.cpp MODEL=llama-tiny-random). Run on an idle
-# host with RAM for both models at once (the bench alternates them: ~19 GB of ortllm's int4, ~17 GB of Q4_0).
+# host with RAM for both models at once, ~40 GB (the bench keeps both loaded and alternates them: ~19 GB of ortllm's
+# int4, ~17 GB of Q4_0 that llama.cpp repacks into its own memory); MOE_PEERS=llama.cpp-q8_0 (~32 GB) in a run of
+# its own.
 MOE_RECIPE ?= qwen3-30b-a3b-shape
 MOE_ARTIFACT ?= artifacts/$(MOE_RECIPE)-int4
 MOE_PEERS ?= llama.cpp-q4_0
