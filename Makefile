@@ -170,7 +170,8 @@ bench-8b: $(STAMP) ops
 # Qwen3-30B-A3B's shape (recipe MOE_RECIPE: seeded random weights) against llama.cpp on GGUFs of the same weights,
 # 2 threads each. bench-moe-gguf writes .venv-peers/models/MOE_RECIPE/model-q4_0.gguf and model-q8_0.gguf
 # (GGUF_WEIGHTS_TYPES) with bench/gguf_weights.py: tensor by tensor, quantized as written, no fp32 copy (at 30B:
-# 16.1 + 30.2 GiB of disk; their .time files give peak RSS and wall time). bench-moe runs `ortllm bench` on
+# 16.1 + 30.2 GiB of disk, ~1.6 GB peak RSS, ~16 min each on one idle core as measured on a 2-layer, 32-expert cut
+# of the shape; their .time files give peak RSS and wall time). bench-moe runs `ortllm bench` on
 # MOE_ARTIFACT, an int4 build of the recipe (ortllm build MOE_RECIPE --quant int4 --out DIR), against MOE_PEERS.
 # Needs llama_cpp in .venv-peers (make bench-peers PEERS_ONLY=llama.cpp MODEL=llama-tiny-random). Run on an idle
 # host with RAM for both models at once, ~40 GB (the bench keeps both loaded and alternates them: ~19 GB of ortllm's

@@ -24,7 +24,9 @@ gguf-py's quantizers (gguf.quants, ggml's reference rounding) run on row chunks 
 
 Memory: the largest source tensor in fp32 (the embedding and head: vocab x hidden, 1.2 GB at Qwen3-30B-A3B's
 shape; a shape recipe draws each tensor whole) plus the quantized bytes of the tensor being written (one stacked
-expert tensor: 214 MB of Q8_0 at that shape).
+expert tensor: 214 MB of Q8_0 at that shape). Measured on Qwen3-30B-A3B's shape cut to 2 layers of 32 experts (its
+embedding and head whole; 962M parameters, 3.85 GB of fp32): Q4_0 in 60 s of CPU, 1.60 GB peak RSS, 625 MB
+(`--set num_layers=2 --set num_experts=32`).
 """
 from __future__ import annotations
 
