@@ -193,34 +193,59 @@ def test_the_writer_holds_a_tensor_not_the_model(tmp_path):
 
 
 # families llama.cpp runs from these files: its qwen3moe and qwen2moe have every layer sparse (no dense layer among
-# them), Mixtral is llama with experts (q/k rows permuted to llama.cpp's rope pairs); MoE routes kept clear of ties
-LLAMA_CPP_FAMILIES = {"qwen3_moe": dict(mlp_only_layers=[]), "qwen2_moe": dict(decoder_sparse_step=1),
-                      "mixtral": {}, "olmoe": dict(num_key_value_heads=4)}    # llama.cpp's olmoe: k_norm [heads * D]
-ROUTE_MARGIN = 1e-3
-QUANTIZED = "q8_0"
+# them), Mixtral is llama with experts (q/k rows permuted to llama.cpp's rope pairs); the quantized file types each
+# is checked in (Q4_0 for qwen3moe, the 30B shape's arch, whose HF names are ortllm's: see _clear_routes)
+LLAMA_CPP_FAMILIES = {"qwen3_moe": (dict(mlp_only_layers=[]), ("q8_0", "q4_0")),
+                      "qwen2_moe": (dict(decoder_sparse_step=1), ("q8_0",)), "mixtral": ({}, ("q8_0",)),
+                      "olmoe": (dict(num_key_value_heads=4), ("q8_0",))}     # llama.cpp's olmoe: k_norm [heads * D]
+ROUTE_MARGIN = 1e-3             # the top-k margin of every token's route, on the source weights
+QUANTIZED_ROUTE_MARGIN = 2e-3   # ... on a Q4_0 file's own dequantized weights, where llama.cpp's Q8_0 activations
+                                # must not flip a route either (below 5e-4 one did: max |diff| 1.4 at 2 of 32 tokens)
+
+FIRST_SEED = {"qwen3_moe": 27}  # where _clear_routes' search starts: the first seed that keeps both margins (seeds
+                                # 0-26 fail the Q4_0 one; starting here saves ~30 s of search; the margins are checked)
+
+
+def _clear_routes(name: str, ids: list[int], kinds, tmp_path: Path):
+    """The first seed's transformers model whose routes over ids keep ROUTE_MARGIN, and QUANTIZED_ROUTE_MARGIN with
+    the weights of its Q4_0 GGUF (when Q4_0 is among kinds) loaded into it."""
+    import torch
+
+    from tests.pipeline.test_moe_families import router_margin
+
+    first = FIRST_SEED.get(name, 0)
+    for seed in range(first, first + 30):
+        model = tiny_model(name, seed=seed, **WIDTHS[name], **LLAMA_CPP_FAMILIES[name][0])
+        if router_margin(model, ids) < ROUTE_MARGIN:
+            continue
+        if "q4_0" not in kinds:
+            return model
+        write_weights_gguf(load_path(save_hf_dir(model, tmp_path / "probe")), tmp_path / "probe.gguf", "q4_0",
+                           log=None)
+        q4 = tiny_model(name, seed=seed, **WIDTHS[name], **LLAMA_CPP_FAMILIES[name][0])
+        back = load_path(tmp_path / "probe.gguf").tensors
+        q4.load_state_dict({n: torch.from_numpy(np.array(back[n])) for n in back}, strict=True)
+        if router_margin(q4, ids) >= QUANTIZED_ROUTE_MARGIN:
+            return model
+    raise AssertionError(f"{name}: no seed in {first}..{first + 29} keeps the routes' top-k margins")
 
 
 @pytest.mark.parametrize("name", sorted(LLAMA_CPP_FAMILIES))
 def test_llama_cpp_runs_the_gguf_as_ortllm_does(name, tmp_path):
-    """llama.cpp loads the writer's F32 and Q4_0 GGUFs of a tiny MoE model, and its logits at 32 positions match
+    """llama.cpp loads the writer's F32 and quantized GGUFs of a tiny MoE model, and its logits at 32 positions match
     ortllm's fp32 engine built from the same file (so on the same dequantized weights) by gguf_check.py's gates:
-    F32 max |diff| <= 1e-4 x max |logit|, Q4_0 corr >= 0.999 (llama.cpp rounds the activations to Q8_0 there)."""
+    F32 max |diff| <= 1e-4 x max |logit|, Q8_0 / Q4_0 corr >= 0.999 (llama.cpp rounds the activations to Q8_0)."""
     from ortllm.cli.build import build_artifact
     from ortllm.pipeline.build import BuildOptions
-    from tests.pipeline.test_moe_families import _logits, _prompt, router_margin
+    from tests.pipeline.test_moe_families import _logits, _prompt
     from tests.test_bench import _peer_script, _peers_python_with
 
     run = _peer_script(_peers_python_with("llama_cpp", "gguf"))
     ids = _prompt(32, seed=2)
-    for seed in range(20):
-        model = tiny_model(name, seed=seed, **WIDTHS[name], **LLAMA_CPP_FAMILIES[name])
-        if router_margin(model, ids) >= ROUTE_MARGIN:
-            break
-    else:
-        raise AssertionError(f"{name}: no seed in 20 keeps the routes' top-k margin >= {ROUTE_MARGIN}")
-    src = load_path(save_hf_dir(model, tmp_path / "hf"))
+    kinds = ("f32", *LLAMA_CPP_FAMILIES[name][1])
+    src = load_path(save_hf_dir(_clear_routes(name, ids, kinds, tmp_path), tmp_path / "hf"))
     results = {}
-    for kind in ("f32", QUANTIZED):
+    for kind in kinds:
         out = tmp_path / f"{kind}.gguf"
         write_weights_gguf(src, out, kind, log=None)
         art = tmp_path / f"art-{kind}"
@@ -230,8 +255,9 @@ def test_llama_cpp_runs_the_gguf_as_ortllm_does(name, tmp_path):
         results[kind] = json.loads(line)[0]
     print(json.dumps(results, indent=1), file=sys.stderr)
     assert results["f32"]["matrix_types"] == ["F32"] and results["f32"]["ok"], results["f32"]
-    assert QUANTIZED.upper() in results[QUANTIZED]["matrix_types"] and results[QUANTIZED]["ok"], results[QUANTIZED]
     assert results["f32"]["vs_reference"]["top1_agreement"] == 1.0
+    for kind in kinds[1:]:
+        assert kind.upper() in results[kind]["matrix_types"] and results[kind]["ok"], results[kind]
 
 
 GGML_QUANTIZE = r"""
