@@ -176,7 +176,8 @@ bench-8b: $(STAMP) ops
 # Needs llama_cpp in .venv-peers (make bench-peers PEERS_ONLY=llama.cpp MODEL=llama-tiny-random). Run on an idle
 # host with RAM for both models at once, ~40 GB (the bench keeps both loaded and alternates them: ~19 GB of ortllm's
 # int4, ~17 GB of Q4_0 that llama.cpp repacks into its own memory); MOE_PEERS=llama.cpp-q8_0 (~32 GB) in a run of
-# its own.
+# its own. Where both do not fit, the peers run alone: ortllm bench --peers-model MOE_RECIPE --peers ... (not the
+# same run).
 MOE_RECIPE ?= qwen3-30b-a3b-shape
 MOE_ARTIFACT ?= artifacts/$(MOE_RECIPE)-int4
 MOE_PEERS ?= llama.cpp-q4_0
