@@ -168,10 +168,10 @@ bench-8b: $(STAMP) ops
 	BENCH_8B_OUT=$(BENCH_OUT)/8b bash ci/bench_8b.sh
 
 # Qwen3-30B-A3B's shape (recipe MOE_RECIPE: seeded random weights) against llama.cpp on GGUFs of the same weights,
-# 2 threads each. bench-moe-gguf writes .venv-peers/models/MOE_RECIPE/model-q4_0.gguf and model-q8_0.gguf
-# (GGUF_WEIGHTS_TYPES) with bench/gguf_weights.py: tensor by tensor, quantized as written, no fp32 copy (at 30B:
-# 16.1 + 30.2 GiB of disk, ~1.6 GB peak RSS, ~16 min each on one idle core as measured on a 2-layer, 32-expert cut
-# of the shape; their .time files give peak RSS and wall time). bench-moe runs `ortllm bench` on
+# 2 threads each. bench-moe-gguf writes .venv-peers/models/MOE_RECIPE/model-q4_0.gguf and/or model-q8_0.gguf (the
+# GGUF_WEIGHTS_TYPES that MOE_PEERS run) with bench/gguf_weights.py: tensor by tensor, quantized as written, no fp32
+# copy (at 30B: 16.1 / 30.2 GiB of disk, ~1.6 GB peak RSS, ~16 min each on one idle core as measured on a 2-layer,
+# 32-expert cut of the shape; their .time files give peak RSS and wall time). bench-moe runs `ortllm bench` on
 # MOE_ARTIFACT, an int4 build of the recipe (ortllm build MOE_RECIPE --quant int4 --out DIR), against MOE_PEERS.
 # Needs llama_cpp in .venv-peers (make bench-peers PEERS_ONLY=llama.cpp MODEL=llama-tiny-random). Run on an idle
 # host with RAM for both models at once, ~40 GB (the bench keeps both loaded and alternates them: ~19 GB of ortllm's
@@ -181,7 +181,7 @@ bench-8b: $(STAMP) ops
 MOE_RECIPE ?= qwen3-30b-a3b-shape
 MOE_ARTIFACT ?= artifacts/$(MOE_RECIPE)-int4
 MOE_PEERS ?= llama.cpp-q4_0
-GGUF_WEIGHTS_TYPES ?= q4_0 q8_0
+GGUF_WEIGHTS_TYPES ?= $(if $(findstring q8_0,$(MOE_PEERS)),q8_0,) $(if $(findstring q4_0,$(MOE_PEERS)),q4_0,)
 bench-moe-gguf: $(STAMP)
 	MODEL=$(MOE_RECIPE) PEERS_ONLY=gguf-weights GGUF_WEIGHTS_TYPES="$(GGUF_WEIGHTS_TYPES)" bash ci/install_peers.sh
 
