@@ -3,9 +3,10 @@ tensor and quantized as it is written: no fp32 or F16 file of the model, and nev
 `llama.cpp-q4_0` / `llama.cpp-q8_0` of a model too large for ci/install_peers.sh's fp32 hf/ directory (a 30B model's
 is 120 GB) runs on it (`make bench-moe`):
 
-  .venv/bin/python -m ortllm.bench.gguf_weights qwen3-30b-a3b-shape OUT.gguf --type q4_0     (or q8_0, f16, f32)
+  ortllm bench --peers-model qwen3-30b-a3b-shape --write-gguf q4_0,q8_0      (or f16, f32)
 
-Runs in ortllm's venv (it reads the weights through pipeline/sources.load_model; gguf-py writes and quantizes).
+Runs in ortllm's venv (it reads the weights through pipeline/sources.load_model; gguf-py writes and quantizes);
+`ortllm bench --peers-model RECIPE --write-gguf q4_0,q8_0` writes a recipe's into its peer assets (write_peer_ggufs).
 
 Layout: the inverse of ortllm's GGUF reader. Names are pipeline/families.gguf_tensor_names inverted (llama.cpp's
 names; a layer's experts stacked per projection, blk.N.ffn_{gate,up,down}_exps [E, ...], filled one expert at a
@@ -25,15 +26,12 @@ gguf-py's quantizers (gguf.quants, ggml's reference rounding) run on row chunks 
 Memory: the largest source tensor in fp32 (the embedding and head: vocab x hidden, 1.2 GB at Qwen3-30B-A3B's
 shape; a shape recipe draws each tensor whole) plus the quantized bytes of the tensor being written (one stacked
 expert tensor: 214 MB of Q8_0 at that shape). Measured on Qwen3-30B-A3B's shape cut to 2 layers of 32 experts (its
-embedding and head whole; 962M parameters, 3.85 GB of fp32): Q4_0 in 60 s of CPU, 1.60 GB peak RSS, 625 MB
-(`--set num_layers=2 --set num_experts=32`).
+embedding and head whole; 962M parameters, 3.85 GB of fp32; load_weights' overrides num_layers=2, num_experts=32):
+Q4_0 in 60 s of CPU, 1.60 GB peak RSS, 625 MB.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -439,31 +437,25 @@ def load_weights(model: str, overrides: dict | None = None) -> ModelWeights:
     return random_weights(dataclasses.replace(recipe, architecture={**recipe.architecture, **overrides}))
 
 
-def _override(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE (e.g. num_layers=4); got {text!r}")
-    return key, json.loads(value) if value not in ("", "None") else None
-
-
-def main(argv=None) -> int:
+def write_peer_ggufs(model: str, types: list[str], log=print) -> list[dict]:
+    """`ortllm bench --peers-model MODEL --write-gguf TYPE,...`: model-TYPE.gguf of the recipe's weights in its peer
+    assets (peer_runner.assets_dir: .venv-peers/models/MODEL/, where the llama.cpp-q4_0 / -q8_0 peers read them), one
+    summary each (with the process's peak RSS so far); a file already there is kept (delete it to write it again)."""
     from .memory import peak_rss_bytes
+    from .peer_runner import assets_dir
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", help="an ortllm recipe name, or a GGUF file / HF directory")
-    p.add_argument("out", type=Path, help="the GGUF file to write")
-    p.add_argument("--type", default="q4_0", choices=sorted(TYPES), help="llama.cpp's file type (default q4_0)")
-    p.add_argument("--name", default=None, help="general.name (default: the source's description)")
-    p.add_argument("--set", dest="overrides", action="append", type=_override, default=[], metavar="KEY=VALUE",
-                   help="a random recipe's architecture field, changed (a smaller shape to measure on); repeatable")
-    a = p.parse_args(argv)
-    weights = load_weights(a.model, dict(a.overrides))
-    summary = write_weights_gguf(weights, a.out, a.type, a.name or a.model,
-                                 log=lambda s: print(s, file=sys.stderr))
-    summary["peak_rss_bytes"] = peak_rss_bytes()
-    print(json.dumps(summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    unknown = [t for t in types if t not in TYPES]
+    if unknown or not types:
+        raise BenchError(f"--write-gguf takes types among {', '.join(TYPES)}; got {','.join(types) or 'none'}")
+    out_dir = assets_dir(model)
+    weights, done = None, []
+    for kind in types:
+        out = out_dir / f"model-{kind}.gguf"
+        if out.is_file():
+            log(f"gguf_weights: {out} exists: kept")
+            done.append({"gguf": str(out), "type": kind, "kept": True})
+            continue
+        weights = weights or load_weights(model)
+        log(f"gguf_weights: writing {out} from {model}'s weights")
+        done.append(write_weights_gguf(weights, out, kind, model, log=log) | {"peak_rss_bytes": peak_rss_bytes()})
+    return done

@@ -297,3 +297,25 @@ def test_the_quantizers_give_ggmls_own_bytes(tmp_path):
     theirs, mine = np.load(tmp_path / "ggml-q6_k.npy"), q6_k_quantize(x).reshape(-1)
     assert theirs.size == mine.size
     assert (theirs != mine).mean() <= 0.005, (theirs != mine).mean()
+
+
+def test_ortllm_bench_writes_a_recipes_peer_ggufs(tmp_path):
+    """`ortllm bench --peers-model RECIPE --write-gguf q4_0,q8_0` (make bench-moe-gguf's command): the files in the
+    recipe's peer assets (ORTLLM_PEERS_ASSETS here), a JSON summary line each; a second run keeps them; the
+    refusals say what to give."""
+    from tests.cli_run import ortllm
+    from tests.test_cli import assert_user_error
+
+    env = {"ORTLLM_PEERS_ASSETS": str(tmp_path)}
+    p = ortllm("bench", "--peers-model", "llama-tiny-random", "--write-gguf", "q4_0,q8_0", env=env)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(x) for x in p.stdout.strip().splitlines()]
+    assert [x["type"] for x in lines] == ["q4_0", "q8_0"] and all(x["peak_rss_bytes"] > 0 for x in lines)
+    for kind in ("q4_0", "q8_0"):
+        assert config_mismatch(load_path(tmp_path / f"model-{kind}.gguf").config,
+                               load_path(tmp_path / "model-q8_0.gguf").config) == []
+    again = ortllm("bench", "--peers-model", "llama-tiny-random", "--write-gguf", "q4_0", env=env)
+    assert again.returncode == 0 and json.loads(again.stdout)["kept"] is True
+    assert_user_error(ortllm("bench", "--write-gguf", "q4_0", env=env), "--write-gguf needs --peers-model")
+    assert_user_error(ortllm("bench", "--peers-model", "llama-tiny-random", "--write-gguf", "q5_k", env=env),
+                      "--write-gguf takes types among")
