@@ -25,7 +25,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup ops serve test lint quality test-asan test-ray bench bench-ray figures bench-peers bench-vs-peers bench-8b soak adapters browser terminal serve-sizing image image-test clean
+.PHONY: setup ops serve test lint quality test-asan test-ray bench bench-ray figures bench-peers bench-vs-peers bench-8b bench-moe bench-moe-gguf soak adapters browser terminal serve-sizing image image-test clean
 BENCH_OUT ?= bench-results
 
 setup: $(STAMP)
@@ -166,6 +166,30 @@ bench-vs-peers: $(STAMP) ops $(PEERS_ARTIFACT)/manifest.json $(PEERS_REFERENCE)/
 # and context 2048 (ci/bench_8b.sh: about an hour and ~45 GB of disk; needs make bench-peers PEERS_ONLY=llama.cpp).
 bench-8b: $(STAMP) ops
 	BENCH_8B_OUT=$(BENCH_OUT)/8b bash ci/bench_8b.sh
+
+# Qwen3-30B-A3B's shape (recipe MOE_RECIPE: seeded random weights) against llama.cpp on GGUFs of the same weights,
+# 2 threads each. bench-moe-gguf writes .venv-peers/models/MOE_RECIPE/model-q4_0.gguf and/or model-q8_0.gguf (the
+# GGUF_WEIGHTS_TYPES that MOE_PEERS run) with bench/gguf_weights.py: tensor by tensor, quantized as written, no fp32
+# copy (at 30B: 16.1 / 30.2 GiB of disk, ~1.6 GB peak RSS, ~16 min each on one idle core as measured on a 2-layer,
+# 32-expert cut of the shape; their .time files give peak RSS and wall time). bench-moe runs `ortllm bench` on
+# MOE_ARTIFACT, an int4 build of the recipe (ortllm build MOE_RECIPE --quant int4 --out DIR), against MOE_PEERS.
+# Needs llama_cpp in .venv-peers (make bench-peers PEERS_ONLY=llama.cpp MODEL=llama-tiny-random). Run on an idle
+# host with RAM for both models at once, ~40 GB (the bench keeps both loaded and alternates them: ~19 GB of ortllm's
+# int4, ~17 GB of Q4_0 that llama.cpp repacks into its own memory); MOE_PEERS=llama.cpp-q8_0 (~32 GB) in a run of
+# its own. Where both do not fit, the peers run alone: ortllm bench --peers-model MOE_RECIPE --peers ... (not the
+# same run).
+MOE_RECIPE ?= qwen3-30b-a3b-shape
+MOE_ARTIFACT ?= artifacts/$(MOE_RECIPE)-int4
+MOE_PEERS ?= llama.cpp-q4_0
+GGUF_WEIGHTS_TYPES ?= $(if $(findstring q8_0,$(MOE_PEERS)),q8_0,) $(if $(findstring q4_0,$(MOE_PEERS)),q4_0,)
+bench-moe-gguf: $(STAMP)
+	MODEL=$(MOE_RECIPE) PEERS_ONLY=gguf-weights GGUF_WEIGHTS_TYPES="$(GGUF_WEIGHTS_TYPES)" bash ci/install_peers.sh
+
+bench-moe: bench-moe-gguf ops
+	@test -f $(MOE_ARTIFACT)/manifest.json || { echo "bench-moe: no artifact at $(MOE_ARTIFACT); build it with" \
+	  "$(BIN)/ortllm build $(MOE_RECIPE) --quant int4 --out $(MOE_ARTIFACT), or set MOE_ARTIFACT=DIR" >&2; exit 1; }
+	$(BIN)/ortllm bench $(MOE_ARTIFACT) --scenario decode,prefill --batches 1,4,16 --threads 2 --peers $(MOE_PEERS) \
+	  --out $(BENCH_OUT)/moe
 
 # The server image (Containerfile: base install only, non-root, ORTLLM_HOME on a volume, SmolLM2's int4 build baked
 # in; docs/service.md, "Deploying"), with podman if present (docker format: it keeps the HEALTHCHECK), else docker.

@@ -38,6 +38,8 @@
 #   PEERS_JOBS=N   compile/quantize jobs (default: all cores)         PEERS_NICE=N  nice level (default 0)
 #   PEERS_FORCE=1  rebuild the model directories                      PEERS_ONLY="llama.cpp genai transformers openvino"
 #
+# Opt-in part PEERS_ONLY=gguf-weights (`make bench-moe-gguf`): model-q4_0.gguf and model-q8_0.gguf written from
+#   MODEL's weights by `ortllm bench --write-gguf` (no hf/, no F32 file: the MoE shape recipes at 30B; see below)
 # Opt-in parts (PEERS_ONLY="llama-server llama-cpp-server guidellm"), for `ortllm bench --scenario serve-guidellm`:
 #   .venv-peers/bin/llama-server llama.cpp's own HTTP server, built from the llama.cpp source the pinned
 #                                llama-cpp-python vendors (its sdist's vendor/llama.cpp; -DGGML_NATIVE=ON, static,
@@ -287,6 +289,27 @@ if want llama.cpp; then
   llama_quant q4_k_m "$ASSETS/model-q4_k_m.gguf"
   llama_quant q8_0 "$ASSETS/model-q8_0.gguf"
   rm -f "$ASSETS/model-f32.gguf.tmp"
+fi
+
+# Opt-in (PEERS_ONLY=gguf-weights; `make bench-moe-gguf`): llama.cpp's GGUFs of MODEL's weights for a model whose
+# fp32 hf/ above cannot be written (qwen3-30b-a3b-shape's would be 120 GB): `ortllm bench --write-gguf` in ortllm's
+# venv reads the weights tensor by tensor (a shape recipe draws them as read) and quantizes each as it writes it, with
+# llama.cpp's type choice (Q4_0 with a Q6_K head; Q8_0), into model-q4_0.gguf / model-q8_0.gguf for the
+# llama.cpp-q4_0 / llama.cpp-q8_0 peers. GGUF_WEIGHTS_TYPES picks them (default "q4_0 q8_0"); an existing file is
+# kept (PEERS_FORCE=1 writes it again). Each write's peak RSS and wall time: gguf-weights-TYPE.time, its summary
+# (tensor types, bytes, seconds): gguf-weights-TYPE.json.
+if want gguf-weights; then
+  mkdir -p "$ASSETS"
+  for type in ${GGUF_WEIGHTS_TYPES:-q4_0 q8_0}; do
+    out="$ASSETS/model-$type.gguf"
+    [ "${PEERS_FORCE:-0}" = 1 ] && rm -f "$out"
+    [ -f "$out" ] && { say "$out exists: kept"; continue; }
+    say "writing $out from $MODEL's weights (peak RSS and time: $ASSETS/gguf-weights-$type.time)"
+    ORTLLM_PEERS_ASSETS="$ASSETS" /usr/bin/time -v -o "$ASSETS/gguf-weights-$type.time" $NICE "$MAIN/bin/ortllm" \
+        bench --peers-model "$MODEL" --write-gguf "$type" > "$ASSETS/gguf-weights-$type.json" \
+      || { rm -f "$out.tmp"; echo "install_peers: writing $out failed (its error is above)" >&2; exit 1; }
+    grep -E "Maximum resident|Elapsed" "$ASSETS/gguf-weights-$type.time"
+  done
 fi
 
 # optimum-intel 2.2.0 exports Gemma 3 (model_type gemma3_text) only under transformers <= 5.0 (its

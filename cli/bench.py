@@ -56,6 +56,10 @@ def add_bench(sub) -> None:
     p.add_argument("--render-figures", type=Path, nargs="+", default=None, metavar="PAGE",
                    help="run no scenario: rewrite the <!-- figures: NAME --> tables of these markdown pages from "
                         "their results files (bench/figures.py; make figures)")
+    p.add_argument("--write-gguf", default=None, metavar="TYPE[,TYPE]",
+                   help="run no scenario: write llama.cpp's GGUFs (q4_0, q8_0, f16, f32) of --peers-model's weights "
+                        "into its peer assets, tensor by tensor, quantized as written (no fp32 copy: the MoE shape "
+                        "recipes; bench/gguf_weights.py, make bench-moe-gguf)")
     p.add_argument("--check", action="store_true",
                    help="with --render-figures: change nothing; exit 1 naming the pages whose tables are stale")
     p.set_defaults(run=run_bench)
@@ -100,6 +104,20 @@ def render_figures(pages: list[Path], check: bool) -> int:
     return 1 if stale and check else 0
 
 
+def write_gguf(model: str | None, types: str) -> int:
+    """--write-gguf: one JSON summary line per file on stdout (tensor types, bytes, seconds, peak RSS)."""
+    import json
+
+    from ortllm.bench.gguf_weights import write_peer_ggufs
+    from ortllm.pipeline.errors import BuildError
+    if not model:
+        raise BuildError("--write-gguf needs --peers-model RECIPE: the recipe whose weights to write")
+    for summary in write_peer_ggufs(model, [t.strip() for t in types.split(",") if t.strip()],
+                                    log=lambda m: print(m, file=sys.stderr)):
+        print(json.dumps(summary), flush=True)
+    return 0
+
+
 def run_bench(a) -> int:
     from ortllm.bench.results import markdown_table, write_markdown, write_results
     from ortllm.bench.scenarios import BenchRun, run_scenarios, scenario_tables, select
@@ -107,6 +125,8 @@ def run_bench(a) -> int:
 
     if a.render_figures:
         return render_figures(a.render_figures, a.check)
+    if a.write_gguf:
+        return write_gguf(a.peers_model, a.write_gguf)
     if a.check:
         raise BuildError("--check goes with --render-figures PAGE ...")
     if a.out is None:

@@ -3,6 +3,11 @@
 Runs inside .venv-peers (llama_cpp, transformers, torch, gguf, numpy); ci/install_peers.sh runs it on every GGUF
 that gguf_export.py writes, and tests/test_bench.py on llama-tiny-random:
   .venv-peers/bin/python bench/peers/gguf_check.py HF_DIR A.gguf [B.gguf ...] [--out check.json]
+  .venv-peers/bin/python bench/peers/gguf_check.py REF.npz A.gguf ...
+The second form compares with given logits instead of transformers (REF.npz: `ids` [T] and `logits` [T, vocab], e.g.
+ortllm's fp32 engine built from A.gguf itself, so on its own dequantized weights: tests/test_bench_gguf_weights.py
+checks bench/gguf_weights.py's MoE GGUFs so, which transformers 5 cannot load), gated as a file against its own
+weights below (F32/F16: max |diff|; quantized: corr).
 
 One seeded random prompt (ids >= 3, no BOS), logits at every position: position 0 has rotation angle 0, so a
 wrong q/k permutation (RoPE pairing) only shows from position 1 on. Figures: max |diff| (beside the largest
@@ -155,6 +160,26 @@ def check(hf: Path, ggufs: list[Path], tokens: int = 32, seed: int = 0, threads:
     return results
 
 
+def check_reference(ref: Path, ggufs: list[Path], threads: int = 2) -> list[dict]:
+    """check() against REF.npz's logits of its ids (the module docstring's second form): {gguf, matrix_types,
+    vs_reference, bound, ok} per GGUF."""
+    saved = np.load(ref)
+    ids, want = saved["ids"], saved["logits"]
+    results = []
+    for path in ggufs:
+        types = matrix_types(path)
+        r = {"gguf": str(path), "tokens": len(ids), "matrix_types": types,
+             "vs_reference": compare(want, llamacpp_logits(path, ids, threads))}
+        if set(types) <= {"F32", "F16"}:
+            bound = MAX_REL_DIFF["F16" if "F16" in types else "F32"] * r["vs_reference"]["max_abs_ref"]
+            r["bound"], r["ok"] = f"max_abs_diff <= {bound:.3g}", r["vs_reference"]["max_abs_diff"] <= bound
+        else:
+            r["bound"] = f"corr >= {MIN_CORR_DEQUANTIZED}"
+            r["ok"] = r["vs_reference"]["corr"] >= MIN_CORR_DEQUANTIZED
+        results.append(r)
+    return results
+
+
 def _line(name: str, c: dict) -> str:
     return (f"vs {name}: max|diff| {c['max_abs_diff']:.3g} (max|ref| {c['max_abs_ref']:.3g}), "
             f"corr {c['corr']:.5f}, top-1 {c['top1_agreement']:.2f}")
@@ -162,17 +187,19 @@ def _line(name: str, c: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("hf", type=Path)
+    p.add_argument("hf", type=Path, help="the transformers directory, or REF.npz (ids, logits) to compare with")
     p.add_argument("gguf", type=Path, nargs="+")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here too")
     a = p.parse_args(argv)
-    results = check(a.hf, a.gguf, a.tokens, a.seed, a.threads)
+    if a.hf.suffix == ".npz":
+        results = check_reference(a.hf, a.gguf, a.threads)
+    else:
+        results = check(a.hf, a.gguf, a.tokens, a.seed, a.threads)
     for r in results:
-        parts = [_line("fp32", r["vs_fp32"])] + ([_line("dequantized", r["vs_dequantized"])]
-                                                 if "vs_dequantized" in r else [])
+        parts = [_line(k.removeprefix("vs_"), r[k]) for k in ("vs_reference", "vs_fp32", "vs_dequantized") if k in r]
         print(f"gguf_check: {Path(r['gguf']).name} ({'/'.join(r['matrix_types'])}, {r['tokens']} positions): "
               f"{'; '.join(parts)}: {'ok' if r['ok'] else 'FAILED'} ({r['bound']})", file=sys.stderr)
     if a.out:

@@ -105,13 +105,27 @@ def _tokenizer(hf: Path, vocab_size: int):
     tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     if not merges:
-        # llama.cpp refuses a gpt2 vocab without the merges key and gguf-py cannot write an empty array:
-        # one inert merge, whose halves ("aa" for a byte symbol a) no merge ever forms, so it never applies
-        a = tokens[0]
-        merges = [f"{a}{a} {a}{a}"]
+        merges = [_inert_merge(tokens, types)]
     cfg_path = hf / "tokenizer_config.json"
     add_bos = bool(json.loads(cfg_path.read_text()).get("add_bos_token", False)) if cfg_path.is_file() else False
     return tokens, types, merges, add_bos
+
+
+def _inert_merge(tokens: list[str], types: list) -> str:
+    """One merge that never applies, for a BPE without merges: llama.cpp refuses a gpt2 vocab without the merges key
+    and gguf-py cannot write an empty array. Without merges no token of two or more characters is ever formed, so a
+    merge with such a half never fires; one whose halves and result are all tokens (the first token t = a + b, b of
+    two or more characters: "a" + "bĠ" of the byte tokenizer's "abĠ") also loads in tokenizers' BPE (ortllm reads
+    the file with it). Else the halves "aa" of byte symbol a, which llama.cpp takes (tokenizers does not)."""
+    import gguf
+
+    vocab = {t for t, k in zip(tokens, types) if k == gguf.TokenType.NORMAL}
+    for t in tokens:
+        for cut in range(1, len(t) - 1):
+            if t[:cut] in vocab and t[cut:] in vocab and t in vocab:
+                return f"{t[:cut]} {t[cut:]}"
+    a = tokens[0]
+    return f"{a}{a} {a}{a}"
 
 
 def _chat_template(tok_dir: Path) -> str | list[dict] | None:
