@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import time
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from ortllm.runtime import contract as C
+from ortllm.runtime.host_memory import available_memory
 
 from .graph_stages import HEAD, HIDDEN_IN
 from .stage_runner import Stages
@@ -38,22 +38,11 @@ def fp32_bytes(weights: ModelWeights) -> int:
     return 4 * sum(int(np.prod(tensor_shape(weights.tensors, n))) for n in weights.tensors)
 
 
-def available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (None where there is none)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def streams_by_default(weights: ModelWeights) -> bool:
     """Whether `--quality-reference auto` runs the reference layer by layer: when the fp32 weights exceed a third of
     the memory available now (the whole reference session holds them and MLAS's packed copy; the quantized
     candidate's session and the build share the rest)."""
-    avail = available_bytes()
+    avail = available_memory()
     return avail is not None and fp32_bytes(weights) > avail // 3
 
 
@@ -71,14 +60,12 @@ class LayerReference:
     def __init__(self, weights: ModelWeights, scratch: Path, block_size: int, threads: int | None = None, log=print):
         self.weights, self.scratch, self.log = weights, Path(scratch), log
         self.stages = Stages(weights, scratch, block_size, threads)
-        self.seconds = 0.0           # time in the stages (builds and runs)
 
     def scorer(self, windows: list[list[int]]) -> "StreamedScorer":
         """Run every stage over `windows` (token id lists of at most the model's context). The logits [n, V] of each
         window go to a file in scratch, and the head's session is closed before the scorer is returned: the quantized
         candidate's session, made next, never shares the process with the fp32 head (with MLAS's packed copy, twice
         an 8B model's 2.1 GB)."""
-        start = time.perf_counter()
         layers = self.weights.config.num_layers
         hidden = self.stages.embed(windows)
         for i in range(layers):
@@ -93,7 +80,6 @@ class LayerReference:
                     f.write(head.run([C.LOGITS], {HIDDEN_IN: np.ascontiguousarray(h[s:s + CHUNK_ROWS])})[0].tobytes())
                 rows[_window_key(w)] = (at, len(h))
         del head, hidden
-        self.seconds += time.perf_counter() - start
         return StreamedScorer(path, rows, self.weights.config.vocab_size)
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from . import contract as C
 from .config import AUTO, DEFAULT_KV_BUDGET_BYTES, EngineConfig
 from .errors import ConfigError
+from .host_memory import available_memory
 from .limits import configured_sequence_tokens
 
 GIB = 1 << 30
@@ -180,28 +181,6 @@ def _adapter_file_bytes(path: Path) -> int:
         return sum(f.stat().st_size for f in d.iterdir() if f.is_file())
     except OSError:
         return 0
-
-
-def available_memory() -> int | None:
-    """Bytes this process may still allocate: MemAvailable, capped by the cgroup's memory limit; None if unknown."""
-    avail = None
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            room = int(limit) - used
-            avail = room if avail is None else min(avail, room)
-    except (OSError, ValueError):
-        pass
-    return avail
 
 
 def _gib(n: int | None) -> str:

@@ -32,10 +32,11 @@ RULES = {
                     "model hub are the build's (pipeline/hub.py), never the runtime's", (), ("huggingface_hub",)),
     "pipeline": Rule("the offline build: the artifact contract and the tokenizer of the runtime (artifact "
                      "verification uses hash_cache, which writes through atomic_files, and process), the custom ops' "
-                     "input tables (ops_library), calibration's text and tasks; never the engine",
+                     "input tables (ops_library), the memory it may take (host_memory), calibration's text and tasks; "
+                     "never the engine",
                      ("runtime.contract", "runtime.artifact", "runtime.errors", "runtime.tokenizer",
                       "runtime.ops_library", "runtime.hash_cache", "runtime.process", "runtime.atomic_files",
-                      "calibration.data", "calibration.adapter_tasks")),
+                      "runtime.host_memory", "calibration.data", "calibration.adapter_tasks")),
     "protocol": Rule("the OpenAI/Ollama request and response protocol, shared by the service and the batch job: "
                      "the runtime only, and no Flask", ("runtime",), ("flask", "werkzeug")),
     "service": Rule("the HTTP service drives the engine through the protocol (a hub pull runs `ortllm pull` in a "
