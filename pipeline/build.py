@@ -316,10 +316,19 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     if skipped and fp32_reference == "auto":   # per-tensor errors only (a shape recipe: pipeline/shape_weights.py)
         report = {"build": asdict(opts), "reference": None, "fidelity": {}, "fidelity_skipped": skipped,
                   "tensors": plan.report if plan else {}}
-        if calibration is not None:
-            report["calibration"] = calibration
-        (tmp / C.QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-        return
+    else:
+        report = _measured_quality(weights, tmp, opts, plan, quality_check, fp32_reference, log)
+        if skipped:
+            report["fidelity_note"] = ("measured on request (--fp32-reference) on random weights (a shape recipe): "
+                                       "its figures say what the check costs, not a quality")
+    if calibration is not None:
+        report["calibration"] = calibration
+    (tmp / C.QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def _measured_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: QuantPlan | None,
+                      quality_check: QualityCheck, fp32_reference: str, log) -> dict:
+    """quality_check against the fp32 reference, made in a scratch directory beside `tmp` (removed after)."""
     ref = tmp.with_name(tmp.name.replace(".building-", ".fp32ref.building-"))   # cleaned like tmp if killed
     shutil.rmtree(ref, ignore_errors=True)
     ref.mkdir()
@@ -328,22 +337,13 @@ def write_quality(weights: ModelWeights, tmp: Path, opts: BuildOptions, plan: Qu
     try:
         if runs_layer_by_layer(weights, fp32_reference):
             log("quality check: the fp32 reference runs one layer at a time")
-            layer_ref = LayerReference(weights, ref, opts.kv_block_size, log=log)
-            try:
-                report = quality_check(weights, tmp, layer_ref, opts, ref_opts, plan.report if plan else {})
-            finally:
-                layer_ref.close()
+            reference = LayerReference(weights, ref, opts.kv_block_size, log=log)   # its scratch: ref
         else:
             write_graph(weights, ref, ref_opts, None, {})
-            report = quality_check(weights, tmp, ref, opts, ref_opts, plan.report if plan else {})
+            reference = ref
+        return quality_check(weights, tmp, reference, opts, ref_opts, plan.report if plan else {})
     finally:
         shutil.rmtree(ref, ignore_errors=True)
-    if skipped:
-        report["fidelity_note"] = ("measured on request (--fp32-reference) on random weights (a shape recipe): its "
-                                   "figures say what the check costs, not a quality")
-    if calibration is not None:
-        report["calibration"] = calibration
-    (tmp / C.QUALITY).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def write_artifact(weights: ModelWeights, recipe_name: str | None, opts: BuildOptions, tmp: Path,
