@@ -244,10 +244,11 @@ def test_mxfp4_int4_build_is_the_exact_int8_one(mxfp4_dirs, tmp_path):
 def test_gpt_oss_20b_config_and_its_yarn_tables():
     """gpt-oss-20b's config (transformers' GptOssConfig at 24 layers, 32 experts: alternating sliding 128 / full,
     YaRN factor 32 over 4096 without truncation) reads as gpt-oss; its RoPE frequencies and attention factor are
-    transformers' own (ROPE_INIT_FUNCTIONS["yarn"]; a few of the 32 a float32 ulp off, torch's pow rounding its own way: 2 on an AVX2 host, 5 on an AMX Xeon)
-    and so are the cos / sin tables, which carry the factor: each entry is the cos / sin of its fp32 angle to within
-    1e-6, equal to torch's where the frequencies are, and where a frequency is an ulp off within what that moves the
-    fp32 angle at position p (p x df and the angle's own rounding, ~4.9e-4 at 4095 rad: over 1e-4 on some hosts)."""
+    transformers' own (ROPE_INIT_FUNCTIONS["yarn"]; a few of the 32 a float32 ulp off, torch's pow rounding its own
+    way: 2 on an AVX2 host, 5 on an AMX Xeon) and so are the cos / sin tables, which carry the factor: each entry is
+    the cos / sin of its fp32 angle to within 1e-6, equal to torch's where the frequencies are, and where a frequency
+    is an ulp off within what that moves the fp32 angle at position p (p x df and the angle's own rounding, ~4.9e-4
+    at 4095 rad: over 1e-4 on some hosts)."""
     import torch
     import transformers
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

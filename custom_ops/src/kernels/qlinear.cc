@@ -51,7 +51,7 @@ struct Quad {
 // samples (perf, malloc / free / consolidate). Sizes only grow; every user writes before it reads, except where a
 // call zero-fills (lora, qh).
 struct Scratch {
-  std::vector<int8_t> q;
+  std::vector<int8_t> q, qt;
   std::vector<int16_t> q16;
   std::vector<uint8_t> q16_lo;
   std::vector<int8_t> q16_hi;
@@ -79,7 +79,7 @@ void trim(V& v) {
   if (v.capacity() * sizeof(typename V::value_type) > kKeepBytes) V().swap(v);
 }
 void trim(Scratch& s) {
-  trim(s.q), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora),
+  trim(s.q), trim(s.qt), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora),
       trim(s.best), trim(s.best_at), trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dx8), trim(s.mix_mask);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
@@ -87,6 +87,7 @@ void trim(Scratch& s) {
 struct Ctx {
   explicit Ctx(Scratch& s)
       : q(s.q),
+        qt(s.qt),
         q16(s.q16),
         q16_lo(s.q16_lo),
         q16_hi(s.q16_hi),
@@ -114,6 +115,8 @@ struct Ctx {
   int64_t g_chunk = 0, t_chunk = 0, g_items = 0;
   int64_t q_chunk = 0;           // tokens per quantization item
   std::vector<int8_t>& q;        // [T, kpad]
+  std::vector<int8_t>& qt;       // [ceil(T / kCodeTile), kb, kCodeTile, bs] q by tiles, with `tiled` (QTokens::q_tiles)
+  bool tiled = false;
   std::vector<int16_t>& q16;     // [T, kpad] instead, with act_bits 16
   std::vector<uint8_t>& q16_lo;  // [T, kpad] with split16 (QTokens::q16_lo)
   std::vector<int8_t>& q16_hi;
@@ -496,16 +499,20 @@ void plan_dora(Ctx& c) {
 
 // ---- phase 3: projection + epilogue
 
-// The tokens of x from the i-th on (kb: the weight's blocks per row).
-QTokens advance(const QTokens& x, int i, int kb) {
+}  // namespace
+
+QTokens advance_tokens(const QTokens& x, int i, int kb) {
   QTokens r = x;
   const int64_t rows = static_cast<int64_t>(i) * x.q_stride, blocks = static_cast<int64_t>(i) * kb;
   if (r.q) r.q += rows;
   if (r.q16) r.q16 += rows;
   if (r.q16_lo) r.q16_lo += rows, r.q16_hi += rows;
   r.dx += blocks, r.zsum += blocks, r.sx += blocks;
+  if (r.q_tiles) r.q_tiles = i % kCodeTile == 0 ? r.q_tiles + rows : nullptr;  // tile i / 16 starts i rows on
   return r;
 }
+
+namespace {
 
 // v[0:cols] = columns c0.. of token t's y, written to the split outputs they belong to.
 void store_split(const QLinearArgs& a, int64_t t, int64_t c0, int cols, const float* v) {
@@ -590,7 +597,20 @@ QTokens tokens(const Ctx& c, int64_t ts) {
           c.zsum.data() + ts * c.kb,
           c.sx.data() + ts * c.kb,
           c.split16 ? c.q16_lo.data() + ts * c.kpad : nullptr,
-          c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr};
+          c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr,
+          c.tiled && ts % kCodeTile == 0 ? c.qt.data() + ts * c.kpad : nullptr};
+}
+
+// q [T, kpad] -> qt by tiles of kCodeTile tokens (QTokens::q_tiles): tile i's block b, row t at
+// ((i * kb + b) * kCodeTile + t) * bs. The rows past T in the last tile are left as they are (never read).
+void tile_codes(Ctx& c) {
+  const int64_t T = c.d->num_tokens, bs = c.d->block_size, tiles = (T + kCodeTile - 1) / kCodeTile;
+  c.qt.resize(static_cast<size_t>(tiles * kCodeTile * c.kpad));
+  for (int64_t t = 0; t < T; ++t) {
+    const int8_t* row = c.q.data() + t * c.kpad;
+    int8_t* tile = c.qt.data() + (t / kCodeTile) * kCodeTile * c.kpad + (t % kCodeTile) * bs;
+    for (int64_t b = 0; b < c.kb; ++b) std::copy_n(row + b * bs, bs, tile + b * kCodeTile * bs);
+  }
 }
 
 // Groups [g0, g1) x tokens [t0, t1): kQTile tokens at a time; with kPairTokens tokens or more, two groups per
@@ -607,8 +627,9 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
   const auto dot2 = c.d->mxfp4 ? c.isa->group_dot2_mxfp4 : c.isa->group_dot2;
   const bool pair = (act16 ? c.split16 : dot2 != nullptr) && t1 - t0 >= kPairTokens;
   const int64_t T = c.d->num_tokens;
-  const int64_t tile = pair ? c.isa->dot2_tokens : kQTile;  // tokens per pass over a group (pair)
-  alignas(32) float zeros[3][kDotTileMax * 8];
+  // tokens per pass over a group (pair)
+  const int64_t tile = pair ? std::max(c.isa->dot2_tokens, c.isa->gemm_tokens) : kQTile;
+  alignas(32) float zeros[3][kGemmTokensMax * 8];
   for (int64_t g = g0; g < g1;) {
     const int n = !gated && pair && g + 1 < g1 ? 2 : 1;  // groups finished by this pass
     const int64_t g2 = gated ? g + c.groups / 2 : n == 2 ? g + 1 : g;
@@ -621,7 +642,7 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
       }
       float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
-      if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kDotTileMax * 8, 0.f);
+      if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kGemmTokensMax * 8, 0.f);
       float* up = gated ? v1 : zeros[2];
       const int groups = gated || n == 2 ? 2 : 1;
       c.isa->gemm(*c.isa, {wg, w2, groups, pair && groups == 2, act16, tokens(c, ts), nt, v0, v1});
@@ -679,7 +700,7 @@ void gemm_by_group_dots(const QLinearIsa& isa, const QGemmTile& t) {
   const auto dot = t.act16 ? isa.group_dot16 : t.w0.mxfp4 ? isa.group_dot_mxfp4 : isa.group_dot;
   for (int i = 0; i < t.nt; i += kQTile) {
     const int ni = std::min(kQTile, t.nt - i);
-    const QTokens tok = advance(t.x, i, t.w0.kb);
+    const QTokens tok = advance_tokens(t.x, i, t.w0.kb);
     dot(t.w0, tok, ni, t.out0 + 8 * i);
     if (t.groups == 2) dot(t.w1, tok, ni, t.out1 + 8 * i);
   }
@@ -727,6 +748,8 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par, co
   }
   c.split16 = d.act_bits == 16 && c.isa->group_dot2_16 != nullptr && T >= kPairTokens;
   if (c.split16) split_codes16(c);
+  c.tiled = c.isa->tiled_codes && d.act_bits == 8 && !d.mxfp4 && T >= kPairTokens;
+  if (c.tiled) tile_codes(c);
 
   if (lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
     par.run(c.quads.size(), lora_quad, &c);

@@ -204,10 +204,18 @@ struct QTokens {
   // q16 = 256 * q16_hi + q16_lo, q16_lo in 0..255, q16_hi in -128..127.
   const uint8_t* q16_lo = nullptr;
   const int8_t* q16_hi = nullptr;
+  // The same int8 codes by tiles of kCodeTile tokens (QLinearIsa::tiled_codes, act_bits 8): the tile holding this
+  // token and the kCodeTile - 1 after it, [kb][kCodeTile][bs] (block b of its row t at (b * kCodeTile + t) * bs), so
+  // a block's codes of all the tile's tokens are one run of kCodeTile * bs bytes. nullptr where this token does not
+  // start a tile of the call (or the table does not ask for them).
+  const int8_t* q_tiles = nullptr;
 };
+
+constexpr int kCodeTile = 16;  // tokens of a tile of QTokens::q_tiles (an AMX A tile's rows)
 
 constexpr int kQTile = 4;        // tokens per micro-kernel call (weights unpacked once for them)
 constexpr int kDotTileMax = 16;  // tokens a group_dot2 call may take (QLinearIsa::dot2_tokens, at most this)
+constexpr int kGemmTokensMax = 64;  // tokens a paired gemm call may take (QLinearIsa::gemm_tokens, at most this)
 
 // One segment's shrink for the tokens of a LoRA quad: its slot's A in k-quads with lda ranks a quad
 // (A[(k / 4 * lda + r) * 4 + k % 4]), the fp16 scales sA[c * lda + r], and h[t] [rank] the token's output row.
@@ -230,10 +238,14 @@ struct QGemmTile {
   bool paired;    // one two-group kernel call (nt <= dot2_tokens); false: the one-group kernels on each group
   bool act16;     // act_bits 16: x.q16 (and x.q16_lo / q16_hi when paired)
   QTokens x;      // the tile's first token
-  int nt;         // tokens: <= dot2_tokens when paired, else any
+  int nt;         // tokens: <= dot2_tokens (or gemm_tokens, where larger) when paired, else any
   float* out0;
   float* out1;
 };
+
+// The tokens of x from the i-th on (kb: the weight's blocks per row); q_tiles stays only where i is a multiple of
+// kCodeTile.
+QTokens advance_tokens(const QTokens& x, int i, int kb);
 
 // QLinearIsa::gemm by the table's group_dot / group_dot2 entries (every table's today): a new table may give its
 // own (e.g. a blocked kernel sweeping a panel with many tokens) as long as it keeps the bits.
@@ -293,6 +305,13 @@ struct QLinearIsa {
                            float* out1) = nullptr;
   // The multi-token GEMM over one tile (QGemmTile): the driver's only call into the projection's micro-kernels.
   void (*gemm)(const QLinearIsa& isa, const QGemmTile& tile) = gemm_by_group_dots;
+  // The tokens a paired gemm call takes (0: dot2_tokens; at most kGemmTokensMax): a table whose gemm sweeps a panel of
+  // weights with many tokens (AMX: the two groups' weights unpacked once for a work item's 64 tokens) takes more than
+  // one dot2 call.
+  int gemm_tokens = 0;
+  // Whether the driver gives the gemm QTokens::q_tiles (a copy of the codes by tiles of kCodeTile tokens) when it
+  // pairs: AMX's A tiles then load one run a block instead of kCodeTile rows a K-row apart.
+  bool tiled_codes = false;
 };
 
 const QLinearIsa& qlinear_scalar_isa();  // the portable table; the others are the architecture's (isa.h)

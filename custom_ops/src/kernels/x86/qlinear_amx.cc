@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "../qlinear.h"
 #include "isa_x86.h"
@@ -58,6 +59,14 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 
+// ldtilecfg of cfg. GCC 12 does not see the instruction read the memory: inlined into a kernel, it dropped the
+// stores of colsb before it (a fault: rows with 0 bytes a row). The empty asm takes cfg's address, so every store
+// to it happens first.
+inline void load_config(const TileConfig& cfg) {
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
 void configure(int nt, int kc) {
   TileConfig cfg;
   for (int s = 0; s < 2; ++s) {
@@ -65,7 +74,7 @@ void configure(int nt, int kc) {
     cfg.rows[3 * s + 1] = static_cast<uint8_t>(nt), cfg.colsb[3 * s + 1] = static_cast<uint16_t>(kc);
     cfg.rows[3 * s + 2] = static_cast<uint8_t>(kc / 4), cfg.colsb[3 * s + 2] = 64;
   }
-  _tile_loadconfig(&cfg);
+  load_config(cfg);
 }
 
 // The B tile rows of one sub-block of 32 elements (8 k-quads) of both groups, into rows[0..7] (64 bytes each).
@@ -93,23 +102,40 @@ inline void stage_block(const QGroup& g0, const QGroup& g1, int b, __m512i* rows
     stage<BITS>(g0.codes + at + s * kSubBytes, g1.codes + at + s * kSubBytes, rows + 8 * s);
 }
 
-// Block b's integer sums for the nt tokens on tile set S (its C tile zeroed, then one multiply per chunk of the
-// block), from its staged rows. The tile intrinsics take their tile numbers as literals.
+// Where a pass reads block b's operands: B from `panel` (every block's rows staged up front, bs / 4 rows a block) or,
+// without one, staged a block ahead into a double buffer; A at a + b * a_block (+ k within the block), its rows
+// a_stride bytes apart: the tokens' rows (a_block bs, a_stride q_stride: kCodeTile rows a K-row apart) or their codes
+// by tiles (QTokens::q_tiles: a_block kCodeTile * bs, a_stride bs, one run a block).
+struct Operands {
+  const __m512i* panel;
+  const int8_t* a;
+  int64_t a_block;
+  int64_t a_stride;
+};
+
+Operands operands(const QTokens& x, int bs, const __m512i* panel) {
+  if (x.q_tiles) return {panel, x.q_tiles, static_cast<int64_t>(kCodeTile) * bs, bs};
+  return {panel, x.q, bs, x.q_stride};
+}
+
+// Block b's integer sums for the pass's tokens on tile set S (its C tile zeroed, then one multiply per chunk of the
+// block), from its B rows. The tile intrinsics take their tile numbers as literals.
 template <int S>
-inline void block_sums(const QTokens& x, int bs, int b, const __m512i* rows) {
+inline void block_sums(const Operands& o, int bs, int b, const __m512i* rows) {
   const int kc = bs < 64 ? bs : 64;
+  const int8_t* a = o.a + b * o.a_block;
   if constexpr (S == 0) {
     _tile_zero(0);
     for (int k = 0; k < bs; k += kc) {
       _tile_loadd(2, rows + k / 4, 64);
-      _tile_loadd(1, x.q + b * bs + k, x.q_stride);
+      _tile_loadd(1, a + k, o.a_stride);
       _tile_dpbssd(0, 1, 2);
     }
   } else {
     _tile_zero(3);
     for (int k = 0; k < bs; k += kc) {
       _tile_loadd(5, rows + k / 4, 64);
-      _tile_loadd(4, x.q + b * bs + k, x.q_stride);
+      _tile_loadd(4, a + k, o.a_stride);
       _tile_dpbssd(3, 4, 5);
     }
   }
@@ -125,34 +151,37 @@ inline void store_sums(int32_t* c) {
   }
 }
 
-// Software-pipelined: in iteration b, block b's multiply, block b - 1's sums stored, block b + 1's B rows staged and
-// block b - kLag's float epilogue. Each store is read an iteration later or more: neither a vector store read by a
-// tile load nor a tile store read by vector loads is forwarded, and a tile store waits for its multiply. With stage /
-// load / multiply / store / epilogue in a row this ran no faster than VNNI's kernel (TinyLlama's gate|up at 512
-// tokens, 2 threads: 55 vs 52 ms); pipelined, 45 ms; the epilogue 3 or 4 blocks behind, no faster than 2.
+// Software-pipelined: in iteration b, block b's multiply, block b - 1's sums stored, block b + 1's B rows staged (no
+// panel) and block b - kLag's float epilogue. Each store is read an iteration later or more: neither a vector store
+// read by a tile load nor a tile store read by vector loads is forwarded, and a tile store waits for its multiply.
+// With stage / load / multiply / store / epilogue in a row this ran no faster than VNNI's kernel (TinyLlama's gate|up
+// at 512 tokens, 2 threads: 55 vs 52 ms); pipelined, 45 ms; the epilogue 3 or 4 blocks behind, no faster than 2.
 constexpr int kLag = 2;  // blocks between a block's multiply and its epilogue
 
-template <int BITS>
-void dot2_tile(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
-  alignas(64) __m512i rows[2][32];                   // B of blocks b and b + 1: bs / 4 <= 32 k-quads of 16 rows
+// One pass over K for up to kDotTileMax tokens (the tile configuration loaded for them). NTC: the tokens as a
+// constant (kDotTileMax: the accumulators stay in registers), or 0 for nt.
+template <int BITS, int NTC>
+void tile_pass(const QGroup& g0, const QGroup& g1, const QTokens& x, const Operands& o, int nt, float* out0,
+               float* out1) {
+  alignas(64) __m512i rows[2][32];                   // without a panel: B of blocks b and b + 1 (bs / 4 <= 32 rows)
   alignas(64) int32_t c[kLag + 1][kDotTileMax][16];  // sums of the blocks in flight
-  const int kb = g0.kb, bs = g0.bs;
-  configure(nt, bs < 64 ? bs : 64);
+  const int kb = g0.kb, bs = g0.bs, n = NTC > 0 ? NTC : nt;
+  const auto b_rows = [&](int b) { return o.panel ? o.panel + static_cast<int64_t>(b) * (bs / 4) : rows[b & 1]; };
   __m512 acc[kDotTileMax];
-  for (int t = 0; t < nt; ++t)  // 0 or the LoRA terms (qlinear.h)
+  for (int t = 0; t < n; ++t)  // 0 or the LoRA terms (qlinear.h)
     acc[t] = load_acc_pair(out0, out1, t);
   const auto epilogue = [&](int b) {
     const int32_t(*cb)[16] = c[b % (kLag + 1)];
     epilogue_pair(
-        g0, g1, x, b, nt, [&](int t) { return _mm512_load_si512(cb[t]); }, acc);
+        g0, g1, x, b, n, [&](int t) { return _mm512_load_si512(cb[t]); }, acc);
   };
-  stage_block<BITS>(g0, g1, 0, rows[0]);
+  if (!o.panel) stage_block<BITS>(g0, g1, 0, rows[0]);
   for (int b = 0; b < kb + kLag; ++b) {
     if (b < kb) {
       if (b & 1)
-        block_sums<1>(x, bs, b, rows[1]);
+        block_sums<1>(o, bs, b, b_rows(b));
       else
-        block_sums<0>(x, bs, b, rows[0]);
+        block_sums<0>(o, bs, b, b_rows(b));
     }
     if (b >= 1 && b <= kb) {
       if ((b - 1) & 1)
@@ -160,10 +189,20 @@ void dot2_tile(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, flo
       else
         store_sums<0>(&c[(b - 1) % (kLag + 1)][0][0]);
     }
-    if (b + 1 < kb) stage_block<BITS>(g0, g1, b + 1, rows[(b + 1) & 1]);
+    if (!o.panel && b + 1 < kb) stage_block<BITS>(g0, g1, b + 1, rows[(b + 1) & 1]);
     if (b >= kLag) epilogue(b - kLag);
   }
-  for (int t = 0; t < nt; ++t) store_acc_pair(acc[t], out0, out1, t);
+  for (int t = 0; t < n; ++t) store_acc_pair(acc[t], out0, out1, t);
+}
+
+template <int BITS>
+void dot2_tile(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  configure(nt, g0.bs < 64 ? g0.bs : 64);
+  const Operands o = operands(x, g0.bs, nullptr);
+  if (nt == kDotTileMax)
+    tile_pass<BITS, kDotTileMax>(g0, g1, x, o, nt, out0, out1);
+  else
+    tile_pass<BITS, 0>(g0, g1, x, o, nt, out0, out1);
 }
 
 void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
@@ -171,6 +210,47 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
     dot2_tile<4>(g0, g1, x, nt, out0, out1);
   } else {
     dot2_tile<8>(g0, g1, x, nt, out0, out1);
+  }
+}
+
+// The panel GEMM: a paired tile of up to kGemmTokensMax tokens (a work item's token chunk). Both groups' weights are
+// staged once for all of K (kb * bs / 4 rows of 64 bytes: 16 x K bytes, 32 KB at K = 2048, in L1 / L2) and swept by
+// every kDotTileMax tokens of the tile, instead of staged again for each (a 512-token prefill staged each weight 32
+// times, once per 16 tokens). Each pass is tile_pass's: the same sums and float steps, so the same bits.
+template <int BITS>
+void panel_gemm(const QGemmTile& t) {
+  struct alignas(64) Row {
+    int8_t bytes[64];
+  };
+  static thread_local std::vector<Row> buffer;  // grows to the largest K x 16 bytes the thread has seen
+  const QGroup &g0 = t.w0, &g1 = t.w1;
+  const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
+  buffer.resize(static_cast<size_t>(kb) * (bs / 4));
+  __m512i* panel = reinterpret_cast<__m512i*>(buffer.data());
+  for (int b = 0; b < kb; ++b) stage_block<BITS>(g0, g1, b, panel + static_cast<int64_t>(b) * (bs / 4));
+  int configured = 0;
+  for (int i = 0; i < t.nt; i += kDotTileMax) {
+    const int ni = t.nt - i < kDotTileMax ? t.nt - i : kDotTileMax;
+    if (ni != configured) configure(ni, kc), configured = ni;
+    const QTokens x = advance_tokens(t.x, i, kb);
+    const Operands o = operands(x, bs, panel);
+    if (ni == kDotTileMax)
+      tile_pass<BITS, kDotTileMax>(g0, g1, x, o, ni, t.out0 + 8 * i, t.out1 + 8 * i);
+    else
+      tile_pass<BITS, 0>(g0, g1, x, o, ni, t.out0 + 8 * i, t.out1 + 8 * i);
+  }
+}
+
+// QLinearIsa::gemm: paired int4 / int8 tiles of more than one C tile of tokens by the panel GEMM; the rest as the
+// group dots (group_dot2 on the tiles for 16 tokens or fewer, AVX2's lookup kernels for mxfp4, dot2_tile16 for
+// act_bits 16).
+void gemm(const QLinearIsa& isa, const QGemmTile& t) {
+  if (!t.paired || t.act16 || t.w0.mxfp4 || t.nt <= kDotTileMax) {
+    gemm_by_group_dots(isa, t);
+  } else if (t.w0.bits == 4) {
+    panel_gemm<4>(t);
+  } else {
+    panel_gemm<8>(t);
   }
 }
 
@@ -187,7 +267,7 @@ void configure16(int nt, int kc) {
     cfg.colsb[i] = static_cast<uint16_t>(i < 2 ? 64 : kc);
   }
   cfg.rows[4] = static_cast<uint8_t>(kc / 4), cfg.colsb[4] = 64;
-  _tile_loadconfig(&cfg);
+  load_config(cfg);
 }
 
 void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
@@ -251,6 +331,9 @@ const QLinearIsa* qlinear_amx_isa() {
     table.name = "amx";
     table.group_dot2 = amx::group_dot2;
     table.dot2_tokens = kDotTileMax;
+    table.gemm = amx::gemm;
+    table.gemm_tokens = kGemmTokensMax;
+    table.tiled_codes = true;
     table.group_dot2_16 = amx::dot2_tile16;
     // mxfp4 groups take AVX2's group_dot_mxfp4 / group_dot2_mxfp4 (copied with VNNI's table), not the tiles
     return &table;
