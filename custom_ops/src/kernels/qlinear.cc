@@ -55,7 +55,7 @@ struct Scratch {
   std::vector<int16_t> q16;
   std::vector<uint8_t> q16_lo;
   std::vector<int8_t> q16_hi;
-  std::vector<float> dx, sx, normed, lora, best, dora_rows;
+  std::vector<float> dx, sx, normed, lora, best, dora_rows, dxt, sxt;
   std::vector<float> dx8;  // act_bits 16 with a LoRA: the int8 codes' scales, which the LoRA's shrink reads
   std::vector<int32_t> zsum, qsum32;
   std::vector<float> h[kQLinearMaxSegments];
@@ -79,8 +79,9 @@ void trim(V& v) {
   if (v.capacity() * sizeof(typename V::value_type) > kKeepBytes) V().swap(v);
 }
 void trim(Scratch& s) {
-  trim(s.q), trim(s.qt), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed), trim(s.lora),
-      trim(s.best), trim(s.best_at), trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dx8), trim(s.mix_mask);
+  trim(s.q), trim(s.qt), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed),
+      trim(s.lora), trim(s.best), trim(s.best_at), trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dxt),
+      trim(s.sxt), trim(s.dx8), trim(s.mix_mask);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
 
@@ -88,6 +89,8 @@ struct Ctx {
   explicit Ctx(Scratch& s)
       : q(s.q),
         qt(s.qt),
+        dxt(s.dxt),
+        sxt(s.sxt),
         q16(s.q16),
         q16_lo(s.q16_lo),
         q16_hi(s.q16_hi),
@@ -116,6 +119,7 @@ struct Ctx {
   int64_t q_chunk = 0;           // tokens per quantization item
   std::vector<int8_t>& q;        // [T, kpad]
   std::vector<int8_t>& qt;       // [ceil(T / kCodeTile), kb, kCodeTile, bs] q by tiles, with `tiled` (QTokens::q_tiles)
+  std::vector<float>&dxt, &sxt;  // [ceil(T / kCodeTile), kb, kCodeTile] dx, sx by tiles, with `tiled`
   bool tiled = false;
   std::vector<int16_t>& q16;     // [T, kpad] instead, with act_bits 16
   std::vector<uint8_t>& q16_lo;  // [T, kpad] with split16 (QTokens::q16_lo)
@@ -508,7 +512,11 @@ QTokens advance_tokens(const QTokens& x, int i, int kb) {
   if (r.q16) r.q16 += rows;
   if (r.q16_lo) r.q16_lo += rows, r.q16_hi += rows;
   r.dx += blocks, r.zsum += blocks, r.sx += blocks;
-  if (r.q_tiles) r.q_tiles = i % kCodeTile == 0 ? r.q_tiles + rows : nullptr;  // tile i / 16 starts i rows on
+  if (r.q_tiles && i % kCodeTile == 0) {  // tile i / 16 starts i rows (and i * kb scales) on
+    r.q_tiles += rows, r.dx_tiles += blocks, r.sx_tiles += blocks;
+  } else {
+    r.q_tiles = nullptr, r.dx_tiles = r.sx_tiles = nullptr;
+  }
   return r;
 }
 
@@ -598,18 +606,28 @@ QTokens tokens(const Ctx& c, int64_t ts) {
           c.sx.data() + ts * c.kb,
           c.split16 ? c.q16_lo.data() + ts * c.kpad : nullptr,
           c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr,
-          c.tiled && ts % kCodeTile == 0 ? c.qt.data() + ts * c.kpad : nullptr};
+          c.tiled && ts % kCodeTile == 0 ? c.qt.data() + ts * c.kpad : nullptr,
+          c.tiled && ts % kCodeTile == 0 ? c.dxt.data() + ts * c.kb : nullptr,
+          c.tiled && ts % kCodeTile == 0 ? c.sxt.data() + ts * c.kb : nullptr};
 }
 
 // q [T, kpad] -> qt by tiles of kCodeTile tokens (QTokens::q_tiles): tile i's block b, row t at
-// ((i * kb + b) * kCodeTile + t) * bs. The rows past T in the last tile are left as they are (never read).
+// ((i * kb + b) * kCodeTile + t) * bs; dx, sx -> dxt, sxt at (i * kb + b) * kCodeTile + t. The rows past T in the
+// last tile are left as they are (never read).
 void tile_codes(Ctx& c) {
   const int64_t T = c.d->num_tokens, bs = c.d->block_size, tiles = (T + kCodeTile - 1) / kCodeTile;
   c.qt.resize(static_cast<size_t>(tiles * kCodeTile * c.kpad));
+  c.dxt.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
+  c.sxt.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
   for (int64_t t = 0; t < T; ++t) {
     const int8_t* row = c.q.data() + t * c.kpad;
-    int8_t* tile = c.qt.data() + (t / kCodeTile) * kCodeTile * c.kpad + (t % kCodeTile) * bs;
-    for (int64_t b = 0; b < c.kb; ++b) std::copy_n(row + b * bs, bs, tile + b * kCodeTile * bs);
+    const int64_t i = t / kCodeTile, r = t % kCodeTile;
+    int8_t* tile = c.qt.data() + i * kCodeTile * c.kpad + r * bs;
+    for (int64_t b = 0; b < c.kb; ++b) {
+      std::copy_n(row + b * bs, bs, tile + b * kCodeTile * bs);
+      c.dxt[static_cast<size_t>((i * c.kb + b) * kCodeTile + r)] = c.dx[static_cast<size_t>(t * c.kb + b)];
+      c.sxt[static_cast<size_t>((i * c.kb + b) * kCodeTile + r)] = c.sx[static_cast<size_t>(t * c.kb + b)];
+    }
   }
 }
 
@@ -642,7 +660,7 @@ void project(const Ctx& c, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
       }
       float* v0 = c.lbuf ? c.lbuf + (g * T + ts) * 8 : zeros[0];
       float* v1 = c.lbuf ? c.lbuf + (g2 * T + ts) * 8 : zeros[1];
-      if (!c.lbuf) std::fill(&zeros[0][0], &zeros[0][0] + 2 * kGemmTokensMax * 8, 0.f);
+      if (!c.lbuf) std::fill_n(&zeros[0][0], nt * 8, 0.f), std::fill_n(&zeros[1][0], nt * 8, 0.f);
       float* up = gated ? v1 : zeros[2];
       const int groups = gated || n == 2 ? 2 : 1;
       c.isa->gemm(*c.isa, {wg, w2, groups, pair && groups == 2, act16, tokens(c, ts), nt, v0, v1});
@@ -691,10 +709,11 @@ void project_item(void* usr, size_t i) {
 // QLinearIsa::gemm from a table's group dots: the two-group kernel for a paired tile, else the one-group kernels
 // kQTile tokens a call (on both groups of a gated tile).
 void gemm_by_group_dots(const QLinearIsa& isa, const QGemmTile& t) {
-  if (t.paired) {
-    (t.act16      ? isa.group_dot2_16
-     : t.w0.mxfp4 ? isa.group_dot2_mxfp4
-                  : isa.group_dot2)(t.w0, t.w1, t.x, t.nt, t.out0, t.out1);
+  if (t.paired) {  // dot2_tokens a call (a table's gemm_tokens may give the tile more)
+    const auto dot2 = t.act16 ? isa.group_dot2_16 : t.w0.mxfp4 ? isa.group_dot2_mxfp4 : isa.group_dot2;
+    for (int i = 0; i < t.nt; i += isa.dot2_tokens)
+      dot2(t.w0, t.w1, advance_tokens(t.x, i, t.w0.kb), std::min(isa.dot2_tokens, t.nt - i), t.out0 + 8 * i,
+           t.out1 + 8 * i);
     return;
   }
   const auto dot = t.act16 ? isa.group_dot16 : t.w0.mxfp4 ? isa.group_dot_mxfp4 : isa.group_dot;

@@ -209,12 +209,16 @@ struct QTokens {
   // a block's codes of all the tile's tokens are one run of kCodeTile * bs bytes. nullptr where this token does not
   // start a tile of the call (or the table does not ask for them).
   const int8_t* q_tiles = nullptr;
+  // With q_tiles: the tile's dx and sx by block, [kb][kCodeTile] (token t's of block b at b * kCodeTile + t), so a
+  // block's float step reads its tokens' scales at fixed offsets from one pointer.
+  const float* dx_tiles = nullptr;
+  const float* sx_tiles = nullptr;
 };
 
 constexpr int kCodeTile = 16;  // tokens of a tile of QTokens::q_tiles (an AMX A tile's rows)
 
-constexpr int kQTile = 4;        // tokens per micro-kernel call (weights unpacked once for them)
-constexpr int kDotTileMax = 16;  // tokens a group_dot2 call may take (QLinearIsa::dot2_tokens, at most this)
+constexpr int kQTile = 4;           // tokens per micro-kernel call (weights unpacked once for them)
+constexpr int kDotTileMax = 16;     // tokens a group_dot2 call may take (QLinearIsa::dot2_tokens, at most this)
 constexpr int kGemmTokensMax = 64;  // tokens a paired gemm call may take (QLinearIsa::gemm_tokens, at most this)
 
 // One segment's shrink for the tokens of a LoRA quad: its slot's A in k-quads with lda ranks a quad

@@ -1,8 +1,11 @@
-// AMX-INT8 QLinear kernel (Intel Sapphire Rapids and later): group_dot2 for up to kDotTileMax tokens a call, the
-// integer dots of two 8-row groups (16 output rows) on the tile unit; everything else is the AVX-512 VNNI table's.
+// AMX-INT8 QLinear kernel (Intel Sapphire Rapids and later): the gemm entry for paired tiles of up to
+// kGemmTokensMax tokens (panel_gemm: two 8-row groups' weights staged once, swept by every 16 tokens of the tile) and
+// group_dot2 for up to kDotTileMax tokens a call, the integer dots of two 8-row groups (16 output rows) on the tile
+// unit; everything else is the AVX-512 VNNI table's.
 //
 // Per block b and per chunk of up to 64 of its elements (bs 32 or 64: one chunk; 128: two):
-//   A  tile [nt, kc]       int8   the tokens' activation codes, loaded straight from QTokens (row stride q_stride)
+//   A  tile [nt, kc]       int8   the tokens' activation codes: by tiles where the driver gives them (QTokens::q_tiles,
+//                                 one run a block), else straight from the rows (row stride q_stride)
 //   B  tile [kc / 4, 64]   int8   the 16 rows' weights, k-quad i of row r at bytes [4r, 4r + 4) of tile row i: int4
 //                                 codes less their zero point (q - 8, in -8..7; unpacked from both groups' chunks),
 //                                 int8 codes as they are (zero point 0); staged in L1, 64 bytes a tile row
@@ -158,22 +161,45 @@ inline void store_sums(int32_t* c) {
 // at 512 tokens, 2 threads: 55 vs 52 ms); pipelined, 45 ms; the epilogue 3 or 4 blocks behind, no faster than 2.
 constexpr int kLag = 2;  // blocks between a block's multiply and its epilogue
 
+// epilogue_pair's float step for tokens by tiles (QTokens::dx_tiles / sx_tiles): the same operations in the same
+// order, each token's scale at a fixed offset from the block's pointer (epilogue_pair's x.dx[t * kb + b] took a
+// register a token: 16 of them spilled).
+template <class Isum>
+__attribute__((always_inline)) inline void epilogue_tiles(const QGroup& g0, const QGroup& g1, const QTokens& x, int b,
+                                                          int nt, Isum isum, __m512* acc) {
+  const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
+  const float* dx = x.dx_tiles + b * kCodeTile;
+#pragma GCC unroll 16
+  for (int t = 0; t < nt; ++t)
+    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[t])), _mm512_cvtepi32_ps(isum(t)), acc[t]);
+  if (g0.m) {
+    const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
+    const float* sx = x.sx_tiles + b * kCodeTile;
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[t]), acc[t]);
+  }
+}
+
 // One pass over K for up to kDotTileMax tokens (the tile configuration loaded for them). NTC: the tokens as a
-// constant (kDotTileMax: the accumulators stay in registers), or 0 for nt.
-template <int BITS, int NTC>
-void tile_pass(const QGroup& g0, const QGroup& g1, const QTokens& x, const Operands& o, int nt, float* out0,
-               float* out1) {
+// constant (kDotTileMax: the accumulators stay in registers), or 0 for nt. TILED: x's codes and scales by tiles.
+template <int BITS, int NTC, bool TILED>
+__attribute__((flatten)) void tile_pass(const QGroup& g0, const QGroup& g1, const QTokens& x, const Operands& o, int nt,
+                                        float* out0, float* out1) {
   alignas(64) __m512i rows[2][32];                   // without a panel: B of blocks b and b + 1 (bs / 4 <= 32 rows)
   alignas(64) int32_t c[kLag + 1][kDotTileMax][16];  // sums of the blocks in flight
   const int kb = g0.kb, bs = g0.bs, n = NTC > 0 ? NTC : nt;
   const auto b_rows = [&](int b) { return o.panel ? o.panel + static_cast<int64_t>(b) * (bs / 4) : rows[b & 1]; };
   __m512 acc[kDotTileMax];
+#pragma GCC unroll 16
   for (int t = 0; t < n; ++t)  // 0 or the LoRA terms (qlinear.h)
     acc[t] = load_acc_pair(out0, out1, t);
   const auto epilogue = [&](int b) {
     const int32_t(*cb)[16] = c[b % (kLag + 1)];
-    epilogue_pair(
-        g0, g1, x, b, n, [&](int t) { return _mm512_load_si512(cb[t]); }, acc);
+    const auto isum = [&](int t) { return _mm512_load_si512(cb[t]); };
+    if constexpr (TILED)
+      epilogue_tiles(g0, g1, x, b, n, isum, acc);
+    else
+      epilogue_pair(g0, g1, x, b, n, isum, acc);
   };
   if (!o.panel) stage_block<BITS>(g0, g1, 0, rows[0]);
   for (int b = 0; b < kb + kLag; ++b) {
@@ -192,17 +218,28 @@ void tile_pass(const QGroup& g0, const QGroup& g1, const QTokens& x, const Opera
     if (!o.panel && b + 1 < kb) stage_block<BITS>(g0, g1, b + 1, rows[(b + 1) & 1]);
     if (b >= kLag) epilogue(b - kLag);
   }
+#pragma GCC unroll 16
   for (int t = 0; t < n; ++t) store_acc_pair(acc[t], out0, out1, t);
+}
+
+// tile_pass with its constants: a full tile's tokens, and whether x comes by tiles.
+template <int BITS>
+void pass(const QGroup& g0, const QGroup& g1, const QTokens& x, const Operands& o, int nt, float* out0, float* out1) {
+  if (nt == kDotTileMax && x.q_tiles)
+    tile_pass<BITS, kDotTileMax, true>(g0, g1, x, o, nt, out0, out1);
+  else if (nt == kDotTileMax)
+    tile_pass<BITS, kDotTileMax, false>(g0, g1, x, o, nt, out0, out1);
+  else if (x.q_tiles)
+    tile_pass<BITS, 0, true>(g0, g1, x, o, nt, out0, out1);
+  else
+    tile_pass<BITS, 0, false>(g0, g1, x, o, nt, out0, out1);
 }
 
 template <int BITS>
 void dot2_tile(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
   configure(nt, g0.bs < 64 ? g0.bs : 64);
   const Operands o = operands(x, g0.bs, nullptr);
-  if (nt == kDotTileMax)
-    tile_pass<BITS, kDotTileMax>(g0, g1, x, o, nt, out0, out1);
-  else
-    tile_pass<BITS, 0>(g0, g1, x, o, nt, out0, out1);
+  pass<BITS>(g0, g1, x, o, nt, out0, out1);
 }
 
 void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
@@ -233,11 +270,7 @@ void panel_gemm(const QGemmTile& t) {
     const int ni = t.nt - i < kDotTileMax ? t.nt - i : kDotTileMax;
     if (ni != configured) configure(ni, kc), configured = ni;
     const QTokens x = advance_tokens(t.x, i, kb);
-    const Operands o = operands(x, bs, panel);
-    if (ni == kDotTileMax)
-      tile_pass<BITS, kDotTileMax>(g0, g1, x, o, ni, t.out0 + 8 * i, t.out1 + 8 * i);
-    else
-      tile_pass<BITS, 0>(g0, g1, x, o, ni, t.out0 + 8 * i, t.out1 + 8 * i);
+    pass<BITS>(g0, g1, x, operands(x, bs, panel), ni, t.out0 + 8 * i, t.out1 + 8 * i);
   }
 }
 
@@ -332,7 +365,7 @@ const QLinearIsa* qlinear_amx_isa() {
     table.group_dot2 = amx::group_dot2;
     table.dot2_tokens = kDotTileMax;
     table.gemm = amx::gemm;
-    table.gemm_tokens = kGemmTokensMax;
+    table.gemm_tokens = kGemmTokensMax;  // a work item's tokens (32: 0.89x, 128 with items of 128: 0.85x)
     table.tiled_codes = true;
     table.group_dot2_16 = amx::dot2_tile16;
     // mxfp4 groups take AVX2's group_dot_mxfp4 / group_dot2_mxfp4 (copied with VNNI's table), not the tiles
