@@ -597,7 +597,7 @@ void split_codes16(Ctx& c) {
 
 // The quantized tokens from ts on, as the micro-kernels read them.
 QTokens tokens(const Ctx& c, int64_t ts) {
-  const bool act16 = c.d->act_bits == 16;
+  const bool act16 = c.d->act_bits == 16, tiles = c.tiled && ts % kCodeTile == 0;
   return {act16 ? nullptr : c.q.data() + ts * c.kpad,
           act16 ? c.q16.data() + ts * c.kpad : nullptr,
           c.kpad,
@@ -606,9 +606,9 @@ QTokens tokens(const Ctx& c, int64_t ts) {
           c.sx.data() + ts * c.kb,
           c.split16 ? c.q16_lo.data() + ts * c.kpad : nullptr,
           c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr,
-          c.tiled && ts % kCodeTile == 0 ? c.qt.data() + ts * c.kpad : nullptr,
-          c.tiled && ts % kCodeTile == 0 ? c.dxt.data() + ts * c.kb : nullptr,
-          c.tiled && ts % kCodeTile == 0 ? c.sxt.data() + ts * c.kb : nullptr};
+          tiles ? c.qt.data() + ts * c.kpad : nullptr,
+          tiles ? c.dxt.data() + ts * c.kb : nullptr,
+          tiles ? c.sxt.data() + ts * c.kb : nullptr};
 }
 
 // q [T, kpad] -> qt by tiles of kCodeTile tokens (QTokens::q_tiles): tile i's block b, row t at

@@ -161,25 +161,6 @@ inline void store_sums(int32_t* c) {
 // at 512 tokens, 2 threads: 55 vs 52 ms); pipelined, 45 ms; the epilogue 3 or 4 blocks behind, no faster than 2.
 constexpr int kLag = 2;  // blocks between a block's multiply and its epilogue
 
-// epilogue_pair's float step for tokens by tiles (QTokens::dx_tiles / sx_tiles): the same operations in the same
-// order, each token's scale at a fixed offset from the block's pointer (epilogue_pair's x.dx[t * kb + b] took a
-// register a token: 16 of them spilled).
-template <class Isum>
-__attribute__((always_inline)) inline void epilogue_tiles(const QGroup& g0, const QGroup& g1, const QTokens& x, int b,
-                                                          int nt, Isum isum, __m512* acc) {
-  const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
-  const float* dx = x.dx_tiles + b * kCodeTile;
-#pragma GCC unroll 16
-  for (int t = 0; t < nt; ++t)
-    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[t])), _mm512_cvtepi32_ps(isum(t)), acc[t]);
-  if (g0.m) {
-    const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
-    const float* sx = x.sx_tiles + b * kCodeTile;
-#pragma GCC unroll 16
-    for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[t]), acc[t]);
-  }
-}
-
 // One pass over K for up to kDotTileMax tokens (the tile configuration loaded for them). NTC: the tokens as a
 // constant (kDotTileMax: the accumulators stay in registers), or 0 for nt. TILED: x's codes and scales by tiles.
 template <int BITS, int NTC, bool TILED>
@@ -197,7 +178,7 @@ __attribute__((flatten)) void tile_pass(const QGroup& g0, const QGroup& g1, cons
     const int32_t(*cb)[16] = c[b % (kLag + 1)];
     const auto isum = [&](int t) { return _mm512_load_si512(cb[t]); };
     if constexpr (TILED)
-      epilogue_tiles(g0, g1, x, b, n, isum, acc);
+      epilogue_pair_tiles(g0, g1, x, b, n, isum, acc);
     else
       epilogue_pair(g0, g1, x, b, n, isum, acc);
   };
@@ -254,16 +235,21 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
 // staged once for all of K (kb * bs / 4 rows of 64 bytes: 16 x K bytes, 32 KB at K = 2048, in L1 / L2) and swept by
 // every kDotTileMax tokens of the tile, instead of staged again for each (a 512-token prefill staged each weight 32
 // times, once per 16 tokens). Each pass is tile_pass's: the same sums and float steps, so the same bits.
-template <int BITS>
-void panel_gemm(const QGemmTile& t) {
+// The calling thread's panel of `rows` B rows (64 bytes each), grown to the largest K x 16 bytes it has seen.
+__m512i* panel_rows(size_t rows) {
   struct alignas(64) Row {
     int8_t bytes[64];
   };
-  static thread_local std::vector<Row> buffer;  // grows to the largest K x 16 bytes the thread has seen
+  static thread_local std::vector<Row> buffer;
+  buffer.resize(rows);
+  return reinterpret_cast<__m512i*>(buffer.data());
+}
+
+template <int BITS>
+void panel_gemm(const QGemmTile& t) {
   const QGroup &g0 = t.w0, &g1 = t.w1;
   const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
-  buffer.resize(static_cast<size_t>(kb) * (bs / 4));
-  __m512i* panel = reinterpret_cast<__m512i*>(buffer.data());
+  __m512i* panel = panel_rows(static_cast<size_t>(kb) * (bs / 4));
   for (int b = 0; b < kb; ++b) stage_block<BITS>(g0, g1, b, panel + static_cast<int64_t>(b) * (bs / 4));
   int configured = 0;
   for (int i = 0; i < t.nt; i += kDotTileMax) {

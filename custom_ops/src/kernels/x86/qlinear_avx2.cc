@@ -327,11 +327,6 @@ void group_dot2_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* o
   for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out0 + 8 * t, a0[t]), _mm256_storeu_ps(out1 + 8 * t, a1[t]);
 }
 
-// x from its token n on.
-QTokens skip(const QTokens& x, int n, int kb) {
-  return {x.q + n * x.q_stride, x.q16, x.q_stride, x.dx + n * kb, x.zsum + n * kb, x.sx + n * kb};
-}
-
 void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
   if (g0.bits != 4) {
     group_dot(g0, x, nt, out0);
@@ -339,8 +334,8 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
     return;
   }
   int t = 0;
-  for (; t + 2 <= nt; t += 2) group_dot2_t<2>(g0, g1, skip(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
-  if (t < nt) group_dot2_t<1>(g0, g1, skip(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
+  for (; t + 2 <= nt; t += 2) group_dot2_t<2>(g0, g1, advance_tokens(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
+  if (t < nt) group_dot2_t<1>(g0, g1, advance_tokens(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
 }
 
 // ---- two mxfp4 groups at once (group_dot2_mxfp4): group_dot2's pairing with DotsMxfp4's products. Per sub-block and
@@ -402,8 +397,8 @@ void group_dot2_mxfp4_t(const QGroup& g0, const QGroup& g1, const QTokens& x, fl
 
 void group_dot2_mxfp4(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
   int t = 0;
-  for (; t + 2 <= nt; t += 2) group_dot2_mxfp4_t<2>(g0, g1, skip(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
-  if (t < nt) group_dot2_mxfp4_t<1>(g0, g1, skip(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
+  for (; t + 2 <= nt; t += 2) group_dot2_mxfp4_t<2>(g0, g1, advance_tokens(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
+  if (t < nt) group_dot2_mxfp4_t<1>(g0, g1, advance_tokens(x, t, g0.kb), out0 + 8 * t, out1 + 8 * t);
 }
 
 // Lanes r0..r0+7 of A's ranks (fewer than 8 left: the rest masked off, never read) for one k-quad.

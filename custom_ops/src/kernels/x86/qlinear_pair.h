@@ -25,17 +25,39 @@ inline void store_acc_pair(__m512 acc, float* out0, float* out1, int t) {
   _mm256_storeu_ps(out1 + 8 * t, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
 }
 
-// Block b's float step for nt tokens of both groups, each lane's group_dot_t's: acc[t] = fma(d * dx, float(isum(t)),
-// acc[t]), then with block offsets fma(m, sx, acc[t]). isum(t): token t's exact integer sums of the 16 rows.
+// Block b's float step for nt tokens of both groups, each lane's group_dot_t's: acc[t] = fma(d * dx(t), float(isum(t)),
+// acc[t]), then with block offsets fma(m, sx(t), acc[t]). isum(t): token t's exact integer sums of the 16 rows; dx(t),
+// sx(t): its block scales (from QTokens' rows: epilogue_pair, or AMX's by tiles: epilogue_pair_tiles).
+template <class Isum, class Dx, class Sx>
+__attribute__((always_inline)) inline void epilogue_scaled(const QGroup& g0, const QGroup& g1, int b, int nt, Isum isum,
+                                                           Dx dx, Sx sx, __m512* acc) {
+  const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
+#pragma GCC unroll 16
+  for (int t = 0; t < nt; ++t)
+    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx(t))), _mm512_cvtepi32_ps(isum(t)), acc[t]);
+  if (g0.m) {
+    const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx(t)), acc[t]);
+  }
+}
+
+// epilogue_scaled with x's scales from its rows (x.dx[t * kb + b]).
 template <class Isum>
 __attribute__((always_inline)) inline void epilogue_pair(const QGroup& g0, const QGroup& g1, const QTokens& x, int b,
                                                          int nt, Isum isum, __m512* acc) {
   const int kb = g0.kb;
-  const __m512 d = load_f16_pair(g0.d + b * 8, g1.d + b * 8);
-  for (int t = 0; t < nt; ++t)
-    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x.dx[t * kb + b])), _mm512_cvtepi32_ps(isum(t)), acc[t]);
-  if (g0.m) {
-    const __m512 m = load_f16_pair(g0.m + b * 8, g1.m + b * 8);
-    for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[t * kb + b]), acc[t]);
-  }
+  epilogue_scaled(
+      g0, g1, b, nt, isum, [&](int t) { return x.dx[t * kb + b]; }, [&](int t) { return x.sx[t * kb + b]; }, acc);
+}
+
+// epilogue_scaled with x's scales by tiles (QTokens::dx_tiles / sx_tiles): each token's at a fixed offset from the
+// block's pointer (x.dx[t * kb + b] took a register a token in AMX's 16-token pass: they spilled).
+template <class Isum>
+__attribute__((always_inline)) inline void epilogue_pair_tiles(const QGroup& g0, const QGroup& g1, const QTokens& x,
+                                                               int b, int nt, Isum isum, __m512* acc) {
+  const float* dx = x.dx_tiles + b * kCodeTile;
+  const float* sx = x.sx_tiles + b * kCodeTile;
+  epilogue_scaled(
+      g0, g1, b, nt, isum, [&](int t) { return dx[t]; }, [&](int t) { return sx[t]; }, acc);
 }
