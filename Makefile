@@ -123,13 +123,13 @@ QUALITY_OUT ?= quality-results
 quality: $(STAMP) ops
 	bash ci/quality_table.sh $(QUALITY_OUT)
 
-# `ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, alternating (docs/service.md; figures: docs/notes/service.md).
+# `ortllm serve --ray` (2 replicas x 1 thread) against one process x 2 threads, alternating (docs/service-scale-out.md; figures: docs/notes/service.md).
 bench-ray: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 	$(BIN)/ortllm bench $(DEFAULT_ARTIFACT) --scenario serve-ray --out $(BENCH_OUT)/serve-ray
 
 # `ortllm serve --ray` across 3 Ray nodes on this machine (127.0.0.1, 1 CPU each, each its own ORTLLM_HOME): the
 # model fetched by sha256, a Zipf trace equal to one process, a node lost under load, a tampered file refused
-# (docs/service.md, Ray across nodes; ~1.5-3 minutes, so not in make test). Figures: build/test-ray/node-loss.json.
+# (docs/service-scale-out.md, Ray across nodes; ~1.5-3 minutes, so not in make test). Figures: build/test-ray/node-loss.json.
 test-ray: $(STAMP) ops
 	ORTLLM_TEST_RAY_NODES=1 timeout 900 $(BIN)/python -m pytest tests/service/test_ray_nodes.py -x -q -s
 
@@ -192,7 +192,7 @@ bench-moe: bench-moe-gguf ops
 	  --out $(BENCH_OUT)/moe
 
 # The server image (Containerfile: base install only, non-root, ORTLLM_HOME on a volume, SmolLM2's int4 build baked
-# in; docs/service.md, "Deploying"), with podman if present (docker format: it keeps the HEALTHCHECK), else docker.
+# in; docs/deploy.md), with podman if present (docker format: it keeps the HEALTHCHECK), else docker.
 # IMAGE_ARGS passes more, e.g. IMAGE_ARGS='--build-arg BAKE_MODEL='.
 IMAGE ?= ortllm:latest
 CONTAINER_TOOL ?= $(if $(shell command -v podman),podman,docker)

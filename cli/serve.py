@@ -182,7 +182,7 @@ def add_serve(sub) -> None:
     s = p.add_argument_group("sizing (the memory plan printed at start; a plan that does not fit is refused)")
     add_options(s, SIZING)
     add_options(p, ENGINE[len(SIZING):] + SERVICE)
-    r = p.add_argument_group("scale-out on Ray Serve (pip install 'ortllm[ray]'; docs/service.md)")
+    r = p.add_argument_group("scale-out on Ray Serve (pip install 'ortllm[ray]'; docs/service-scale-out.md)")
     add_options(r, RAY)
     p.set_defaults(run=run_serve, prepare=settings)
 

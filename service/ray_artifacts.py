@@ -1,4 +1,4 @@
-"""The model's files on every Ray node (docs/service.md, Ray across nodes).
+"""The model's files on every Ray node (docs/service-scale-out.md, Ray across nodes).
 
     head (the `ortllm serve --ray` process)          any node
       publish(artifact dir) -> ArtifactRef ---------> EngineReplica: materialize(ref) -> the directory it loads

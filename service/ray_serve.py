@@ -1,4 +1,4 @@
-"""`ortllm serve --ray`: the single-process service as a Ray Serve application (docs/service.md, Scale-out).
+"""`ortllm serve --ray`: the single-process service as a Ray Serve application (docs/service-scale-out.md).
 
     HTTP --Serve proxy--> Ingress (1 replica, asyncio, no engine)
                             /health, /metrics: asks every engine replica, answers for all of them
