@@ -58,7 +58,7 @@ BUILD_OPTIONS = (
            "rows (GLU MLPs)", _opts, metavar="ALPHA"),
     Option("--act16", "projection groups whose int8 weights take int16 activation codes: a comma-separated list of "
            "qkv, o, gate_up, down, or none", _opts, type=str, metavar="GROUPS",
-           default_text="the family's; Gemma 3 measured in docs/quality.md"),
+           default_text="the family's; Gemma 3 measured in docs/quality-gemma3.md"),
     Option("--source-mix", "--quant int4 on a GGUF: keep its tensors of types wider than 4 bits (Q5_0, Q6_K, Q8_0, "
            "...) int8 (on) or round them to int4 too (off); Q4_K tensors keep their own grid", _opts,
            takes_value=True),

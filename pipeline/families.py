@@ -777,7 +777,7 @@ FAMILIES = {
     # exact Q5_0 / Q8_0 grids) held-out KLD prose 0.00574 -> 0.00353, all 0.00479 -> 0.00388, top-1 97.56%, for
     # +9% CPU time of the q|k|v call at T = 1. Its int4 build smooths the MLP's norm (only gate|up, int8 on the Q5_0
     # grid, move; q|k|v keep their int16 codes and exact grids): held-out KLD code 0.00542 -> 0.00367, all 0.00442
-    # -> 0.00369, for a calibration pass at build time (docs/quality.md, Gemma 3)
+    # -> 0.00369, for a calibration pass at build time (docs/quality-gemma3.md)
     "gemma3": Family(_hf_gemma3, _gguf_gemma3, fix_hf=(norms_plus_one,), act16=("qkv",), int4_smooth=0.5),
     # Kyutai's Helium: llama's blocks with an interleaved rotary embedding (pairs (2i, 2i+1)), i.e. q/k rows in the
     # order llama.cpp's GGUFs keep them; no GGUF architecture of its own (docs/howto-add-a-model.md walks this row)

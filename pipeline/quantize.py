@@ -36,15 +36,15 @@ WEIGHT_DTYPES = {"fp32": None, "int8": 8, "int4": 4}
 KEEP_DTYPES = ("fp32", "int8")
 # GGUF tensor types wider than 4 bits: an int4 build keeps such tensors int8 (source_mix), as their GGUF's author
 # chose them wider (llama.cpp's Q4_K_M mix: Q5_0 / Q6_K / Q8_0 beside Q4_K); re-rounded to 4 bits they cost Gemma 3
-# most of the model (docs/quality.md)
+# most of the model (docs/quality-gemma3.md)
 WIDER_SOURCES = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K")
 # The projection groups of a layer, one QLinear each in the engine graph (q|k|v fused, gate|up fused), that --act16
-# can put on int16 activation codes (QLinear act_bits 16: int8 weights only; docs/quality.md, Gemma 3).
+# can put on int16 activation codes (QLinear act_bits 16: int8 weights only; docs/quality-gemma3.md).
 ACT16_GROUPS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
                 "down": ("down_proj",)}
 # An int4 LM head's quantizer unless --lm-head-algo says otherwise: GPTQ on the final norm's output with each
 # block's grid searched (weighted_grid). On SmolLM2 an RTN int4 head fails the int4 gate and this one passes it
-# (docs/quality.md, "int4 LM head").
+# (docs/notes/quality.md, "int4 LM head").
 DEFAULT_HEAD_ALGO = "gptq"
 DEFAULT_ACCURACY_LEVEL = 4      # int8 compute on CPU (activations quantized per block)
 

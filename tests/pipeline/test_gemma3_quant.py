@@ -1,7 +1,7 @@
 """Gemma 3's quantized builds, without building Gemma: a Q4_K tensor's own 4-bit grid recovered exactly, the int4
 plan keeping a GGUF's wider tensors int8 (llama.cpp's Q4_K_M mix), and --act16 putting layer projections on int16
 activation codes (QLinear act_bits 16, with its LoRA) on a small engine graph served next to the act_bits 8 one.
-docs/quality.md (Gemma 3) has the figures these choices were made by."""
+docs/quality-gemma3.md has the figures these choices were made by."""
 from __future__ import annotations
 
 import json

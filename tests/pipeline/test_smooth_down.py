@@ -1,6 +1,6 @@
 """SmoothQuant of down_proj's input through up_proj's rows (--smooth-down, pipeline/smooth.py): exact in fp32 on a
 GLU MLP (SiLU and GELU-tanh), composed with the norm-side smoothing, and its refusals. Off by default: on Gemma 3
-270M int8 it moves held-out KLD from code to prose (docs/quality.md, Gemma 3 270M)."""
+270M int8 it moves held-out KLD from code to prose (docs/quality-gemma3.md)."""
 from __future__ import annotations
 
 import json
