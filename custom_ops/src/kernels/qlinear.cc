@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "isa.h"
@@ -57,7 +58,7 @@ struct Scratch {
   std::vector<int8_t> q16_hi;
   std::vector<float> dx, sx, normed, lora, best, dora_rows, dxt, sxt;
   std::vector<float> dx8;  // act_bits 16 with a LoRA: the int8 codes' scales, which the LoRA's shrink reads
-  std::vector<int32_t> zsum, qsum32;
+  std::vector<int32_t> zsum, qsum32, qst;
   std::vector<float> h[kQLinearMaxSegments];
   std::vector<int8_t> qh[kQLinearMaxSegments];
   std::vector<Quad> quads;
@@ -81,7 +82,7 @@ void trim(V& v) {
 void trim(Scratch& s) {
   trim(s.q), trim(s.qt), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed),
       trim(s.lora), trim(s.best), trim(s.best_at), trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dxt),
-      trim(s.sxt), trim(s.dx8), trim(s.mix_mask);
+      trim(s.sxt), trim(s.qst), trim(s.dx8), trim(s.mix_mask);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
 
@@ -91,6 +92,7 @@ struct Ctx {
         qt(s.qt),
         dxt(s.dxt),
         sxt(s.sxt),
+        qst(s.qst),
         q16(s.q16),
         q16_lo(s.q16_lo),
         q16_hi(s.q16_hi),
@@ -120,6 +122,7 @@ struct Ctx {
   std::vector<int8_t>& q;        // [T, kpad]
   std::vector<int8_t>& qt;       // [ceil(T / kCodeTile), kb, kCodeTile, bs] q by tiles, with `tiled` (QTokens::q_tiles)
   std::vector<float>&dxt, &sxt;  // [ceil(T / kCodeTile), kb, kCodeTile] dx, sx by tiles, with `tiled`
+  std::vector<int32_t>& qst;     // the same of the codes' sums, with `tiled` and int8 weights (QTokens::qsum_tiles)
   bool tiled = false;
   std::vector<int16_t>& q16;     // [T, kpad] instead, with act_bits 16
   std::vector<uint8_t>& q16_lo;  // [T, kpad] with split16 (QTokens::q16_lo)
@@ -514,8 +517,9 @@ QTokens advance_tokens(const QTokens& x, int i, int kb) {
   r.dx += blocks, r.zsum += blocks, r.sx += blocks;
   if (r.q_tiles && i % kCodeTile == 0) {  // tile i / 16 starts i rows (and i * kb scales) on
     r.q_tiles += rows, r.dx_tiles += blocks, r.sx_tiles += blocks;
+    if (r.qsum_tiles) r.qsum_tiles += blocks;
   } else {
-    r.q_tiles = nullptr, r.dx_tiles = r.sx_tiles = nullptr;
+    r.q_tiles = nullptr, r.dx_tiles = r.sx_tiles = nullptr, r.qsum_tiles = nullptr;
   }
   return r;
 }
@@ -608,17 +612,21 @@ QTokens tokens(const Ctx& c, int64_t ts) {
           c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr,
           tiles ? c.qt.data() + ts * c.kpad : nullptr,
           tiles ? c.dxt.data() + ts * c.kb : nullptr,
-          tiles ? c.sxt.data() + ts * c.kb : nullptr};
+          tiles ? c.sxt.data() + ts * c.kb : nullptr,
+          tiles && c.d->bits == 8 ? c.qst.data() + ts * c.kb : nullptr};
 }
 
 // q [T, kpad] -> qt by tiles of kCodeTile tokens (QTokens::q_tiles): tile i's block b, row t at
-// ((i * kb + b) * kCodeTile + t) * bs; dx, sx -> dxt, sxt at (i * kb + b) * kCodeTile + t. The rows past T in the
+// ((i * kb + b) * kCodeTile + t) * bs; dx, sx -> dxt, sxt at (i * kb + b) * kCodeTile + t, and with int8 weights each
+// block's code sum into qst there (zsum holds zp * qsum, 0 for them). The rows past T in the
 // last tile are left as they are (never read).
 void tile_codes(Ctx& c) {
   const int64_t T = c.d->num_tokens, bs = c.d->block_size, tiles = (T + kCodeTile - 1) / kCodeTile;
   c.qt.resize(static_cast<size_t>(tiles * kCodeTile * c.kpad));
   c.dxt.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
   c.sxt.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
+  const bool sums = c.d->bits == 8;
+  if (sums) c.qst.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
   for (int64_t t = 0; t < T; ++t) {
     const int8_t* row = c.q.data() + t * c.kpad;
     const int64_t i = t / kCodeTile, r = t % kCodeTile;
@@ -627,6 +635,9 @@ void tile_codes(Ctx& c) {
       std::copy_n(row + b * bs, bs, tile + b * kCodeTile * bs);
       c.dxt[static_cast<size_t>((i * c.kb + b) * kCodeTile + r)] = c.dx[static_cast<size_t>(t * c.kb + b)];
       c.sxt[static_cast<size_t>((i * c.kb + b) * kCodeTile + r)] = c.sx[static_cast<size_t>(t * c.kb + b)];
+      if (sums)
+        c.qst[static_cast<size_t>((i * c.kb + b) * kCodeTile + r)] =
+            std::accumulate(row + b * bs, row + (b + 1) * bs, 0);
     }
   }
 }

@@ -213,6 +213,9 @@ struct QTokens {
   // block's float step reads its tokens' scales at fixed offsets from one pointer.
   const float* dx_tiles = nullptr;
   const float* sx_tiles = nullptr;
+  // With q_tiles and int8 weights: the tile's code sums by block, [kb][kCodeTile] as dx_tiles (zsum is zp * qsum, 0
+  // there; VNNI's panel GEMM biases int8 weights to unsigned and takes 128 * qsum back off).
+  const int32_t* qsum_tiles = nullptr;
 };
 
 constexpr int kCodeTile = 16;  // tokens of a tile of QTokens::q_tiles (an AMX A tile's rows)

@@ -1,7 +1,7 @@
 // x86's kernel paths, best first (isa.h): "amx" (VNNI's tables with QLinear's two-group dots of 8 tokens or more on
-// the AMX tile unit), "avx512vnni" (AVX2's tables with QLinear's and attention's integer dots on AVX-512 VNNI),
-// "avx2" (AVX2 + FMA + F16C); the registry adds "scalar". Compiled for the baseline ISA: it only checks the CPU
-// and hands out tables.
+// the AMX tile unit), "avx512vnni" (AVX2's tables with QLinear's and attention's integer dots and QLinear's panel
+// GEMM on AVX-512 VNNI), "avx2" (AVX2 + FMA + F16C); the registry adds "scalar". Compiled for the baseline ISA: it
+// only checks the CPU and hands out tables.
 #include "isa_x86.h"
 #include "../isa.h"
 #include "../stream_prefetch.h"

@@ -235,21 +235,11 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
 // staged once for all of K (kb * bs / 4 rows of 64 bytes: 16 x K bytes, 32 KB at K = 2048, in L1 / L2) and swept by
 // every kDotTileMax tokens of the tile, instead of staged again for each (a 512-token prefill staged each weight 32
 // times, once per 16 tokens). Each pass is tile_pass's: the same sums and float steps, so the same bits.
-// The calling thread's panel of `rows` B rows (64 bytes each), grown to the largest K x 16 bytes it has seen.
-__m512i* panel_rows(size_t rows) {
-  struct alignas(64) Row {
-    int8_t bytes[64];
-  };
-  static thread_local std::vector<Row> buffer;
-  buffer.resize(rows);
-  return reinterpret_cast<__m512i*>(buffer.data());
-}
-
 template <int BITS>
 void panel_gemm(const QGemmTile& t) {
   const QGroup &g0 = t.w0, &g1 = t.w1;
   const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
-  __m512i* panel = panel_rows(static_cast<size_t>(kb) * (bs / 4));
+  __m512i* panel = panel_vectors(static_cast<size_t>(kb) * (bs / 4));  // B rows
   for (int b = 0; b < kb; ++b) stage_block<BITS>(g0, g1, b, panel + static_cast<int64_t>(b) * (bs / 4));
   int configured = 0;
   for (int i = 0; i < t.nt; i += kDotTileMax) {

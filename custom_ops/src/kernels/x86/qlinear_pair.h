@@ -1,7 +1,18 @@
 // Two 8-row groups in one 512-bit vector (lanes 0-7 group 0's rows, lanes 8-15 group 1's), shared by the AVX-512
 // VNNI and the AMX translation units' two-group kernels (group_dot2). Include it only inside an anonymous namespace
 // of such a unit, after its `#pragma GCC target(...)` with avx512f/vl/bw and every system header (as
-// qlinear_group_dot.h): each unit compiles its own copy for its own ISA.
+// qlinear_group_dot.h): each unit compiles its own copy for its own ISA. The unit includes <vector>.
+
+// The calling thread's panel of `vectors` 64-byte vectors (a two-group GEMM's staged weights), grown to the largest
+// it has seen; one per unit that includes this file.
+inline __m512i* panel_vectors(size_t vectors) {
+  struct alignas(64) Vec {
+    int8_t bytes[64];
+  };
+  static thread_local std::vector<Vec> buffer;
+  buffer.resize(vectors);
+  return reinterpret_cast<__m512i*>(buffer.data());
+}
 
 inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {  // 32 bytes of each group's codes
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),

@@ -1,5 +1,6 @@
 // AVX-512 VNNI QLinear micro-kernels (AVX512VL + AVX512_VNNI), picked at run time where the CPU has it (AMD
-// Zen 4, Intel Ice Lake and later): the group dot, and the LoRA's integer shrink (dpbusd, 16 ranks a vector)
+// Zen 4 and later, Intel Ice Lake and later): the group dots, the panel GEMM for many tokens (gemm: two groups'
+// int4 weights unpacked once for a work item's tokens), and the LoRA's integer shrink (dpbusd, 16 ranks a vector)
 // and expand (dpbusd, 16 columns a vector); quantize_row and the gated epilogues are AVX2's.
 //
 // _mm256_dpbusd_epi32 multiplies 4 unsigned codes by 4 signed activation bytes and adds the 4 products
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "../qlinear.h"
 #include "../stream_prefetch.h"
@@ -180,6 +182,152 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
   }
 }
 
+// ---- the panel GEMM: a paired int4 or int8 tile of more than kQTile tokens (a work item's token chunk, up to
+// kGemmTokensMax). Both groups' codes are unpacked once for all of K into a panel (per sub-block the 8 vectors
+// block4_pair builds: 512 bytes, 16 x K / 2 bytes in all: 32 KB at K = 2048, in L1 / L2) and swept by every
+// kPanelTokens tokens of the tile, instead of unpacked again for every kQTile tokens (a 512-token prefill unpacked
+// each weight 128 times). Per block and token: block4_pair's integer sums (seeded -zs, exact in any order) and
+// epilogue_pair's float steps, so the same bits as group_dot2.
+constexpr int kPanelTokens = 8;  // tokens a sweep: 8 accumulators + 8 sums in registers, one chain a token
+static_assert(kCodeTile % kPanelTokens == 0, "a sweep reads one tile of codes");
+
+// Both groups' codes of all kb blocks as dpbusd's unsigned bytes, k-quad j of sub-block s at panel[8 s + j] (16 rows,
+// row r's 4 codes in lane r): int4 codes as they are (0..15, block4_pair's v[j]); int8 codes biased by 128 (w ^ 0x80 =
+// w + 128 in 0..255: AVX-512BW has no sign_epi8 for AVX2's |w| x sign(x, w)), the bias taken back off with the
+// tokens' code sums (panel_sweep).
+template <int BITS>
+void stage_panel(const QGroup& g0, const QGroup& g1, __m512i* panel) {
+  const int64_t subs = static_cast<int64_t>(g0.kb) * (g0.bs / 32);
+  if (BITS == 4) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t s = 0; s < subs; ++s, panel += 8)
+      for (int j = 0; j < 4; ++j) {
+        const __m512i w = load_pair(g0.codes + 128 * s + 32 * j, g1.codes + 128 * s + 32 * j);
+        _mm512_store_si512(panel + 2 * j, _mm512_and_si512(w, low));
+        _mm512_store_si512(panel + 2 * j + 1, _mm512_and_si512(_mm512_srli_epi16(w, 4), low));
+      }
+  } else {
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int64_t s = 0; s < subs; ++s, panel += 8)
+      for (int i = 0; i < 8; ++i)
+        _mm512_store_si512(panel + i,
+                           _mm512_xor_si512(load_pair(g0.codes + 256 * s + 32 * i, g1.codes + 256 * s + 32 * i), bias));
+  }
+}
+
+// Where a sweep reads its tokens' codes and scales: by tiles (QTokens::q_tiles from the sweep's first token's row in
+// its tile: block b's codes of token t at q + b * kCodeTile * bs + t * bs, its dx and sx at + b * kCodeTile + t).
+struct Acts {
+  const int8_t* q;
+  const float *dx, *sx;
+  const int32_t* qsum;  // int8 weights: the code sums (QTokens::qsum_tiles), else nullptr
+};
+
+// NT tokens against blocks [b0, b1) of the staged panel: group_dot2_t's sums and float steps, the weights read from
+// the panel. BS: the block size as a constant (32: every token's word an
+// immediate offset from one pointer), or 0. The accumulators start from out's values and go back there (exact: a
+// float stored and loaded).
+template <int BITS, int NT, int BS>
+void panel_sweep(const QGroup& g0, const QGroup& g1, const __m512i* panel, int b0, int b1, const Acts& x,
+                 const int32_t* zsum, int kb, float* out0, float* out1) {
+  const int bs = BS > 0 ? BS : g0.bs, subs = bs / 32;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = load_acc_pair(out0, out1, t);  // 0, the LoRA terms or blocks < b0's sums
+  panel += static_cast<int64_t>(b0) * subs * 8;
+  for (int b = b0; b < b1; ++b) {
+    __m512i isum[NT];             // one chain a token: NT independent dpbusd chains (two a token measured the same)
+    for (int t = 0; t < NT; ++t)  // int4: less zp * qsum; int8: less the bias's 128 * qsum (zsum 0)
+      isum[t] = _mm512_set1_epi32(BITS == 4 ? -zsum[t * kb + b] : -128 * x.qsum[b * kCodeTile + t]);
+    const int8_t* q = x.q + static_cast<int64_t>(b) * kCodeTile * bs;
+    for (int s = 0; s < subs; ++s, panel += 8, q += 32) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i w = _mm512_load_si512(panel + j);
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) {
+          int32_t word;
+          std::memcpy(&word, q + t * bs + 4 * j, 4);
+          isum[t] = _mm512_dpbusd_epi32(isum[t], w, _mm512_set1_epi32(word));
+        }
+      }
+    }
+    const float* dx = x.dx + b * kCodeTile;
+    const float* sx = x.sx + b * kCodeTile;
+    epilogue_scaled(
+        g0, g1, b, NT, [&](int t) { return isum[t]; }, [&](int t) { return dx[t]; }, [&](int t) { return sx[t]; }, acc);
+  }
+  for (int t = 0; t < NT; ++t) store_acc_pair(acc[t], out0, out1, t);
+}
+
+// panel_sweep for n <= NT tokens (fewer: the tile's last), the count as a template argument.
+template <int BITS, int NT, int BS>
+void panel_sweep_n(int n, const QGroup& g0, const QGroup& g1, const __m512i* panel, int b0, int b1, const Acts& x,
+                   const int32_t* zsum, int kb, float* out0, float* out1) {
+  if constexpr (NT > 0) {
+    if (n == NT)
+      panel_sweep<BITS, NT, BS>(g0, g1, panel, b0, b1, x, zsum, kb, out0, out1);
+    else
+      panel_sweep_n<BITS, NT - 1, BS>(n, g0, g1, panel, b0, b1, x, zsum, kb, out0, out1);
+  }
+}
+
+// The panel is swept kPanelBytes of it at a time by all of the tile's tokens, so the part being read stays in L1
+// (TinyLlama's down projection, K = 5632, has an 88 KB panel). Each output's float steps stay in block order.
+constexpr int kPanelBytes = 16384;
+
+template <int BITS, int BS>
+void panel_gemm(const QGemmTile& t) {
+  const QGroup &g0 = t.w0, &g1 = t.w1;
+  const int kb = g0.kb, bs = g0.bs, subs = bs / 32;
+  __m512i* panel = panel_vectors(static_cast<size_t>(kb) * subs * 8);
+  stage_panel<BITS>(g0, g1, panel);
+  const int step = kPanelBytes / (subs * 512) > 0 ? kPanelBytes / (subs * 512) : 1;  // blocks a chunk of the panel
+  // While the panel is swept, the weights of the next pairs come into L2: the 2 groups after each of g0 and g1 (the
+  // driver's next pair lies there, gated or not), codes and scales, spread over the sweeps (each one a
+  // 1 / sweeps-th of the lines). Without it, staging waited on memory: 11% of the kernel's samples.
+  const int64_t gbytes = static_cast<int64_t>(kb) * bs * BITS, lines = 2 * gbytes / 64;
+  const int sweeps = ((kb + step - 1) / step) * ((t.nt + kPanelTokens - 1) / kPanelTokens);
+  const int64_t per_sweep = lines / sweeps + 1;
+  int64_t line = 0;
+  for (int b0 = 0; b0 < kb; b0 += step) {
+    const int b1 = b0 + step < kb ? b0 + step : kb;
+    for (int i = 0; i < t.nt; i += kPanelTokens) {
+      for (int64_t e = line + per_sweep; line < e && line < lines; ++line) {
+        _mm_prefetch(reinterpret_cast<const char*>(g0.codes + gbytes) + 64 * line, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(g1.codes + gbytes) + 64 * line, _MM_HINT_T1);
+        if (line < kb / 2) {  // 4 blocks' d (and m) of a group a line: 2 groups' worth
+          _mm_prefetch(reinterpret_cast<const char*>(g0.d + 8 * kb) + 64 * line, _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(g1.d + 8 * kb) + 64 * line, _MM_HINT_T1);
+          if (g0.m) {
+            _mm_prefetch(reinterpret_cast<const char*>(g0.m + 8 * kb) + 64 * line, _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(g1.m + 8 * kb) + 64 * line, _MM_HINT_T1);
+          }
+        }
+      }
+      const QTokens tile = advance_tokens(t.x, i / kCodeTile * kCodeTile, kb);  // the tile holding token i
+      const int row = i % kCodeTile;  // a sweep stays in its tile: kPanelTokens divides kCodeTile
+      const int n = t.nt - i < kPanelTokens ? t.nt - i : kPanelTokens;
+      const Acts x{tile.q_tiles + row * bs, tile.dx_tiles + row, tile.sx_tiles + row,
+                   BITS == 8 ? tile.qsum_tiles + row : nullptr};
+      const int32_t* zsum = t.x.zsum + static_cast<int64_t>(i) * kb;
+      panel_sweep_n<BITS, kPanelTokens, BS>(n, g0, g1, panel, b0, b1, x, zsum, kb, t.out0 + 8 * i, t.out1 + 8 * i);
+    }
+  }
+}
+
+// QLinearIsa::gemm: paired int4 / int8 tiles of more than kQTile tokens, their codes by tiles, by the panel GEMM; the
+// rest as the group dots (group_dot2 for kQTile tokens or fewer, AVX2's lookup kernels for mxfp4, AVX2's act_bits 16
+// path).
+void gemm(const QLinearIsa& isa, const QGemmTile& t) {
+  if (!t.paired || t.act16 || t.w0.mxfp4 || t.nt <= kQTile || !t.x.q_tiles) {
+    gemm_by_group_dots(isa, t);
+  } else if (t.w0.bits == 4) {
+    t.w0.bs == 32 ? panel_gemm<4, 32>(t) : panel_gemm<4, 0>(t);
+  } else {
+    t.w0.bs == 32 ? panel_gemm<8, 32>(t) : panel_gemm<8, 0>(t);
+  }
+}
+
 // ---- the LoRA on int8 stacks (qlinear.h): the same integer sums and float steps as AVX2 and scalar.
 
 // 16 ranks of one segment's A: a 512-bit vector of the shrink (fewer left: the rest masked off, never read).
@@ -327,6 +475,9 @@ const QLinearIsa* qlinear_vnni_isa() {
     table.lora_shrink = vnni::lora_shrink;
     table.lora_expand = vnni::lora_expand;
     table.group_dot16 = vnni::group_dot16;
+    table.gemm = vnni::gemm;
+    table.gemm_tokens = kGemmTokensMax;  // a work item's tokens: its panel swept 8 tokens at a time
+    table.tiled_codes = true;
     // group_dot_mxfp4 / group_dot2_mxfp4 stay AVX2's (the table it copied): the mxfp4 lookup + maddubs kernels
     return &table;
   }();
