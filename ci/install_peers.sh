@@ -37,6 +37,8 @@
 #   MODEL=NAME     the ortllm recipe (smollm2-135m-instruct, tinyllama-1.1b-shape, llama-tiny-random, ...)
 #   PEERS_JOBS=N   compile/quantize jobs (default: all cores)         PEERS_NICE=N  nice level (default 0)
 #   PEERS_FORCE=1  rebuild the model directories                      PEERS_ONLY="llama.cpp genai transformers openvino"
+#   PEERS_OV_FORMATS="int4 int8"  the OpenVINO exports to make (default: int4 int8 int4-sym int4-awq; AWQ's takes
+#                  the longest: minutes on the 1.1B shape)
 #
 # Opt-in part PEERS_ONLY=gguf-weights (`make bench-moe-gguf`): model-q4_0.gguf and model-q8_0.gguf written from
 #   MODEL's weights by `ortllm bench --write-gguf` (no hf/, no F32 file: the MoE shape recipes at 30B; see below)
@@ -349,12 +351,13 @@ ov_export() {   # DIR NAME OPTIONS...
 if want openvino; then
   [ "${PEERS_FORCE:-0}" = 1 ] && rm -rf "$ASSETS"/openvino-int4 "$ASSETS"/openvino-int4-sym "$ASSETS"/openvino-int8 \
     "$ASSETS"/openvino-int4-awq
-  ov_export "$ASSETS/openvino-int4" openvino-int4 --weight-format int4 --group-size 32 --ratio 1.0
-  ov_export "$ASSETS/openvino-int8" openvino-int8 --weight-format int8
-  ov_export "$ASSETS/openvino-int4-sym" openvino-int4-sym --weight-format int4 --sym --group-size 128 --ratio 1.0 \
-      --group-size-fallback adjust
-  ov_export "$ASSETS/openvino-int4-awq" openvino-int4-awq --weight-format int4 --group-size 32 --ratio 1.0 \
-      --awq --scale-estimation --dataset auto
+  ov_want() { [[ " ${PEERS_OV_FORMATS:-int4 int8 int4-sym int4-awq} " == *" $1 "* ]]; }
+  ov_want int4 && ov_export "$ASSETS/openvino-int4" openvino-int4 --weight-format int4 --group-size 32 --ratio 1.0
+  ov_want int8 && ov_export "$ASSETS/openvino-int8" openvino-int8 --weight-format int8
+  ov_want int4-sym && ov_export "$ASSETS/openvino-int4-sym" openvino-int4-sym --weight-format int4 --sym \
+      --group-size 128 --ratio 1.0 --group-size-fallback adjust
+  ov_want int4-awq && ov_export "$ASSETS/openvino-int4-awq" openvino-int4-awq --weight-format int4 --group-size 32 \
+      --ratio 1.0 --awq --scale-estimation --dataset auto
 fi
 
 want llama-server && say "llama-server: $("$VENV/bin/llama-server" --version 2>&1 | grep -m1 version || echo missing)"

@@ -161,6 +161,36 @@ struct Ctx {
 
 // ---- phase 1: activations
 
+// q [T, kpad] -> qt by tiles of kCodeTile tokens (QTokens::q_tiles): tile i's block b, row t at
+// ((i * kb + b) * kCodeTile + t) * bs; dx, sx -> dxt, sxt at (i * kb + b) * kCodeTile + t, and with int8 weights each
+// block's code sum into qst there (zsum holds zp * qsum, 0 for them). The rows past T in the last tile are left as
+// they are (never read). size_tiles first (on the calling thread), then tile_tokens by each quantization item on its
+// own tokens (a token's row goes to its own slots: the items never write the same bytes).
+void size_tiles(Ctx& c) {
+  const int64_t tiles = (c.d->num_tokens + kCodeTile - 1) / kCodeTile;
+  c.qt.resize(static_cast<size_t>(tiles * kCodeTile * c.kpad));
+  c.dxt.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
+  c.sxt.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
+  if (c.d->bits == 8) c.qst.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
+}
+
+void tile_tokens(Ctx& c, int64_t t0, int64_t t1) {
+  const int64_t bs = c.d->block_size;
+  const bool sums = c.d->bits == 8;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int8_t* row = c.q.data() + t * c.kpad;
+    const int64_t i = t / kCodeTile, r = t % kCodeTile;
+    int8_t* tile = c.qt.data() + i * kCodeTile * c.kpad + r * bs;
+    for (int64_t b = 0; b < c.kb; ++b) {
+      const size_t at = static_cast<size_t>((i * c.kb + b) * kCodeTile + r);
+      std::copy_n(row + b * bs, bs, tile + b * kCodeTile * bs);
+      c.dxt[at] = c.dx[static_cast<size_t>(t * c.kb + b)];
+      c.sxt[at] = c.sx[static_cast<size_t>(t * c.kb + b)];
+      if (sums) c.qst[at] = std::accumulate(row + b * bs, row + (b + 1) * bs, 0);
+    }
+  }
+}
+
 void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
   const int zp = c.d->zero_point();
   const int64_t K = c.d->in_dim;
@@ -199,6 +229,7 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
       c.qsum32[t * c.kc + ch] = s;
     }
   }
+  if (c.tiled) tile_tokens(c, t0, t1);
 }
 
 // Quantization item i: tokens [i * q_chunk, + q_chunk).
@@ -616,32 +647,6 @@ QTokens tokens(const Ctx& c, int64_t ts) {
           tiles && c.d->bits == 8 ? c.qst.data() + ts * c.kb : nullptr};
 }
 
-// q [T, kpad] -> qt by tiles of kCodeTile tokens (QTokens::q_tiles): tile i's block b, row t at
-// ((i * kb + b) * kCodeTile + t) * bs; dx, sx -> dxt, sxt at (i * kb + b) * kCodeTile + t, and with int8 weights each
-// block's code sum into qst there (zsum holds zp * qsum, 0 for them). The rows past T in the
-// last tile are left as they are (never read).
-void tile_codes(Ctx& c) {
-  const int64_t T = c.d->num_tokens, bs = c.d->block_size, tiles = (T + kCodeTile - 1) / kCodeTile;
-  c.qt.resize(static_cast<size_t>(tiles * kCodeTile * c.kpad));
-  c.dxt.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
-  c.sxt.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
-  const bool sums = c.d->bits == 8;
-  if (sums) c.qst.resize(static_cast<size_t>(tiles * kCodeTile * c.kb));
-  for (int64_t t = 0; t < T; ++t) {
-    const int8_t* row = c.q.data() + t * c.kpad;
-    const int64_t i = t / kCodeTile, r = t % kCodeTile;
-    int8_t* tile = c.qt.data() + i * kCodeTile * c.kpad + r * bs;
-    for (int64_t b = 0; b < c.kb; ++b) {
-      std::copy_n(row + b * bs, bs, tile + b * kCodeTile * bs);
-      c.dxt[static_cast<size_t>((i * c.kb + b) * kCodeTile + r)] = c.dx[static_cast<size_t>(t * c.kb + b)];
-      c.sxt[static_cast<size_t>((i * c.kb + b) * kCodeTile + r)] = c.sx[static_cast<size_t>(t * c.kb + b)];
-      if (sums)
-        c.qst[static_cast<size_t>((i * c.kb + b) * kCodeTile + r)] =
-            std::accumulate(row + b * bs, row + (b + 1) * bs, 0);
-    }
-  }
-}
-
 // Groups [g0, g1) x tokens [t0, t1): kQTile tokens at a time; with kPairTokens tokens or more, two groups per
 // micro-kernel call where the ISA has group_dot2 (gated: the gate group with its up group; else neighbours), its
 // dot2_tokens tokens a call (AMX: 16).
@@ -771,6 +776,8 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par, co
     c.dx8.resize(static_cast<size_t>(T * c.kb));
   }
   c.xin = a.norm_weight ? c.normed.data() : a.x;
+  c.tiled = c.isa->tiled_codes && d.act_bits == 8 && !d.mxfp4 && T >= kPairTokens;
+  if (c.tiled) size_tiles(c);  // the quantization items then tile their tokens' codes
   if (split_quantize) {
     par.run(static_cast<size_t>((T + c.q_chunk - 1) / c.q_chunk), quantize_item, &c);
   } else {
@@ -778,8 +785,6 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par, co
   }
   c.split16 = d.act_bits == 16 && c.isa->group_dot2_16 != nullptr && T >= kPairTokens;
   if (c.split16) split_codes16(c);
-  c.tiled = c.isa->tiled_codes && d.act_bits == 8 && !d.mxfp4 && T >= kPairTokens;
-  if (c.tiled) tile_codes(c);
 
   if (lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
     par.run(c.quads.size(), lora_quad, &c);
