@@ -34,8 +34,8 @@ def test_random_weights_are_the_eager_generators_draws():
 
 def test_per_tensor_seeds_draw_each_tensor_from_its_own_seed_without_a_pass_first(monkeypatch):
     """per_tensor_seeds (the 30B shape recipe): tensor i is the draw of default_rng([seed, i]), made only when read
-    (nothing is drawn to set the loaders up: a 30B model's pass took minutes), the same on every read; the recipe
-    has Qwen3-30B-A3B's parameter counts (30.5B, 3.35B active)."""
+    (nothing is drawn to set the loaders up: a 30B model's pass took minutes), the same on every read; the shape
+    recipes have their models' parameter counts (Qwen3-30B-A3B 30.5B, 3.35B active; OLMoE-1B-7B 6.9B, 1.28B)."""
     import dataclasses
 
     from ortllm.pipeline import sources
@@ -55,12 +55,17 @@ def test_per_tensor_seeds_draw_each_tensor_from_its_own_seed_without_a_pass_firs
     assert np.array_equal(w.tensors[name], w.tensors[name])
     assert not np.array_equal(w.tensors[name], random_weights(base).tensors[name]), "another draw than the default"
 
-    big = random_weights(get_recipe("qwen3-30b-a3b-shape"))
-    shapes = expected_shapes(big.config)
-    total = sum(int(np.prod(s)) for s in shapes.values())
-    inactive = sum(int(np.prod(s)) for n, s in shapes.items() if ".mlp.experts." in n) * (128 - 8) // 128
-    assert round(total / 1e9, 1) == 30.5 and round((total - inactive) / 1e9, 2) == 3.35
-    assert big.extra["fidelity_skipped"] == NO_FIDELITY
+    for recipe_name, experts, billions, active in (("qwen3-30b-a3b-shape", 128, 30.5, 3.35),
+                                                   ("olmoe-1b-7b-shape", 64, 6.9, 1.28)):
+        big = random_weights(get_recipe(recipe_name))
+        shapes = expected_shapes(big.config)
+        total = sum(int(np.prod(s)) for s in shapes.values())
+        top = big.config.num_experts_per_tok
+        inactive = sum(int(np.prod(s)) for n, s in shapes.items() if ".mlp.experts." in n) * (experts - top) // experts
+        assert big.config.num_experts == experts and top == 8, recipe_name
+        assert round(total / 1e9, 1) == billions and round((total - inactive) / 1e9, 2) == active, recipe_name
+        assert big.extra["fidelity_skipped"] == NO_FIDELITY
+    assert shapes["model.layers.0.self_attn.q_norm.weight"] == (2048,), "OLMoE's q norm is over the whole projection"
 
 
 def test_row_chunks_quantize_and_pack_the_same(monkeypatch):
