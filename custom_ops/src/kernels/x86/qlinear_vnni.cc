@@ -182,6 +182,53 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
   }
 }
 
+// ---- act_bits 16 on two int8 groups at once (group_dot2_16): each int16 code q = 256 hi + lo split into bytes
+// (QTokens::q16_lo unsigned, q16_hi signed; the driver writes them once a call), as AMX's dot2_tile16 does. Per k-quad
+// and token: S_lo += dpbusd(lo, w) (unsigned codes x signed weights), S_hi += dpbusd(w ^ 0x80, hi) (the weights biased
+// to unsigned, the high bytes signed: AVX-512BW has no sign_epi8) and H += dpbusd(1, hi) (the high bytes' sum, in
+// every lane). isum = 256 (S_hi - 128 H) + S_lo = sum w q exactly (|isum| < 2^31 for bs <= 128, qlinear.h; int8
+// weights: zero point 0), then group_dot16_t's float steps per block: the bits of two group_dot16 calls.
+template <int NT>
+void group_dot2_16_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* out0, float* out1) {
+  const int subs = g0.bs / 32, kb = g0.kb;
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80)), ones = _mm512_set1_epi8(1);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = load_acc_pair(out0, out1, t);  // 0 or the LoRA terms (qlinear.h)
+  const uint8_t *c0 = g0.codes, *c1 = g1.codes;
+  for (int b = 0; b < kb; ++b) {
+    __m512i lo_sum[NT], hi_sum[NT], hi_count[NT];
+    for (int t = 0; t < NT; ++t) lo_sum[t] = hi_sum[t] = hi_count[t] = _mm512_setzero_si512();
+    for (int s = 0; s < subs; ++s, c0 += 256, c1 += 256) {
+      const int64_t k = static_cast<int64_t>(b) * g0.bs + 32 * s;
+      for (int i = 0; i < 8; ++i) {
+        const __m512i w = load_pair(c0 + 32 * i, c1 + 32 * i);
+        const __m512i wb = _mm512_xor_si512(w, bias);
+        for (int t = 0; t < NT; ++t) {
+          int32_t lo, hi;
+          std::memcpy(&lo, x.q16_lo + t * x.q_stride + k + 4 * i, 4);
+          std::memcpy(&hi, x.q16_hi + t * x.q_stride + k + 4 * i, 4);
+          const __m512i h = _mm512_set1_epi32(hi);
+          lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], _mm512_set1_epi32(lo), w);
+          hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], wb, h);
+          hi_count[t] = _mm512_dpbusd_epi32(hi_count[t], ones, h);
+        }
+      }
+    }
+    epilogue_pair(
+        g0, g1, x, b, NT,
+        [&](int t) {
+          const __m512i high = _mm512_sub_epi32(hi_sum[t], _mm512_slli_epi32(hi_count[t], 7));  // sum w hi
+          return _mm512_add_epi32(_mm512_slli_epi32(high, 8), lo_sum[t]);
+        },
+        acc);
+  }
+  for (int t = 0; t < NT; ++t) store_acc_pair(acc[t], out0, out1, t);
+}
+
+void group_dot2_16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  with_tokens(nt, [&](auto n) { group_dot2_16_t<decltype(n)::value>(g0, g1, x, out0, out1); });
+}
+
 // ---- the panel GEMM: a paired int4 or int8 tile of more than kQTile tokens (a work item's token chunk, up to
 // kGemmTokensMax). Both groups' codes are unpacked once for all of K into a panel (per sub-block the 8 vectors
 // block4_pair builds: 512 bytes, 16 x K / 2 bytes in all: 32 KB at K = 2048, in L1 / L2) and swept by every
@@ -475,6 +522,7 @@ const QLinearIsa* qlinear_vnni_isa() {
     table.lora_shrink = vnni::lora_shrink;
     table.lora_expand = vnni::lora_expand;
     table.group_dot16 = vnni::group_dot16;
+    table.group_dot2_16 = vnni::group_dot2_16;
     table.gemm = vnni::gemm;
     table.gemm_tokens = kGemmTokensMax;  // a work item's tokens: its panel swept 8 tokens at a time
     table.tiled_codes = true;
