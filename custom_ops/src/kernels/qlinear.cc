@@ -58,7 +58,7 @@ struct Scratch {
   std::vector<int8_t> q16_hi;
   std::vector<float> dx, sx, normed, lora, best, dora_rows, dxt, sxt;
   std::vector<float> dx8;  // act_bits 16 with a LoRA: the int8 codes' scales, which the LoRA's shrink reads
-  std::vector<int32_t> zsum, qsum32, qst;
+  std::vector<int32_t> zsum, qsum32, qst, hi_sum;
   std::vector<float> h[kQLinearMaxSegments];
   std::vector<int8_t> qh[kQLinearMaxSegments];
   std::vector<Quad> quads;
@@ -82,7 +82,7 @@ void trim(V& v) {
 void trim(Scratch& s) {
   trim(s.q), trim(s.qt), trim(s.q16), trim(s.q16_lo), trim(s.q16_hi), trim(s.dx), trim(s.sx), trim(s.normed),
       trim(s.lora), trim(s.best), trim(s.best_at), trim(s.zsum), trim(s.qsum32), trim(s.dora_rows), trim(s.dxt),
-      trim(s.sxt), trim(s.qst), trim(s.dx8), trim(s.mix_mask);
+      trim(s.sxt), trim(s.qst), trim(s.hi_sum), trim(s.dx8), trim(s.mix_mask);
   for (int j = 0; j < kQLinearMaxSegments; ++j) trim(s.h[j]), trim(s.qh[j]);
 }
 
@@ -96,6 +96,7 @@ struct Ctx {
         q16(s.q16),
         q16_lo(s.q16_lo),
         q16_hi(s.q16_hi),
+        hi_sum(s.hi_sum),
         dx(s.dx),
         dx8(s.dx8),
         sx(s.sx),
@@ -127,6 +128,7 @@ struct Ctx {
   std::vector<int16_t>& q16;     // [T, kpad] instead, with act_bits 16
   std::vector<uint8_t>& q16_lo;  // [T, kpad] with split16 (QTokens::q16_lo)
   std::vector<int8_t>& q16_hi;
+  std::vector<int32_t>& hi_sum;  // [T, kb] with split16: each block's sum of q16_hi (QTokens::q16_hi_sum)
   bool split16 = false;
   std::vector<float>&dx, &dx8, &sx;                // [T, kb]; dx8: the int8 codes' dx beside int16 ones (LoRA)
   std::vector<int32_t>& zsum;                      // [T, kb]
@@ -544,7 +546,7 @@ QTokens advance_tokens(const QTokens& x, int i, int kb) {
   const int64_t rows = static_cast<int64_t>(i) * x.q_stride, blocks = static_cast<int64_t>(i) * kb;
   if (r.q) r.q += rows;
   if (r.q16) r.q16 += rows;
-  if (r.q16_lo) r.q16_lo += rows, r.q16_hi += rows;
+  if (r.q16_lo) r.q16_lo += rows, r.q16_hi += rows, r.q16_hi_sum += blocks;
   r.dx += blocks, r.zsum += blocks, r.sx += blocks;
   if (r.q_tiles && i % kCodeTile == 0) {  // tile i / 16 starts i rows (and i * kb scales) on
     r.q_tiles += rows, r.dx_tiles += blocks, r.sx_tiles += blocks;
@@ -621,12 +623,15 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
 // act_bits 16's codes as bytes for group_dot2_16 (QTokens::q16_lo / q16_hi): q = 256 * hi + lo exactly.
 void split_codes16(Ctx& c) {
   const size_t n = static_cast<size_t>(c.d->num_tokens * c.kpad);
+  const int64_t bs = c.d->block_size;
   c.q16_lo.resize(n);
   c.q16_hi.resize(n);
+  c.hi_sum.assign(static_cast<size_t>(c.d->num_tokens * c.kb), 0);
   for (size_t i = 0; i < n; ++i) {
     const int16_t q = c.q16[i];
     c.q16_lo[i] = static_cast<uint8_t>(q & 0xFF);
     c.q16_hi[i] = static_cast<int8_t>(q >> 8);  // arithmetic shift: floor(q / 256)
+    c.hi_sum[i / static_cast<size_t>(c.kpad) * c.kb + i % c.kpad / bs] += c.q16_hi[i];
   }
 }
 
@@ -641,6 +646,7 @@ QTokens tokens(const Ctx& c, int64_t ts) {
           c.sx.data() + ts * c.kb,
           c.split16 ? c.q16_lo.data() + ts * c.kpad : nullptr,
           c.split16 ? c.q16_hi.data() + ts * c.kpad : nullptr,
+          c.split16 ? c.hi_sum.data() + ts * c.kb : nullptr,
           tiles ? c.qt.data() + ts * c.kpad : nullptr,
           tiles ? c.dxt.data() + ts * c.kb : nullptr,
           tiles ? c.sxt.data() + ts * c.kb : nullptr,

@@ -204,6 +204,7 @@ struct QTokens {
   // q16 = 256 * q16_hi + q16_lo, q16_lo in 0..255, q16_hi in -128..127.
   const uint8_t* q16_lo = nullptr;
   const int8_t* q16_hi = nullptr;
+  const int32_t* q16_hi_sum = nullptr;  // with q16_hi: each block's sum of the high bytes, [kb] a token (as dx)
   // The same int8 codes by tiles of kCodeTile tokens (QLinearIsa::tiled_codes, act_bits 8): the tile holding this
   // token and the kCodeTile - 1 after it, [kb][kCodeTile][bs] (block b of its row t at (b * kCodeTile + t) * bs), so
   // a block's codes of all the tile's tokens are one run of kCodeTile * bs bytes. nullptr where this token does not

@@ -185,19 +185,21 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
 // ---- act_bits 16 on two int8 groups at once (group_dot2_16): each int16 code q = 256 hi + lo split into bytes
 // (QTokens::q16_lo unsigned, q16_hi signed; the driver writes them once a call), as AMX's dot2_tile16 does. Per k-quad
 // and token: S_lo += dpbusd(lo, w) (unsigned codes x signed weights), S_hi += dpbusd(w ^ 0x80, hi) (the weights biased
-// to unsigned, the high bytes signed: AVX-512BW has no sign_epi8) and H += dpbusd(1, hi) (the high bytes' sum, in
-// every lane). isum = 256 (S_hi - 128 H) + S_lo = sum w q exactly (|isum| < 2^31 for bs <= 128, qlinear.h; int8
-// weights: zero point 0), then group_dot16_t's float steps per block: the bits of two group_dot16 calls.
+// to unsigned, the high bytes signed: AVX-512BW has no sign_epi8), S_hi seeded with -128 x the block's high-byte sum
+// (QTokens::q16_hi_sum, summed once a call by the driver). isum = 256 S_hi + S_lo = sum w q exactly (|isum| < 2^31 for
+// bs <= 128, qlinear.h; int8 weights: zero point 0), then group_dot16_t's float steps per block: the bits of two
+// group_dot16 calls.
 template <int NT>
 void group_dot2_16_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float* out0, float* out1) {
   const int subs = g0.bs / 32, kb = g0.kb;
-  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80)), ones = _mm512_set1_epi8(1);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = load_acc_pair(out0, out1, t);  // 0 or the LoRA terms (qlinear.h)
   const uint8_t *c0 = g0.codes, *c1 = g1.codes;
   for (int b = 0; b < kb; ++b) {
-    __m512i lo_sum[NT], hi_sum[NT], hi_count[NT];
-    for (int t = 0; t < NT; ++t) lo_sum[t] = hi_sum[t] = hi_count[t] = _mm512_setzero_si512();
+    __m512i lo_sum[NT], hi_sum[NT];  // hi_sum: sum w hi, from -128 sum hi (the bias's part) on
+    for (int t = 0; t < NT; ++t)
+      lo_sum[t] = _mm512_setzero_si512(), hi_sum[t] = _mm512_set1_epi32(-128 * x.q16_hi_sum[t * kb + b]);
     for (int s = 0; s < subs; ++s, c0 += 256, c1 += 256) {
       const int64_t k = static_cast<int64_t>(b) * g0.bs + 32 * s;
       for (int i = 0; i < 8; ++i) {
@@ -207,20 +209,13 @@ void group_dot2_16_t(const QGroup& g0, const QGroup& g1, const QTokens& x, float
           int32_t lo, hi;
           std::memcpy(&lo, x.q16_lo + t * x.q_stride + k + 4 * i, 4);
           std::memcpy(&hi, x.q16_hi + t * x.q_stride + k + 4 * i, 4);
-          const __m512i h = _mm512_set1_epi32(hi);
           lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], _mm512_set1_epi32(lo), w);
-          hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], wb, h);
-          hi_count[t] = _mm512_dpbusd_epi32(hi_count[t], ones, h);
+          hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], wb, _mm512_set1_epi32(hi));
         }
       }
     }
     epilogue_pair(
-        g0, g1, x, b, NT,
-        [&](int t) {
-          const __m512i high = _mm512_sub_epi32(hi_sum[t], _mm512_slli_epi32(hi_count[t], 7));  // sum w hi
-          return _mm512_add_epi32(_mm512_slli_epi32(high, 8), lo_sum[t]);
-        },
-        acc);
+        g0, g1, x, b, NT, [&](int t) { return _mm512_add_epi32(_mm512_slli_epi32(hi_sum[t], 8), lo_sum[t]); }, acc);
   }
   for (int t = 0; t < NT; ++t) store_acc_pair(acc[t], out0, out1, t);
 }
@@ -271,9 +266,8 @@ struct Acts {
 };
 
 // NT tokens against blocks [b0, b1) of the staged panel: group_dot2_t's sums and float steps, the weights read from
-// the panel. BS: the block size as a constant (32: every token's word an
-// immediate offset from one pointer), or 0. The accumulators start from out's values and go back there (exact: a
-// float stored and loaded).
+// the panel. BS: the block size as a constant (32: every token's word an immediate offset from one pointer), or 0. The
+// accumulators start from out's values and go back there (exact: a float stored and loaded).
 template <int BITS, int NT, int BS>
 void panel_sweep(const QGroup& g0, const QGroup& g1, const __m512i* panel, int b0, int b1, const Acts& x,
                  const int32_t* zsum, int kb, float* out0, float* out1) {
