@@ -85,8 +85,9 @@ def lora_stack_feeds(rng, k: int, widths: list[int], slots: int, rank: int,
 
 
 def qlinear_runner(rng, T, K, N, threads, adapters: int = 0, rank: int = 16, slots: int = 8,
-                   stream_bytes: int = STREAM_BYTES):
-    kb, G, copies = K // BLOCK, -(-N // 8), _copies(K, N, T, stream_bytes)
+                   stream_bytes: int = STREAM_BYTES, block: int = BLOCK, bits: int = 4):
+    """QLinear on random weights of `bits` (4: with block offsets; 8: without, as Q8_0) in blocks of `block`."""
+    kb, G, copies = K // block, -(-N // 8), _copies(K, N, T, stream_bytes)
     feeds = {"x": rng.standard_normal((T, K), dtype=np.float32)}
     extra = []
     if adapters:
@@ -95,11 +96,14 @@ def qlinear_runner(rng, T, K, N, threads, adapters: int = 0, rank: int = 16, slo
         extra = ["token_adapter", "lora_scale", "A0", "A_scale0", "B0", "B_scale0", "rank0"]
     nodes, inits = [], []
     for i in range(copies):
-        inits += [_raw(f"C{i}", U8, rng.integers(0, 256, (G, kb, BLOCK * 4), dtype=np.uint8)),
-                  _raw(f"D{i}", F16, (rng.random((G, kb, 8)) * 0.02).astype(np.float16)),
-                  _raw(f"M{i}", F16, (rng.standard_normal((G, kb, 8)) * 0.01).astype(np.float16))]
-        nodes.append(qlinear_node(["x", f"C{i}", f"D{i}", f"M{i}", ""] + extra, [f"y{i}"], K=K, N=N, bits=4,
-                                  block_size=BLOCK, packed_a=1))
+        inits += [_raw(f"C{i}", U8, rng.integers(0, 256, (G, kb, block * bits), dtype=np.uint8)),
+                  _raw(f"D{i}", F16, (rng.random((G, kb, 8)) * 0.02).astype(np.float16))]
+        offsets = ""
+        if bits == 4:
+            inits.append(_raw(f"M{i}", F16, (rng.standard_normal((G, kb, 8)) * 0.01).astype(np.float16)))
+            offsets = f"M{i}"
+        nodes.append(qlinear_node(["x", f"C{i}", f"D{i}", offsets, ""] + extra, [f"y{i}"], K=K, N=N, bits=bits,
+                                  block_size=block, packed_a=1))
     return Runner(_graph(nodes, inits, feeds, K, N, copies, ["ortllm"]), feeds, threads), copies
 
 

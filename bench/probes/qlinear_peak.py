@@ -1,12 +1,14 @@
-"""QLinear int4 on many tokens (a prefill chunk, a batched decode step): its int8 multiply-adds per second on each
+"""QLinear on many tokens (a prefill chunk, a batched decode step): its int8 multiply-adds per second on each
 kernel path this CPU offers, and their share of the path's int8 peak.
 
     .venv/bin/python bench/probes/qlinear_peak.py [--tokens 512] [--shapes 2048x2560,2048x11264,5632x2048]
                                                  [--threads 1,2] [--paths avx2,...] [--ghz 2.5]
+                                                 [--bits 4|8] [--block 32|64|128|256]
 
-Each shape KxN is one projection (TinyLlama's q|k|v, gate|up and down by default, int4 b32 with offsets, the
-engine's layout: bench/qlinear.py qlinear_runner) run on T tokens; a multiply-add is one weight times one activation
-code, T * K * N a call. The paths run alternating, each session on its own path in this one process
+Each shape KxN is one projection (TinyLlama's q|k|v, gate|up and down by default), int4 with offsets or --bits 8
+without, in blocks of --block (one float step per block and output; default 32), in the engine's layout
+(bench/qlinear.py qlinear_runner), run on T tokens; a multiply-add is one weight times one activation code, T * K * N
+a call. The paths run alternating, each session on its own path in this one process
 (ops_library.sessions_on), medians of --runs calls after a warm-up; the figure is the call's wall time, so run it on
 an idle machine. Peak = cores x GHz x int8 MACs per cycle per core: avx2 64 (two 256-bit vpmaddubsw a cycle, 32
 products each), avx512vnni 128 (two 512-bit vpdpbusd a cycle on a server core with two FMA units; 64 with one),
@@ -44,19 +46,21 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--paths", default=None, help="comma-separated kernel paths (default: every one offered)")
     p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--block", type=int, default=qlinear.BLOCK, help="elements of K per block (a float step each)")
+    p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="weight bits (4 with offsets, 8 without)")
     p.add_argument("--ghz", type=float, default=None, help="the clock for the peak (default: /proc/cpuinfo)")
     a = p.parse_args(argv)
     paths = a.paths.split(",") if a.paths else list(ops_isas())
     ghz = a.ghz or cpu_ghz()
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    print(f"T = {a.tokens}, paths {', '.join(paths)}, clock {ghz} GHz")
+    print(f"T = {a.tokens}, int{a.bits} b{a.block}, paths {', '.join(paths)}, clock {ghz} GHz")
     for threads in (int(t) for t in a.threads.split(",")):
         for k, n in shapes:
             runners = {}
             for path in paths:
                 with sessions_on(path):   # the same weights (same seed) on every path
                     runners[path] = qlinear.qlinear_runner(np.random.default_rng(0), a.tokens, k, n, threads,
-                                                           stream_bytes=k * n)
+                                                           stream_bytes=k * n, block=a.block, bits=a.bits)
             for runner, _ in runners.values():
                 runner.run()
             times = {path: [] for path in paths}

@@ -415,7 +415,7 @@ def test_batch_invariance(epilogue, form):
 
 
 ISA_CASES = [f"{form}-{epi}-b{bs}" for form in ("int4", "int8") for epi in ("none", "residual", "swiglu", "geglu")
-             for bs in (32, 64, 128)] + [f"int8-{epi}-b{bs}-a16" for epi in ("none", "residual", "swiglu")
+             for bs in (32, 64, 128, 256)] + [f"int8-{epi}-b{bs}-a16" for epi in ("none", "residual", "swiglu")
                                          for bs in (32, 128)]
 
 
@@ -452,8 +452,8 @@ def test_every_isa_gives_the_same_bits(forced):
     """The scalar path (the portable fallback), avx2 (no VNNI), avx512vnni (no AMX) and amx give the same bits as the
     default path, in one process (each session on its own path; a path this CPU lacks: the best below it,
     conftest path_at_most): the integer dots are exact in any order, and the float operations are the same in the
-    same order (std::fma where the vector path fuses). int4 and int8, blocks of 32, 64 and 128 (several sub-blocks
-    per block: the VNNI path's accumulator chains, the AMX path's two tile multiplies a block), 64 tokens: the
+    same order (std::fma where the vector path fuses). int4 and int8, blocks of 32, 64, 128 and 256 (several
+    sub-blocks per block: the VNNI path's accumulator chains, the AMX path's tile multiplies a block), 64 tokens: the
     two-group kernels (neighbouring groups, and SwiGLU's gate with its up group; AMX's 16 tokens a call)."""
     default = _isa_bits()
     with sessions_on(path_at_most(forced)):
@@ -462,6 +462,21 @@ def test_every_isa_gives_the_same_bits(forced):
         if path_at_most(forced) == "scalar" and ("swiglu" in key or "geglu" in key):
             continue    # the scalar sigmoid uses std::exp, the vector paths their own exp (qlinear.h): AVX2 only
         assert default[key] == other[key], (forced, path_at_most(forced), key, ops_isa())
+
+
+@pytest.mark.parametrize("form", ["int4", "int8"])
+def test_decode_sized_calls_give_every_path_the_same_bits_at_large_blocks(form):
+    """12 and 16 tokens (a batched decode step: AMX's 16-token tile call, VNNI's two-group kernel, no panel) at blocks
+    of 128 and 256, each path in one process against the default: the staging of the largest block the op takes."""
+    rng = np.random.default_rng(21)
+    for bs in (128, 256):
+        w = weight(1024, 192, form, bs=bs, seed=5)
+        for T in (12, 16):
+            x = rng.standard_normal((T, 1024), dtype=np.float32)
+            default = run(w, x)
+            for forced in ("scalar", "avx2", "avx512vnni", "amx"):
+                with sessions_on(path_at_most(forced)):
+                    np.testing.assert_array_equal(run(w, x), default, err_msg=f"{forced} bs {bs} T {T}")
 
 
 def test_best_path_is_taken_where_the_cpu_has_it():
@@ -570,7 +585,8 @@ def test_bad_inputs_name_the_input_and_value():
     # element types are the op's declared schema: ORT itself refuses a wrong one, naming both
     assert "expected: (tensor(float16))" in _bad({"scales": w.scales.astype(np.float32)})
     assert "attribute bits must be 4 or 8; got 3" in _bad(bits=3)
-    assert "block_size must be a positive multiple of 32" in _bad(block_size=48)
+    assert "block_size must be a multiple of 32 up to 256 (32, 64, 128, 256); got 48" in _bad(block_size=48)
+    assert "block_size must be a multiple of 32 up to 256" in _bad(block_size=512)
     assert 'epilogue must be "none", "residual", "swiglu" or "geglu"; got "gelu"' in _bad(epilogue="gelu")
     assert "needs input 'residual'" in _bad(epilogue="residual")
     rng = np.random.default_rng(0)

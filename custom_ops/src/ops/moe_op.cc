@@ -132,8 +132,9 @@ MoeKernel::MoeKernel(const OrtApi& api, const OrtKernelInfo* info, const OpsIsa&
     err << kOp << ": attribute I must be a multiple of 8 (gate|up's SwiGLU pairs 8-row groups); got " << I_;
   else if (bits_ != 4 && bits_ != 8)
     err << kOp << ": attribute bits must be 4 or 8; got " << bits_;
-  else if (block_size_ <= 0 || block_size_ % 32 != 0)
-    err << kOp << ": attribute block_size must be a positive multiple of 32 (32, 64, 128); got " << block_size_;
+  else if (block_size_ <= 0 || block_size_ % 32 != 0 || block_size_ > kQLinearMaxBlock)
+    err << kOp << ": attribute block_size must be a multiple of 32 up to " << kQLinearMaxBlock
+        << " (32, 64, 128, 256); got " << block_size_;
   else if (!format_error.empty())
     err << format_error;
   else if (act != "swiglu" && act != "clamped_swiglu")

@@ -184,8 +184,9 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, const
     err << kOp << ": attributes K and N must be > 0; got K = " << K_ << ", N = " << N_;
   else if (bits_ != 4 && bits_ != 8)
     err << kOp << ": attribute bits must be 4 or 8; got " << bits_;
-  else if (block_size_ <= 0 || block_size_ % 32 != 0)
-    err << kOp << ": attribute block_size must be a positive multiple of 32 (32, 64, 128); got " << block_size_;
+  else if (block_size_ <= 0 || block_size_ % 32 != 0 || block_size_ > kQLinearMaxBlock)
+    err << kOp << ": attribute block_size must be a multiple of 32 up to " << kQLinearMaxBlock
+        << " (32, 64, 128, 256); got " << block_size_;
   else if (act_bits_ != 8 && act_bits_ != 16)
     err << kOp << ": attribute act_bits must be 8 or 16; got " << act_bits_;
   else if (act_bits_ == 16 && (bits_ != 8 || block_size_ > 128))

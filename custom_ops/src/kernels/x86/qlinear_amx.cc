@@ -3,7 +3,7 @@
 // group_dot2 for up to kDotTileMax tokens a call, the integer dots of two 8-row groups (16 output rows) on the tile
 // unit; everything else is the AVX-512 VNNI table's.
 //
-// Per block b and per chunk of up to 64 of its elements (bs 32 or 64: one chunk; 128: two):
+// Per block b and per chunk of up to 64 of its elements (bs 32 or 64: one chunk; 128: two; 256: four):
 //   A  tile [nt, kc]       int8   the tokens' activation codes: by tiles where the driver gives them (QTokens::q_tiles,
 //                                 one run a block), else straight from the rows (row stride q_stride)
 //   B  tile [kc / 4, 64]   int8   the 16 rows' weights, k-quad i of row r at bytes [4r, 4r + 4) of tile row i: int4
@@ -166,8 +166,8 @@ constexpr int kLag = 2;  // blocks between a block's multiply and its epilogue
 template <int BITS, int NTC, bool TILED>
 __attribute__((flatten)) void tile_pass(const QGroup& g0, const QGroup& g1, const QTokens& x, const Operands& o, int nt,
                                         float* out0, float* out1) {
-  alignas(64) __m512i rows[2][32];                   // without a panel: B of blocks b and b + 1 (bs / 4 <= 32 rows)
-  alignas(64) int32_t c[kLag + 1][kDotTileMax][16];  // sums of the blocks in flight
+  alignas(64) __m512i rows[2][kQLinearMaxBlock / 4];  // without a panel: B of blocks b and b + 1 (bs / 4 rows)
+  alignas(64) int32_t c[kLag + 1][kDotTileMax][16];   // sums of the blocks in flight
   const int kb = g0.kb, bs = g0.bs, n = NTC > 0 ? NTC : nt;
   const auto b_rows = [&](int b) { return o.panel ? o.panel + static_cast<int64_t>(b) * (bs / 4) : rows[b & 1]; };
   __m512 acc[kDotTileMax];
@@ -280,7 +280,7 @@ void configure16(int nt, int kc) {
 }
 
 void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
-  alignas(64) __m512i rows[2][32];                      // B of blocks b and b + 1
+  alignas(64) __m512i rows[2][32];                      // B of blocks b and b + 1 (act_bits 16: bs <= 128)
   alignas(64) int32_t c[kLag + 1][2][kDotTileMax][16];  // [block][hi, lo][token][row]
   const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
   configure16(nt, kc);
