@@ -3,7 +3,7 @@
 #
 #   .venv-peers/                 own virtualenv (git-ignored by its own .gitignore): onnxruntime-genai 0.18
 #                                needs transformers >= 5 for its model builder, and ortllm's venv pins < 4.58
-#     llama-cpp-python           compiles llama.cpp (-DGGML_NATIVE=ON): ~8 min on 2 idle cores
+#     llama-cpp-python           compiles llama.cpp (-DGGML_NATIVE=ON; AMX hosts: AVX-512, below): ~8 min on 2 idle cores
 #     gguf                       gguf-py, to write the GGUF of a model that ships none
 #     onnxruntime-genai + transformers 5 + torch 2.13.0 (CPU wheel; pinned, unpinned pulls a CUDA build)
 #                                + onnx, onnx-ir (the builder's imports)
@@ -44,7 +44,7 @@
 #   MODEL's weights by `ortllm bench --write-gguf` (no hf/, no F32 file: the MoE shape recipes at 30B; see below)
 # Opt-in parts (PEERS_ONLY="llama-server llama-cpp-server guidellm"), for `ortllm bench --scenario serve-guidellm`:
 #   .venv-peers/bin/llama-server llama.cpp's own HTTP server, built from the llama.cpp source the pinned
-#                                llama-cpp-python vendors (its sdist's vendor/llama.cpp; -DGGML_NATIVE=ON, static,
+#                                llama-cpp-python vendors (its sdist's vendor/llama.cpp; the same CPU flags, static,
 #                                target llama-server only): ~10-15 min on 2 idle cores
 #   llama-cpp-server             llama-cpp-python's server extras (fastapi, uvicorn, ...) in .venv-peers: the
 #                                stand-in peer `llama-cpp-python-server` where llama-server is not built
@@ -90,11 +90,21 @@ fi
 mkdir -p "$VENV"                   # with PEERS_ONLY=openvino: only the models' directory (the assets)
 echo '*' > "$VENV/.gitignore"      # the whole venv (and the models in it) stays out of git
 
-# llama.cpp first: the long compile. Native build: the wheel fits this CPU only, so it is not cached.
+# llama.cpp's CPU flags: native, except on AMX hosts, where 0.3.36's native build died with SIGILL on two Xeons (Emerald
+# Rapids VMs): there AVX-512 with VNNI and BF16, no AMX (its AMX kernels off), a build that runs (GGML_CPU_FLAGS
+# overrides either).
+if grep -qw amx_int8 /proc/cpuinfo; then
+  GGML_CPU_FLAGS=${GGML_CPU_FLAGS:-"-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF"}
+else
+  GGML_CPU_FLAGS=${GGML_CPU_FLAGS:-"-DGGML_NATIVE=ON"}
+fi
+
+# llama.cpp first: the long compile. The wheel fits this CPU only, so it is not cached.
 if want llama.cpp && ! has llama_cpp; then
-  say "building $LLAMA_CPP_PYTHON (compiles llama.cpp with $JOBS job(s); minutes)"
+  say "building $LLAMA_CPP_PYTHON with $GGML_CPU_FLAGS (compiles llama.cpp with $JOBS job(s); minutes)"
   t=$SECONDS
-  CMAKE_ARGS="-DGGML_NATIVE=ON ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS MAKEFLAGS=-j$JOBS \
+  CMAKE_ARGS="$GGML_CPU_FLAGS ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS MAKEFLAGS=-j$JOBS \
     $NICE "$VENV/bin/pip" install --quiet --no-cache-dir "$LLAMA_CPP_PYTHON"
   say "llama-cpp-python installed in $((SECONDS - t)) s"
 fi
@@ -108,7 +118,7 @@ if want llama-server && [ ! -x "$VENV/bin/llama-server" ]; then
   $NICE "$VENV/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python "$LLAMA_CPP_PYTHON" -d "$src"
   tar -xzf "$src"/llama_cpp_python-*.tar.gz -C "$src"
   lcpp=$(ls -d "$src"/llama_cpp_python-*/vendor/llama.cpp)
-  $NICE cmake -S "$lcpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+  $NICE cmake -S "$lcpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release $GGML_CPU_FLAGS -DBUILD_SHARED_LIBS=OFF \
       -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \
       -DLLAMA_OPENSSL=OFF > "$src/cmake.log"
   $NICE cmake --build "$src/build" --target llama-server -j "$JOBS" > "$src/build.log" \
