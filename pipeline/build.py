@@ -45,6 +45,7 @@ KV_BLOCK_SIZES = (8, 16, 32, 64)
 # fp32 head and cache gave (prose 0.00272, all 0.00164, top-1 98.22%, PPL 1.0002) at a quarter of the head's bytes
 # (an fp32 head was ~113 MB of SmolLM2's int8 step). fp32 builds stay fp32 throughout (the reference).
 DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "int8", "int4": "int8"}
+ACT16_MAX_BLOCK = 128   # int16 activation codes x int8 weights stay exact in int32 up to this block (qlinear.h)
 DEFAULT_KV = {"fp32": "fp32", "int8": "fp16", "int4": "fp16"}
 
 
@@ -84,6 +85,10 @@ class BuildOptions:
                 raise BuildError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}; "
                                  f"got '{getattr(self, name)}'")
         check_block_size(self.block_size)
+        if self.block_size > ACT16_MAX_BLOCK and self.graph == "engine" and self.lm_head == "int8":
+            raise BuildError(f"--block-size {self.block_size} with the int8 LM head: the head takes int16 activation "
+                             f"codes, which QLinear sums exactly in blocks of up to {ACT16_MAX_BLOCK}; add --lm-head "
+                             f"fp32 (or int4), or use --block-size {ACT16_MAX_BLOCK}")
         if self.kv_block_size not in KV_BLOCK_SIZES:
             raise BuildError(f"--kv-block-size must be one of {', '.join(map(str, KV_BLOCK_SIZES))}; "
                              f"got {self.kv_block_size}")
@@ -139,6 +144,13 @@ class BuildOptions:
             filled["act16"] = default_act16(cfg) if self.quant != "fp32" else ()
         if self.smooth is None and self.quant == "int4" and self.algo != "gptq" and default_int4_smooth(cfg):
             filled["smooth"] = default_int4_smooth(cfg)
+        act16 = filled.get("act16", self.act16)
+        if act16 and self.quant == "int8" and self.block_size > ACT16_MAX_BLOCK and self.graph == "engine":
+            raise BuildError(f"--block-size {self.block_size} with int16 activation codes on {', '.join(act16)} "
+                             f"(--act16{'' if self.act16 is not None else ': the family default'}): QLinear sums them "
+                             f"exactly "
+                             f"in blocks of up to {ACT16_MAX_BLOCK}; add --act16 none, or use --block-size "
+                             f"{ACT16_MAX_BLOCK}")
         if cfg.num_experts:     # the calibration pass runs the portable graph, which has no MoE MLP yet
             if self.smooth or self.smooth_down or self.algo == "gptq" or self.lm_head_algo == "gptq":
                 raise BuildError("an MoE model builds without a calibration pass for now: use --algo rtn|hqq, "

@@ -171,3 +171,21 @@ def test_act16_engine_graph_with_lora(tmp_path):
     with Engine.from_artifact(arts["a16"]) as engine:
         out = engine.generate(["hello world"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
+
+
+def test_blocks_past_128_are_refused_before_a_build_with_int16_activation_codes():
+    """int16 codes x int8 weights are exact in int32 only in blocks of up to 128 (QLinear refuses more): a block-256
+    build with the int8 head, or with --act16 groups (given, or Gemma 3's default), is refused up front, saying what to
+    change, instead of failing minutes in; without them it stands."""
+    gemma = type("C", (), {"arch": "gemma3", "num_experts": 0})()
+    with pytest.raises(BuildError, match="--block-size 256 with the int8 LM head.*add --lm-head fp32"):
+        BuildOptions(quant="int8", block_size=256)
+    with pytest.raises(BuildError, match="--block-size 256 with the int8 LM head"):
+        BuildOptions(quant="int4", block_size=256)
+    with pytest.raises(BuildError, match=r"int16 activation codes on qkv \(--act16: the family default\).*--act16 "
+                                         r"none"):
+        BuildOptions(quant="int8", block_size=256, lm_head="fp32").for_model(gemma)
+    with pytest.raises(BuildError, match=r"on gate_up \(--act16\)"):
+        BuildOptions(quant="int8", block_size=256, lm_head="fp32", act16=("gate_up",)).for_model(gemma)
+    assert BuildOptions(quant="int8", block_size=256, lm_head="fp32", act16=()).for_model(gemma).block_size == 256
+    assert BuildOptions(quant="int8", block_size=128).for_model(gemma).act16 == ("qkv",)
