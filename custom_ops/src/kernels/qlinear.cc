@@ -193,6 +193,34 @@ void tile_tokens(Ctx& c, int64_t t0, int64_t t1) {
   }
 }
 
+// act_bits 16's codes of tokens [t0, t1) as bytes for group_dot2_16 (QTokens::q16_lo / q16_hi): q = 256 * hi + lo
+// exactly, and each block's sum of the high bytes. Run by each quantization item on its own tokens (split16_size
+// first, on the calling thread), per block so that the compiler vectorizes it.
+void split16_size(Ctx& c) {
+  const size_t n = static_cast<size_t>(c.d->num_tokens * c.kpad);
+  c.q16_lo.resize(n);
+  c.q16_hi.resize(n);
+  c.hi_sum.resize(static_cast<size_t>(c.d->num_tokens * c.kb));
+}
+
+void split_codes16(Ctx& c, int64_t t0, int64_t t1) {
+  const int64_t bs = c.d->block_size;
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t b = 0; b < c.kb; ++b) {
+      const int64_t at = t * c.kpad + b * bs;
+      const int16_t* q = c.q16.data() + at;
+      uint8_t* lo = c.q16_lo.data() + at;
+      int8_t* hi = c.q16_hi.data() + at;
+      int32_t sum = 0;
+      for (int64_t k = 0; k < bs; ++k) {
+        lo[k] = static_cast<uint8_t>(q[k] & 0xFF);
+        hi[k] = static_cast<int8_t>(q[k] >> 8);  // arithmetic shift: floor(q / 256)
+        sum += hi[k];
+      }
+      c.hi_sum[static_cast<size_t>(t * c.kb + b)] = sum;
+    }
+}
+
 void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
   const int zp = c.d->zero_point();
   const int64_t K = c.d->in_dim;
@@ -232,6 +260,7 @@ void quantize_tokens(Ctx& c, int64_t t0, int64_t t1) {
     }
   }
   if (c.tiled) tile_tokens(c, t0, t1);
+  if (c.split16) split_codes16(c, t0, t1);
 }
 
 // Quantization item i: tokens [i * q_chunk, + q_chunk).
@@ -620,21 +649,6 @@ __attribute__((always_inline)) inline void finish_group(const Ctx& c, int64_t g,
   }
 }
 
-// act_bits 16's codes as bytes for group_dot2_16 (QTokens::q16_lo / q16_hi): q = 256 * hi + lo exactly.
-void split_codes16(Ctx& c) {
-  const size_t n = static_cast<size_t>(c.d->num_tokens * c.kpad);
-  const int64_t bs = c.d->block_size;
-  c.q16_lo.resize(n);
-  c.q16_hi.resize(n);
-  c.hi_sum.assign(static_cast<size_t>(c.d->num_tokens * c.kb), 0);
-  for (size_t i = 0; i < n; ++i) {
-    const int16_t q = c.q16[i];
-    c.q16_lo[i] = static_cast<uint8_t>(q & 0xFF);
-    c.q16_hi[i] = static_cast<int8_t>(q >> 8);  // arithmetic shift: floor(q / 256)
-    c.hi_sum[i / static_cast<size_t>(c.kpad) * c.kb + i % c.kpad / bs] += c.q16_hi[i];
-  }
-}
-
 // The quantized tokens from ts on, as the micro-kernels read them.
 QTokens tokens(const Ctx& c, int64_t ts) {
   const bool act16 = c.d->act_bits == 16, tiles = c.tiled && ts % kCodeTile == 0;
@@ -784,13 +798,13 @@ void qlinear(const QLinearDims& d, const QLinearArgs& a, const Parallel& par, co
   c.xin = a.norm_weight ? c.normed.data() : a.x;
   c.tiled = c.isa->tiled_codes && d.act_bits == 8 && !d.mxfp4 && T >= kPairTokens;
   if (c.tiled) size_tiles(c);  // the quantization items then tile their tokens' codes
+  c.split16 = d.act_bits == 16 && c.isa->group_dot2_16 != nullptr && T >= kPairTokens;
+  if (c.split16) split16_size(c);  // and split their int16 codes into bytes
   if (split_quantize) {
     par.run(static_cast<size_t>((T + c.q_chunk - 1) / c.q_chunk), quantize_item, &c);
   } else {
     quantize_tokens(c, 0, T);
   }
-  c.split16 = d.act_bits == 16 && c.isa->group_dot2_16 != nullptr && T >= kPairTokens;
-  if (c.split16) split_codes16(c);
 
   if (lora_macs >= kParallelLoraMacs && c.quads.size() > 1) {
     par.run(c.quads.size(), lora_quad, &c);

@@ -250,19 +250,6 @@ void panel_gemm(const QGemmTile& t) {
   }
 }
 
-// QLinearIsa::gemm: paired int4 / int8 tiles of more than one C tile of tokens by the panel GEMM; the rest as the
-// group dots (group_dot2 on the tiles for 16 tokens or fewer, AVX2's lookup kernels for mxfp4, dot2_tile16 for
-// act_bits 16).
-void gemm(const QLinearIsa& isa, const QGemmTile& t) {
-  if (!t.paired || t.act16 || t.w0.mxfp4 || t.nt <= kDotTileMax) {
-    gemm_by_group_dots(isa, t);
-  } else if (t.w0.bits == 4) {
-    panel_gemm<4>(t);
-  } else {
-    panel_gemm<8>(t);
-  }
-}
-
 // ---- act_bits 16 (int8 weights, int16 activation codes): each code split into a signed high and an unsigned low
 // byte (QTokens::q16_hi / q16_lo, q = 256 hi + lo), two tile multiplies a chunk: C_hi += hi w (TDPBSSD), C_lo += lo w
 // (TDPBUSD); isum = 256 C_hi + C_lo, exact (|isum| < 2^31 for bs <= 128, qlinear.h), group_dot16_t's integer. One
@@ -279,11 +266,14 @@ void configure16(int nt, int kc) {
   load_config(cfg);
 }
 
-void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+// One pass over K for nt <= kDotTileMax tokens (configure16 loaded for them): B from `panel` (every block's rows
+// staged up front, as panel_gemm's) or, without one, staged a block ahead into a double buffer.
+void tile_pass16(const QGroup& g0, const QGroup& g1, const QTokens& x, const __m512i* panel, int nt, float* out0,
+                 float* out1) {
   alignas(64) __m512i rows[2][32];                      // B of blocks b and b + 1 (act_bits 16: bs <= 128)
   alignas(64) int32_t c[kLag + 1][2][kDotTileMax][16];  // [block][hi, lo][token][row]
   const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
-  configure16(nt, kc);
+  const auto b_rows = [&](int b) { return panel ? panel + static_cast<int64_t>(b) * (bs / 4) : rows[b & 1]; };
   __m512 acc[kDotTileMax];
   for (int t = 0; t < nt; ++t) acc[t] = load_acc_pair(out0, out1, t);  // 0 or the LoRA terms (qlinear.h)
   const auto epilogue = [&](int b) {  // int8 weights: zero point 0, so 256 C_hi + C_lo is the isum itself
@@ -294,13 +284,13 @@ void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, f
     };
     epilogue_pair(g0, g1, x, b, nt, isum, acc);
   };
-  stage_block<8>(g0, g1, 0, rows[0]);
+  if (!panel) stage_block<8>(g0, g1, 0, rows[0]);
   for (int b = 0; b < kb + kLag; ++b) {
     if (b < kb) {
       _tile_zero(0);
       _tile_zero(1);
       for (int k = 0; k < bs; k += kc) {
-        _tile_loadd(4, rows[b & 1] + k / 4, 64);
+        _tile_loadd(4, b_rows(b) + k / 4, 64);
         _tile_loadd(2, x.q16_hi + b * bs + k, x.q_stride);
         _tile_loadd(3, x.q16_lo + b * bs + k, x.q_stride);
         _tile_dpbssd(0, 2, 4);
@@ -309,10 +299,45 @@ void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, f
       _tile_stored(0, &c[b % (kLag + 1)][0][0][0], 64);
       _tile_stored(1, &c[b % (kLag + 1)][1][0][0], 64);
     }
-    if (b + 1 < kb) stage_block<8>(g0, g1, b + 1, rows[(b + 1) & 1]);
+    if (!panel && b + 1 < kb) stage_block<8>(g0, g1, b + 1, rows[(b + 1) & 1]);
     if (b >= kLag) epilogue(b - kLag);
   }
   for (int t = 0; t < nt; ++t) store_acc_pair(acc[t], out0, out1, t);
+}
+
+void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, float* out0, float* out1) {
+  configure16(nt, g0.bs < 64 ? g0.bs : 64);
+  tile_pass16(g0, g1, x, nullptr, nt, out0, out1);
+}
+
+// panel_gemm for act_bits 16: both groups' int8 weights staged once for the tile's tokens (before, each 16 tokens
+// staged them again: 4 times a 64-token item), each 16 tokens then tile_pass16's pass, so the same bits.
+void panel_gemm16(const QGemmTile& t) {
+  const QGroup &g0 = t.w0, &g1 = t.w1;
+  const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
+  __m512i* panel = panel_vectors(static_cast<size_t>(kb) * (bs / 4));
+  for (int b = 0; b < kb; ++b) stage_block<8>(g0, g1, b, panel + static_cast<int64_t>(b) * (bs / 4));
+  int configured = 0;
+  for (int i = 0; i < t.nt; i += kDotTileMax) {
+    const int ni = t.nt - i < kDotTileMax ? t.nt - i : kDotTileMax;
+    if (ni != configured) configure16(ni, kc), configured = ni;
+    tile_pass16(g0, g1, advance_tokens(t.x, i, kb), panel, ni, t.out0 + 8 * i, t.out1 + 8 * i);
+  }
+}
+
+// QLinearIsa::gemm: paired int4 / int8 tiles of more than one C tile of tokens by the panel GEMMs (act_bits 16's
+// too); the rest as the group dots (group_dot2 / dot2_tile16 on the tiles for 16 tokens or fewer, AVX2's lookup
+// kernels for mxfp4).
+void gemm(const QLinearIsa& isa, const QGemmTile& t) {
+  if (!t.paired || t.w0.mxfp4 || t.nt <= kDotTileMax) {
+    gemm_by_group_dots(isa, t);
+  } else if (t.act16) {
+    panel_gemm16(t);
+  } else if (t.w0.bits == 4) {
+    panel_gemm<4>(t);
+  } else {
+    panel_gemm<8>(t);
+  }
 }
 
 // CPUID.(EAX = 7, ECX = 0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and the kernel's permission to use the
