@@ -211,6 +211,10 @@ XEON_8B, XEON_8B_B16 = IMG + "peers_llama31_8b_shape_int4_xeon_bf9f89f_results.j
     IMG + "peers_llama31_8b_shape_int4_xeon_6c877b9_results.json"
 AMX_TINY = IMG + "peers_openvino_tinyllama_shape_int4_amx_xeon_bcf2ca3_results.json"
 AMX_GEMMA = IMG + "peers_openvino_gemma3_270m_int8_amx_xeon_d71c055_results.json"
+AMX_SMOL = IMG + "peers_openvino_smollm2_int4_amx_xeon_d5616ee_results.json"
+AMX_SMOL_INT8, AMX_SMOL_B128 = IMG + "peers_openvino_smollm2_int8_b32_amx_xeon_d5616ee_results.json", \
+    IMG + "peers_openvino_smollm2_int8_b128_amx_xeon_d5616ee_results.json"
+AMX_SMOL_B128_DOWN = IMG + "peers_openvino_smollm2_int8_b128_act16_down_amx_xeon_ed5c9f1_results.json"
 ZEN5_SMOL = IMG + "peers_openvino_smollm2_int4_zen5_db99617_results.json"
 ZEN5_TINY = IMG + "peers_openvino_tinyllama_shape_int4_zen5_5ce969c_results.json"
 ZEN5_GEMMA = IMG + "peers_openvino_gemma3_270m_int8_zen5_f748e9a_results.json"
@@ -227,6 +231,7 @@ S_XEON_SMOL, S_XEON_TINY = "smollm2-on-a-xeon-vnni", "tinyllama-shape-and-gemma-
 S_XEON_LARGE, S_AMX = "llama-31-8b-shape-on-a-xeon-vnni", "tinyllama-shape-and-gemma-3-on-a-xeon-with-amx"
 S_SERVE = "serving-under-guidellm-xeon-vnni"
 S_ZEN5 = "smollm2-tinyllama-shape-and-gemma-3-on-zen-5-with-openvino"
+S_AMX_SMOL = "smollm2-on-a-xeon-with-amx-int4-and-int8-in-blocks-of-128"
 
 
 @dataclass(frozen=True)
@@ -248,6 +253,8 @@ def _now(host, model, section, b1=None, b16=None, prefill=None, long=None, serve
 
 
 NOW_ROWS = (
+    _now("Xeon with AMX, `amx`", "SmolLM2-135M int4", S_AMX_SMOL, AMX_SMOL, AMX_SMOL, AMX_SMOL, AMX_SMOL,
+         peer_labels={"llama.cpp": "llama.cpp Q4_1"}),
     _now("Zen 5, `avx512vnni`", "SmolLM2-135M int4", S_ZEN5, ZEN5_SMOL, ZEN5_SMOL, ZEN5_SMOL, ZEN5_SMOL),
     _now("Zen 5, `avx512vnni`", "TinyLlama-1.1B shape int4", S_ZEN5, ZEN5_TINY, ZEN5_TINY, ZEN5_TINY, ZEN5_TINY),
     _now("Zen 5, `avx512vnni`", "Gemma 3 270M int8", S_ZEN5, ZEN5_GEMMA, ZEN5_GEMMA, ZEN5_GEMMA, ZEN5_GEMMA,
@@ -299,6 +306,14 @@ FIGURES: dict = {
     "tinyllama-gemma-amx": Tables((
         PeerTable(AMX_TINY, {"ortllm": "ortllm, TinyLlama shape int4"} | OV, SHAPE_TARGETS),
         PeerTable(AMX_GEMMA, {"ortllm": "ortllm, Gemma 3 int8"} | OV, TARGETS))),
+    "smollm2-amx": Tables((
+        PeerTable(AMX_SMOL, {"ortllm": "ortllm, SmolLM2 int4 (default)", "llama.cpp": "llama.cpp Q4_1"} | OV, TARGETS),
+        PeerTable(AMX_SMOL_INT8, {"ortllm": "ortllm, SmolLM2 int8 (default: blocks of 32)",
+                                  "openvino-int8": "OpenVINO int8"}, TARGETS),
+        PeerTable(AMX_SMOL_B128, {"ortllm": "ortllm, SmolLM2 int8 --block-size 128", "openvino-int8": "OpenVINO int8"},
+                  TARGETS),
+        PeerTable(AMX_SMOL_B128_DOWN, {"ortllm": "ortllm, SmolLM2 int8 --block-size 128 --act16 down",
+                                       "openvino-int8": "OpenVINO int8"}, TARGETS))),
     "zen5-openvino": Tables((
         PeerTable(ZEN5_SMOL, {"ortllm": "ortllm, SmolLM2 int4"} | Q4_0 | Q8_0 | OV, TARGETS),
         PeerTable(ZEN5_TINY, {"ortllm": "ortllm, TinyLlama shape int4"} | Q4_0 | Q8_0 | OV, SHAPE_TARGETS),
