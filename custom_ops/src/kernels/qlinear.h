@@ -6,7 +6,7 @@
 //                       + sum_b d[n,b] * dx[t,b] * (isum_b(q_w[n], q_x[t]) - zp * qsum_b(q_x[t]))
 //                       + m[n,b] * sx[t,b] )                                (block offsets, optional)
 //
-// W is [N, K] with K in blocks of bs (32, 64 or 128; K zero-padded to kb = ceil(K / bs) blocks):
+// W is [N, K] with K in blocks of bs (32, 64, 128 or 256; K zero-padded to kb = ceil(K / bs) blocks):
 // int4 codes q_w in 0..15 with zero point zp = 8 (w = d * (q - 8) + m: Q4_0 without m, Q4_1 with
 // m = Q4_1's min + 8d), or int8 codes in -128..127 with zp = 0 (Q8_0). d and m are fp16 per
 // (row, block). Activations are quantized once per (token, block) to int8: dx = absmax / 127,
