@@ -45,7 +45,8 @@ KV_BLOCK_SIZES = (8, 16, 32, 64)
 # fp32 head and cache gave (prose 0.00272, all 0.00164, top-1 98.22%, PPL 1.0002) at a quarter of the head's bytes
 # (an fp32 head was ~113 MB of SmolLM2's int8 step). fp32 builds stay fp32 throughout (the reference).
 DEFAULT_LM_HEAD = {"fp32": "fp32", "int8": "int8", "int4": "int8"}
-ACT16_MAX_BLOCK = 128   # int16 activation codes x int8 weights stay exact in int32 up to this block (qlinear.h)
+ACT16_MAX_BLOCK = 128   # int16 activation codes x int8 weights stay exact in int32 up to this block (qlinear.h's
+                        # kQLinearMaxBlock16)
 DEFAULT_KV = {"fp32": "fp32", "int8": "fp16", "int4": "fp16"}
 
 
@@ -148,8 +149,7 @@ class BuildOptions:
         if act16 and self.quant == "int8" and self.block_size > ACT16_MAX_BLOCK and self.graph == "engine":
             raise BuildError(f"--block-size {self.block_size} with int16 activation codes on {', '.join(act16)} "
                              f"(--act16{'' if self.act16 is not None else ': the family default'}): QLinear sums them "
-                             f"exactly "
-                             f"in blocks of up to {ACT16_MAX_BLOCK}; add --act16 none, or use --block-size "
+                             f"exactly in blocks of up to {ACT16_MAX_BLOCK}; add --act16 none, or use --block-size "
                              f"{ACT16_MAX_BLOCK}")
         if cfg.num_experts:     # the calibration pass runs the portable graph, which has no MoE MLP yet
             if self.smooth or self.smooth_down or self.algo == "gptq" or self.lm_head_algo == "gptq":

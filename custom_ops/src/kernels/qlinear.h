@@ -90,9 +90,10 @@ constexpr bool is_gated(QLinearEpilogue e) {
 constexpr float kGeluA = 1.5957691216057308f;
 constexpr float kGeluB = 0.07135481627159526f;
 
-constexpr int kQLinearMaxBlock = 256;   // elements of K a block may hold (the kernels' staging buffers are sized by it)
-constexpr int kQLinearMaxSegments = 3;  // LoRA targets sharing one fused weight (q|k|v)
-constexpr int kQLinearMaxOutputs = 3;   // epilogue "none": y split along N into up to 3 outputs (q, k, v)
+constexpr int kQLinearMaxBlock = 256;  // elements of K a block may hold (the kernels' staging buffers are sized by it)
+constexpr int kQLinearMaxBlock16 = 128;  // the same with act_bits 16: |isum| <= bs * 128 * 32767 < 2^31
+constexpr int kQLinearMaxSegments = 3;   // LoRA targets sharing one fused weight (q|k|v)
+constexpr int kQLinearMaxOutputs = 3;    // epilogue "none": y split along N into up to 3 outputs (q, k, v)
 constexpr int kQLinearArgmaxOutput = 3;  // the op's optional int64 output: each row's first maximum (QLinearArgs)
 
 constexpr int kLoraChunk = 32;       // elements of K per fp16 scale of A

@@ -189,7 +189,7 @@ QLinearKernel::QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, const
         << " (32, 64, 128, 256); got " << block_size_;
   else if (act_bits_ != 8 && act_bits_ != 16)
     err << kOp << ": attribute act_bits must be 8 or 16; got " << act_bits_;
-  else if (act_bits_ == 16 && (bits_ != 8 || block_size_ > 128))
+  else if (act_bits_ == 16 && (bits_ != 8 || block_size_ > kQLinearMaxBlock16))
     err << kOp << ": attribute act_bits = 16 needs bits = 8 and block_size <= 128 (int16 x int8 dots summed in int32); "
         << "got bits = " << bits_ << ", block_size = " << block_size_;
   else if (!format_error.empty())

@@ -231,25 +231,6 @@ void group_dot2(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, fl
   }
 }
 
-// The panel GEMM: a paired tile of up to kGemmTokensMax tokens (a work item's token chunk). Both groups' weights are
-// staged once for all of K (kb * bs / 4 rows of 64 bytes: 16 x K bytes, 32 KB at K = 2048, in L1 / L2) and swept by
-// every kDotTileMax tokens of the tile, instead of staged again for each (a 512-token prefill staged each weight 32
-// times, once per 16 tokens). Each pass is tile_pass's: the same sums and float steps, so the same bits.
-template <int BITS>
-void panel_gemm(const QGemmTile& t) {
-  const QGroup &g0 = t.w0, &g1 = t.w1;
-  const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
-  __m512i* panel = panel_vectors(static_cast<size_t>(kb) * (bs / 4));  // B rows
-  for (int b = 0; b < kb; ++b) stage_block<BITS>(g0, g1, b, panel + static_cast<int64_t>(b) * (bs / 4));
-  int configured = 0;
-  for (int i = 0; i < t.nt; i += kDotTileMax) {
-    const int ni = t.nt - i < kDotTileMax ? t.nt - i : kDotTileMax;
-    if (ni != configured) configure(ni, kc), configured = ni;
-    const QTokens x = advance_tokens(t.x, i, kb);
-    pass<BITS>(g0, g1, x, operands(x, bs, panel), ni, t.out0 + 8 * i, t.out1 + 8 * i);
-  }
-}
-
 // ---- act_bits 16 (int8 weights, int16 activation codes): each code split into a signed high and an unsigned low
 // byte (QTokens::q16_hi / q16_lo, q = 256 hi + lo), two tile multiplies a chunk: C_hi += hi w (TDPBSSD), C_lo += lo w
 // (TDPBUSD); isum = 256 C_hi + C_lo, exact (|isum| < 2^31 for bs <= 128, qlinear.h), group_dot16_t's integer. One
@@ -270,7 +251,7 @@ void configure16(int nt, int kc) {
 // staged up front, as panel_gemm's) or, without one, staged a block ahead into a double buffer.
 void tile_pass16(const QGroup& g0, const QGroup& g1, const QTokens& x, const __m512i* panel, int nt, float* out0,
                  float* out1) {
-  alignas(64) __m512i rows[2][32];                      // B of blocks b and b + 1 (act_bits 16: bs <= 128)
+  alignas(64) __m512i rows[2][kQLinearMaxBlock16 / 4];  // B of blocks b and b + 1
   alignas(64) int32_t c[kLag + 1][2][kDotTileMax][16];  // [block][hi, lo][token][row]
   const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
   const auto b_rows = [&](int b) { return panel ? panel + static_cast<int64_t>(b) * (bs / 4) : rows[b & 1]; };
@@ -310,18 +291,28 @@ void dot2_tile16(const QGroup& g0, const QGroup& g1, const QTokens& x, int nt, f
   tile_pass16(g0, g1, x, nullptr, nt, out0, out1);
 }
 
-// panel_gemm for act_bits 16: both groups' int8 weights staged once for the tile's tokens (before, each 16 tokens
-// staged them again: 4 times a 64-token item), each 16 tokens then tile_pass16's pass, so the same bits.
-void panel_gemm16(const QGemmTile& t) {
+// The panel GEMM: a paired tile of up to kGemmTokensMax tokens (a work item's token chunk). Both groups' weights are
+// staged once for all of K (kb * bs / 4 rows of 64 bytes: 16 x K bytes, 32 KB at K = 2048, in L1 / L2) and swept by
+// every kDotTileMax tokens of the tile, instead of staged again for each (a 512-token prefill staged each weight 32
+// times, once per 16 tokens). Each pass is tile_pass's (ACT16: tile_pass16's): the same sums and float steps, so the
+// same bits.
+template <int BITS, bool ACT16 = false>
+void panel_gemm(const QGemmTile& t) {
   const QGroup &g0 = t.w0, &g1 = t.w1;
   const int kb = g0.kb, bs = g0.bs, kc = bs < 64 ? bs : 64;
-  __m512i* panel = panel_vectors(static_cast<size_t>(kb) * (bs / 4));
-  for (int b = 0; b < kb; ++b) stage_block<8>(g0, g1, b, panel + static_cast<int64_t>(b) * (bs / 4));
+  __m512i* panel = panel_vectors(static_cast<size_t>(kb) * (bs / 4));  // B rows
+  for (int b = 0; b < kb; ++b) stage_block<BITS>(g0, g1, b, panel + static_cast<int64_t>(b) * (bs / 4));
   int configured = 0;
   for (int i = 0; i < t.nt; i += kDotTileMax) {
     const int ni = t.nt - i < kDotTileMax ? t.nt - i : kDotTileMax;
-    if (ni != configured) configure16(ni, kc), configured = ni;
-    tile_pass16(g0, g1, advance_tokens(t.x, i, kb), panel, ni, t.out0 + 8 * i, t.out1 + 8 * i);
+    const QTokens x = advance_tokens(t.x, i, kb);
+    if constexpr (ACT16) {  // int8 weights on int16 codes: tile_pass16's passes (before, each 16 tokens staged again)
+      if (ni != configured) configure16(ni, kc), configured = ni;
+      tile_pass16(g0, g1, x, panel, ni, t.out0 + 8 * i, t.out1 + 8 * i);
+    } else {
+      if (ni != configured) configure(ni, kc), configured = ni;
+      pass<BITS>(g0, g1, x, operands(x, bs, panel), ni, t.out0 + 8 * i, t.out1 + 8 * i);
+    }
   }
 }
 
@@ -332,7 +323,7 @@ void gemm(const QLinearIsa& isa, const QGemmTile& t) {
   if (!t.paired || t.w0.mxfp4 || t.nt <= kDotTileMax) {
     gemm_by_group_dots(isa, t);
   } else if (t.act16) {
-    panel_gemm16(t);
+    panel_gemm<8, true>(t);
   } else if (t.w0.bits == 4) {
     panel_gemm<4>(t);
   } else {
