@@ -54,6 +54,12 @@ def test_context_size_parallel_queue_and_limits_reported(tiny_engine):
         err = r.json()["error"]
         assert err["code"] == "context_length_exceeded" and "95" in err["message"] and "max_model_len" in err["message"]
 
+        real_execute = live.engine.runner.execute
+
+        def slow_execute(*a, **k):      # a slower model: the running two hold their slots while the fifth asks
+            time.sleep(0.03)
+            return real_execute(*a, **k)
+        live.engine.runner.execute = slow_execute
         out: list = [None] * 5
         threads = [threading.Thread(target=_stream, args=(live.url, f"queue {i}", 90, out, i)) for i in range(4)]
         for t in threads[:2]:
@@ -65,6 +71,7 @@ def test_context_size_parallel_queue_and_limits_reported(tiny_engine):
         assert live.engine.stats()["running"] == 2             # --parallel holds: they wait, not run
         r = live.post("/v1/completions", json={"prompt": "one too many", "max_tokens": 2})
         assert r.status_code == 429 and r.json()["error"]["code"] == "overloaded" and "Retry-After" in r.headers
+        live.engine.runner.execute = real_execute
         for t in threads[:4]:
             t.join(120)
         assert [(s, f) for s, f, _ in out[:4]] == [(200, "length")] * 4
