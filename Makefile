@@ -107,7 +107,7 @@ bench: $(STAMP) ops $(DEFAULT_ARTIFACT)/manifest.json
 # The docs' figure tables rewritten from their results files (bench/figures.py; tests/test_bench_figures.py checks
 # that they are current).
 figures: $(STAMP)
-	$(BIN)/ortllm bench --render-figures README.md docs/benchmarks.md
+	$(BIN)/ortllm bench --render-figures README.md docs/benchmarks.md docs/benchmarks-zen4-and-xeon-vnni.md
 
 # `ortllm serve --parallel 64 --ctx-size 2048 --kv-cache-size auto` on TinyLlama's shapes (int4): 64 concurrent streams
 # of ~2,000-token contexts must all complete (ci/serve_sizing.py; minutes, never in make test).

@@ -19,6 +19,7 @@ Dev tooling: reads results files and pages of the repository, imports nothing of
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +133,8 @@ NOW_COLUMNS = [(("decode", 1), "decode B = 1"), (("decode", 16), "decode B = 16"
 class NowRow:
     host: str                       # the host class and ops path
     model: str
-    section: str                    # the anchor of the section with the row's tables
+    section: str                    # the section with the row's tables: "anchor" on NowTable.page, or
+    # "other.md#anchor" on another page, its path from NowTable.page's directory (docs/)
     sources: dict[str, str]         # NOW_COLUMNS heading -> results.json of its figure
     peer_labels: dict[str, str] = field(default_factory=dict)     # a run's own names of its peers
 
@@ -163,10 +165,18 @@ class NowTable:
                 value, peer = got
                 text = f"{value:.2f}x"
                 section = self.serve_section if scenario == "serve" and self.serve_section else row.section
-                cells.append(f"[{'**' + text + '**' if value >= 1 else text}]({self.page}#{section}) "
+                cells.append(f"[{'**' + text + '**' if value >= 1 else text}]({self.link(section)}) "
                              f"{row.peer_labels.get(peer, PEER_LABELS.get(peer, peer))}")
             out.append(f"| {row.host} | {row.model} | " + " | ".join(cells) + " |")
         return "\n".join(out) + "\n"
+
+    def link(self, section: str) -> str:
+        """The link to `section` ("anchor" or "#anchor" on `page`, "other.md#anchor" beside it) from the page the
+        table is rendered on."""
+        where, _, anchor = section.rpartition("#")
+        if not where:
+            return f"{self.page}#{anchor}"
+        return posixpath.normpath(posixpath.join(posixpath.dirname(self.page), where)) + f"#{anchor}"
 
 
 def _now_ratio(rows: list[dict], scenario: str, batch: int) -> tuple[float, str] | None:
@@ -226,8 +236,10 @@ OV = {"openvino": "OpenVINO int4 asym g32", "openvino-int8": "OpenVINO int8"}
 GEMMA_GGUF = {"llama.cpp": "llama.cpp Q4_K_M (the source GGUF)"}
 SERVERS = {"ortllm": "ortllm int4", "llama-server": "llama-server Q4_1", "llama-server-q4_0": "llama-server Q4_0",
            "llama-server-q8_0": "llama-server Q8_0"}
-S_ZEN4_SMOL, S_ZEN4_TINY, S_ZEN4_GEMMA = "smollm2-on-zen-4", "tinyllama-shape-on-zen-4", "gemma-3-270m-on-zen-4"
-S_XEON_SMOL, S_XEON_TINY = "smollm2-on-a-xeon-vnni", "tinyllama-shape-and-gemma-3-on-a-xeon-vnni"
+OLDER = "benchmarks-zen4-and-xeon-vnni.md#"     # the older hosts' page, beside docs/benchmarks.md
+S_ZEN4_SMOL, S_ZEN4_TINY, S_ZEN4_GEMMA = (OLDER + s for s in ("smollm2-on-zen-4", "tinyllama-shape-on-zen-4",
+                                                               "gemma-3-270m-on-zen-4"))
+S_XEON_SMOL, S_XEON_TINY = OLDER + "smollm2-on-a-xeon-vnni", OLDER + "tinyllama-shape-and-gemma-3-on-a-xeon-vnni"
 S_XEON_LARGE, S_AMX = "llama-31-8b-shape-on-a-xeon-vnni", "tinyllama-shape-and-gemma-3-on-a-xeon-with-amx"
 S_SERVE = "serving-under-guidellm-xeon-vnni"
 S_ZEN5 = "smollm2-tinyllama-shape-and-gemma-3-on-zen-5-with-openvino"

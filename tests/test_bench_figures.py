@@ -87,7 +87,8 @@ def test_the_docs_tables_are_their_results_files():
     """Every marked table in docs/ and the README is what its results file gives: edit the results (or FIGURES),
     not the table."""
     pages = [p for p in _pages() if "<!-- figures: " in p.read_text()]
-    assert {REPO / "docs" / "benchmarks.md", REPO / "README.md"} <= set(pages)
+    assert {REPO / "docs" / "benchmarks.md", REPO / "docs" / "benchmarks-zen4-and-xeon-vnni.md",
+            REPO / "README.md"} <= set(pages)
     for page in pages:
         assert render_page(page.read_text()) == page.read_text(), \
             f"{page.relative_to(REPO)}: run ortllm bench --render-figures {page.relative_to(REPO)} (make figures)"
@@ -133,6 +134,10 @@ def test_a_serve_table_and_the_now_table_from_small_results(tmp_path):
             "[**2.05x**](docs/benchmarks.md#tiny-on-zen-4) llama.cpp Q4_0 | - | "
             "[**2.00x**](docs/benchmarks.md#serving) llama-server Q4_0 |") in out
     assert EXPECTED + "\n" in out.split("<!-- figures: both -->\n", 1)[1]     # the group: each table, a blank between
+    # a section on another page: its path from the directory of the page the bare anchors are on
+    assert [now.link(s) for s in ("older.md#tiny", "#tiny", "tiny")] == \
+        ["docs/older.md#tiny", "docs/benchmarks.md#tiny", "docs/benchmarks.md#tiny"]
+    assert NowTable(()).link("older.md#tiny") == "older.md#tiny" and NowTable(()).link("tiny") == "#tiny"
 
 
 def _anchor(heading: str) -> str:
@@ -140,15 +145,33 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def _unlanded(page: Path, links) -> list[str]:
+    """The links of `links`, as written on `page` ("#anchor", or "path.md#anchor" from page's directory), with no
+    heading of that anchor on the page they name."""
+    out = []
+    for link in sorted(links):
+        path, _, anchor = link.partition("#")
+        target = page.parent / path if path else page
+        headings = re.findall(r"^#+ (.*)$", target.read_text(), re.M) if target.is_file() else []
+        out += [] if anchor in {_anchor(h) for h in headings} else [link]
+    return out
+
+
 def test_the_now_tables_link_to_sections_that_exist():
-    page = (REPO / "docs" / "benchmarks.md").read_text()
-    anchors = {_anchor(h) for h in re.findall(r"^#+ (.*)$", page, re.M)}
-    for name in ("now", "now-readme"):
+    """Each now table's cells, on the page it is rendered on, link to a heading of the page the link names (a
+    section moved to another page is found there, not on docs/benchmarks.md); the README's links to the benchmarks
+    pages too."""
+    for name, page in (("now", REPO / "docs" / "benchmarks.md"), ("now-readme", REPO / "README.md")):
         table = FIGURES[name]
-        wanted = {row.section for row in table.rows} | {table.serve_section}
-        assert wanted <= anchors, f"{name}: no heading for {sorted(wanted - anchors)}"
-    linked = set(re.findall(r"\]\(docs/benchmarks\.md#([\w-]+)\)", (REPO / "README.md").read_text()))
-    assert linked and linked <= anchors, sorted(linked - anchors)
+        assert f"<!-- figures: {name} -->" in page.read_text()
+        links = {table.link(s) for s in {row.section for row in table.rows} | {table.serve_section}}
+        assert not _unlanded(page, links), f"{name} on {page.name}: no heading for {_unlanded(page, links)}"
+    benchmarks = REPO / "docs" / "benchmarks.md"
+    assert _unlanded(benchmarks, {"#smollm2-on-zen-4", "benchmarks-zen4-and-xeon-vnni.md#now", "nowhere.md#now"}) \
+        == ["#smollm2-on-zen-4", "benchmarks-zen4-and-xeon-vnni.md#now", "nowhere.md#now"]     # each one fails
+    readme = REPO / "README.md"
+    linked = set(re.findall(r"\]\((docs/benchmarks[\w-]*\.md#[\w-]+)\)", readme.read_text()))
+    assert linked and not _unlanded(readme, linked), _unlanded(readme, linked)
 
 
 def test_docs_img_holds_only_what_a_page_renders_or_names():
