@@ -16,7 +16,7 @@ import numpy as np
 from ortllm.runtime.contract import FUSED_PROJECTIONS, rope_half_rows
 
 from .errors import BuildError
-from .weights import LazyTensors, ModelConfig, tensor_shape
+from .weights import LazyTensors, ModelConfig, expected_shapes, tensor_shape
 
 
 @dataclass(frozen=True)
@@ -609,6 +609,34 @@ def mxfp4_grid(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     q in 0..24 (25 levels: 8-bit codes hold them exactly, 4-bit ones do not)."""
     scale = np.ldexp(np.float32(1), np.asarray(scales).astype(np.int32) - 128).astype(np.float32)
     return scale, (np.float32(-12) * scale).astype(np.float32)
+
+
+def mxfp4_hub_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """expected_shapes as gpt-oss's hub checkpoints hold them, which fix_tensors(cfg, t, "hf") (mxfp4_experts, then
+    gpt_oss_experts) brings back to expected_shapes: each sparse layer's router as mlp.router.{weight,bias} and its
+    experts fused, in MXFP4: mlp.experts.gate_up_proj_blocks [E, 2I, H / 32, 16] (gate and up rows interleaved),
+    _scales [E, 2I, H / 32], gate_up_proj_bias [E, 2I], down_proj_blocks [E, H, I / 32, 16], _scales [E, H, I / 32],
+    down_proj_bias [E, H]. For a seeded random source of those tensors (sources.random_weights, mxfp4_experts)."""
+    if mxfp4_experts not in FAMILIES[GGUF_ARCHS.get(cfg.arch, cfg.arch)].fix_hf:
+        raise BuildError(f"MXFP4 experts are read for gpt-oss (arch gpt_oss) only; got arch '{cfg.arch}'")
+    e, h, f = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    if h % 32 or f % 32:
+        raise BuildError(f"MXFP4 experts need hidden_size and moe_intermediate_size multiples of 32 (its blocks); "
+                         f"got {h}, {f}")
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in expected_shapes(cfg).items():
+        if name.endswith(".mlp.gate.weight"):       # a sparse layer's MLP: its hub tensors where the router was
+            p = name.removesuffix("gate.weight")
+            out |= {p + "router.weight": (e, h), **({p + "router.bias": (e,)} if cfg.moe_bias else {}),
+                    p + "experts.gate_up_proj_blocks": (e, 2 * f, h // 32, 16),
+                    p + "experts.gate_up_proj_scales": (e, 2 * f, h // 32),
+                    **({p + "experts.gate_up_proj_bias": (e, 2 * f)} if cfg.moe_bias else {}),
+                    p + "experts.down_proj_blocks": (e, h, f // 32, 16),
+                    p + "experts.down_proj_scales": (e, h, f // 32),
+                    **({p + "experts.down_proj_bias": (e, h)} if cfg.moe_bias else {})}
+        elif ".mlp.gate." not in name and ".mlp.experts." not in name:
+            out[name] = shape
+    return out
 
 
 def mxfp4_experts(cfg: ModelConfig, t: dict) -> SourceGrids | None:

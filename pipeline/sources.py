@@ -10,7 +10,8 @@ import numpy as np
 from .errors import BuildError
 from ortllm.runtime.artifact import sha256_file
 
-from .families import fix_tensors, fused_tensors, gguf_config, gguf_tensor_names, hf_config
+from .families import (E2M1, fix_tensors, fused_tensors, gguf_config, gguf_tensor_names, hf_config,
+                       mxfp4_hub_shapes)
 from .recipes import Recipe, assemble_package_file, get_recipe, known_recipes, locate_package_file
 from .weights import LazyTensors, ModelConfig, ModelWeights, expected_shapes
 
@@ -246,20 +247,27 @@ def random_weights(recipe: Recipe) -> ModelWeights:
 
     Projections ~ N(0, 1/sqrt(in)) so activations stay O(1) through the layers; norms 1 + N(0, 0.1)
     so a builder that mixes up the norm weights fails parity.
+
+    [source] mxfp4_experts (gpt-oss): the tensors are the hub checkpoint's (families.mxfp4_hub_shapes: the experts'
+    MXFP4 code bytes and e8m0 block exponents, fused), through the fix-ups load_hf_dir applies (fix_tensors), so the
+    build sees the experts' source grids and an int4 build keeps their codes exactly, as it does a real checkpoint's;
+    each fused tensor is dequantized when the build reads it, never held for the model.
     """
     try:
         cfg = ModelConfig(**recipe.architecture, bos_token_id=None, eos_token_ids=(0,))
     except TypeError as e:
         raise BuildError(f"recipe '{recipe.name}' [architecture] is invalid: {e}") from None
     seed = int(recipe.source.get("seed", 0))
+    mxfp4 = bool(recipe.source.get("mxfp4_experts", False))
+    shapes = mxfp4_hub_shapes(cfg) if mxfp4 else expected_shapes(cfg)
     tensors = LazyTensors()
     if recipe.source.get("per_tensor_seeds", False):   # each tensor from (seed, its index): no pass over the model
-        for i, (name, shape) in enumerate(expected_shapes(cfg).items()):    # before the build (a 30B one: minutes)
+        for i, (name, shape) in enumerate(shapes.items()):                  # before the build (a 30B one: minutes)
             tensors.add(name, shape, lambda i=i, name=name, shape=shape: _random_tensor(
                 np.random.default_rng([seed, i]), name, shape))
     else:
         rng = np.random.default_rng(seed)
-        for name, shape in expected_shapes(cfg).items():   # one draw sequence, as ever: each tensor made again on
+        for name, shape in shapes.items():                 # one draw sequence, as ever: each tensor made again on
             state = rng.bit_generator.state                 # access from the generator's state where its draws begin
             _random_tensor(rng, name, shape)
             tensors.add(name, shape, lambda state=state, name=name, shape=shape: _random_tensor(
@@ -269,9 +277,14 @@ def random_weights(recipe: Recipe) -> ModelWeights:
         from .tiktoken_vocab import default_tokenizer
         return default_tokenizer(out_dir, cfg.arch, cfg.vocab_size)
 
-    digest = f"random:{recipe.name}:seed={recipe.source.get('seed', 0)}"
+    extra = {}
+    if mxfp4:      # the hub layout into the builders' (lazily), with the experts' MXFP4 grids, as load_hf_dir
+        grids = fix_tensors(cfg, tensors, "hf")
+        extra = {"source_grids": grids, "source_types": grids.types} if grids else {}
+    digest = f"random:{recipe.name}:seed={recipe.source.get('seed', 0)}" + (":mxfp4-experts" if mxfp4 else "")
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
-                     source_desc=f"random:{recipe.name}")
+                     source_desc=f"random:{recipe.name}", extra=extra)
+    w.validate()
     if recipe.source.get("fidelity_check", True) is False:
         from .shape_weights import NO_FIDELITY
         w.extra["fidelity_skipped"] = NO_FIDELITY
@@ -285,10 +298,24 @@ def _rng_at(state: dict) -> np.random.Generator:
 
 
 def _random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    if len(shape) == 1:
+    if name.endswith("_proj_blocks"):     # MXFP4 experts (mxfp4_experts): every byte two uniform e2m1 codes
+        return np.frombuffer(rng.bytes(int(np.prod(shape))), np.uint8).reshape(shape)
+    if name.endswith("_proj_scales"):
+        return _mxfp4_scales(rng, shape)
+    if len(shape) == 1 or name.endswith("_proj_bias"):     # biases as the per-expert 1-D ones are drawn
         return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
     scale = 1.0 if name == "model.embed_tokens.weight" else 1.0 / np.sqrt(shape[1])
     return rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+
+
+def _mxfp4_scales(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """e8m0 block exponents [E, N, K / 32] (block scale 2^(s - 127)) for uniform codes: each block's scale one of
+    2^round(log2(1 / sqrt(K) / rms)) (rms: the e2m1 table's, 2.93), its half and its double (K = 2880: 2^-8..2^-6),
+    so the dequantized weights' std is within a factor of 2 of the other projections' 1 / sqrt(K)."""
+    k = 32 * shape[-1]
+    rms = float(np.sqrt(np.mean(E2M1.astype(np.float64) ** 2)))
+    centre = 127 + round(np.log2(1.0 / np.sqrt(k) / rms))
+    return (centre + rng.integers(-1, 2, shape)).astype(np.uint8)
 
 
 def random_dir_weights(recipe: Recipe) -> ModelWeights:

@@ -322,3 +322,90 @@ def test_mxfp4_falls_back_to_exact_int8_where_fp16_cannot_hold_a_scale():
     off[0, 0] = 5 * plan.source_grids[names[0]][0][0, 0]                 # between the table's 4 and 6
     with pytest.raises(BuildError, match=r"not on its MXFP4 grid .* --keep 'model.layers.0.mlp.experts.\*=int8'"):
         plan.quantize(names[0], off, plan.expert_format(names))
+
+
+def _shape_cut():
+    """gpt-oss-20b-shape cut to build in seconds (2 layers sliding / full, 4 experts top 2, hidden and expert width 64,
+    a 512-token vocabulary), its source and every other key the recipe's."""
+    import dataclasses
+
+    from ortllm.pipeline.recipes import get_recipe
+    recipe = get_recipe("gpt-oss-20b-shape")
+    a = recipe.architecture
+    cut = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,
+           "num_kv_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "sliding_window": 8,
+           "layer_types": a["layer_types"][:2], "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 64}
+    return recipe, dataclasses.replace(recipe, name="gpt-oss-20b-shape-cut", architecture={**a, **cut})
+
+
+def test_gpt_oss_20b_shape_draws_the_hubs_mxfp4_tensors_and_int4_keeps_their_codes(tmp_path, monkeypatch):
+    """The shape recipe's random source (cut to 2 layers of 4 experts) is a hub checkpoint's tensors drawn from
+    (seed, index) when read, never before: written as a safetensors directory with the config.json the recipe's keys
+    stand for, load_hf_dir reads the same config, the same tensors and grids. Its dequantized experts are the size of
+    the other projections (std within 2x of 1 / sqrt(K)), and its int4 build keeps every expert's MXFP4 codes in the
+    MoE op's mxfp4 format (error 0, 4.5 bits a weight), as a real gpt-oss checkpoint's."""
+    from safetensors.numpy import save_file
+
+    from ortllm.cli.build import build_artifact
+    from ortllm.pipeline import sources
+    from ortllm.pipeline.build import BuildOptions
+    from ortllm.pipeline.families import hf_config, mxfp4_hub_shapes
+    from ortllm.pipeline.shape_weights import NO_FIDELITY
+    from ortllm.pipeline.weights import expected_shapes
+    recipe, cut = _shape_cut()
+    drawn = []
+    real = sources._random_tensor
+    monkeypatch.setattr(sources, "_random_tensor", lambda rng, name, shape: drawn.append(name) or real(rng, name,
+                                                                                                       shape))
+    w = sources.random_weights(cut)
+    assert drawn == [], "no tensor drawn before it is read"
+    cfg, seed = w.config, int(recipe.source["seed"])
+    hub = mxfp4_hub_shapes(cfg)
+    assert hub["model.layers.0.mlp.experts.gate_up_proj_blocks"] == (4, 128, 2, 16)
+    assert hub["model.layers.0.mlp.experts.down_proj_scales"] == (4, 64, 2)
+    assert not any(".mlp.experts.0." in n or ".mlp.gate." in n for n in hub)
+
+    src = tmp_path / "hub"
+    src.mkdir()
+    save_file({n: real(np.random.default_rng([seed, i]), n, s) for i, (n, s) in enumerate(hub.items())},
+              str(src / "model.safetensors"))
+    a = cut.architecture
+    r = {k: v for k, v in a["rope_scaling"].items() if k not in ("type", "attention_factor")}
+    config = {"model_type": "gpt_oss", "vocab_size": a["vocab_size"], "hidden_size": a["hidden_size"],
+              "intermediate_size": a["moe_intermediate_size"], "num_hidden_layers": a["num_layers"],
+              "num_attention_heads": a["num_heads"], "num_key_value_heads": a["num_kv_heads"],
+              "head_dim": a["head_dim"], "max_position_embeddings": a["max_position_embeddings"],
+              "rope_theta": a["rope_theta"], "rms_norm_eps": a["rms_norm_eps"], "tie_word_embeddings": False,
+              "sliding_window": a["sliding_window"], "layer_types": [f"{t}_attention" for t in a["layer_types"]],
+              "rope_scaling": {"rope_type": "yarn", **r}, "num_local_experts": a["num_experts"],
+              "num_experts_per_tok": a["num_experts_per_tok"], "swiglu_limit": a["swiglu_limit"],
+              "eos_token_id": 0, "quantization_config": {"quant_method": "mxfp4"}}     # eos: the random sources'
+    (src / "config.json").write_text(json.dumps(config))
+    assert cfg == hf_config(config)
+    from_hub = sources.load_hf_dir(src)
+    assert set(from_hub.tensors) == set(w.tensors) == set(expected_shapes(cfg))
+    for name in w.tensors:
+        np.testing.assert_array_equal(w.tensors[name], from_hub.tensors[name], err_msg=name)
+    assert w.extra["source_types"] == from_hub.extra["source_types"] and len(w.extra["source_grids"]) == 2 * 4 * 3
+    for name in w.extra["source_grids"]:
+        for ours, theirs in zip(w.extra["source_grids"][name], from_hub.extra["source_grids"][name]):
+            np.testing.assert_array_equal(ours, theirs, err_msg=name)
+    for name in ("model.layers.1.mlp.experts.3.up_proj.weight", "model.layers.0.mlp.experts.0.down_proj.weight"):
+        std = float(w.tensors[name].std()) * np.sqrt(w.tensors.shape(name)[1])
+        assert 0.5 < std < 2, (name, std)
+
+    monkeypatch.setattr(sources, "known_recipes", lambda: {cut.name: cut})
+    drawn.clear()
+    art = tmp_path / "int4"
+    build_artifact(cut.name, art, BuildOptions(quant="int4", quality_tokens=16), log=lambda m: None)
+    assert set(drawn) == set(hub), "the build reads the hub's tensors, each drawn when read"
+    quality = json.loads((art / "quality.json").read_text())
+    experts = {n: r for n, r in quality["tensors"].items() if ".mlp.experts." in n}
+    assert len(experts) == 2 * 4 * 3 and quality["fidelity_skipped"] == NO_FIDELITY
+    for n, r in experts.items():
+        assert (r["algo"], r["max_rel"], r["bits_per_weight"], r["format"]) == ("source codes (MXFP4)", 0, 4.5,
+                                                                               "mxfp4"), (n, r)
+        assert "fallback" not in r
+    graph = (art / "model.onnx").read_bytes()
+    assert b"weight_format" in graph and b"clamped_swiglu" in graph

@@ -107,3 +107,39 @@ def test_shape_dir_loads_lazily_with_per_tensor_fixups(tmp_path):
     assert list(lazy) == list(eager)
     for name in eager:
         assert lazy.shape(name) == eager[name].shape and np.array_equal(lazy[name], eager[name])
+
+
+def test_gpt_oss_20b_shape_is_gpt_oss_20b_with_its_experts_in_mxfp4(monkeypatch):
+    """gpt-oss-20b-shape's config is what config.json gives gpt-oss-20b (transformers' GptOssConfig at 24 layers and
+    32 experts, read by families.hf_config; its eos aside, the random sources' own), with its parameter counts:
+    20.9B in all, 19.12B of them the experts'. Active per token, 4.19B as the other shapes count it (everything but
+    the experts not routed to); OpenAI's 3.61B is that without the input embedding table (579M, a lookup: its
+    count leaves it out, keeps the unembedding). The experts come as the hub's MXFP4 tensors, each expert
+    projection with its MXFP4 grid, and nothing is drawn to set the loaders up."""
+    import dataclasses
+
+    import transformers
+
+    from ortllm.pipeline import sources
+    from ortllm.pipeline.families import hf_config
+
+    drawn = []
+    real = sources._random_tensor
+    monkeypatch.setattr(sources, "_random_tensor", lambda rng, name, shape: drawn.append(name) or real(rng, name,
+                                                                                                       shape))
+    w = random_weights(get_recipe("gpt-oss-20b-shape"))
+    assert drawn == [], "no tensor drawn before it is read"
+    hf = transformers.GptOssConfig(num_hidden_layers=24, num_local_experts=32, swiglu_limit=7.0)
+    assert dataclasses.replace(w.config, eos_token_ids=()) == hf_config(hf.to_dict())
+    shapes = expected_shapes(w.config)
+    total = sum(int(np.prod(s)) for s in shapes.values())
+    experts = sum(int(np.prod(s)) for n, s in shapes.items() if ".mlp.experts." in n)
+    active = total - experts * (32 - 4) // 32
+    embedding = int(np.prod(shapes["model.embed_tokens.weight"]))
+    assert (round(total / 1e9, 2), round(experts / 1e9, 2)) == (20.91, 19.12)
+    assert (round(active / 1e9, 2), round((active - embedding) / 1e9, 2)) == (4.19, 3.61)
+    assert {n: w.tensors.shape(n) for n in w.tensors} == shapes          # the hub's tensors fixed up to these
+    mx = [n for n in shapes if ".mlp.experts." in n and n.endswith("_proj.weight")]
+    assert len(mx) == 24 * 32 * 3 and w.extra["source_types"] == dict.fromkeys(mx, "MXFP4")
+    assert set(w.extra["source_grids"]) == set(mx) and drawn == []
+    assert w.extra["fidelity_skipped"] == NO_FIDELITY
