@@ -639,6 +639,22 @@ def mxfp4_hub_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+class _ExpertsLoader:
+    """The loader of a fused MXFP4 experts tensor (fp32 [E, K, N], mxfp4_dequantize) that can also give one expert
+    alone, [K, N], from the held bytes (`expert(e)`: gpt_oss_experts splits the experts so; the same values as
+    `self()[e]`, without the other experts' fp32)."""
+
+    def __init__(self, raw: Callable[[], tuple[np.ndarray, np.ndarray]]):
+        self.raw = raw
+
+    def __call__(self) -> np.ndarray:
+        return mxfp4_dequantize(*self.raw())
+
+    def expert(self, e: int) -> np.ndarray:
+        blocks, scales = self.raw()
+        return mxfp4_dequantize(blocks[e:e + 1], scales[e:e + 1])[0]
+
+
 def mxfp4_experts(cfg: ModelConfig, t: dict) -> SourceGrids | None:
     """The hub's gpt-oss experts in MXFP4 (mlp.experts.{gate_up,down}_proj_blocks / _scales) as the fused fp32
     tensors of a bf16 checkpoint (mlp.experts.gate_up_proj [E, H, 2I], down_proj [E, I, H]), dequantized exactly when
@@ -656,19 +672,20 @@ def mxfp4_experts(cfg: ModelConfig, t: dict) -> SourceGrids | None:
         lb = t.loader(name) if isinstance(t, LazyTensors) else (lambda a=t[name]: a)
         ls = t.loader(scales) if isinstance(t, LazyTensors) else (lambda a=t[scales]: a)
         del t[name], t[scales]
+        # (codes, exponents) as bytes, a layer's two projections held while its experts are quantized (~0.4 GB at
+        # gpt-oss-20b's shape; their fp32 would be 3.2 GB): each read from its source once a layer
+        raw = _last_read(lambda lb=lb, ls=ls: (np.asarray(lb(), np.uint8), np.asarray(ls(), np.uint8)), held, keep=2)
         if isinstance(t, LazyTensors):
-            t.add(stem, (e, g * 2 * b, n), lambda lb=lb, ls=ls: mxfp4_dequantize(lb(), ls()))
+            t.add(stem, (e, g * 2 * b, n), _ExpertsLoader(raw))
         else:
-            t[stem] = mxfp4_dequantize(lb(), ls())
+            t[stem] = mxfp4_dequantize(*raw())
         rows = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} if stem.endswith("gate_up_proj") \
             else {"down_proj": slice(None)}
         prefix = stem.rsplit(".", 1)[0]        # model.layers.N.mlp.experts
-        # the exponents as bytes, a layer's two tensors held while its experts are quantized
-        ls = _last_read(lambda ls=ls: np.asarray(ls(), np.uint8), held, keep=2)
         for x in range(e):
             for proj, sl in rows.items():
                 grids.add(f"{prefix}.{x}.{proj}.weight", "MXFP4",
-                          lambda ls=ls, x=x, sl=sl: mxfp4_grid(np.asarray(ls()[x])[sl]))
+                          lambda raw=raw, x=x, sl=sl: mxfp4_grid(raw()[1][x][sl]))
     return grids or None
 
 
@@ -692,13 +709,21 @@ def gpt_oss_experts(cfg: ModelConfig, t: dict) -> None:
     for name in [n for n in list(t) if ".mlp.experts." in n and n.rsplit(".", 1)[-1] in parts]:
         stem, kind = name.rsplit(".", 1)
         shape = tensor_shape(t, name)
-        load = _last_read(t.loader(name), held) if isinstance(t, LazyTensors) else (lambda a=t[name]: a)
+        if isinstance(t, LazyTensors):
+            source = t.loader(name)
+            # one expert at a time where the loader can (MXFP4: _ExpertsLoader), else the fused tensor held while it
+            # is among a layer's four last read (the builders read each expert's gate, up and down, weight and bias,
+            # from gate_up_proj, its bias, down_proj and its bias in turn), so each is read once a layer
+            held_load = _last_read(source, held, keep=4)
+            load = getattr(source, "expert", None) or (lambda e, held_load=held_load: held_load()[e])
+        else:
+            load = t[name].__getitem__         # the array, expert e at load(e)
         del t[name]
         leaf = "bias" if kind.endswith("_bias") else "weight"
         for e in range(shape[0]):
             for proj, cols in parts[kind]:
                 def get(load=load, e=e, cols=cols, leaf=leaf):
-                    a = np.asarray(load()[e], np.float32)[..., cols]
+                    a = np.asarray(load(e), np.float32)[..., cols]
                     return np.ascontiguousarray(a.T if leaf == "weight" else a, np.float32)
                 width = len(range(shape[-1])[cols])
                 out_shape = (width, shape[1]) if leaf == "weight" else (width,)

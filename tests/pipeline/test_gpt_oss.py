@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -400,6 +401,8 @@ def test_gpt_oss_20b_shape_draws_the_hubs_mxfp4_tensors_and_int4_keeps_their_cod
     art = tmp_path / "int4"
     build_artifact(cut.name, art, BuildOptions(quant="int4", quality_tokens=16), log=lambda m: None)
     assert set(drawn) == set(hub), "the build reads the hub's tensors, each drawn when read"
+    fused = Counter(n for n in drawn if ".mlp.experts." in n)
+    assert fused == {n: 1 for n in hub if ".mlp.experts." in n}, "a layer's fused experts read once, not per expert"
     quality = json.loads((art / "quality.json").read_text())
     experts = {n: r for n, r in quality["tensors"].items() if ".mlp.experts." in n}
     assert len(experts) == 2 * 4 * 3 and quality["fidelity_skipped"] == NO_FIDELITY
