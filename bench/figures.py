@@ -32,6 +32,8 @@ PEER_ROWS = [("decode", 1, "decode B = 1, tok/s", False),
              ("decode", 16, "decode B = 16, tok/s", False),
              ("prefill", 1, "prefill 512, s to first token", True),
              ("long-context", 1, "decode after a 1984-token prompt, tok/s", False)]
+# An MoE model's: decode at B = 4 too, where a step's tokens share few experts (#60's targets: MOE_TARGETS)
+MOE_ROWS = [*PEER_ROWS[:1], ("decode", 4, "decode B = 4, tok/s", False), *PEER_ROWS[1:3]]
 SPEED_METRICS = {"decode_tokens_per_s", "time_to_first_token"}
 RATIO = "ortllm / fastest peer"           # the best-peer rows bench/peer_runner.py adds (metric speed_ratio)
 
@@ -45,6 +47,7 @@ class PeerTable:
     columns: dict[str, str]         # system name in the rows -> its column heading (ortllm first), in order
     targets: dict[str, float]       # row label -> the ratio ortllm aims at against the fastest peer
     rows_from: dict[str, str] = field(default_factory=dict)   # row label -> another run's results.json for it
+    rows: tuple = tuple(PEER_ROWS)  # the scenarios it shows (MOE_ROWS: decode at B = 4 too, no long context)
 
     def files(self) -> list[str]:
         return list(dict.fromkeys([self.results, *self.rows_from.values()]))
@@ -53,7 +56,7 @@ class PeerTable:
         out = ["| scenario | " + " | ".join(self.columns.values()) + " | ortllm / best peer (target) |",
                "|---" * (len(self.columns) + 2) + "|"]
         used = []
-        for scenario, batch, label, lower in PEER_ROWS:
+        for scenario, batch, label, lower in self.rows:
             path = self.rows_from.get(label, self.results)
             rows = docs[path]["results"]
             speed = {r["system"]: r for r in rows if r["metric"] in SPEED_METRICS
@@ -206,6 +209,7 @@ TARGETS = {"decode B = 1, tok/s": 1.3, "decode B = 16, tok/s": 1.5, "prefill 512
 B1, B16, PREFILL, LONG = (label for _, _, label, _ in PEER_ROWS)
 AHEAD = dict.fromkeys(TARGETS, 1.0)                     # Gemma 3's: ahead of every peer, at better quality
 SHAPE_TARGETS = TARGETS | {B1: 1.0, LONG: 1.0}          # the 1.1B shape where B = 1 streams at the read bandwidth
+MOE_TARGETS = {B1: 1.3, MOE_ROWS[1][2]: 1.5, B16: 1.5, PREFILL: 1.5}
 ZEN4_SMOL, ZEN4_SMOL_AVX2 = IMG + "peers_smollm2_int4_avx512vnni_5a16560_results.json", \
     IMG + "peers_smollm2_int4_avx2_llamacpp-avx2_5a16560_results.json"
 ZEN4_SMOL_B1, ZEN4_SMOL_AVX2_B1 = IMG + "peers_smollm2_int4_avx512vnni_b1x7_5a16560_results.json", \
@@ -225,6 +229,8 @@ AMX_SMOL = IMG + "peers_openvino_smollm2_int4_amx_xeon_d5616ee_results.json"
 AMX_SMOL_INT8, AMX_SMOL_B128 = IMG + "peers_openvino_smollm2_int8_b32_amx_xeon_d5616ee_results.json", \
     IMG + "peers_openvino_smollm2_int8_b128_amx_xeon_d5616ee_results.json"
 AMX_SMOL_B128_DOWN = IMG + "peers_openvino_smollm2_int8_b128_act16_down_amx_xeon_ed5c9f1_results.json"
+AMX_OLMOE = IMG + "peers_olmoe_1b_7b_shape_int4_amx_xeon_51db57c_results.json"
+AMX_OLMOE_VNNI = IMG + "peers_olmoe_1b_7b_shape_int4_vnni_path_amx_xeon_a6140d2_results.json"
 ZEN5_SMOL = IMG + "peers_openvino_smollm2_int4_zen5_db99617_results.json"
 ZEN5_TINY = IMG + "peers_openvino_tinyllama_shape_int4_zen5_5ce969c_results.json"
 ZEN5_GEMMA = IMG + "peers_openvino_gemma3_270m_int8_zen5_f748e9a_results.json"
@@ -240,10 +246,11 @@ OLDER = "benchmarks-zen4-and-xeon-vnni.md#"     # the older hosts' page, beside 
 S_ZEN4_SMOL, S_ZEN4_TINY, S_ZEN4_GEMMA = (OLDER + s for s in ("smollm2-on-zen-4", "tinyllama-shape-on-zen-4",
                                                                "gemma-3-270m-on-zen-4"))
 S_XEON_SMOL, S_XEON_TINY = OLDER + "smollm2-on-a-xeon-vnni", OLDER + "tinyllama-shape-and-gemma-3-on-a-xeon-vnni"
-S_XEON_LARGE, S_AMX = "llama-31-8b-shape-on-a-xeon-vnni", "tinyllama-shape-and-gemma-3-on-a-xeon-with-amx"
-S_SERVE = "serving-under-guidellm-xeon-vnni"
+S_XEON_LARGE, S_AMX = OLDER + "llama-31-8b-shape-on-a-xeon-vnni", "tinyllama-shape-and-gemma-3-on-a-xeon-with-amx"
+S_SERVE = OLDER + "serving-under-guidellm-xeon-vnni"
 S_ZEN5 = "smollm2-tinyllama-shape-and-gemma-3-on-zen-5-with-openvino"
 S_AMX_SMOL = "smollm2-on-a-xeon-with-amx-int4-and-int8-in-blocks-of-128"
+S_AMX_OLMOE = "olmoe-1b-7b-shape-moe-on-a-xeon-with-amx"
 
 
 @dataclass(frozen=True)
@@ -267,6 +274,7 @@ def _now(host, model, section, b1=None, b16=None, prefill=None, long=None, serve
 NOW_ROWS = (
     _now("Xeon with AMX, `amx`", "SmolLM2-135M int4", S_AMX_SMOL, AMX_SMOL, AMX_SMOL, AMX_SMOL, AMX_SMOL,
          peer_labels={"llama.cpp": "llama.cpp Q4_1"}),
+    _now("Xeon with AMX, `amx`", "OLMoE-1B-7B shape int4 (MoE)", S_AMX_OLMOE, AMX_OLMOE, AMX_OLMOE, AMX_OLMOE),
     _now("Zen 5, `avx512vnni`", "SmolLM2-135M int4", S_ZEN5, ZEN5_SMOL, ZEN5_SMOL, ZEN5_SMOL, ZEN5_SMOL),
     _now("Zen 5, `avx512vnni`", "TinyLlama-1.1B shape int4", S_ZEN5, ZEN5_TINY, ZEN5_TINY, ZEN5_TINY, ZEN5_TINY),
     _now("Zen 5, `avx512vnni`", "Gemma 3 270M int8", S_ZEN5, ZEN5_GEMMA, ZEN5_GEMMA, ZEN5_GEMMA, ZEN5_GEMMA,
@@ -326,6 +334,10 @@ FIGURES: dict = {
                   TARGETS),
         PeerTable(AMX_SMOL_B128_DOWN, {"ortllm": "ortllm, SmolLM2 int8 --block-size 128 --act16 down",
                                        "openvino-int8": "OpenVINO int8"}, TARGETS))),
+    "olmoe-amx": Tables((
+        PeerTable(AMX_OLMOE, {"ortllm": "ortllm int4 (default), `amx` path"} | Q4_0, MOE_TARGETS, rows=tuple(MOE_ROWS)),
+        PeerTable(AMX_OLMOE_VNNI, {"ortllm": "ortllm int4 (default), `avx512vnni` path"} | Q4_0, MOE_TARGETS,
+                  rows=tuple(MOE_ROWS)))),
     "zen5-openvino": Tables((
         PeerTable(ZEN5_SMOL, {"ortllm": "ortllm, SmolLM2 int4"} | Q4_0 | Q8_0 | OV, TARGETS),
         PeerTable(ZEN5_TINY, {"ortllm": "ortllm, TinyLlama shape int4"} | Q4_0 | Q8_0 | OV, SHAPE_TARGETS),
