@@ -4,11 +4,11 @@
 
 The bench's decode (B sequences of random prompt tokens, greedy, ignore_eos) on a copy of the artifact whose graph
 also outputs each MoE layer's router top-k ids (the TopK nodes' second output, [rows, k]): the copy's directory
-(beside the artifact) hard-links every file but model.onnx, rewritten with those outputs, and its manifest names the new file's sha256. Each
-decode step (rows = B) and layer gives its distinct ids; printed per B: their mean (min-max) over steps and layers,
-the count uniform routing would give (E (1 - (1 - k/E)^B)), and the bytes a step reads at that mean (the routed
-experts' codes, scales and offsets, plus everything else the step reads once: attention, norms, routers, the LM
-head), from the initializers' own sizes. Dev tooling (#60's "how many distinct experts a step touches").
+(beside the artifact) hard-links every file but model.onnx, rewritten with those outputs, and its manifest names the
+new file's sha256. Each decode step (rows = B) and layer gives its distinct ids; printed per B: their mean (min-max)
+over steps and layers, the count uniform routing would give (E (1 - (1 - k/E)^B)), and the bytes a step reads at
+that mean (the routed experts' codes, scales and offsets, plus everything else the step reads once: attention,
+norms, routers, the LM head), from the initializers' own sizes. Dev tooling.
 """
 from __future__ import annotations
 
