@@ -231,6 +231,7 @@ AMX_SMOL_INT8, AMX_SMOL_B128 = IMG + "peers_openvino_smollm2_int8_b32_amx_xeon_d
 AMX_SMOL_B128_DOWN = IMG + "peers_openvino_smollm2_int8_b128_act16_down_amx_xeon_ed5c9f1_results.json"
 AMX_OLMOE = IMG + "peers_olmoe_1b_7b_shape_int4_amx_xeon_51db57c_results.json"
 AMX_OLMOE_VNNI = IMG + "peers_olmoe_1b_7b_shape_int4_vnni_path_amx_xeon_a6140d2_results.json"
+AMX_OLMOE_SYM = IMG + "peers_olmoe_1b_7b_shape_int4_sym_amx_xeon_90ef8ca_results.json"
 ZEN5_SMOL = IMG + "peers_openvino_smollm2_int4_zen5_db99617_results.json"
 ZEN5_TINY = IMG + "peers_openvino_tinyllama_shape_int4_zen5_5ce969c_results.json"
 ZEN5_GEMMA = IMG + "peers_openvino_gemma3_270m_int8_zen5_f748e9a_results.json"
@@ -337,7 +338,9 @@ FIGURES: dict = {
     "olmoe-amx": Tables((
         PeerTable(AMX_OLMOE, {"ortllm": "ortllm int4 (default), `amx` path"} | Q4_0, MOE_TARGETS, rows=tuple(MOE_ROWS)),
         PeerTable(AMX_OLMOE_VNNI, {"ortllm": "ortllm int4 (default), `avx512vnni` path"} | Q4_0, MOE_TARGETS,
-                  rows=tuple(MOE_ROWS)))),
+                  rows=tuple(MOE_ROWS)),
+        PeerTable(AMX_OLMOE_SYM, {"ortllm": "ortllm int4 --symmetric (Q4_0's 4.5 bits), `amx` path"} | Q4_0,
+                  MOE_TARGETS, rows=tuple(MOE_ROWS)))),
     "zen5-openvino": Tables((
         PeerTable(ZEN5_SMOL, {"ortllm": "ortllm, SmolLM2 int4"} | Q4_0 | Q8_0 | OV, TARGETS),
         PeerTable(ZEN5_TINY, {"ortllm": "ortllm, TinyLlama shape int4"} | Q4_0 | Q8_0 | OV, SHAPE_TARGETS),
