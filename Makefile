@@ -177,11 +177,13 @@ bench-8b: $(STAMP) ops
 # host with RAM for both models at once, ~40 GB (the bench keeps both loaded and alternates them: ~19 GB of ortllm's
 # int4, ~17 GB of Q4_0 that llama.cpp repacks into its own memory); MOE_PEERS=llama.cpp-q8_0 (~32 GB) in a run of
 # its own. Where both do not fit, the peers run alone: ortllm bench --peers-model MOE_RECIPE --peers ... (not the
-# same run).
+# same run). gpt-oss: MOE_RECIPE=gpt-oss-20b-shape MOE_PEERS=llama.cpp-mxfp4 writes model-mxfp4.gguf (GGUF_WEIGHTS_TYPES
+# mxfp4: llama.cpp's MXFP4_MOE, the experts' own MXFP4 codes byte for byte, the rest Q8_0; ~12 GB).
 MOE_RECIPE ?= qwen3-30b-a3b-shape
 MOE_ARTIFACT ?= artifacts/$(MOE_RECIPE)-int4
 MOE_PEERS ?= llama.cpp-q4_0
-GGUF_WEIGHTS_TYPES ?= $(if $(findstring q8_0,$(MOE_PEERS)),q8_0,) $(if $(findstring q4_0,$(MOE_PEERS)),q4_0,)
+GGUF_WEIGHTS_TYPES ?= $(if $(findstring q8_0,$(MOE_PEERS)),q8_0,) $(if $(findstring q4_0,$(MOE_PEERS)),q4_0,) \
+  $(if $(findstring mxfp4,$(MOE_PEERS)),mxfp4,)
 bench-moe-gguf: $(STAMP)
 	MODEL=$(MOE_RECIPE) PEERS_ONLY=gguf-weights GGUF_WEIGHTS_TYPES="$(GGUF_WEIGHTS_TYPES)" bash ci/install_peers.sh
 

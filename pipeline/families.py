@@ -26,6 +26,7 @@ class Family:
     fix_hf: tuple[Callable[[ModelConfig, dict], None], ...] = ()     # tensor fix-ups of a HF directory, in place
     fix_gguf: tuple[Callable[[ModelConfig, dict], None], ...] = ()   # ... of a GGUF
     gguf_names: dict = field(default_factory=dict)    # llama.cpp layer tensor -> HF suffix, over GGUF_LAYER_NAMES
+                                                      # (None: the family's GGUFs have no such tensor)
     act16: tuple[str, ...] = ()                       # int8 builds: the projection groups on int16 activation codes
                                                       # (quantize.ACT16_GROUPS; the default of --act16)
     int4_smooth: float = 0.0                          # int4 builds: the SmoothQuant alpha when --smooth is not given
@@ -377,6 +378,57 @@ def _gguf_granitemoe(reader, p: str) -> dict:
     return {**_gguf_granite(reader, p), **_gguf_moe(reader, p, norm_topk_prob=False), "moe_router": "topk_softmax"}
 
 
+# llama.cpp's gpt-oss constants (src/models/openai-moe.cpp, llama-graph.cpp, ggml's rope): the clamped SwiGLU's
+# limit (1.702 its alpha, as ours); YaRN's beta_fast / beta_slow (hparams' defaults: the arch reads no key for them)
+# and its correction range floored / ceiled (ggml_rope_yarn_corr_dims: transformers' truncate true, whatever the
+# source's config said); the layers sliding where i % 2 == 0 unless attention.sliding_window_pattern says otherwise
+GPT_OSS_SWIGLU_LIMIT = 7.0
+LLAMA_CPP_YARN = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
+GPT_OSS_SWA_PERIOD = 2
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN's default attention factor, 0.1 ln(factor) + 1 (1 for factor <= 1): transformers' get_mscale and
+    llama.cpp's, which multiplies cos and sin by it times `<arch>.rope.scaling.attn_factor`."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def gguf_swa_layers(n: int, pattern) -> list[bool]:
+    """Each layer sliding or not as llama.cpp's load_swa_pattern reads `<arch>.attention.sliding_window_pattern`: a
+    bool a layer, or a period P (layer i sliding where i % P < P - 1; gpt-oss's default P is 2)."""
+    if isinstance(pattern, (list, tuple)):
+        return [bool(x) for x in pattern]
+    period = int(pattern if pattern is not None else GPT_OSS_SWA_PERIOD)
+    return [period == 0 or i % period < period - 1 for i in range(n)]
+
+
+def _gguf_gpt_oss(reader, p: str) -> dict:
+    """llama.cpp's gpt-oss: q/k/v/o biases, attention sinks (attn_sinks), sliding layers (the window; which layers:
+    gguf_swa_layers), YaRN as llama.cpp computes it (LLAMA_CPP_YARN; the attention factor yarn_mscale times
+    rope.scaling.attn_factor), every MLP a mixture of experts routed top-k then a softmax over the k, router and
+    expert biases, the SwiGLU clamped at GPT_OSS_SWIGLU_LIMIT."""
+    n = int(_key(reader, p + "block_count"))
+    window = _key(reader, p + "attention.sliding_window")
+    sliding = gguf_swa_layers(n, _key(reader, p + "attention.sliding_window_pattern")) if window else [False] * n
+    kind = _key(reader, p + "rope.scaling.type")
+    rope = None
+    if kind == "yarn":
+        factor = float(_key(reader, p + "rope.scaling.factor"))
+        rope = {"type": "yarn", "factor": factor, "beta_fast": LLAMA_CPP_YARN["beta_fast"],
+                "beta_slow": LLAMA_CPP_YARN["beta_slow"],
+                "original_max_position_embeddings": int(_key(reader, p + "rope.scaling.original_context_length",
+                                                             _key(reader, p + "context_length", 2048))),
+                "truncate": LLAMA_CPP_YARN["truncate"],
+                "attention_factor": yarn_mscale(factor) * float(_key(reader, p + "rope.scaling.attn_factor", 1.0))}
+    elif kind not in (None, "none"):
+        raise BuildError(f"GGUF gpt-oss rope scaling '{kind}' is not supported; supported: none, yarn")
+    types = tuple("sliding" if s else "full" for s in sliding)
+    return {"attention_bias": True, "o_proj_bias": True, "attention_sinks": True, "layer_types": types,
+            "sliding_window": int(window) if "sliding" in types else None, "rope_scaling": rope,
+            **_gguf_moe(reader, p, norm_topk_prob=False), "moe_router": "topk_softmax", "norm_topk_prob": False,
+            "moe_bias": True, "swiglu_limit": GPT_OSS_SWIGLU_LIMIT}
+
+
 def gguf_config(reader) -> ModelConfig:
     arch = _key(reader, "general.architecture")
     if arch not in GGUF_ARCHS:
@@ -399,6 +451,14 @@ GGUF_LAYER_NAMES = {
 }
 
 
+# gpt-oss's GGUF names (llama.cpp's converter, gguf-py's MODEL_ARCH.GPT_OSS): the MLP's input norm is
+# post_attention_norm (ATTN_POST_NORM), not ffn_norm; o_proj's bias, the sinks, the router's bias and the experts'
+# biases stacked [E, n] per projection (split_experts splits them as it splits the weights)
+GPT_OSS_GGUF_NAMES = {"ffn_norm.weight": None, "post_attention_norm.weight": "post_attention_layernorm.weight",
+                      "attn_output.bias": "self_attn.o_proj.bias", "attn_sinks.weight": "self_attn.sinks",
+                      "ffn_gate_inp.bias": "mlp.gate.bias",
+                      **{f"ffn_{x}_exps.bias": f"mlp.experts.{x}_proj_bias" for x in ("gate", "up", "down")}}
+
 # MoE layers' tensors: the router, the experts stacked [E, ...] (split_experts splits them) and the shared expert
 GGUF_MOE_NAMES = {"ffn_gate_inp.weight": "mlp.gate.weight", "ffn_gate_exps.weight": "mlp.experts.gate_proj",
                   "ffn_up_exps.weight": "mlp.experts.up_proj", "ffn_down_exps.weight": "mlp.experts.down_proj",
@@ -412,6 +472,7 @@ def gguf_tensor_names(cfg: ModelConfig) -> dict[str, str]:
     roles = norm_names(cfg)
     layer = {g: f"{roles[r]}.weight" for g, r in GGUF_NORM_ROLES.items() if roles[r]}
     layer |= GGUF_LAYER_NAMES | (GGUF_MOE_NAMES if cfg.num_experts else {}) | FAMILIES[GGUF_ARCHS[cfg.arch]].gguf_names
+    layer = {g: h for g, h in layer.items() if h is not None}     # None: a name the family's GGUFs do not use
     out = dict(GGUF_GLOBAL_NAMES)
     for i in range(cfg.num_layers):
         out |= {f"blk.{i}.{g}": f"model.layers.{i}.{h}" for g, h in layer.items()}
@@ -530,13 +591,16 @@ def granite_names(cfg: ModelConfig, t: dict) -> None:
 def split_experts(cfg: ModelConfig, t: dict) -> None:
     """Stacked expert tensors (transformers 5: mlp.experts.gate_up_proj [E, 2I, H], gate rows first, and
     mlp.experts.down_proj [E, H, I]; a GGUF's ffn_{gate,up,down}_exps: mlp.experts.gate_proj / up_proj [E, I, H] and
-    down_proj) into each expert's mlp.experts.{e}.gate_proj / up_proj / down_proj, the layout the builders read (hub
-    checkpoints of transformers 4 already have it)."""
+    down_proj, and gpt-oss's stacked biases mlp.experts.{gate,up,down}_proj_bias [E, n]) into each expert's
+    mlp.experts.{e}.gate_proj / up_proj / down_proj (.weight, .bias), the layout the builders read (hub checkpoints of
+    transformers 4 already have it)."""
     f = cfg.moe_intermediate_size
-    parts = {"gate_up_proj": (("gate_proj", 0, f), ("up_proj", f, 2 * f)),
-             **{proj: ((proj, 0, None),) for proj in ("gate_proj", "up_proj", "down_proj")}}
+    projs = ("gate_proj", "up_proj", "down_proj")
+    parts = {"gate_up_proj": (("gate_proj", 0, f), ("up_proj", f, 2 * f)), **{p: ((p, 0, None),) for p in projs},
+             **{f"{p}_bias": ((p, 0, None),) for p in projs}}      # gpt-oss GGUFs' stacked biases [E, n]
     for name in [n for n in list(t) if n.rsplit(".", 1)[-1] in parts and ".mlp.experts." in n]:
         stem, kind = name.rsplit(".", 1)
+        leaf = "bias" if kind.endswith("_bias") else "weight"
         shape = tensor_shape(t, name)
         load = t.loader(name) if isinstance(t, LazyTensors) else (lambda a=t[name]: a)
         del t[name]
@@ -546,9 +610,9 @@ def split_experts(cfg: ModelConfig, t: dict) -> None:
                 def get(load=load, e=e, a=a, b=b):
                     return np.ascontiguousarray(load()[e, a:b], np.float32)
                 if isinstance(t, LazyTensors):
-                    t.add(f"{stem}.{e}.{proj}.weight", (rows, shape[2]), get)
+                    t.add(f"{stem}.{e}.{proj}.{leaf}", (rows, *shape[2:]), get)
                 else:
-                    t[f"{stem}.{e}.{proj}.weight"] = get()
+                    t[f"{stem}.{e}.{proj}.{leaf}"] = get()
 
 
 def _last_read(load: Callable[[], np.ndarray], held: dict, keep: int = 1) -> Callable[[], np.ndarray]:
@@ -589,9 +653,15 @@ class SourceGrids(Mapping):
     def __init__(self):
         self._make: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {}
         self.types: dict[str, str] = {}
+        # name -> its source bytes (MXFP4: code bytes [N, K / 32, 16], element 2i in the low nibble, and e8m0
+        # exponents [N, K / 32]), for a writer that carries them across as they are (bench/gguf_weights.py)
+        self.codes: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {}
 
-    def add(self, name: str, kind: str, make: Callable[[], tuple[np.ndarray, np.ndarray]]) -> None:
+    def add(self, name: str, kind: str, make: Callable[[], tuple[np.ndarray, np.ndarray]],
+            codes: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self._make[name], self.types[name] = make, kind
+        if codes is not None:
+            self.codes[name] = codes
 
     def __getitem__(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         return self._make[name]()
@@ -659,7 +729,8 @@ def mxfp4_experts(cfg: ModelConfig, t: dict) -> SourceGrids | None:
     """The hub's gpt-oss experts in MXFP4 (mlp.experts.{gate_up,down}_proj_blocks / _scales) as the fused fp32
     tensors of a bf16 checkpoint (mlp.experts.gate_up_proj [E, H, 2I], down_proj [E, I, H]), dequantized exactly when
     read (gpt_oss_experts then splits them). Returns each expert projection's MXFP4 grid (mxfp4_grid; gate the even
-    rows of gate|up, up the odd ones), or None without MXFP4 tensors."""
+    rows of gate|up, up the odd ones; with its code and exponent bytes as SourceGrids.codes), or None without MXFP4
+    tensors."""
     grids, held = SourceGrids(), {}
     for name in [n for n in list(t) if ".mlp.experts." in n and n.endswith("_proj_blocks")]:
         stem = name.removesuffix("_blocks")
@@ -685,7 +756,8 @@ def mxfp4_experts(cfg: ModelConfig, t: dict) -> SourceGrids | None:
         for x in range(e):
             for proj, sl in rows.items():
                 grids.add(f"{prefix}.{x}.{proj}.weight", "MXFP4",
-                          lambda raw=raw, x=x, sl=sl: mxfp4_grid(raw()[1][x][sl]))
+                          lambda raw=raw, x=x, sl=sl: mxfp4_grid(raw()[1][x][sl]),
+                          codes=lambda raw=raw, x=x, sl=sl: (raw()[0][x][sl], raw()[1][x][sl]))
     return grids or None
 
 
@@ -820,8 +892,10 @@ FAMILIES = {
                          fix_gguf=(unpermute_qk, split_experts)),
     # gpt-oss: biased attention with sinks, alternating sliding / full layers, YaRN, every MLP a mixture of experts
     # (router top-k then softmax, biased experts, clamped SwiGLU; MXFP4 experts dequantized exactly, fused experts
-    # split by gpt_oss_experts); no GGUF arch read (llama.cpp's gpt-oss GGUFs are refused as an unknown arch)
-    "gpt_oss": Family(_hf_gpt_oss, None, fix_hf=(mxfp4_experts, gpt_oss_experts)),
+    # split by gpt_oss_experts); its GGUFs (llama.cpp's gpt-oss) with the stacked experts and their biases split by
+    # split_experts (MXFP4 experts read by dequantizing them, exactly)
+    "gpt_oss": Family(_hf_gpt_oss, _gguf_gpt_oss, fix_hf=(mxfp4_experts, gpt_oss_experts), fix_gguf=(split_experts,),
+                      gguf_names=GPT_OSS_GGUF_NAMES),
     "phi3": Family(_hf_phi3, _gguf_phi3, fix_hf=(split_fused,), fix_gguf=(split_fused,),
                    gguf_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
                                "ffn_up.weight": "mlp.gate_up_proj.weight"}),
@@ -846,7 +920,7 @@ HF_MODEL_TYPES |= {"qwen3_moe": "qwen3_moe", "mixtral": "mixtral", "qwen2_moe": 
 GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3",
               "granite": "granite"}
 GGUF_ARCHS |= {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
-               "granitemoe": "granitemoe"}     # mixtures of experts (engine graph only)
+               "granitemoe": "granitemoe", "gpt-oss": "gpt_oss"}     # mixtures of experts (engine graph only)
 
 
 def default_act16(cfg: ModelConfig) -> tuple[str, ...]:
