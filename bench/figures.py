@@ -124,6 +124,7 @@ def _serve_cell(values: list, fmt: str) -> str:
 
 # the peers as the tables name them
 PEER_LABELS = {"llama.cpp-q4_0": "llama.cpp Q4_0", "llama.cpp-q8_0": "llama.cpp Q8_0", "llama.cpp": "llama.cpp",
+               "llama.cpp-mxfp4": "llama.cpp MXFP4_MOE",
                "onnxruntime-genai": "onnxruntime-genai", "openvino": "OpenVINO int4", "openvino-int8": "OpenVINO int8",
                "llama-server": "llama-server Q4_1", "llama-server-q4_0": "llama-server Q4_0",
                "llama-server-q8_0": "llama-server Q8_0"}

@@ -195,6 +195,6 @@ def test_unknown_gguf_architecture_names_the_supported(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(BuildError, match="GGUF architecture 'bert' is not supported; supported: gemma3, granite, "
-                                         "granitemoe, llama, olmoe, phi3"):
+    with pytest.raises(BuildError, match="GGUF architecture 'bert' is not supported; supported: gemma3, gpt-oss, "
+                                         "granite, granitemoe, llama, olmoe, phi3"):
         load_path(path)
