@@ -786,8 +786,7 @@ def gpt_oss_experts(cfg: ModelConfig, t: dict) -> None:
             # one expert at a time where the loader can (MXFP4: _ExpertsLoader), else the fused tensor held while it
             # is among a layer's four last read (the builders read each expert's gate, up and down, weight and bias,
             # from gate_up_proj, its bias, down_proj and its bias in turn), so each is read once a layer
-            held_load = _last_read(source, held, keep=4)
-            load = getattr(source, "expert", None) or (lambda e, held_load=held_load: held_load()[e])
+            load = getattr(source, "expert", None) or (lambda e, fused=_last_read(source, held, keep=4): fused()[e])
         else:
             load = t[name].__getitem__         # the array, expert e at load(e)
         del t[name]

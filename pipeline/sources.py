@@ -218,8 +218,7 @@ def load_hf_dir(path: Path, files: list[Path] | None = None, digest: str | None 
     tensors = LazyTensors()
     for f in files:
         add_safetensors(tensors, f)
-    grids = fix_tensors(cfg, tensors, "hf")      # MXFP4 experts: their grids, kept exactly where the bits hold them
-    extra = {"source_grids": grids, "source_types": grids.types} if grids else {}
+    extra = _hf_fixups(cfg, tensors)
 
     def write_tokenizer(out_dir: Path):
         from .tiktoken_vocab import hf_dir_tokenizer
@@ -230,6 +229,13 @@ def load_hf_dir(path: Path, files: list[Path] | None = None, digest: str | None 
                      source_desc=f"hf:{path.name}", extra=extra)
     w.validate()
     return w
+
+
+def _hf_fixups(cfg: ModelConfig, tensors: LazyTensors) -> dict:
+    """A HF checkpoint's tensors into the builders' layout, in place (fix_tensors); -> ModelWeights.extra: the source
+    grids it found (MXFP4 experts: kept exactly where the bits hold them) and their types, or {}."""
+    grids = fix_tensors(cfg, tensors, "hf")
+    return {"source_grids": grids, "source_types": grids.types} if grids else {}
 
 
 def _combined_sha(files: list[Path]) -> str:
@@ -277,10 +283,7 @@ def random_weights(recipe: Recipe) -> ModelWeights:
         from .tiktoken_vocab import default_tokenizer
         return default_tokenizer(out_dir, cfg.arch, cfg.vocab_size)
 
-    extra = {}
-    if mxfp4:      # the hub layout into the builders' (lazily), with the experts' MXFP4 grids, as load_hf_dir
-        grids = fix_tensors(cfg, tensors, "hf")
-        extra = {"source_grids": grids, "source_types": grids.types} if grids else {}
+    extra = _hf_fixups(cfg, tensors) if mxfp4 else {}     # the hub layout into the builders', as load_hf_dir
     digest = f"random:{recipe.name}:seed={recipe.source.get('seed', 0)}" + (":mxfp4-experts" if mxfp4 else "")
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
                      source_desc=f"random:{recipe.name}", extra=extra)

@@ -19,13 +19,13 @@ import tempfile
 from pathlib import Path
 
 
-def _routing_copy(artifact: Path, out: Path) -> list[str]:
-    """`out`: the artifact with each MoE layer's router top-k ids as graph outputs; those outputs, in layer order."""
+def _routing_copy(model, artifact: Path, out: Path) -> list[str]:
+    """`out`: the artifact with each MoE layer's router top-k ids as graph outputs (added to `model`, its graph
+    loaded without the external data); those outputs, in layer order."""
     import onnx
 
     from ortllm.runtime.artifact import file_entry
 
-    model = onnx.load(str(artifact / "model.onnx"), load_external_data=False)
     top_ids = {n.output[1] for n in model.graph.node if n.op_type == "TopK"}
     ids = [i for n in model.graph.node if n.op_type == "MoE" for i in n.input if i in top_ids]
     for name in ids:
@@ -41,13 +41,10 @@ def _routing_copy(artifact: Path, out: Path) -> list[str]:
     return ids
 
 
-def _bytes(artifact: Path, experts: int) -> tuple[int, int]:
+def _bytes(model, experts: int) -> tuple[int, int]:
     """(one expert's gate|up and down codes, scales and offsets summed over the layers, every other initializer a
     step reads whole: not the tables a Gather reads rows of, the embedding) in bytes, from the graph's initializers
     (external data lengths)."""
-    import onnx
-
-    model = onnx.load(str(artifact / "model.onnx"), load_external_data=False)
     size = {}
     for init in model.graph.initializer:
         length = {e.key: e.value for e in init.external_data}.get("length")
@@ -68,15 +65,17 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
     import numpy as np
+    import onnx
 
     from ortllm.runtime import Engine, SamplingParams
     from ortllm.runtime.model_runner import ModelRunner
 
     model = json.loads((a.artifact / "manifest.json").read_text())["model"]
     n_experts, k = model["num_experts"], model["num_experts_per_tok"]
-    expert_bytes, other_bytes = _bytes(a.artifact, n_experts)
+    graph = onnx.load(str(a.artifact / "model.onnx"), load_external_data=False)
+    expert_bytes, other_bytes = _bytes(graph, n_experts)
     with tempfile.TemporaryDirectory(dir=a.artifact.parent) as tmp:     # beside it: hard links
-        ids = _routing_copy(a.artifact, Path(tmp) / "art")
+        ids = _routing_copy(graph, a.artifact, Path(tmp) / "art")
         seen: list[np.ndarray] = []                 # each run's [layers, rows, k] ids
         run = ModelRunner._run
 
