@@ -182,6 +182,7 @@ bench-8b: $(STAMP) ops
 MOE_RECIPE ?= qwen3-30b-a3b-shape
 MOE_ARTIFACT ?= artifacts/$(MOE_RECIPE)-int4
 MOE_PEERS ?= llama.cpp-q4_0
+MOE_RESIDENT ?= auto
 GGUF_WEIGHTS_TYPES ?= $(if $(findstring q8_0,$(MOE_PEERS)),q8_0,) $(if $(findstring q4_0,$(MOE_PEERS)),q4_0,) \
   $(if $(findstring mxfp4,$(MOE_PEERS)),mxfp4,)
 bench-moe-gguf: $(STAMP)
@@ -191,7 +192,7 @@ bench-moe: bench-moe-gguf ops
 	@test -f $(MOE_ARTIFACT)/manifest.json || { echo "bench-moe: no artifact at $(MOE_ARTIFACT); build it with" \
 	  "$(BIN)/ortllm build $(MOE_RECIPE) --quant int4 --out $(MOE_ARTIFACT), or set MOE_ARTIFACT=DIR" >&2; exit 1; }
 	$(BIN)/ortllm bench $(MOE_ARTIFACT) --scenario decode,prefill --batches 1,4,16 --threads 2 --peers $(MOE_PEERS) \
-	  --out $(BENCH_OUT)/moe
+	  --resident $(MOE_RESIDENT) --out $(BENCH_OUT)/moe
 
 # The server image (Containerfile: base install only, non-root, ORTLLM_HOME on a volume, SmolLM2's int4 build baked
 # in; docs/deploy.md), with podman if present (docker format: it keeps the HEALTHCHECK), else docker.

@@ -368,55 +368,152 @@ class OrtllmSide:
         self.engine.close()
 
 
+RESIDENCY = ("auto", "all", "one")
+ROOM = 0.9          # "auto" keeps every system loaded while their model files take at most this share of free memory
+
+
+def _bytes_on_disk(path: Path) -> int:
+    """A model's size as loaded: a file's bytes, or every file's under a directory."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def choose_residency(resident: str, artifact, specs) -> tuple[str, str]:
+    """("all" | "one", why). "all": every system loaded for the whole run, alternating per sample; "one": one
+    system loaded at a time, alternating per round (each round loads a system, runs every case, closes it), for
+    models that do not fit in memory together (gpt-oss-20b's and Qwen3-30B-A3B's shapes on 24 GiB). "auto" picks
+    "one" when the model files exceed ROOM of the memory free now (runtime.host_memory.available_memory)."""
+    from ortllm.runtime.host_memory import available_memory
+
+    if resident not in RESIDENCY:
+        from ortllm.bench.errors import BenchError
+        raise BenchError(f"--resident {resident!r}: choose from {', '.join(RESIDENCY)}")
+    need = (_bytes_on_disk(artifact) if artifact is not None else 0) + sum(
+        _bytes_on_disk(Path(s.model_args[-1])) for s in specs if s.model_args)
+    free = available_memory()
+    fits = free is None or need <= ROOM * free
+    why = f"the models take {need / 1e9:.1f} GB on disk, {free / 1e9:.1f} GB is free" if free else \
+        "free memory is unknown"
+    if resident == "auto":
+        resident = "all" if fits else "one"
+    return resident, why
+
+
 def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS, batches=(1, 4, 8, 16),
                     repeats: int = 3, threads: int = 2, log_dir: Path | None = None,
-                    progress=None, shapes: dict | None = None, model: str | None = DEFAULT_MODEL) -> list[dict]:
-    """ortllm and the peers in one run, alternating per repeat: for each (scenario, batch), one warm-up run of
-    every system, then `repeats` rounds of ortllm, llama.cpp, onnxruntime-genai, transformers (one sample
-    each). Same thread count, prompts (seeded per round: every system sees the same token ids in round r)
-    and greedy decoding with EOS ignored for all. Also rows "python_share_of_step" for ortllm.
+                    progress=None, shapes: dict | None = None, model: str | None = DEFAULT_MODEL,
+                    resident: str = "auto") -> list[dict]:
+    """ortllm and the peers in one run, alternating. Same thread count, prompts (seeded per round: every system
+    sees the same token ids in round r) and greedy decoding with EOS ignored for all. Also rows
+    "python_share_of_step" for ortllm, and "rss_after_round" per system: the RSS of the process holding the model
+    (the bench process itself for ortllm) after its last case of a round.
+    resident "all" (choose_residency): every system loaded at once; for each (scenario, batch), one warm-up run of
+    every system, then `repeats` rounds of ortllm, llama.cpp, onnxruntime-genai, transformers (one sample each).
+    "one": `repeats` rounds, each loading one system after the other and running every case on it (a warm-up run,
+    then one sample) before closing it; the rows say resident "one" and the systems' load times are rows too.
     The peers run the weights of the recipe the artifact was built from (model_of; `model` when artifact is
     None: the peers alone, still alternating). A peer that is missing or fails to start is a warning on stderr
     (naming `make bench-peers MODEL=...`) and no row."""
+    from .memory import MIB, status_bytes
+
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="ortllm-peers-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if artifact is not None:
         model = model_of(artifact)
-    procs = _start(available(peers, model), threads, log_dir)
-    ours = OrtllmSide(Path(artifact), batches, threads, shapes) if artifact is not None else None
-    order = ([ours.system] if ours else []) + [s for s in SYSTEMS if s in procs]
+    specs = available(peers, model)
+    resident, why = choose_residency(resident, artifact, specs)
+    progress(f"resident: {resident} ({why})")
+    cases = list(_cases(scenarios, batches))
+    samples = {c: {} for c in cases}           # (scenario, batch) -> system -> [sample per round]
+    rss: dict[str, list[float]] = {}
+    load_s: dict[str, list[float]] = {}
+    overhead: dict[tuple, list[float]] = {}
+
+    def open_system(system):
+        """The loaded system (an OrtllmSide or a PeerProcess), or None when a peer fails to start."""
+        t0 = time.monotonic()
+        if system == "ortllm":
+            side = OrtllmSide(Path(artifact), batches, threads, shapes)
+        else:
+            side = _start([spec for spec in specs if spec.system == system], threads, log_dir).get(system)
+        if side is not None:
+            load_s.setdefault(system, []).append(time.monotonic() - t0)
+        return side
+
+    def one(side, scenario, b, seed):
+        if isinstance(side, OrtllmSide):
+            v = side.sample(scenario, b, seed)
+        else:
+            v = side.request(scenario, b, repeats=1, seed=seed, **_shape(scenario, shapes))["samples"][0]
+        time.sleep(PAUSE_S)
+        return v
+
+    def note_rss(system, side):
+        got = status_bytes("VmRSS", "self" if system == "ortllm" else side.proc.pid)
+        if got is not None:
+            rss.setdefault(system, []).append(got / MIB)
+
+    def close(system, side):
+        if isinstance(side, OrtllmSide):
+            for c, v in side.python_overhead.items():    # each case's warm-up first: one per load ("one")
+                overhead.setdefault(c, []).extend(v[1:] if resident == "all" else v[1::2])
+        side.close()
+
+    names = (["ortllm"] if artifact is not None else []) + [s for s in SYSTEMS if any(p.system == s for p in specs)]
+    if resident == "all":
+        sides, order = {}, []
+        try:
+            for s in names:
+                sides[s] = open_system(s)
+            order = [s for s in names if sides[s] is not None]
+            for scenario, b in cases:
+                got = samples[(scenario, b)] = {s: [] for s in order}
+                for s in order:
+                    one(sides[s], scenario, b, 10_000)          # warm-up: allocator, caches, graph capture
+                for r in range(repeats):
+                    for s in order:
+                        got[s].append(one(sides[s], scenario, b, r))
+                    progress(f"{scenario} B={b} round {r + 1}/{repeats}: " + ", ".join(
+                        f"{s} {got[s][-1]:.4g}" for s in order))
+            for s in order:
+                note_rss(s, sides[s])
+        finally:
+            for s, side in sides.items():
+                if side is not None:
+                    close(s, side)
+    else:
+        order = list(names)
+        for r in range(repeats):
+            for s in list(order):
+                side = open_system(s)
+                if side is None:
+                    order.remove(s)
+                    continue
+                try:
+                    for scenario, b in cases:
+                        one(side, scenario, b, 10_000)          # warm-up on every load
+                        samples[(scenario, b)].setdefault(s, []).append(one(side, scenario, b, r))
+                        progress(f"round {r + 1}/{repeats} {s}: {scenario} B={b} "
+                                 f"{samples[(scenario, b)][s][-1]:.4g}")
+                    note_rss(s, side)
+                finally:
+                    close(s, side)
     rows = []
-    try:
-        for scenario, b in _cases(scenarios, batches):
-            samples: dict[str, list[float]] = {s: [] for s in order}
-
-            def one(system, seed, keep=True):
-                if system == "ortllm":
-                    v = ours.sample(scenario, b, seed)
-                else:
-                    v = procs[system].request(scenario, b, repeats=1, seed=seed,
-                                              **_shape(scenario, shapes))["samples"][0]
-                if keep:
-                    samples[system].append(v)
-                time.sleep(PAUSE_S)
-
-            for system in order:
-                one(system, 10_000, keep=False)          # warm-up: allocator, caches, graph capture
-            for r in range(repeats):
-                for system in order:
-                    one(system, r)
-                progress(f"{scenario} B={b} round {r + 1}/{repeats}: " + ", ".join(
-                    f"{s} {samples[s][-1]:.4g}" for s in order))
-            for system in order:
-                rows.append(_row(system, scenario, b, samples[system], threads=threads))
-            if ours:
-                rows.append(row(scenario, "ortllm", b, "python_share_of_step",
-                                ours.python_overhead.pop((scenario, b))[1:], "fraction"))
-    finally:
-        for p in procs.values():
-            p.close()
-        if ours:
-            ours.close()
+    extra = {"threads": threads, **({"resident": "one"} if resident == "one" else {})}
+    for scenario, b in cases:
+        for s in order:
+            if s in samples[(scenario, b)]:
+                rows.append(_row(s, scenario, b, samples[(scenario, b)][s], **extra))
+        if (scenario, b) in overhead:
+            rows.append(row(scenario, "ortllm", b, "python_share_of_step", overhead[(scenario, b)], "fraction"))
+    for s in order:
+        if s in rss:
+            rows.append(row("memory", s, 0, "rss_after_round", rss[s], "MiB", **extra))
+        if resident == "one" and s in load_s:
+            rows.append(row("memory", s, 0, "load_time", load_s[s], "s", **extra))
     return rows
 
 

@@ -47,6 +47,7 @@ class BenchRun:
     ops_only: str | None = None                       # ops: "qlinear" or "paged_attention" alone
     ops_baseline: Path | None = None                  # ops: another libortllm_ops.so, A/B on PagedAttention per call
     ops_spinning: bool = False                        # ops: PagedAttention per call on ORT's spinning pool
+    resident: str = "auto"                            # peer scenarios: all systems loaded, or one at a time
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def _peers(r: BenchRun, names: list[str]) -> list[dict]:
         raise BenchError(f"--scenario {','.join(names)} needs an ARTIFACT (an engine-graph artifact directory), or "
                          "--peers to run the peers alone")
     return run_alternating(r.artifact, r.peers, names, r.batches, r.repeats, r.threads or 2,
-                           log_dir=r.out / "peer-logs", model=r.peers_model or DEFAULT_MODEL)
+                           log_dir=r.out / "peer-logs", model=r.peers_model or DEFAULT_MODEL, resident=r.resident)
 
 
 def _quality(r: BenchRun, _) -> list[dict]:

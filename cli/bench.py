@@ -23,6 +23,11 @@ def add_bench(sub) -> None:
                    help="comma-separated llama.cpp,onnxruntime-genai,transformers or 'all': alternate with them on "
                         "decode/prefill/long-context (all three unless some are named, or memory is) and measure "
                         "their peak RSS under memory (install them with: make bench-peers)")
+    p.add_argument("--resident", choices=["auto", "all", "one"], default="auto",
+                   help="decode/prefill/long-context with --peers: 'all' keeps every system loaded and alternates "
+                        "them sample by sample; 'one' loads one system at a time and alternates them round by round "
+                        "(models that do not fit in memory together); 'auto' picks 'one' when the model files exceed "
+                        "90%% of the free memory (default auto)")
     p.add_argument("--reference", type=Path, default=None, metavar="FP32_ARTIFACT",
                    help="fp32 build of ARTIFACT's recipe: score ARTIFACT and every peer on held-out text against it "
                         "(KLD, top-1, PPL ratio beside each speed row; scenario quality)")
@@ -150,7 +155,7 @@ def run_bench(a) -> int:
                    slo_ttft_ms=a.slo_ttft, slo_tpot_ms=a.slo_tpot, reference=a.reference,
                    quality_tokens=a.quality_tokens, peers_model=a.peers_model, rates=_floats(a.rates, "--rates"),
                    max_seconds=a.max_seconds, max_requests=a.max_requests, ops_only=a.ops_only,
-                   ops_baseline=a.ops_baseline, ops_spinning=a.ops_spinning)
+                   ops_baseline=a.ops_baseline, ops_spinning=a.ops_spinning, resident=a.resident)
     rows = run_scenarios(scenarios, run)
     path = write_results(a.out, rows, sections=run.sections)
     print(markdown_table(rows))

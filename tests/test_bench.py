@@ -161,6 +161,48 @@ def test_peer_assets_follow_the_artifacts_recipe(tmp_path, monkeypatch, capsys):
     assert "ORTLLM_PEERS_ASSETS" in runner.peer_spec("transformers", None).missing
 
 
+@pytest.mark.parametrize("resident", ["all", "one"])
+def test_alternating_runs_with_every_system_loaded_or_one_at_a_time(tiny_engine, tmp_path, resident):
+    """run_alternating at a shrunk shape, ortllm alone (the peers' venv is not part of make test): "all" loads once
+    and samples each case `repeats` times; "one" loads the system once a round and runs every case in it (rows say
+    resident "one", with the load times). Both give each case's samples, the Python share of ortllm's steps
+    without the warm-ups, and the RSS of the process holding the model after each round."""
+    from ortllm.bench import peer_runner as runner
+
+    rows = runner.run_alternating(tiny_engine, [], ["decode", "prefill"], batches=(1, 2), repeats=2, threads=1,
+                                  log_dir=tmp_path, shapes={"decode": (8, 4), "prefill": (16, 1)}, resident=resident)
+    by = {(r["scenario"], r["batch"], r["metric"]): r for r in rows}
+    for case in (("decode", 1, "decode_tokens_per_s"), ("decode", 2, "decode_tokens_per_s"),
+                 ("prefill", 1, "time_to_first_token")):
+        assert by[case]["n"] == 2 and by[case]["median"] > 0 and by[case]["system"] == "ortllm", by[case]
+        assert by[case].get("resident") == ("one" if resident == "one" else None)
+        assert by[case[:2] + ("python_share_of_step",)]["n"] == 2
+    rss = by[("memory", 0, "rss_after_round")]
+    assert rss["unit"] == "MiB" and rss["n"] == (2 if resident == "one" else 1) and rss["median"] > 50, rss
+    assert (("memory", 0, "load_time") in by) == (resident == "one")
+    if resident == "one":
+        assert by[("memory", 0, "load_time")]["n"] == 2
+
+
+def test_auto_residency_loads_one_at_a_time_where_the_models_do_not_fit(tiny_engine, monkeypatch):
+    """auto keeps every system loaded while the model files fit in ROOM of the free memory, else one at a time;
+    an unknown choice is a BenchError naming the choices."""
+    from ortllm.bench import peer_runner as runner
+    from ortllm.bench.errors import BenchError
+    from ortllm.runtime import host_memory
+
+    size = runner._bytes_on_disk(tiny_engine)
+    assert size > 0
+    monkeypatch.setattr(host_memory, "available_memory", lambda: 10 * size)
+    assert runner.choose_residency("auto", tiny_engine, [])[0] == "all"
+    monkeypatch.setattr(host_memory, "available_memory", lambda: size)
+    choice, why = runner.choose_residency("auto", tiny_engine, [])
+    assert choice == "one" and "GB on disk" in why
+    assert runner.choose_residency("all", tiny_engine, [])[0] == "all"
+    with pytest.raises(BenchError, match="auto, all, one"):
+        runner.choose_residency("some", tiny_engine, [])
+
+
 def _peers_python_with(*packages):
     from ortllm.bench import peer_runner as runner
     python = runner.PEERS_VENV / "bin" / "python"
