@@ -10,8 +10,8 @@ import numpy as np
 from .errors import BuildError
 from ortllm.runtime.artifact import sha256_file
 
-from .families import (E2M1, fix_tensors, fused_tensors, gguf_config, gguf_tensor_names, hf_config,
-                       mxfp4_hub_shapes)
+from .families import (E2M1, SourceGrids, fix_tensors, fused_tensors, gguf_config, gguf_tensor_names, hf_config,
+                       mxfp4_grid, mxfp4_hub_shapes)
 from .recipes import Recipe, assemble_package_file, get_recipe, known_recipes, locate_package_file
 from .weights import LazyTensors, ModelConfig, ModelWeights, expected_shapes
 
@@ -73,7 +73,7 @@ def load_gguf(path: Path) -> ModelWeights:
     reader = _open_gguf(path)
     cfg = gguf_config(reader)
     to_hf = gguf_tensor_names(cfg)
-    tensors, types, scales, lows = LazyTensors(), {}, {}, {}
+    tensors, types, scales, lows, mxfp4 = LazyTensors(), {}, {}, {}, {}
     for t in reader.tensors:
         if t.name not in to_hf:
             continue  # e.g. rope_freqs: read into the config's rope_scaling
@@ -84,8 +84,16 @@ def load_gguf(path: Path) -> ModelWeights:
         grid = source_grid(t.tensor_type.name, t.data, shape) if len(shape) == 2 else None
         if grid is not None:
             scales[name], lows[name] = grid
+        elif t.tensor_type.name == "MXFP4" and len(shape) == 3 and ".mlp.experts." in name:
+            mxfp4 |= _gguf_mxfp4_experts(name, t, shape)
     for d in (tensors, scales, lows):     # the grids are [N, K / 32]: row fix-ups apply to them as to the weight
         fix_tensors(cfg, d, "gguf")
+    grids = SourceGrids()
+    for n in scales:
+        grids.add(n, "GGUF", lambda s=scales[n], lo=lows[n]: (s, lo))
+    for n, make in mxfp4.items():       # each expert's own name: the MoE builder keeps a layer's codes (mxfp4 format)
+        grids.add(n, "MXFP4", make)
+        types[n] = "MXFP4"
 
     digest = sha256_file(path)
 
@@ -95,10 +103,20 @@ def load_gguf(path: Path) -> ModelWeights:
 
     w = ModelWeights(cfg, tensors, write_tokenizer=write_tokenizer, source_sha256=digest,
                      source_desc=f"gguf:{path.name}",
-                     extra={"source_types": _fixed_names(cfg, types),
-                            "source_grids": {n: (scales[n], lows[n]) for n in scales}})
+                     extra={"source_types": _fixed_names(cfg, types), "source_grids": grids})
     w.validate()
     return w
+
+
+def _gguf_mxfp4_experts(name: str, t, shape: list[int]) -> dict:
+    """A GGUF's stacked MXFP4 experts (gpt-oss: ffn_{gate,up,down}_exps [E, N, K], ggml's block_mxfp4 of 17 bytes a
+    32 values, its e8m0 exponent first) -> {each expert's weight name: its MXFP4 grid (families.mxfp4_grid), read
+    from the mmap when asked for}: the names split_experts gives the experts, so an int4 build keeps their codes as
+    it does a hub checkpoint's instead of quantizing them again."""
+    e, n, k = shape
+    stem, proj = name.rsplit(".", 1)            # model.layers.N.mlp.experts, gate_proj
+    exps = lambda: np.asarray(t.data, np.uint8).reshape(e, n, k // 32, 17)[..., 0]   # noqa: E731 - a view
+    return {f"{stem}.{x}.{proj}.weight": (lambda x=x: mxfp4_grid(exps()[x])) for x in range(e)}
 
 
 def _dequantize(t, shape: list[int]) -> np.ndarray:

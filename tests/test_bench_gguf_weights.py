@@ -491,6 +491,27 @@ def test_gpt_oss_mxfp4_experts_are_the_sources_codes(gpt_oss_mxfp4, tmp_path):
                           gguf.quants.quantize(down, gguf.GGMLQuantizationType.MXFP4).reshape(-1))
 
 
+def test_an_int4_build_of_a_gpt_oss_gguf_keeps_its_mxfp4_codes(gpt_oss_mxfp4, tmp_path):
+    """ortllm's reader gives each expert of a gpt-oss GGUF's MXFP4 ffn_*_exps its MXFP4 grid from the file's e8m0
+    exponents, the same as the hub checkpoint's, so an int4 build of the GGUF keeps every expert's codes exactly in
+    the MoE op's mxfp4 format (error 0, 4.5 bits a weight), as a build of the hub checkpoint does, instead of
+    quantizing them a second time."""
+    from tests.pipeline.test_gpt_oss import _expert_report
+    from tests.pipeline.test_moe_families import _build
+
+    model, hf_dir, _, out, _ = gpt_oss_mxfp4
+    src, back = load_path(hf_dir), load_path(out)
+    want, got = src.extra["source_grids"], back.extra["source_grids"]
+    assert set(want) <= set(got) and len(want) == 3 * 8 * 3
+    for n in want:
+        assert back.extra["source_types"][n] == "MXFP4", n
+        assert all(np.array_equal(a, b) for a, b in zip(got[n], want[n])), n
+    art = _build(out, tmp_path / "int4", quant="int4", quality_tokens=16)
+    for n, r in _expert_report(art, model.config).items():
+        assert (r["algo"], r["max_rel"], r["bits_per_weight"], r.get("format")) == (
+            "source codes (MXFP4)", 0, 4.5, "mxfp4"), (n, r)
+
+
 GGML_TO_FLOAT = r"""
 import ctypes, pathlib, sys
 import gguf
