@@ -81,7 +81,8 @@ QUIET_WAITS = {"ORTLLM_ORT_CONFIG": "session.intra_op.allow_spinning=0", "OMP_WA
 
 def start(job: Job, shared: Path, extra: list[str]) -> None:
     env = {**QUIET_WAITS, **os.environ, "ORTLLM_TEST_ARTIFACTS": str(shared)}
-    cmd = [sys.executable, "-m", "pytest", "-q", *extra, *job.paths]
+    # each job's 10 slowest setups and calls in its output: where the suite's time goes, run by run
+    cmd = [sys.executable, "-m", "pytest", "-q", "--durations=10", *extra, *job.paths]
     job.log = shared / f"{job.name.replace(':', '-').replace('+', '-')}.log"
     with open(job.log, "w") as f:
         f.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
