@@ -343,10 +343,12 @@ class OrtllmSide:
         self.shapes = shapes or {}
         self.python_overhead: dict[tuple, list[float]] = {}
 
-    def sample(self, scenario: str, batch: int, seed: int) -> float:
+    def sample(self, scenario: str, batch: int, seed: int, new: int | None = None) -> float:
+        """One sample; `new`: fewer tokens than the scenario's (a warm-up)."""
         import numpy as np
 
-        prompt_len, new = self.shapes.get(scenario, SCENARIO_SHAPES[scenario][:2])
+        prompt_len, scenario_new = self.shapes.get(scenario, SCENARIO_SHAPES[scenario][:2])
+        new = new or scenario_new
         ids = np.random.default_rng(seed).integers(3, self.vocab, (batch, prompt_len))
         params = self._params(max_tokens=new, temperature=0.0, ignore_eos=True)
         before = self.engine.stats()
@@ -374,6 +376,7 @@ class OrtllmSide:
 
 
 RESIDENCY = ("auto", "all", "one")
+WARMUP_NEW = 16     # "one": each case's warm-up after a load generates this many tokens (prompt as the case's)
 ROOM = 0.9          # "auto" keeps every system loaded while their model files take at most this share of free memory
 
 
@@ -416,8 +419,8 @@ def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS
     (the bench process itself for ortllm) after its last case of a round.
     resident "all" (choose_residency): every system loaded at once; for each (scenario, batch), one warm-up run of
     every system, then `repeats` rounds of ortllm, llama.cpp, onnxruntime-genai, transformers (one sample each).
-    "one": `repeats` rounds, each loading one system after the other and running every case on it (a warm-up run,
-    then one sample) before closing it; the rows say resident "one" and the systems' load times are rows too.
+    "one": `repeats` rounds, each loading one system after the other and running every case on it (a warm-up run of
+    WARMUP_NEW tokens, then one sample) before closing it; the rows say resident "one" and the systems' load times are rows too.
     The peers run the weights of the recipe the artifact was built from (model_of; `model` when artifact is
     None: the peers alone, still alternating). A peer that is missing or fails to start is a warning on stderr
     (naming `make bench-peers MODEL=...`) and no row."""
@@ -448,13 +451,21 @@ def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS
             load_s.setdefault(system, []).append(time.monotonic() - t0)
         return side
 
-    def one(side, scenario, b, seed):
+    def one(side, scenario, b, seed, new=None):
+        """One sample of a case; `new`: a warm-up's fewer tokens (the same prompt)."""
         if isinstance(side, OrtllmSide):
-            v = side.sample(scenario, b, seed)
+            v = side.sample(scenario, b, seed, new=new)
         else:
-            v = side.request(scenario, b, repeats=1, seed=seed, **_shape(scenario, shapes))["samples"][0]
+            keys = _shape(scenario, shapes)
+            if new is not None:
+                keys = {"prompt_tokens": keys.get("prompt_tokens", SCENARIO_SHAPES[scenario][0]), "new_tokens": new}
+            v = side.request(scenario, b, repeats=1, seed=seed, **keys)["samples"][0]
         time.sleep(PAUSE_S)
         return v
+
+    def warm_new(scenario):
+        """A one-at-a-time warm-up's new tokens: the load's first pass over the weights needs no full sample."""
+        return min(WARMUP_NEW, (shapes or {}).get(scenario, SCENARIO_SHAPES[scenario][:2])[1])
 
     def note_rss(system, side):
         got = status_bytes("VmRSS", "self" if system == "ortllm" else side.proc.pid)
@@ -499,7 +510,7 @@ def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS
                     continue
                 try:
                     for scenario, b in cases:
-                        one(side, scenario, b, 10_000)          # warm-up on every load
+                        one(side, scenario, b, 10_000, new=warm_new(scenario))     # warm-up on every load
                         samples[(scenario, b)].setdefault(s, []).append(one(side, scenario, b, r))
                         progress(f"round {r + 1}/{repeats} {s}: {scenario} B={b} "
                                  f"{samples[(scenario, b)][s][-1]:.4g}")
