@@ -419,8 +419,9 @@ def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS
     (the bench process itself for ortllm) after its last case of a round.
     resident "all" (choose_residency): every system loaded at once; for each (scenario, batch), one warm-up run of
     every system, then `repeats` rounds of ortllm, llama.cpp, onnxruntime-genai, transformers (one sample each).
-    "one": `repeats` rounds, each loading one system after the other and running every case on it (a warm-up run of
-    WARMUP_NEW tokens, then one sample) before closing it; the rows say resident "one" and the systems' load times are rows too.
+    "one": `repeats` rounds, each loading one system after the other and running every case on it (a warm-up run
+    of WARMUP_NEW tokens, then one sample) before closing it; the rows say resident "one", and the systems' load
+    times are rows too.
     The peers run the weights of the recipe the artifact was built from (model_of; `model` when artifact is
     None: the peers alone, still alternating). A peer that is missing or fails to start is a warning on stderr
     (naming `make bench-peers MODEL=...`) and no row."""
