@@ -19,23 +19,11 @@ import tempfile
 from pathlib import Path
 
 from .errors import BenchError
+from .proc_status import MIB, status_bytes
 from .results import row
 
 BATCH = 16
 NEW_TOKENS, QUICK_NEW_TOKENS = 128, 16
-MIB = 2**20
-
-
-def status_bytes(field: str = "VmHWM", pid: int | str = "self") -> int | None:
-    """A `kB` field of /proc/PID/status in bytes (VmHWM: peak resident set; VmRSS: now); None off Linux."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def peak_rss_bytes() -> int:

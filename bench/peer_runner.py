@@ -425,7 +425,7 @@ def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS
     The peers run the weights of the recipe the artifact was built from (model_of; `model` when artifact is
     None: the peers alone, still alternating). A peer that is missing or fails to start is a warning on stderr
     (naming `make bench-peers MODEL=...`) and no row."""
-    from .memory import MIB, status_bytes
+    from .proc_status import MIB, status_bytes
 
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="ortllm-peers-"))
     log_dir.mkdir(parents=True, exist_ok=True)
