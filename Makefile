@@ -174,11 +174,11 @@ bench-8b: $(STAMP) ops
 # 32-expert cut of the shape; their .time files give peak RSS and wall time). bench-moe runs `ortllm bench` on
 # MOE_ARTIFACT, an int4 build of the recipe (ortllm build MOE_RECIPE --quant int4 --out DIR), against MOE_PEERS.
 # Needs llama_cpp in .venv-peers (make bench-peers PEERS_ONLY=llama.cpp MODEL=llama-tiny-random). Run on an idle
-# host with RAM for both models at once, ~40 GB (the bench keeps both loaded and alternates them: ~19 GB of ortllm's
-# int4, ~17 GB of Q4_0 that llama.cpp repacks into its own memory); MOE_PEERS=llama.cpp-q8_0 (~32 GB) in a run of
-# its own. Where both do not fit, the peers run alone: ortllm bench --peers-model MOE_RECIPE --peers ... (not the
-# same run). gpt-oss: MOE_RECIPE=gpt-oss-20b-shape MOE_PEERS=llama.cpp-mxfp4 writes model-mxfp4.gguf (GGUF_WEIGHTS_TYPES
-# mxfp4: llama.cpp's MXFP4_MOE, the experts' own MXFP4 codes byte for byte, the rest Q8_0; ~12 GB).
+# host. MOE_RESIDENT=auto (the default) keeps both models loaded and alternates them sample by sample where they fit
+# in free memory (~36 GB at 30B, ~24.6 GB for gpt-oss-20b), else loads one system at a time and alternates them
+# round by round (--resident one); MOE_PEERS=llama.cpp-q8_0 in a run of its own. gpt-oss: MOE_RECIPE=gpt-oss-20b-shape
+# MOE_PEERS=llama.cpp-mxfp4 writes model-mxfp4.gguf (GGUF_WEIGHTS_TYPES mxfp4: llama.cpp's MXFP4_MOE, the experts' own
+# MXFP4 codes byte for byte, the rest Q8_0; ~12 GB).
 MOE_RECIPE ?= qwen3-30b-a3b-shape
 MOE_ARTIFACT ?= artifacts/$(MOE_RECIPE)-int4
 MOE_PEERS ?= llama.cpp-q4_0
