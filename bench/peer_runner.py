@@ -290,6 +290,11 @@ def _start(specs, threads, log_dir: Path) -> dict[str, PeerProcess]:
     return procs
 
 
+def _case_shape(scenario: str, shapes: dict | None) -> tuple[int, int]:
+    """(prompt tokens, new tokens) of a scenario: SCENARIO_SHAPES', or shapes' shrunk one (tests)."""
+    return (shapes or {}).get(scenario, SCENARIO_SHAPES[scenario][:2])
+
+
 def _shape(scenario: str, shapes: dict | None) -> dict:
     """Request keys that shrink a scenario: shapes = {scenario: (prompt tokens, new tokens)}, for tests only."""
     if shapes and scenario in shapes:
@@ -347,7 +352,7 @@ class OrtllmSide:
         """One sample; `new`: fewer tokens than the scenario's (a warm-up)."""
         import numpy as np
 
-        prompt_len, scenario_new = self.shapes.get(scenario, SCENARIO_SHAPES[scenario][:2])
+        prompt_len, scenario_new = _case_shape(scenario, self.shapes)
         new = new or scenario_new
         ids = np.random.default_rng(seed).integers(3, self.vocab, (batch, prompt_len))
         params = self._params(max_tokens=new, temperature=0.0, ignore_eos=True)
@@ -381,7 +386,7 @@ ROOM = 0.9          # "auto" keeps every system loaded while their model files t
 
 
 def _bytes_on_disk(path: Path) -> int:
-    """A model's size as loaded: a file's bytes, or every file's under a directory."""
+    """A peer's model size as loaded: a file's bytes (a GGUF), or every file's under a directory."""
     path = Path(path)
     if path.is_file():
         return path.stat().st_size
@@ -398,7 +403,9 @@ def choose_residency(resident: str, artifact, specs) -> tuple[str, str]:
     if resident not in RESIDENCY:
         from ortllm.bench.errors import BenchError
         raise BenchError(f"--resident {resident!r}: choose from {', '.join(RESIDENCY)}")
-    need = (_bytes_on_disk(artifact) if artifact is not None else 0) + sum(
+    from ortllm.runtime.artifact import load_artifact
+
+    need = (load_artifact(artifact, verify=False).manifest.size_bytes if artifact is not None else 0) + sum(
         _bytes_on_disk(Path(s.model_args[-1])) for s in specs if s.model_args)
     free = available_memory()
     fits = free is None or need <= ROOM * free
@@ -457,16 +464,15 @@ def run_alternating(artifact, peers: list[str], scenarios: list[str] = SCENARIOS
         if isinstance(side, OrtllmSide):
             v = side.sample(scenario, b, seed, new=new)
         else:
-            keys = _shape(scenario, shapes)
-            if new is not None:
-                keys = {"prompt_tokens": keys.get("prompt_tokens", SCENARIO_SHAPES[scenario][0]), "new_tokens": new}
+            keys = _shape(scenario, shapes) if new is None else \
+                {"prompt_tokens": _case_shape(scenario, shapes)[0], "new_tokens": new}
             v = side.request(scenario, b, repeats=1, seed=seed, **keys)["samples"][0]
         time.sleep(PAUSE_S)
         return v
 
     def warm_new(scenario):
         """A one-at-a-time warm-up's new tokens: the load's first pass over the weights needs no full sample."""
-        return min(WARMUP_NEW, (shapes or {}).get(scenario, SCENARIO_SHAPES[scenario][:2])[1])
+        return min(WARMUP_NEW, _case_shape(scenario, shapes)[1])
 
     def note_rss(system, side):
         got = status_bytes("VmRSS", "self" if system == "ortllm" else side.proc.pid)

@@ -191,7 +191,8 @@ def test_auto_residency_loads_one_at_a_time_where_the_models_do_not_fit(tiny_eng
     from ortllm.bench.errors import BenchError
     from ortllm.runtime import host_memory
 
-    size = runner._bytes_on_disk(tiny_engine)
+    from ortllm.runtime.artifact import load_artifact
+    size = load_artifact(tiny_engine, verify=False).manifest.size_bytes
     assert size > 0
     monkeypatch.setattr(host_memory, "available_memory", lambda: 10 * size)
     assert runner.choose_residency("auto", tiny_engine, [])[0] == "all"
