@@ -372,12 +372,10 @@ class OrtllmSide:
         return self._decode_rate(handles, end)
 
     def close(self):
-        """The engine closed and its memory given back now (its objects form cycles: see SessionManager.unload),
-        before the next system of a one-at-a-time run loads."""
-        import gc
+        """The engine closed, its memory given back (Engine.close), before the next system of a one-at-a-time
+        run loads."""
         self.engine.close()
         self.engine = None
-        gc.collect()
 
 
 RESIDENCY = ("auto", "all", "one")

@@ -263,6 +263,7 @@ class Engine:
         self._thread.join(timeout=30)
         self.step.close()
         self.adapters.close()
+        self.runner.close()         # the session and KV pool go now, whoever still holds the engine
 
     def __enter__(self):
         return self

@@ -396,6 +396,20 @@ class ModelRunner:
             out[j] = self.argmax
         return out
 
+    def close(self) -> None:
+        """Release the session and every buffer bound to it (KV pool, adapter slots, step inputs and outputs) now,
+        not when the last reference to the engine goes: its objects refer to each other, so that waits for Python's
+        cyclic collector. The runner runs no more steps after this; closing twice is harmless."""
+        if self.session is None:
+            return
+        self.io.clear_binding_inputs()
+        self.io.clear_binding_outputs()
+        self.io = self.session = None
+        self._arrays.clear()
+        self._inputs.clear()
+        self._logits = self._argmax = self._hidden = None
+        self.argmax = self.hidden = None
+
     def _run(self) -> None:
         t = time.perf_counter()
         self.session.run_with_iobinding(self.io, self.run_options)

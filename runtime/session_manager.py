@@ -8,7 +8,6 @@ to its session and buffers.
 """
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from pathlib import Path
@@ -105,9 +104,9 @@ class SessionManager:
         return engine
 
     def unload(self, name: str) -> None:
-        """Close the engine; its session, KV pool and adapter slots are released with the last reference, here:
-        the engine's objects refer to each other, so without a collection they outlived the unload until Python's
-        cyclic collector ran (a 12 GB session still resident while the next model loads into its room)."""
+        """Close the engine: Engine.close releases its session, KV pool and adapter slots at once (not with the
+        last reference, which the engine's own cycles keep until Python's collector runs), so the next model loads
+        into the room this one leaves."""
         with self._lock:
             engine = self._engines.pop(name, None)
             self._bytes.pop(name, None)
@@ -115,8 +114,6 @@ class SessionManager:
         if engine is None:
             raise ConfigError(f"no artifact loaded as {name!r}")
         engine.close()
-        del engine
-        gc.collect()
 
     def close(self) -> None:
         for name in self.names():
