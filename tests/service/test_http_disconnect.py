@@ -1,6 +1,7 @@
 """A client that leaves has its request cancelled and its KV freed within 1 s: 1, 10, 20 and 50 chat streams
 dropped at once after their first chunk, 5 times each, read through /metrics as a monitor would; and
-non-streaming requests dropped before their answer (raw sockets on a live server)."""
+non-streaming requests dropped before their answer (raw sockets on a live server); and one stream dropped
+mid-answer through each streaming API, counted as cancelled under its own endpoint."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import statistics
 import time
 
 import pytest
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 ROUNDS = 5
@@ -148,3 +150,45 @@ def test_the_only_request_dropped_is_freed_without_other_traffic(smol_live, stre
     print(f"\nthe only {'stream' if stream else 'request'} dropped: freed after "
           f"{', '.join(f'{t:.3f}' for t in times)} s")
     assert max(times) < LIMIT_S, times
+
+
+# ---------------------------------------------------------------- a stream dropped mid-answer, through each API
+STORY = "Tell me a very long story about a dragon."
+# API: (path, body, a line that only a generated delta carries, the endpoint label its requests are counted under)
+STREAMS = {
+    "openai-chat": ("/v1/chat/completions", {"max_tokens": 400, "messages": [{"role": "user", "content": STORY}]},
+                    b'"delta"', "chat"),
+    "messages": ("/v1/messages", {"max_tokens": 400, "messages": [{"role": "user", "content": STORY}]},
+                 b"content_block_delta", "messages"),
+    "responses": ("/v1/responses", {"input": STORY, "max_output_tokens": 400}, b"response.output_text.delta",
+                  "responses"),
+    "ollama-chat": ("/api/chat", {"options": {"num_predict": 400}, "messages": [{"role": "user", "content": STORY}]},
+                    b'"message"', "chat"),
+}
+
+
+def _cancelled(live, endpoint: str) -> float:
+    """ortllm_requests_total{endpoint=..., finish_reason="cancelled"} from /metrics, over every model."""
+    return sum(s.value for f in text_string_to_metric_families(live.get("/metrics", timeout=10).text)
+               for s in f.samples if s.name == "ortllm_requests_total"
+               and s.labels.get("endpoint") == endpoint and s.labels.get("finish_reason") == "cancelled")
+
+
+@pytest.mark.parametrize("api", list(STREAMS))
+def test_a_stream_dropped_mid_answer_is_cancelled(smol_live, api):
+    """A client that hangs up mid-stream cancels its generation (its Call) and frees its KV, through every API,
+    counted once under the API's own endpoint label."""
+    path, body, delta, endpoint = STREAMS[api]
+    live = smol_live
+    baseline = _used(live)
+    before = _cancelled(live, endpoint)
+    r = requests.post(live.url + path, stream=True, timeout=60,
+                      json={"model": live.model, "stream": True, **body})
+    assert r.status_code == 200, r.text
+    assert any(delta in line for line in r.iter_lines())       # generating
+    r.close()
+    end = time.monotonic() + 2
+    while time.monotonic() < end and (live.engine.stats()["running"] or _cancelled(live, endpoint) == before):
+        time.sleep(0.05)
+    assert _cancelled(live, endpoint) == before + 1 and live.engine.stats()["running"] == 0
+    assert live.wait_idle_kv(baseline, timeout=1) <= baseline
