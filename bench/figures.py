@@ -234,7 +234,7 @@ AMX_OLMOE = IMG + "peers_olmoe_1b_7b_shape_int4_amx_xeon_51db57c_results.json"
 AMX_OLMOE_VNNI = IMG + "peers_olmoe_1b_7b_shape_int4_vnni_path_amx_xeon_a6140d2_results.json"
 AMX_OLMOE_SYM = IMG + "peers_olmoe_1b_7b_shape_int4_sym_amx_xeon_90ef8ca_results.json"
 VNNI_GPTOSS = IMG + "peers_gpt_oss_20b_shape_int4_one_resident_vnni_xeon_580baa3_results.json"
-ZEN4_QWEN3_MOE = IMG + "peers_qwen3_30b_a3b_shape_int4_one_resident_zen4_0ec0a01_results.json"
+ZEN5_QWEN3_MOE = IMG + "peers_qwen3_30b_a3b_shape_int4_one_resident_zen5_0ec0a01_results.json"
 ZEN5_SMOL = IMG + "peers_openvino_smollm2_int4_zen5_db99617_results.json"
 ZEN5_TINY = IMG + "peers_openvino_tinyllama_shape_int4_zen5_5ce969c_results.json"
 ZEN5_GEMMA = IMG + "peers_openvino_gemma3_270m_int8_zen5_f748e9a_results.json"
@@ -256,7 +256,7 @@ S_ZEN5 = "smollm2-tinyllama-shape-and-gemma-3-on-zen-5-with-openvino"
 S_AMX_SMOL = "smollm2-on-a-xeon-with-amx-int4-and-int8-in-blocks-of-128"
 S_AMX_OLMOE = "olmoe-1b-7b-shape-moe-on-a-xeon-with-amx"
 S_VNNI_GPTOSS = OLDER + "gpt-oss-20b-shape-moe-on-a-xeon-vnni"
-S_ZEN4_QWEN3_MOE = OLDER + "qwen3-30b-a3b-shape-moe-on-zen-4"
+S_ZEN5_QWEN3_MOE = OLDER + "qwen3-30b-a3b-shape-moe-on-zen-5"
 
 
 @dataclass(frozen=True)
@@ -282,8 +282,8 @@ NOW_ROWS = (
          peer_labels={"llama.cpp": "llama.cpp Q4_1"}),
     _now("Xeon with AMX, `amx`", "OLMoE-1B-7B shape int4 (MoE)", S_AMX_OLMOE, AMX_OLMOE, AMX_OLMOE, AMX_OLMOE),
     _now("Xeon, `avx512vnni`", "gpt-oss-20b shape int4 (MoE)", S_VNNI_GPTOSS, VNNI_GPTOSS, VNNI_GPTOSS, VNNI_GPTOSS),
-    _now("Zen 4, `avx512vnni`", "Qwen3-30B-A3B shape int4 (MoE)", S_ZEN4_QWEN3_MOE, ZEN4_QWEN3_MOE, ZEN4_QWEN3_MOE,
-         ZEN4_QWEN3_MOE),
+    _now("Zen 5, `avx512vnni`", "Qwen3-30B-A3B shape int4 (MoE)", S_ZEN5_QWEN3_MOE, ZEN5_QWEN3_MOE, ZEN5_QWEN3_MOE,
+         ZEN5_QWEN3_MOE),
     _now("Zen 5, `avx512vnni`", "SmolLM2-135M int4", S_ZEN5, ZEN5_SMOL, ZEN5_SMOL, ZEN5_SMOL, ZEN5_SMOL),
     _now("Zen 5, `avx512vnni`", "TinyLlama-1.1B shape int4", S_ZEN5, ZEN5_TINY, ZEN5_TINY, ZEN5_TINY, ZEN5_TINY),
     _now("Zen 5, `avx512vnni`", "Gemma 3 270M int8", S_ZEN5, ZEN5_GEMMA, ZEN5_GEMMA, ZEN5_GEMMA, ZEN5_GEMMA,
@@ -352,7 +352,7 @@ FIGURES: dict = {
     "gpt-oss-vnni": PeerTable(VNNI_GPTOSS, {"ortllm": "ortllm int4 (experts MXFP4 kept, 4.5 bits), `avx512vnni`",
                                             "llama.cpp-mxfp4": "llama.cpp MXFP4_MOE"}, MOE_TARGETS,
                               rows=tuple(MOE_ROWS)),
-    "qwen3-moe-zen4": PeerTable(ZEN4_QWEN3_MOE, {"ortllm": "ortllm int4 (default: b32, scale + offset), `avx512vnni`"}
+    "qwen3-moe-zen5": PeerTable(ZEN5_QWEN3_MOE, {"ortllm": "ortllm int4 (default: b32, scale + offset), `avx512vnni`"}
                                 | Q4_0, MOE_TARGETS, rows=tuple(MOE_ROWS)),
     "zen5-openvino": Tables((
         PeerTable(ZEN5_SMOL, {"ortllm": "ortllm, SmolLM2 int4"} | Q4_0 | Q8_0 | OV, TARGETS),
